@@ -1,0 +1,41 @@
+"""Channels: the C ring buffer, full-duplex channels over pairs of rings, message queues."""
+
+from ._async import DEFAULT_RECEIVE_BUFFER as DEFAULT_RECEIVE_BUFFER
+from ._async import AsyncMessageQueue as AsyncMessageQueue
+from ._channel import DEFAULT_RING_CAPACITY as DEFAULT_RING_CAPACITY
+from ._channel import Channel as Channel
+from ._channel import ChannelListener as ChannelListener
+from ._channel import ChannelManager as ChannelManager
+from ._errors import MessageTooLargeError as MessageTooLargeError
+from ._errors import ProtocolError as ProtocolError
+from ._errors import QueueFullError as QueueFullError
+from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
+from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
+from ._queue import MessageQueue as MessageQueue
+from ._queue import QueueListener as QueueListener
+from ._queue import QueueStatistics as QueueStatistics
+from ._ring import HEADER_SIZE as HEADER_SIZE
+from ._ring import MAX_CAPACITY as MAX_CAPACITY
+from ._ring import MIN_CAPACITY as MIN_CAPACITY
+from ._ring import RingBuffer as RingBuffer
+
+__all__ = [
+    "DEFAULT_HIGH_WATER",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_RECEIVE_BUFFER",
+    "DEFAULT_RING_CAPACITY",
+    "HEADER_SIZE",
+    "MAX_CAPACITY",
+    "MIN_CAPACITY",
+    "AsyncMessageQueue",
+    "Channel",
+    "ChannelListener",
+    "ChannelManager",
+    "MessageQueue",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "QueueFullError",
+    "QueueListener",
+    "QueueStatistics",
+    "RingBuffer",
+]

@@ -1,0 +1,262 @@
+"""Channel: one side of a full-duplex link over two rings, and the ChannelManager making pairs.
+
+Writes go into one ring, reads come from the other; the pump carries the
+"readable", "writable" and "closed" notifications between the two sides.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Protocol
+
+import trio
+
+from pump import Pump
+
+from ._ring import RingBuffer
+
+#: Ring capacity per direction when none is given (a power of two).
+DEFAULT_RING_CAPACITY = 1 << 18
+
+
+class ChannelListener(Protocol):
+    """Notifications of a channel.  Grammar: ``(readable | writable)* closed``.
+
+    ``readable()``: bytes arrived (or the end of the stream is ready to be seen).
+    ``writable()``: room freed after a write that could not take everything.
+    ``closed(reason)``: the channel is done; on the peer of a disconnect this
+    comes only after every byte written before the disconnect was read.
+    """
+
+    def readable(self) -> None: ...
+
+    def writable(self) -> None: ...
+
+    def closed(self, reason: str) -> None: ...
+
+
+class Channel:
+    """One side of a full-duplex link.
+
+    ``write`` never blocks and may be partial; ``read`` returns what is there.
+    The disconnect rule: after ``disconnect()`` this side's own reads and
+    writes raise ``trio.ClosedResourceError``; the peer still reads every byte
+    written before the disconnect, then reads ``b""`` with :attr:`at_eof` set
+    and gets ``closed(reason)``; the peer's writes raise
+    ``trio.BrokenResourceError`` (nothing is dropped silently).
+    """
+
+    __slots__ = (
+        "pump", "link_id", "local", "remote", "port", "_tx", "_rx", "_peer", "_listener",
+        "_read_posted", "_write_posted", "_blocked", "_disconnected", "_peer_gone",
+        "_closed_posted", "_closed_delivered", "_close_reason", "_owner", "_peer_error",
+    )
+
+    def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
+                 local: str, remote: str, port: int) -> None:
+        self.pump = pump
+        self.link_id = link_id
+        self.local = local
+        self.remote = remote
+        self.port = port
+        self._tx = tx
+        self._rx = rx
+        self._peer: Channel | None = None
+        self._listener: ChannelListener | None = None
+        self._owner: object = self
+        self._read_posted = False
+        self._write_posted = False
+        self._blocked = False
+        self._disconnected: str | None = None
+        self._peer_gone: str | None = None
+        self._peer_error = False
+        self._closed_posted = False
+        self._closed_delivered = False
+        self._close_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"
+
+    # -- pump owner protocol -----------------------------------------------------------
+
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+        return self.local, self.remote, self.port, self.link_id
+
+    def _fail(self, exc: BaseException) -> None:
+        self.disconnect(f"listener error: {exc!r}", error=True)
+
+    # -- listener ----------------------------------------------------------------------
+
+    def set_listener(self, listener: ChannelListener | None, *, owner: object = None) -> None:
+        """Install the listener; pending bytes or a pending close are announced at once."""
+        self._listener = listener
+        if owner is not None:
+            self._owner = owner
+        if listener is None:
+            return
+        if self._closed_posted and not self._closed_delivered:
+            self.pump.post("close", self._run_closed, self._close_reason, owner=self._owner)  # type: ignore[arg-type]
+        elif self._rx.used or self._peer_gone is not None:
+            self._post_readable()
+
+    @property
+    def capacity(self) -> int:
+        return self._tx.capacity
+
+    @property
+    def disconnected(self) -> bool:
+        """True once this side called :meth:`disconnect`."""
+        return self._disconnected is not None
+
+    @property
+    def peer_disconnected(self) -> bool:
+        return self._peer_gone is not None
+
+    @property
+    def at_eof(self) -> bool:
+        """The peer disconnected and every byte it wrote was read."""
+        return self._peer_gone is not None and self._rx.used == 0
+
+    # -- I/O ---------------------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy in as much of ``data`` as fits; return the count (0 when the ring is full).
+
+        When not everything fit, ``writable()`` follows once room frees.
+        """
+        self._check_writable()
+        n = self._tx.write(data)
+        if n:
+            self._wrote()
+        if n < len(data):
+            self._blocked = True
+        return n
+
+    def read(self, max_bytes: int = -1) -> bytes:
+        """Take up to ``max_bytes`` (all when negative); ``b""`` when none is there."""
+        if self._disconnected is not None:
+            raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
+        data = self._rx.read(max_bytes)
+        self._consumed(len(data))
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        if self._disconnected is not None:
+            raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
+        n = self._rx.readinto(buf)
+        self._consumed(n)
+        return n
+
+    def _check_writable(self) -> None:
+        if self._disconnected is not None:
+            raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
+        if self._peer_gone is not None:
+            raise trio.BrokenResourceError(f"peer disconnected: {self._peer_gone}")
+
+    # -- notifications (also used by MessageQueue, which moves frames itself) -----------
+
+    def _wrote(self) -> None:
+        """Bytes went into our tx ring: tell the peer once."""
+        peer = self._peer
+        if peer is not None and not peer._read_posted and peer._listener is not None:
+            peer._post_readable()
+
+    def _consumed(self, n: int) -> None:
+        """Bytes left our rx ring: wake the peer's writer if it waits for room."""
+        peer = self._peer
+        if n and peer is not None and peer._blocked and not peer._write_posted:
+            peer._write_posted = True
+            self.pump.post("write", peer._run_writable, owner=peer._owner)  # type: ignore[arg-type]
+        if self._peer_gone is not None and self._rx.used == 0:
+            self._post_closed(f"peer disconnected ({self._peer_gone})")
+
+    def _post_readable(self) -> None:
+        self._read_posted = True
+        self.pump.post("read", self._run_readable, owner=self._owner)  # type: ignore[arg-type]
+
+    def _run_readable(self) -> None:
+        self._read_posted = False
+        listener = self._listener
+        if listener is None or self._closed_posted:
+            return
+        if self._rx.used:
+            listener.readable()
+        elif self._peer_gone is not None:
+            self._post_closed(f"peer disconnected ({self._peer_gone})")
+
+    def _run_writable(self) -> None:
+        self._write_posted = False
+        if self._blocked and self._disconnected is None and self._peer_gone is None:
+            self._blocked = False
+            listener = self._listener
+            if listener is not None:
+                listener.writable()
+
+    def _post_closed(self, reason: str) -> None:
+        if self._closed_posted:
+            return
+        self._closed_posted = True
+        self._close_reason = reason
+        self.pump.post("close", self._run_closed, reason, owner=self._owner)  # type: ignore[arg-type]
+
+    def _run_closed(self, reason: str) -> None:
+        listener = self._listener
+        if listener is not None and not self._closed_delivered:
+            self._closed_delivered = True
+            listener.closed(reason)
+
+    # -- disconnect --------------------------------------------------------------------
+
+    def disconnect(self, reason: str = "disconnected", *, error: bool = False) -> None:
+        """End this side.  Idempotent; later own reads and writes raise.
+
+        ``error`` tells the peer the link ended on a failure, not a clean close.
+        """
+        if self._disconnected is not None:
+            return
+        self._disconnected = reason
+        self._blocked = False
+        self.pump.emit("disconnect", broker=self.local, peer=self.remote, port=self.port,
+                       link=self.link_id, reason=reason)
+        peer = self._peer
+        if peer is not None:
+            peer._peer_disconnected(reason, error)
+            self._peer = None
+        self._post_closed(reason)
+
+    def _peer_disconnected(self, reason: str, error: bool) -> None:
+        if self._peer_gone is not None or self._disconnected is not None:
+            return
+        self._peer_gone = reason
+        self._peer_error = error
+        self._blocked = False
+        # The peer's reader drains what is left, then sees the close.
+        if self._rx.used == 0:
+            self._post_closed(f"peer disconnected ({reason})")
+        elif not self._read_posted and self._listener is not None:
+            self._post_readable()
+
+
+class ChannelManager:
+    """Creates the two rings of each link and hands back the two connected channels.
+
+    Link ids are numbered from 1 in creation order, so a program replayed with
+    the same seed numbers its links the same way.
+    """
+
+    def __init__(self, pump: Pump, *, capacity: int = DEFAULT_RING_CAPACITY) -> None:
+        RingBuffer(capacity)  # validate early: a bad capacity fails here, not at first link
+        self.pump = pump
+        self.capacity = capacity
+        self._link_ids = itertools.count(1)
+
+    def open_pair(self, a: str, b: str, port: int) -> tuple[Channel, Channel]:
+        """Return ``(a_side, b_side)`` of a new link between labels ``a`` and ``b``."""
+        link_id = next(self._link_ids)
+        a_to_b = RingBuffer(self.capacity)
+        b_to_a = RingBuffer(self.capacity)
+        ca = Channel(self.pump, a_to_b, b_to_a, link_id=link_id, local=a, remote=b, port=port)
+        cb = Channel(self.pump, b_to_a, a_to_b, link_id=link_id, local=b, remote=a, port=port)
+        ca._peer = cb
+        cb._peer = ca
+        return ca, cb

@@ -1,0 +1,183 @@
+"""The C ring buffer behind a small Python class; the only module that touches cffi.
+
+Return codes become exceptions here and nowhere else; sizes come from C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._ringbuf import ffi, lib
+
+MIN_CAPACITY: int = lib.RB_MIN_CAPACITY
+MAX_CAPACITY: int = lib.RB_MAX_CAPACITY
+HEADER_SIZE: int = lib.RB_HEADER_SIZE
+FRAME_NONE: int = lib.RB_FRAME_NONE
+FRAME_PARTIAL: int = lib.RB_FRAME_PARTIAL
+FRAME_COMPLETE: int = lib.RB_FRAME_COMPLETE
+#: Largest body a frame header can describe.
+MAX_FRAME_BODY: int = 2**32 - 1
+
+_ffi_from_buffer = ffi.from_buffer
+_ffi_buffer = ffi.buffer
+
+
+def _as_input(data: bytes | bytearray | memoryview) -> object:
+    """What a ``const char *`` parameter accepts: bytes as they are, else a buffer view."""
+    if type(data) is bytes:
+        return data
+    return _ffi_from_buffer(data)
+
+
+class RingBuffer:
+    """A single-producer single-consumer byte ring with power-of-two capacity.
+
+    ``write`` and ``read`` move as much as fits and return counts; the region
+    methods give zero-copy ``memoryview``s of the first contiguous run so a
+    socket can ``send`` from or ``recv_into`` the ring; the frame methods move
+    4-byte big-endian length-prefixed frames, whole or not at all.
+    """
+
+    __slots__ = ("_rb", "_capacity", "_ptr", "_lens", "_used", "__weakref__")
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        rb = lib.rb_new(capacity) if MIN_CAPACITY <= capacity <= MAX_CAPACITY else ffi.NULL
+        if rb == ffi.NULL:
+            raise ValueError(
+                f"ring capacity must be a power of two from {MIN_CAPACITY} to {MAX_CAPACITY},"
+                f" got {capacity}"
+            )
+        self._rb = ffi.gc(rb, lib.rb_free)
+        self._capacity = capacity
+        self._ptr = ffi.new("char **")
+        self._lens = ffi.new("uint32_t *")
+        self._used = ffi.new("size_t *")
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        """Bytes readable now."""
+        return int(lib.rb_used(self._rb))
+
+    @property
+    def free(self) -> int:
+        """Bytes writable now."""
+        return int(lib.rb_free_space(self._rb))
+
+    def __len__(self) -> int:
+        return int(lib.rb_used(self._rb))
+
+    def __repr__(self) -> str:
+        return f"<RingBuffer used={self.used}/{self._capacity}>"
+
+    # -- byte stream -------------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy in as much of ``data`` as fits; return the count (0 when full)."""
+        return int(lib.rb_write(self._rb, _as_input(data), len(data)))
+
+    def read(self, n: int = -1) -> bytes:
+        """Take up to ``n`` bytes (all readable bytes when ``n < 0``)."""
+        avail = lib.rb_used(self._rb)
+        if n < 0 or n > avail:
+            n = avail
+        if n == 0:
+            return b""
+        out = bytearray(n)
+        lib.rb_read(self._rb, _ffi_from_buffer(out, require_writable=True), n)
+        return bytes(out)
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        """Take bytes into ``buf``; return the count."""
+        n = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+        if n == 0:
+            return 0
+        return int(lib.rb_read(self._rb, _ffi_from_buffer(buf, require_writable=True), n))
+
+    def peek(self, n: int = -1) -> bytes:
+        """Copy up to ``n`` readable bytes without consuming them."""
+        avail = lib.rb_used(self._rb)
+        if n < 0 or n > avail:
+            n = avail
+        if n == 0:
+            return b""
+        out = bytearray(n)
+        lib.rb_peek(self._rb, _ffi_from_buffer(out, require_writable=True), n)
+        return bytes(out)
+
+    def skip(self, n: int) -> int:
+        """Drop up to ``n`` readable bytes; return the count dropped."""
+        if n < 0:
+            raise ValueError("cannot skip a negative count")
+        return int(lib.rb_skip(self._rb, n))
+
+    # -- zero-copy regions -------------------------------------------------------------
+
+    def readable_view(self) -> memoryview:
+        """The first contiguous readable run, as a view into the ring (no copy).
+
+        Consume what you used with :meth:`skip`.  The view is only valid until
+        the next write, read or skip.
+        """
+        n = lib.rb_readable_region(self._rb, self._ptr)
+        return memoryview(_ffi_buffer(self._ptr[0], n))
+
+    def writable_view(self) -> memoryview:
+        """The first contiguous free run, as a writable view into the ring (no copy).
+
+        Fill it (``sock.recv_into(view)``), then publish with :meth:`commit`.
+        """
+        n = lib.rb_writable_region(self._rb, self._ptr)
+        return memoryview(_ffi_buffer(self._ptr[0], n))
+
+    def commit(self, n: int) -> int:
+        """Publish ``n`` bytes written through :meth:`writable_view`."""
+        if n < 0:
+            raise ValueError("cannot commit a negative count")
+        return int(lib.rb_commit(self._rb, n))
+
+    # -- frames ------------------------------------------------------------------------
+
+    def put_frame(self, body: bytes | bytearray | memoryview) -> bool:
+        """Put one length-prefixed frame whole; False (nothing written) if it does not fit."""
+        n = len(body)
+        if n > MAX_FRAME_BODY:
+            raise ValueError(f"frame body of {n} bytes exceeds the 4-byte length prefix")
+        return bool(lib.rb_put_frame(self._rb, _as_input(body), n))
+
+    def put_frames(self, bodies: Sequence[bytes]) -> int:
+        """Put frames in order, each whole, stopping at the first that does not fit."""
+        count = len(bodies)
+        if count == 0:
+            return 0
+        lens = ffi.new("uint32_t[]", [len(b) for b in bodies])
+        return int(lib.rb_put_frames(self._rb, b"".join(bodies), lens, count))
+
+    def frame_status(self) -> tuple[int, int]:
+        """``(status, body_length)`` of the next frame; length is -1 while no header."""
+        status = lib.rb_frame_status(self._rb, self._lens)
+        return status, (-1 if status == FRAME_NONE else int(self._lens[0]))
+
+    def take_frames(self, max_count: int = 1024, max_bytes: int = 1 << 20,
+                    max_body: int = MAX_FRAME_BODY) -> list[bytes]:
+        """Take complete frames in order (bodies only), up to the given limits.
+
+        Stops before a frame whose body is longer than ``max_body``; use
+        :meth:`frame_status` to tell that case from "no complete frame yet".
+        """
+        out = ffi.new("char[]", max(max_bytes, 1))
+        lens = ffi.new("uint32_t[]", max(max_count, 1))
+        count = lib.rb_take_frames(self._rb, out, max_bytes, lens, max_count, max_body,
+                                   self._used)
+        data = _ffi_buffer(out, self._used[0])[:]
+        frames = []
+        off = 0
+        for n in ffi.unpack(lens, count):
+            frames.append(data[off:off + n])
+            off += n
+        return frames

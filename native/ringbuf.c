@@ -1,0 +1,217 @@
+/* rdvpump ring buffer: a single-producer single-consumer byte ring with frame helpers.
+ * See ringbuf.h for the contract of every function. */
+#include "ringbuf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct rb_ring {
+    size_t capacity;
+    size_t mask;
+    size_t head; /* total bytes ever written; owned by the producer */
+    size_t tail; /* total bytes ever read; owned by the consumer */
+    char *data;
+};
+
+/* The producer publishes head, the consumer publishes tail.  Release stores
+ * pair with acquire loads so the bytes are visible before the index moves. */
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define LOAD_OWN(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+rb_ring *rb_new(size_t capacity) {
+    if (capacity < RB_MIN_CAPACITY || capacity > RB_MAX_CAPACITY) return NULL;
+    if ((capacity & (capacity - 1)) != 0) return NULL;
+    rb_ring *rb = malloc(sizeof *rb);
+    if (rb == NULL) return NULL;
+    rb->data = malloc(capacity);
+    if (rb->data == NULL) {
+        free(rb);
+        return NULL;
+    }
+    rb->capacity = capacity;
+    rb->mask = capacity - 1;
+    rb->head = 0;
+    rb->tail = 0;
+    return rb;
+}
+
+void rb_free(rb_ring *rb) {
+    if (rb == NULL) return;
+    free(rb->data);
+    free(rb);
+}
+
+size_t rb_capacity(const rb_ring *rb) { return rb->capacity; }
+
+size_t rb_used(const rb_ring *rb) { return LOAD_ACQ(&rb->head) - LOAD_ACQ(&rb->tail); }
+
+size_t rb_free_space(const rb_ring *rb) { return rb->capacity - rb_used(rb); }
+
+/* Copy n bytes into the ring at absolute index pos (wrapping); no index update. */
+static void copy_in(rb_ring *rb, size_t pos, const char *src, size_t n) {
+    size_t off = pos & rb->mask;
+    size_t first = rb->capacity - off;
+    if (first >= n) {
+        memcpy(rb->data + off, src, n);
+    } else {
+        memcpy(rb->data + off, src, first);
+        memcpy(rb->data, src + first, n - first);
+    }
+}
+
+/* Copy n bytes out of the ring from absolute index pos (wrapping). */
+static void copy_out(const rb_ring *rb, size_t pos, char *dst, size_t n) {
+    size_t off = pos & rb->mask;
+    size_t first = rb->capacity - off;
+    if (first >= n) {
+        memcpy(dst, rb->data + off, n);
+    } else {
+        memcpy(dst, rb->data + off, first);
+        memcpy(dst + first, rb->data, n - first);
+    }
+}
+
+size_t rb_write(rb_ring *rb, const char *data, size_t n) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    if (n > room) n = room;
+    if (n == 0) return 0;
+    copy_in(rb, head, data, n);
+    STORE_REL(&rb->head, head + n);
+    return n;
+}
+
+size_t rb_peek(const rb_ring *rb, char *out, size_t n) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    if (n > avail) n = avail;
+    if (n) copy_out(rb, tail, out, n);
+    return n;
+}
+
+size_t rb_read(rb_ring *rb, char *out, size_t n) {
+    n = rb_peek(rb, out, n);
+    if (n) STORE_REL(&rb->tail, LOAD_OWN(&rb->tail) + n);
+    return n;
+}
+
+size_t rb_skip(rb_ring *rb, size_t n) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    if (n > avail) n = avail;
+    if (n) STORE_REL(&rb->tail, tail + n);
+    return n;
+}
+
+size_t rb_readable_region(const rb_ring *rb, char **ptr) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    size_t off = tail & rb->mask;
+    size_t first = rb->capacity - off;
+    *ptr = rb->data + off;
+    return avail < first ? avail : first;
+}
+
+size_t rb_writable_region(const rb_ring *rb, char **ptr) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    size_t off = head & rb->mask;
+    size_t first = rb->capacity - off;
+    *ptr = rb->data + off;
+    return room < first ? room : first;
+}
+
+size_t rb_commit(rb_ring *rb, size_t n) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    if (n > room) n = room;
+    if (n) STORE_REL(&rb->head, head + n);
+    return n;
+}
+
+static void put_header(rb_ring *rb, size_t pos, uint32_t n) {
+    char hdr[RB_HEADER_SIZE];
+    hdr[0] = (char)(n >> 24);
+    hdr[1] = (char)(n >> 16);
+    hdr[2] = (char)(n >> 8);
+    hdr[3] = (char)n;
+    copy_in(rb, pos, hdr, RB_HEADER_SIZE);
+}
+
+static uint32_t get_header(const rb_ring *rb, size_t pos) {
+    unsigned char hdr[RB_HEADER_SIZE];
+    copy_out(rb, pos, (char *)hdr, RB_HEADER_SIZE);
+    return ((uint32_t)hdr[0] << 24) | ((uint32_t)hdr[1] << 16) | ((uint32_t)hdr[2] << 8) |
+           (uint32_t)hdr[3];
+}
+
+int rb_put_frame(rb_ring *rb, const char *body, uint32_t n) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    if ((size_t)n + RB_HEADER_SIZE > room) return 0;
+    put_header(rb, head, n);
+    if (n) copy_in(rb, head + RB_HEADER_SIZE, body, n);
+    STORE_REL(&rb->head, head + RB_HEADER_SIZE + n);
+    return 1;
+}
+
+size_t rb_put_frames(rb_ring *rb, const char *bodies, const uint32_t *lens, size_t count) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    size_t i;
+    for (i = 0; i < count; i++) {
+        size_t need = (size_t)lens[i] + RB_HEADER_SIZE;
+        if (need > room) break;
+        put_header(rb, head, lens[i]);
+        if (lens[i]) copy_in(rb, head + RB_HEADER_SIZE, bodies, lens[i]);
+        bodies += lens[i];
+        head += need;
+        room -= need;
+    }
+    if (i) STORE_REL(&rb->head, head);
+    return i;
+}
+
+size_t rb_frames_fit(const rb_ring *rb, const uint32_t *lens, size_t count, size_t max_bytes) {
+    size_t room = rb_free_space(rb);
+    size_t bytes = 0;
+    size_t i;
+    for (i = 0; i < count; i++) {
+        size_t need = (size_t)lens[i] + RB_HEADER_SIZE;
+        if (need > room || (i > 0 && bytes + lens[i] > max_bytes)) break;
+        room -= need;
+        bytes += lens[i];
+    }
+    return i;
+}
+
+int rb_frame_status(const rb_ring *rb, uint32_t *len) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    if (avail < RB_HEADER_SIZE) return RB_FRAME_NONE;
+    uint32_t n = get_header(rb, tail);
+    *len = n;
+    return avail - RB_HEADER_SIZE >= (size_t)n ? RB_FRAME_COMPLETE : RB_FRAME_PARTIAL;
+}
+
+size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,
+                      uint32_t maxlen, size_t *out_used) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    size_t used = 0;
+    size_t i;
+    for (i = 0; i < maxn; i++) {
+        if (avail < RB_HEADER_SIZE) break;
+        uint32_t n = get_header(rb, tail);
+        if (n > maxlen || avail - RB_HEADER_SIZE < (size_t)n || outcap - used < (size_t)n) break;
+        if (n) copy_out(rb, tail + RB_HEADER_SIZE, out + used, n);
+        lens[i] = n;
+        used += n;
+        tail += (size_t)n + RB_HEADER_SIZE;
+        avail -= (size_t)n + RB_HEADER_SIZE;
+    }
+    if (i) STORE_REL(&rb->tail, tail);
+    *out_used = used;
+    return i;
+}

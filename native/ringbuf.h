@@ -1,0 +1,76 @@
+/* rdvpump ring buffer: a single-producer single-consumer byte ring.
+ *
+ * This header is the single source of truth for the C API: native/build_ringbuf.py
+ * reads the declarations between the CDEF markers and hands them to cffi, so the
+ * Python binding and the C code cannot drift.
+ *
+ * Indices run free (they only ever grow) and are masked on access, so a ring of
+ * capacity C holds C bytes, not C - 1.  One thread (or pump task) writes, one
+ * reads; head and tail are published with release stores and read with acquire
+ * loads, so producer and consumer may also live on two threads.
+ *
+ * Frames are a 4-byte big-endian unsigned length followed by the body.
+ */
+#ifndef RDVPUMP_RINGBUF_H
+#define RDVPUMP_RINGBUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define RB_MIN_CAPACITY 1
+#define RB_MAX_CAPACITY 1073741824
+#define RB_HEADER_SIZE 4
+#define RB_FRAME_NONE 0
+#define RB_FRAME_PARTIAL 1
+#define RB_FRAME_COMPLETE 2
+
+typedef struct rb_ring rb_ring;
+
+/* Create a ring; capacity must be a power of two within the limits, else NULL. */
+rb_ring *rb_new(size_t capacity);
+void rb_free(rb_ring *rb);
+
+size_t rb_capacity(const rb_ring *rb);
+size_t rb_used(const rb_ring *rb);
+size_t rb_free_space(const rb_ring *rb);
+
+/* Byte stream: copy in / out as much as fits; return the count moved. */
+size_t rb_write(rb_ring *rb, const char *data, size_t n);
+size_t rb_read(rb_ring *rb, char *out, size_t n);
+/* Copy up to n readable bytes out without consuming them. */
+size_t rb_peek(const rb_ring *rb, char *out, size_t n);
+/* Drop up to n readable bytes; return the count dropped. */
+size_t rb_skip(rb_ring *rb, size_t n);
+
+/* Zero-copy regions: the first contiguous readable / writable run.
+ * Set *ptr and return its length (0 when none).  After using the region,
+ * rb_skip() consumes what was read and rb_commit() publishes what was written. */
+size_t rb_readable_region(const rb_ring *rb, char **ptr);
+size_t rb_writable_region(const rb_ring *rb, char **ptr);
+size_t rb_commit(rb_ring *rb, size_t n);
+
+/* Frames.  Put one frame whole or not at all: 1 if put, 0 if it does not fit. */
+int rb_put_frame(rb_ring *rb, const char *body, uint32_t n);
+/* Put frames whose bodies lie back to back in `bodies` with lengths `lens`,
+ * in order, each whole, stopping at the first that does not fit.
+ * Return how many were put. */
+size_t rb_put_frames(rb_ring *rb, const char *bodies, const uint32_t *lens, size_t count);
+/* How many of the frames with body lengths `lens` fit, in order, each whole, in the
+ * free space now, with at most max_bytes of bodies in all (at least one frame is
+ * counted if it fits, whatever its size). */
+size_t rb_frames_fit(const rb_ring *rb, const uint32_t *lens, size_t count, size_t max_bytes);
+/* Inspect the next frame: RB_FRAME_NONE if fewer than 4 bytes are readable,
+ * RB_FRAME_PARTIAL if the header is there but not the whole body,
+ * RB_FRAME_COMPLETE if the whole frame is there.  *len gets the body length
+ * whenever the header is readable. */
+int rb_frame_status(const rb_ring *rb, uint32_t *len);
+/* Take complete frames in order: bodies go back to back into out (outcap bytes),
+ * lengths into lens (at most maxn).  Stops at the first frame that is not
+ * complete, whose body is longer than maxlen, or that does not fit in what is
+ * left of out.  *out_used gets the body bytes written.  Return the frame count. */
+size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,
+                      uint32_t maxlen, size_t *out_used);
+/* CDEF-END */
+
+#endif

@@ -1,0 +1,279 @@
+"""The event pump: one FIFO of named tasks run one at a time, timers, and a clock.
+
+The same pump runs a simulation on a virtual clock (``run_until_idle``) or
+serves inside trio (``await serve()``), where I/O tasks post work and wake it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from ._trace import TraceEvent, TraceSink
+
+log = logging.getLogger("rdvpump.pump")
+
+#: Tasks run between two trio checkpoints while serving, so I/O tasks get a turn.
+DEFAULT_SERVE_BATCH = 64
+
+
+class Owner(Protocol):
+    """Something a task belongs to (a link, a broker).
+
+    When a task raises, the pump calls ``_fail(exc)`` on its owner, which must
+    close itself with the reason; ``_trace_ids()`` names it in trace events as
+    ``(broker, peer, port, link)``.
+    """
+
+    def _fail(self, exc: BaseException) -> None: ...
+
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]: ...
+
+
+class Timer:
+    """A pending ``call_later``; ``cancel()`` stops it from running."""
+
+    __slots__ = ("when", "kind", "fn", "args", "owner", "cancelled")
+
+    def __init__(self, when: float, kind: str, fn: Callable[..., object], args: tuple[Any, ...],
+                 owner: Owner | None) -> None:
+        self.when = when
+        self.kind = kind
+        self.fn = fn
+        self.args = args
+        self.owner = owner
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Pump:
+    """A single-threaded event pump.
+
+    Tasks are plain callables posted with a kind (``"accept"``, ``"write"``,
+    ...).  They run in FIFO order, one at a time and never re-entrantly.  An
+    exception escaping a task is logged, traced as a ``"fail"`` event and fails
+    the task's owner; the pump carries on.
+
+    ``seed`` seeds :attr:`random`, the one source of randomness programs on this
+    pump should use, so the same program and seed give the same trace.
+    """
+
+    def __init__(self, *, seed: int = 0, trace: TraceSink | None = None,
+                 name: str = "pump") -> None:
+        self.name = name
+        self.seed = seed
+        self.random = random.Random(seed)
+        self.trace: TraceSink | None = trace
+        self._ready: deque[tuple[str, Callable[..., object], tuple[Any, ...], Owner | None]] = (
+            deque()
+        )
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._timer_seq = itertools.count()
+        self._time = 0.0
+        self._clock: Callable[[], float] | None = None
+        self._step = 0
+        self._running = False
+        self._serving = False
+        self._wake: trio.Event | None = None
+        self.failures = 0
+
+    # -- time --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Pump time in seconds: virtual when simulating, trio's clock when serving."""
+        clock = self._clock
+        return self._time if clock is None else clock()
+
+    # -- posting -----------------------------------------------------------------------
+
+    def post(self, kind: str, fn: Callable[..., object], *args: Any,
+             owner: Owner | None = None) -> None:
+        """Queue ``fn(*args)`` to run as a task of the given kind."""
+        self._ready.append((kind, fn, args, owner))
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def call_later(self, delay: float, fn: Callable[..., object], *args: Any,
+                   owner: Owner | None = None, kind: str = "timer") -> Timer:
+        """Run ``fn(*args)`` as a task ``delay`` seconds from now."""
+        if not delay >= 0:
+            raise ValueError(f"delay must be a non-negative number, got {delay!r}")
+        return self.call_at(self.now() + delay, fn, *args, owner=owner, kind=kind)
+
+    def call_at(self, when: float, fn: Callable[..., object], *args: Any,
+                owner: Owner | None = None, kind: str = "timer") -> Timer:
+        """Run ``fn(*args)`` as a task at pump time ``when``."""
+        timer = Timer(when, kind, fn, args, owner)
+        heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+        return timer
+
+    # -- tracing -----------------------------------------------------------------------
+
+    @property
+    def step_number(self) -> int:
+        return self._step
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Send a semantic event to the trace sink, if any."""
+        sink = self.trace
+        if sink is not None:
+            sink(TraceEvent(self._step, self.now(), kind, **fields))
+
+    # -- running -----------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Tasks ready to run plus live timers."""
+        return len(self._ready) + sum(1 for _, _, t in self._timers if not t.cancelled)
+
+    def _release_due(self, now: float) -> None:
+        timers = self._timers
+        ready = self._ready
+        while timers and timers[0][0] <= now:
+            timer = heapq.heappop(timers)[2]
+            if not timer.cancelled:
+                ready.append((timer.kind, timer.fn, timer.args, timer.owner))
+
+    def _next_deadline(self) -> float:
+        timers = self._timers
+        while timers and timers[0][2].cancelled:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else math.inf
+
+    def _run_one(self) -> None:
+        kind, fn, args, owner = self._ready.popleft()
+        self._step += 1
+        sink = self.trace
+        if sink is not None:
+            ids = owner._trace_ids() if owner is not None else (None, None, None, None)
+            sink(TraceEvent(self._step, self.now(), kind, *ids))
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a task must never kill the pump
+            self._task_failed(kind, owner, exc)
+
+    def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
+        self.failures += 1
+        log.error("pump %s: %s task failed: %r", self.name, kind, exc, exc_info=exc)
+        if self.trace is not None:
+            ids = owner._trace_ids() if owner is not None else (None, None, None, None)
+            self.trace(TraceEvent(self._step, self.now(), "fail", *ids,
+                                  reason=f"{kind}: {exc!r}"))
+        if owner is not None:
+            try:
+                owner._fail(exc)
+            except Exception as exc2:  # noqa: BLE001
+                log.error("pump %s: failing the owner of a %s task raised %r", self.name, kind,
+                          exc2, exc_info=exc2)
+
+    def _enter(self) -> None:
+        if self._running:
+            raise RuntimeError("the pump is already running (tasks must not run the pump)")
+        if self._serving:
+            raise RuntimeError("the pump is being served by trio; post tasks instead")
+        self._running = True
+
+    def step(self) -> bool:
+        """Run one task; when none is ready, jump the virtual clock to the next timer.
+
+        Return False when there was nothing to do at all.
+        """
+        self._enter()
+        try:
+            if not self._ready:
+                deadline = self._next_deadline()
+                if deadline == math.inf:
+                    return False
+                self._time = max(self._time, deadline)
+                self._release_due(self._time)
+                if not self._ready:
+                    return True
+            self._run_one()
+            return True
+        finally:
+            self._running = False
+
+    def run_until_idle(self, *, max_steps: int | None = None) -> int:
+        """Run tasks and timers on the virtual clock until none is left; return steps run.
+
+        Periodic timers never let a pump go idle: bound the run with
+        ``max_steps`` or use :meth:`run_until`.
+        """
+        return self.run_until(math.inf, max_steps=max_steps)
+
+    def run_until(self, deadline: float, *, max_steps: int | None = None) -> int:
+        """Run on the virtual clock up to pump time ``deadline``; return steps run."""
+        self._enter()
+        ready = self._ready
+        run_one = self._run_one
+        start = self._step
+        limit = math.inf if max_steps is None else start + max_steps
+        try:
+            while self._step < limit:
+                if ready:
+                    run_one()
+                    continue
+                when = self._next_deadline()
+                if when == math.inf or when > deadline:
+                    if deadline != math.inf:
+                        self._time = max(self._time, deadline)
+                    break
+                self._time = max(self._time, when)
+                self._release_due(self._time)
+            return self._step - start
+        finally:
+            self._running = False
+
+    def run_for(self, seconds: float, *, max_steps: int | None = None) -> int:
+        """Run on the virtual clock for ``seconds`` of pump time."""
+        return self.run_until(self._time + seconds, max_steps=max_steps)
+
+    async def serve(self, *, batch: int = DEFAULT_SERVE_BATCH,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the pump inside trio until cancelled.
+
+        Pump time continues from where it stands and follows trio's clock, so
+        under ``trio.testing.MockClock`` a served pump stays deterministic.
+        """
+        self._enter()
+        self._running = False
+        self._serving = True
+        offset = trio.current_time() - self._time
+        self._clock = lambda: trio.current_time() - offset
+        ready = self._ready
+        run_one = self._run_one
+        try:
+            task_status.started()
+            while True:
+                self._release_due(self.now())
+                for _ in range(batch):
+                    if not ready:
+                        break
+                    run_one()
+                if ready:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                wake = self._wake = trio.Event()
+                deadline = self._next_deadline()
+                try:
+                    with trio.move_on_at(deadline + offset):
+                        await wake.wait()
+                finally:
+                    self._wake = None
+        finally:
+            self._time = self.now()
+            self._clock = None
+            self._serving = False
