@@ -22,7 +22,8 @@ DEFAULT_RING_CAPACITY = 1 << 18
 class ChannelListener(Protocol):
     """Notifications of a channel.  Grammar: ``(readable | writable)* closed``.
 
-    ``readable()``: bytes arrived (or the end of the stream is ready to be seen).
+    ``readable()``: bytes arrived.  Edge-triggered: read until ``read()`` returns
+    ``b""``, or you are not told again until more bytes arrive.
     ``writable()``: room freed after a write that could not take everything.
     ``closed(reason)``: the channel is done; on the peer of a disconnect this
     comes only after every byte written before the disconnect was read.

@@ -1,1 +1,41 @@
-"""rdv"""
+"""Rendezvous: bind, listen, unbind, connect, accept and refuse, as a table and on a pump."""
+
+from ._core import BUSY as BUSY
+from ._core import MAX_PORT as MAX_PORT
+from ._core import NOT_BOUND as NOT_BOUND
+from ._core import REFUSAL_REASONS as REFUSAL_REASONS
+from ._core import TRANSITIONS as TRANSITIONS
+from ._core import UNAUTHORIZED as UNAUTHORIZED
+from ._core import UNKNOWN_BROKER as UNKNOWN_BROKER
+from ._core import Action as Action
+from ._core import PortState as PortState
+from ._core import RdvEvent as RdvEvent
+from ._core import RdvUsageError as RdvUsageError
+from ._core import Rendezvous as Rendezvous
+from ._core import Transition as Transition
+from ._core import state_diagram as state_diagram
+from ._listeners import AcceptListener as AcceptListener
+from ._listeners import ConnectListener as ConnectListener
+from ._listeners import RefusedError as RefusedError
+from ._node import RdvNode as RdvNode
+
+__all__ = [
+    "BUSY",
+    "MAX_PORT",
+    "NOT_BOUND",
+    "REFUSAL_REASONS",
+    "TRANSITIONS",
+    "UNAUTHORIZED",
+    "UNKNOWN_BROKER",
+    "AcceptListener",
+    "Action",
+    "ConnectListener",
+    "PortState",
+    "RdvEvent",
+    "RdvNode",
+    "RdvUsageError",
+    "RefusedError",
+    "Rendezvous",
+    "Transition",
+    "state_diagram",
+]

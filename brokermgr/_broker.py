@@ -1,0 +1,264 @@
+"""Broker and BrokerManager: actors with unique ids in a universe that links them on one pump.
+
+Listener-style calls are the pump's native API; the ``*_queue`` coroutines are
+their trio twins for embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from channels import (
+    DEFAULT_HIGH_WATER,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_RECEIVE_BUFFER,
+    DEFAULT_RING_CAPACITY,
+    AsyncMessageQueue,
+    ChannelManager,
+    MessageQueue,
+)
+from pump import Pump, TraceSink
+from rdv import RdvNode, RefusedError
+
+
+class Broker:
+    """An actor with a unique id in its universe.
+
+    ``bind``/``listen``/``unbind``/``connect`` follow the rendezvous rules of
+    DESIGN.md; listeners are called as pump tasks.  If one of the broker's own
+    tasks raises, the pump fails the broker: every port is unbound, every link
+    aborted, and later calls raise ``trio.BrokenResourceError``.
+    """
+
+    def __init__(self, manager: BrokerManager, broker_id: str) -> None:
+        self.id = broker_id
+        self.manager = manager
+        self.pump = manager.pump
+        self._node = RdvNode(
+            manager.pump, broker_id, manager.channels, manager._resolve, owner=self,
+            queue_options=manager.queue_options,
+        )
+        self._failure: str | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Broker {self.id!r} of universe {self.manager.name!r}>"
+
+    # -- pump owner protocol -----------------------------------------------------------
+
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+        return self.id, None, None, None
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = f"broker failed: {exc!r}"
+        self._node.close(self._failure)
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise trio.BrokenResourceError(self._failure)
+        if self._closed:
+            raise trio.ClosedResourceError(f"broker {self.id!r} was closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._failure is not None
+
+    # -- listener API ------------------------------------------------------------------
+
+    def bind(self, port: int, listener: Any) -> None:
+        """Wait on ``port`` for one connect; raises if the port is already bound."""
+        self._check()
+        self._node.bind(port, listener)
+
+    def listen(self, port: int, listener: Any) -> None:
+        """Accept connects on ``port`` one after another until ``unbind``."""
+        self._check()
+        self._node.listen(port, listener)
+
+    def unbind(self, port: int) -> None:
+        self._check()
+        self._node.unbind(port)
+
+    def connect(self, broker_id: str, port: int, listener: Any) -> None:
+        """Post a connect; ``listener.connected(queue)`` or ``listener.refused(reason)`` follows."""
+        self._check()
+        self._node.connect(broker_id, port, listener)
+
+    @property
+    def ports(self) -> list[int]:
+        """Ports bound now."""
+        return self._node.core.bound_ports()
+
+    def close(self, reason: str = "broker closed") -> None:
+        """Unbind every port, abort every link and leave the universe."""
+        if self._closed:
+            return
+        self._closed = True
+        self._node.close(reason)
+        self.manager._brokers.pop(self.id, None)
+
+    # -- async face --------------------------------------------------------------------
+
+    async def connect_queue(self, broker_id: str, port: int, *,
+                            receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
+        """Connect and return our end of the link; raise :class:`rdv.RefusedError` if refused."""
+        self._check()
+        done = trio.Event()
+        outcome: list[AsyncMessageQueue | str] = []
+
+        class _Waiter:
+            def connected(self, queue: MessageQueue) -> None:
+                if done.is_set():  # the caller was cancelled meanwhile
+                    queue.abort("connect cancelled")
+                    return
+                outcome.append(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
+                done.set()
+
+            def refused(self, reason: str) -> None:
+                outcome.append(reason)
+                done.set()
+
+        self._node.connect(broker_id, port, _Waiter())
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            done.set()
+            raise
+        result = outcome[0]
+        if isinstance(result, str):
+            raise RefusedError(result, broker_id, port)
+        return result
+
+    async def accept_queue(self, port: int, *,
+                           receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
+        """Bind ``port``, wait for one connect, unbind, and return our end of the link."""
+        self._check()
+        done = trio.Event()
+        outcome: list[AsyncMessageQueue] = []
+
+        class _Waiter:
+            def accepted(self, queue: MessageQueue) -> None:
+                if done.is_set():
+                    queue.abort("accept cancelled")
+                    return
+                outcome.append(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
+                done.set()
+
+        self._node.bind(port, _Waiter())
+        try:
+            await done.wait()
+        finally:
+            done.set()
+            if port in self._node.core.bound_ports():
+                self._node.unbind(port)
+        return outcome[0]
+
+    async def serve_queues(
+        self, port: int, handler: Callable[[AsyncMessageQueue], Awaitable[object]], *,
+        receive_buffer: int = DEFAULT_RECEIVE_BUFFER,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``port`` and run ``handler(queue)`` in a new task for every connect.
+
+        Runs until cancelled (like ``trio.serve_tcp``); the port is unbound on exit.
+        """
+        self._check()
+        async with trio.open_nursery() as nursery:
+
+            class _Acceptor:
+                def accepted(self, queue: MessageQueue) -> None:
+                    nursery.start_soon(handler, AsyncMessageQueue(
+                        queue, receive_buffer=receive_buffer))
+
+            self._node.listen(port, _Acceptor())
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                if port in self._node.core.bound_ports():
+                    self._node.unbind(port)
+
+
+class BrokerManager:
+    """A universe: brokers by unique id, linked through memory on one pump.
+
+    Several managers are several universes; a broker of one cannot see the
+    brokers of another ("unknown broker").
+    """
+
+    def __init__(self, name: str, *, pump: Pump | None = None,
+                 ring_capacity: int = DEFAULT_RING_CAPACITY,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                 high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("a universe needs a non-empty name")
+        self.name = name
+        self.pump = pump if pump is not None else Pump()
+        self.channels = ChannelManager(self.pump, capacity=ring_capacity)
+        self.queue_options: dict[str, int] = {
+            "max_message_size": max_message_size, "high_water": high_water,
+        }
+        if low_water is not None:
+            self.queue_options["low_water"] = low_water
+        # Fail on bad limits now, not at the first link.
+        if not 0 <= max_message_size or high_water > max_message_size:
+            raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
+                             f"({max_message_size})")
+        self._brokers: dict[str, Broker] = {}
+
+    def __repr__(self) -> str:
+        return f"<BrokerManager {self.name!r} with {len(self._brokers)} brokers>"
+
+    def add_broker(self, broker_id: str) -> Broker:
+        """Create a broker with a unique id in this universe."""
+        if not isinstance(broker_id, str) or not broker_id:
+            raise ValueError(f"a broker id must be a non-empty str, got {broker_id!r}")
+        if broker_id in self._brokers:
+            raise ValueError(f"universe {self.name!r} already has a broker {broker_id!r}")
+        broker = Broker(self, broker_id)
+        self._brokers[broker_id] = broker
+        return broker
+
+    def broker(self, broker_id: str) -> Broker:
+        try:
+            return self._brokers[broker_id]
+        except KeyError:
+            raise KeyError(f"universe {self.name!r} has no broker {broker_id!r}") from None
+
+    def __contains__(self, broker_id: object) -> bool:
+        return broker_id in self._brokers
+
+    @property
+    def broker_ids(self) -> list[str]:
+        return sorted(self._brokers)
+
+    def _resolve(self, broker_id: str) -> RdvNode | None:
+        broker = self._brokers.get(broker_id)
+        return None if broker is None else broker._node
+
+    def close(self) -> None:
+        """Close every broker of the universe."""
+        for broker in list(self._brokers.values()):
+            broker.close("universe closed")
+
+
+@asynccontextmanager
+async def open_universe(name: str, *, seed: int = 0, trace: TraceSink | None = None,
+                        **options: Any) -> AsyncIterator[BrokerManager]:
+    """A universe whose pump is served by trio for the duration of the block.
+
+    ``options`` are those of :class:`BrokerManager` (``ring_capacity``, ...).
+    On exit every broker is closed and the pump stops.
+    """
+    manager = BrokerManager(name, pump=Pump(seed=seed, trace=trace, name=name), **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        try:
+            yield manager
+        finally:
+            manager.close()
+            nursery.cancel_scope.cancel()

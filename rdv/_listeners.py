@@ -1,0 +1,48 @@
+"""Listener base classes of the rendezvous and the refusal error of its async face.
+
+Base methods do nothing; any object with the named methods works too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels import MessageQueue
+
+
+class AcceptListener:
+    """Told of connections accepted on a bound port.
+
+    Grammar: ``accepted`` once for ``bind``; ``accepted*`` for ``listen``.
+    """
+
+    def accepted(self, queue: MessageQueue) -> None:
+        """A connect was paired with this port; ``queue`` is our end of the new link."""
+
+
+class ConnectListener:
+    """Told how a connect ended.  Grammar: ``connected | refused``."""
+
+    def connected(self, queue: MessageQueue) -> None:
+        """The rendezvous paired us; ``queue`` is our end of the new link."""
+
+    def refused(self, reason: str) -> None:
+        """No link: ``"unknown broker"``, ``"not bound"``, ``"busy"`` or ``"unauthorized"``."""
+
+
+class RefusedError(ConnectionRefusedError):
+    """A connect was refused; ``reason`` is one of the rendezvous refusal reasons."""
+
+    def __init__(self, reason: str, broker_id: str, port: int) -> None:
+        super().__init__(f"connect to {broker_id!r} port {port} refused: {reason}")
+        self.reason = reason
+        self.broker_id = broker_id
+        self.port = port
+
+
+def require(listener: Any, role: str, *methods: str) -> None:
+    """Raise TypeError unless ``listener`` has every one of ``methods``."""
+    missing = [m for m in methods if not callable(getattr(listener, m, None))]
+    if missing:
+        raise TypeError(f"{role} listener {listener!r} lacks {', '.join(m + '()' for m in missing)}"
+                        f"; subclass rdv.{role.capitalize()}Listener")

@@ -1,0 +1,325 @@
+"""MessageQueue: whole messages in order, bounded memory, and bad input closing only its link."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from channels import (
+    ChannelManager,
+    MessageQueue,
+    MessageTooLargeError,
+    QueueFullError,
+    QueueListener,
+)
+from pump import ListSink, Pump
+
+from .helpers import Recorder, queue_pair
+
+RING_SIZES = [1, 4, 64, 65536]  # 1 is the smallest ring the C code allows
+
+
+@pytest.mark.parametrize("capacity", RING_SIZES)
+@settings(max_examples=25, deadline=None)
+@given(messages=st.lists(st.binary(max_size=300), max_size=30),
+       big=st.sampled_from([0, 70_000]))
+def test_messages_arrive_whole_in_order_for_every_ring_size(
+        capacity: int, messages: list[bytes], big: int) -> None:
+    if big:
+        messages = messages + [bytes(range(256)) * (big // 256)]
+    pump = Pump()
+    qa, qb = queue_pair(pump, capacity)
+    rec = Recorder()
+    qb.set_listener(rec)
+    qa.set_listener(QueueListener())
+    for m in messages:
+        qa.send(m)
+    pump.run_until_idle()
+    assert rec.messages == messages
+    assert qb.statistics().messages_received == len(messages)
+    assert qa.statistics().messages_sent == len(messages)
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages=st.lists(st.binary(max_size=200), min_size=1, max_size=20),
+       cuts=st.lists(st.integers(1, 50), min_size=1, max_size=40),
+       capacity=st.sampled_from([4, 16, 256, 4096]))
+def test_frame_codec_survives_any_split_of_the_byte_stream(
+        messages: list[bytes], cuts: list[int], capacity: int) -> None:
+    """A raw channel writes the framed stream in random pieces; the queue rebuilds it."""
+    pump = Pump()
+    raw, side = ChannelManager(pump, capacity=capacity).open_pair("raw", "q", 1)
+    queue = MessageQueue(side)
+    rec = Recorder()
+    queue.set_listener(rec)
+    stream = b"".join(len(m).to_bytes(4, "big") + m for m in messages)
+    pos = 0
+    i = 0
+
+    class Writer:
+        def writable(self) -> None:
+            push()
+
+        def readable(self) -> None: ...
+        def closed(self, reason: str) -> None: ...
+
+    def push() -> None:
+        nonlocal pos, i
+        while pos < len(stream):
+            piece = stream[pos:pos + cuts[i % len(cuts)]]
+            i += 1
+            n = raw.write(piece)
+            pos += n
+            if n < len(piece):
+                return
+
+    raw.set_listener(Writer())
+    push()
+    pump.run_until_idle()
+    assert rec.messages == messages
+
+
+def test_send_past_the_high_water_mark_raises_and_queues_nothing() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64, high_water=100, low_water=10)
+    rec_a, rec_b = Recorder(), Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(rec_b)
+    qa.send(b"x" * 60)
+    qa.send(b"y" * 40)
+    with pytest.raises(QueueFullError, match="high-water mark of 100"):
+        qa.send(b"z")
+    assert isinstance(QueueFullError("x"), trio.WouldBlock)
+    assert qa.statistics().bytes_queued == 100
+    pump.run_until_idle()
+    assert rec_a.drains == 1  # told once the backlog fell to the low-water mark
+    qa.send(b"z")
+    pump.run_until_idle()
+    assert rec_b.messages == [b"x" * 60, b"y" * 40, b"z"]
+
+
+def test_one_message_above_the_mark_may_go_when_nothing_is_queued() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64, high_water=100, max_message_size=1000)
+    rec = Recorder()
+    qb.set_listener(rec)
+    qa.send(b"b" * 500)  # bigger than the mark, but the queue was empty
+    with pytest.raises(QueueFullError):
+        qa.send(b"c")
+    pump.run_until_idle()
+    assert rec.messages == [b"b" * 500]
+
+
+def test_memory_stays_bounded_behind_a_slow_reader() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 256, high_water=4096)
+    qb.pause_reading()
+    qb.set_listener(Recorder())
+    sent = 0
+    with pytest.raises(QueueFullError):
+        for _ in range(100_000):
+            qa.send(b"m" * 64)
+            sent += 1
+    pump.run_until_idle()
+    assert sent < 100  # bounded by the mark, not by the number of attempts
+    stats = qa.statistics()
+    assert stats.bytes_queued <= 4096
+
+
+def test_oversized_and_non_bytes_messages_are_refused_before_queueing() -> None:
+    pump = Pump()
+    qa, _ = queue_pair(pump, 64, max_message_size=10, high_water=10)
+    with pytest.raises(MessageTooLargeError, match="exceeds max_message_size 10"):
+        qa.send(b"x" * 11)
+    for bad in ("text", 42, None, [b"x"]):
+        with pytest.raises(TypeError, match="message must be bytes"):
+            qa.send(bad)  # type: ignore[arg-type]
+    assert qa.statistics().messages_queued == 0
+
+
+def test_bytearray_is_copied_when_sent() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    rec = Recorder()
+    qb.set_listener(rec)
+    buf = bytearray(b"before")
+    qa.send(buf)
+    qa.send(memoryview(b"view"))
+    buf[:] = b"AFTER!"
+    pump.run_until_idle()
+    assert rec.messages == [b"before", b"view"]
+
+
+def test_a_received_length_above_the_maximum_closes_only_that_link() -> None:
+    pump = Pump()
+    cm = ChannelManager(pump, capacity=64)
+    raw, side = cm.open_pair("evil", "victim", 1)
+    bad_queue = MessageQueue(side, max_message_size=1000, high_water=1000)
+    bad_rec = Recorder()
+    bad_queue.set_listener(bad_rec)
+    good_a, good_b = (MessageQueue(c) for c in cm.open_pair("a", "b", 2))
+    good_rec = Recorder()
+    good_b.set_listener(good_rec)
+    raw.write((5000).to_bytes(4, "big") + b"junk")
+    for i in range(50):
+        good_a.send(b"ok %d" % i)
+    pump.run_until_idle()
+    assert bad_queue.closed
+    assert bad_rec.reasons == ["protocol error: frame of 5000 bytes exceeds max_message_size 1000"]
+    assert bad_rec.messages == []
+    assert good_rec.messages == [b"ok %d" % i for i in range(50)]
+    assert not good_a.closed and not good_b.closed
+    with pytest.raises(trio.BrokenResourceError):
+        raw.write(b"more")  # the bad peer sees its link gone
+
+
+@pytest.mark.parametrize("capacity", [4, 64])
+def test_a_stream_cut_mid_frame_is_a_protocol_error(capacity: int) -> None:
+    pump = Pump()
+    raw, side = ChannelManager(pump, capacity=capacity).open_pair("raw", "q", 1)
+    queue = MessageQueue(side)
+    rec = Recorder()
+    queue.set_listener(rec)
+
+    def feed(data: bytes) -> None:
+        while data:
+            data = data[raw.write(data):]
+            pump.run_until_idle()
+
+    feed((3).to_bytes(4, "big") + b"one")
+    feed((10).to_bytes(4, "big") + b"ab")  # 6 of the promised 14 bytes
+    raw.disconnect("crashed")
+    pump.run_until_idle()
+    assert rec.messages == [b"one"]
+    assert len(rec.reasons) == 1
+    assert "stream cut mid-frame" in rec.reasons[0]
+
+
+def test_close_flushes_what_was_sent_first_even_through_a_tiny_ring() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 4)
+    rec_a, rec_b = Recorder(), Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(rec_b)
+    msgs = [b"a" * 10, b"", b"c" * 33]
+    for m in msgs:
+        qa.send(m)
+    qa.close()
+    with pytest.raises(trio.ClosedResourceError):
+        qa.send(b"late")
+    pump.run_until_idle()
+    assert rec_b.messages == msgs
+    assert rec_b.reasons == ["peer disconnected (closed)"]
+    assert rec_a.reasons == ["closed"]
+    with pytest.raises(trio.BrokenResourceError):
+        qb.send(b"to nobody")
+
+
+def test_abort_reports_what_it_dropped() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    rec_a = Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(Recorder())
+    for _ in range(3):
+        qa.send(b"x")
+    qa.abort("shutting down")
+    pump.run_until_idle()
+    assert rec_a.reasons == ["shutting down; 3 queued messages not sent"]
+
+
+def test_messages_wait_in_the_ring_until_a_listener_is_set() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    for i in range(20):
+        qa.send(b"early %d" % i)
+    pump.run_until_idle()
+    rec = Recorder()
+    qb.set_listener(rec)
+    pump.run_until_idle()
+    assert rec.messages == [b"early %d" % i for i in range(20)]
+
+
+def test_listener_needs_received_and_closed() -> None:
+    _, qb = queue_pair(Pump(), 64)
+
+    class Half:
+        def received(self, message: bytes) -> None: ...
+
+    with pytest.raises(TypeError, match="lacks closed"):
+        qb.set_listener(Half())
+
+
+def test_a_raising_listener_closes_only_its_own_link() -> None:
+    pump = Pump()
+    cm = ChannelManager(pump, capacity=64)
+    qa, qb = (MessageQueue(c) for c in cm.open_pair("a", "b", 1))
+    qc, qd = (MessageQueue(c) for c in cm.open_pair("c", "d", 2))
+    rec_a, rec_d = Recorder(), Recorder()
+    qa.set_listener(rec_a)
+
+    class Boom(Recorder):
+        def received(self, message: bytes) -> None:
+            raise RuntimeError("listener bug")
+
+    boom = Boom()
+    qb.set_listener(boom)
+    qd.set_listener(rec_d)
+    qa.send(b"trigger")
+    qc.send(b"fine")
+    pump.run_until_idle()
+    assert qb.closed and boom.reasons == ["listener error: RuntimeError('listener bug')"]
+    assert rec_a.reasons == ["peer disconnected (listener error: RuntimeError('listener bug'))"]
+    assert rec_d.messages == [b"fine"] and not qd.closed
+    assert pump.failures == 1
+
+
+def test_pause_and_resume_reading() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 65536)
+    rec = Recorder()
+
+    class Pausing(Recorder):
+        def received(self, message: bytes) -> None:
+            super().received(message)
+            qb.pause_reading()
+
+    p = Pausing()
+    qb.set_listener(p)
+    for i in range(5):
+        qa.send(b"%d" % i)
+    pump.run_until_idle()
+    assert qb.statistics().reading_paused
+    assert len(p.messages) == 5  # a pause takes effect after the current batch
+    qa.send(b"later")
+    pump.run_until_idle()
+    assert len(p.messages) == 5
+    qb.set_listener(rec)
+    qb.resume_reading()
+    pump.run_until_idle()
+    assert rec.messages == [b"later"]
+
+
+def test_send_and_deliver_are_traced_with_per_link_sequence_numbers() -> None:
+    sink = ListSink()
+    pump = Pump(trace=sink)
+    qa, qb = queue_pair(pump, 64)
+    qb.set_listener(Recorder())
+    for m in (b"one", b"two", b"x" * 100):
+        qa.send(m)
+    pump.run_until_idle()
+    sends = [(e.seq, e.size) for e in sink.events if e.kind == "send"]
+    delivers = [(e.seq, e.size) for e in sink.events if e.kind == "deliver"]
+    assert sends == delivers == [(1, 3), (2, 3), (3, 100)]
+    assert {e.link for e in sink.events if e.kind in ("send", "deliver")} == {1}
+
+
+def test_limits_are_validated() -> None:
+    pump = Pump()
+    a, _ = ChannelManager(pump, capacity=64).open_pair("a", "b", 1)
+    with pytest.raises(ValueError, match="must not exceed max_message_size"):
+        MessageQueue(a, max_message_size=10, high_water=100)
+    with pytest.raises(ValueError, match="low_water"):
+        MessageQueue(a, high_water=100, low_water=200)

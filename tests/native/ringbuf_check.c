@@ -1,0 +1,161 @@
+/* Exercises every function of native/ringbuf.c against a flat model, for valgrind / ASan.
+ * Exit status 0 when every result matched the model. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ringbuf.h"
+
+#define MODEL_MAX (1 << 16)
+static unsigned char model[MODEL_MAX];
+static size_t model_len;
+static unsigned long long rng_state = 88172645463325252ULL;
+
+static unsigned rnd(unsigned n) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+#define CHECK(cond)                                                   \
+    do {                                                              \
+        if (!(cond)) {                                                \
+            fprintf(stderr, "check failed line %d: %s\n", __LINE__, #cond); \
+            return 1;                                                 \
+        }                                                             \
+    } while (0)
+
+static int run(size_t cap, int steps) {
+    rb_ring *rb = rb_new(cap);
+    CHECK(rb != NULL);
+    model_len = 0;
+    char buf[4096], out[4096];
+    uint32_t lens[16];
+    for (int s = 0; s < steps; s++) {
+        size_t n = rnd(300);
+        for (size_t i = 0; i < n; i++) buf[i] = (char)rnd(256);
+        switch (rnd(8)) {
+        case 0: { /* write */
+            size_t w = rb_write(rb, buf, n);
+            size_t room = cap - model_len;
+            CHECK(w == (n < room ? n : room));
+            memcpy(model + model_len, buf, w);
+            model_len += w;
+            break;
+        }
+        case 1: { /* read */
+            size_t r = rb_read(rb, out, n);
+            CHECK(r == (n < model_len ? n : model_len));
+            CHECK(memcmp(out, model, r) == 0);
+            memmove(model, model + r, model_len - r);
+            model_len -= r;
+            break;
+        }
+        case 2: { /* peek + skip */
+            size_t r = rb_peek(rb, out, n);
+            CHECK(r == (n < model_len ? n : model_len));
+            CHECK(memcmp(out, model, r) == 0);
+            CHECK(rb_skip(rb, r) == r);
+            memmove(model, model + r, model_len - r);
+            model_len -= r;
+            break;
+        }
+        case 3: { /* regions */
+            char *p;
+            size_t w = rb_writable_region(rb, &p);
+            size_t k = n < w ? n : w;
+            memcpy(p, buf, k);
+            CHECK(rb_commit(rb, k) == k);
+            memcpy(model + model_len, buf, k);
+            model_len += k;
+            size_t r = rb_readable_region(rb, &p);
+            CHECK(r <= model_len);
+            CHECK(memcmp(p, model, r) == 0);
+            break;
+        }
+        case 4: { /* one frame */
+            uint32_t len = (uint32_t)(n / 3);
+            int ok = rb_put_frame(rb, buf, len);
+            CHECK(ok == (len + 4 <= cap - model_len));
+            if (ok) {
+                model[model_len] = (unsigned char)(len >> 24);
+                model[model_len + 1] = (unsigned char)(len >> 16);
+                model[model_len + 2] = (unsigned char)(len >> 8);
+                model[model_len + 3] = (unsigned char)len;
+                memcpy(model + model_len + 4, buf, len);
+                model_len += 4 + len;
+            }
+            break;
+        }
+        case 5: { /* frames */
+            size_t count = 1 + rnd(16), total = 0;
+            for (size_t i = 0; i < count; i++) {
+                lens[i] = rnd(20);
+                total += lens[i];
+            }
+            size_t fit = rb_frames_fit(rb, lens, count, 1 << 20);
+            size_t put = rb_put_frames(rb, buf, lens, count);
+            CHECK(fit == put);
+            const char *src = buf;
+            for (size_t i = 0; i < put; i++) {
+                uint32_t len = lens[i];
+                model[model_len] = 0;
+                model[model_len + 1] = 0;
+                model[model_len + 2] = (unsigned char)(len >> 8);
+                model[model_len + 3] = (unsigned char)len;
+                memcpy(model + model_len + 4, src, len);
+                model_len += 4 + len;
+                src += len;
+            }
+            (void)total;
+            break;
+        }
+        case 6: { /* take frames */
+            size_t used = 0;
+            size_t got = rb_take_frames(rb, out, sizeof out, lens, 16, 200, &used);
+            size_t off = 0;
+            for (size_t i = 0; i < got; i++) {
+                uint32_t len = ((uint32_t)model[0] << 24) | ((uint32_t)model[1] << 16) |
+                               ((uint32_t)model[2] << 8) | model[3];
+                CHECK(len == lens[i]);
+                CHECK(memcmp(out + off, model + 4, len) == 0);
+                off += len;
+                memmove(model, model + 4 + len, model_len - 4 - len);
+                model_len -= 4 + len;
+            }
+            CHECK(off == used);
+            break;
+        }
+        default: { /* status */
+            uint32_t len = 0;
+            int st = rb_frame_status(rb, &len);
+            if (model_len < 4) {
+                CHECK(st == RB_FRAME_NONE);
+            } else {
+                uint32_t want = ((uint32_t)model[0] << 24) | ((uint32_t)model[1] << 16) |
+                                ((uint32_t)model[2] << 8) | model[3];
+                CHECK(len == want);
+                CHECK(st == (model_len - 4 >= want ? RB_FRAME_COMPLETE : RB_FRAME_PARTIAL));
+            }
+        }
+        }
+        CHECK(rb_used(rb) == model_len);
+        CHECK(rb_free_space(rb) == cap - model_len);
+    }
+    rb_free(rb);
+    return 0;
+}
+
+int main(void) {
+    CHECK(rb_new(0) == NULL);
+    CHECK(rb_new(3) == NULL);
+    CHECK(rb_new((size_t)RB_MAX_CAPACITY * 2) == NULL);
+    rb_free(NULL);
+    size_t caps[] = {1, 2, 4, 64, 1024, 65536};
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        if (run(caps[i], 3000) != 0) return 1;
+    }
+    puts("ringbuf_check: ok");
+    return 0;
+}
