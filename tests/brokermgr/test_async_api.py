@@ -1,0 +1,157 @@
+"""The trio face: connect_queue / accept_queue / serve_queues and awaitable queues."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from brokermgr import open_universe
+from channels import AsyncMessageQueue, QueueFullError
+from rdv import RdvUsageError, RefusedError
+
+
+async def test_connect_queue_raises_the_refusal_reason(autojump_clock: object) -> None:
+    async with open_universe("u") as u:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        with pytest.raises(RefusedError) as info:
+            await client.connect_queue("server", 80)
+        assert info.value.reason == "not bound"
+        assert isinstance(info.value, ConnectionRefusedError)
+        with pytest.raises(RefusedError, match="unknown broker"):
+            await client.connect_queue("ghost", 80)
+        server.bind(80, _Keep())
+        await client.connect_queue("server", 80)
+        with pytest.raises(RefusedError, match="busy"):
+            await client.connect_queue("server", 80)
+
+
+class _Keep:
+    def accepted(self, queue: object) -> None:
+        self.queue = queue
+
+
+async def test_accept_queue_pairs_once_then_unbinds(autojump_clock: object) -> None:
+    async with open_universe("u") as u, trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        got: list[AsyncMessageQueue] = []
+
+        async def accept() -> None:
+            got.append(await server.accept_queue(80))
+
+        nursery.start_soon(accept)
+        await trio.testing.wait_all_tasks_blocked()
+        q = await client.connect_queue("server", 80)
+        await q.send(b"ping")
+        while not got:
+            await trio.sleep(0.01)
+        assert await got[0].receive() == b"ping"
+        assert got[0].remote_id == "client"
+        assert server.ports == []
+
+
+async def test_cancelled_accept_unbinds_the_port(autojump_clock: object) -> None:
+    async with open_universe("u") as u:
+        server = u.add_broker("server")
+        with trio.move_on_after(1):
+            await server.accept_queue(80)
+        assert server.ports == []
+        with pytest.raises(RefusedError, match="not bound"):
+            await u.add_broker("c").connect_queue("server", 80)
+
+
+async def test_serve_queues_echo_and_end_of_channel(autojump_clock: object) -> None:
+    async with open_universe("u", ring_capacity=16) as u, trio.open_nursery() as nursery:
+        server = u.add_broker("server")
+        ends: list[str] = []
+
+        async def echo(q: AsyncMessageQueue) -> None:
+            async for m in q:  # ends cleanly when the client closes
+                await q.send(m.upper())
+            ends.append(q.remote_id)
+
+        await nursery.start(server.serve_queues, 80, echo)
+        with pytest.raises(RdvUsageError, match="already bound"):
+            server.bind(80, _Keep())
+        for i in range(3):
+            async with await u.add_broker(f"c{i}").connect_queue("server", 80) as q:
+                for word in (b"hello", b"x" * 100, b""):
+                    await q.send(word)
+                    assert await q.receive() == word.upper()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ends == ["c0", "c1", "c2"]
+        nursery.cancel_scope.cancel()
+    assert server.ports == []
+
+
+async def test_send_waits_behind_a_slow_receiver_with_bounded_memory(
+        autojump_clock: object) -> None:
+    async with open_universe("u", ring_capacity=256, high_water=2048) as u, \
+            trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        server_side: list[AsyncMessageQueue] = []
+
+        async def hold(q: AsyncMessageQueue) -> None:
+            server_side.append(q)
+            await trio.sleep_forever()
+
+        await nursery.start(partial(server.serve_queues, 80, hold, receive_buffer=4))
+        q = await client.connect_queue("server", 80)
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for i in range(1000):
+                await q.send(b"%04d" % i + b"." * 60)
+                sent += 1
+
+        nursery.start_soon(flood)
+        await trio.sleep(1)
+        assert 0 < sent < 1000  # stuck behind backpressure, not buffering everything
+        assert q.statistics().bytes_queued <= 2048
+        with pytest.raises(QueueFullError):
+            q.send_nowait(b"x" * 64)
+        for i in range(1000):  # the slow receiver finally reads: nothing was lost
+            assert (await server_side[0].receive())[:4] == b"%04d" % i
+        assert sent == 1000
+        nursery.cancel_scope.cancel()
+
+
+async def test_receive_after_abort_or_own_close(autojump_clock: object) -> None:
+    async with open_universe("u") as u, trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        server_side: list[AsyncMessageQueue] = []
+
+        async def keep(q: AsyncMessageQueue) -> None:
+            server_side.append(q)
+
+        await nursery.start(server.serve_queues, 80, keep)
+        q = await client.connect_queue("server", 80)
+        await q.send(b"before abort")
+        await trio.testing.wait_all_tasks_blocked()
+        server_side[0].queue.abort("server gave up")
+        with pytest.raises(trio.BrokenResourceError, match="server gave up"):
+            await q.receive()
+        q2 = await client.connect_queue("server", 80)
+        await q2.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await q2.receive()
+        with pytest.raises(trio.ClosedResourceError):
+            await q2.send(b"x")
+        nursery.cancel_scope.cancel()
+
+
+async def test_receive_nowait_would_block(autojump_clock: object) -> None:
+    async with open_universe("u") as u, trio.open_nursery() as nursery:
+        server = u.add_broker("server")
+        await nursery.start(server.serve_queues, 80, _noop)
+        q = await u.add_broker("c").connect_queue("server", 80)
+        with pytest.raises(trio.WouldBlock):
+            q.receive_nowait()
+        nursery.cancel_scope.cancel()
+
+
+async def _noop(q: AsyncMessageQueue) -> None:
+    await trio.sleep_forever()
