@@ -323,3 +323,36 @@ def test_limits_are_validated() -> None:
         MessageQueue(a, max_message_size=10, high_water=100)
     with pytest.raises(ValueError, match="low_water"):
         MessageQueue(a, high_water=100, low_water=200)
+
+
+def test_send_many_queues_in_order_and_stops_at_the_mark() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64, high_water=100, low_water=0)
+    rec_a, rec_b = Recorder(), Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(rec_b)
+    batch = [b"%02d" % i + b"." * 8 for i in range(25)]  # 10 bytes each
+    assert qa.send_many(batch) == 10  # the mark is 100 bytes
+    with pytest.raises(QueueFullError):
+        qa.send_many(batch[10:])
+    pump.run_until_idle()
+    assert rec_a.drains == 1
+    assert qa.send_many(batch[10:20]) == 10
+    pump.run_until_idle()
+    assert qa.send_many(iter(batch[20:])) == 5
+    assert qa.send_many([]) == 0
+    pump.run_until_idle()
+    assert rec_b.messages == batch
+
+
+def test_send_many_checks_every_message() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    rec = Recorder()
+    qb.set_listener(rec)
+    qa.send(b"first")
+    with pytest.raises(TypeError):
+        qa.send_many([b"ok", "not bytes"])  # type: ignore[list-item]
+    assert qa.send_many([bytearray(b"ba"), b"b"]) == 2
+    pump.run_until_idle()
+    assert rec.messages == [b"first", b"ok", b"ba", b"b"]  # what passed the checks, in order

@@ -1,0 +1,171 @@
+"""The ``rdvpump`` command: demo universe, benchmarks, diagrams.
+
+Library errors are caught here only, and become one red line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, TypeVar
+
+import trio
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-broker links.",
+                  no_args_is_help=True, add_completion=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+bench_app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
+                        no_args_is_help=True)
+diagram_app = typer.Typer(help="Diagrams generated from the code.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+app.add_typer(diagram_app, name="diagram")
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+def _version() -> str:
+    try:
+        return version("rdvpump")
+    except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"rdvpump {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version_: Annotated[bool, typer.Option(
+        "--version", help="Show the version and exit.", callback=_show_version,
+        is_eager=True)] = False) -> None:
+    """rdvpump: brokers, rendezvous, ring-buffer channels and message queues on one pump."""
+
+
+_EXPECTED = (ValueError, TypeError, RuntimeError, OSError, trio.BrokenResourceError,
+             trio.ClosedResourceError)
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    """Run library code; turn its errors into one red line and exit status 1."""
+    try:
+        return fn()
+    except _EXPECTED as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except BaseExceptionGroup as group:  # errors raised inside trio nurseries
+        leaf = _first_leaf(group)
+        if not isinstance(leaf, _EXPECTED):
+            raise
+        err.print(f"[red]error:[/red] {leaf}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+@app.command()
+def demo(
+    clients: Annotated[int, typer.Option(help="Client brokers.")] = 4,
+    connects: Annotated[int, typer.Option(help="Connections each client makes in turn.")] = 3,
+    messages: Annotated[int, typer.Option(help="Messages per connection.")] = 50,
+    max_size: Annotated[int, typer.Option(help="Largest message, bytes (sizes 1..max).")] = 10240,
+    ring: Annotated[int, typer.Option(help="Ring capacity per direction, a power of two.")] = 65536,
+    seed: Annotated[int, typer.Option(help="Seed of the pump's random source.")] = 1,
+) -> None:
+    """Run an in-process echo universe end to end and print what happened."""
+    from ._demo import run_echo_demo
+
+    with err.status("running the echo universe ..."):
+        report = _guard(lambda: trio.run(lambda: run_echo_demo(
+            clients=clients, connects=connects, messages=messages, max_size=max_size,
+            ring_capacity=ring, seed=seed)))
+    table = Table(title=f"echo universe {report.universe!r} (seed {report.seed}, "
+                        f"ring {report.ring_capacity} B)")
+    for col in ("broker", "links", "messages", "bytes", "echoes checked"):
+        table.add_column(col, justify="left" if col == "broker" else "right")
+    for c in report.clients:
+        verdict = "[green]all equal[/green]" if not c.mismatches else \
+            f"[red]{c.mismatches} differ[/red]"
+        table.add_row(c.client, str(c.links), f"{c.messages:,}", f"{c.bytes:,}", verdict)
+    table.add_row("Server", str(report.server_links), f"{report.messages:,}",
+                  f"{report.bytes:,}", "echoed", style="bold")
+    out.print(table)
+    rate = report.messages / report.elapsed_s if report.elapsed_s else 0.0
+    out.print(f"{report.pump_steps:,} pump steps in {report.elapsed_s:.2f} s "
+              f"({rate:,.0f} echoed messages/s)")
+    if not report.ok:
+        err.print("[red]error:[/red] some echoes differ from what was sent")
+        raise typer.Exit(1)
+
+
+@bench_app.command("inproc")
+def bench_inproc(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
+    scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
+    repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 5,
+    trace: Annotated[bool, typer.Option(
+        help="Record a trace in memory; compare against the untraced run.")] = False,
+) -> None:
+    """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
+    from bench import inproc
+
+    def parse() -> list[int]:
+        try:
+            values = [int(s) for s in sizes.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--sizes must be integers separated by commas, got {sizes!r}")\
+                from None
+        if not values or min(values) < 0 or scale <= 0 or repeat < 1:
+            raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
+        return values
+
+    size_list = _guard(parse)
+    results = []
+    with err.status("benchmarking ...") as status:
+        for r in _guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
+                                                trace=trace, progress=status.update))):
+            results.append(r)
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title="rdvpump bench inproc (best of %d)" % repeat)
+    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x")
+    out.print(table)
+
+
+@diagram_app.command("states")
+def diagram_states(
+    output: Annotated[pathlib.Path | None, typer.Option(
+        "--out", help="Write here instead of stdout.")] = None,
+) -> None:
+    """The rendezvous state diagram (Mermaid), generated from the transition table."""
+    from rdv import state_diagram
+
+    text = state_diagram()
+    if output is None:
+        print(text, end="")
+    else:
+        _guard(lambda: output.write_text(text))
+        err.print(f"wrote {output}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,78 @@
+"""The rdvpump CLI, through typer's runner and once for real in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from brokermgr.cli import app
+from rdv import state_diagram
+
+runner = CliRunner()
+
+
+def test_version_and_help() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("rdvpump ")
+    result = runner.invoke(app, ["-h"])
+    assert result.exit_code == 0
+    for verb in ("demo", "bench", "diagram"):
+        assert verb in result.output
+
+
+def test_demo_runs_an_echo_universe_and_checks_every_echo() -> None:
+    result = runner.invoke(app, ["demo", "--clients", "2", "--connects", "2", "--messages", "5",
+                                 "--ring", "64"])
+    assert result.exit_code == 0, result.output
+    assert "client0" in result.output and "client1" in result.output
+    assert result.output.count("all equal") == 2
+    assert "differ" not in result.output
+
+
+def test_bad_options_give_one_clear_line_and_exit_1() -> None:
+    result = runner.invoke(app, ["demo", "--ring", "1000"])
+    assert result.exit_code == 1
+    assert "error: ring capacity must be a power of two" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["demo", "--clients", "0"])
+    assert result.exit_code == 1 and "at least 1" in result.output
+    result = runner.invoke(app, ["bench", "inproc", "--sizes", "64,big"])
+    assert result.exit_code == 1 and "--sizes must be integers" in result.output
+
+
+def test_bench_inproc_json_lines_have_the_documented_fields() -> None:
+    result = runner.invoke(app, ["bench", "inproc", "--json", "--sizes", "64",
+                                 "--scale", "0.005", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, result.output
+    for line in lines:
+        assert set(line) == {"case", "size", "msgs_per_s", "mb_per_s", "baseline",
+                             "baseline_msgs_per_s", "ratio"}
+        assert line["size"] == 64 and line["msgs_per_s"] > 0
+        assert abs(line["ratio"] - line["msgs_per_s"] / line["baseline_msgs_per_s"]) < 0.01
+    assert {"trio-memory-channel", "pyzmq-inproc-push-pull"} <= {x["baseline"] for x in lines}
+
+
+def test_diagram_states_writes_the_table_diagram(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "states.mmd"
+    result = runner.invoke(app, ["diagram", "states", "--out", str(target)])
+    assert result.exit_code == 0
+    assert target.read_text() == state_diagram()
+
+
+def test_the_installed_command_runs_for_real() -> None:
+    exe = pathlib.Path(sys.executable).with_name("rdvpump")
+    proc = subprocess.run([str(exe), "demo", "--clients", "1", "--connects", "1",
+                           "--messages", "3"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "all equal" in proc.stdout
+    proc = subprocess.run([str(exe), "demo", "--ring", "6"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: ring capacity must be a power of two from 1 to 1073741824, got 6"]

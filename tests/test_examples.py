@@ -1,0 +1,34 @@
+"""The embedding example of the README runs and prints what the README says."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_embed_echo_example_runs() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/embed_echo.py")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["ack apple", "ack pear", "ack plum",
+                                        "refused as expected: not bound"]
+
+
+def test_readme_shows_the_example_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples/embed_echo.py").read_text()
+    body = example.split('"""', 2)[2].strip()  # the code after the module docstring
+    assert body in readme
+
+
+def test_readme_listener_example_runs_as_shown() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Listener style", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "got b'hello'\n"
