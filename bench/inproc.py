@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import trio
 
@@ -193,13 +194,13 @@ def pyzmq_inproc(size: int, count: int) -> float:
         ctx.term()
 
 
-def best_of(repeat: int, fn: Callable[..., float], *args: object, **kw: object) -> float:
-    return min(fn(*args, **kw) for _ in range(repeat))
-
-
 def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
         trace: bool = False, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
-    """Measure every size; yield one Result per (size, baseline)."""
+    """Measure every size; yield one Result per (size, rdvpump case, baseline).
+
+    The cases and baselines of one size run interleaved, ``repeat`` rounds, and
+    each keeps its best round, so a noisy moment on the machine hits them alike.
+    """
     try:
         import zmq  # noqa: F401
         have_zmq = True
@@ -208,35 +209,33 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
     for size in sizes:
         count = max(1000, int(DEFAULT_COUNTS.get(size, max(10_000, 2**27 // max(size, 1)))
                               * scale))
-        if progress:
-            progress(f"{size} B x {count}: rdvpump")
-        ours = count / best_of(repeat, rdvpump_inproc, size, count, trace=trace)
-        case = "rdvpump-inproc" + ("-traced" if trace else "")
-        batched = 0.0
-        if not trace:
-            if progress:
-                progress(f"{size} B x {count}: rdvpump, send_many")
-            batched = count / best_of(repeat, rdvpump_inproc, size, count, batch=BATCH)
-        baselines: list[tuple[str, float]] = []
+        tcount = max(1000, count // 10)  # trio channels are slower: fewer messages suffice
+        ours_case = "rdvpump-inproc" + ("-traced" if trace else "")
+        runs: dict[str, tuple[int, Callable[[], float]]] = {
+            ours_case: (count, partial(rdvpump_inproc, size, count, trace=trace)),
+        }
+        baselines: list[str] = []
         if trace:
-            if progress:
-                progress(f"{size} B x {count}: rdvpump untraced")
-            baselines.append(("rdvpump-inproc", count / best_of(repeat, rdvpump_inproc, size,
-                                                                 count)))
+            runs["rdvpump-inproc"] = (count, partial(rdvpump_inproc, size, count))
+            baselines.append("rdvpump-inproc")
         else:
-            if progress:
-                progress(f"{size} B x {count}: trio memory channel")
-            tcount = max(1000, count // 10)
-            baselines.append(("trio-memory-channel",
-                              tcount / best_of(repeat, trio_memory_channel, size, tcount)))
+            runs["rdvpump-inproc-send-many"] = (
+                count, partial(rdvpump_inproc, size, count, batch=BATCH))
+            runs["trio-memory-channel"] = (tcount, partial(trio_memory_channel, size, tcount))
+            baselines.append("trio-memory-channel")
             if have_zmq:
+                runs["pyzmq-inproc-push-pull"] = (count, partial(pyzmq_inproc, size, count))
+                baselines.append("pyzmq-inproc-push-pull")
+        best: dict[str, float] = {}
+        for round_ in range(repeat):
+            for name, (n, fn) in runs.items():
                 if progress:
-                    progress(f"{size} B x {count}: pyzmq inproc")
-                baselines.append(("pyzmq-inproc-push-pull",
-                                  count / best_of(repeat, pyzmq_inproc, size, count)))
-        for name, theirs in baselines:
-            yield Result(case, size, ours, ours * size / 1e6, name, theirs,
-                         ours / theirs if theirs else math.nan)
-            if batched:
-                yield Result(case + "-send-many", size, batched, batched * size / 1e6, name,
-                             theirs, batched / theirs if theirs else math.nan)
+                    progress(f"{size} B x {n}: {name} (round {round_ + 1}/{repeat})")
+                rate = n / fn()
+                best[name] = max(best.get(name, 0.0), rate)
+        cases = [c for c in runs if c not in baselines]
+        for case in cases:
+            for name in baselines:
+                ours, theirs = best[case], best[name]
+                yield Result(case, size, ours, ours * size / 1e6, name, theirs,
+                             ours / theirs if theirs else math.nan)

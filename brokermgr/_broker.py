@@ -205,7 +205,7 @@ class BrokerManager:
         if low_water is not None:
             self.queue_options["low_water"] = low_water
         # Fail on bad limits now, not at the first link.
-        if not 0 <= max_message_size or high_water > max_message_size:
+        if not max_message_size >= 0 or high_water > max_message_size:
             raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._brokers: dict[str, Broker] = {}

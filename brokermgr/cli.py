@@ -142,7 +142,7 @@ def bench_inproc(
         for r in results:
             print(json.dumps(r.to_dict()))
         return
-    table = Table(title="rdvpump bench inproc (best of %d)" % repeat)
+    table = Table(title=f"rdvpump bench inproc (best of {repeat})")
     for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"):
         table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
     for r in results:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 import threading
 from array import array as _array
-from itertools import accumulate
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import trio

@@ -123,5 +123,6 @@ def state_diagram() -> str:
         elif t.action is Action.REFUSE:
             label += f' / refused("{t.reason}")'
         lines.append(f"    {state.value} --> {t.next_state.value}: {label}")
-    lines.append("    %% generated from rdv._core.TRANSITIONS; any other (state, event) is an error")
+    lines.append("    %% generated from rdv._core.TRANSITIONS;"
+                 " any other (state, event) is an error")
     return "\n".join(lines) + "\n"

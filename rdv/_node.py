@@ -13,7 +13,7 @@ from typing import Any
 from channels import ChannelManager, MessageQueue
 from pump import Owner, Pump
 
-from ._core import UNKNOWN_BROKER, Action, Rendezvous, RdvEvent, check_port
+from ._core import UNKNOWN_BROKER, Action, RdvEvent, Rendezvous, check_port
 from ._listeners import require
 
 #: Keyword arguments a node passes to every MessageQueue it creates.

@@ -176,4 +176,4 @@ async def test_serve_lets_other_trio_tasks_run_between_batches(autojump_clock: o
                 break
         nursery.cancel_scope.cancel()
     assert steps[-1] >= 10 * DEFAULT_SERVE_BATCH  # ... and it keeps running between our turns
-    assert max(b - a for a, b in zip(steps, steps[1:])) <= 2 * DEFAULT_SERVE_BATCH
+    assert max(b - a for a, b in zip(steps, steps[1:], strict=False)) <= 2 * DEFAULT_SERVE_BATCH
