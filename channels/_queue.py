@@ -144,6 +144,7 @@ class MessageQueue:
         self._listener: Any = None
         self._state = _State.OPEN
         self._reason: str | None = None
+        self._closed_here = False  # close() or abort() was called on this side
         # Sending: messages not yet in the ring are _outq[_qhead:]; _room = high_water - queued.
         self._outq: list[bytes] = []
         self._push = self._outq.append
@@ -206,7 +207,7 @@ class MessageQueue:
         return self._channel._trace_ids()
 
     def _fail(self, exc: BaseException) -> None:
-        self.abort(f"listener error: {exc!r}")
+        self._end_abruptly(f"listener error: {exc!r}")
 
     # -- listener ----------------------------------------------------------------------
 
@@ -304,7 +305,7 @@ class MessageQueue:
 
     def _send_slow(self, message: Any) -> None:
         if self._state is not _State.OPEN:
-            if self._state is _State.CLOSING or self._reason == "closed":
+            if self._closed_here:
                 raise trio.ClosedResourceError("message queue was closed")
             raise trio.BrokenResourceError(f"link is closed: {self._reason}")
         if type(message) is not bytes:
@@ -336,8 +337,8 @@ class MessageQueue:
 
     def _flush(self) -> None:
         """Write task: move queued messages into the ring, as many as fit."""
-        if self._state is _State.CLOSED:
-            return
+        if self._state is _State.CLOSED or self._channel._peer_gone is not None:
+            return  # with the peer gone, what is still queued is reported as not sent
         q = self._outq
         i = self._qhead
         n = len(q)
@@ -443,6 +444,12 @@ class MessageQueue:
 
     def _on_readable(self) -> None:
         """Channel notification: bytes arrived.  Deliver every complete message."""
+        if self._state is _State.CLOSING:
+            # Delivery stopped at close(): drop what arrives, so that a peer closing
+            # at the same time can flush too, and its disconnect reaches us.
+            dropped = lib.rb_skip(self._rx_rb, lib.rb_used(self._rx_rb))
+            self._channel._consumed(dropped)
+            return
         if self._listener is None or self._paused or self._state is not _State.OPEN:
             return
         rb = self._rx_rb
@@ -570,25 +577,36 @@ class MessageQueue:
         err = ProtocolError(what)
         self.pump.emit("protocol_error", broker=self._channel.local, peer=self._channel.remote,
                        port=self._channel.port, link=self._channel.link_id, reason=what)
-        self.abort(f"protocol error: {err}")
+        self._end_abruptly(f"protocol error: {err}")
 
     # -- closing -----------------------------------------------------------------------
 
     def close(self, reason: str = "closed") -> None:
         """Close gracefully: messages already sent are flushed first, then the link ends.
 
-        Delivery stops at once; the listener gets ``closed(reason)`` when done.
+        Delivery stops at once (messages still arriving are dropped, so a peer
+        closing at the same moment can finish too); the listener gets
+        ``closed(reason)`` when done.  If the peer leaves first, the reason
+        counts the queued messages that were not sent.  ``abort`` does not wait.
         """
         if self._state is not _State.OPEN:
             return
+        self._closed_here = True
         self._state = _State.CLOSING
         self._reason = reason
         self._room = _CLOSED_ROOM
         if self._qhead == len(self._outq) and self._tx_off < 0:
             self._finish_close()
+        else:
+            self._on_readable()  # drops what already arrived; delivery has stopped
 
     def abort(self, reason: str = "aborted") -> None:
         """Close at once; messages not yet written into the link are dropped (and counted)."""
+        if self._state is not _State.CLOSED:
+            self._closed_here = True
+            self._end_abruptly(reason)
+
+    def _end_abruptly(self, reason: str) -> None:
         if self._state is _State.CLOSED:
             return
         unsent = len(self._outq) - self._qhead

@@ -356,3 +356,51 @@ def test_send_many_checks_every_message() -> None:
     assert qa.send_many([bytearray(b"ba"), b"b"]) == 2
     pump.run_until_idle()
     assert rec.messages == [b"first", b"ok", b"ba", b"b"]  # what passed the checks, in order
+
+
+def test_both_sides_closing_at_once_with_full_rings_both_finish() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 16)
+    rec_a, rec_b = Recorder(), Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(rec_b)
+    for i in range(10):
+        qa.send(b"a%d" % i * 5)
+        qb.send(b"b%d" % i * 5)
+    qa.close()
+    qb.close()
+    pump.run_until_idle()
+    assert qa.closed and qb.closed
+    assert len(rec_a.reasons) == len(rec_b.reasons) == 1
+
+
+def test_a_closing_side_whose_peer_leaves_is_told_what_was_not_sent() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 16)
+    rec_a = Recorder()
+    qa.set_listener(rec_a)
+    qb.set_listener(Recorder())
+    qb.pause_reading()
+    for i in range(10):
+        qa.send(b"x" * 10)
+    pump.run_until_idle()  # the ring is full; the rest waits in the queue
+    qa.close()
+    qb.abort("gone")
+    pump.run_until_idle()
+    assert qa.closed
+    assert len(rec_a.reasons) == 1
+    assert rec_a.reasons[0].startswith("peer disconnected (gone)")
+    assert "queued messages not sent" in rec_a.reasons[0]
+
+
+def test_errors_after_close_name_who_ended_the_link() -> None:
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    qa.set_listener(Recorder())
+    qb.set_listener(Recorder())
+    qa.close("bye now")
+    pump.run_until_idle()
+    with pytest.raises(trio.ClosedResourceError):
+        qa.send(b"x")  # we closed it, whatever reason we gave
+    with pytest.raises(trio.BrokenResourceError, match="bye now"):
+        qb.send(b"x")  # the peer closed it
