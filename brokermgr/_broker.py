@@ -22,7 +22,9 @@ from channels import (
     MessageQueue,
 )
 from pump import Pump, TraceSink
-from rdv import RdvNode, RefusedError
+from rdv import NetNode, RdvNode, RefusedError
+
+Address = tuple[str, int]
 
 
 class Broker:
@@ -42,6 +44,7 @@ class Broker:
             manager.pump, broker_id, manager.channels, manager._resolve, owner=self,
             queue_options=manager.queue_options,
         )
+        self._node.network = manager.net
         self._failure: str | None = None
         self._closed = False
 
@@ -193,7 +196,8 @@ class BrokerManager:
     def __init__(self, name: str, *, pump: Pump | None = None,
                  ring_capacity: int = DEFAULT_RING_CAPACITY,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-                 high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None) -> None:
+                 high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
+                 token: str = "", directory: dict[str, Address] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("a universe needs a non-empty name")
         self.name = name
@@ -209,6 +213,19 @@ class BrokerManager:
             raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._brokers: dict[str, Broker] = {}
+        #: Where brokers of this universe that live in other processes listen.
+        self.directory: dict[str, Address] = dict(directory or {})
+        self.net = NetNode(self.pump, self.channels, universe=name, token=token,
+                           resolve_local=self._resolve, lookup=self.directory.get)
+
+    async def serve_network(self, host: str = "127.0.0.1", port: int = 0, *,
+                            task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+                            ) -> None:
+        """Accept links from other processes on ``host:port`` (and dial theirs) until cancelled.
+
+        ``task_status.started`` gets the address actually bound (port 0 picks one).
+        """
+        await self.net.serve(host, port, task_status=task_status)
 
     def __repr__(self) -> str:
         return f"<BrokerManager {self.name!r} with {len(self._brokers)} brokers>"

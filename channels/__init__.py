@@ -18,6 +18,7 @@ from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
 from ._ring import RingBuffer as RingBuffer
+from ._stream import StreamLink as StreamLink
 
 __all__ = [
     "DEFAULT_HIGH_WATER",
@@ -38,4 +39,5 @@ __all__ = [
     "QueueListener",
     "QueueStatistics",
     "RingBuffer",
+    "StreamLink",
 ]

@@ -36,6 +36,16 @@ class ChannelListener(Protocol):
     def closed(self, reason: str) -> None: ...
 
 
+class LinkPeer(Protocol):
+    """The other end of a channel's link, as the channel sees it."""
+
+    def _data_arrived(self) -> None: ...
+
+    def _room_freed(self) -> None: ...
+
+    def _peer_disconnected(self, reason: str, error: bool) -> None: ...
+
+
 class Channel:
     """One side of a full-duplex link.
 
@@ -62,7 +72,7 @@ class Channel:
         self.port = port
         self._tx = tx
         self._rx = rx
-        self._peer: Channel | None = None
+        self._peer: LinkPeer | None = None
         self._listener: ChannelListener | None = None
         self._owner: object = self
         self._read_posted = False
@@ -157,19 +167,32 @@ class Channel:
     # -- notifications (also used by MessageQueue, which moves frames itself) -----------
 
     def _wrote(self) -> None:
-        """Bytes went into our tx ring: tell the peer once."""
+        """Bytes went into our tx ring: tell the peer."""
         peer = self._peer
-        if peer is not None and not peer._read_posted and peer._listener is not None:
-            peer._post_readable()
+        if peer is not None:
+            peer._data_arrived()
 
     def _consumed(self, n: int) -> None:
-        """Bytes left our rx ring: wake the peer's writer if it waits for room."""
+        """Bytes left our rx ring: tell the peer, whose writer may wait for room."""
         peer = self._peer
-        if n and peer is not None and peer._blocked and not peer._write_posted:
-            peer._write_posted = True
-            self.pump.post("write", peer._run_writable, owner=peer._owner)  # type: ignore[arg-type]
+        if n and peer is not None:
+            peer._room_freed()
         if self._peer_gone is not None and self._rx.used == 0:
             self._post_closed(f"peer disconnected ({self._peer_gone})")
+
+    # The peer interface: what the other end of the link calls on us.  A memory
+    # link's peer is another Channel; a network link's is a StreamLink.
+
+    def _data_arrived(self) -> None:
+        """The peer put bytes into our rx ring: announce them once."""
+        if not self._read_posted and self._listener is not None:
+            self._post_readable()
+
+    def _room_freed(self) -> None:
+        """The peer took bytes from our tx ring: wake our writer if it waits for room."""
+        if self._blocked and not self._write_posted:
+            self._write_posted = True
+            self.pump.post("write", self._run_writable, owner=self._owner)  # type: ignore[arg-type]
 
     def _post_readable(self) -> None:
         self._read_posted = True
@@ -250,6 +273,17 @@ class ChannelManager:
         self.pump = pump
         self.capacity = capacity
         self._link_ids = itertools.count(1)
+
+    def open_end(self, local: str, remote: str, port: int, *,
+                 link_id: int | None = None) -> Channel:
+        """One channel with its two rings, whose peer (a StreamLink) is attached later."""
+        if link_id is None:
+            link_id = next(self._link_ids)
+        return Channel(self.pump, RingBuffer(self.capacity), RingBuffer(self.capacity),
+                       link_id=link_id, local=local, remote=remote, port=port)
+
+    def next_link_id(self) -> int:
+        return next(self._link_ids)
 
     def open_pair(self, a: str, b: str, port: int) -> tuple[Channel, Channel]:
         """Return ``(a_side, b_side)`` of a new link between labels ``a`` and ``b``."""

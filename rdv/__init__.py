@@ -17,10 +17,26 @@ from ._core import state_diagram as state_diagram
 from ._listeners import AcceptListener as AcceptListener
 from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
+from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
+from ._net import UNREACHABLE as UNREACHABLE
+from ._net import NetNode as NetNode
 from ._node import RdvNode as RdvNode
+from ._wire import MAX_HANDSHAKE_SIZE as MAX_HANDSHAKE_SIZE
+from ._wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._wire import HandshakeError as HandshakeError
+from ._wire import Hello as Hello
+from ._wire import Reply as Reply
 
 __all__ = [
     "BUSY",
+    "DEFAULT_HANDSHAKE_TIMEOUT",
+    "MAX_HANDSHAKE_SIZE",
+    "PROTOCOL_VERSION",
+    "UNREACHABLE",
+    "HandshakeError",
+    "Hello",
+    "NetNode",
+    "Reply",
     "MAX_PORT",
     "NOT_BOUND",
     "REFUSAL_REASONS",

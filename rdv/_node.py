@@ -40,6 +40,8 @@ class RdvNode:
         self._acceptors: dict[int, Any] = {}
         self.queues: weakref.WeakSet[MessageQueue] = weakref.WeakSet()
         self.closed = False
+        #: The process's NetNode when brokers of other processes are reachable over TCP.
+        self.network: Any = None
 
     # -- ports -------------------------------------------------------------------------
 
@@ -79,6 +81,11 @@ class RdvNode:
             self._refuse(broker_id, port, listener, "closed")
             return
         target = self._resolve(broker_id)
+        if target is None and self.network is not None:
+            address = self.network.lookup(broker_id)
+            if address is not None:
+                self.network.dial(self, broker_id, address, port, listener)
+                return
         if target is None or target.closed:
             self._refuse(broker_id, port, listener, UNKNOWN_BROKER)
             return

@@ -381,7 +381,7 @@ def test_a_closing_side_whose_peer_leaves_is_told_what_was_not_sent() -> None:
     qa.set_listener(rec_a)
     qb.set_listener(Recorder())
     qb.pause_reading()
-    for i in range(10):
+    for _i in range(10):
         qa.send(b"x" * 10)
     pump.run_until_idle()  # the ring is full; the rest waits in the queue
     qa.close()

@@ -1,0 +1,167 @@
+"""StreamLink: one side of a link whose other end is across a trio stream (TCP, TLS, memory).
+
+It is the channel's peer: bytes the channel writes leave from its tx ring,
+bytes that arrive go into its rx ring.  Over a plain socket the ring memory
+itself is handed to ``send`` and ``recv_into``: no copy of the stream in Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import trio
+
+from ._channel import Channel
+
+log = logging.getLogger("rdvpump.link")
+
+#: How long a link that ended on our side waits for the peer's end of stream.
+DEFAULT_LINGER = 5.0
+
+
+class StreamLink:
+    """Runs a channel's link over ``stream`` until either side ends it.
+
+    Ending: when the channel disconnects, everything it wrote before is sent,
+    then the stream is half-closed (``send_eof``) and, once the peer closes
+    too (or ``linger`` seconds pass), closed.  When the stream ends first, the
+    channel's peer is marked disconnected: it reads what arrived, then sees
+    the close; an error (reset, broken pipe) marks it as a failure.
+    """
+
+    def __init__(self, channel: Channel, stream: trio.abc.Stream, *,
+                 linger: float = DEFAULT_LINGER) -> None:
+        self.channel = channel
+        self.stream = stream
+        self.linger = linger
+        self._sock: Any = getattr(stream, "socket", None) if isinstance(
+            stream, trio.SocketStream) else None
+        self._send_wake = trio.Event()
+        self._recv_wake = trio.Event()
+        self._local_gone: str | None = None
+        self._remote_gone = False
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        channel._peer = self
+
+    # -- the peer interface the channel calls (from pump tasks) -------------------------
+
+    def _data_arrived(self) -> None:
+        self._send_wake.set()
+
+    def _room_freed(self) -> None:
+        self._recv_wake.set()
+
+    def _peer_disconnected(self, reason: str, error: bool) -> None:
+        self._local_gone = reason
+        self._send_wake.set()
+        self._recv_wake.set()
+
+    # -- the link ---------------------------------------------------------------------
+
+    async def run(self, initial: bytes = b"") -> None:
+        """Move bytes both ways until the link ends; ``initial`` arrived with the handshake."""
+        if initial:
+            self._deliver(initial)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._receive_loop, nursery.cancel_scope)
+                await self._send_loop()
+                # Our side ended and everything was sent: wait (bounded) for the peer's EOF.
+                with trio.move_on_after(self.linger if self.linger >= 0 else math.inf):
+                    while not self._remote_gone:
+                        await self._recv_wake.wait()
+                        self._recv_wake = trio.Event()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    def _deliver(self, data: bytes) -> None:
+        rx = self.channel._rx
+        n = rx.write(data)
+        if n < len(data):  # only possible with a ring smaller than one TCP segment of garbage
+            raise RuntimeError("ring too small for the bytes that came with the handshake")
+        self.bytes_received += n
+        self.channel._data_arrived()
+
+    async def _send_loop(self) -> None:
+        tx = self.channel._tx
+        while True:
+            view = tx.readable_view()
+            n = len(view)
+            if n == 0:
+                view.release()
+                if self._local_gone is not None or self._remote_gone:
+                    break
+                self._send_wake = trio.Event()
+                await self._send_wake.wait()
+                continue
+            try:
+                await self.stream.send_all(view)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                view.release()
+                self._lost(f"connection lost while sending: {exc.__cause__ or exc}")
+                return
+            view.release()
+            tx.skip(n)
+            self.bytes_sent += n
+            self.channel._room_freed()
+        if self._local_gone is not None and not self._remote_gone:
+            try:
+                if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                    await self.stream.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def _receive_loop(self, scope: trio.CancelScope) -> None:
+        rx = self.channel._rx
+        while True:
+            if self._local_gone is not None:
+                # Our side disconnected: what still arrives is not read; wait for EOF.
+                try:
+                    data = await self.stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    self._remote_gone = True
+                    self._recv_wake.set()
+                    return
+                continue
+            view = rx.writable_view()
+            room = len(view)
+            if room == 0:
+                view.release()
+                self._recv_wake = trio.Event()
+                await self._recv_wake.wait()
+                continue
+            try:
+                if self._sock is not None:
+                    n = await self._sock.recv_into(view, room)
+                else:
+                    data = await self.stream.receive_some(room)
+                    n = len(data)
+                    view[:n] = data
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                view.release()
+                self._lost(f"connection lost: {exc.__cause__ or exc}")
+                return
+            view.release()
+            if n == 0:
+                self._remote_gone = True
+                self._send_wake.set()
+                self.channel._peer_disconnected("connection closed by peer", False)
+                return
+            rx.commit(n)
+            self.bytes_received += n
+            self.channel._data_arrived()
+
+    def _lost(self, reason: str) -> None:
+        self._remote_gone = True
+        self._send_wake.set()
+        self._recv_wake.set()
+        if self._local_gone is None:
+            log.info("link %s: %s", self.channel.link_id, reason)
+            self.channel._peer_disconnected(reason, True)

@@ -1,0 +1,194 @@
+"""The rendezvous over TCP: serve inbound links, dial outbound ones, same rules as in memory.
+
+The handshake carries protocol version, universe, token, both broker ids and
+the port; the decision (accept, or refuse with its reason) is taken by the
+same rendezvous table, as a pump task, on the side that was dialled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from channels import ChannelManager, MessageQueue, StreamLink
+from pump import Pump
+
+from ._core import UNAUTHORIZED, UNKNOWN_BROKER, Action, RdvEvent
+from ._wire import FrameReader, HandshakeError, Hello, Reply, parse_hello, parse_reply
+
+log = logging.getLogger("rdvpump.net")
+
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+#: Connections still in their handshake at once; more wait in the kernel's backlog.
+DEFAULT_MAX_PENDING = 64
+#: Reason given when the address of a broker cannot be reached.
+UNREACHABLE = "unreachable"
+
+Address = tuple[str, int]
+
+
+async def _read_frame(stream: trio.abc.Stream, reader: FrameReader) -> dict[str, object]:
+    while True:
+        data = await stream.receive_some(4096)
+        if not data:
+            raise HandshakeError("connection closed during the handshake")
+        obj = reader.feed(data)
+        if obj is not None:
+            return obj
+
+
+class NetNode:
+    """The network face of one process's brokers in a universe.
+
+    ``resolve_local(id)`` finds a broker's RdvNode in this process;
+    ``lookup(id)`` gives the address of a broker elsewhere (a static table
+    now, the name service later).  Links run in the nursery of :meth:`serve`.
+    """
+
+    def __init__(self, pump: Pump, channels: ChannelManager, *, universe: str, token: str,
+                 resolve_local: Callable[[str], Any], lookup: Callable[[str], Address | None],
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        self.pump = pump
+        self.channels = channels
+        self.universe = universe
+        self.token = token
+        self.resolve_local = resolve_local
+        self.lookup = lookup
+        self.handshake_timeout = handshake_timeout
+        self._pending = trio.Semaphore(max_pending)
+        self._nursery: trio.Nursery | None = None
+        self.address: Address | None = None
+        self.rejected: list[str] = []  # reasons bad connections were closed, newest last
+
+    # -- serving ----------------------------------------------------------------------
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, *,
+                    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen for links on ``host:port`` (0: any free port) until cancelled."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.address = listeners[0].socket.getsockname()[:2]
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started(self.address)
+                await trio.serve_listeners(self._inbound, listeners, handler_nursery=nursery)
+            finally:
+                self._nursery = None
+
+    async def run_stream(self, stream: trio.abc.Stream) -> None:
+        """Handle one inbound connection given as a stream (tests use memory streams)."""
+        await self._inbound(stream)
+
+    async def _inbound(self, stream: trio.abc.Stream) -> None:
+        async with self._pending:
+            try:
+                with trio.fail_after(self.handshake_timeout):
+                    reader = FrameReader()
+                    hello = parse_hello(await _read_frame(stream, reader))
+            except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                reason = "handshake timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
+                self._reject(reason)
+                await trio.aclose_forcefully(stream)
+                return
+        if not hello.authorized(self.universe, self.token):
+            self._reject(f"unauthorized connect from {hello.src!r}")
+            await self._send_refusal(stream, UNAUTHORIZED)
+            return
+        decided = trio.Event()
+        outcome: list[Any] = []
+        self.pump.post("connect", self._decide, hello, outcome, decided)
+        await decided.wait()
+        reply, channel = outcome
+        try:
+            await stream.send_all(reply.encode())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if channel is not None:
+                channel._peer_disconnected("connection lost during the handshake", True)
+            await trio.aclose_forcefully(stream)
+            return
+        if channel is None:
+            await stream.aclose()
+            return
+        await StreamLink(channel, stream).run(reader.rest)
+
+    def _reject(self, reason: str) -> None:
+        log.warning("closed a connection: %s", reason)
+        self.rejected.append(reason)
+        del self.rejected[:-100]
+
+    async def _send_refusal(self, stream: trio.abc.Stream, reason: str) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(Reply(False, reason=reason).encode())
+        await trio.aclose_forcefully(stream)
+
+    def _decide(self, hello: Hello, outcome: list[Any], decided: trio.Event) -> None:
+        """Pump task: the rendezvous decision for an inbound connect."""
+        try:
+            target = self.resolve_local(hello.dst)
+            if target is None or target.closed:
+                outcome[:] = [Reply(False, reason=UNKNOWN_BROKER), None]
+                self.pump.emit("refuse", broker=hello.src, peer=hello.dst, port=hello.port,
+                               reason=UNKNOWN_BROKER)
+                return
+            transition = target.core.handle(RdvEvent.CONNECT, hello.port)
+            if transition.action is Action.REFUSE:
+                outcome[:] = [Reply(False, reason=transition.reason), None]
+                self.pump.emit("refuse", broker=hello.src, peer=hello.dst, port=hello.port,
+                               reason=transition.reason)
+                return
+            channel = self.channels.open_end(target.id, hello.src, hello.port)
+            queue = MessageQueue(channel, **target._queue_options)
+            target.queues.add(queue)
+            self.pump.emit("accept", broker=target.id, peer=hello.src, port=hello.port,
+                           link=channel.link_id)
+            self.pump.post("accept", target._acceptors[hello.port].accepted, queue, owner=queue)
+            outcome[:] = [Reply(True, link=channel.link_id), channel]
+        finally:
+            decided.set()
+
+    # -- dialling ---------------------------------------------------------------------
+
+    def dial(self, node: Any, dst: str, address: Address, port: int, listener: Any) -> None:
+        """Start an outbound connect of ``node`` to ``dst`` at ``address`` (from a pump task)."""
+        if self._nursery is None:
+            self.pump.post("refuse", listener.refused, f"{UNREACHABLE}: network not served",
+                           owner=node._owner)
+            return
+        self._nursery.start_soon(self._dial, node, dst, address, port, listener)
+
+    async def _dial(self, node: Any, dst: str, address: Address, port: int,
+                    listener: Any) -> None:
+        def refuse(reason: str) -> None:
+            self.pump.emit("refuse", broker=node.id, peer=dst, port=port, reason=reason)
+            self.pump.post("refuse", listener.refused, reason, owner=node._owner)
+
+        try:
+            with trio.fail_after(self.handshake_timeout):
+                stream = await trio.open_tcp_stream(*address)
+                try:
+                    hello = Hello(self.universe, self.token, node.id, dst, port)
+                    await stream.send_all(hello.encode())
+                    reader = FrameReader()
+                    reply = parse_reply(await _read_frame(stream, reader))
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+        except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as exc:
+            what = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
+            refuse(f"{UNREACHABLE}: {what}")
+            return
+        if not reply.accepted:
+            await stream.aclose()
+            refuse(reply.reason or "refused")
+            return
+        assert reply.link is not None
+        channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
+        queue = MessageQueue(channel, **node._queue_options)
+        node.queues.add(queue)
+        self.pump.post("connected", listener.connected, queue, owner=queue)
+        await StreamLink(channel, stream).run(reader.rest)

@@ -1,0 +1,172 @@
+"""The rendezvous over TCP: real sockets on 127.0.0.1, and memory streams on the mock clock."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from brokermgr import BrokerManager
+from channels import AsyncMessageQueue
+from pump import Pump
+from rdv import Hello, RefusedError
+
+
+@asynccontextmanager
+async def two_processes_worth(ring: int = 64, token_b: str = "s3cret",
+                              universe_b: str = "u") -> AsyncIterator[
+        tuple[BrokerManager, BrokerManager, trio.Nursery]]:
+    """Two halves of a universe, each on its own pump, linked only by TCP on 127.0.0.1."""
+    ua = BrokerManager("u", pump=Pump(name="A"), token="s3cret", ring_capacity=ring)
+    ub = BrokerManager(universe_b, pump=Pump(name="B"), token=token_b, ring_capacity=ring)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ua.pump.serve)
+        await nursery.start(ub.pump.serve)
+        ua.directory["server"] = await nursery.start(ub.serve_network)
+        await nursery.start(ua.serve_network)
+        yield ua, ub, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def echo(queue: AsyncMessageQueue) -> None:
+    async for message in queue:
+        await queue.send(message)
+
+
+@pytest.mark.parametrize(("ring", "max_size"), [(4, 300), (64, 10 * 1024), (65536, 10 * 1024)])
+async def test_echo_over_tcp_loses_nothing(ring: int, max_size: int) -> None:
+    async with two_processes_worth(ring) as (ua, ub, nursery):
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        client = ua.add_broker("client")
+        rng = ua.pump.random
+        for _ in range(2):
+            async with await client.connect_queue("server", 80) as q:
+                assert q.remote_id == "server"
+                sent = [rng.randbytes(rng.randint(0, max_size)) for _ in range(40)]
+                async with trio.open_nursery() as inner:
+
+                    async def send_all(q: AsyncMessageQueue = q,
+                                       sent: list[bytes] = sent) -> None:
+                        for m in sent:
+                            await q.send(m)
+
+                    inner.start_soon(send_all)
+                    got = [await q.receive() for _ in sent]
+                assert got == sent
+
+
+@pytest.mark.parametrize(("setup", "target", "port", "reason"), [
+    ("none", "server", 80, "not bound"),
+    ("bind+accepted", "server", 80, "busy"),
+    ("bind", "ghost", 80, "unknown broker"),
+])
+async def test_refusals_cross_the_wire_with_their_reason(
+        setup: str, target: str, port: int, reason: str) -> None:
+    async with two_processes_worth() as (ua, ub, _):
+        server = ub.add_broker("server")
+        ua.directory["ghost"] = ua.directory["server"]  # the address answers, the id does not
+
+        class Keep:
+            def accepted(self, queue: object) -> None:
+                pass
+
+        if setup.startswith("bind"):
+            server.bind(80, Keep())
+        if setup == "bind+accepted":
+            await ua.add_broker("first").connect_queue("server", 80)
+        with pytest.raises(RefusedError) as info:
+            await ua.add_broker("client").connect_queue(target, port)
+        assert info.value.reason == reason
+
+
+@pytest.mark.parametrize(("token", "universe"), [("wrong", "u"), ("s3cret", "other")])
+async def test_wrong_token_or_universe_is_unauthorized_and_nothing_else(
+        token: str, universe: str) -> None:
+    async with two_processes_worth(token_b=token, universe_b=universe) as (ua, ub, nursery):
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        with pytest.raises(RefusedError) as info:
+            await ua.add_broker("client").connect_queue("server", 80)
+        assert info.value.reason == "unauthorized"  # not "busy", "not bound", ...
+        assert ub.net.rejected[-1] == "unauthorized connect from 'client'"
+
+
+async def test_an_address_nobody_listens_on_is_unreachable() -> None:
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    async with two_processes_worth() as (ua, _, _):
+        ua.directory["far"] = ("127.0.0.1", free)
+        with pytest.raises(RefusedError, match="unreachable"):
+            await ua.add_broker("client").connect_queue("far", 80)
+
+
+async def test_garbage_peer_is_closed_and_a_healthy_link_goes_on() -> None:
+    async with two_processes_worth() as (ua, ub, nursery):
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        q = await ua.add_broker("client").connect_queue("server", 80)
+        host, port = ua.directory["server"]
+        for garbage in (b"\xff" * 64, b"\x00\x00\x00\x05nope!", b"GET / HTTP/1.1\r\n\r\n"):
+            stream = await trio.open_tcp_stream(host, port)
+            await stream.send_all(garbage)
+            assert await stream.receive_some(100) == b""  # closed on us, nothing revealed
+            await stream.aclose()
+            await q.send(b"still here")
+            assert await q.receive() == b"still here"
+        assert len(ub.net.rejected) == 3
+        assert "exceeds" in ub.net.rejected[0] and "not JSON" in ub.net.rejected[1]
+
+
+async def test_a_bad_frame_on_an_established_tcp_link_closes_only_that_link() -> None:
+    async with two_processes_worth() as (ua, ub, nursery):
+        server = ub.add_broker("server")
+        ended: dict[str, str] = {}
+
+        async def keep(q: AsyncMessageQueue) -> None:
+            try:
+                async for m in q:
+                    await q.send(m)
+            except trio.BrokenResourceError as exc:
+                ended[q.remote_id] = str(exc)
+
+        await nursery.start(server.serve_queues, 80, keep)
+        good = await ua.add_broker("good").connect_queue("server", 80)
+        host, port = ua.directory["server"]
+        evil = await trio.open_tcp_stream(host, port)
+        await evil.send_all(Hello("u", "s3cret", "evil", "server", 80).encode())
+        reply = await evil.receive_some(100)
+        assert b'"accepted":true' in reply
+        await evil.send_all((1 << 30).to_bytes(4, "big"))  # a length past the maximum
+        assert await evil.receive_some(100) == b""  # the server ended that link
+        await evil.aclose()
+        await good.send(b"fine")
+        assert await good.receive() == b"fine"
+        assert ended == {"evil": "protocol error: frame of 1073741824 bytes exceeds "
+                                 "max_message_size 16777216"}
+
+
+async def test_silent_and_slow_peers_time_out_on_the_mock_clock(autojump_clock: object) -> None:
+    ub = BrokerManager("u", pump=Pump(), token="t")
+    ub.net.handshake_timeout = 2.0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ub.pump.serve)
+        ours, theirs = trio.testing.memory_stream_pair()
+        start = trio.current_time()
+        nursery.start_soon(ub.net.run_stream, ours)
+        assert await theirs.receive_some(10) == b""  # silent: cut after the timeout
+        assert trio.current_time() - start == pytest.approx(2.0)
+        ours, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(ub.net.run_stream, ours)
+        hello = Hello("u", "t", "slow", "x", 1).encode()
+        for i in range(len(hello)):  # one byte per second
+            try:
+                await theirs.send_all(hello[i:i + 1])
+            except trio.BrokenResourceError:
+                break
+            await trio.sleep(1)
+        assert i < len(hello) - 1
+        assert ub.net.rejected == ["handshake timed out", "handshake timed out"]
+        nursery.cancel_scope.cancel()

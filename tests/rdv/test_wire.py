@@ -1,0 +1,83 @@
+"""The handshake codec, sans-I/O: round trips, any split of the bytes, and garbage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rdv import MAX_HANDSHAKE_SIZE, HandshakeError, Hello, Reply
+from rdv._wire import FrameReader, parse_hello, parse_reply
+
+HELLO = Hello("universe", "token", "client", "server", 80)
+
+
+def feed_all(data: bytes, cuts: list[int]) -> tuple[dict[str, object] | None, bytes]:
+    reader = FrameReader()
+    pos = 0
+    for cut in cuts:
+        obj = reader.feed(data[pos:pos + cut])
+        pos += cut
+        if obj is not None:
+            return obj, reader.rest + data[pos:]
+    obj = reader.feed(data[pos:])
+    return obj, reader.rest
+
+
+@given(cuts=st.lists(st.integers(1, 20), max_size=30), tail=st.binary(max_size=50))
+def test_hello_survives_any_split_and_keeps_what_follows(cuts: list[int], tail: bytes) -> None:
+    obj, rest = feed_all(HELLO.encode() + tail, cuts)
+    assert obj is not None
+    assert parse_hello(obj) == HELLO
+    assert rest == tail  # the link's first bytes may ride in the same segment
+
+
+def test_replies_round_trip() -> None:
+    for reply in (Reply(True, link=7), Reply(False, reason="busy")):
+        obj, _ = feed_all(reply.encode(), [])
+        assert obj is not None and parse_reply(obj) == reply
+
+
+def test_credentials_are_checked_on_universe_and_token() -> None:
+    assert HELLO.authorized("universe", "token")
+    assert not HELLO.authorized("universe", "tokeN")
+    assert not HELLO.authorized("other", "token")
+    assert not Hello("universe", "", "a", "b", 1).authorized("universe", "token")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ((MAX_HANDSHAKE_SIZE + 1).to_bytes(4, "big"), "exceeds"),
+    (b"\x00\x00\x00\x03abc", "not JSON"),
+    (b"\x00\x00\x00\x02[]", "not a JSON object"),
+    (b"\x00\x00\x00\x02\xff\xfe", "not JSON"),
+])
+def test_garbage_frames_are_handshake_errors(data: bytes, message: str) -> None:
+    with pytest.raises(HandshakeError, match=message):
+        FrameReader().feed(data)
+
+
+@pytest.mark.parametrize(("obj", "message"), [
+    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 1},
+     "unsupported protocol version 2"),
+    ({"rdvpump": 1, "universe": 5, "token": "t", "src": "a", "dst": "b", "port": 1},
+     "'universe' must be a string"),
+    ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 70000},
+     "port must be an int"),
+    ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": True},
+     "port must be an int"),
+])
+def test_malformed_hellos_are_refused_with_the_field(obj: dict[str, object],
+                                                     message: str) -> None:
+    with pytest.raises(HandshakeError, match=message):
+        parse_hello(obj)
+
+
+def test_malformed_replies() -> None:
+    for obj in ({"accepted": True}, {"accepted": False}, {"accepted": "yes"}):
+        with pytest.raises(HandshakeError):
+            parse_reply(obj)
+
+
+def test_oversized_hello_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="exceeds"):
+        Hello("u", "t" * MAX_HANDSHAKE_SIZE, "a", "b", 1).encode()
