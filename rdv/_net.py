@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -63,6 +63,11 @@ class NetNode:
         self._pending = trio.Semaphore(max_pending)
         self._nursery: trio.Nursery | None = None
         self.address: Address | None = None
+        #: How outbound connections are opened (tests swap in memory streams).
+        self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
+            lambda address: trio.open_tcp_stream(*address))
+        #: ``await resolver(broker_id, fresh)`` asks the name service (None: not known).
+        self.resolver: Callable[[str, bool], Awaitable[Address | None]] | None = None
         self.rejected: list[str] = []  # reasons bad connections were closed, newest last
 
     # -- serving ----------------------------------------------------------------------
@@ -83,6 +88,24 @@ class NetNode:
     async def run_stream(self, stream: trio.abc.Stream) -> None:
         """Handle one inbound connection given as a stream (tests use memory streams)."""
         await self._inbound(stream)
+
+    async def serve_streams(self, address: Address, *,
+                            task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+                            ) -> None:
+        """Like :meth:`serve` without a socket: inbound streams come via :meth:`spawn_inbound`."""
+        self.address = address
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started(address)
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def spawn_inbound(self, stream: trio.abc.Stream) -> None:
+        if self._nursery is None:
+            raise OSError("connection refused: not serving")
+        self._nursery.start_soon(self._inbound, stream)
 
     async def _inbound(self, stream: trio.abc.Stream) -> None:
         async with self._pending:
@@ -153,23 +176,74 @@ class NetNode:
 
     # -- dialling ---------------------------------------------------------------------
 
-    def dial(self, node: Any, dst: str, address: Address, port: int, listener: Any) -> None:
-        """Start an outbound connect of ``node`` to ``dst`` at ``address`` (from a pump task)."""
+    def can_reach(self, dst: str) -> bool:
+        """Whether ``dst`` might live in another process: a known address or a resolver."""
+        return self.lookup(dst) is not None or self.resolver is not None
+
+    def dial(self, node: Any, dst: str, port: int, listener: Any, *,
+             address: Address | None = None) -> None:
+        """Start an outbound connect of ``node`` to ``dst`` (called from a pump task).
+
+        With ``address`` the broker is dialled there, without asking anyone.
+        """
         if self._nursery is None:
-            self.pump.post("refuse", listener.refused, f"{UNREACHABLE}: network not served",
-                           owner=node._owner)
+            self._refuse(node, dst, port, listener, f"{UNREACHABLE}: network not served")
             return
-        self._nursery.start_soon(self._dial, node, dst, address, port, listener)
+        if address is not None:
+            self._nursery.start_soon(self._dial_at, node, dst, address, port, listener)
+        else:
+            self._nursery.start_soon(self._dial, node, dst, port, listener)
 
-    async def _dial(self, node: Any, dst: str, address: Address, port: int,
-                    listener: Any) -> None:
-        def refuse(reason: str) -> None:
-            self.pump.emit("refuse", broker=node.id, peer=dst, port=port, reason=reason)
-            self.pump.post("refuse", listener.refused, reason, owner=node._owner)
+    async def _dial_at(self, node: Any, dst: str, address: Address, port: int,
+                       listener: Any) -> None:
+        outcome = await self._attempt(node, dst, address, port)
+        await self._finish_dial(node, dst, port, listener, outcome)
 
+    def _refuse(self, node: Any, dst: str, port: int, listener: Any, reason: str) -> None:
+        self.pump.emit("refuse", broker=node.id, peer=dst, port=port, reason=reason)
+        self.pump.post("refuse", listener.refused, reason, owner=node._owner)
+
+    async def _resolve(self, dst: str, *, fresh: bool) -> Address | None:
+        address = None if fresh else self.lookup(dst)
+        if address is None and self.resolver is not None:
+            address = await self.resolver(dst, fresh)
+        return address
+
+    async def _dial(self, node: Any, dst: str, port: int, listener: Any) -> None:
+        address = await self._resolve(dst, fresh=False)
+        if address is None:
+            self._refuse(node, dst, port, listener, UNKNOWN_BROKER)
+            return
+        outcome = await self._attempt(node, dst, address, port)
+        if isinstance(outcome, str) and self.resolver is not None and (
+                outcome.startswith(UNREACHABLE) or outcome == UNKNOWN_BROKER):
+            # The cached address may be stale: ask the name service again, once.
+            fresh = await self._resolve(dst, fresh=True)
+            if fresh is None:
+                outcome = UNKNOWN_BROKER
+            elif fresh != address:
+                outcome = await self._attempt(node, dst, fresh, port)
+        await self._finish_dial(node, dst, port, listener, outcome)
+
+    async def _finish_dial(self, node: Any, dst: str, port: int, listener: Any,
+                           outcome: str | tuple[trio.abc.Stream, Reply, bytes]) -> None:
+        if isinstance(outcome, str):
+            self._refuse(node, dst, port, listener, outcome)
+            return
+        stream, reply, rest = outcome
+        assert reply.link is not None
+        channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
+        queue = MessageQueue(channel, **node._queue_options)
+        node.queues.add(queue)
+        self.pump.post("connected", listener.connected, queue, owner=queue)
+        await StreamLink(channel, stream).run(rest)
+
+    async def _attempt(self, node: Any, dst: str, address: Address,
+                       port: int) -> str | tuple[trio.abc.Stream, Reply, bytes]:
+        """One TCP connect and handshake: the refusal reason, or the stream to run."""
         try:
             with trio.fail_after(self.handshake_timeout):
-                stream = await trio.open_tcp_stream(*address)
+                stream = await self.open_stream(address)
                 try:
                     hello = Hello(self.universe, self.token, node.id, dst, port)
                     await stream.send_all(hello.encode())
@@ -180,15 +254,8 @@ class NetNode:
                     raise
         except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as exc:
             what = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
-            refuse(f"{UNREACHABLE}: {what}")
-            return
+            return f"{UNREACHABLE}: {what}"
         if not reply.accepted:
             await stream.aclose()
-            refuse(reply.reason or "refused")
-            return
-        assert reply.link is not None
-        channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
-        queue = MessageQueue(channel, **node._queue_options)
-        node.queues.add(queue)
-        self.pump.post("connected", listener.connected, queue, owner=queue)
-        await StreamLink(channel, stream).run(reader.rest)
+            return reply.reason or "refused"
+        return stream, reply, reader.rest

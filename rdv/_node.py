@@ -81,11 +81,9 @@ class RdvNode:
             self._refuse(broker_id, port, listener, "closed")
             return
         target = self._resolve(broker_id)
-        if target is None and self.network is not None:
-            address = self.network.lookup(broker_id)
-            if address is not None:
-                self.network.dial(self, broker_id, address, port, listener)
-                return
+        if target is None and self.network is not None and self.network.can_reach(broker_id):
+            self.network.dial(self, broker_id, port, listener)
+            return
         if target is None or target.closed:
             self._refuse(broker_id, port, listener, UNKNOWN_BROKER)
             return
