@@ -103,6 +103,8 @@ class _Session(QueueListener):
             self.queue.send(_encode(reply))
         except trio.WouldBlock:
             self.queue.abort("client does not read its replies")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client left (an unregister before closing); its close follows
 
     def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
         table, now = self.service.table, self.service.pump.now()
@@ -235,6 +237,7 @@ class _ManagerLink(QueueListener):
         self._timer: Timer | None = None
         self._closing = False
         self.connects = 0
+        self.last_refusal: str | None = None
 
     def connect(self) -> None:
         if self._closing:
@@ -250,6 +253,7 @@ class _ManagerLink(QueueListener):
         self._beat()
 
     def refused(self, reason: str) -> None:
+        self.last_refusal = reason
         log.info("manager %s:%s: %s; retrying in %s s", *self.address, reason, self.client.retry)
         self._timer = self.client.pump.call_later(self.client.retry, self.connect)
 

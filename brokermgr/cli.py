@@ -6,6 +6,7 @@ Library errors are caught here only, and become one red line on stderr and exit 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -22,11 +23,20 @@ app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-bro
 bench_app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
                         no_args_is_help=True)
 diagram_app = typer.Typer(help="Diagrams generated from the code.", no_args_is_help=True)
+manager_app = typer.Typer(help="The universe's BrokerManager as a name service.",
+                          no_args_is_help=True)
+broker_app = typer.Typer(help="Brokers in a process of their own.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(diagram_app, name="diagram")
+app.add_typer(manager_app, name="manager")
+app.add_typer(broker_app, name="broker")
+
+TokenOption = Annotated[str, typer.Option(
+    envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
+UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 
@@ -167,5 +177,74 @@ def diagram_states(
         err.print(f"wrote {output}")
 
 
+def _ready(what: str) -> Callable[[tuple[str, int]], None]:
+    def ready(address: tuple[str, int]) -> None:
+        # One line on stdout, flushed: parents (the CLI, tests) wait for it.
+        print(f"ready {what} {address[0]}:{address[1]}", flush=True)
+
+    return ready
+
+
+@manager_app.command("serve")
+def manager_serve(
+    universe: UniverseOption = "default",
+    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:9876",
+    token: TokenOption = "",
+    scan: Annotated[float, typer.Option(help="Seconds between expiry scans.")] = 10.0,
+    expiry: Annotated[float, typer.Option(help="Seconds without heartbeat before a broker "
+                                               "is dropped.")] = 120.0,
+) -> None:
+    """Serve the universe's name service until Ctrl-C."""
+    from ._process import parse_address, run_manager
+
+    address = _guard(lambda: parse_address(listen))
+    _guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
+                                                scan_interval=scan, ready=_ready("manager"))))
+
+
+@broker_app.command("run")
+def broker_run(
+    broker_id: Annotated[list[str], typer.Option("--id", help="Broker id (repeatable).")],
+    manager: Annotated[list[str], typer.Option(help="Manager HOST:PORT (repeatable).")],
+    universe: UniverseOption = "default",
+    listen: Annotated[str, typer.Option(help="HOST:PORT for links (port 0: any).")] =
+        "127.0.0.1:0",
+    token: TokenOption = "",
+    echo: Annotated[list[int], typer.Option(help="Echo messages on this port "
+                                                 "(repeatable).")] = [80],  # noqa: B006
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 30.0,
+) -> None:
+    """Run brokers in this process, registered with the managers, until Ctrl-C."""
+    from ._process import parse_address, run_brokers
+
+    managers = _guard(lambda: [parse_address(m, default_port=9876) for m in manager])
+    address = _guard(lambda: parse_address(listen))
+    _guard(lambda: trio.run(lambda: run_brokers(
+        universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
+        heartbeat=heartbeat, ready=_ready("brokers"))))
+
+
+@app.command()
+def status(
+    manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = "127.0.0.1:9876",
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+) -> None:
+    """The brokers a manager knows, with their age and last heartbeat."""
+    from ._process import parse_address, query_status
+
+    address = _guard(lambda: parse_address(manager, default_port=9876))
+    brokers = _guard(lambda: trio.run(lambda: query_status(universe, address, token=token)))
+    table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
+    for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
+        table.add_column(col, justify="left" if col in ("broker", "address") else "right")
+    for b in brokers:
+        host, port = b["address"]  # type: ignore[misc]
+        table.add_row(str(b["id"]), f"{host}:{port}", str(b["version"]),
+                      f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}")
+    out.print(table)
+
+
 def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     app()

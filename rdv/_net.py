@@ -75,7 +75,11 @@ class NetNode:
     async def serve(self, host: str = "127.0.0.1", port: int = 0, *,
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen for links on ``host:port`` (0: any free port) until cancelled."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: "
+                          f"{(exc.strerror or str(exc)).lower()}") from exc
         self.address = listeners[0].socket.getsockname()[:2]
         async with trio.open_nursery() as nursery:
             self._nursery = nursery

@@ -1,0 +1,109 @@
+"""Long-running processes: a manager serving the name service, and a process of brokers.
+
+Both run until SIGINT or SIGTERM and then shut down cleanly (brokers
+unregister).  ``ready`` is called once with the address being served, so a
+parent (the CLI, a test) knows when the process can be used.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+import trio
+
+from channels import DEFAULT_RING_CAPACITY, AsyncMessageQueue
+
+from ._broker import BrokerManager
+from ._liveness import DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SCAN, Address
+from ._names import NameClient, NameService
+
+
+def parse_address(text: str, *, default_port: int | None = None) -> Address:
+    """``HOST:PORT`` (or ``HOST`` with a default port) to a tuple; ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ValueError(f"address {text!r} must be HOST:PORT")
+        host, port = text, str(default_port)
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"address {text!r} must be HOST:PORT with a port within 0..65535")
+    return host, int(port)
+
+
+async def _until_signalled() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+async def run_manager(universe: str, listen: Address, *, token: str = "",
+                      expiry: float = DEFAULT_EXPIRY, scan_interval: float = DEFAULT_SCAN,
+                      ready: Callable[[Address], None] = lambda address: None) -> None:
+    manager = BrokerManager(universe, token=token)
+    service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        address = await nursery.start(manager.serve_network, *listen)
+        ready(address)
+        await _until_signalled()
+        service.close()
+        nursery.cancel_scope.cancel()
+
+
+async def _echo(queue: AsyncMessageQueue) -> None:
+    try:
+        async for message in queue:
+            await queue.send(message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the peer went away; the link says why in its close reason
+
+
+async def run_brokers(universe: str, broker_ids: list[str], managers: list[Address], *,
+                      listen: Address = ("127.0.0.1", 0), token: str = "",
+                      echo_ports: list[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
+                      ring_capacity: int | None = None,
+                      ready: Callable[[Address], None] = lambda address: None) -> None:
+    """Brokers of one process: registered with the managers, echoing on ``echo_ports``."""
+    manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
+                            DEFAULT_RING_CAPACITY)
+    brokers = [manager.add_broker(b) for b in broker_ids]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        address = await nursery.start(manager.serve_network, *listen)
+        for broker in brokers:
+            for port in echo_ports:
+                await nursery.start(broker.serve_queues, port, _echo)
+        names = NameClient(manager, managers, heartbeat=heartbeat) if managers else None
+        if names is not None:
+            names.start()
+        ready(address)
+        await _until_signalled()
+        if names is not None:
+            names.close()
+            await trio.sleep(0.05)  # let the unregister leave before the links are cut
+        nursery.cancel_scope.cancel()
+
+
+async def query_status(universe: str, manager_address: Address, *, token: str = "",
+                       timeout: float = 5.0) -> list[dict[str, object]]:
+    """The broker list of one manager; OSError when it cannot be reached or refuses us."""
+    manager = BrokerManager(universe, token=token)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        names = NameClient(manager, [manager_address], retry=timeout)
+        session = names.sessions[0]
+        names.start()
+        with trio.move_on_after(timeout):
+            while session.queue is None and session.last_refusal is None:
+                await trio.sleep(0.01)
+        if session.queue is None:
+            why = session.last_refusal or "timed out"
+            raise OSError(f"manager {manager_address[0]}:{manager_address[1]}: {why}")
+        brokers = await names.list()
+        names.close()
+        nursery.cancel_scope.cancel()
+    if brokers is None:
+        raise OSError("the manager did not answer")
+    return brokers

@@ -1,0 +1,135 @@
+"""A universe of real processes on 127.0.0.1: a manager, broker processes, and this test.
+
+One broker process is killed with SIGKILL mid-stream: its peer hears the
+close promptly, the manager drops it, and the surviving link loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from brokermgr import BrokerManager
+from brokermgr._names import NameClient
+from brokermgr._process import parse_address
+
+pytestmark = pytest.mark.slow
+
+RDVPUMP = [sys.executable, "-c", "from brokermgr.cli import main; main()"]
+TOKEN = "tok"
+
+
+@asynccontextmanager
+async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, tuple[str, int]]]:
+    """Start ``rdvpump ARGS`` and wait (bounded) for its ``ready ... HOST:PORT`` line."""
+    proc = await trio.lowlevel.open_process(
+        [*RDVPUMP, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+    try:
+        assert proc.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                if not chunk:
+                    raise RuntimeError(f"{args[:2]} exited before it was ready")
+                line += chunk
+        words = line.decode().split()
+        assert words[0] == "ready", line
+        yield proc, parse_address(words[-1])
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(10):
+            await proc.wait()
+
+
+async def test_killed_broker_process_is_dropped_and_survivors_lose_nothing() -> None:
+    async with spawn("manager", "serve", "--universe", "t", "--listen", "127.0.0.1:0",
+                     "--scan", "0.5", "--expiry", "60") as (_, manager_addr):
+        common = ["--universe", "t", "--manager", f"{manager_addr[0]}:{manager_addr[1]}", "--heartbeat", "1"]
+        async with spawn("broker", "run", "--id", "survivor", *common) as (_, _a), \
+                spawn("broker", "run", "--id", "victim", *common) as (victim, _b):
+            u = BrokerManager("t", token=TOKEN, ring_capacity=4096)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(u.pump.serve)
+                await nursery.start(u.serve_network)
+                names = NameClient(u, [manager_addr], heartbeat=1)
+                names.start()
+                me = u.add_broker("tester")
+                with trio.fail_after(30):
+                    while True:
+                        listed = {b["id"] for b in (await names.list() or [])}
+                        if {"survivor", "victim"} <= listed:
+                            break
+                        await trio.sleep(0.05)
+                good = await me.connect_queue("survivor", 80)
+                doomed = await me.connect_queue("victim", 80)
+                sent = [b"%06d" % i * 50 for i in range(2000)]
+                got: list[bytes] = []
+                doomed_end: list[BaseException] = []
+
+                async def stream_to_victim() -> None:
+                    try:
+                        for m in sent:
+                            await doomed.send(m)
+                            await doomed.receive()
+                    except (trio.BrokenResourceError, trio.EndOfChannel,
+                            trio.ClosedResourceError) as exc:
+                        doomed_end.append(exc)
+
+                async def stream_to_survivor() -> None:
+                    for i, m in enumerate(sent):
+                        await good.send(m)
+                        got.append(await good.receive())
+                        if i == 500:
+                            victim.send_signal(signal.SIGKILL)
+
+                with trio.fail_after(60):
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(stream_to_victim)
+                        inner.start_soon(stream_to_survivor)
+                assert got == sent  # the surviving link lost nothing
+                assert len(doomed_end) == 1  # the victim's peer heard the close
+                assert doomed.close_reason is not None
+                assert "peer disconnected" in doomed.close_reason or \
+                    "connection" in doomed.close_reason
+                with trio.fail_after(10):  # dropped on the connection loss, not the expiry
+                    while "victim" in {b["id"] for b in (await names.list() or [])}:
+                        await trio.sleep(0.05)
+                assert "survivor" in {b["id"] for b in (await names.list() or [])}
+                names.close()
+                nursery.cancel_scope.cancel()
+
+
+def test_manager_cli_errors_are_one_line() -> None:
+    proc = subprocess.run([*RDVPUMP, "manager", "serve", "--listen", "nowhere"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "error: address 'nowhere' must be HOST:PORT"
+    proc = subprocess.run([*RDVPUMP, "status", "--manager", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: manager 127.0.0.1:1: unreachable")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_one_clear_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*RDVPUMP, "manager", "serve", "--listen", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port}: address already in use")
