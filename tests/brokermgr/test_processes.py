@@ -54,7 +54,8 @@ async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, tuple[str, int]
 async def test_killed_broker_process_is_dropped_and_survivors_lose_nothing() -> None:
     async with spawn("manager", "serve", "--universe", "t", "--listen", "127.0.0.1:0",
                      "--scan", "0.5", "--expiry", "60") as (_, manager_addr):
-        common = ["--universe", "t", "--manager", f"{manager_addr[0]}:{manager_addr[1]}", "--heartbeat", "1"]
+        manager = f"{manager_addr[0]}:{manager_addr[1]}"
+        common = ["--universe", "t", "--manager", manager, "--heartbeat", "1"]
         async with spawn("broker", "run", "--id", "survivor", *common) as (_, _a), \
                 spawn("broker", "run", "--id", "victim", *common) as (victim, _b):
             u = BrokerManager("t", token=TOKEN, ring_capacity=4096)
