@@ -8,7 +8,7 @@ parent (the CLI, a test) knows when the process can be used.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -61,7 +61,7 @@ async def _echo(queue: AsyncMessageQueue) -> None:
 
 async def run_brokers(universe: str, broker_ids: list[str], managers: list[Address], *,
                       listen: Address = ("127.0.0.1", 0), token: str = "",
-                      echo_ports: list[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
+                      echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``."""

@@ -239,8 +239,8 @@ def status(
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
         table.add_column(col, justify="left" if col in ("broker", "address") else "right")
     for b in brokers:
-        address = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
-        table.add_row(str(b["id"]), address, str(b["version"]),
+        where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
+        table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}")
     out.print(table)
 
