@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from channels import DEFAULT_RING_CAPACITY, AsyncMessageQueue
+from rdv import tls_contexts
 
 from ._broker import BrokerManager
 from ._liveness import DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SCAN, Address
@@ -37,10 +38,20 @@ async def _until_signalled() -> None:
             return
 
 
+TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
+
+
+def _secure(manager: BrokerManager, tls: TLSFiles | None) -> None:
+    if tls is not None:
+        manager.net.tls_server, manager.net.tls_client = tls_contexts(*tls)
+
+
 async def run_manager(universe: str, listen: Address, *, token: str = "",
                       expiry: float = DEFAULT_EXPIRY, scan_interval: float = DEFAULT_SCAN,
+                      tls: TLSFiles | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     manager = BrokerManager(universe, token=token)
+    _secure(manager, tls)
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
@@ -62,11 +73,12 @@ async def _echo(queue: AsyncMessageQueue) -> None:
 async def run_brokers(universe: str, broker_ids: list[str], managers: list[Address], *,
                       listen: Address = ("127.0.0.1", 0), token: str = "",
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
-                      ring_capacity: int | None = None,
+                      ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``."""
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY)
+    _secure(manager, tls)
     brokers = [manager.add_broker(b) for b in broker_ids]
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
@@ -86,9 +98,11 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
 
 
 async def query_status(universe: str, manager_address: Address, *, token: str = "",
-                       timeout: float = 5.0) -> list[dict[str, object]]:
+                       timeout: float = 5.0, tls: TLSFiles | None = None
+                       ) -> list[dict[str, object]]:
     """The broker list of one manager; OSError when it cannot be reached or refuses us."""
     manager = BrokerManager(universe, token=token)
+    _secure(manager, tls)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)

@@ -34,6 +34,23 @@ app.add_typer(broker_app, name="broker")
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
 UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
+CertOption = Annotated[pathlib.Path | None, typer.Option(
+    "--tls-cert", help="PEM certificate: links and manager connections use TLS.")]
+KeyOption = Annotated[pathlib.Path | None, typer.Option("--tls-key", help="PEM private key.")]
+CAOption = Annotated[pathlib.Path | None, typer.Option(
+    "--tls-ca", help="PEM CA that peers' certificates must chain to (mutual TLS).")]
+
+
+def _tls(cert: pathlib.Path | None, key: pathlib.Path | None,
+         ca: pathlib.Path | None) -> tuple[str, str, str | None] | None:
+    if cert is None and key is None and ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    for path in (cert, key, ca):
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such file: {path}")
+    return str(cert), str(key), None if ca is None else str(ca)
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -193,13 +210,16 @@ def manager_serve(
     scan: Annotated[float, typer.Option(help="Seconds between expiry scans.")] = 10.0,
     expiry: Annotated[float, typer.Option(help="Seconds without heartbeat before a broker "
                                                "is dropped.")] = 120.0,
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
 ) -> None:
     """Serve the universe's name service until Ctrl-C."""
     from ._process import parse_address, run_manager
 
     address = _guard(lambda: parse_address(listen))
+    tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
     _guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
-                                                scan_interval=scan, ready=_ready("manager"))))
+                                                scan_interval=scan, tls=tls,
+                                                ready=_ready("manager"))))
 
 
 @broker_app.command("run")
@@ -213,15 +233,17 @@ def broker_run(
     echo: Annotated[list[int], typer.Option(help="Echo messages on this port "
                                                  "(repeatable).")] = [80],  # noqa: B006
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 30.0,
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
     from ._process import parse_address, run_brokers
 
     managers = _guard(lambda: [parse_address(m, default_port=9876) for m in manager])
     address = _guard(lambda: parse_address(listen))
+    tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
     _guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
-        heartbeat=heartbeat, ready=_ready("brokers"))))
+        heartbeat=heartbeat, tls=tls, ready=_ready("brokers"))))
 
 
 @app.command()
@@ -229,12 +251,15 @@ def status(
     manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = "127.0.0.1:9876",
     universe: UniverseOption = "default",
     token: TokenOption = "",
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
 ) -> None:
     """The brokers a manager knows, with their age and last heartbeat."""
     from ._process import parse_address, query_status
 
     address = _guard(lambda: parse_address(manager, default_port=9876))
-    brokers = _guard(lambda: trio.run(lambda: query_status(universe, address, token=token)))
+    tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
+    brokers = _guard(lambda: trio.run(lambda: query_status(universe, address, token=token,
+                                                           tls=tls)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
         table.add_column(col, justify="left" if col in ("broker", "address") else "right")

@@ -69,6 +69,10 @@ class StreamLink:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._receive_loop, nursery.cancel_scope)
                 await self._send_loop()
+                if not isinstance(self.stream, trio.abc.HalfCloseableStream):
+                    # No half-close (TLS): everything was sent; closing tells the peer.
+                    nursery.cancel_scope.cancel()
+                    return
                 # Our side ended and everything was sent: wait (bounded) for the peer's EOF.
                 with trio.move_on_after(self.linger if self.linger >= 0 else math.inf):
                     while not self._remote_gone:

@@ -20,6 +20,7 @@ from ._listeners import RefusedError as RefusedError
 from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
 from ._net import UNREACHABLE as UNREACHABLE
 from ._net import NetNode as NetNode
+from ._net import tls_contexts as tls_contexts
 from ._node import RdvNode as RdvNode
 from ._wire import MAX_HANDSHAKE_SIZE as MAX_HANDSHAKE_SIZE
 from ._wire import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -54,4 +55,5 @@ __all__ = [
     "Rendezvous",
     "Transition",
     "state_diagram",
+    "tls_contexts",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,6 +64,9 @@ class NetNode:
         self._pending = trio.Semaphore(max_pending)
         self._nursery: trio.Nursery | None = None
         self.address: Address | None = None
+        #: TLS for inbound and outbound links (see :func:`tls_contexts`); None: plain TCP.
+        self.tls_server: ssl.SSLContext | None = None
+        self.tls_client: ssl.SSLContext | None = None
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
@@ -115,10 +119,15 @@ class NetNode:
         async with self._pending:
             try:
                 with trio.fail_after(self.handshake_timeout):
+                    if self.tls_server is not None:
+                        stream = trio.SSLStream(stream, self.tls_server, server_side=True)
+                        await stream.do_handshake()
                     reader = FrameReader()
                     hello = parse_hello(await _read_frame(stream, reader))
             except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 reason = "handshake timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
+                if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+                    reason = f"tls handshake failed: {exc.__cause__}"
                 self._reject(reason)
                 await trio.aclose_forcefully(stream)
                 return
@@ -248,6 +257,8 @@ class NetNode:
         try:
             with trio.fail_after(self.handshake_timeout):
                 stream = await self.open_stream(address)
+                if self.tls_client is not None:
+                    stream = trio.SSLStream(stream, self.tls_client, server_hostname=address[0])
                 try:
                     hello = Hello(self.universe, self.token, node.id, dst, port)
                     await stream.send_all(hello.encode())
@@ -258,8 +269,23 @@ class NetNode:
                     raise
         except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as exc:
             what = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
+            if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+                what = f"tls handshake failed: {exc.__cause__}"
             return f"{UNREACHABLE}: {what}"
         if not reply.accepted:
             await stream.aclose()
             return reply.reason or "refused"
         return stream, reply, reader.rest
+
+
+def tls_contexts(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Server and client contexts for links: our certificate both ways, peers checked
+    against ``ca`` (mutual TLS when given; without it the system's roots check servers)."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    client.load_cert_chain(cert, key)
+    if ca is not None:
+        server.load_verify_locations(ca)
+        server.verify_mode = ssl.CERT_REQUIRED
+    return server, client

@@ -134,3 +134,36 @@ def test_a_port_in_use_is_one_clear_line() -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         f"error: cannot listen on 127.0.0.1:{port}: address already in use")
+
+
+async def test_manager_and_brokers_over_tls(tmp_path: object) -> None:
+    import pathlib
+
+    import trustme
+
+    d = pathlib.Path(str(tmp_path))
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(d / "key.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    tls = ["--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"),
+           "--tls-ca", str(d / "ca.pem")]
+    async with spawn("manager", "serve", "--universe", "s", "--listen", "127.0.0.1:0",
+                     *tls) as (_, addr):
+        manager = f"{addr[0]}:{addr[1]}"
+        async with spawn("broker", "run", "--id", "secure", "--universe", "s",
+                         "--manager", manager, *tls):
+            status = [*RDVPUMP, "status", "--universe", "s", "--manager", manager]
+            env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+            with trio.fail_after(30):
+                while True:
+                    ok = await trio.run_process([*status, *tls], capture_stdout=True,
+                                                capture_stderr=True, env=env, check=False)
+                    if b"secure" in ok.stdout:
+                        break
+                    await trio.sleep(0.1)
+            plain = await trio.run_process(status, capture_stdout=True, capture_stderr=True,
+                                           env=env, check=False)
+            assert plain.returncode == 1
+            assert plain.stderr.decode().startswith(f"error: manager {manager}: unreachable")

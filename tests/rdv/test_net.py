@@ -170,3 +170,49 @@ async def test_silent_and_slow_peers_time_out_on_the_mock_clock(autojump_clock: 
         assert i < len(hello) - 1
         assert ub.net.rejected == ["handshake timed out", "handshake timed out"]
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    import trustme
+
+    d = tmp_path_factory.mktemp("pki")
+    ca, other_ca = trustme.CA(), trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {"cert": d / "cert.pem", "key": d / "key.pem", "ca": d / "ca.pem",
+             "other_ca": d / "other.pem"}
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    other_ca.cert_pem.write_to_path(str(paths["other_ca"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def use_tls(u: BrokerManager, pki: dict[str, str], ca: str = "ca") -> None:
+    from rdv import tls_contexts
+
+    u.net.tls_server, u.net.tls_client = tls_contexts(pki["cert"], pki["key"], pki[ca])
+
+
+async def test_links_over_tls_with_mutual_certificates(pki: dict[str, str]) -> None:
+    async with two_processes_worth() as (ua, ub, nursery):
+        use_tls(ua, pki)
+        use_tls(ub, pki)
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        async with await ua.add_broker("client").connect_queue("server", 80) as q:
+            for size in (0, 1, 5000, 70_000):
+                await q.send(b"s" * size)
+                assert await q.receive() == b"s" * size
+
+
+async def test_tls_refuses_peers_it_cannot_verify(pki: dict[str, str]) -> None:
+    async with two_processes_worth() as (ua, ub, nursery):
+        use_tls(ub, pki)
+        use_tls(ua, pki, ca="other_ca")  # trusts another CA: the server's cert fails
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        with pytest.raises(RefusedError, match="tls handshake failed"):
+            await ua.add_broker("client").connect_queue("server", 80)
+        ua.net.tls_server = ua.net.tls_client = None  # plain TCP to a TLS server
+        with pytest.raises(RefusedError, match="unreachable"):
+            await ua.add_broker("plain").connect_queue("server", 80)
+        assert any("tls handshake failed" in r for r in ub.net.rejected)
