@@ -7,6 +7,7 @@ parent (the CLI, a test) knows when the process can be used.
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable, Sequence
 
@@ -74,8 +75,22 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       listen: Address = ("127.0.0.1", 0), token: str = "",
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
+                      plan: str | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
-    """Brokers of one process: registered with the managers, echoing on ``echo_ports``."""
+    """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
+
+    With ``plan`` (a universe file) they play their roles in it instead and
+    print ``stats {json}`` lines, then ``done {json}``, on stdout.
+    """
+    spec = None
+    if plan is not None:
+        from ._universe import load_universe
+
+        spec = load_universe(plan)
+        unknown = [b for b in broker_ids if b not in spec.brokers]
+        if unknown:
+            raise ValueError(f"{plan}: no broker {unknown[0]!r} in the universe file")
+        echo_ports = ()
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY)
     _secure(manager, tls)
@@ -90,6 +105,14 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
         if names is not None:
             names.start()
         ready(address)
+        if spec is not None and names is not None:
+            from ._up import play_plan
+
+            def emit(kind: str, payload: dict[str, object]) -> None:
+                print(kind, json.dumps(payload), flush=True)
+
+            for b in broker_ids:
+                nursery.start_soon(play_plan, spec, b, manager, names, nursery, emit)
         await _until_signalled()
         if names is not None:
             names.close()

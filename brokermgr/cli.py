@@ -15,6 +15,7 @@ from typing import Annotated, TypeVar
 import trio
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-broker links.",
@@ -26,10 +27,13 @@ diagram_app = typer.Typer(help="Diagrams generated from the code.", no_args_is_h
 manager_app = typer.Typer(help="The universe's BrokerManager as a name service.",
                           no_args_is_help=True)
 broker_app = typer.Typer(help="Brokers in a process of their own.", no_args_is_help=True)
+universe_app = typer.Typer(help="Universes from TOML files: echo, stream and fanout workloads.",
+                           no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(diagram_app, name="diagram")
 app.add_typer(manager_app, name="manager")
 app.add_typer(broker_app, name="broker")
+app.add_typer(universe_app, name="universe")
 
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
@@ -86,13 +90,13 @@ def _guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except _EXPECTED as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1) from None
     except BaseExceptionGroup as group:  # errors raised inside trio nurseries
         leaf = _first_leaf(group)
         if not isinstance(leaf, _EXPECTED):
             raise
-        err.print(f"[red]error:[/red] {leaf}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(leaf))}", highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -234,6 +238,8 @@ def broker_run(
                                                  "(repeatable).")] = [80],  # noqa: B006
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 30.0,
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+    plan: Annotated[pathlib.Path | None, typer.Option(
+        help="Play these brokers' roles in a universe file (used by `universe up`).")] = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
     from ._process import parse_address, run_brokers
@@ -243,7 +249,8 @@ def broker_run(
     tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
     _guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
-        heartbeat=heartbeat, tls=tls, ready=_ready("brokers"))))
+        heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
+        ready=_ready("brokers"))))
 
 
 @app.command()
@@ -268,6 +275,76 @@ def status(
         table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}")
     out.print(table)
+
+
+def _reports_table(title: str, reports: list[dict[str, object]]) -> Table:
+    table = Table(title=title)
+    table.add_column("workload", no_wrap=True)
+    for col in ("messages", "MB", "seconds", "msgs/s", "MB/s", "checked"):
+        table.add_column(col, justify="right")
+    for r in reports:
+        seconds = float(r["seconds"])  # type: ignore[arg-type]
+        msgs, nbytes = int(r["messages"]), int(r["bytes"])  # type: ignore[call-overload]
+        rate = msgs / seconds if seconds else 0.0
+        table.add_row(str(r["workload"]), f"{msgs:,}", f"{nbytes / 1e6:,.1f}",
+                      f"{seconds:.3f}", f"{rate:,.0f}",
+                      f"{nbytes / 1e6 / seconds if seconds else 0:,.1f}",
+                      "[green]ok[/green]" if r["verified"] else "[red]FAILED[/red]")
+    return table
+
+
+@universe_app.command("run")
+def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")]
+                 ) -> None:
+    """Run a universe in this process, every broker on one pump."""
+    from ._universe import load_universe, run_in_process
+
+    spec = _guard(lambda: load_universe(file))
+    with err.status(f"running universe {spec.name!r} ..."):
+        reports = _guard(lambda: trio.run(run_in_process, spec))
+    out.print(_reports_table(f"universe {spec.name!r}, one process",
+                             [r.to_dict() for r in reports]))
+    if not all(r.verified for r in reports):
+        err.print("[red]error:[/red] a workload lost or changed messages")
+        raise typer.Exit(1)
+
+
+@universe_app.command("up")
+def universe_up_cmd(
+    file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
+    token: TokenOption = "",
+) -> None:
+    """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all."""
+    from rich.live import Live
+
+    from ._universe import load_universe
+    from ._up import ChildState, universe_up
+
+    spec = _guard(lambda: load_universe(file))
+
+    def live_table(states: dict[str, ChildState]) -> Table:
+        table = Table(title=f"universe {spec.name!r}: manager + {len(states)} processes")
+        for col in ("broker", "links", "messages", "MB", "msgs/s", "MB/s", "state"):
+            table.add_column(col, justify="left" if col in ("broker", "state") else "right")
+        for s in states.values():
+            st = s.stats
+            state = (f"exited {s.exit_code}" if s.exit_code is not None else
+                     "done" if s.reports is not None else "running")
+            table.add_row(s.broker, str(st.get("links", 0)), f"{st.get('messages', 0):,}",
+                          f"{st.get('bytes', 0) / 1e6:,.1f}", f"{s.rate[0]:,.0f}",
+                          f"{s.rate[1] / 1e6:,.1f}", state)
+        return table
+
+    with Live(live_table({b: ChildState(b) for b in spec.brokers}), console=out,
+              refresh_per_second=4, transient=False) as live:
+        states = _guard(lambda: trio.run(lambda: universe_up(
+            spec, file, token=token, on_change=lambda st: live.update(live_table(st)))))
+    reports = [r for s in states.values() for r in (s.reports or [])]
+    out.print(_reports_table(f"universe {spec.name!r}, one process per broker", reports))
+    done = all(states[w.source].reports is not None for w in spec.workloads)
+    if not done or not all(r["verified"] for r in reports):
+        err.print("[red]error:[/red] the universe stopped before every workload was checked")
+        raise typer.Exit(1)
 
 
 def main() -> None:

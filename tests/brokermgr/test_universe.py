@@ -1,0 +1,120 @@
+"""Universe files: every example runs, bad files get one clear line, `up` reaps its children."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from brokermgr._universe import UniverseFileError, load_universe, run_in_process
+from brokermgr.cli import app
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+runner = CliRunner()
+
+
+def test_there_are_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {"echo.toml", "stream.toml", "fanout.toml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_runs_in_one_process_and_checks_out(path: pathlib.Path) -> None:
+    spec = load_universe(path)
+    reports = trio.run(run_in_process, spec)
+    assert [r.label for r in reports] == [w.label for w in spec.workloads]
+    for r, w in zip(reports, spec.workloads, strict=True):
+        assert r.verified
+        assert r.messages == w.messages * len(w.targets)
+        assert r.bytes == r.messages * w.size
+
+
+def test_universe_run_prints_the_reports() -> None:
+    result = runner.invoke(app, ["universe", "run", str(ROOT / "examples/stream.toml")])
+    assert result.exit_code == 0, result.output
+    assert "stream producer->sink:7" in result.output and "ok" in result.output
+
+
+BAD = [
+    ("[universe\n", "not valid TOML"),
+    ('[universe]\nname = "u"\ncolour = "red"\n[[broker]]\nid = "a"\n', "unknown field 'colour'"),
+    ('[universe]\nname = "u"\n', "at least one [[broker]]"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[workload]]\nkind = "echo"\nfrom = "a"\n'
+     'to = "b"\nmessages = 1\nsize = 1\n', "unknown broker 'b'"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[workload]]\nkind = "teleport"\n',
+     "kind must be one of"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[workload]]\nkind = "stream"\nfrom = "a"\n'
+     'to = "a"\nsize = 1\n', "missing field 'messages'"),
+    ('[universe]\nname = "u"\nring_capacity = 1000\n[[broker]]\nid = "a"\n', "power of two"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[broker]]\nid = "a"\n', "duplicate"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_bad_universe_files_name_the_problem(tmp_path: pathlib.Path, text: str,
+                                             message: str) -> None:
+    path = tmp_path / "u.toml"
+    path.write_text(text)
+    with pytest.raises(UniverseFileError, match=message.replace("[", r"\[")):
+        load_universe(path)
+    result = runner.invoke(app, ["universe", "run", str(path)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: {path}")
+    assert message in result.output
+
+
+def test_missing_file(tmp_path: pathlib.Path) -> None:
+    result = runner.invoke(app, ["universe", "up", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 1 and "no such file" in result.output
+
+
+@pytest.mark.slow
+def test_universe_up_runs_one_process_per_broker() -> None:
+    proc = subprocess.run([sys.executable, "-c", "from brokermgr.cli import main; main()",
+                           "universe", "up", str(ROOT / "examples/fanout.toml")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr
+    assert "fanout faucet->q1,q2,q3,q4:5672" in proc.stdout
+    assert "exited 0" in proc.stdout and "FAILED" not in proc.stdout
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_universe_up_stops_and_reaps_every_child(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "long.toml"
+    path.write_text('[universe]\nname = "long"\n[[broker]]\nid = "p"\n[[broker]]\nid = "s"\n'
+                    '[[workload]]\nkind = "stream"\nfrom = "p"\nto = "s"\nport = 1\n'
+                    'messages = 100000000\nsize = 100\n')
+    proc = subprocess.Popen([sys.executable, "-c", "from brokermgr.cli import main; main()",
+                             "universe", "up", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 3:  # the manager and two brokers
+            assert time.monotonic() < deadline, "children did not start"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)  # polling the OS for processes, bounded by the deadline
+        kids = _children(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 1  # interrupted before the workload was done
+        assert "stopped before every workload was checked" in stderr
+        for kid in kids:  # every child was reaped, none left behind
+            with pytest.raises(ProcessLookupError):
+                os.kill(kid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
