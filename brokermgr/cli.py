@@ -153,17 +153,7 @@ def bench_inproc(
     """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
     from bench import inproc
 
-    def parse() -> list[int]:
-        try:
-            values = [int(s) for s in sizes.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--sizes must be integers separated by commas, got {sizes!r}")\
-                from None
-        if not values or min(values) < 0 or scale <= 0 or repeat < 1:
-            raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
-        return values
-
-    size_list = _guard(parse)
+    size_list = _guard(lambda: _parse_sizes(sizes, scale, repeat))
     results = []
     with err.status("benchmarking ...") as status:
         for r in _guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
@@ -180,6 +170,48 @@ def bench_inproc(
         table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
                       r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x")
     out.print(table)
+
+
+@bench_app.command("tcp")
+def bench_tcp(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
+    scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
+    repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 3,
+    placement: Annotated[str, typer.Option(
+        help="split: the two processes on two cores; same: both on core 0.")] = "split",
+) -> None:
+    """Two processes on loopback beside pyzmq PUSH/PULL and a batched trio framing loop."""
+    from bench import tcp
+
+    size_list = _guard(lambda: _parse_sizes(sizes, scale, repeat))
+    with err.status("benchmarking ...") as status:
+        results = _guard(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
+                                              placement=placement, progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=f"rdvpump bench tcp (best of {repeat}, placement {placement})")
+    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio",
+                "median us", "p99 us"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        lat = (f"{r.median_us:,.0f} / {r.baseline_median_us:,.0f}" if r.median_us else "",
+               f"{r.p99_us:,.0f} / {r.baseline_p99_us:,.0f}" if r.p99_us else "")
+        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x", *lat)
+    out.print(table)
+
+
+def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
+    try:
+        values = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--sizes must be integers separated by commas, got {sizes!r}") from None
+    if not values or min(values) < 0 or scale <= 0 or repeat < 1:
+        raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
+    return values
 
 
 @diagram_app.command("states")

@@ -1,0 +1,404 @@
+"""``rdvpump bench tcp``: two processes on loopback, message by message, beside pyzmq and trio.
+
+The receiving side runs in a child process (``peer_main``); this process
+sends.  Throughput cases time ``count`` messages until the receiver, having
+delivered every one to its listener, answers "done".  Round trips time a 64 B
+ping-pong one message at a time.  CPU placement: ``split`` pins the two
+processes to different cores, ``same`` pins both to core 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from brokermgr import BrokerManager
+from channels import MessageQueue, QueueFullError
+
+DEFAULT_COUNTS = {64: 500_000, 1024: 300_000, 65536: 20_000}
+PINGS = 5_000
+TOKEN = "bench"
+DONE = b"done"
+
+
+@dataclass(frozen=True)
+class Result:
+    case: str
+    size: int
+    msgs_per_s: float
+    mb_per_s: float
+    baseline: str
+    baseline_msgs_per_s: float
+    ratio: float
+    median_us: float | None = None
+    p99_us: float | None = None
+    baseline_median_us: float | None = None
+    baseline_p99_us: float | None = None
+    placement: str = "split"
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
+            "case": self.case, "size": self.size, "msgs_per_s": round(self.msgs_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 1), "baseline": self.baseline,
+            "baseline_msgs_per_s": round(self.baseline_msgs_per_s, 1),
+            "ratio": round(self.ratio, 3), "placement": self.placement}
+        for key in ("median_us", "p99_us", "baseline_median_us", "baseline_p99_us"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = round(value, 1)
+        return d
+
+
+# -- the receiving side, in a child process ------------------------------------------------
+
+def peer_main(argv: list[str] | None = None) -> None:
+    """``python -c 'from bench.tcp import peer_main; peer_main()' KIND COUNT CPU``."""
+    kind, count, cpu = (argv or sys.argv[1:])[:3]
+    if int(cpu) >= 0:
+        os.sched_setaffinity(0, {int(cpu)})
+    {"rdv-sink": _rdv_peer, "rdv-echo": _rdv_peer, "zmq-sink": _zmq_sink,
+     "zmq-echo": _zmq_echo, "trio-sink": _trio_sink}[kind](kind, int(count))
+
+
+def _ready(*ports: int) -> None:
+    print("ready", *ports, flush=True)
+
+
+def _rdv_peer(kind: str, count: int) -> None:
+    async def main() -> None:
+        u = BrokerManager("bench", token=TOKEN)
+        peer = u.add_broker("peer")
+
+        class Conn:
+            n = 0
+
+            def __init__(self, queue: MessageQueue) -> None:
+                self.queue = queue
+
+            def received(self, message: bytes) -> None:
+                if kind == "rdv-echo":
+                    self.queue.send(message)
+                    return
+                self.n += 1
+                if self.n == count:
+                    self.queue.send(DONE)
+
+            def closed(self, reason: str) -> None:
+                pass
+
+        class Acceptor:
+            def accepted(self, queue: MessageQueue) -> None:
+                queue.set_listener(Conn(queue))
+
+        peer.listen(1, Acceptor())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            address = await nursery.start(u.serve_network)
+            _ready(address[1])
+
+    trio.run(main)
+
+
+def _zmq_sink(kind: str, count: int) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    a, b = pull.bind_to_random_port("tcp://127.0.0.1"), push.bind_to_random_port(
+        "tcp://127.0.0.1")
+    _ready(a, b)
+    recv = pull.recv
+    for _ in range(count):
+        recv(copy=True)
+    push.send(DONE)
+    time.sleep(3600)  # the parent kills us
+
+
+def _zmq_echo(kind: str, count: int) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    _ready(rep.bind_to_random_port("tcp://127.0.0.1"))
+    while True:
+        rep.send(rep.recv())
+
+
+def _trio_sink(kind: str, count: int) -> None:
+    """The hand-written baseline: receive_some into a buffer, parse length-prefixed frames."""
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        _ready(listeners[0].socket.getsockname()[1])
+        stream = await listeners[0].accept()
+        buf = bytearray()
+        n = 0
+        delivered: list[bytes] = []
+        deliver = delivered.append
+        while n < count:
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                return
+            buf += data
+            off = 0
+            end = len(buf)
+            while end - off >= 4:
+                size = int.from_bytes(buf[off:off + 4], "big")
+                if end - off - 4 < size:
+                    break
+                deliver(bytes(buf[off + 4:off + 4 + size]))
+                off += 4 + size
+                n += 1
+            del buf[:off]
+            delivered.clear()
+        await stream.send_all(DONE)
+        await trio.sleep_forever()
+
+    trio.run(main)
+
+
+class Peer:
+    """A child process running one receiving side; ``ports`` from its ready line."""
+
+    def __init__(self, kind: str, count: int, cpu: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from bench.tcp import peer_main; peer_main()", kind,
+             str(count), str(cpu)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "ready":
+            self.close()
+            raise RuntimeError(f"bench peer {kind} did not start")
+        self.ports = [int(p) for p in line[1:]]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self) -> Peer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the sending side, in this process -----------------------------------------------------
+
+def rdv_stream(port: int, size: int, count: int) -> float:
+    """Seconds for ``count`` messages from a listener-API producer to the peer's listener."""
+    msg = b"x" * size
+
+    async def main() -> float:
+        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)})
+        me = u.add_broker("src")
+        done = trio.Event()
+        start = [0.0]
+
+        class Producer:
+            left = count
+
+            def connected(self, queue: MessageQueue) -> None:
+                self.queue = queue
+                queue.set_listener(self)
+                start[0] = time.perf_counter()
+                self.drained()
+
+            def refused(self, reason: str) -> None:
+                raise RuntimeError(reason)
+
+            def drained(self) -> None:
+                send, left, sent = self.queue.send, self.left, 0
+                try:
+                    for sent in range(1, left + 1):  # noqa: B007
+                        send(msg)
+                except QueueFullError:
+                    sent -= 1
+                self.left = left - sent
+
+            def received(self, message: bytes) -> None:
+                done.set()
+
+            def closed(self, reason: str) -> None:
+                done.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            await nursery.start(u.serve_network)
+            me.connect("peer", 1, Producer())
+            await done.wait()
+            elapsed = time.perf_counter() - start[0]
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    return trio.run(main)
+
+
+def rdv_ping(port: int, pings: int) -> list[float]:
+    """Round-trip times (s) of 64 B messages, one at a time, chained in listener callbacks."""
+    msg = b"p" * 64
+
+    async def main() -> list[float]:
+        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)})
+        me = u.add_broker("src")
+        done = trio.Event()
+        rtts: list[float] = []
+
+        class Pinger:
+            t0 = 0.0
+
+            def connected(self, queue: MessageQueue) -> None:
+                self.queue = queue
+                queue.set_listener(self)
+                self.t0 = time.perf_counter()
+                queue.send(msg)
+
+            def refused(self, reason: str) -> None:
+                raise RuntimeError(reason)
+
+            def received(self, message: bytes) -> None:
+                now = time.perf_counter()
+                rtts.append(now - self.t0)
+                if len(rtts) == pings:
+                    done.set()
+                    return
+                self.t0 = time.perf_counter()
+                self.queue.send(msg)
+
+            def closed(self, reason: str) -> None:
+                done.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            await nursery.start(u.serve_network)
+            me.connect("peer", 1, Pinger())
+            await done.wait()
+            nursery.cancel_scope.cancel()
+        return rtts
+
+    return trio.run(main)
+
+
+def zmq_stream(ports: list[int], size: int, count: int) -> float:
+    import zmq
+
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.connect(f"tcp://127.0.0.1:{ports[0]}")
+    pull.connect(f"tcp://127.0.0.1:{ports[1]}")
+    msg = b"x" * size
+    copy = size < 65536  # zero-copy for large messages, as pyzmq advises
+    send = push.send
+    try:
+        start = time.perf_counter()
+        for _ in range(count):
+            send(msg, copy=copy)
+        pull.recv()
+        return time.perf_counter() - start
+    finally:
+        ctx.destroy(linger=0)
+
+
+def zmq_ping(port: int, pings: int) -> list[float]:
+    import zmq
+
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    req.connect(f"tcp://127.0.0.1:{port}")
+    msg = b"p" * 64
+    rtts = []
+    try:
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            req.send(msg)
+            req.recv()
+            rtts.append(time.perf_counter() - t0)
+        return rtts
+    finally:
+        ctx.destroy(linger=0)
+
+
+def trio_stream(port: int, size: int, count: int) -> float:
+    """The hand-written baseline's sender: frames built in batches, one send_all per batch."""
+    frame = size.to_bytes(4, "big") + b"x" * size
+    per_batch = max(1, (1 << 16) // len(frame))
+
+    async def main() -> float:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        start = time.perf_counter()
+        left = count
+        while left:
+            k = min(left, per_batch)
+            await stream.send_all(frame * k)
+            left -= k
+        await stream.receive_some(16)
+        elapsed = time.perf_counter() - start
+        await stream.aclose()
+        return elapsed
+
+    return trio.run(main)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)] * 1e6
+
+
+def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str = "split",
+        progress: Callable[[str], None] | None = None) -> Iterator[Result]:
+    """Yield one Result per (size, baseline), then the round-trip result."""
+    if placement not in ("split", "same"):
+        raise ValueError("placement must be 'split' or 'same'")
+    ncpu = len(os.sched_getaffinity(0))
+    me_cpu, peer_cpu = (0, 1) if placement == "split" and ncpu > 1 else (0, 0)
+    old_affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {me_cpu})
+    try:
+        for size in sizes:
+            count = max(1000, int(DEFAULT_COUNTS.get(size, 2**25 // max(size, 1)) * scale))
+            best: dict[str, float] = {}
+            cases: list[tuple[str, str, Callable[[Peer], float]]] = [
+                ("rdvpump-tcp", "rdv-sink", lambda p: rdv_stream(p.ports[0], size, count)),
+                ("pyzmq-tcp-push-pull", "zmq-sink",
+                 lambda p: zmq_stream(p.ports, size, count)),
+                ("trio-batched-framing", "trio-sink",
+                 lambda p: trio_stream(p.ports[0], size, count)),
+            ]
+            for round_ in range(repeat):
+                for name, kind, fn in cases:
+                    if progress:
+                        progress(f"{size} B x {count}: {name} ({round_ + 1}/{repeat})")
+                    with Peer(kind, count, peer_cpu) as peer:
+                        best[name] = max(best.get(name, 0.0), count / fn(peer))
+            ours = best["rdvpump-tcp"]
+            for name in ("pyzmq-tcp-push-pull", "trio-batched-framing"):
+                yield Result("rdvpump-tcp", size, ours, ours * size / 1e6, name, best[name],
+                             ours / best[name], placement=placement)
+        pings = max(200, int(PINGS * scale))
+        if progress:
+            progress(f"64 B ping-pong x {pings}")
+        with Peer("rdv-echo", 0, peer_cpu) as peer:
+            ours_rtt = rdv_ping(peer.ports[0], pings)
+        with Peer("zmq-echo", 0, peer_cpu) as peer:
+            theirs_rtt = zmq_ping(peer.ports[0], pings)
+        ours_med, theirs_med = statistics.median(ours_rtt), statistics.median(theirs_rtt)
+        yield Result("rdvpump-tcp-round-trip", 64, 1 / ours_med, 64 / ours_med / 1e6,
+                     "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
+                     median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
+                     baseline_median_us=theirs_med * 1e6,
+                     baseline_p99_us=_pct(theirs_rtt, 0.99), placement=placement)
+    finally:
+        os.sched_setaffinity(0, old_affinity)
+
+
+def result_rows(results: list[Result]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in results]
