@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -301,7 +302,7 @@ def zmq_stream(ports: list[int], size: int, count: int) -> float:
     try:
         start = time.perf_counter()
         for _ in range(count):
-            send(msg, copy=copy)
+            send(msg, copy=copy)  # type: ignore[call-overload]
         pull.recv()
         return time.perf_counter() - start
     finally:
@@ -348,6 +349,15 @@ def trio_stream(port: int, size: int, count: int) -> float:
     return trio.run(main)
 
 
+def _on_port(fn: Callable[[int, int, int], float], size: int, count: int, peer: Peer) -> float:
+    return fn(peer.ports[0], size, count)
+
+
+def _on_ports(fn: Callable[[list[int], int, int], float], size: int, count: int,
+              peer: Peer) -> float:
+    return fn(peer.ports, size, count)
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)] * 1e6
@@ -367,11 +377,10 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
             count = max(1000, int(DEFAULT_COUNTS.get(size, 2**25 // max(size, 1)) * scale))
             best: dict[str, float] = {}
             cases: list[tuple[str, str, Callable[[Peer], float]]] = [
-                ("rdvpump-tcp", "rdv-sink", lambda p: rdv_stream(p.ports[0], size, count)),
-                ("pyzmq-tcp-push-pull", "zmq-sink",
-                 lambda p: zmq_stream(p.ports, size, count)),
+                ("rdvpump-tcp", "rdv-sink", partial(_on_port, rdv_stream, size, count)),
+                ("pyzmq-tcp-push-pull", "zmq-sink", partial(_on_ports, zmq_stream, size, count)),
                 ("trio-batched-framing", "trio-sink",
-                 lambda p: trio_stream(p.ports[0], size, count)),
+                 partial(_on_port, trio_stream, size, count)),
             ]
             for round_ in range(repeat):
                 for name, kind, fn in cases:
