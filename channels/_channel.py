@@ -137,10 +137,10 @@ class Channel:
         """
         self._check_writable()
         n = self._tx.write(data)
+        if n < len(data):
+            self._blocked = True  # before _wrote(): a peer may drain at once
         if n:
             self._wrote()
-        if n < len(data):
-            self._blocked = True
         return n
 
     def read(self, max_bytes: int = -1) -> bytes:

@@ -385,10 +385,13 @@ class MessageQueue:
             moved = True
         self._sent += i - start
         chan = self._channel
+        if i < n:
+            # Before telling the peer: a peer that drains at once (a socket's fast path)
+            # must find us waiting for room, or its notice is lost.
+            chan._blocked = True  # the channel posts this task again when room frees
         if moved:
             chan._wrote()
         if i < n:
-            chan._blocked = True  # the channel posts this task again when room frees
             if i > 4096:
                 del q[:i]
                 i = 0

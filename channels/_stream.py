@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 import trio
@@ -38,6 +39,8 @@ class StreamLink:
         self.linger = linger
         self._sock: Any = getattr(stream, "socket", None) if isinstance(
             stream, trio.SocketStream) else None
+        self._fd = self._sock.fileno() if self._sock is not None else -1
+        self._send_idle = False
         self._send_wake = trio.Event()
         self._recv_wake = trio.Event()
         self._local_gone: str | None = None
@@ -49,6 +52,24 @@ class StreamLink:
     # -- the peer interface the channel calls (from pump tasks) -------------------------
 
     def _data_arrived(self) -> None:
+        if self._send_idle and self._fd >= 0:
+            # Fast path: the send loop is parked and the socket is plain TCP; send now,
+            # from this pump task, without waking the loop (what is left, it sends).
+            view = self.channel._tx.readable_view()
+            try:
+                n = os.write(self._fd, view)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                n = 0  # the send loop meets the error and reports it
+            finally:
+                view.release()
+            if n:
+                self.channel._tx.skip(n)
+                self.bytes_sent += n
+                self.channel._room_freed()
+                if not self.channel._tx.used:
+                    return
         self._send_wake.set()
 
     def _room_freed(self) -> None:
@@ -101,7 +122,11 @@ class StreamLink:
                 if self._local_gone is not None or self._remote_gone:
                     break
                 self._send_wake = trio.Event()
-                await self._send_wake.wait()
+                self._send_idle = True
+                try:
+                    await self._send_wake.wait()
+                finally:
+                    self._send_idle = False
                 continue
             try:
                 await self.stream.send_all(view)
@@ -161,6 +186,7 @@ class StreamLink:
             rx.commit(n)
             self.bytes_received += n
             self.channel._data_arrived()
+            self.channel.pump.run_ready()  # deliver now, from this task
 
     def _lost(self, reason: str) -> None:
         self._remote_gone = True

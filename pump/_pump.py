@@ -83,6 +83,7 @@ class Pump:
         self._clock: Callable[[], float] | None = None
         self._step = 0
         self._running = False
+        self._in_task = False
         self._serving = False
         self._wake: trio.Event | None = None
         self.failures = 0
@@ -160,10 +161,13 @@ class Pump:
         if sink is not None:
             ids = owner._trace_ids() if owner is not None else (None, None, None, None)
             sink(TraceEvent(self._step, self.now(), kind, *ids))
+        self._in_task = True
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001 - a task must never kill the pump
             self._task_failed(kind, owner, exc)
+        finally:
+            self._in_task = False
 
     def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
         self.failures += 1
@@ -178,6 +182,23 @@ class Pump:
             except Exception as exc2:  # noqa: BLE001
                 log.error("pump %s: failing the owner of a %s task raised %r", self.name, kind,
                           exc2, exc_info=exc2)
+
+    def run_ready(self, limit: int = DEFAULT_SERVE_BATCH) -> int:
+        """Run up to ``limit`` ready tasks now; return how many ran.
+
+        For I/O tasks of a served pump: the trio task that made work ready runs
+        it at once instead of waking the pump's own task (one task switch less
+        per hop).  Order is unchanged: it is the same FIFO.  Does nothing when
+        called from inside a task or while a simulation runs.
+        """
+        if self._running or self._in_task:
+            return 0
+        ready = self._ready
+        ran = 0
+        while ready and ran < limit:
+            self._run_one()
+            ran += 1
+        return ran
 
     def _enter(self) -> None:
         if self._running:

@@ -31,6 +31,7 @@ class End:
         self.closes: list[str] = []
         self.peer: End | None = None
         self.closed_cleanly_at: int | None = None  # len(sent) when close() was called
+        self.ended_here = False  # close() or abort() was called on this end
         queue.set_listener(self)
 
     def received(self, message: bytes) -> None:
@@ -131,6 +132,7 @@ class Universe(RuleBasedStateMachine):
     @rule(data=st.data(), clean=st.booleans())
     def close(self, data: st.DataObject, clean: bool) -> None:
         end = data.draw(st.sampled_from(self.all_ends()))
+        end.ended_here = True
         if clean:
             if end.closed_cleanly_at is None and not end.queue.closed:
                 end.closed_cleanly_at = len(end.sent)
@@ -169,9 +171,10 @@ class Universe(RuleBasedStateMachine):
             if peer is None:
                 continue
             # A clean close that completed loses nothing sent before it, as long as the
-            # peer was still there to read (it ended because we did, not on its own).
-            if end.queue.close_reason == "closed" and (
-                    peer.queue.close_reason or "").startswith("peer disconnected (closed)"):
+            # peer was still there to read: it did not close or abort on its own (a
+            # closing end drops what still arrives, by design).
+            if end.queue.close_reason == "closed" and not peer.ended_here:
+                assert (peer.queue.close_reason or "").startswith("peer disconnected (closed)")
                 assert peer.got == end.sent
 
 
