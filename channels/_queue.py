@@ -7,6 +7,7 @@ per C call; frames too big for the ring stream through it in pieces.
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from array import array as _array
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from ._channel import Channel
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 from ._ring import HEADER_SIZE, MAX_FRAME_BODY
 from ._ringbuf import ffi, lib
+
+log = logging.getLogger("rdvpump.link")
 
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 DEFAULT_HIGH_WATER = 1 << 20
@@ -578,6 +581,8 @@ class MessageQueue:
 
     def _protocol_error(self, what: str) -> None:
         err = ProtocolError(what)
+        log.warning("link %s (%s -> %s): protocol error: %s", self._channel.link_id,
+                    self._channel.remote, self._channel.local, what)
         self.pump.emit("protocol_error", broker=self._channel.local, peer=self._channel.remote,
                        port=self._channel.port, link=self._channel.link_id, reason=what)
         self._end_abruptly(f"protocol error: {err}")
@@ -627,6 +632,8 @@ class MessageQueue:
         if self._state is _State.OPEN and (self._rx_body is not None or self._rx_hdr_got >= 0):
             got = self._rx_got if self._rx_body is not None else max(self._rx_hdr_got, 0)
             reason = f"protocol error: stream cut mid-frame ({got} bytes of it arrived); {reason}"
+            log.warning("link %s (%s -> %s): %s", self._channel.link_id, self._channel.remote,
+                        self._channel.local, reason)
         if self._state is not _State.CLOSED:
             unsent = len(self._outq) - self._qhead
             if unsent:

@@ -84,11 +84,9 @@ class StreamLink:
 
     async def run(self, initial: bytes = b"") -> None:
         """Move bytes both ways until the link ends; ``initial`` arrived with the handshake."""
-        if initial:
-            self._deliver(initial)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._receive_loop, nursery.cancel_scope)
+                nursery.start_soon(self._receive_loop, initial)
                 await self._send_loop()
                 if not isinstance(self.stream, trio.abc.HalfCloseableStream):
                     # No half-close (TLS): everything was sent; closing tells the peer.
@@ -103,14 +101,6 @@ class StreamLink:
         finally:
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
-
-    def _deliver(self, data: bytes) -> None:
-        rx = self.channel._rx
-        n = rx.write(data)
-        if n < len(data):  # only possible with a ring smaller than one TCP segment of garbage
-            raise RuntimeError("ring too small for the bytes that came with the handshake")
-        self.bytes_received += n
-        self.channel._data_arrived()
 
     async def _send_loop(self) -> None:
         tx = self.channel._tx
@@ -145,8 +135,19 @@ class StreamLink:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-    async def _receive_loop(self, scope: trio.CancelScope) -> None:
+    async def _receive_loop(self, initial: bytes) -> None:
         rx = self.channel._rx
+        backlog = memoryview(initial)  # bytes that came in the handshake's segment
+        while backlog and self._local_gone is None:
+            n = rx.write(backlog)
+            if n:
+                backlog = backlog[n:]
+                self.bytes_received += n
+                self.channel._data_arrived()
+                self.channel.pump.run_ready()
+            elif self._local_gone is None:
+                self._recv_wake = trio.Event()
+                await self._recv_wake.wait()
         while True:
             if self._local_gone is not None:
                 # Our side disconnected: what still arrives is not read; wait for EOF.

@@ -94,6 +94,8 @@ class FrameReader:
             obj = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HandshakeError(f"handshake is not JSON: {exc}") from None
+        except RecursionError:
+            raise HandshakeError("handshake JSON nested too deeply") from None
         if not isinstance(obj, dict):
             raise HandshakeError("handshake is not a JSON object")
         return obj
