@@ -21,7 +21,7 @@ from channels import (
     ChannelManager,
     MessageQueue,
 )
-from pump import Pump, TraceSink
+from pump import Pump, TraceRecorder, open_trace
 from rdv import NetNode, RdvNode, RefusedError
 
 Address = tuple[str, int]
@@ -53,7 +53,7 @@ class Broker:
 
     # -- pump owner protocol -----------------------------------------------------------
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.id, None, None, None
 
     def _fail(self, exc: BaseException) -> None:
@@ -264,13 +264,20 @@ class BrokerManager:
 
 
 @asynccontextmanager
-async def open_universe(name: str, *, seed: int = 0, trace: TraceSink | None = None,
-                        **options: Any) -> AsyncIterator[BrokerManager]:
+async def open_universe(name: str, *, seed: int = 0, trace: TraceRecorder | None = None,
+                        trace_dir: str | None = None, trace_format: str = "jsonl",
+                        run: str | None = None, **options: Any) -> AsyncIterator[BrokerManager]:
     """A universe whose pump is served by trio for the duration of the block.
 
     ``options`` are those of :class:`BrokerManager` (``ring_capacity``, ...).
-    On exit every broker is closed and the pump stops.
+    With ``trace_dir`` the pump records a trace there (``trace_format`` jsonl
+    or parquet; ``run`` names the run, by default ``<name>-<seed>``); or pass
+    a recorder as ``trace``.  On exit every broker is closed, the pump stops
+    and the trace file is complete.
     """
+    if trace_dir is not None:
+        trace = open_trace(trace_dir, pump=name, run=run or f"{name}-{seed}",
+                           format=trace_format)
     manager = BrokerManager(name, pump=Pump(seed=seed, trace=trace, name=name), **options)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
@@ -279,3 +286,5 @@ async def open_universe(name: str, *, seed: int = 0, trace: TraceSink | None = N
         finally:
             manager.close()
             nursery.cancel_scope.cancel()
+    if trace_dir is not None:
+        manager.pump.close_trace()

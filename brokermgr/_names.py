@@ -221,7 +221,7 @@ class _NoOwner:
     def _fail(self, exc: BaseException) -> None:
         log.error("name client task failed: %r", exc)
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return None, MANAGER_ID, NAME_PORT, None
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
 from channels import DEFAULT_RING_CAPACITY, AsyncMessageQueue
+from pump import Pump, TraceRecorder
 from rdv import tls_contexts
 
 from ._broker import BrokerManager
@@ -49,18 +51,21 @@ def _secure(manager: BrokerManager, tls: TLSFiles | None) -> None:
 
 async def run_manager(universe: str, listen: Address, *, token: str = "",
                       expiry: float = DEFAULT_EXPIRY, scan_interval: float = DEFAULT_SCAN,
-                      tls: TLSFiles | None = None,
+                      tls: TLSFiles | None = None, trace: TraceRecorder | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
-    manager = BrokerManager(universe, token=token)
+    manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"))
     _secure(manager, tls)
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        address = await nursery.start(manager.serve_network, *listen)
-        ready(address)
-        await _until_signalled()
-        service.close()
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.pump.serve)
+            address = await nursery.start(manager.serve_network, *listen)
+            ready(address)
+            await _until_signalled()
+            service.close()
+            nursery.cancel_scope.cancel()
+    finally:
+        manager.pump.close_trace()
 
 
 async def _echo(queue: AsyncMessageQueue) -> None:
@@ -75,7 +80,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       listen: Address = ("127.0.0.1", 0), token: str = "",
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
-                      plan: str | None = None,
+                      plan: str | None = None, trace: TraceRecorder | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
@@ -92,9 +97,21 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
             raise ValueError(f"{plan}: no broker {unknown[0]!r} in the universe file")
         echo_ports = ()
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
-                            DEFAULT_RING_CAPACITY)
+                            DEFAULT_RING_CAPACITY,
+                            pump=Pump(trace=trace, name="+".join(broker_ids)))
     _secure(manager, tls)
     brokers = [manager.add_broker(b) for b in broker_ids]
+    try:
+        await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
+                             heartbeat, spec, ready)
+    finally:
+        manager.pump.close_trace()
+
+
+async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
+                         managers: list[Address], listen: Address, echo_ports: Sequence[int],
+                         heartbeat: float, spec: Any,
+                         ready: Callable[[Address], None]) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         address = await nursery.start(manager.serve_network, *listen)

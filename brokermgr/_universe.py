@@ -218,10 +218,16 @@ async def drive(broker: Broker, w: WorkloadSpec, stats: Stats) -> WorkloadReport
     return WorkloadReport(w.label, switched, switched * w.size, seconds, verified)
 
 
-async def run_in_process(spec: UniverseSpec, *, trace: Any = None) -> list[WorkloadReport]:
-    """Every broker of ``spec`` on one pump in this process; run its workloads to the end."""
+async def run_in_process(spec: UniverseSpec, *, trace: Any = None, trace_dir: str | None = None,
+                         trace_format: str = "jsonl", run: str | None = None
+                         ) -> list[WorkloadReport]:
+    """Every broker of ``spec`` on one pump in this process; run its workloads to the end.
+
+    With ``trace_dir`` the pump writes its trace there (see :func:`open_universe`).
+    """
     reports: list[WorkloadReport] = []
-    async with open_universe(spec.name, seed=spec.seed, trace=trace,
+    async with open_universe(spec.name, seed=spec.seed, trace=trace, trace_dir=trace_dir,
+                             trace_format=trace_format, run=run,
                              ring_capacity=spec.ring_capacity) as universe:
         brokers = {b: universe.add_broker(b) for b in spec.brokers}
         stats = {b: Stats() for b in spec.brokers}
@@ -230,12 +236,12 @@ async def run_in_process(spec: UniverseSpec, *, trace: Any = None) -> list[Workl
                 for kind, port in spec.roles(b)[0]:
                     await servers.start(serve_role, brokers[b], kind, port, stats[b])
 
-            async def run(w: WorkloadSpec) -> None:
+            async def play(w: WorkloadSpec) -> None:
                 reports.append(await drive(brokers[w.source], w, stats[w.source]))
 
             async with trio.open_nursery() as clients:
                 for w in spec.workloads:
-                    clients.start_soon(run, w)
+                    clients.start_soon(play, w)
             # One-way workloads are verified at the sinks: every message must arrive.
             expected = sink_expectations(spec)
             with trio.move_on_after(60):

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,8 +76,12 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
 
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                       on_change: Callable[[dict[str, ChildState]], None],
-                      timeout: float = 600.0) -> dict[str, ChildState]:
-    """Start the manager and the broker processes, run the workloads, stop everything."""
+                      timeout: float = 600.0, trace_args: Sequence[str] = ()
+                      ) -> dict[str, ChildState]:
+    """Start the manager and the broker processes, run the workloads, stop everything.
+
+    ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
+    """
     env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
     children: list[trio.Process] = []
     states = {b: ChildState(b) for b in spec.brokers}
@@ -130,11 +134,12 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                 nursery.start_soon(interrupted)
                 manager_addr = await spawn(["manager", "serve", "--universe", spec.name,
                                             "--listen", "127.0.0.1:0", "--scan", "1",
-                                            "--expiry", "10"], lambda line: None)
+                                            "--expiry", "10", *trace_args], lambda line: None)
                 where = f"{manager_addr[0]}:{manager_addr[1]}"
                 for b in spec.brokers:
                     await spawn(["broker", "run", "--id", b, "--universe", spec.name,
-                                 "--manager", where, "--heartbeat", "2", "--plan", str(path)],
+                                 "--manager", where, "--heartbeat", "2", "--plan", str(path),
+                                 *trace_args],
                                 child_line(b))
                 with trio.move_on_after(timeout):
                     while not finished():

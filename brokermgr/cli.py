@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import trio
 import typer
@@ -38,6 +39,12 @@ app.add_typer(universe_app, name="universe")
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
 UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
+TraceOption = Annotated[pathlib.Path | None, typer.Option(
+    "--trace", help="Record this run's trace here: one file per pump.")]
+TraceFormatOption = Annotated[str, typer.Option(
+    "--trace-format", help="Trace file format: jsonl or parquet.")]
+RunOption = Annotated[str | None, typer.Option(
+    "--run", help="Run id written in every trace row (default: derived from the universe).")]
 CertOption = Annotated[pathlib.Path | None, typer.Option(
     "--tls-cert", help="PEM certificate: links and manager connections use TLS.")]
 KeyOption = Annotated[pathlib.Path | None, typer.Option("--tls-key", help="PEM private key.")]
@@ -98,6 +105,21 @@ def _guard(fn: Callable[[], T]) -> T:
             raise
         err.print(f"[red]error:[/red] {escape(str(leaf))}", highlight=False)
         raise typer.Exit(1) from None
+
+
+def _recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> Any:
+    if trace is None:
+        return None
+    from pump import open_trace
+
+    return _guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt))
+
+
+def _check_format(fmt: str) -> None:
+    from pump import FORMATS
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
 def _first_leaf(exc: BaseException) -> BaseException:
@@ -247,14 +269,16 @@ def manager_serve(
     expiry: Annotated[float, typer.Option(help="Seconds without heartbeat before a broker "
                                                "is dropped.")] = 120.0,
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+    trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
 ) -> None:
     """Serve the universe's name service until Ctrl-C."""
     from ._process import parse_address, run_manager
 
     address = _guard(lambda: parse_address(listen))
     tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
+    recorder = _recorder(trace, trace_format, pump="manager", run=run or universe)
     _guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
-                                                scan_interval=scan, tls=tls,
+                                                scan_interval=scan, tls=tls, trace=recorder,
                                                 ready=_ready("manager"))))
 
 
@@ -272,6 +296,7 @@ def broker_run(
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
     plan: Annotated[pathlib.Path | None, typer.Option(
         help="Play these brokers' roles in a universe file (used by `universe up`).")] = None,
+    trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
     from ._process import parse_address, run_brokers
@@ -279,10 +304,11 @@ def broker_run(
     managers = _guard(lambda: [parse_address(m, default_port=9876) for m in manager])
     address = _guard(lambda: parse_address(listen))
     tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
+    recorder = _recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     _guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
-        ready=_ready("brokers"))))
+        trace=recorder, ready=_ready("brokers"))))
 
 
 @app.command()
@@ -326,14 +352,20 @@ def _reports_table(title: str, reports: list[dict[str, object]]) -> Table:
 
 
 @universe_app.command("run")
-def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")]
-                 ) -> None:
+def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
+                 trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl",
+                 run: RunOption = None) -> None:
     """Run a universe in this process, every broker on one pump."""
     from ._universe import load_universe, run_in_process
 
     spec = _guard(lambda: load_universe(file))
+    _guard(lambda: _check_format(trace_format))
     with err.status(f"running universe {spec.name!r} ..."):
-        reports = _guard(lambda: trio.run(run_in_process, spec))
+        reports = _guard(lambda: trio.run(lambda: run_in_process(
+            spec, trace_dir=None if trace is None else str(trace), trace_format=trace_format,
+            run=run)))
+    if trace is not None:
+        err.print(f"trace written to {trace}/")
     out.print(_reports_table(f"universe {spec.name!r}, one process",
                              [r.to_dict() for r in reports]))
     if not all(r.verified for r in reports):
@@ -345,6 +377,7 @@ def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOM
 def universe_up_cmd(
     file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
     token: TokenOption = "",
+    trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
 ) -> None:
     """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all."""
     from rich.live import Live
@@ -353,6 +386,12 @@ def universe_up_cmd(
     from ._up import ChildState, universe_up
 
     spec = _guard(lambda: load_universe(file))
+    _guard(lambda: _check_format(trace_format))
+    trace_args: list[str] = []
+    if trace is not None:
+        run_id = run or f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+        trace_args = ["--trace", str(trace.resolve()), "--trace-format", trace_format,
+                      "--run", run_id]
 
     def live_table(states: dict[str, ChildState]) -> Table:
         table = Table(title=f"universe {spec.name!r}: manager + {len(states)} processes")
@@ -370,7 +409,8 @@ def universe_up_cmd(
     with Live(live_table({b: ChildState(b) for b in spec.brokers}), console=out,
               refresh_per_second=4, transient=False) as live:
         states = _guard(lambda: trio.run(lambda: universe_up(
-            spec, file, token=token, on_change=lambda st: live.update(live_table(st)))))
+            spec, file, token=token, on_change=lambda st: live.update(live_table(st)),
+            trace_args=trace_args)))
     reports = [r for s in states.values() for r in (s.reports or [])]
     out.print(_reports_table(f"universe {spec.name!r}, one process per broker", reports))
     done = all(states[w.source].reports is not None for w in spec.workloads)

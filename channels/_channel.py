@@ -61,15 +61,21 @@ class Channel:
         "pump", "link_id", "local", "remote", "port", "_tx", "_rx", "_peer", "_listener",
         "_read_posted", "_write_posted", "_blocked", "_disconnected", "_peer_gone",
         "_closed_posted", "_closed_delivered", "_close_reason", "_owner", "_peer_error",
+        "accepting", "trace_link", "tx_dir", "rx_dir",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
-                 local: str, remote: str, port: int) -> None:
+                 local: str, remote: str, port: int, accepting: bool = False) -> None:
         self.pump = pump
         self.link_id = link_id
         self.local = local
         self.remote = remote
         self.port = port
+        self.accepting = accepting  # this end was accepted (the other end connected)
+        #: The link in traces: the accepting broker and the link id, the same on both ends.
+        self.trace_link = f"{local if accepting else remote}/{link_id}"
+        #: Directions in traces of what this end writes and of what it reads.
+        self.tx_dir, self.rx_dir = ("ac", "ca") if accepting else ("ca", "ac")
         self._tx = tx
         self._rx = rx
         self._peer: LinkPeer | None = None
@@ -90,8 +96,8 @@ class Channel:
 
     # -- pump owner protocol -----------------------------------------------------------
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
-        return self.local, self.remote, self.port, self.link_id
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+        return self.local, self.remote, self.port, self.trace_link
 
     def _fail(self, exc: BaseException) -> None:
         self.disconnect(f"listener error: {exc!r}", error=True)
@@ -137,6 +143,10 @@ class Channel:
         """
         self._check_writable()
         n = self._tx.write(data)
+        if self.pump.trace is not None:
+            self.pump.emit("write", broker=self.local, peer=self.remote, port=self.port,
+                           link=self.trace_link, dir=self.tx_dir, size=n,
+                           outcome="partial" if n < len(data) else None)
         if n < len(data):
             self._blocked = True  # before _wrote(): a peer may drain at once
         if n:
@@ -148,13 +158,21 @@ class Channel:
         if self._disconnected is not None:
             raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
         data = self._rx.read(max_bytes)
+        if self.pump.trace is not None and data:
+            self._trace_read(len(data))
         self._consumed(len(data))
         return data
+
+    def _trace_read(self, n: int) -> None:
+        self.pump.emit("read", broker=self.local, peer=self.remote, port=self.port,
+                       link=self.trace_link, dir=self.rx_dir, size=n)
 
     def readinto(self, buf: bytearray | memoryview) -> int:
         if self._disconnected is not None:
             raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
         n = self._rx.readinto(buf)
+        if self.pump.trace is not None and n:
+            self._trace_read(n)
         self._consumed(n)
         return n
 
@@ -227,6 +245,9 @@ class Channel:
         listener = self._listener
         if listener is not None and not self._closed_delivered:
             self._closed_delivered = True
+            if not getattr(listener, "traces_close", False):  # a queue traces its own reason
+                self.pump.emit("close", broker=self.local, peer=self.remote, port=self.port,
+                               link=self.trace_link, reason=reason)
             listener.closed(reason)
 
     # -- disconnect --------------------------------------------------------------------
@@ -241,7 +262,8 @@ class Channel:
         self._disconnected = reason
         self._blocked = False
         self.pump.emit("disconnect", broker=self.local, peer=self.remote, port=self.port,
-                       link=self.link_id, reason=reason)
+                       link=self.trace_link, outcome="error" if error else "clean",
+                       reason=reason)
         peer = self._peer
         if peer is not None:
             peer._peer_disconnected(reason, error)
@@ -275,23 +297,29 @@ class ChannelManager:
         self._link_ids = itertools.count(1)
 
     def open_end(self, local: str, remote: str, port: int, *,
-                 link_id: int | None = None) -> Channel:
-        """One channel with its two rings, whose peer (a StreamLink) is attached later."""
+                 link_id: int | None = None, accepting: bool = False) -> Channel:
+        """One channel with its two rings, whose peer (a StreamLink) is attached later.
+
+        ``accepting`` says this end was accepted; the dialling end passes the
+        ``link_id`` the accepting side chose.
+        """
         if link_id is None:
             link_id = next(self._link_ids)
         return Channel(self.pump, RingBuffer(self.capacity), RingBuffer(self.capacity),
-                       link_id=link_id, local=local, remote=remote, port=port)
+                       link_id=link_id, local=local, remote=remote, port=port,
+                       accepting=accepting)
 
     def next_link_id(self) -> int:
         return next(self._link_ids)
 
     def open_pair(self, a: str, b: str, port: int) -> tuple[Channel, Channel]:
-        """Return ``(a_side, b_side)`` of a new link between labels ``a`` and ``b``."""
+        """Return ``(a_side, b_side)`` of a new link: ``a`` connected, ``b`` accepted."""
         link_id = next(self._link_ids)
         a_to_b = RingBuffer(self.capacity)
         b_to_a = RingBuffer(self.capacity)
         ca = Channel(self.pump, a_to_b, b_to_a, link_id=link_id, local=a, remote=b, port=port)
-        cb = Channel(self.pump, b_to_a, a_to_b, link_id=link_id, local=b, remote=a, port=port)
+        cb = Channel(self.pump, b_to_a, a_to_b, link_id=link_id, local=b, remote=a, port=port,
+                     accepting=True)
         ca._peer = cb
         cb._peer = ca
         return ca, cb

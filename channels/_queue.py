@@ -86,6 +86,7 @@ class _ChannelSide:
     """The queue as its channel's listener (the queue's own ``closed`` is a property)."""
 
     __slots__ = ("readable", "writable", "closed")
+    traces_close = True  # the queue records "close" with the reason its listener gets
 
     def __init__(self, queue: MessageQueue) -> None:
         self.readable = queue._on_readable
@@ -169,8 +170,14 @@ class MessageQueue:
         self._rx_got = 0
         self._chan_listener = _ChannelSide(self)
         channel.set_listener(self._chan_listener, owner=self)
-        if self.pump.trace is not None:
+        trace = self.pump.trace
+        if trace is not None:
+            c = channel
             self._send_seq = 0
+            self._ctx_send = trace.context("send", c.local, c.remote, c.port, c.trace_link,
+                                           c.tx_dir)
+            self._ctx_deliver = trace.context("deliver", c.local, c.remote, c.port,
+                                              c.trace_link, c.rx_dir)
             self.send = self._send_traced  # type: ignore[method-assign]
 
     # -- identity ----------------------------------------------------------------------
@@ -206,7 +213,7 @@ class MessageQueue:
         return (f"<MessageQueue link={c.link_id} {c.local}->{c.remote}:{c.port} "
                 f"{self._state.value}>")
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self._channel._trace_ids()
 
     def _fail(self, exc: BaseException) -> None:
@@ -297,10 +304,10 @@ class MessageQueue:
 
     def _send_traced(self, message: bytes) -> None:
         MessageQueue.send(self, message)
-        self._send_seq += 1
-        c = self._channel
-        self.pump.emit("send", broker=c.local, peer=c.remote, port=c.port, link=c.link_id,
-                       seq=self._send_seq, size=len(message))
+        self._send_seq = seq = self._send_seq + 1
+        pump = self.pump
+        pump.trace.rows.append(  # type: ignore[union-attr]
+            (pump._step, pump.now(), self._ctx_send, seq, len(message)))
 
     def send_nowait(self, message: bytes) -> None:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
@@ -347,6 +354,7 @@ class MessageQueue:
         n = len(q)
         rb = self._tx_rb
         cap = self._capacity
+        used_before = lib.rb_used(rb) if self.pump.trace is not None else 0
         done_bytes = 0
         moved = False
         start = i
@@ -388,6 +396,8 @@ class MessageQueue:
             moved = True
         self._sent += i - start
         chan = self._channel
+        if self.pump.trace is not None and moved:
+            self._trace_bytes("write", chan.tx_dir, lib.rb_used(rb) - used_before, i < n)
         if i < n:
             # Before telling the peer: a peer that drains at once (a socket's fast path)
             # must find us waiting for room, or its notice is lost.
@@ -415,6 +425,11 @@ class MessageQueue:
                 self.pump.post("drained", self._run_drained, owner=self)
         elif self._state is _State.CLOSING:
             self._finish_close()
+
+    def _trace_bytes(self, kind: str, direction: str, size: int, partial: bool) -> None:
+        c = self._channel
+        self.pump.emit(kind, broker=c.local, peer=c.remote, port=c.port, link=c.trace_link,
+                       dir=direction, size=size, outcome="partial" if partial else None)
 
     def _start_piecewise(self, msg: bytes) -> None:
         self._tx_off = 0
@@ -459,6 +474,7 @@ class MessageQueue:
         if self._listener is None or self._paused or self._state is not _State.OPEN:
             return
         rb = self._rx_rb
+        used_before = lib.rb_used(rb) if self.pump.trace is not None else 0
         s = _scratch
         out = s.out
         lens = s.lens
@@ -512,23 +528,30 @@ class MessageQueue:
             taken = True
             self._start_body(ln)
         chan = self._channel
+        if self.pump.trace is not None and taken:
+            self._trace_bytes("read", chan.rx_dir, used_before - lib.rb_used(rb),
+                              self._rx_body is not None or self._rx_hdr_got >= 0)
         chan._consumed(taken)
         if chan._peer_gone is not None and self._state is _State.OPEN and not self._paused:
             self._check_cut()
 
     def _deliver_one(self, listener: Any, message: bytes) -> None:
         self._received += 1
-        if self.pump.trace is not None:
-            c = self._channel
-            self.pump.emit("deliver", broker=c.local, peer=c.remote, port=c.port,
-                           link=c.link_id, seq=self._received, size=len(message))
+        pump = self.pump
+        if pump.trace is not None:
+            pump.trace.rows.append(
+                (pump._step, pump.now(), self._ctx_deliver, self._received, len(message)))
         listener.received(message)
 
     def _deliver_traced(self, listener: Any, data: bytes, lens: list[int]) -> None:
+        pump = self.pump
+        pump.trace.extend(pump._step, pump.now(), self._ctx_deliver,  # type: ignore[union-attr]
+                          self._received + 1, lens)
+        self._received += len(lens)
+        recv = listener.received
         off = 0
-        for ln in lens:
-            end = off + ln
-            self._deliver_one(listener, data[off:end])
+        for end in accumulate(lens):
+            recv(data[off:end])
             off = end
 
     def _start_body(self, ln: int) -> None:
@@ -583,8 +606,9 @@ class MessageQueue:
         err = ProtocolError(what)
         log.warning("link %s (%s -> %s): protocol error: %s", self._channel.link_id,
                     self._channel.remote, self._channel.local, what)
-        self.pump.emit("protocol_error", broker=self._channel.local, peer=self._channel.remote,
-                       port=self._channel.port, link=self._channel.link_id, reason=what)
+        c = self._channel
+        self.pump.emit("protocol_error", broker=c.local, peer=c.remote, port=c.port,
+                       link=c.trace_link, dir=c.rx_dir, reason=what)
         self._end_abruptly(f"protocol error: {err}")
 
     # -- closing -----------------------------------------------------------------------
@@ -643,6 +667,9 @@ class MessageQueue:
             self._reason = reason
         self._outq.clear()
         self._qhead = 0
+        c = self._channel
+        self.pump.emit("close", broker=c.local, peer=c.remote, port=c.port, link=c.trace_link,
+                       reason=self._reason or reason)
         listener = self._listener
         if listener is not None:
             listener.closed(self._reason or reason)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ._trace import TraceEvent, TraceSink
+from ._trace import TraceRecorder
 
 log = logging.getLogger("rdvpump.pump")
 
@@ -35,7 +35,7 @@ class Owner(Protocol):
 
     def _fail(self, exc: BaseException) -> None: ...
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]: ...
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]: ...
 
 
 class Timer:
@@ -68,12 +68,14 @@ class Pump:
     pump should use, so the same program and seed give the same trace.
     """
 
-    def __init__(self, *, seed: int = 0, trace: TraceSink | None = None,
+    def __init__(self, *, seed: int = 0, trace: TraceRecorder | None = None,
                  name: str = "pump") -> None:
         self.name = name
         self.seed = seed
         self.random = random.Random(seed)
-        self.trace: TraceSink | None = trace
+        self.trace: TraceRecorder | None = trace
+        if trace is not None:
+            trace.attach(name)
         self._ready: deque[tuple[str, Callable[..., object], tuple[Any, ...], Owner | None]] = (
             deque()
         )
@@ -129,10 +131,15 @@ class Pump:
         return self._step
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Send a semantic event to the trace sink, if any."""
-        sink = self.trace
-        if sink is not None:
-            sink(TraceEvent(self._step, self.now(), kind, **fields))
+        """Record a semantic event in the trace, if tracing (see :mod:`pump._trace`)."""
+        trace = self.trace
+        if trace is not None:
+            trace.event(self._step, self.now(), kind, **fields)
+
+    def close_trace(self) -> None:
+        """Write out and close the trace, if any (the file is complete after this)."""
+        if self.trace is not None:
+            self.trace.close()
 
     # -- running -----------------------------------------------------------------------
 
@@ -147,6 +154,8 @@ class Pump:
             timer = heapq.heappop(timers)[2]
             if not timer.cancelled:
                 ready.append((timer.kind, timer.fn, timer.args, timer.owner))
+                if self.trace is not None:
+                    self._trace_task("timer", timer.kind, timer.owner, now)
 
     def _next_deadline(self) -> float:
         timers = self._timers
@@ -157,10 +166,8 @@ class Pump:
     def _run_one(self) -> None:
         kind, fn, args, owner = self._ready.popleft()
         self._step += 1
-        sink = self.trace
-        if sink is not None:
-            ids = owner._trace_ids() if owner is not None else (None, None, None, None)
-            sink(TraceEvent(self._step, self.now(), kind, *ids))
+        if self.trace is not None:
+            self._trace_task("task", kind, owner, self.now())
         self._in_task = True
         try:
             fn(*args)
@@ -169,13 +176,24 @@ class Pump:
         finally:
             self._in_task = False
 
+    def _trace_task(self, event: str, kind: str, owner: Owner | None, now: float) -> None:
+        trace = self.trace
+        assert trace is not None
+        broker, peer, port, link = (owner._trace_ids() if owner is not None
+                                    else (None, None, None, None))
+        trace.rows.append((self._step, now, trace.context(
+            event, broker, peer, port, link, None, kind), None, None))
+        if len(trace.rows) >= trace.chunk_rows:
+            trace.flush()
+
     def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
         self.failures += 1
         log.error("pump %s: %s task failed: %r", self.name, kind, exc, exc_info=exc)
         if self.trace is not None:
-            ids = owner._trace_ids() if owner is not None else (None, None, None, None)
-            self.trace(TraceEvent(self._step, self.now(), "fail", *ids,
-                                  reason=f"{kind}: {exc!r}"))
+            broker, peer, port, link = (owner._trace_ids() if owner is not None
+                                        else (None, None, None, None))
+            self.trace.event(self._step, self.now(), "fail", broker=broker, peer=peer,
+                             port=port, link=link, outcome=kind, reason=repr(exc))
         if owner is not None:
             try:
                 owner._fail(exc)

@@ -168,20 +168,20 @@ class NetNode:
             target = self.resolve_local(hello.dst)
             if target is None or target.closed:
                 outcome[:] = [Reply(False, reason=UNKNOWN_BROKER), None]
-                self.pump.emit("refuse", broker=hello.src, peer=hello.dst, port=hello.port,
-                               reason=UNKNOWN_BROKER)
+                self.pump.emit("refuse", broker=hello.dst, peer=hello.src, port=hello.port,
+                               outcome="inbound", reason=UNKNOWN_BROKER)
                 return
             transition = target.core.handle(RdvEvent.CONNECT, hello.port)
             if transition.action is Action.REFUSE:
                 outcome[:] = [Reply(False, reason=transition.reason), None]
-                self.pump.emit("refuse", broker=hello.src, peer=hello.dst, port=hello.port,
-                               reason=transition.reason)
+                self.pump.emit("refuse", broker=hello.dst, peer=hello.src, port=hello.port,
+                               outcome="inbound", reason=transition.reason)
                 return
-            channel = self.channels.open_end(target.id, hello.src, hello.port)
+            channel = self.channels.open_end(target.id, hello.src, hello.port, accepting=True)
             queue = MessageQueue(channel, **target._queue_options)
             target.queues.add(queue)
             self.pump.emit("accept", broker=target.id, peer=hello.src, port=hello.port,
-                           link=channel.link_id)
+                           link=channel.trace_link)
             self.pump.post("accept", target._acceptors[hello.port].accepted, queue, owner=queue)
             outcome[:] = [Reply(True, link=channel.link_id), channel]
         finally:

@@ -97,7 +97,7 @@ class RdvNode:
         q_theirs = MessageQueue(theirs, **target._queue_options)
         self.queues.add(q_ours)
         target.queues.add(q_theirs)
-        self.pump.emit("accept", broker=target.id, peer=self.id, port=port, link=ours.link_id)
+        self.pump.emit("accept", broker=target.id, peer=self.id, port=port, link=ours.trace_link)
         self.pump.post("accept", acceptor.accepted, q_theirs, owner=q_theirs)
         self.pump.post("connected", listener.connected, q_ours, owner=q_ours)
 

@@ -8,6 +8,7 @@ import pytest
 
 PACKAGES = {
     "pump": {"Pump", "ListSink", "TraceEvent", "TraceSink", "Timer", "Owner", "SCHEMA_VERSION",
+             "FIELDS", "FORMATS", "JsonlWriter", "ParquetWriter", "TraceRecorder", "open_trace",
              "DEFAULT_SERVE_BATCH"},
     "channels": {"RingBuffer", "Channel", "ChannelManager", "MessageQueue", "AsyncMessageQueue",
                  "QueueListener", "QueueFullError", "MessageTooLargeError", "ProtocolError"},

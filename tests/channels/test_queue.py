@@ -313,7 +313,9 @@ def test_send_and_deliver_are_traced_with_per_link_sequence_numbers() -> None:
     sends = [(e.seq, e.size) for e in sink.events if e.kind == "send"]
     delivers = [(e.seq, e.size) for e in sink.events if e.kind == "deliver"]
     assert sends == delivers == [(1, 3), (2, 3), (3, 100)]
-    assert {e.link for e in sink.events if e.kind in ("send", "deliver")} == {1}
+    # the link is named by its accepting end, the direction is connector -> acceptor
+    assert {(e.link, e.dir) for e in sink.events if e.kind in ("send", "deliver")} == {
+        ("b/1", "ca")}
 
 
 def test_limits_are_validated() -> None:

@@ -18,7 +18,7 @@ class Owner:
     def _fail(self, exc: BaseException) -> None:
         self.failed.append(exc)
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, int | None]:
+    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.name, None, None, None
 
 
@@ -123,8 +123,10 @@ def test_every_step_is_traced_with_its_kind_and_owner() -> None:
     pump.post("accept", lambda: None, owner=Owner("srv"))
     pump.call_later(1.0, lambda: None)
     pump.run_until_idle()
-    assert [(e.step, e.kind, e.broker, e.time) for e in sink.events] == [
-        (1, "accept", "srv", 0.0), (2, "timer", None, 1.0)]
+    assert [(e.step, e.kind, e.outcome, e.broker, e.time) for e in sink.events] == [
+        (1, "task", "accept", "srv", 0.0),
+        (1, "timer", "timer", None, 1.0),  # fired after step 1; its task is step 2
+        (2, "task", "timer", None, 1.0)]
 
 
 def test_seed_drives_the_pump_random_source() -> None:
