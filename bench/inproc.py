@@ -8,6 +8,7 @@ runs; ratios are rdvpump over the baseline.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -17,7 +18,7 @@ import trio
 
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
-from pump import ListSink, Pump
+from pump import ListSink, Pump, TraceRecorder, open_trace
 
 #: Messages per send_many call in the batched case.
 BATCH = 256
@@ -44,13 +45,24 @@ class Result:
 
 
 def rdvpump_inproc(size: int, count: int, *, ring: int = 1 << 18,
-                   high_water: int = 1 << 20, trace: bool = False, batch: int = 0) -> float:
+                   high_water: int = 1 << 20, trace: str | None = None, batch: int = 0) -> float:
     """Seconds to move ``count`` messages of ``size`` bytes through a MessageQueue.
 
     The producer calls ``send`` once per message, or ``send_many`` with lists of
     ``batch`` messages; the consumer's listener gets every message one by one.
+    ``trace`` records a trace: ``"memory"`` (kept as objects), or ``"jsonl"`` /
+    ``"parquet"`` written to a file in a temporary directory; the time then
+    includes writing the whole file.
     """
-    pump = Pump(trace=ListSink() if trace else None)
+    with tempfile.TemporaryDirectory(prefix="rdvpump-bench-") as tmp:
+        recorder = (None if trace is None else ListSink() if trace == "memory"
+                    else open_trace(tmp, pump="bench", format=trace))
+        return _rdvpump_inproc(size, count, ring, high_water, recorder, batch)
+
+
+def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
+                    recorder: TraceRecorder | None, batch: int) -> float:
+    pump = Pump(trace=recorder)
     universe = BrokerManager("bench", pump=pump, ring_capacity=ring, high_water=high_water,
                              max_message_size=max(high_water, size))
     a, b = universe.add_broker("producer"), universe.add_broker("consumer")
@@ -122,6 +134,7 @@ def rdvpump_inproc(size: int, count: int, *, ring: int = 1 << 18,
     a.connect("consumer", 1, Producer())
     start = time.perf_counter()  # includes the rendezvous: a handful of pump steps
     pump.run_until_idle()
+    pump.close_trace()
     elapsed = time.perf_counter() - start
     got = queues[0].statistics().messages_received
     if got != count:
@@ -195,7 +208,8 @@ def pyzmq_inproc(size: int, count: int) -> float:
 
 
 def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
-        trace: bool = False, progress: Callable[[str], None] | None = None) -> Iterator[Result]:
+        trace: str | None = None, progress: Callable[[str], None] | None = None
+        ) -> Iterator[Result]:
     """Measure every size; yield one Result per (size, rdvpump case, baseline).
 
     The cases and baselines of one size run interleaved, ``repeat`` rounds, and
@@ -210,7 +224,7 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
         count = max(1000, int(DEFAULT_COUNTS.get(size, max(10_000, 2**27 // max(size, 1)))
                               * scale))
         tcount = max(1000, count // 10)  # trio channels are slower: fewer messages suffice
-        ours_case = "rdvpump-inproc" + ("-traced" if trace else "")
+        ours_case = "rdvpump-inproc" + (f"-traced-{trace}" if trace else "")
         runs: dict[str, tuple[int, Callable[[], float]]] = {
             ours_case: (count, partial(rdvpump_inproc, size, count, trace=trace)),
         }

@@ -169,13 +169,16 @@ def bench_inproc(
     sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
     scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
     repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 5,
-    trace: Annotated[bool, typer.Option(
-        help="Record a trace in memory; compare against the untraced run.")] = False,
+    trace: Annotated[str | None, typer.Option(
+        help="Record a trace (jsonl or parquet, written to a temporary file, or memory); "
+             "compare against the untraced run.")] = None,
 ) -> None:
     """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
     from bench import inproc
 
     size_list = _guard(lambda: _parse_sizes(sizes, scale, repeat))
+    if trace is not None and trace != "memory":
+        _guard(lambda: _check_format(trace))
     results = []
     with err.status("benchmarking ...") as status:
         for r in _guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,

@@ -173,11 +173,12 @@ class MessageQueue:
         trace = self.pump.trace
         if trace is not None:
             c = channel
-            self._send_seq = 0
-            self._ctx_send = trace.context("send", c.local, c.remote, c.port, c.trace_link,
-                                           c.tx_dir)
-            self._ctx_deliver = trace.context("deliver", c.local, c.remote, c.port,
-                                              c.trace_link, c.rx_dir)
+            sends = trace.message_log("send", c.local, c.remote, c.port, c.trace_link, c.tx_dir)
+            self._rx_log = trace.message_log("deliver", c.local, c.remote, c.port,
+                                             c.trace_link, c.rx_dir)
+            self._tx_log = sends
+            self._log_step, self._log_time, self._log_size = (
+                sends.steps.append, sends.times.append, sends.sizes.append)
             self.send = self._send_traced  # type: ignore[method-assign]
 
     # -- identity ----------------------------------------------------------------------
@@ -303,11 +304,15 @@ class MessageQueue:
         return count
 
     def _send_traced(self, message: bytes) -> None:
-        MessageQueue.send(self, message)
-        self._send_seq = seq = self._send_seq + 1
+        if type(message) is bytes and len(message) <= self._room:  # send's fast path
+            self._room -= len(message)
+            self._push(message)
+        else:
+            self._send_slow(message)
         pump = self.pump
-        pump.trace.rows.append(  # type: ignore[union-attr]
-            (pump._step, pump.now(), self._ctx_send, seq, len(message)))
+        self._log_step(pump._step)
+        self._log_time(pump.now())
+        self._log_size(len(message))
 
     def send_nowait(self, message: bytes) -> None:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
@@ -539,14 +544,15 @@ class MessageQueue:
         self._received += 1
         pump = self.pump
         if pump.trace is not None:
-            pump.trace.rows.append(
-                (pump._step, pump.now(), self._ctx_deliver, self._received, len(message)))
+            log = self._rx_log
+            log.steps.append(pump._step)
+            log.times.append(pump.now())
+            log.sizes.append(len(message))
         listener.received(message)
 
     def _deliver_traced(self, listener: Any, data: bytes, lens: list[int]) -> None:
         pump = self.pump
-        pump.trace.extend(pump._step, pump.now(), self._ctx_deliver,  # type: ignore[union-attr]
-                          self._received + 1, lens)
+        self._rx_log.add_batch(pump._step, pump.now(), lens)
         self._received += len(lens)
         recv = listener.received
         off = 0
@@ -668,6 +674,8 @@ class MessageQueue:
         self._outq.clear()
         self._qhead = 0
         c = self._channel
+        if self.pump.trace is not None:
+            self._tx_log.done = self._rx_log.done = True
         self.pump.emit("close", broker=c.local, peer=c.remote, port=c.port, link=c.trace_link,
                        reason=self._reason or reason)
         listener = self._listener

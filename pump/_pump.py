@@ -183,8 +183,8 @@ class Pump:
                                     else (None, None, None, None))
         trace.rows.append((self._step, now, trace.context(
             event, broker, peer, port, link, None, kind), None, None))
-        if len(trace.rows) >= trace.chunk_rows:
-            trace.flush()
+        if not self._step & 255:
+            trace.maybe_flush()  # every 256 steps: bounded memory, little cost
 
     def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
         self.failures += 1

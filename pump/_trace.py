@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+import queue
+import threading
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import count, repeat
 from pathlib import Path
@@ -84,10 +87,47 @@ class TraceEvent:
         return {"v": SCHEMA_VERSION, **asdict(self)}
 
 
+class MessageLog:
+    """The messages of one link and direction, one event kind (send or deliver).
+
+    Kept as columns, appended to on the hot path; the sequence numbers are
+    implicit (consecutive from :attr:`next_seq`).  Cleared in place when
+    written, so bound ``append`` methods stay valid.
+    """
+
+    __slots__ = ("cid", "next_seq", "steps", "times", "sizes", "done")
+
+    def __init__(self, cid: int) -> None:
+        self.cid = cid
+        self.next_seq = 1
+        self.steps = array("q")
+        self.times = array("d")
+        self.sizes = array("q")
+        self.done = False  # the link is gone: drop the log once it is written
+
+    def add_batch(self, step: int, time: float, sizes: Sequence[int]) -> None:
+        n = len(sizes)
+        self.steps.extend(array("q", (step,)) * n)  # array * n and extend: both in C
+        self.times.extend(array("d", (time,)) * n)
+        self.sizes.extend(sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Rows of one :class:`MessageLog` handed to a writer: seq runs from ``first_seq``."""
+
+    cid: int
+    first_seq: int
+    steps: array[int]
+    times: array[float]
+    sizes: array[int]
+
+
 class TraceWriter(Protocol):
     """Where a recorder's rows go, one chunk at a time."""
 
-    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row]) -> None: ...
+    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row],
+              blocks: list[Block]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -95,22 +135,27 @@ class TraceWriter(Protocol):
 class TraceRecorder:
     """Records one pump's events and passes them, buffered, to a writer.
 
-    Give it to ``Pump(trace=...)``.  The pump and the links call :meth:`event`;
-    the hot paths (a message sent or delivered) intern their context once with
-    :meth:`context` and append rows straight to :attr:`rows`.  Rows go to the
-    writer every ``chunk_rows`` rows (checked between pump steps) and at
-    :meth:`close`.
+    Give it to ``Pump(trace=...)``.  Most events go through :meth:`event`;
+    the hot paths (each message sent or delivered) append to a
+    :class:`MessageLog` from :meth:`message_log`.  Everything goes to the
+    writer once about ``chunk_rows`` rows are buffered (checked between pump
+    steps) and at :meth:`close`.  Rows in a file are grouped, not sorted:
+    order them by ``step`` (and ``time``) when reading.
     """
 
     def __init__(self, writer: TraceWriter, *, run: str = "run", pump: str | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, background: bool = False) -> None:
         self.writer = writer
+        # With ``background`` a thread writes the chunks (encoding and compressing
+        # Parquet release the GIL); at most two chunks wait, so memory stays bounded.
+        self._thread: _WriterThread | None = _WriterThread(writer) if background else None
         self.run = run
         self.pump = pump
         self.chunk_rows = chunk_rows
         self.contexts: list[Context] = []
         self._context_ids: dict[Context, int] = {}
         self.rows: list[Row] = []
+        self.logs: list[MessageLog] = []
         self.closed = False
         self.rows_written = 0
 
@@ -134,44 +179,112 @@ class TraceRecorder:
               size: int | None = None, **context: Any) -> None:
         self.rows.append((step, time, self.context(kind, **context), seq, size))
 
-    def extend(self, step: int, time: float, cid: int, first_seq: int,
-               sizes: Iterable[int]) -> None:
-        """Rows for a batch of messages of one context, with consecutive sequence numbers."""
-        self.rows.extend(zip(repeat(step), repeat(time), repeat(cid), count(first_seq), sizes,
-                             strict=False))
+    def message_log(self, kind: str, broker: str, peer: str, port: int, link: str,
+                    dir: str) -> MessageLog:
+        log = MessageLog(self.context(kind, broker, peer, port, link, dir))
+        self.logs.append(log)
+        return log
+
+    def buffered(self) -> int:
+        return len(self.rows) + sum(len(log.sizes) for log in self.logs)
 
     def maybe_flush(self) -> None:
-        if len(self.rows) >= self.chunk_rows:
+        if self.buffered() >= self.chunk_rows:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
+        blocks = []
+        for log in self.logs:
+            n = len(log.sizes)
+            if n:
+                blocks.append(Block(log.cid, log.next_seq, log.steps[:], log.times[:],
+                                    log.sizes[:]))
+                log.next_seq += n
+                del log.steps[:], log.times[:], log.sizes[:]
+        self.logs = [log for log in self.logs if not log.done]
+        if self.rows or blocks:
             rows, self.rows = self.rows, []
-            self.writer.write(self.run, self.pump or "pump", self.contexts, rows)
-            self.rows_written += len(rows)
+            args = (self.run, self.pump or "pump", tuple(self.contexts), rows, blocks)
+            if self._thread is not None:
+                self._thread.submit(args)
+            else:
+                self.writer.write(*args)
+            self.rows_written += len(rows) + sum(len(b.sizes) for b in blocks)
 
     def close(self) -> None:
         """Write what is buffered and close the writer (idempotent)."""
         if not self.closed:
-            self.flush()
             self.closed = True
-            self.writer.close()
+            try:
+                self.flush()
+            finally:
+                if self._thread is not None:
+                    self._thread.finish()
+                else:
+                    self.writer.close()
+
+
+class _WriterThread:
+    """Runs a writer's ``write`` calls in order on one thread; errors surface on the caller."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self._writer = writer
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rdvpump-trace", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (args := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._writer.write(*args)
+                except BaseException as exc:  # noqa: BLE001 - reported to the pump's thread
+                    self._error = exc
+        try:
+            self._writer.close()
+        except BaseException as exc:  # noqa: BLE001
+            self._error = self._error or exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing the trace failed: {self._error!r}") from self._error
+
+    def submit(self, args: tuple[Any, ...]) -> None:
+        self._raise()
+        self._queue.put(args)
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+
+def _expand(contexts: Sequence[Context], rows: list[Row],
+            blocks: list[Block]) -> list[tuple[int, float, int, int | None, int | None]]:
+    out = list(rows)
+    for b in blocks:
+        out.extend(zip(b.steps, b.times, repeat(b.cid), count(b.first_seq), b.sizes,
+                       strict=False))
+    return out
 
 
 # -- writers ----------------------------------------------------------------------------
 
 
 class MemoryWriter:
-    """Keeps rows as :class:`TraceEvent` objects."""
+    """Keeps rows as :class:`TraceEvent` objects, ordered by step."""
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
 
-    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row]) -> None:
+    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row],
+              blocks: list[Block]) -> None:
+        expanded = sorted(_expand(contexts, rows, blocks), key=lambda r: r[0])
         self.events.extend(
             TraceEvent(step, time, *contexts[cid][:6], seq, size,
                        *contexts[cid][6:], run=run, pump=pump)
-            for step, time, cid, seq, size in rows)
+            for step, time, cid, seq, size in expanded)
 
     def close(self) -> None:
         pass
@@ -196,7 +309,7 @@ class ListSink(TraceRecorder):
         self.flush()  # stays usable: tests read .events after the run
 
 
-def _json_context(run: str, pump: str, context: Context) -> str:
+def _json_context(context: Context) -> str:
     kind, broker, peer, port, link, dir_, outcome, reason = context
     parts = [f'"kind":{json.dumps(kind)}']
     for name, value in (("broker", broker), ("peer", peer), ("port", port), ("link", link),
@@ -215,25 +328,28 @@ class JsonlWriter:
         self._fragments: list[str] = []
         self._prefix = ""
 
-    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row]) -> None:
+    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row],
+              blocks: list[Block]) -> None:
         if not self._prefix:
             self._prefix = (f'{{"v":{SCHEMA_VERSION},"run":{json.dumps(run)},'
                             f'"pump":{json.dumps(pump)},"step":')
         fragments = self._fragments
         for context in contexts[len(fragments):]:
-            fragments.append("," + _json_context(run, pump, context))
+            fragments.append("," + _json_context(context))
         prefix = self._prefix
         lines: list[str] = []
         add = lines.append
         for step, time, cid, seq, size in rows:
-            if seq is None:
-                if size is None:
-                    add(f'{prefix}{step},"time":{time!r}{fragments[cid]}}}\n')
-                else:
-                    add(f'{prefix}{step},"time":{time!r}{fragments[cid]},"size":{size}}}\n')
-            else:
-                add(f'{prefix}{step},"time":{time!r}{fragments[cid]},"seq":{seq},'
-                    f'"size":{size}}}\n')
+            tail = "" if seq is None else f',"seq":{seq}'
+            if size is not None:
+                tail += f',"size":{size}'
+            add(f'{prefix}{step},"time":{time!r}{fragments[cid]}{tail}}}\n')
+        for b in blocks:
+            # One template per block: only step, time, seq and size vary.
+            template = (prefix.replace("%", "%%") + '%d,"time":%r'
+                        + fragments[b.cid].replace("%", "%%") + ',"seq":%d,"size":%d}\n')
+            lines.extend(map(template.__mod__, zip(b.steps, b.times, count(b.first_seq),
+                                                   b.sizes, strict=False)))
         self._file.write("".join(lines))
 
     def close(self) -> None:
@@ -268,28 +384,50 @@ class ParquetWriter:
         self._schema = arrow_schema()
         self._writer = pq.ParquetWriter(str(self.path), self._schema)
 
-    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row]) -> None:
+    def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row],
+              blocks: list[Block]) -> None:
         pa = self._pa
-        n = len(rows)
-        step, time, cid, seq, size = zip(*rows, strict=True)
-        take = pa.array(cid, pa.int32())
-        ctx_cols = list(zip(*contexts, strict=True))
-        names = self._schema.names
+        steps, times, cids, seqs, sizes = array("q"), array("d"), array("i"), [], []
+        if rows:
+            r_step, r_time, r_cid, r_seq, r_size = zip(*rows, strict=True)
+            steps.extend(r_step)
+            times.extend(r_time)
+            cids.extend(r_cid)
+            seqs.append(pa.array(r_seq, pa.int64()))
+            sizes.append(pa.array(r_size, pa.int64()))
+        for b in blocks:  # columns already: copied in C, no Python object per row
+            steps.extend(b.steps)
+            times.extend(b.times)
+            cids.extend(repeat(b.cid, len(b.sizes)))
+            seqs.append(_int64(pa, array("q", range(b.first_seq, b.first_seq + len(b.sizes)))))
+            sizes.append(_int64(pa, b.sizes))
+        n = len(steps)
+        take = _int32(pa, cids)
         columns: dict[str, Any] = {
-            "v": pa.array(repeat(SCHEMA_VERSION, n), pa.int32(), size=n),
-            "run": pa.array(repeat(run, n), pa.string(), size=n),
-            "pump": pa.array(repeat(pump, n), pa.string(), size=n),
-            "step": pa.array(step, pa.int64()),
-            "time": pa.array(time, pa.float64()),
-            "seq": pa.array(seq, pa.int64()),
-            "size": pa.array(size, pa.int64()),
+            "v": pa.repeat(pa.scalar(SCHEMA_VERSION, pa.int32()), n),
+            "run": pa.repeat(pa.scalar(run, pa.string()), n),
+            "pump": pa.repeat(pa.scalar(pump, pa.string()), n),
+            "step": _int64(pa, steps),
+            "time": pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(times)]),
+            "seq": pa.concat_arrays(seqs),
+            "size": pa.concat_arrays(sizes),
         }
+        ctx_cols = list(zip(*contexts, strict=True))
         for name, values in zip(CONTEXT_FIELDS, ctx_cols, strict=True):
             columns[name] = pa.array(values, self._schema.field(name).type).take(take)
-        self._writer.write_table(pa.table([columns[f] for f in names], schema=self._schema))
+        self._writer.write_table(pa.table([columns[f] for f in self._schema.names],
+                                          schema=self._schema))
 
     def close(self) -> None:
         self._writer.close()
+
+
+def _int64(pa: Any, values: array[int]) -> Any:
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _int32(pa: Any, values: array[int]) -> Any:
+    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])
 
 
 def open_trace(directory: str | os.PathLike[str], *, pump: str, run: str = "run",
@@ -304,7 +442,7 @@ def open_trace(directory: str | os.PathLike[str], *, pump: str, run: str = "run"
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{run}.{pump}.{format}"
     writer: TraceWriter = JsonlWriter(target) if format == "jsonl" else ParquetWriter(target)
-    return TraceRecorder(writer, run=run, pump=pump, chunk_rows=chunk_rows)
+    return TraceRecorder(writer, run=run, pump=pump, chunk_rows=chunk_rows, background=True)
 
 
 #: What ``Pump(trace=...)`` accepts.
@@ -312,6 +450,6 @@ TraceSink = TraceRecorder
 
 __all__ = [
     "CONTEXT_FIELDS", "DEFAULT_CHUNK_ROWS", "FIELDS", "FORMATS", "SCHEMA_VERSION",
-    "JsonlWriter", "ListSink", "MemoryWriter", "ParquetWriter", "TraceEvent", "TraceRecorder",
+    "Block", "JsonlWriter", "ListSink", "MemoryWriter", "MessageLog", "ParquetWriter", "TraceEvent", "TraceRecorder",
     "TraceSink", "TraceWriter", "arrow_schema", "open_trace",
 ]
