@@ -450,6 +450,6 @@ TraceSink = TraceRecorder
 
 __all__ = [
     "CONTEXT_FIELDS", "DEFAULT_CHUNK_ROWS", "FIELDS", "FORMATS", "SCHEMA_VERSION",
-    "Block", "JsonlWriter", "ListSink", "MemoryWriter", "MessageLog", "ParquetWriter", "TraceEvent", "TraceRecorder",
-    "TraceSink", "TraceWriter", "arrow_schema", "open_trace",
+    "Block", "JsonlWriter", "ListSink", "MemoryWriter", "MessageLog", "ParquetWriter",
+    "TraceEvent", "TraceRecorder", "TraceSink", "TraceWriter", "arrow_schema", "open_trace",
 ]
