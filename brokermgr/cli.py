@@ -32,6 +32,8 @@ universe_app = typer.Typer(help="Universes from TOML files: echo, stream and fan
                            no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(diagram_app, name="diagram")
+trace_app = typer.Typer(help="Analyse and draw pump traces.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
 app.add_typer(manager_app, name="manager")
 app.add_typer(broker_app, name="broker")
 app.add_typer(universe_app, name="universe")
@@ -420,6 +422,60 @@ def universe_up_cmd(
     if not done or not all(r["verified"] for r in reports):
         err.print("[red]error:[/red] the universe stopped before every workload was checked")
         raise typer.Exit(1)
+
+
+@trace_app.command("analyze")
+def trace_analyze(
+    traces: Annotated[pathlib.Path, typer.Argument(help="Directory of trace files.")],
+    out: Annotated[pathlib.Path | None, typer.Option(
+        help="Write tables, summary.json and plots here (default: TRACES/analysis).")] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead.")] =
+        False,
+) -> None:
+    """Replay traces with the Spark job (replay/job.py): invariants, latency, throughput."""
+    from replay import analyze, find_traces, print_summary, session
+
+    _guard(lambda: find_traces(str(traces)))  # before a JVM starts
+    target = out if out is not None else traces / "analysis"
+    with err.status(f"replaying {traces} on Spark ({master}) ..."):
+        spark = _guard(lambda: session(master))
+        try:
+            summary = _guard(lambda: analyze(spark, str(traces), str(target)))
+        finally:
+            spark.stop()
+    if json_out:
+        print(json.dumps(summary, default=str))
+    else:
+        print_summary(summary)
+        err.print(f"tables, summary.json and plots in {target}/")
+    if summary["violation_count"]:
+        raise typer.Exit(1)
+
+
+@trace_app.command("diagram")
+def trace_diagram(
+    file: Annotated[pathlib.Path, typer.Argument(help="One trace file (.jsonl or .parquet).")],
+    link: Annotated[str | None, typer.Option(help="Link id, e.g. server/1.")] = None,
+    connects_of: Annotated[str | None, typer.Option(
+        "--connects-of", help="Instead: every connect attempt of this broker.")] = None,
+    output: Annotated[pathlib.Path | None, typer.Option(
+        "--out", help="Write here instead of stdout.")] = None,
+) -> None:
+    """A Mermaid sequence diagram of one link's life, from a real trace."""
+    from replay.diagram import connect_diagram, link_diagram, read_events
+
+    if (link is None) == (connects_of is None):
+        err.print("[red]error:[/red] give one of --link or --connects-of")
+        raise typer.Exit(1)
+    events = _guard(lambda: read_events(file))
+    text = _guard(lambda: link_diagram(events, link) if link is not None
+                  else connect_diagram(events, connects_of or ""))
+    if output is None:
+        print(text, end="")
+    else:
+        _guard(lambda: output.write_text(text))
+        err.print(f"wrote {output}")
 
 
 def main() -> None:

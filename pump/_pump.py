@@ -11,11 +11,13 @@ import itertools
 import logging
 import math
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
+import trio.testing
 
 from ._trace import TraceRecorder
 
@@ -292,6 +294,11 @@ class Pump:
         self._serving = True
         offset = trio.current_time() - self._time
         self._clock = lambda: trio.current_time() - offset
+        if self.trace is not None and not isinstance(trio.lowlevel.current_clock(),
+                                                     trio.testing.MockClock):
+            # Pump time <-> the machine's monotonic clock, shared by all its processes:
+            # the replay aligns pumps of different processes with it.
+            self.emit("clock", reason=repr(time.monotonic()))
         ready = self._ready
         run_one = self._run_one
         try:

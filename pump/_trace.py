@@ -24,7 +24,9 @@ Kinds: ``bind``, ``listen``, ``unbind``, ``connect``, ``accept``, ``refuse``
 message), ``protocol_error``, ``disconnect`` (outcome ``error`` or ``clean``),
 ``close`` (a listener was told), ``timer`` (a timer fired; outcome its kind),
 ``task`` (a pump step began; outcome the task's kind), ``fail`` (a task
-raised), and the name service's ``expire`` and ``drop``.
+raised), ``clock`` (a served pump started: ``reason`` is ``time.monotonic()``
+at that pump time, so pumps of different processes can be aligned), and the
+name service's ``expire`` and ``drop``.
 
 The recorder keeps rows compactly (the fields that repeat, like broker and
 link, are interned once as a *context*) and hands them to a writer in chunks:

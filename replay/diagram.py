@@ -1,0 +1,236 @@
+"""Mermaid sequence diagrams of a link's life (or of a broker's connect attempts), from a trace.
+
+Plain Python, no Spark: it reads one trace file (JSON Lines, or Parquet with
+pyarrow).  ``python -m replay.diagram`` regenerates the example diagrams in
+docs/diagrams/ from scenarios run here on a virtual-clock pump, so they always
+show what the code does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+#: Messages drawn one by one per direction before the rest is summarised.
+MESSAGES_SHOWN = 3
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "diagrams"
+
+
+class DiagramError(ValueError):
+    """The diagram cannot be drawn from this trace."""
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of one trace file, in pump order (step, then position in the file)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DiagramError(f"no such trace file: {p}")
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(p).to_pylist()
+    else:
+        rows = []
+        with p.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DiagramError(f"{p}:{n}: not JSON: {exc}") from None
+    for i, row in enumerate(rows):
+        row["_ord"] = i
+    rows.sort(key=lambda r: (r.get("step", 0), r["_ord"]))
+    return rows
+
+
+def _ident(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _text(value: Any) -> str:
+    return str(value).replace(";", ",").replace("#", "no. ").replace("\n", " ")
+
+
+def link_diagram(events: list[dict[str, Any]], link: str) -> str:
+    """The life of one link: bind, connect, accept, bytes and messages, disconnect, close."""
+    mine = [e for e in events if e.get("link") == link]
+    accept = next((e for e in mine if e["kind"] == "accept"), None)
+    if accept is None:
+        known = sorted({e["link"] for e in events if e.get("kind") == "accept"})
+        raise DiagramError(f"no accept of link {link!r} in this trace"
+                           + (f"; links: {', '.join(known)}" if known else ""))
+    acceptor, connector, port = accept["broker"], accept["peer"], accept["port"]
+    ends = {"ca": (connector, acceptor), "ac": (acceptor, connector)}
+    lines = ["sequenceDiagram", f"    title link {link}: {connector} to {acceptor}:{port}",
+             f"    participant {_ident(connector)} as {connector}",
+             "    participant rdv as rendezvous",
+             f"    participant {_ident(acceptor)} as {acceptor}"]
+    for e in events:  # the acceptor's bind and the connect, before the link existed
+        if e is accept:
+            break
+        if e["kind"] in ("bind", "listen") and e.get("broker") == acceptor and \
+                e.get("port") == port:
+            lines.append(f"    {_ident(acceptor)}->>rdv: {e['kind']}({port})")
+        elif e["kind"] == "connect" and e.get("broker") == connector and \
+                e.get("peer") == acceptor and e.get("port") == port:
+            lines.append(f"    {_ident(connector)}->>rdv: connect({acceptor}, {port})")
+    lines.append(f"    rdv->>{_ident(acceptor)}: accepted (link {link})")
+    lines.append(f"    rdv->>{_ident(connector)}: connected (link {link})")
+    shown = {"send": {"ca": 0, "ac": 0}, "deliver": {"ca": 0, "ac": 0}}
+    hidden = {"send": {"ca": 0, "ac": 0}, "deliver": {"ca": 0, "ac": 0}}
+    for e in mine:
+        kind, d = e["kind"], e.get("dir")
+        side = _ident(e.get("broker") or "")
+        if kind in ("send", "deliver") and d in ends:
+            if shown[kind][d] >= MESSAGES_SHOWN:
+                hidden[kind][d] += 1
+                continue
+            shown[kind][d] += 1
+            src, dst = ends[d]
+            if kind == "send":
+                lines.append(f"    Note over {_ident(src)}: send message {e['seq']} "
+                             f"({e['size']} B)")
+            else:
+                lines.append(f"    Note over {_ident(dst)}: deliver message {e['seq']} "
+                             f"({e['size']} B)")
+        elif kind == "write" and d in ends:
+            src, dst = ends[d]
+            partial = e.get("outcome") == "partial"
+            arrow = "-)" if partial else "->>"
+            what = f"write {e['size']} B" + (" (partial: the ring is full)" if partial else "")
+            lines.append(f"    {_ident(src)}{arrow}{_ident(dst)}: {what}")
+        elif kind == "read" and d in ends:
+            lines.append(f"    Note over {_ident(ends[d][1])}: read {e['size']} B"
+                         + (" (a partial frame)" if e.get("outcome") == "partial" else ""))
+        elif kind == "disconnect":
+            other = acceptor if e.get("broker") == connector else connector
+            lines.append(f"    {side}--x{_ident(other)}: disconnect: "
+                         f"{_text(e.get('reason') or '')}")
+        elif kind == "close":
+            lines.append(f"    Note over {side}: closed: {_text(e.get('reason') or '')}")
+        elif kind in ("protocol_error", "fail"):
+            lines.append(f"    Note over {side}: {kind}: {_text(e.get('reason') or '')}")
+    for kind in ("send", "deliver"):
+        for d, n in hidden[kind].items():
+            if n:
+                src, dst = ends[d]
+                who = src if kind == "send" else dst
+                lines.append(f"    Note over {_ident(who)}: ... and {n} more {kind} events "
+                             f"{src} to {dst}")
+    return "\n".join(lines) + "\n"
+
+
+def connect_diagram(events: list[dict[str, Any]], broker: str) -> str:
+    """Every connect attempt of ``broker``: accepted ones and refused ones with the reason."""
+    lines = ["sequenceDiagram", f"    title connects of {broker}",
+             f"    participant {_ident(broker)} as {broker}", "    participant rdv as rendezvous"]
+    seen = False
+    for e in events:
+        if e.get("kind") in ("bind", "listen", "unbind") and e.get("broker") != broker:
+            lines.append(f"    Note over rdv: {e['broker']}: {e['kind']}({e['port']})")
+        if e.get("broker") != broker and not (e.get("kind") == "accept"
+                                              and e.get("peer") == broker):
+            continue
+        if e["kind"] == "connect":
+            seen = True
+            lines.append(f"    {_ident(broker)}->>rdv: connect({e['peer']}, {e['port']})")
+        elif e["kind"] == "refuse" and e.get("outcome") != "inbound":
+            lines.append(f"    rdv--x{_ident(broker)}: refused: {_text(e.get('reason'))}")
+        elif e["kind"] == "accept":
+            lines.append(f"    rdv->>{_ident(broker)}: connected (link {e['link']})")
+    if not seen:
+        raise DiagramError(f"no connect by {broker!r} in this trace")
+    return "\n".join(lines) + "\n"
+
+
+# -- the example diagrams in docs/diagrams --------------------------------------------------
+
+
+def _scenarios(directory: Path) -> Iterator[tuple[str, Path, str, str]]:
+    """Run the example scenarios on a virtual clock; yield (name, trace, mode, target)."""
+    from brokermgr import BrokerManager
+    from pump import Pump, open_trace
+
+    # 1. bind, connect and accept, messages through a ring too small for them
+    #    (partial writes), then a disconnect and the close on both ends.
+    pump = Pump(trace=open_trace(directory, pump="link", run="example"), name="link")
+    universe = BrokerManager("example", pump=pump, ring_capacity=16)
+    server, client = universe.add_broker("server"), universe.add_broker("client")
+
+    class Server:
+        def accepted(self, queue: Any) -> None:
+            queue.set_listener(self)
+
+        def received(self, message: bytes) -> None:
+            pass
+
+        def closed(self, reason: str) -> None:
+            pass
+
+    class Client:
+        def connected(self, queue: Any) -> None:
+            queue.set_listener(self)
+            queue.send(b"hello")
+            queue.send(b"a message longer than the ring")
+            queue.close("done")
+
+        def refused(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+        def received(self, message: bytes) -> None:
+            pass
+
+        def closed(self, reason: str) -> None:
+            pass
+
+    server.bind(80, Server())
+    client.connect("server", 80, Client())
+    pump.run_until_idle()
+    pump.close_trace()
+    yield "link-life", directory / "example.link.jsonl", "link", "server/1"
+
+    # 2. a refused connect: nobody bound the port; then one to a broker that does not exist.
+    pump = Pump(trace=open_trace(directory, pump="refused", run="example"), name="refused")
+    universe = BrokerManager("example", pump=pump)
+    a = universe.add_broker("a")
+    universe.add_broker("b")
+
+    class Refused:
+        def connected(self, queue: Any) -> None:
+            raise AssertionError("should be refused")
+
+        def refused(self, reason: str) -> None:
+            pass
+
+    a.connect("b", 7, Refused())
+    a.connect("nobody", 7, Refused())
+    pump.run_until_idle()
+    pump.close_trace()
+    yield "refused-connect", directory / "example.refused.jsonl", "connect", "a"
+
+
+def example_diagrams() -> dict[str, str]:
+    """The example diagrams, by file name, generated now."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="rdvpump-diagrams-") as tmp:
+        for name, trace, mode, target in _scenarios(Path(tmp)):
+            events = read_events(trace)
+            out[f"{name}.mmd"] = (link_diagram(events, target) if mode == "link"
+                                  else connect_diagram(events, target))
+    return out
+
+
+def main() -> int:
+    for name, text in example_diagrams().items():
+        (DOCS / name).write_text(text)
+        print(f"wrote {DOCS / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

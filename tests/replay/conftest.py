@@ -1,0 +1,25 @@
+"""One local Spark session for all replay tests, with the fast settings of reference/stack.md."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pytest.importorskip("pyspark", reason="pip install -e '.[spark]' to run the replay tests")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java 17 or 21 on PATH")
+    from replay import session
+
+    spark = session("local[2]", app="rdvpump-tests", log4j=str(HERE.parent / "log4j2.properties"),
+                    warehouse=str(tmp_path_factory.mktemp("warehouse")))
+    yield spark
+    spark.stop()
