@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pathlib
+
+import pytest
 import trio
 import trio.testing
 
 from brokermgr import BrokerManager, open_universe
 from channels import AsyncMessageQueue
-from pump import ListSink, Pump, TraceEvent
+from pump import ListSink, Pump, TraceEvent, open_trace
 
 from .brokermgr.test_echo import EchoClient, EchoServer
 
@@ -68,3 +71,27 @@ def test_served_pump_under_mock_clock_is_deterministic_too() -> None:
     first, second = async_echo_events(3), async_echo_events(3)
     assert len(first) > 100
     assert first == second
+
+
+def write_echo_trace(directory: str, fmt: str, seed: int) -> bytes:
+    recorder = open_trace(directory, pump="det", run="det", format=fmt)
+    pump = Pump(seed=seed, trace=recorder)
+    universe = BrokerManager("det", pump=pump, ring_capacity=64, high_water=8192)
+    universe.add_broker("Server").listen(80, EchoServer())
+    clients = [EchoClient(universe.add_broker(f"c{i}"), 2, 5, 2000) for i in range(3)]
+    for c in clients:
+        c.start()
+    pump.run_until_idle()
+    pump.close_trace()
+    return (pathlib.Path(directory) / f"det.det.{fmt}").read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_same_seed_writes_byte_identical_trace_files(tmp_path: pathlib.Path, fmt: str) -> None:
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    first = write_echo_trace(str(tmp_path / "one"), fmt, 7)
+    second = write_echo_trace(str(tmp_path / "two"), fmt, 7)
+    assert len(first) > 10_000
+    assert first == second
+    assert write_echo_trace(str(tmp_path / "three"), fmt, 8) != first

@@ -1,0 +1,55 @@
+"""Sequence diagrams drawn from real traces; the ones in docs/diagrams are never stale."""
+
+from __future__ import annotations
+
+import pathlib
+
+from typer.testing import CliRunner
+
+from brokermgr.cli import app
+from replay.diagram import DOCS, example_diagrams
+
+runner = CliRunner()
+
+
+def test_the_example_diagrams_in_docs_are_generated_from_real_traces() -> None:
+    diagrams = example_diagrams()
+    assert set(diagrams) == {"link-life.mmd", "refused-connect.mmd"}
+    for name, text in diagrams.items():
+        assert (DOCS / name).read_text() == text, (
+            f"docs/diagrams/{name} is stale: run `python -m replay.diagram`")
+    life = diagrams["link-life.mmd"]
+    for step in ("bind(80)", "connect(server, 80)", "accepted (link server/1)",
+                 "write 16 B (partial: the ring is full)", "read 16 B",
+                 "deliver message 2 (30 B)", "disconnect: done", "closed: done"):
+        assert step in life, step
+    assert "refused: not bound" in diagrams["refused-connect.mmd"]
+    assert "refused: unknown broker" in diagrams["refused-connect.mmd"]
+
+
+def test_trace_diagram_cli(tmp_path: pathlib.Path) -> None:
+    from brokermgr import BrokerManager
+    from pump import Pump, open_trace
+
+    pump = Pump(trace=open_trace(tmp_path, pump="p", run="r"), name="p")
+    u = BrokerManager("u", pump=pump)
+    a = u.add_broker("a")
+
+    class Refused:
+        def connected(self, queue: object) -> None:
+            raise AssertionError("no broker b: must be refused")
+
+        def refused(self, reason: str) -> None:
+            pass
+
+    a.connect("b", 1, Refused())
+    pump.run_until_idle()
+    pump.close_trace()
+    trace = tmp_path / "r.p.jsonl"
+    result = runner.invoke(app, ["trace", "diagram", str(trace), "--connects-of", "a"])
+    assert result.exit_code == 0, result.output
+    assert "rdv--xa: refused: unknown broker" in result.output
+    result = runner.invoke(app, ["trace", "diagram", str(trace), "--link", "b/9"])
+    assert result.exit_code == 1 and "no accept of link 'b/9'" in result.output
+    result = runner.invoke(app, ["trace", "diagram", str(tmp_path / "none.jsonl"), "--link", "x"])
+    assert result.exit_code == 1 and "no such trace file" in result.output
