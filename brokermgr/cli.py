@@ -199,6 +199,32 @@ def bench_inproc(
     out.print(table)
 
 
+@bench_app.command("replay")
+def bench_replay(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    events: Annotated[int, typer.Option(help="Events in the generated trace.")] = 10_000_000,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+) -> None:
+    """The replay job on a real trace of EVENTS events, beside plain Python on the same file."""
+    from bench import replay
+
+    with err.status("benchmarking the replay ...") as status:
+        results = _guard(lambda: list(replay.run(events, master=master,
+                                                 progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title="rdvpump bench replay")
+    for col in ("case", "events", "seconds", "events/s", "baseline", "baseline events/s",
+                "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",
+                      r.baseline, f"{r.baseline_events_per_s:,.0f}", f"{r.ratio:.2f}x")
+    out.print(table)
+
+
 @bench_app.command("tcp")
 def bench_tcp(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,

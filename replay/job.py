@@ -501,7 +501,8 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def session(master: str | None = None, *, app: str = "rdvpump-replay",
-            log4j: str | None = None, warehouse: str | None = None) -> Any:
+            log4j: str | None = None, warehouse: str | None = None,
+            driver_memory: str = "2g") -> Any:
     """A SparkSession; ``master`` None leaves it to spark-submit."""
     from pyspark.sql import SparkSession
 
@@ -519,7 +520,7 @@ def session(master: str | None = None, *, app: str = "rdvpump-replay",
                    .config("spark.default.parallelism", "2")
                    .config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.memory", "2g")
+                   .config("spark.driver.memory", driver_memory)
                    .config("spark.driver.extraJavaOptions", jopts))
         if warehouse:
             builder = builder.config("spark.sql.warehouse.dir", warehouse)
