@@ -33,7 +33,7 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(p).to_pylist()
+        rows: list[dict[str, Any]] = pq.read_table(p).to_pylist()
     else:
         rows = []
         with p.open(encoding="utf-8") as f:
