@@ -213,6 +213,8 @@ class BrokerManager:
             raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._brokers: dict[str, Broker] = {}
+        #: Other names links may use for a broker of this universe (e.g. ``@tracker``).
+        self.aliases: dict[str, str] = {}
         #: Where brokers of this universe that live in other processes listen.
         self.directory: dict[str, Address] = dict(directory or {})
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
@@ -255,6 +257,8 @@ class BrokerManager:
 
     def _resolve(self, broker_id: str) -> RdvNode | None:
         broker = self._brokers.get(broker_id)
+        if broker is None and broker_id in self.aliases:
+            broker = self._brokers.get(self.aliases[broker_id])
         return None if broker is None else broker._node
 
     def close(self) -> None:

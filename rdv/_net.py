@@ -67,6 +67,8 @@ class NetNode:
         #: TLS for inbound and outbound links (see :func:`tls_contexts`); None: plain TCP.
         self.tls_server: ssl.SSLContext | None = None
         self.tls_client: ssl.SSLContext | None = None
+        #: TLS for outbound links to particular brokers (by id), over ``tls_client``.
+        self.tls_for: dict[str, ssl.SSLContext] = {}
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
@@ -257,8 +259,9 @@ class NetNode:
         try:
             with trio.fail_after(self.handshake_timeout):
                 stream = await self.open_stream(address)
-                if self.tls_client is not None:
-                    stream = trio.SSLStream(stream, self.tls_client, server_hostname=address[0])
+                tls = self.tls_for.get(dst, self.tls_client)
+                if tls is not None:
+                    stream = trio.SSLStream(stream, tls, server_hostname=address[0])
                 try:
                     hello = Hello(self.universe, self.token, node.id, dst, port)
                     await stream.send_all(hello.encode())

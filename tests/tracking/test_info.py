@@ -1,0 +1,89 @@
+"""Tracking data: zbus's JSON shapes both ways, clear errors, versions across restarts."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from brokermgr.tracking import (
+    ConsumeGroupInfo,
+    InfoError,
+    ServerAddress,
+    ServerInfo,
+    TopicInfo,
+    TrackerInfo,
+    VersionCounter,
+)
+from brokermgr.tracking.info import COUNTER_BITS
+
+
+def sample() -> TrackerInfo:
+    sa = ServerAddress("s1:15555", ssl_enabled=True)
+    group = ConsumeGroupInfo("orders", "billing", mask=16, filter="eu.*", message_count=3,
+                             consumer_count=1, consumer_list=("c1",), creator="me",
+                             created_time=1, last_updated_time=2)
+    topic = TopicInfo(sa, "orders", "v", 1, 3, 1, (group,), "me", 1, 2)
+    info = ServerInfo(sa, 7, "v", (ServerAddress("t1:15555"),), {"orders": topic})
+    return TrackerInfo(ServerAddress("t1:15555"), 9, "v", {"s1:15555": info})
+
+
+def test_json_round_trip_uses_zbus_field_names() -> None:
+    info = sample()
+    text = json.dumps(info.to_json())
+    assert TrackerInfo.from_json(json.loads(text)) == info
+    wire = json.loads(text)
+    server = wire["serverTable"]["s1:15555"]
+    assert set(server) == {"serverAddress", "serverVersion", "error", "infoVersion",
+                           "trackerList", "topicTable"}
+    assert server["serverAddress"] == {"address": "s1:15555", "sslEnabled": True}
+    topic = server["topicTable"]["orders"]
+    assert {"topicName", "mask", "messageDepth", "consumerCount", "consumeGroupList",
+            "creator", "createdTime", "lastUpdatedTime"} <= set(topic)
+    assert topic["consumeGroupList"][0]["groupName"] == "billing"
+    assert str(info.server_table["s1:15555"].server_address) == "[SSL]s1:15555"
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda w: w.pop("infoVersion"), "missing field 'infoVersion'"),
+    (lambda w: w.update(infoVersion="9"), "'infoVersion' must be int"),
+    (lambda w: w.update(infoVersion=-1), "must not be negative"),
+    (lambda w: w["serverTable"].update({"other:1": w["serverTable"]["s1:15555"]}),
+     "holds server 's1:15555'"),
+    (lambda w: w["serverTable"]["s1:15555"]["serverAddress"].update(address="nocolon"),
+     "must be 'broker:port'"),
+    (lambda w: w["serverTable"]["s1:15555"]["topicTable"]["orders"].update(topicName="x"),
+     "names topic 'x'"),
+    (lambda w: w.update(serverTable=[]), "expected a JSON object"),
+])
+def test_bad_shapes_get_a_clear_error(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    wire = sample().to_json()
+    mutate(wire)
+    with pytest.raises(InfoError, match=message):
+        TrackerInfo.from_json(wire)
+
+
+def test_versions_increase_on_every_change_and_across_restarts(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "state" / "s1.server.epoch"
+    first = VersionCounter(path)
+    seen = [first.next() for _ in range(5)]
+    assert seen == sorted(set(seen))
+    again = VersionCounter(path)  # a restart: no clock involved
+    assert again.next() > seen[-1]
+    assert path.read_text().strip() == "2"
+
+
+def test_the_counter_rolls_into_a_new_epoch(tmp_path: pathlib.Path) -> None:
+    counter = VersionCounter(tmp_path / "e")
+    counter.counter = (1 << COUNTER_BITS) - 1
+    before = counter.current
+    after = counter.next()
+    assert after > before and counter.epoch == 2
+    assert VersionCounter(tmp_path / "e").next() > after
+
+
+def test_a_corrupt_version_file_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "e").write_text("twelve\n")
+    with pytest.raises(InfoError, match="one integer"):
+        VersionCounter(tmp_path / "e")
