@@ -49,6 +49,8 @@ def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], default: 
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        raise InfoError(f"{where}: missing field")
     if not isinstance(value, dict):
         raise InfoError(f"{where}: expected a JSON object, got {type(value).__name__}")
     return value
