@@ -466,6 +466,15 @@ class _Outbound(QueueListener):
         self.connects = 0
         self._timer: Timer | None = None
         self._closing = False
+        self._attempted = trio.Event()
+
+    async def attempted(self) -> None:
+        """Wait for the outcome of the next connect attempt (connected or refused)."""
+        await self._attempted.wait()
+
+    def _outcome(self) -> None:
+        self._attempted.set()
+        self._attempted = trio.Event()
 
     def connect(self) -> None:
         if self._closing or self.broker.closed:
@@ -483,9 +492,11 @@ class _Outbound(QueueListener):
         self.last_refusal = None
         queue.set_listener(self)
         self.opened()
+        self._outcome()
 
     def refused(self, reason: str) -> None:
         self.last_refusal = reason
+        self._outcome()
         self._again(reason)
 
     def closed(self, reason: str) -> None:
