@@ -213,7 +213,8 @@ class BrokerManager:
             raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._brokers: dict[str, Broker] = {}
-        #: Other names links may use for a broker of this universe (e.g. ``@tracker``).
+        #: Other names links may use for a broker of this universe (e.g. ``@tracker``;
+        #: ``@tracker.<suffix>`` reaches the same broker).
         self.aliases: dict[str, str] = {}
         #: Where brokers of this universe that live in other processes listen.
         self.directory: dict[str, Address] = dict(directory or {})
@@ -257,8 +258,10 @@ class BrokerManager:
 
     def _resolve(self, broker_id: str) -> RdvNode | None:
         broker = self._brokers.get(broker_id)
-        if broker is None and broker_id in self.aliases:
-            broker = self._brokers.get(self.aliases[broker_id])
+        if broker is None and broker_id.startswith("@"):
+            # "@name" or "@name.anything": the suffix lets a client tell processes apart
+            target = self.aliases.get(broker_id.partition(".")[0])
+            broker = None if target is None else self._brokers.get(target)
         return None if broker is None else broker._node
 
     def close(self) -> None:

@@ -22,6 +22,9 @@ from ._broker import BrokerManager
 from ._liveness import DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SCAN, Address
 from ._names import NameClient, NameService
 
+#: The name a process's first tracker also answers to, for ``rdvpump routes --tracker HOST:PORT``.
+TRACKER_ALIAS = "@tracker"
+
 
 def parse_address(text: str, *, default_port: int | None = None) -> Address:
     """``HOST:PORT`` (or ``HOST`` with a default port) to a tuple; ValueError otherwise."""
@@ -81,11 +84,15 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
+                      tracking: dict[str, Any] | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
     With ``plan`` (a universe file) they play their roles in it instead and
-    print ``stats {json}`` lines, then ``done {json}``, on stdout.
+    print ``stats {json}`` lines, then ``done {json}``, on stdout.  With
+    ``tracking`` (keyword arguments of :class:`~brokermgr.tracking.TrackNode`
+    plus ``topics``, topics to declare) every broker takes a tracking role;
+    the first tracker of the process also answers as ``@tracker``.
     """
     spec = None
     if plan is not None:
@@ -103,14 +110,14 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
-                             heartbeat, spec, ready)
+                             heartbeat, spec, tracking, ready)
     finally:
         manager.pump.close_trace()
 
 
 async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
-                         heartbeat: float, spec: Any,
+                         heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
                          ready: Callable[[Address], None]) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
@@ -121,6 +128,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         names = NameClient(manager, managers, heartbeat=heartbeat) if managers else None
         if names is not None:
             names.start()
+        nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
         ready(address)
         if spec is not None and names is not None:
             from ._up import play_plan
@@ -131,10 +139,30 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             for b in broker_ids:
                 nursery.start_soon(play_plan, spec, b, manager, names, nursery, emit)
         await _until_signalled()
+        for node in nodes:
+            node.close()
         if names is not None:
             names.close()
             await trio.sleep(0.05)  # let the unregister leave before the links are cut
         nursery.cancel_scope.cancel()
+
+
+def _start_tracking(manager: BrokerManager, brokers: list[Any],
+                    tracking: dict[str, Any]) -> list[Any]:
+    from .tracking import TrackNode
+
+    options = dict(tracking)
+    topics = options.pop("topics", ())
+    nodes = []
+    for broker in brokers:
+        node = TrackNode(broker, **options)
+        if node.is_server:
+            for topic in topics:
+                node.declare_topic(topic)
+        if node.is_tracker and TRACKER_ALIAS not in manager.aliases:
+            manager.aliases[TRACKER_ALIAS] = broker.id
+        nodes.append(node)
+    return nodes
 
 
 async def query_status(universe: str, manager_address: Address, *, token: str = "",

@@ -328,6 +328,22 @@ def broker_run(
     plan: Annotated[pathlib.Path | None, typer.Option(
         help="Play these brokers' roles in a universe file (used by `universe up`).")] = None,
     trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
+    role: Annotated[str | None, typer.Option(
+        help="Tracking role of these brokers: server, tracker or both (default: none).")] = None,
+    track_port: Annotated[int, typer.Option(help="Rendezvous port of the tracking role.")] =
+        15555,
+    tracker: Annotated[list[str], typer.Option(
+        help="A tracker BROKER:PORT this server publishes to (repeatable).")] = [],  # noqa: B006
+    topic: Annotated[list[str], typer.Option(
+        help="A topic the server role declares at start (repeatable).")] = [],  # noqa: B006
+    report_interval: Annotated[float, typer.Option(
+        help="Seconds between a server's reports to its trackers.")] = 30.0,
+    track_expiry: Annotated[float, typer.Option(
+        help="Seconds without a report before a tracker drops a server.")] = 90.0,
+    track_scan: Annotated[float, typer.Option(
+        help="Seconds between a tracker's expiry scans.")] = 10.0,
+    state_dir: Annotated[pathlib.Path | None, typer.Option(
+        help="Where InfoVersion epochs persist, so versions grow across restarts.")] = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
     from ._process import parse_address, run_brokers
@@ -335,11 +351,88 @@ def broker_run(
     managers = _guard(lambda: [parse_address(m, default_port=9876) for m in manager])
     address = _guard(lambda: parse_address(listen))
     tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
+    tracking = None
+    if role is not None:
+        tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
+                    "report_interval": report_interval, "expiry": track_expiry,
+                    "scan_interval": track_scan, "state_dir": state_dir}
+    elif tracker or topic:
+        err.print("[red]error:[/red] --tracker and --topic need a tracking --role "
+                  "(server, tracker or both)", highlight=False)
+        raise typer.Exit(1)
     recorder = _recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     _guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
-        trace=recorder, ready=_ready("brokers"))))
+        trace=recorder, tracking=tracking, ready=_ready("brokers"))))
+
+
+@app.command()
+def routes(
+    tracker: Annotated[list[str], typer.Option(
+        help="A tracker as HOST:PORT (the first tracker of the process listening there) or "
+             "BROKER@HOST:PORT (repeatable).")],
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+    track_port: Annotated[int, typer.Option(help="Rendezvous port of the trackers.")] = 15555,
+    vote_factor: Annotated[float, typer.Option(
+        help="Drop a server listed by fewer than this share of the trackers.")] = 0.5,
+    once: Annotated[bool, typer.Option(help="Print the table once and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line per change.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --once: seconds to wait for the "
+                                                "trackers.")] = 10.0,
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+) -> None:
+    """The live route table built from trackers: servers, topics, versions and votes."""
+    from rich.live import Live
+
+    from .tracking.watch import parse_tracker, watch_routes
+
+    trackers = _guard(lambda: [parse_tracker(t, i, port=track_port)
+                               for i, t in enumerate(tracker, 1)])
+    tls = _guard(lambda: _tls(tls_cert, tls_key, tls_ca))
+    live: list[Live] = []
+
+    def show(snap: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(snap), flush=True)
+        elif once:
+            out.print(_routes_table(snap))
+        else:
+            if not live:
+                live.append(Live(_routes_table(snap), console=out, auto_refresh=False))
+                live[0].start()
+            live[0].update(_routes_table(snap), refresh=True)
+
+    try:
+        _guard(lambda: trio.run(lambda: watch_routes(
+            universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
+            tls_client=None if tls is None else _client_context(tls), once=once,
+            timeout=timeout, show=show)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live:
+            live[0].stop()
+
+
+def _client_context(tls: tuple[str, str, str | None]) -> Any:
+    from rdv import tls_contexts
+
+    return tls_contexts(*tls)[1]
+
+
+def _routes_table(snap: dict[str, Any]) -> Table:
+    trackers = ", ".join(f"{t} v{v}" for t, v in snap["trackers"].items()) or "none"
+    table = Table(title=f"routes at t={snap['time']:.1f}s from {len(snap['trackers'])} "
+                        f"tracker(s): {trackers}")
+    for col in ("server", "ssl", "infoVersion", "votes", "topics"):
+        table.add_column(col, justify="right" if col in ("infoVersion", "votes") else "left")
+    for server in snap["servers"]:
+        votes = "static" if server["static"] else str(server["votes"])
+        table.add_row(server["address"], "yes" if server["ssl"] else "", str(server["infoVersion"]),
+                      votes, ", ".join(server["topics"]))
+    return table
 
 
 @app.command()

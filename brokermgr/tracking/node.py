@@ -642,7 +642,7 @@ class RouteClient:
         self.callbacks.append(callback)
 
     async def changed(self) -> None:
-        """Wait for the next change of the route table."""
+        """Wait for the next change of the route table (or a fresh TrackerInfo)."""
         await self._event.wait()
 
     def close(self) -> None:
@@ -653,10 +653,13 @@ class RouteClient:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _apply(self, change: RouteChange) -> None:
+    def _apply(self, change: RouteChange, *, notify: bool = False) -> None:
+        """Run the callbacks if the table changed; wake ``changed()`` waiters if it did
+        or ``notify`` (a fresh TrackerInfo that changed nothing)."""
         if change:
             for callback in list(self.callbacks):
                 callback(change)
+        if change or notify:
             self._event.set()
             self._event = trio.Event()
 
@@ -684,7 +687,8 @@ class _Subscription(_Outbound):
             if self.queue is not None:
                 self.queue.abort(f"protocol error: bad TrackerInfo: {exc}")
             return
-        self.client._apply(self.client.routes.update_tracker(self.address.address, info))
+        change = self.client.routes.update_tracker(self.address.address, info)
+        self.client._apply(change, notify=not change.stale)
 
     def lost(self, reason: str) -> None:
         self.client._apply(self.client.routes.remove_tracker(self.address.address))

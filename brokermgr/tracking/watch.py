@@ -1,0 +1,93 @@
+"""Watch a route table from outside: the engine of ``rdvpump routes``.
+
+A throwaway process-side universe with one client broker subscribes to the
+given trackers over TCP and hands a snapshot of its route table to ``show``
+after every change (and once at the start).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from pump import Pump
+
+from .._broker import BrokerManager
+from .node import DEFAULT_TRACK_PORT, RouteClient
+from .routes import RouteTable
+
+Address = tuple[str, int]
+
+
+def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
+                  ) -> tuple[str, Address]:
+    """``HOST:PORT`` (the process's first tracker) or ``ID@HOST:PORT`` -> (broker id, address)."""
+    from .._process import TRACKER_ALIAS, parse_address
+
+    broker_id, sep, where = text.rpartition("@")
+    if not sep:
+        broker_id, where = f"{TRACKER_ALIAS}.{index}", text
+    elif not broker_id:
+        raise ValueError(f"tracker {text!r}: empty broker id before '@'")
+    return broker_id, parse_address(where)
+
+
+def snapshot(routes: RouteTable, now: float) -> dict[str, Any]:
+    """The route table as plain JSON: servers with versions and votes, topics, trackers."""
+    servers = []
+    for address, info in sorted(routes.server_table.items()):
+        servers.append({
+            "address": address, "ssl": info.server_address.ssl_enabled,
+            "infoVersion": info.info_version, "votes": routes.voters(address),
+            "static": address in routes.static,
+            "topics": sorted(info.topic_table)})
+    topics = {name: sorted(by_server) for name, by_server in sorted(routes.topic_table.items())}
+    return {"time": round(now, 3), "trackers": {t: v.version for t, v in
+                                                sorted(routes.votes.items())},
+            "servers": servers, "topics": topics}
+
+
+async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
+                       track_port: int = DEFAULT_TRACK_PORT, token: str = "",
+                       vote_factor: float = 0.5, tls_client: ssl.SSLContext | None = None,
+                       once: bool = False, timeout: float = 10.0,
+                       show: Callable[[dict[str, Any]], None]) -> None:
+    """Subscribe to ``trackers`` and call ``show(snapshot)`` on every change, until cancelled.
+
+    With ``once``: wait until every tracker has answered (or ``timeout``), show
+    one snapshot and return; OSError if no tracker answered at all.
+    """
+    manager = BrokerManager(universe, token=token, pump=Pump(name="routes"))
+    manager.net.tls_client = tls_client
+    for broker_id, address in trackers:
+        manager.directory[broker_id] = address
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        client = RouteClient(manager.add_broker(f"@routes.{id(manager):x}"),
+                             vote_factor=vote_factor)
+        for broker_id, _ in trackers:
+            client.add_tracker(f"{broker_id}:{track_port}")
+        if once:
+            with trio.move_on_after(timeout):
+                for sub in client.trackers.values():
+                    while sub.queue is None or sub.address.address not in client.routes.votes:
+                        if sub.queue is None:
+                            await sub.attempted()
+                        else:
+                            await client.changed()
+            if not client.routes.votes:
+                why = "; ".join(f"{a}: {s.last_refusal or 'no answer'}"
+                                for a, s in client.trackers.items())
+                raise OSError(f"no tracker answered within {timeout} s ({why})")
+            show(snapshot(client.routes, manager.pump.now()))
+            client.close()
+            nursery.cancel_scope.cancel()
+            return
+        show(snapshot(client.routes, manager.pump.now()))
+        while True:
+            await client.changed()
+            show(snapshot(client.routes, manager.pump.now()))
