@@ -40,7 +40,7 @@ from typing import Any
 
 import trio
 
-from channels import MessageQueue, QueueListener
+from channels import MessageQueue, MessageTooLargeError, QueueListener
 from pump import Timer
 
 from .._broker import Broker
@@ -72,16 +72,26 @@ def encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _send(queue: MessageQueue, obj: dict[str, Any], what: str) -> bool:
-    """Send or, past the queue's high-water mark, drop that link (bounded memory)."""
+SENT, FULL, GONE = "sent", "full", "gone"
+
+
+def _send(queue: MessageQueue, data: bytes, cmd: str, what: str) -> str:
+    """Queue one message: SENT; FULL past the high-water mark (nothing queued, the
+    queue calls ``drained()`` later); GONE if the link is closed or was closed here
+    because the message can never fit."""
     try:
-        queue.send(encode(obj))
-        return True
+        queue.send(data)
+        return SENT
+    except MessageTooLargeError:
+        # A snapshot too big for one message: this link cannot carry it; close it, loudly.
+        log.warning("%s: a %s message of %d bytes exceeds the link's maximum message size",
+                    what, cmd, len(data))
+        queue.abort(f"a {cmd} message of {len(data)} bytes exceeds the maximum message size")
     except trio.WouldBlock:
-        queue.abort(f"{what} does not read its messages")
+        return FULL
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # closing already; its closed() follows
-    return False
+    return GONE
 
 
 # ----------------------------------------------------------------------------------------
@@ -198,6 +208,7 @@ class TrackNode:
         self.topics: dict[str, TopicInfo] = {}
         self.tracked = TrackedServers(expiry=expiry)
         self.subscribers: list[_Session] = []
+        self._snapshot: bytes | None = None
         self.publishers: list[_Publisher] = []
         #: Messages by cmd this node sent and received (tests check the rules with these).
         self.sent: dict[str, int] = {}
@@ -338,9 +349,16 @@ class TrackNode:
 
     def _tracker_changed(self) -> None:
         self.tracker_version = self._tracker_versions.next()
-        message = {"cmd": "track_pub", "trackerInfo": self.tracker_info().to_json()}
+        self._snapshot = None
         for session in list(self.subscribers):
-            session.send(message)
+            session.send_snapshot()
+
+    def snapshot(self) -> bytes:
+        """The current TrackerInfo as a ``track_pub`` message, encoded once per version."""
+        if self._snapshot is None:
+            self._snapshot = encode({"cmd": "track_pub",
+                                     "trackerInfo": self.tracker_info().to_json()})
+        return self._snapshot
 
     def _scan(self) -> None:
         gone = self.tracked.scan(self.pump.now())
@@ -382,11 +400,36 @@ class _Session(QueueListener):
     def __init__(self, node: TrackNode, queue: MessageQueue) -> None:
         self.node = node
         self.queue = queue
+        #: A snapshot is owed: the last one did not fit under the high-water mark.
+        self.behind = False
 
     def send(self, obj: dict[str, Any]) -> None:
-        self.node._count(self.node.sent, str(obj["cmd"]))
-        if not _send(self.queue, obj, f"subscriber {self.queue.remote_id}"):
+        """A reply to a request; a client that does not read its replies is dropped."""
+        cmd = str(obj["cmd"])
+        self.node._count(self.node.sent, cmd)
+        outcome = _send(self.queue, encode(obj), cmd, f"client {self.queue.remote_id}")
+        if outcome == FULL:
+            self.queue.abort("client does not read its replies")
+        if outcome != SENT:
             self._leave()
+
+    def send_snapshot(self) -> None:
+        """The current TrackerInfo to a subscriber.  Snapshots are coalesced: while one
+        is still queued past the high-water mark, the latest goes when it drains."""
+        if self.behind:
+            return
+        self.node._count(self.node.sent, "track_pub")
+        outcome = _send(self.queue, self.node.snapshot(), "track_pub",
+                        f"subscriber {self.queue.remote_id}")
+        if outcome == FULL:
+            self.behind = True
+        elif outcome == GONE:
+            self._leave()
+
+    def drained(self) -> None:
+        if self.behind:
+            self.behind = False
+            self.send_snapshot()
 
     def received(self, message: bytes) -> None:
         try:
@@ -427,7 +470,7 @@ class _Session(QueueListener):
                 raise ValueError(f"{node.address} is not a tracker")
             if self not in node.subscribers:
                 node.subscribers.append(self)
-            self.send({"cmd": "track_pub", "trackerInfo": node.tracker_info().to_json()})
+            self.send_snapshot()
         elif cmd == "tracker":
             if not node.is_tracker:
                 raise ValueError(f"{node.address} is not a tracker")
@@ -518,8 +561,11 @@ class _Outbound(QueueListener):
             self.goodbye(self.queue)
             self.queue.close()
 
-    def send(self, obj: dict[str, Any]) -> bool:
-        return self.queue is not None and _send(self.queue, obj, f"tracking peer {self.address}")
+    def send(self, obj: dict[str, Any]) -> str:
+        if self.queue is None:
+            return GONE
+        cmd = str(obj["cmd"])
+        return _send(self.queue, encode(obj), cmd, f"tracking peer {self.address}")
 
     # for subclasses
     def opened(self) -> None: ...
@@ -535,15 +581,24 @@ class _Publisher(_Outbound):
     def __init__(self, node: TrackNode, tracker: ServerAddress) -> None:
         super().__init__(node.broker, tracker, node.retry)
         self.node = node
+        self.behind = False
 
     def opened(self) -> None:
+        self.behind = False
         self.publish()
 
     def publish(self, live: bool = True) -> None:
-        if self.queue is not None:
+        """Our ServerInfo to the tracker; coalesced like snapshots (the latest wins)."""
+        if self.queue is not None and not self.behind:
             self.node._count(self.node.sent, "track_pub")
-            self.send({"cmd": "track_pub", "serverInfo": self.node.server_info.to_json(),
-                       "live": live})
+            outcome = self.send({"cmd": "track_pub", "live": live,
+                                 "serverInfo": self.node.server_info.to_json()})
+            self.behind = outcome == FULL
+
+    def drained(self) -> None:
+        if self.behind:
+            self.behind = False
+            self.publish()
 
     def goodbye(self, queue: MessageQueue) -> None:
         self.publish(live=False)

@@ -6,6 +6,7 @@ only moves when the test runs the pump.
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -399,3 +400,63 @@ def test_roles_are_checked(world: World) -> None:
     with pytest.raises(ValueError, match="127 bytes"):
         server.declare_topic("t")
         server.declare_group("t", "g", filter="x" * 128)
+
+
+def test_a_slow_subscriber_gets_the_latest_snapshot_and_memory_stays_bounded() -> None:
+    world = World()
+    world.universe = BrokerManager("tracking", ring_capacity=1024, high_water=4096)
+    world.pump = world.universe.pump
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    got: list[bytes] = []
+
+    class Slow:
+        def connected(self, queue: Any) -> None:
+            self.queue = queue
+            queue.set_listener(self)
+            queue.send(b'{"cmd":"track_sub"}')
+            queue.pause_reading()  # reads nothing for now
+
+        def refused(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+        def received(self, message: bytes) -> None:
+            got.append(message)
+
+        def closed(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+    slow = Slow()
+    world.universe.add_broker("slow").connect("t1", 15555, slow)
+    world.run(0.1)
+    for i in range(200):  # each change makes a snapshot of a few KB
+        s1.declare_topic(f"topic-{i:04d}-" + "x" * 40)
+        world.run(0.001)
+    (session,) = t1.subscribers
+    stats = session.queue.statistics()
+    assert stats.bytes_queued <= 4096 + len(t1.snapshot()) and session.behind
+    slow.queue.resume_reading()
+    world.run(1)
+    last = json.loads(got[-1])["trackerInfo"]
+    assert last["infoVersion"] == t1.tracker_version
+    assert len(last["serverTable"]["s1:15555"]["topicTable"]) == 200
+    assert len(got) < 200  # coalesced, not one per change
+
+
+def test_a_snapshot_too_big_for_a_link_closes_that_link_only() -> None:
+    world = World()
+    world.universe = BrokerManager("tracking", max_message_size=2048, high_water=2048)
+    world.pump = world.universe.pump
+    t1 = world.node("t1", role="both")  # its own topics enter its table without a link
+    client = world.client("c", "t1")
+    other = world.client("other", "t1")
+    world.run(0.1)
+    assert servers(client) == ["t1"]
+    closed: list[str] = []
+    client.trackers["t1:15555"].lost = closed.append  # type: ignore[method-assign]
+    for i in range(40):
+        t1.declare_topic(f"t{i}")
+    world.run(0.1)
+    assert closed and "exceeds the maximum message size" in closed[0]
+    assert not t1.broker.closed and not t1.subscribers  # the tracker goes on
+    assert not other.broker.closed and "t1:15555" in other.trackers  # it will dial again
