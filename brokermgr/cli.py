@@ -225,6 +225,33 @@ def bench_replay(
     out.print(table)
 
 
+@bench_app.command("routes")
+def bench_routes(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    servers: Annotated[int, typer.Option(help="Servers in the route table.")] = 1000,
+    topics: Annotated[int, typer.Option(help="Topics per server.")] = 100,
+    ops: Annotated[int, typer.Option(help="Incremental updates timed.")] = 2000,
+) -> None:
+    """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
+    from bench import routes as bench_routes_mod
+
+    with err.status("benchmarking route tables ...") as status:
+        results = _guard(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
+                                                           progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title="rdvpump bench routes")
+    for col in ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
+                      r.baseline, f"{r.baseline_value:.6g} {r.unit}",
+                      "n/a" if r.ratio is None else f"{r.ratio:.2f}x")
+    out.print(table)
+
+
 @bench_app.command("tcp")
 def bench_tcp(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,11 +243,25 @@ class TrackerInfo:
                 "serverTable": {k: s.to_json() for k, s in self.server_table.items()}}
 
     @classmethod
-    def from_json(cls, value: Any, where: str = "trackerInfo") -> TrackerInfo:
+    def from_json(cls, value: Any, where: str = "trackerInfo", *,
+                  known: Callable[[str], ServerInfo | None] | None = None) -> TrackerInfo:
+        """Parse and check a TrackerInfo.
+
+        ``known(address)`` may return a ServerInfo already held: an entry whose
+        infoVersion is not higher reuses it instead of being parsed again (a
+        tracker sends full snapshots; usually one server in them is new).
+        """
         o = _object(value, where)
         servers = _object(o.get("serverTable", {}), f"{where}.serverTable")
         table = {}
         for key, s in servers.items():
+            held = None if known is None else known(key)
+            if held is not None and isinstance(s, dict):
+                version = s.get("infoVersion")
+                if (type(version) is int and version <= held.info_version
+                        and s.get("serverAddress") == held.server_address.to_json()):
+                    table[key] = held
+                    continue
             info = ServerInfo.from_json(s, f"{where}.serverTable[{key!r}]")
             if info.server_address.address != key:
                 raise InfoError(f"{where}.serverTable[{key!r}] holds server "

@@ -737,7 +737,8 @@ class _Subscription(_Outbound):
             if reply.get("cmd") == "error":
                 log.warning("tracker %s: %s", self.address, reply.get("error"))
                 return
-            info = TrackerInfo.from_json(reply.get("trackerInfo"))
+            info = TrackerInfo.from_json(reply.get("trackerInfo"),
+                                         known=self.client.routes.server_table.get)
         except (ValueError, RecursionError) as exc:
             if self.queue is not None:
                 self.queue.abort(f"protocol error: bad TrackerInfo: {exc}")

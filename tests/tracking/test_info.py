@@ -87,3 +87,19 @@ def test_a_corrupt_version_file_is_a_clear_error(tmp_path: pathlib.Path) -> None
     (tmp_path / "e").write_text("twelve\n")
     with pytest.raises(InfoError, match="one integer"):
         VersionCounter(tmp_path / "e")
+
+
+def test_parsing_a_snapshot_reuses_server_infos_already_held() -> None:
+    info = sample()
+    held = info.server_table["s1:15555"]
+    wire = info.to_json()
+    same = TrackerInfo.from_json(wire, known={"s1:15555": held}.get)
+    assert same.server_table["s1:15555"] is held
+    wire["serverTable"]["s1:15555"]["infoVersion"] = 8
+    wire["serverTable"]["s1:15555"]["topicTable"] = {}
+    newer = TrackerInfo.from_json(wire, known={"s1:15555": held}.get)
+    assert newer.server_table["s1:15555"].info_version == 8
+    assert newer.server_table["s1:15555"].topic_table == {}
+    wire["serverTable"]["s1:15555"]["infoVersion"] = "7"  # bad shapes are still caught
+    with pytest.raises(InfoError, match="must be int"):
+        TrackerInfo.from_json(wire, known={"s1:15555": held}.get)
