@@ -32,3 +32,13 @@ def test_readme_listener_example_runs_as_shown() -> None:
                           timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "got b'hello'\n"
+
+
+def test_tracking_example_runs() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/tracking.py")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "servers: ['s1:15555', 's2:15555', 's3:15555']"
+    assert lines[1].endswith("['s2:15555']")  # the only server with consumers
+    assert lines[-1] == "after s3 crashed: ['s1:15555', 's2:15555']"

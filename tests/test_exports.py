@@ -15,6 +15,9 @@ PACKAGES = {
     "rdv": {"Rendezvous", "RdvNode", "AcceptListener", "ConnectListener", "RefusedError",
             "RdvUsageError", "TRANSITIONS", "state_diagram"},
     "brokermgr": {"Broker", "BrokerManager", "open_universe"},
+    "brokermgr.tracking": {"TrackNode", "RouteClient", "RouteTable", "ServerInfo", "TrackerInfo",
+                           "TopicInfo", "ConsumeGroupInfo", "ServerAddress", "VersionCounter",
+                           "RoundRobin", "all_servers", "by_key_hash", "Producer", "Consumer"},
 }
 
 
