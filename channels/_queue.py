@@ -39,6 +39,7 @@ _OUTCAP = 1 << 17
 _take_frames = lib.rb_take_frames
 _frames_fit = lib.rb_frames_fit
 _put_frames = lib.rb_put_frames
+_free_space = lib.rb_free_space
 _put_frame = lib.rb_put_frame
 _frame_status = lib.rb_frame_status
 _ffi_buffer = ffi.buffer
@@ -384,7 +385,11 @@ class MessageQueue:
                     self._start_piecewise(msg)
                     continue
                 break
-            batch = q[i:i + _BATCH]
+            # Only as many as can fit (judged by this message's size): measuring a
+            # thousand lengths to move sixty wastes more than the move costs.
+            room = _free_space(rb)
+            fit = (room if room < _JOIN_MAX else _JOIN_MAX) // (ln + HEADER_SIZE) + 1
+            batch = q[i:i + (fit if fit < _BATCH else _BATCH)]
             lens = _from_buffer("uint32_t[]", _array("I", map(len, batch)))
             k = _frames_fit(rb, lens, len(batch), _JOIN_MAX)
             if k == 0:
