@@ -178,8 +178,7 @@ class MessageQueue:
             self._rx_log = trace.message_log("deliver", c.local, c.remote, c.port,
                                              c.trace_link, c.rx_dir)
             self._tx_log = sends
-            self._log_step, self._log_time, self._log_size = (
-                sends.steps.append, sends.times.append, sends.sizes.append)
+            self._log_size = sends.sizes.append
             self.send = self._send_traced  # type: ignore[method-assign]
 
     # -- identity ----------------------------------------------------------------------
@@ -310,9 +309,10 @@ class MessageQueue:
             self._push(message)
         else:
             self._send_slow(message)
-        pump = self.pump
-        self._log_step(pump._step)
-        self._log_time(pump.now())
+        log = self._tx_log
+        step = self.pump._step
+        if step != log.last_step:
+            log.mark(step, self.pump.now())
         self._log_size(len(message))
 
     def send_nowait(self, message: bytes) -> None:
@@ -549,10 +549,7 @@ class MessageQueue:
         self._received += 1
         pump = self.pump
         if pump.trace is not None:
-            log = self._rx_log
-            log.steps.append(pump._step)
-            log.times.append(pump.now())
-            log.sizes.append(len(message))
+            self._rx_log.add(pump._step, pump.now(), len(message))
         listener.received(message)
 
     def _deliver_traced(self, listener: Any, data: bytes, lens: list[int]) -> None:

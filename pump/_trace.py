@@ -93,36 +93,91 @@ class MessageLog:
     """The messages of one link and direction, one event kind (send or deliver).
 
     Kept as columns, appended to on the hot path; the sequence numbers are
-    implicit (consecutive from :attr:`next_seq`).  Cleared in place when
-    written, so bound ``append`` methods stay valid.
+    implicit (consecutive from :attr:`next_seq`).  Step and time are kept as
+    runs: a message logged in the same pump step as the one before it adds
+    only its size (the time of a run is the pump time when the step first
+    logged to it).  :meth:`cut` expands the runs and clears the log in place,
+    so bound ``append`` methods stay valid.
     """
 
-    __slots__ = ("cid", "next_seq", "steps", "times", "sizes", "done")
+    __slots__ = ("cid", "next_seq", "sizes", "run_steps", "run_times", "run_starts",
+                 "last_step", "done")
 
     def __init__(self, cid: int) -> None:
         self.cid = cid
         self.next_seq = 1
-        self.steps = array("q")
-        self.times = array("d")
         self.sizes = array("q")
+        self.run_steps = array("q")
+        self.run_times = array("d")
+        self.run_starts = array("q")  # index in ``sizes`` where each run begins
+        self.last_step = -1
         self.done = False  # the link is gone: drop the log once it is written
 
+    def mark(self, step: int, time: float) -> None:
+        """Start a run: the messages logged from now on belong to ``step`` at ``time``."""
+        self.run_steps.append(step)
+        self.run_times.append(time)
+        self.run_starts.append(len(self.sizes))
+        self.last_step = step
+
+    def add(self, step: int, time: float, size: int) -> None:
+        if step != self.last_step:
+            self.mark(step, time)
+        self.sizes.append(size)
+
     def add_batch(self, step: int, time: float, sizes: Sequence[int]) -> None:
-        n = len(sizes)
-        self.steps.extend(array("q", (step,)) * n)  # array * n and extend: both in C
-        self.times.extend(array("d", (time,)) * n)
+        if step != self.last_step:
+            self.mark(step, time)
         self.sizes.extend(sizes)
+
+    def cut(self) -> tuple[array[int], array[float], array[int], array[int]]:
+        """Runs (steps, times, counts) and sizes of every message logged so far; the log
+        is emptied (the current run stays open, so the same step can go on logging)."""
+        n = len(self.sizes)
+        starts = self.run_starts
+        counts = array("q", starts[1:])
+        counts.append(n)
+        for i in range(len(counts)):
+            counts[i] -= starts[i]
+        steps, times, sizes = self.run_steps[:], self.run_times[:], self.sizes[:]
+        del self.sizes[:]
+        if len(steps):
+            del self.run_steps[:], self.run_times[:], self.run_starts[:]
+            self.run_steps.append(steps[-1])
+            self.run_times.append(times[-1])
+            self.run_starts.append(0)
+        return steps, times, counts, sizes
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """Rows of one :class:`MessageLog` handed to a writer: seq runs from ``first_seq``."""
+    """Rows of one :class:`MessageLog` handed to a writer: seq runs from ``first_seq``.
+
+    Step and time come as runs (``run_counts[i]`` messages at ``run_steps[i]``,
+    ``run_times[i]``); :attr:`steps` and :attr:`times` expand them, on the
+    writer's thread.
+    """
 
     cid: int
     first_seq: int
-    steps: array[int]
-    times: array[float]
+    run_steps: array[int]
+    run_times: array[float]
+    run_counts: array[int]
     sizes: array[int]
+
+    @property
+    def steps(self) -> array[int]:
+        out = array("q")
+        for step, k in zip(self.run_steps, self.run_counts, strict=True):
+            out.extend(array("q", (step,)) * k)  # array * k and extend: both in C
+        return out
+
+    @property
+    def times(self) -> array[float]:
+        out = array("d")
+        for time, k in zip(self.run_times, self.run_counts, strict=True):
+            out.extend(array("d", (time,)) * k)
+        return out
 
 
 class TraceWriter(Protocol):
@@ -199,10 +254,8 @@ class TraceRecorder:
         for log in self.logs:
             n = len(log.sizes)
             if n:
-                blocks.append(Block(log.cid, log.next_seq, log.steps[:], log.times[:],
-                                    log.sizes[:]))
+                blocks.append(Block(log.cid, log.next_seq, *log.cut()))
                 log.next_seq += n
-                del log.steps[:], log.times[:], log.sizes[:]
         self.logs = [log for log in self.logs if not log.done]
         if self.rows or blocks:
             rows, self.rows = self.rows, []
@@ -372,7 +425,12 @@ def arrow_schema() -> Any:
 
 
 class ParquetWriter:
-    """Parquet through pyarrow, one row group per chunk."""
+    """Parquet through pyarrow, one row group per chunk.
+
+    String columns are written dictionary-encoded straight from the recorder's
+    interned contexts (no string per row is ever built); the file stores no
+    Arrow schema, so every reader (pyarrow, Spark) sees plain strings.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         try:
@@ -381,10 +439,41 @@ class ParquetWriter:
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise RuntimeError("Parquet traces need pyarrow: pip install 'rdvpump[spark]'"
                                ) from exc
+        import pyarrow.compute as pc
+
         self.path = Path(path)
         self._pa = pa
-        self._schema = arrow_schema()
-        self._writer = pq.ParquetWriter(str(self.path), self._schema)
+        self._pc = pc
+        self._arange_cache = array("q")
+        schema = arrow_schema()
+        self._strings = {f.name for f in schema if f.type == pa.string()}
+        self._schema = pa.schema(
+            [pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in
+             self._strings else f for f in schema])
+        # Strings: dictionaries (they are few); integers: delta-encoded (steps and
+        # sequence numbers climb, sizes repeat): a tenth of the bytes for the same CPU.
+        ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+        self._writer = pq.ParquetWriter(
+            str(self.path), self._schema, store_schema=False,
+            use_dictionary=sorted(self._strings),
+            column_encoding={name: "DELTA_BINARY_PACKED" for name in ints})
+        self._writer.add_key_value_metadata(schema.metadata)
+
+    def _arange(self, n: int) -> Any:
+        """0 .. n-1 as an int64 Arrow array, sliced from a cache that grows as needed
+        (only between writes: no slice of it outlives the ``pc.add`` that uses it)."""
+        cache = self._arange_cache
+        if len(cache) < n:
+            cache.extend(range(len(cache), max(n, 2 * len(cache))))
+        return _int64(self._pa, cache)[:n]
+
+    def _dictionary(self, values: Sequence[Any], take: Any) -> Any:
+        """A dictionary column: ``values`` per context, picked per row by ``take``."""
+        pa = self._pa
+        codes: dict[Any, int] = {}
+        per_context = [None if v is None else codes.setdefault(v, len(codes)) for v in values]
+        indices = pa.array(per_context, pa.int32()).take(take)
+        return pa.DictionaryArray.from_arrays(indices, pa.array(list(codes), pa.string()))
 
     def write(self, run: str, pump: str, contexts: Sequence[Context], rows: list[Row],
               blocks: list[Block]) -> None:
@@ -397,18 +486,21 @@ class ParquetWriter:
             cids.extend(r_cid)
             seqs.append(pa.array(r_seq, pa.int64()))
             sizes.append(pa.array(r_size, pa.int64()))
+        pc = self._pc
         for b in blocks:  # columns already: copied in C, no Python object per row
+            k = len(b.sizes)
             steps.extend(b.steps)
             times.extend(b.times)
-            cids.extend(repeat(b.cid, len(b.sizes)))
-            seqs.append(_int64(pa, array("q", range(b.first_seq, b.first_seq + len(b.sizes)))))
+            cids.extend(array("i", (b.cid,)) * k)
+            seqs.append(pc.add(self._arange(k), pa.scalar(b.first_seq, pa.int64())))
             sizes.append(_int64(pa, b.sizes))
         n = len(steps)
         take = _int32(pa, cids)
+        zeros = _int32(pa, array("i", bytes(4 * n)))
         columns: dict[str, Any] = {
             "v": pa.repeat(pa.scalar(SCHEMA_VERSION, pa.int32()), n),
-            "run": pa.repeat(pa.scalar(run, pa.string()), n),
-            "pump": pa.repeat(pa.scalar(pump, pa.string()), n),
+            "run": pa.DictionaryArray.from_arrays(zeros, pa.array([run], pa.string())),
+            "pump": pa.DictionaryArray.from_arrays(zeros, pa.array([pump], pa.string())),
             "step": _int64(pa, steps),
             "time": pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(times)]),
             "seq": pa.concat_arrays(seqs),
@@ -416,7 +508,10 @@ class ParquetWriter:
         }
         ctx_cols = list(zip(*contexts, strict=True))
         for name, values in zip(CONTEXT_FIELDS, ctx_cols, strict=True):
-            columns[name] = pa.array(values, self._schema.field(name).type).take(take)
+            if name in self._strings:
+                columns[name] = self._dictionary(values, take)
+            else:
+                columns[name] = pa.array(values, self._schema.field(name).type).take(take)
         self._writer.write_table(pa.table([columns[f] for f in self._schema.names],
                                           schema=self._schema))
 
