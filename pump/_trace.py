@@ -450,13 +450,7 @@ class ParquetWriter:
         self._schema = pa.schema(
             [pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in
              self._strings else f for f in schema])
-        # Strings: dictionaries (they are few); integers: delta-encoded (steps and
-        # sequence numbers climb, sizes repeat): a tenth of the bytes for the same CPU.
-        ints = [f.name for f in schema if pa.types.is_integer(f.type)]
-        self._writer = pq.ParquetWriter(
-            str(self.path), self._schema, store_schema=False,
-            use_dictionary=sorted(self._strings),
-            column_encoding={name: "DELTA_BINARY_PACKED" for name in ints})
+        self._writer = pq.ParquetWriter(str(self.path), self._schema, store_schema=False)
         self._writer.add_key_value_metadata(schema.metadata)
 
     def _arange(self, n: int) -> Any:
