@@ -62,12 +62,18 @@ class Result:
 # -- the receiving side, in a child process ------------------------------------------------
 
 def peer_main(argv: list[str] | None = None) -> None:
-    """``python -c 'from bench.tcp import peer_main; peer_main()' KIND COUNT CPU``."""
-    kind, count, cpu = (argv or sys.argv[1:])[:3]
+    """``python -c 'from bench.tcp import peer_main; peer_main()' KIND COUNT CPU [POLL]``."""
+    args = argv or sys.argv[1:]
+    kind, count, cpu = args[:3]
+    global _BUSY_POLL
+    _BUSY_POLL = float(args[3]) if len(args) > 3 else 0.0
     if int(cpu) >= 0:
         os.sched_setaffinity(0, {int(cpu)})
     {"rdv-sink": _rdv_peer, "rdv-echo": _rdv_peer, "zmq-sink": _zmq_sink,
      "zmq-echo": _zmq_echo, "trio-sink": _trio_sink}[kind](kind, int(count))
+
+
+_BUSY_POLL = 0.0  # the peer's, from its command line
 
 
 def _ready(*ports: int) -> None:
@@ -76,7 +82,7 @@ def _ready(*ports: int) -> None:
 
 def _rdv_peer(kind: str, count: int) -> None:
     async def main() -> None:
-        u = BrokerManager("bench", token=TOKEN)
+        u = BrokerManager("bench", token=TOKEN, busy_poll=_BUSY_POLL)
         peer = u.add_broker("peer")
 
         class Conn:
@@ -170,11 +176,11 @@ def _trio_sink(kind: str, count: int) -> None:
 class Peer:
     """A child process running one receiving side; ``ports`` from its ready line."""
 
-    def __init__(self, kind: str, count: int, cpu: int) -> None:
+    def __init__(self, kind: str, count: int, cpu: int, busy_poll: float = 0.0) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from bench.tcp import peer_main; peer_main()", kind,
-             str(count), str(cpu)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True)
+             str(count), str(cpu), str(busy_poll)], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
@@ -244,12 +250,13 @@ def rdv_stream(port: int, size: int, count: int) -> float:
     return trio.run(main)
 
 
-def rdv_ping(port: int, pings: int) -> list[float]:
+def rdv_ping(port: int, pings: int, busy_poll: float = 0.0) -> list[float]:
     """Round-trip times (s) of 64 B messages, one at a time, chained in listener callbacks."""
     msg = b"p" * 64
 
     async def main() -> list[float]:
-        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)})
+        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)},
+                          busy_poll=busy_poll)
         me = u.add_broker("src")
         done = trio.Event()
         rtts: list[float] = []
@@ -364,8 +371,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str = "split",
+        busy_poll: float = 100e-6,
         progress: Callable[[str], None] | None = None) -> Iterator[Result]:
-    """Yield one Result per (size, baseline), then the round-trip result."""
+    """Yield one Result per (size, baseline), then the round-trip results.
+
+    The round trip is measured with default settings and, with ``split``
+    placement and ``busy_poll`` > 0, again with both sides busy-polling.
+    """
     if placement not in ("split", "same"):
         raise ValueError("placement must be 'split' or 'same'")
     ncpu = len(os.sched_getaffinity(0))
@@ -395,16 +407,23 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
         pings = max(200, int(PINGS * scale))
         if progress:
             progress(f"64 B ping-pong x {pings}")
-        with Peer("rdv-echo", 0, peer_cpu) as peer:
-            ours_rtt = rdv_ping(peer.ports[0], pings)
+        polls = [0.0] + ([busy_poll] if busy_poll > 0 and me_cpu != peer_cpu else [])
+        rtts: dict[float, list[float]] = {}
         with Peer("zmq-echo", 0, peer_cpu) as peer:
             theirs_rtt = zmq_ping(peer.ports[0], pings)
-        ours_med, theirs_med = statistics.median(ours_rtt), statistics.median(theirs_rtt)
-        yield Result("rdvpump-tcp-round-trip", 64, 1 / ours_med, 64 / ours_med / 1e6,
-                     "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
-                     median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
-                     baseline_median_us=theirs_med * 1e6,
-                     baseline_p99_us=_pct(theirs_rtt, 0.99), placement=placement)
+        for poll in polls:
+            with Peer("rdv-echo", 0, peer_cpu, poll) as peer:
+                rtts[poll] = rdv_ping(peer.ports[0], pings, poll)
+        theirs_med = statistics.median(theirs_rtt)
+        for poll in polls:
+            ours_rtt = rtts[poll]
+            ours_med = statistics.median(ours_rtt)
+            case = "rdvpump-tcp-round-trip" + (f"-busy-poll-{poll * 1e6:.0f}us" if poll else "")
+            yield Result(case, 64, 1 / ours_med, 64 / ours_med / 1e6,
+                         "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
+                         median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
+                         baseline_median_us=theirs_med * 1e6,
+                         baseline_p99_us=_pct(theirs_rtt, 0.99), placement=placement)
     finally:
         os.sched_setaffinity(0, old_affinity)
 

@@ -260,6 +260,9 @@ def bench_tcp(
     repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 3,
     placement: Annotated[str, typer.Option(
         help="split: the two processes on two cores; same: both on core 0.")] = "split",
+    busy_poll_us: Annotated[float, typer.Option(
+        help="Also time the round trip with links busy-polling this long (split placement; "
+             "0: not).")] = 100.0,
 ) -> None:
     """Two processes on loopback beside pyzmq PUSH/PULL and a batched trio framing loop."""
     from bench import tcp
@@ -267,7 +270,9 @@ def bench_tcp(
     size_list = _guard(lambda: _parse_sizes(sizes, scale, repeat))
     with err.status("benchmarking ...") as status:
         results = _guard(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
-                                              placement=placement, progress=status.update)))
+                                              placement=placement,
+                                              busy_poll=busy_poll_us * 1e-6,
+                                              progress=status.update)))
     if json_out:
         for r in results:
             print(json.dumps(r.to_dict()))

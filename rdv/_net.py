@@ -69,6 +69,9 @@ class NetNode:
         self.tls_client: ssl.SSLContext | None = None
         #: TLS for outbound links to particular brokers (by id), over ``tls_client``.
         self.tls_for: dict[str, ssl.SSLContext] = {}
+        #: Seconds a link's receiver polls a quiet socket before it sleeps (0: never);
+        #: trades a busy core for lower latency, see :class:`channels.StreamLink`.
+        self.busy_poll = 0.0
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
@@ -152,7 +155,7 @@ class NetNode:
         if channel is None:
             await stream.aclose()
             return
-        await StreamLink(channel, stream).run(reader.rest)
+        await StreamLink(channel, stream, busy_poll=self.busy_poll).run(reader.rest)
 
     def _reject(self, reason: str) -> None:
         log.warning("closed a connection: %s", reason)
@@ -251,7 +254,7 @@ class NetNode:
         queue = MessageQueue(channel, **node._queue_options)
         node.queues.add(queue)
         self.pump.post("connected", listener.connected, queue, owner=queue)
-        await StreamLink(channel, stream).run(rest)
+        await StreamLink(channel, stream, busy_poll=self.busy_poll).run(rest)
 
     async def _attempt(self, node: Any, dst: str, address: Address,
                        port: int) -> str | tuple[trio.abc.Stream, Reply, bytes]:

@@ -200,3 +200,35 @@ async def test_tls_refuses_peers_it_cannot_verify(pki: dict[str, str]) -> None:
         with pytest.raises(RefusedError, match="unreachable"):
             await ua.add_broker("plain").connect_queue("server", 80)
         assert any("tls handshake failed" in r for r in ub.net.rejected)
+
+
+async def test_busy_polling_links_lose_nothing_close_cleanly_and_let_timers_run() -> None:
+    ua = BrokerManager("u", pump=Pump(name="A"), token="s3cret", busy_poll=0.02)
+    ub = BrokerManager("u", pump=Pump(name="B"), token="s3cret", busy_poll=0.02)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ua.pump.serve)
+        await nursery.start(ub.pump.serve)
+        ua.directory["server"] = await nursery.start(ub.serve_network)
+        await nursery.start(ua.serve_network)
+        ended = trio.Event()
+
+        async def echo_until_closed(queue: AsyncMessageQueue) -> None:
+            await echo(queue)  # ends when the client closes its end
+            ended.set()
+
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo_until_closed)
+        q = await ua.add_broker("client").connect_queue("server", 80)
+        sent = [bytes([i]) * (i * 97) for i in range(200)]
+        for m in sent:
+            await q.send(m)
+        assert [await q.receive() for _ in sent] == sent
+        start = trio.current_time()
+        with trio.fail_after(2):  # the idle links poll, then sleep: timers still run
+            await trio.sleep(0.05)
+        assert trio.current_time() - start < 1
+        await q.aclose()
+        with trio.fail_after(5):
+            await ended.wait()
+        nursery.cancel_scope.cancel()
+    with pytest.raises(ValueError, match="busy_poll"):
+        BrokerManager("u", busy_poll=-1)
