@@ -84,7 +84,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
-                      tracking: dict[str, Any] | None = None,
+                      tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
@@ -104,7 +104,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
             raise ValueError(f"{plan}: no broker {unknown[0]!r} in the universe file")
         echo_ports = ()
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
-                            DEFAULT_RING_CAPACITY,
+                            DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
                             pump=Pump(trace=trace, name="+".join(broker_ids)))
     _secure(manager, tls)
     brokers = [manager.add_broker(b) for b in broker_ids]

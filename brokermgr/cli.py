@@ -376,6 +376,9 @@ def broker_run(
         help="Seconds between a tracker's expiry scans.")] = 10.0,
     state_dir: Annotated[pathlib.Path | None, typer.Option(
         help="Where InfoVersion epochs persist, so versions grow across restarts.")] = None,
+    busy_poll_us: Annotated[float, typer.Option(
+        help="Links poll a quiet socket this long before sleeping: lower latency for a "
+             "busy core (0: off).")] = 0.0,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
     from ._process import parse_address, run_brokers
@@ -396,7 +399,8 @@ def broker_run(
     _guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
-        trace=recorder, tracking=tracking, ready=_ready("brokers"))))
+        trace=recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
+        ready=_ready("brokers"))))
 
 
 @app.command()

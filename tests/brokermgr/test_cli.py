@@ -42,6 +42,15 @@ def test_bad_options_give_one_clear_line_and_exit_1() -> None:
     assert result.exit_code == 1 and "at least 1" in result.output
     result = runner.invoke(app, ["bench", "inproc", "--sizes", "64,big"])
     assert result.exit_code == 1 and "--sizes must be integers" in result.output
+    result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
+                                 "--busy-poll-us", "-5"])
+    assert result.exit_code == 1 and "busy_poll must be a non-negative" in result.output
+    result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
+                                 "--topic", "orders"])
+    assert result.exit_code == 1 and "need a tracking --role" in result.output
+    result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
+                                 "--role", "king"])
+    assert result.exit_code == 1 and "role must be one of" in result.output
 
 
 def test_bench_inproc_json_lines_have_the_documented_fields() -> None:
