@@ -567,6 +567,25 @@ class _Outbound(QueueListener):
         cmd = str(obj["cmd"])
         return _send(self.queue, encode(obj), cmd, f"tracking peer {self.address}")
 
+    def _reply(self, message: bytes, what: str) -> dict[str, Any] | None:
+        """A reply as a JSON object; None when it was an error reply (logged) or
+        malformed (the link is closed with the reason)."""
+        try:
+            reply = json.loads(message)
+            if not isinstance(reply, dict):
+                raise InfoError("not a JSON object")
+        except (ValueError, RecursionError) as exc:
+            self._bad(what, exc)
+            return None
+        if reply.get("cmd") == "error":
+            log.warning("%s: %s", self.address, reply.get("error"))
+            return None
+        return reply
+
+    def _bad(self, what: str, exc: BaseException) -> None:
+        if self.queue is not None:
+            self.queue.abort(f"protocol error: bad {what}: {exc}")
+
     # for subclasses
     def opened(self) -> None: ...
 
@@ -730,18 +749,14 @@ class _Subscription(_Outbound):
         self.send({"cmd": "track_sub"})
 
     def received(self, message: bytes) -> None:
+        reply = self._reply(message, "TrackerInfo")
+        if reply is None:
+            return
         try:
-            reply = json.loads(message)
-            if not isinstance(reply, dict):
-                raise InfoError("not a JSON object")
-            if reply.get("cmd") == "error":
-                log.warning("tracker %s: %s", self.address, reply.get("error"))
-                return
             info = TrackerInfo.from_json(reply.get("trackerInfo"),
                                          known=self.client.routes.server_table.get)
         except (ValueError, RecursionError) as exc:
-            if self.queue is not None:
-                self.queue.abort(f"protocol error: bad TrackerInfo: {exc}")
+            self._bad("TrackerInfo", exc)
             return
         change = self.client.routes.update_tracker(self.address.address, info)
         self.client._apply(change, notify=not change.stale)
@@ -761,20 +776,16 @@ class _ServerQuery(_Outbound):
         self.send({"cmd": "server"})
 
     def received(self, message: bytes) -> None:
+        reply = self._reply(message, "ServerInfo")
+        if reply is None:
+            return
         try:
-            reply = json.loads(message)
-            if not isinstance(reply, dict):
-                raise InfoError("not a JSON object")
-            if reply.get("cmd") == "error":
-                log.warning("server %s: %s", self.address, reply.get("error"))
-                return
             info = ServerInfo.from_json(reply.get("serverInfo"))
             if info.server_address.address != self.address.address:
                 raise InfoError(f"asked {self.address.address}, got the ServerInfo of "
                                 f"{info.server_address.address}")
         except (ValueError, RecursionError) as exc:
-            if self.queue is not None:
-                self.queue.abort(f"protocol error: bad ServerInfo: {exc}")
+            self._bad("ServerInfo", exc)
             return
         if self.address.address in self.client.servers:
             self.client._apply(self.client.routes.update_server(info, static=True))

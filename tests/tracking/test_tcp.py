@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -62,24 +63,21 @@ async def test_add_ssl_cert_file_reaches_a_tls_server(pki: dict[str, str]) -> No
         await until(client, lambda: bool(client.routes.server_table))
         assert client.routes.server_table["s1:15555"].server_address.ssl_enabled
         # a static link to the server: plain TCP is refused, a wrong certificate too
-        client.add_server("s1:15555")
-        with trio.fail_after(5):
-            await client.servers["s1:15555"].attempted()
-        query = client.servers["s1:15555"]
+        async def attempt() -> Any:
+            client.add_server("s1:15555")
+            with trio.fail_after(5):
+                await client.servers["s1:15555"].attempted()
+            return client.servers["s1:15555"]
+
+        query = await attempt()
         assert query.last_refusal is not None and "unreachable" in query.last_refusal
         client.remove_server("s1:15555")
         client.add_ssl_cert_file("s1:15555", pki["other_ca"])
-        client.add_server("s1:15555")
-        with trio.fail_after(5):
-            await client.servers["s1:15555"].attempted()
-        query = client.servers["s1:15555"]
+        query = await attempt()
         assert query.last_refusal is not None and "tls handshake failed" in query.last_refusal
         client.remove_server("s1:15555")
         client.add_ssl_cert_file("s1:15555", pki["ca"])
-        client.add_server("s1:15555")
-        query = client.servers["s1:15555"]
-        with trio.fail_after(5):
-            await query.attempted()
+        query = await attempt()
         await until(client, lambda: bool(client.routes.static))
         assert query.connects == 1
         assert client.routes.static == {"s1:15555"} and query.queue is not None
