@@ -6,7 +6,7 @@ their trio twins for embedding.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,9 +22,7 @@ from channels import (
     MessageQueue,
 )
 from pump import Pump, TraceRecorder, open_trace
-from rdv import NetNode, RdvNode, RefusedError
-
-Address = tuple[str, int]
+from rdv import Address, NetNode, RdvNode, RefusedError
 
 
 class Broker:
@@ -199,7 +197,7 @@ class BrokerManager:
                  ring_capacity: int = DEFAULT_RING_CAPACITY,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
-                 token: str = "", directory: dict[str, Address] | None = None,
+                 token: str = "", directory: Mapping[str, tuple[str, int]] | None = None,
                  busy_poll: float = 0.0) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("a universe needs a non-empty name")
@@ -220,7 +218,8 @@ class BrokerManager:
         #: ``@tracker.<suffix>`` reaches the same broker).
         self.aliases: dict[str, str] = {}
         #: Where brokers of this universe that live in other processes listen.
-        self.directory: dict[str, Address] = dict(directory or {})
+        self.directory: dict[str, Address] = {
+            broker_id: Address(*where) for broker_id, where in (directory or {}).items()}
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
                            resolve_local=self._resolve, lookup=self.directory.get)
         if not busy_poll >= 0:
@@ -302,3 +301,12 @@ async def open_universe(name: str, *, seed: int = 0, trace: TraceRecorder | None
             nursery.cancel_scope.cancel()
     if trace_dir is not None:
         manager.pump.close_trace()
+
+
+async def echo(queue: AsyncMessageQueue) -> None:
+    """A ``serve_queues`` handler that sends every message back until the peer leaves."""
+    try:
+        async for message in queue:
+            await queue.send(message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the peer went away; the link says why in its close reason

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DEFAULT_HEARTBEAT = 30.0
-DEFAULT_SCAN = 10.0
-DEFAULT_EXPIRY = 120.0
+from rdv import Address
 
-Address = tuple[str, int]
+#: Seconds between two expiry scans of a liveness table (name service and trackers alike).
+DEFAULT_SCAN_INTERVAL = 10.0
 
 
 @dataclass
@@ -39,7 +38,7 @@ class BrokerRecord:
 class LivenessTable:
     """Registered brokers of one universe, by id."""
 
-    def __init__(self, *, expiry: float = DEFAULT_EXPIRY) -> None:
+    def __init__(self, *, expiry: float) -> None:
         if not expiry > 0:
             raise ValueError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
@@ -63,7 +62,7 @@ class LivenessTable:
             return record
         if record is None or record.address != tuple(address) or record.connection is not \
                 connection:
-            record = BrokerRecord(broker_id, (address[0], int(address[1])), version, topics,
+            record = BrokerRecord(broker_id, Address(address[0], int(address[1])), version, topics,
                                   registered_at=now, last_heartbeat=now, connection=connection)
             self._records[broker_id] = record
         else:

@@ -17,10 +17,10 @@ import trio
 
 from channels import MessageQueue, QueueListener
 from pump import Timer
-from rdv import RdvNode
+from rdv import Address, RdvNode
 
 from ._broker import BrokerManager
-from ._liveness import DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SCAN, Address, LivenessTable
+from ._liveness import DEFAULT_SCAN_INTERVAL, LivenessTable
 
 log = logging.getLogger("rdvpump.names")
 
@@ -30,18 +30,15 @@ NAME_PORT = 0
 DEFAULT_MANAGER_PORT = 9876
 #: Delay before dialling a manager again after a failed attempt.
 DEFAULT_RETRY = 1.0
+#: Seconds between a broker's registrations (heartbeats), as RocketMQ's brokers.
+DEFAULT_HEARTBEAT = 30.0
+#: Seconds without a heartbeat before the name service drops a broker, as RocketMQ's.
+DEFAULT_BROKER_EXPIRY = 120.0
 DEFAULT_LOOKUP_TIMEOUT = 5.0
 
 
 def _encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-
-
-def _address(value: object) -> Address:
-    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str)
-            or not isinstance(value[1], int)):
-        raise ValueError("address must be [host, port]")
-    return value[0], value[1]
 
 
 class NameService:
@@ -52,8 +49,8 @@ class NameService:
     ``scan_interval``).
     """
 
-    def __init__(self, manager: BrokerManager, *, expiry: float = DEFAULT_EXPIRY,
-                 scan_interval: float = DEFAULT_SCAN) -> None:
+    def __init__(self, manager: BrokerManager, *, expiry: float = DEFAULT_BROKER_EXPIRY,
+                 scan_interval: float = DEFAULT_SCAN_INTERVAL) -> None:
         if not scan_interval > 0:
             raise ValueError(f"scan interval must be positive, got {scan_interval!r}")
         self.manager = manager
@@ -113,7 +110,7 @@ class _Session(QueueListener):
             for b in request["brokers"]:
                 if not isinstance(b["id"], str) or not b["id"]:
                     raise ValueError("broker id must be a non-empty string")
-                table.register(b["id"], _address(b["address"]), now=now,
+                table.register(b["id"], Address.of(b["address"]), now=now,
                                version=int(b.get("version", 0)),
                                topics=tuple(str(t) for t in b.get("topics", ())),
                                connection=self)
@@ -195,7 +192,7 @@ class NameClient:
             reply = await session.request({"op": "lookup", "id": broker_id},
                                           timeout=self.lookup_timeout)
             if reply is not None and reply.get("address") is not None:
-                address = _address(reply["address"])
+                address = Address.of(reply["address"])
                 self.cache[broker_id] = address
                 return address
         return None

@@ -1,5 +1,6 @@
 """Rendezvous: bind, listen, unbind, connect, accept and refuse, as a table and on a pump."""
 
+from ._address import Address as Address
 from ._core import BUSY as BUSY
 from ._core import MAX_PORT as MAX_PORT
 from ._core import NOT_BOUND as NOT_BOUND
@@ -29,6 +30,7 @@ from ._wire import Hello as Hello
 from ._wire import Reply as Reply
 
 __all__ = [
+    "Address",
     "BUSY",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "MAX_HANDSHAKE_SIZE",

@@ -18,6 +18,7 @@ import trio
 from channels import ChannelManager, MessageQueue, StreamLink
 from pump import Pump
 
+from ._address import Address
 from ._core import UNAUTHORIZED, UNKNOWN_BROKER, Action, RdvEvent
 from ._wire import FrameReader, HandshakeError, Hello, Reply, parse_hello, parse_reply
 
@@ -28,8 +29,6 @@ DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 DEFAULT_MAX_PENDING = 64
 #: Reason given when the address of a broker cannot be reached.
 UNREACHABLE = "unreachable"
-
-Address = tuple[str, int]
 
 
 async def _read_frame(stream: trio.abc.Stream, reader: FrameReader) -> dict[str, object]:
@@ -89,7 +88,7 @@ class NetNode:
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{port}: "
                           f"{(exc.strerror or str(exc)).lower()}") from exc
-        self.address = listeners[0].socket.getsockname()[:2]
+        self.address = Address(*listeners[0].socket.getsockname()[:2])
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from ._net import Address, NetNode
+from ._address import Address
+from ._net import NetNode
 
 
 class MemoryNetwork:

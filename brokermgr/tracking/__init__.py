@@ -8,6 +8,7 @@
   and the client (:class:`RouteClient`), over the framework's message queues.
 """
 
+from .._liveness import DEFAULT_SCAN_INTERVAL
 from .info import (
     ConsumeGroupInfo,
     InfoError,
@@ -18,11 +19,11 @@ from .info import (
     VersionCounter,
 )
 from .node import (
-    DEFAULT_EXPIRY,
     DEFAULT_REPORT_INTERVAL,
     DEFAULT_RETRY,
-    DEFAULT_SCAN_INTERVAL,
+    DEFAULT_SERVER_EXPIRY,
     DEFAULT_TRACK_PORT,
+    TRACKER_ALIAS,
     Consumer,
     Producer,
     RouteClient,
@@ -33,8 +34,9 @@ from .routes import DEFAULT_VOTE_FACTOR, RouteChange, RouteTable, Vote
 from .select import RoundRobin, Selector, all_servers, by_key_hash
 
 __all__ = [
-    "DEFAULT_EXPIRY", "DEFAULT_REPORT_INTERVAL", "DEFAULT_RETRY", "DEFAULT_SCAN_INTERVAL",
-    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "ConsumeGroupInfo", "Consumer", "InfoError",
+    "DEFAULT_REPORT_INTERVAL", "DEFAULT_RETRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_SERVER_EXPIRY",
+    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "TRACKER_ALIAS", "ConsumeGroupInfo", "Consumer",
+    "InfoError",
     "Producer", "RoundRobin", "RouteChange", "RouteClient", "RouteTable", "Selector",
     "ServerAddress", "ServerInfo", "TopicInfo", "TrackNode", "TrackedServers", "TrackerInfo",
     "VersionCounter", "Vote", "all_servers", "by_key_hash",

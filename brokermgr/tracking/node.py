@@ -44,6 +44,7 @@ from channels import MessageQueue, MessageTooLargeError, QueueListener
 from pump import Timer
 
 from .._broker import Broker
+from .._liveness import DEFAULT_SCAN_INTERVAL
 from .info import (
     ConsumeGroupInfo,
     InfoError,
@@ -61,10 +62,12 @@ log = logging.getLogger("rdvpump.tracking")
 
 DEFAULT_TRACK_PORT = 15555
 DEFAULT_REPORT_INTERVAL = 30.0
-DEFAULT_EXPIRY = 90.0
-DEFAULT_SCAN_INTERVAL = 10.0
+#: Seconds without a report before a tracker drops a server (three report intervals).
+DEFAULT_SERVER_EXPIRY = 90.0
 DEFAULT_RETRY = 3.0
 SERVER_VERSION = "rdvpump-tracking-1"
+#: The name a process's first tracker also answers to (``rdvpump routes --tracker HOST:PORT``).
+TRACKER_ALIAS = "@tracker"
 ROLES = ("server", "tracker", "both")
 
 
@@ -112,7 +115,7 @@ LOCAL = object()
 class TrackedServers:
     """A tracker's servers: their latest ServerInfo, when they last reported, over which link."""
 
-    def __init__(self, *, expiry: float = DEFAULT_EXPIRY) -> None:
+    def __init__(self, *, expiry: float = DEFAULT_SERVER_EXPIRY) -> None:
         if not expiry > 0:
             raise ValueError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
@@ -182,7 +185,8 @@ class TrackNode:
     def __init__(self, broker: Broker, *, role: str = "both", port: int = DEFAULT_TRACK_PORT,
                  trackers: Iterable[str] = (), state_dir: str | os.PathLike[str] | None = None,
                  report_interval: float = DEFAULT_REPORT_INTERVAL,
-                 expiry: float = DEFAULT_EXPIRY, scan_interval: float = DEFAULT_SCAN_INTERVAL,
+                 expiry: float = DEFAULT_SERVER_EXPIRY,
+                 scan_interval: float = DEFAULT_SCAN_INTERVAL,
                  retry: float = DEFAULT_RETRY) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brokermgr._liveness import LivenessTable
+from brokermgr import LivenessTable
 
 A = ("127.0.0.1", 1000)
 B = ("127.0.0.1", 2000)
@@ -22,7 +22,7 @@ def test_heartbeats_keep_a_broker_and_silence_expires_it() -> None:
 
 
 def test_a_dropped_connection_removes_its_brokers_at_once() -> None:
-    table = LivenessTable()
+    table = LivenessTable(expiry=120)
     conn1, conn2 = object(), object()
     table.register("b1", A, now=0, connection=conn1)
     table.register("b2", B, now=0, connection=conn1)
@@ -32,7 +32,7 @@ def test_a_dropped_connection_removes_its_brokers_at_once() -> None:
 
 
 def test_registration_refreshes_and_a_move_re_registers() -> None:
-    table = LivenessTable()
+    table = LivenessTable(expiry=120)
     conn = object()
     first = table.register("b1", A, now=0, version=1, topics=("t",), connection=conn)
     again = table.register("b1", A, now=5, version=2, connection=conn)
@@ -43,14 +43,14 @@ def test_registration_refreshes_and_a_move_re_registers() -> None:
 
 
 def test_a_stale_version_changes_nothing() -> None:
-    table = LivenessTable()
+    table = LivenessTable(expiry=120)
     table.register("b1", A, now=0, version=5)
     table.register("b1", B, now=1, version=4)
     assert table.lookup("b1") == A
 
 
 def test_unregister_and_bad_expiry() -> None:
-    table = LivenessTable()
+    table = LivenessTable(expiry=120)
     table.register("b1", A, now=0)
     assert table.unregister("b1") and not table.unregister("b1")
     with pytest.raises(ValueError):
@@ -58,7 +58,7 @@ def test_unregister_and_bad_expiry() -> None:
 
 
 def test_records_report_age_and_heartbeat() -> None:
-    table = LivenessTable()
+    table = LivenessTable(expiry=120)
     table.register("b1", A, now=10, version=3, topics=("orders",))
     table.register("b1", A, now=40, version=3, topics=("orders",))
     (rec,) = table.records()

@@ -12,8 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from brokermgr import BrokerManager
-from brokermgr._names import NameClient, NameService
+from brokermgr import BrokerManager, NameClient, NameService
 from channels import AsyncMessageQueue
 from pump import Pump
 from rdv import RefusedError

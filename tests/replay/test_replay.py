@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from brokermgr._universe import load_universe, run_in_process
+from rdvpump.workloads import load_universe, run_in_process
 from replay import TraceError, analyze
 
 pytestmark = pytest.mark.spark
@@ -120,7 +120,7 @@ def test_clear_errors_for_missing_empty_and_other_versions(
 def test_a_multi_process_universe_is_joined_across_its_traces(
         spark: Any, tmp_path: pathlib.Path) -> None:
     traces = tmp_path / "traces"
-    proc = subprocess.run([sys.executable, "-c", "from brokermgr.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-m", "rdvpump",
                            "universe", "up", str(ROOT / "examples/echo.toml"),
                            "--trace", str(traces), "--run", "mp"],
                           capture_output=True, text=True, timeout=300,

@@ -13,8 +13,8 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from brokermgr._universe import UniverseFileError, load_universe, run_in_process
-from brokermgr.cli import app
+from rdvpump.cli import app
+from rdvpump.workloads import UniverseFileError, load_universe, run_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -77,7 +77,7 @@ def test_missing_file(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.slow
 def test_universe_up_runs_one_process_per_broker() -> None:
-    proc = subprocess.run([sys.executable, "-c", "from brokermgr.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-m", "rdvpump",
                            "universe", "up", str(ROOT / "examples/fanout.toml")],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "160"})
@@ -98,7 +98,7 @@ def test_ctrl_c_on_universe_up_stops_and_reaps_every_child(tmp_path: pathlib.Pat
     path.write_text('[universe]\nname = "long"\n[[broker]]\nid = "p"\n[[broker]]\nid = "s"\n'
                     '[[workload]]\nkind = "stream"\nfrom = "p"\nto = "s"\nport = 1\n'
                     'messages = 100000000\nsize = 100\n')
-    proc = subprocess.Popen([sys.executable, "-c", "from brokermgr.cli import main; main()",
+    proc = subprocess.Popen([sys.executable, "-m", "rdvpump",
                              "universe", "up", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

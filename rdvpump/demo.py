@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from brokermgr import echo, open_universe
 from channels import AsyncMessageQueue
-
-from ._broker import open_universe
 
 
 @dataclass
@@ -59,10 +58,9 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
         server = universe.add_broker("Server")
         rng = universe.pump.random
 
-        async def echo(queue: AsyncMessageQueue) -> None:
+        async def count_and_echo(queue: AsyncMessageQueue) -> None:
             report.server_links += 1
-            async for message in queue:
-                await queue.send(message)
+            await echo(queue)
 
         async def client(i: int) -> None:
             broker = universe.add_broker(f"client{i}")
@@ -87,7 +85,7 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
                             rep.mismatches += got != want
 
         async with trio.open_nursery() as servers:
-            await servers.start(server.serve_queues, 80, echo)
+            await servers.start(server.serve_queues, 80, count_and_echo)
             async with trio.open_nursery() as nursery:
                 for i in range(clients):
                     nursery.start_soon(client, i)

@@ -22,8 +22,8 @@ from typing import Any
 
 from brokermgr import BrokerManager
 from brokermgr.tracking import (
-    DEFAULT_EXPIRY,
     DEFAULT_SCAN_INTERVAL,
+    DEFAULT_SERVER_EXPIRY,
     ConsumeGroupInfo,
     RouteChange,
     RouteClient,
@@ -178,7 +178,7 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
     assert hung_node._report_timer is not None
     hung_node._report_timer.cancel()  # hung: connected, silent
     pump.run_for(0)
-    hung = until_everyone_dropped(hung_node.address.address, 10 * DEFAULT_EXPIRY)
+    hung = until_everyone_dropped(hung_node.address.address, 10 * DEFAULT_SERVER_EXPIRY)
     yield RoutesResult(
         "server-crash-to-every-client", servers, topics, crashed[0], "pump s",
         "hung-server-to-every-client (expiry)", hung[0],
@@ -186,7 +186,7 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
         crashed[0] / hung[0] if hung[0] > 0 else None,
         {"trackers": trackers, "clients": clients, "crash_pump_steps": crashed[1],
          "crash_wall_s": round(crashed[2], 4), "hung_pump_steps": hung[1],
-         "expiry_s": DEFAULT_EXPIRY, "scan_s": DEFAULT_SCAN_INTERVAL,
+         "expiry_s": DEFAULT_SERVER_EXPIRY, "scan_s": DEFAULT_SCAN_INTERVAL,
          "zbus_hung": "never dropped (no expiry)"})
     universe.close()
 

@@ -16,13 +16,12 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from brokermgr import BrokerManager
-from brokermgr._names import NameClient
-from brokermgr._process import parse_address
+from brokermgr import BrokerManager, NameClient
+from rdv import Address
 
 pytestmark = pytest.mark.slow
 
-RDVPUMP = [sys.executable, "-c", "from brokermgr.cli import main; main()"]
+RDVPUMP = [sys.executable, "-m", "rdvpump"]
 TOKEN = "tok"
 
 
@@ -43,7 +42,7 @@ async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, tuple[str, int]
                 line += chunk
         words = line.decode().split()
         assert words[0] == "ready", line
-        yield proc, parse_address(words[-1])
+        yield proc, Address.parse(words[-1])
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -16,9 +16,8 @@ from typing import Any
 
 import trio
 
+from brokermgr import Broker, open_universe
 from channels import AsyncMessageQueue
-
-from ._broker import Broker, open_universe
 
 KINDS = ("echo", "stream", "fanout")
 _UNIVERSE_KEYS = {"name", "ring_capacity", "seed", "token"}

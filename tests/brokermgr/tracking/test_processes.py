@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.brokermgr.test_processes import RDVPUMP, TOKEN, spawn
+from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
 

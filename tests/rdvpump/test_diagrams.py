@@ -6,8 +6,8 @@ import pathlib
 
 from typer.testing import CliRunner
 
-from brokermgr.cli import app
-from replay.diagram import DOCS, example_diagrams
+from rdvpump.cli import app
+from rdvpump.diagrams import DOCS, example_diagrams
 
 runner = CliRunner()
 
@@ -17,7 +17,7 @@ def test_the_example_diagrams_in_docs_are_generated_from_real_traces() -> None:
     assert set(diagrams) == {"link-life.mmd", "refused-connect.mmd"}
     for name, text in diagrams.items():
         assert (DOCS / name).read_text() == text, (
-            f"docs/diagrams/{name} is stale: run `python -m replay.diagram`")
+            f"docs/diagrams/{name} is stale: run `python -m rdvpump.diagrams`")
     life = diagrams["link-life.mmd"]
     for step in ("bind(80)", "connect(server, 80)", "accepted (link server/1)",
                  "write 16 B (partial: the ring is full)", "read 16 B",

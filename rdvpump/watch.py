@@ -13,26 +13,21 @@ from typing import Any
 
 import trio
 
+from brokermgr import BrokerManager
+from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
 from pump import Pump
-
-from .._broker import BrokerManager
-from .node import DEFAULT_TRACK_PORT, RouteClient
-from .routes import RouteTable
-
-Address = tuple[str, int]
+from rdv import Address
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
                   ) -> tuple[str, Address]:
     """``HOST:PORT`` (the process's first tracker) or ``ID@HOST:PORT`` -> (broker id, address)."""
-    from .._process import TRACKER_ALIAS, parse_address
-
     broker_id, sep, where = text.rpartition("@")
     if not sep:
         broker_id, where = f"{TRACKER_ALIAS}.{index}", text
     elif not broker_id:
         raise ValueError(f"tracker {text!r}: empty broker id before '@'")
-    return broker_id, parse_address(where)
+    return broker_id, Address.parse(where)
 
 
 def snapshot(routes: RouteTable, now: float) -> dict[str, Any]:

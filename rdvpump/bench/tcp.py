@@ -62,7 +62,7 @@ class Result:
 # -- the receiving side, in a child process ------------------------------------------------
 
 def peer_main(argv: list[str] | None = None) -> None:
-    """``python -c 'from bench.tcp import peer_main; peer_main()' KIND COUNT CPU [POLL]``."""
+    """``python -m rdvpump.bench.tcp KIND COUNT CPU [POLL]``."""
     args = argv or sys.argv[1:]
     kind, count, cpu = args[:3]
     global _BUSY_POLL
@@ -178,7 +178,7 @@ class Peer:
 
     def __init__(self, kind: str, count: int, cpu: int, busy_poll: float = 0.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from bench.tcp import peer_main; peer_main()", kind,
+            [sys.executable, "-m", "rdvpump.bench.tcp", kind,
              str(count), str(cpu), str(busy_poll)], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
@@ -430,3 +430,7 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
 
 def result_rows(results: list[Result]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in results]
+
+
+if __name__ == "__main__":
+    peer_main()

@@ -9,8 +9,8 @@ import sys
 
 from typer.testing import CliRunner
 
-from brokermgr.cli import app
 from rdv import state_diagram
+from rdvpump.cli import app
 
 runner = CliRunner()
 

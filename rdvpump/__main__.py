@@ -1,0 +1,5 @@
+"""``python -m rdvpump``: the same as the ``rdvpump`` command."""
+
+from rdvpump.cli import main
+
+main()

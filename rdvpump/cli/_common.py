@@ -1,0 +1,97 @@
+"""What every command module of the CLI shares: consoles, options, and the error guard.
+
+Library errors are caught here only, and become one red line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import trio
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from pump import FORMATS, open_trace
+from rdv import Address
+
+TokenOption = Annotated[str, typer.Option(
+    envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
+UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
+TraceOption = Annotated[pathlib.Path | None, typer.Option(
+    "--trace", help="Record this run's trace here: one file per pump.")]
+TraceFormatOption = Annotated[str, typer.Option(
+    "--trace-format", help="Trace file format: jsonl or parquet.")]
+RunOption = Annotated[str | None, typer.Option(
+    "--run", help="Run id written in every trace row (default: derived from the universe).")]
+CertOption = Annotated[pathlib.Path | None, typer.Option(
+    "--tls-cert", help="PEM certificate: links and manager connections use TLS.")]
+KeyOption = Annotated[pathlib.Path | None, typer.Option("--tls-key", help="PEM private key.")]
+CAOption = Annotated[pathlib.Path | None, typer.Option(
+    "--tls-ca", help="PEM CA that peers' certificates must chain to (mutual TLS).")]
+
+
+def tls_files(cert: pathlib.Path | None, key: pathlib.Path | None,
+         ca: pathlib.Path | None) -> tuple[str, str, str | None] | None:
+    if cert is None and key is None and ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    for path in (cert, key, ca):
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such file: {path}")
+    return str(cert), str(key), None if ca is None else str(ca)
+
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+T = TypeVar("T")
+
+_EXPECTED = (ValueError, TypeError, RuntimeError, OSError, trio.BrokenResourceError,
+             trio.ClosedResourceError)
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """Run library code; turn its errors into one red line and exit status 1."""
+    try:
+        return fn()
+    except _EXPECTED as exc:
+        raise fail(str(exc)) from None
+    except BaseExceptionGroup as group:  # errors raised inside trio nurseries
+        leaf = _first_leaf(group)
+        if not isinstance(leaf, _EXPECTED):
+            raise
+        raise fail(str(leaf)) from None
+
+
+def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> Any:
+    if trace is None:
+        return None
+    return guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt))
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def ready_line(what: str) -> Callable[[Address], None]:
+    def ready(address: Address) -> None:
+        # One line on stdout, flushed: parents (the CLI, tests) wait for it.
+        print(f"ready {what} {address[0]}:{address[1]}", flush=True)
+
+    return ready
+
+
+def fail(message: str) -> typer.Exit:
+    """One red line on stderr; raise the returned Exit."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return typer.Exit(1)

@@ -1,0 +1,148 @@
+"""rdvpump bench: benchmarks beside the libraries users would pick instead."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ._common import check_format, err, guard, out
+
+app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
+                  no_args_is_help=True)
+
+
+@app.command("inproc")
+def bench_inproc(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
+    scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
+    repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 5,
+    trace: Annotated[str | None, typer.Option(
+        help="Record a trace (jsonl or parquet, written to a temporary file, or memory); "
+             "compare against the untraced run.")] = None,
+) -> None:
+    """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
+    from ..bench import inproc
+
+    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    if trace is not None and trace != "memory":
+        guard(lambda: check_format(trace))
+    results = []
+    with err.status("benchmarking ...") as status:
+        for r in guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
+                                                trace=trace, progress=status.update))):
+            results.append(r)
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=f"rdvpump bench inproc (best of {repeat})")
+    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x")
+    out.print(table)
+
+
+@app.command("replay")
+def bench_replay(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    events: Annotated[int, typer.Option(help="Events in the generated trace.")] = 10_000_000,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+) -> None:
+    """The replay job on a real trace of EVENTS events, beside plain Python on the same file."""
+    from ..bench import replay
+
+    with err.status("benchmarking the replay ...") as status:
+        results = guard(lambda: list(replay.run(events, master=master,
+                                                 progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title="rdvpump bench replay")
+    for col in ("case", "events", "seconds", "events/s", "baseline", "baseline events/s",
+                "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",
+                      r.baseline, f"{r.baseline_events_per_s:,.0f}", f"{r.ratio:.2f}x")
+    out.print(table)
+
+
+@app.command("routes")
+def bench_routes(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    servers: Annotated[int, typer.Option(help="Servers in the route table.")] = 1000,
+    topics: Annotated[int, typer.Option(help="Topics per server.")] = 100,
+    ops: Annotated[int, typer.Option(help="Incremental updates timed.")] = 2000,
+) -> None:
+    """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
+    from ..bench import routes as bench_routes_mod
+
+    with err.status("benchmarking route tables ...") as status:
+        results = guard(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
+                                                           progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title="rdvpump bench routes")
+    for col in ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
+                      r.baseline, f"{r.baseline_value:.6g} {r.unit}",
+                      "n/a" if r.ratio is None else f"{r.ratio:.2f}x")
+    out.print(table)
+
+
+@app.command("tcp")
+def bench_tcp(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
+    scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
+    repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 3,
+    placement: Annotated[str, typer.Option(
+        help="split: the two processes on two cores; same: both on core 0.")] = "split",
+    busy_poll_us: Annotated[float, typer.Option(
+        help="Also time the round trip with links busy-polling this long (split placement; "
+             "0: not).")] = 100.0,
+) -> None:
+    """Two processes on loopback beside pyzmq PUSH/PULL and a batched trio framing loop."""
+    from ..bench import tcp
+
+    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    with err.status("benchmarking ...") as status:
+        results = guard(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
+                                              placement=placement,
+                                              busy_poll=busy_poll_us * 1e-6,
+                                              progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=f"rdvpump bench tcp (best of {repeat}, placement {placement})")
+    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio",
+                "median us", "p99 us"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        lat = (f"{r.median_us:,.0f} / {r.baseline_median_us:,.0f}" if r.median_us else "",
+               f"{r.p99_us:,.0f} / {r.baseline_p99_us:,.0f}" if r.p99_us else "")
+        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x", *lat)
+    out.print(table)
+
+
+def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
+    try:
+        values = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--sizes must be integers separated by commas, got {sizes!r}") from None
+    if not values or min(values) < 0 or scale <= 0 or repeat < 1:
+        raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
+    return values

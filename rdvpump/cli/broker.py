@@ -1,0 +1,94 @@
+"""rdvpump broker: brokers in a process of their own."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Annotated
+
+import trio
+import typer
+
+from brokermgr import DEFAULT_HEARTBEAT, DEFAULT_MANAGER_PORT
+from brokermgr.tracking import (
+    DEFAULT_REPORT_INTERVAL,
+    DEFAULT_SCAN_INTERVAL,
+    DEFAULT_SERVER_EXPIRY,
+    DEFAULT_TRACK_PORT,
+)
+from rdv import Address
+
+from ..processes import run_brokers
+from ._common import (
+    CAOption,
+    CertOption,
+    KeyOption,
+    RunOption,
+    TokenOption,
+    TraceFormatOption,
+    TraceOption,
+    UniverseOption,
+    fail,
+    guard,
+    ready_line,
+    recorder,
+    tls_files,
+)
+
+app = typer.Typer(help="Brokers in a process of their own.",
+                  no_args_is_help=True)
+
+
+@app.command("run")
+def broker_run(
+    broker_id: Annotated[list[str], typer.Option("--id", help="Broker id (repeatable).")],
+    manager: Annotated[list[str], typer.Option(help="Manager HOST:PORT (repeatable).")],
+    universe: UniverseOption = "default",
+    listen: Annotated[str, typer.Option(help="HOST:PORT for links (port 0: any).")] =
+        "127.0.0.1:0",
+    token: TokenOption = "",
+    echo: Annotated[list[int], typer.Option(help="Echo messages on this port "
+                                                 "(repeatable).")] = [80],  # noqa: B006
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = (
+        DEFAULT_HEARTBEAT),
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+    plan: Annotated[pathlib.Path | None, typer.Option(
+        help="Play these brokers' roles in a universe file (used by `universe up`).")] = None,
+    trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
+    role: Annotated[str | None, typer.Option(
+        help="Tracking role of these brokers: server, tracker or both (default: none).")] = None,
+    track_port: Annotated[int, typer.Option(help="Rendezvous port of the tracking role.")] =
+        DEFAULT_TRACK_PORT,
+    tracker: Annotated[list[str], typer.Option(
+        help="A tracker BROKER:PORT this server publishes to (repeatable).")] = [],  # noqa: B006
+    topic: Annotated[list[str], typer.Option(
+        help="A topic the server role declares at start (repeatable).")] = [],  # noqa: B006
+    report_interval: Annotated[float, typer.Option(
+        help="Seconds between a server's reports to its trackers.")] = DEFAULT_REPORT_INTERVAL,
+    track_expiry: Annotated[float, typer.Option(
+        help="Seconds without a report before a tracker drops a server.")] = DEFAULT_SERVER_EXPIRY,
+    track_scan: Annotated[float, typer.Option(
+        help="Seconds between a tracker's expiry scans.")] = DEFAULT_SCAN_INTERVAL,
+    state_dir: Annotated[pathlib.Path | None, typer.Option(
+        help="Where InfoVersion epochs persist, so versions grow across restarts.")] = None,
+    busy_poll_us: Annotated[float, typer.Option(
+        help="Links poll a quiet socket this long before sleeping: lower latency for a "
+             "busy core (0: off).")] = 0.0,
+) -> None:
+    """Run brokers in this process, registered with the managers, until Ctrl-C."""
+
+    managers = guard(lambda: [Address.parse(m, default_port=DEFAULT_MANAGER_PORT) for m in manager])
+    address = guard(lambda: Address.parse(listen))
+    tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
+    tracking = None
+    if role is not None:
+        tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
+                    "report_interval": report_interval, "expiry": track_expiry,
+                    "scan_interval": track_scan, "state_dir": state_dir}
+    elif tracker or topic:
+        raise fail("--tracker and --topic need a tracking --role (server, tracker or both)")
+    trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
+    guard(lambda: trio.run(lambda: run_brokers(
+        universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
+        heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
+        trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
+        ready=ready_line("brokers"))))

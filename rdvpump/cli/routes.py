@@ -1,0 +1,89 @@
+"""rdvpump routes: the live route table built from trackers."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import trio
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from brokermgr.tracking import DEFAULT_TRACK_PORT, DEFAULT_VOTE_FACTOR
+from rdv import tls_contexts
+
+from ..watch import parse_tracker, watch_routes
+from ._common import (
+    CAOption,
+    CertOption,
+    KeyOption,
+    TokenOption,
+    UniverseOption,
+    guard,
+    out,
+    tls_files,
+)
+
+
+def routes(
+    tracker: Annotated[list[str], typer.Option(
+        help="A tracker as HOST:PORT (the first tracker of the process listening there) or "
+             "BROKER@HOST:PORT (repeatable).")],
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+    track_port: Annotated[int, typer.Option(help="Rendezvous port of the trackers.")] = (
+        DEFAULT_TRACK_PORT),
+    vote_factor: Annotated[float, typer.Option(
+        help="Drop a server listed by fewer than this share of the trackers.")] = (
+        DEFAULT_VOTE_FACTOR),
+    once: Annotated[bool, typer.Option(help="Print the table once and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line per change.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --once: seconds to wait for the "
+                                                "trackers.")] = 10.0,
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+) -> None:
+    """The live route table built from trackers: servers, topics, versions and votes."""
+    trackers = guard(lambda: [parse_tracker(t, i, port=track_port)
+                               for i, t in enumerate(tracker, 1)])
+    tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
+    live: list[Live] = []
+
+    def show(snap: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(snap), flush=True)
+        elif once:
+            out.print(_routes_table(snap))
+        else:
+            if not live:
+                live.append(Live(_routes_table(snap), console=out, auto_refresh=False))
+                live[0].start()
+            live[0].update(_routes_table(snap), refresh=True)
+
+    try:
+        guard(lambda: trio.run(lambda: watch_routes(
+            universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
+            tls_client=None if tls is None else _client_context(tls), once=once,
+            timeout=timeout, show=show)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live:
+            live[0].stop()
+
+
+def _client_context(tls: tuple[str, str, str | None]) -> Any:
+    return tls_contexts(*tls)[1]
+
+
+def _routes_table(snap: dict[str, Any]) -> Table:
+    trackers = ", ".join(f"{t} v{v}" for t, v in snap["trackers"].items()) or "none"
+    table = Table(title=f"routes at t={snap['time']:.1f}s from {len(snap['trackers'])} "
+                        f"tracker(s): {trackers}")
+    for col in ("server", "ssl", "infoVersion", "votes", "topics"):
+        table.add_column(col, justify="right" if col in ("infoVersion", "votes") else "left")
+    for server in snap["servers"]:
+        votes = "static" if server["static"] else str(server["votes"])
+        table.add_row(server["address"], "yes" if server["ssl"] else "", str(server["infoVersion"]),
+                      votes, ", ".join(server["topics"]))
+    return table

@@ -1,0 +1,47 @@
+"""rdvpump status: the brokers a manager knows."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import trio
+import typer
+from rich.table import Table
+
+from brokermgr import DEFAULT_MANAGER_PORT
+from rdv import Address
+
+from ..processes import query_status
+from ._common import (
+    CAOption,
+    CertOption,
+    KeyOption,
+    TokenOption,
+    UniverseOption,
+    guard,
+    out,
+    tls_files,
+)
+
+
+def status(
+    manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = (
+        f"127.0.0.1:{DEFAULT_MANAGER_PORT}"),
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+    tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+) -> None:
+    """The brokers a manager knows, with their age and last heartbeat."""
+
+    address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
+    tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
+    brokers = guard(lambda: trio.run(lambda: query_status(universe, address, token=token,
+                                                           tls=tls)))
+    table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
+    for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
+        table.add_column(col, justify="left" if col in ("broker", "address") else "right")
+    for b in brokers:
+        where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
+        table.add_row(str(b["id"]), where, str(b["version"]),
+                      f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}")
+    out.print(table)

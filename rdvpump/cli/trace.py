@@ -1,0 +1,67 @@
+"""rdvpump trace: analyse and draw pump traces."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Annotated
+
+import typer
+
+from ._common import err, fail, guard
+
+app = typer.Typer(help="Analyse and draw pump traces.",
+                  no_args_is_help=True)
+
+
+@app.command("analyze")
+def trace_analyze(
+    traces: Annotated[pathlib.Path, typer.Argument(help="Directory of trace files.")],
+    out: Annotated[pathlib.Path | None, typer.Option(
+        help="Write tables, summary.json and plots here (default: TRACES/analysis).")] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead.")] =
+        False,
+) -> None:
+    """Replay traces with the Spark job (replay/job.py): invariants, latency, throughput."""
+    from replay import analyze, find_traces, print_summary, session
+
+    guard(lambda: find_traces(str(traces)))  # before a JVM starts
+    target = out if out is not None else traces / "analysis"
+    with err.status(f"replaying {traces} on Spark ({master}) ..."):
+        spark = guard(lambda: session(master))
+        try:
+            summary = guard(lambda: analyze(spark, str(traces), str(target)))
+        finally:
+            spark.stop()
+    if json_out:
+        print(json.dumps(summary, default=str))
+    else:
+        print_summary(summary)
+        err.print(f"tables, summary.json and plots in {target}/")
+    if summary["violation_count"]:
+        raise typer.Exit(1)
+
+
+@app.command("diagram")
+def trace_diagram(
+    file: Annotated[pathlib.Path, typer.Argument(help="One trace file (.jsonl or .parquet).")],
+    link: Annotated[str | None, typer.Option(help="Link id, e.g. server/1.")] = None,
+    connects_of: Annotated[str | None, typer.Option(
+        "--connects-of", help="Instead: every connect attempt of this broker.")] = None,
+    output: Annotated[pathlib.Path | None, typer.Option(
+        "--out", help="Write here instead of stdout.")] = None,
+) -> None:
+    """A Mermaid sequence diagram of one link's life, from a real trace."""
+    from replay.diagram import connect_diagram, link_diagram, read_events
+
+    if (link is None) == (connects_of is None):
+        raise fail("give one of --link or --connects-of")
+    events = guard(lambda: read_events(file))
+    text = guard(lambda: link_diagram(events, link) if link is not None
+                  else connect_diagram(events, connects_of or ""))
+    if output is None:
+        print(text, end="")
+    else:
+        guard(lambda: output.write_text(text))
+        err.print(f"wrote {output}")

@@ -1,0 +1,337 @@
+"""Processes of a universe: a manager serving the name service, a process of brokers, and
+``universe up``, which starts one of each per broker and watches them.
+
+The stdout protocol between a child and its parent, all in this module: a
+child prints ``ready <what> HOST:PORT`` once it can be used, then (with a
+plan) ``stats {json}`` lines and ``done {json}``.  Children run until SIGINT or
+SIGTERM and then shut down cleanly (brokers unregister).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from brokermgr import (
+    DEFAULT_BROKER_EXPIRY,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_SCAN_INTERVAL,
+    BrokerManager,
+    NameClient,
+    NameService,
+    echo,
+)
+from brokermgr.tracking import TRACKER_ALIAS, TrackNode
+from channels import DEFAULT_RING_CAPACITY
+from pump import Pump, TraceRecorder
+from rdv import Address, tls_contexts
+
+from .workloads import Stats, UniverseSpec, drive, load_universe, serve_role, sink_expectations
+
+#: How a parent starts a child: the public ``rdvpump`` command of this interpreter.
+RDVPUMP = [sys.executable, "-m", "rdvpump"]
+REPORT_EVERY = 0.25
+#: Listen on loopback, on a port the kernel picks.
+ANY_LOCAL = Address("127.0.0.1", 0)
+
+
+
+async def _until_signalled() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
+
+
+def _secure(manager: BrokerManager, tls: TLSFiles | None) -> None:
+    if tls is not None:
+        manager.net.tls_server, manager.net.tls_client = tls_contexts(*tls)
+
+
+async def run_manager(universe: str, listen: Address, *, token: str = "",
+                      expiry: float = DEFAULT_BROKER_EXPIRY,
+                      scan_interval: float = DEFAULT_SCAN_INTERVAL,
+                      tls: TLSFiles | None = None, trace: TraceRecorder | None = None,
+                      ready: Callable[[Address], None] = lambda address: None) -> None:
+    manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"))
+    _secure(manager, tls)
+    service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.pump.serve)
+            address = await nursery.start(manager.serve_network, *listen)
+            ready(address)
+            await _until_signalled()
+            service.close()
+            nursery.cancel_scope.cancel()
+    finally:
+        manager.pump.close_trace()
+
+
+async def run_brokers(universe: str, broker_ids: list[str], managers: list[Address], *,
+                      listen: Address = ANY_LOCAL, token: str = "",
+                      echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
+                      ring_capacity: int | None = None, tls: TLSFiles | None = None,
+                      plan: str | None = None, trace: TraceRecorder | None = None,
+                      tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
+                      ready: Callable[[Address], None] = lambda address: None) -> None:
+    """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
+
+    With ``plan`` (a universe file) they play their roles in it instead and
+    print ``stats {json}`` lines, then ``done {json}``, on stdout.  With
+    ``tracking`` (keyword arguments of :class:`~brokermgr.tracking.TrackNode`
+    plus ``topics``, topics to declare) every broker takes a tracking role;
+    the first tracker of the process also answers as ``@tracker``.
+    """
+    spec = None
+    if plan is not None:
+        spec = load_universe(plan)
+        unknown = [b for b in broker_ids if b not in spec.brokers]
+        if unknown:
+            raise ValueError(f"{plan}: no broker {unknown[0]!r} in the universe file")
+        echo_ports = ()
+    manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
+                            DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
+                            pump=Pump(trace=trace, name="+".join(broker_ids)))
+    _secure(manager, tls)
+    brokers = [manager.add_broker(b) for b in broker_ids]
+    try:
+        await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
+                             heartbeat, spec, tracking, ready)
+    finally:
+        manager.pump.close_trace()
+
+
+async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
+                         managers: list[Address], listen: Address, echo_ports: Sequence[int],
+                         heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
+                         ready: Callable[[Address], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        address = await nursery.start(manager.serve_network, *listen)
+        for broker in brokers:
+            for port in echo_ports:
+                await nursery.start(broker.serve_queues, port, echo)
+        names = NameClient(manager, managers, heartbeat=heartbeat) if managers else None
+        if names is not None:
+            names.start()
+        nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
+        ready(address)
+        if spec is not None and names is not None:
+            def emit(kind: str, payload: dict[str, object]) -> None:
+                print(kind, json.dumps(payload), flush=True)
+
+            for b in broker_ids:
+                nursery.start_soon(play_plan, spec, b, manager, names, nursery, emit)
+        await _until_signalled()
+        for node in nodes:
+            node.close()
+        if names is not None:
+            names.close()
+            await trio.sleep(0.05)  # let the unregister leave before the links are cut
+        nursery.cancel_scope.cancel()
+
+
+def _start_tracking(manager: BrokerManager, brokers: list[Any],
+                    tracking: dict[str, Any]) -> list[Any]:
+    options = dict(tracking)
+    topics = options.pop("topics", ())
+    nodes = []
+    for broker in brokers:
+        node = TrackNode(broker, **options)
+        if node.is_server:
+            for topic in topics:
+                node.declare_topic(topic)
+        if node.is_tracker and TRACKER_ALIAS not in manager.aliases:
+            manager.aliases[TRACKER_ALIAS] = broker.id
+        nodes.append(node)
+    return nodes
+
+
+async def query_status(universe: str, manager_address: Address, *, token: str = "",
+                       timeout: float = 5.0, tls: TLSFiles | None = None
+                       ) -> list[dict[str, object]]:
+    """The broker list of one manager; OSError when it cannot be reached or refuses us."""
+    manager = BrokerManager(universe, token=token)
+    _secure(manager, tls)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        names = NameClient(manager, [manager_address], retry=timeout)
+        session = names.sessions[0]
+        names.start()
+        with trio.move_on_after(timeout):
+            while session.queue is None and session.last_refusal is None:
+                await trio.sleep(0.01)
+        if session.queue is None:
+            why = session.last_refusal or "timed out"
+            raise OSError(f"manager {manager_address[0]}:{manager_address[1]}: {why}")
+        brokers = await names.list()
+        names.close()
+        nursery.cancel_scope.cancel()
+    if brokers is None:
+        raise OSError("the manager did not answer")
+    return brokers
+
+
+@dataclass
+class ChildState:
+    broker: str
+    stats: dict[str, Any] = field(default_factory=dict)
+    reports: list[dict[str, Any]] | None = None
+    exit_code: int | None = None
+    rate: tuple[float, float] = (0.0, 0.0)  # messages/s, bytes/s
+    _last: tuple[float, int, int] | None = None
+
+    def update(self, stats: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if self._last is not None and now > self._last[0]:
+            dt = now - self._last[0]
+            self.rate = ((stats["messages"] - self._last[1]) / dt,
+                         (stats["bytes"] - self._last[2]) / dt)
+        self._last = (now, stats["messages"], stats["bytes"])
+        self.stats = stats
+
+
+async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
+                    names: NameClient, nursery: trio.Nursery,
+                    emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """The child side: serve this broker's roles, drive its workloads, report."""
+    broker = manager.broker(broker_id)
+    stats = Stats()
+    serves, drives = spec.roles(broker_id)
+    for kind, port in serves:
+        await nursery.start(serve_role, broker, kind, port, stats)
+
+    async def report() -> None:
+        while True:
+            emit("stats", stats.to_dict())
+            await trio.sleep(REPORT_EVERY)
+
+    nursery.start_soon(report)
+    reports = []
+    for w in drives:
+        for t in w.targets:  # wait until the targets registered with a manager
+            with trio.fail_after(30):
+                while await names.resolve(t, True) is None:
+                    await trio.sleep(0.05)
+        reports.append((await drive(broker, w, stats)).to_dict())
+    emit("done", {"reports": reports})
+
+
+async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
+                      on_change: Callable[[dict[str, ChildState]], None],
+                      timeout: float = 600.0, trace_args: Sequence[str] = ()
+                      ) -> dict[str, ChildState]:
+    """Start the manager and the broker processes, run the workloads, stop everything.
+
+    ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
+    """
+    env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
+    children: list[trio.Process] = []
+    states = {b: ChildState(b) for b in spec.brokers}
+    expected = sink_expectations(spec)
+
+    async def spawn(args: list[str], on_line: Callable[[str], None]) -> tuple[str, int]:
+        proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdout=subprocess.PIPE,
+                                                stderr=subprocess.DEVNULL, env=env)
+        children.append(proc)
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        with trio.fail_after(30):
+            first = await lines.__anext__()
+        if not first.startswith("ready "):
+            raise RuntimeError(f"{args[0]} did not start: {first!r}")
+
+        async def follow() -> None:
+            async for line in lines:
+                on_line(line)
+
+        nursery.start_soon(follow)
+        return Address.parse(first.split()[-1])
+
+    def child_line(broker: str) -> Callable[[str], None]:
+        def on_line(line: str) -> None:
+            kind, _, payload = line.partition(" ")
+            if kind == "stats":
+                states[broker].update(json.loads(payload))
+            elif kind == "done":
+                states[broker].reports = json.loads(payload)["reports"]
+            on_change(states)
+
+        return on_line
+
+    def finished() -> bool:
+        drivers_done = all(states[w.source].reports is not None for w in spec.workloads)
+        sinks_full = all(states[b].stats.get("messages", 0) >= n for b, n in expected.items())
+        return drivers_done and sinks_full
+
+    try:
+        # Signals are ours from the start: Ctrl-C while children start still stops them all.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def interrupted() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(interrupted)
+                manager_addr = await spawn(["manager", "serve", "--universe", spec.name,
+                                            "--listen", "127.0.0.1:0", "--scan", "1",
+                                            "--expiry", "10", *trace_args], lambda line: None)
+                where = f"{manager_addr[0]}:{manager_addr[1]}"
+                for b in spec.brokers:
+                    await spawn(["broker", "run", "--id", b, "--universe", spec.name,
+                                 "--manager", where, "--heartbeat", "2", "--plan", str(path),
+                                 *trace_args],
+                                child_line(b))
+                with trio.move_on_after(timeout):
+                    while not finished():
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await _stop_all(children)
+        for proc, b in zip(children[1:], spec.brokers, strict=False):
+            states[b].exit_code = proc.returncode
+        on_change(states)
+    return states
+
+
+async def _lines(stream: trio.abc.ReceiveStream) -> Any:
+    buf = b""
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            return
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line.decode()
+
+
+async def _stop_all(children: list[trio.Process], grace: float = 10.0) -> None:
+    """SIGINT every child (a clean shutdown), then SIGKILL what is left; reap them all."""
+    for proc in children:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+    with trio.move_on_after(grace):
+        for proc in children:
+            await proc.wait()
+    for proc in children:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
