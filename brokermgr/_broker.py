@@ -22,7 +22,7 @@ from channels import (
     MessageQueue,
 )
 from pump import Pump, TraceRecorder, open_trace
-from rdv import Address, NetNode, RdvNode, RefusedError
+from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 
 
 class Broker:
@@ -51,10 +51,10 @@ class Broker:
 
     # -- pump owner protocol -----------------------------------------------------------
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.id, None, None, None
 
-    def _fail(self, exc: BaseException) -> None:
+    def task_failed(self, exc: BaseException) -> None:
         self._failure = f"broker failed: {exc!r}"
         self._node.close(self._failure)
 
@@ -218,10 +218,11 @@ class BrokerManager:
         #: ``@tracker.<suffix>`` reaches the same broker).
         self.aliases: dict[str, str] = {}
         #: Where brokers of this universe that live in other processes listen.
-        self.directory: dict[str, Address] = {
-            broker_id: Address(*where) for broker_id, where in (directory or {}).items()}
+        self.resolver = Resolver(directory)
+        #: The resolver's static part: broker id -> address, set by hand.
+        self.directory = self.resolver.directory
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
-                           resolve_local=self._resolve, lookup=self.directory.get)
+                           resolve_local=self._resolve, resolver=self.resolver)
         if not busy_poll >= 0:
             raise ValueError(f"busy_poll must be a non-negative number of seconds, "
                              f"got {busy_poll!r}")

@@ -1,97 +1,103 @@
-"""The name service's liveness table, sans-I/O: who is registered, where, and until when.
+"""Liveness tables, sans-I/O: who reported, over which connection, and until when.
 
-Fed registrations, heartbeats, connection losses and scans with the time as an
-argument; never reads a clock, never touches a socket.  As in RocketMQ's
-NameServer, a dropped connection removes its brokers at once and the periodic
-scan is only the backstop for brokers that are connected but silent.
+Fed reports, connection losses and scans with the time as an argument; never
+reads a clock, never touches a socket.  As in RocketMQ's NameServer, a dropped
+connection removes its entries at once and the periodic scan is only the
+backstop for entries that are connected but silent.  The name service keeps
+its brokers in one (keyed by broker id) and a tracker its servers (keyed by
+``broker:port``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from rdv import Address
+from typing import Generic, TypeVar
 
 #: Seconds between two expiry scans of a liveness table (name service and trackers alike).
 DEFAULT_SCAN_INTERVAL = 10.0
 
+#: The connection of an entry that never drops and never expires (a tracker's own server).
+PINNED: object = object()
+
+V = TypeVar("V")
+
 
 @dataclass
-class BrokerRecord:
-    broker_id: str
-    address: Address
+class Entry(Generic[V]):
+    """What a table holds for one key: the latest value and when it was seen."""
+
+    key: str
+    value: V
     version: int
-    topics: tuple[str, ...]
-    registered_at: float
-    last_heartbeat: float
+    since: float  # first report over this connection
+    last_seen: float
     connection: object = field(default=None, compare=False, repr=False)
 
-    def age(self, now: float) -> float:
-        return now - self.registered_at
 
-    def to_dict(self, now: float) -> dict[str, object]:
-        return {"id": self.broker_id, "address": list(self.address), "version": self.version,
-                "topics": list(self.topics), "age": round(self.age(now), 3),
-                "since_heartbeat": round(now - self.last_heartbeat, 3)}
+class LivenessTable(Generic[V]):
+    """Entries by key, each with a version, refreshed by reports and dropped by silence.
 
-
-class LivenessTable:
-    """Registered brokers of one universe, by id."""
+    ``report`` keeps the value of the highest version: a report of a lower
+    version than the one held is stale and changes nothing; a report of the
+    same or a higher version replaces the value and proves the entry alive.
+    """
 
     def __init__(self, *, expiry: float) -> None:
         if not expiry > 0:
             raise ValueError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
-        self._records: dict[str, BrokerRecord] = {}
+        self._entries: dict[str, Entry[V]] = {}
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._entries)
 
-    def __contains__(self, broker_id: object) -> bool:
-        return broker_id in self._records
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
-    def register(self, broker_id: str, address: Address, *, now: float, version: int = 0,
-                 topics: tuple[str, ...] = (), connection: object = None) -> BrokerRecord:
-        """Register or refresh (a heartbeat is a registration).  Returns the record.
+    def report(self, key: str, value: V, *, now: float, version: int = 0,
+               connection: object = None) -> bool:
+        """A report of ``key``; True if the table changed (a new key, or a new value)."""
+        held = self._entries.get(key)
+        if held is None:
+            self._entries[key] = Entry(key, value, version, now, now, connection)
+            return True
+        if version < held.version:
+            return False
+        changed = version > held.version or value != held.value
+        held.value = value
+        held.version = version
+        held.last_seen = now
+        if connection is not held.connection:
+            held.connection = connection
+            held.since = now
+        return changed
 
-        A registration with a lower version than the one held is stale and
-        changes nothing but is not an error.
-        """
-        record = self._records.get(broker_id)
-        if record is not None and version < record.version:
-            return record
-        if record is None or record.address != tuple(address) or record.connection is not \
-                connection:
-            record = BrokerRecord(broker_id, Address(address[0], int(address[1])), version, topics,
-                                  registered_at=now, last_heartbeat=now, connection=connection)
-            self._records[broker_id] = record
-        else:
-            record.version = version
-            record.topics = topics
-            record.last_heartbeat = now
-        return record
-
-    def unregister(self, broker_id: str) -> bool:
-        """Clean shutdown of a broker; True if it was registered."""
-        return self._records.pop(broker_id, None) is not None
+    def remove(self, key: str) -> bool:
+        """Forget ``key`` (a clean shutdown); True if it was there."""
+        return self._entries.pop(key, None) is not None
 
     def connection_lost(self, connection: object) -> list[str]:
-        """The fast path: drop every broker registered over that connection."""
-        gone = [i for i, r in self._records.items() if r.connection is connection]
-        for broker_id in gone:
-            del self._records[broker_id]
+        """The fast path: drop every entry that reported over that connection."""
+        gone = [k for k, e in self._entries.items() if e.connection is connection]
+        for key in gone:
+            del self._entries[key]
         return gone
 
     def scan(self, now: float) -> list[str]:
-        """The backstop: drop brokers with no heartbeat within the expiry."""
-        gone = [i for i, r in self._records.items() if now - r.last_heartbeat > self.expiry]
-        for broker_id in gone:
-            del self._records[broker_id]
+        """The backstop: drop entries not seen within the expiry (pinned ones stay)."""
+        gone = [k for k, e in self._entries.items()
+                if e.connection is not PINNED and now - e.last_seen > self.expiry]
+        for key in gone:
+            del self._entries[key]
         return gone
 
-    def lookup(self, broker_id: str) -> Address | None:
-        record = self._records.get(broker_id)
-        return None if record is None else record.address
+    def get(self, key: str) -> Entry[V] | None:
+        return self._entries.get(key)
 
-    def records(self) -> list[BrokerRecord]:
-        return sorted(self._records.values(), key=lambda r: r.broker_id)
+    def entries(self) -> list[Entry[V]]:
+        """Every entry, by key."""
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def values(self) -> dict[str, V]:
+        """Every value, by key in order."""
+        return {k: self._entries[k].value for k in sorted(self._entries)}

@@ -96,10 +96,10 @@ class Channel:
 
     # -- pump owner protocol -----------------------------------------------------------
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.local, self.remote, self.port, self.trace_link
 
-    def _fail(self, exc: BaseException) -> None:
+    def task_failed(self, exc: BaseException) -> None:
         self.disconnect(f"listener error: {exc!r}", error=True)
 
     # -- listener ----------------------------------------------------------------------

@@ -214,10 +214,10 @@ class MessageQueue:
         return (f"<MessageQueue link={c.link_id} {c.local}->{c.remote}:{c.port} "
                 f"{self._state.value}>")
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
-        return self._channel._trace_ids()
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+        return self._channel.trace_ids()
 
-    def _fail(self, exc: BaseException) -> None:
+    def task_failed(self, exc: BaseException) -> None:
         self._end_abruptly(f"listener error: {exc!r}")
 
     # -- listener ----------------------------------------------------------------------

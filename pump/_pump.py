@@ -30,14 +30,14 @@ DEFAULT_SERVE_BATCH = 64
 class Owner(Protocol):
     """Something a task belongs to (a link, a broker).
 
-    When a task raises, the pump calls ``_fail(exc)`` on its owner, which must
-    close itself with the reason; ``_trace_ids()`` names it in trace events as
+    When a task raises, the pump calls ``task_failed(exc)`` on its owner, which must
+    close itself with the reason; ``trace_ids()`` names it in trace events as
     ``(broker, peer, port, link)``.
     """
 
-    def _fail(self, exc: BaseException) -> None: ...
+    def task_failed(self, exc: BaseException) -> None: ...
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]: ...
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]: ...
 
 
 class Timer:
@@ -181,7 +181,7 @@ class Pump:
     def _trace_task(self, event: str, kind: str, owner: Owner | None, now: float) -> None:
         trace = self.trace
         assert trace is not None
-        broker, peer, port, link = (owner._trace_ids() if owner is not None
+        broker, peer, port, link = (owner.trace_ids() if owner is not None
                                     else (None, None, None, None))
         trace.rows.append((self._step, now, trace.context(
             event, broker, peer, port, link, None, kind), None, None))
@@ -192,13 +192,13 @@ class Pump:
         self.failures += 1
         log.error("pump %s: %s task failed: %r", self.name, kind, exc, exc_info=exc)
         if self.trace is not None:
-            broker, peer, port, link = (owner._trace_ids() if owner is not None
+            broker, peer, port, link = (owner.trace_ids() if owner is not None
                                         else (None, None, None, None))
             self.trace.event(self._step, self.now(), "fail", broker=broker, peer=peer,
                              port=port, link=link, outcome=kind, reason=repr(exc))
         if owner is not None:
             try:
-                owner._fail(exc)
+                owner.task_failed(exc)
             except Exception as exc2:  # noqa: BLE001
                 log.error("pump %s: failing the owner of a %s task raised %r", self.name, kind,
                           exc2, exc_info=exc2)

@@ -23,6 +23,8 @@ from ._net import UNREACHABLE as UNREACHABLE
 from ._net import NetNode as NetNode
 from ._net import tls_contexts as tls_contexts
 from ._node import RdvNode as RdvNode
+from ._resolve import NameSource as NameSource
+from ._resolve import Resolver as Resolver
 from ._wire import MAX_HANDSHAKE_SIZE as MAX_HANDSHAKE_SIZE
 from ._wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._wire import HandshakeError as HandshakeError
@@ -52,6 +54,8 @@ __all__ = [
     "PortState",
     "RdvEvent",
     "RdvNode",
+    "NameSource",
+    "Resolver",
     "RdvUsageError",
     "RefusedError",
     "Rendezvous",

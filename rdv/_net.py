@@ -20,6 +20,7 @@ from pump import Pump
 
 from ._address import Address
 from ._core import UNAUTHORIZED, UNKNOWN_BROKER, Action, RdvEvent
+from ._resolve import Resolver
 from ._wire import FrameReader, HandshakeError, Hello, Reply, parse_hello, parse_reply
 
 log = logging.getLogger("rdvpump.net")
@@ -45,12 +46,12 @@ class NetNode:
     """The network face of one process's brokers in a universe.
 
     ``resolve_local(id)`` finds a broker's RdvNode in this process;
-    ``lookup(id)`` gives the address of a broker elsewhere (a static table
-    now, the name service later).  Links run in the nursery of :meth:`serve`.
+    ``resolver`` finds where brokers of other processes listen (a static
+    directory, the name service).  Links run in the nursery of :meth:`serve`.
     """
 
     def __init__(self, pump: Pump, channels: ChannelManager, *, universe: str, token: str,
-                 resolve_local: Callable[[str], Any], lookup: Callable[[str], Address | None],
+                 resolve_local: Callable[[str], Any], resolver: Resolver,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.pump = pump
@@ -58,7 +59,7 @@ class NetNode:
         self.universe = universe
         self.token = token
         self.resolve_local = resolve_local
-        self.lookup = lookup
+        self.resolver = resolver
         self.handshake_timeout = handshake_timeout
         self._pending = trio.Semaphore(max_pending)
         self._nursery: trio.Nursery | None = None
@@ -74,8 +75,6 @@ class NetNode:
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
-        #: ``await resolver(broker_id, fresh)`` asks the name service (None: not known).
-        self.resolver: Callable[[str, bool], Awaitable[Address | None]] | None = None
         self.rejected: list[str] = []  # reasons bad connections were closed, newest last
 
     # -- serving ----------------------------------------------------------------------
@@ -194,8 +193,8 @@ class NetNode:
     # -- dialling ---------------------------------------------------------------------
 
     def can_reach(self, dst: str) -> bool:
-        """Whether ``dst`` might live in another process: a known address or a resolver."""
-        return self.lookup(dst) is not None or self.resolver is not None
+        """Whether ``dst`` might live in another process."""
+        return self.resolver.can_reach(dst)
 
     def dial(self, node: Any, dst: str, port: int, listener: Any, *,
              address: Address | None = None) -> None:
@@ -220,22 +219,16 @@ class NetNode:
         self.pump.emit("refuse", broker=node.id, peer=dst, port=port, reason=reason)
         self.pump.post("refuse", listener.refused, reason, owner=node._owner)
 
-    async def _resolve(self, dst: str, *, fresh: bool) -> Address | None:
-        address = None if fresh else self.lookup(dst)
-        if address is None and self.resolver is not None:
-            address = await self.resolver(dst, fresh)
-        return address
-
     async def _dial(self, node: Any, dst: str, port: int, listener: Any) -> None:
-        address = await self._resolve(dst, fresh=False)
+        address = await self.resolver.resolve(dst)
         if address is None:
             self._refuse(node, dst, port, listener, UNKNOWN_BROKER)
             return
         outcome = await self._attempt(node, dst, address, port)
-        if isinstance(outcome, str) and self.resolver is not None and (
+        if isinstance(outcome, str) and self.resolver.sources and (
                 outcome.startswith(UNREACHABLE) or outcome == UNKNOWN_BROKER):
             # The cached address may be stale: ask the name service again, once.
-            fresh = await self._resolve(dst, fresh=True)
+            fresh = await self.resolver.resolve(dst, fresh=True)
             if fresh is None:
                 outcome = UNKNOWN_BROKER
             elif fresh != address:

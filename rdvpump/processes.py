@@ -174,7 +174,7 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
         names.start()
         with trio.move_on_after(timeout):
             while session.queue is None and session.last_refusal is None:
-                await trio.sleep(0.01)
+                await session.attempted()
         if session.queue is None:
             why = session.last_refusal or "timed out"
             raise OSError(f"manager {manager_address[0]}:{manager_address[1]}: {why}")
@@ -225,7 +225,7 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
     for w in drives:
         for t in w.targets:  # wait until the targets registered with a manager
             with trio.fail_after(30):
-                while await names.resolve(t, True) is None:
+                while await manager.resolver.resolve(t, fresh=True) is None:
                     await trio.sleep(0.05)
         reports.append((await drive(broker, w, stats)).to_dict())
     emit("done", {"reports": reports})

@@ -4,11 +4,15 @@
   (zbus's JSON shapes) and :class:`VersionCounter` (InfoVersions across restarts);
 * :mod:`.routes` -- the client's route table, sans-I/O;
 * :mod:`.select` -- server selection algorithms;
-* :mod:`.node` -- the server and tracker roles of a broker (:class:`TrackNode`)
-  and the client (:class:`RouteClient`), over the framework's message queues.
+* :mod:`.server` and :mod:`.tracker` -- the two roles of a broker, and :mod:`.node`,
+  :class:`TrackNode`, which runs one or both on a rendezvous port;
+* :mod:`.client` -- :class:`RouteClient`, which builds routes from trackers and servers,
+  and the routing half of producers and consumers.
 """
 
+from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
+from .client import DEFAULT_TRACK_PORT, Consumer, Producer, RouteClient
 from .info import (
     ConsumeGroupInfo,
     InfoError,
@@ -18,26 +22,16 @@ from .info import (
     TrackerInfo,
     VersionCounter,
 )
-from .node import (
-    DEFAULT_REPORT_INTERVAL,
-    DEFAULT_RETRY,
-    DEFAULT_SERVER_EXPIRY,
-    DEFAULT_TRACK_PORT,
-    TRACKER_ALIAS,
-    Consumer,
-    Producer,
-    RouteClient,
-    TrackedServers,
-    TrackNode,
-)
+from .node import TRACKER_ALIAS, TrackNode
 from .routes import DEFAULT_VOTE_FACTOR, RouteChange, RouteTable, Vote
 from .select import RoundRobin, Selector, all_servers, by_key_hash
+from .server import DEFAULT_REPORT_INTERVAL, ServerRole
+from .tracker import DEFAULT_SERVER_EXPIRY, TrackerRole
 
 __all__ = [
     "DEFAULT_REPORT_INTERVAL", "DEFAULT_RETRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_SERVER_EXPIRY",
     "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "TRACKER_ALIAS", "ConsumeGroupInfo", "Consumer",
-    "InfoError",
-    "Producer", "RoundRobin", "RouteChange", "RouteClient", "RouteTable", "Selector",
-    "ServerAddress", "ServerInfo", "TopicInfo", "TrackNode", "TrackedServers", "TrackerInfo",
-    "VersionCounter", "Vote", "all_servers", "by_key_hash",
+    "InfoError", "Producer", "RoundRobin", "RouteChange", "RouteClient", "RouteTable", "Selector",
+    "ServerAddress", "ServerInfo", "ServerRole", "TopicInfo", "TrackNode", "TrackerInfo",
+    "TrackerRole", "VersionCounter", "Vote", "all_servers", "by_key_hash",
 ]

@@ -72,15 +72,15 @@ class ServerAddress:
     ssl_enabled: bool = False
 
     def __post_init__(self) -> None:
-        parse_address(self.address)
+        _split(self.address)
 
     @property
     def broker_id(self) -> str:
-        return parse_address(self.address)[0]
+        return _split(self.address)[0]
 
     @property
     def port(self) -> int:
-        return parse_address(self.address)[1]
+        return _split(self.address)[1]
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "sslEnabled": self.ssl_enabled}
@@ -98,7 +98,7 @@ class ServerAddress:
         return f"[SSL]{self.address}" if self.ssl_enabled else self.address
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def _split(text: str) -> tuple[str, int]:
     """``"broker:port"`` to ``(broker, port)``; ValueError with the reason otherwise."""
     if not isinstance(text, str):
         raise ValueError(f"an address must be a string 'broker:port', got {text!r}")

@@ -175,8 +175,8 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
     finally:
         quiet.setLevel(level)
     hung_node = nodes[1]
-    assert hung_node._report_timer is not None
-    hung_node._report_timer.cancel()  # hung: connected, silent
+    assert hung_node.server is not None
+    hung_node.server.pause_reports()  # hung: connected, silent
     pump.run_for(0)
     hung = until_everyone_dropped(hung_node.address.address, 10 * DEFAULT_SERVER_EXPIRY)
     yield RoutesResult(

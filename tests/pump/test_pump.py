@@ -15,10 +15,10 @@ class Owner:
         self.name = name
         self.failed: list[BaseException] = []
 
-    def _fail(self, exc: BaseException) -> None:
+    def task_failed(self, exc: BaseException) -> None:
         self.failed.append(exc)
 
-    def _trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.name, None, None, None
 
 

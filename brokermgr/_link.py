@@ -1,0 +1,185 @@
+"""A link this side dials and keeps: reconnects after a refusal or a loss, speaks JSON, and
+matches replies to requests.  The name client's links to managers and tracking's links to
+trackers and servers are all this one class.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from channels import MessageQueue, QueueListener
+from pump import Pump, Timer
+
+from ._rpc import Sent, decode, send
+
+log = logging.getLogger("rdvpump.link")
+
+#: Seconds before dialling again after a refused or failed connect.
+DEFAULT_RETRY = 1.0
+
+Reply = dict[str, Any]
+
+
+class ReconnectingLink(QueueListener):
+    """Dials with ``dial(self)`` (which must end in ``connected`` or ``refused``) and keeps
+    the link: ``retry`` seconds after a refusal, and ``after_loss`` seconds (default:
+    ``retry``) after an open link closed, it dials again, until :meth:`close`.
+
+    Messages are JSON objects.  A reply carrying the ``seq`` of a request made with
+    :meth:`request` or :meth:`call` goes to that request; any other message goes to
+    :meth:`pushed`.  Subclasses override the hooks :meth:`opened`, :meth:`lost`,
+    :meth:`goodbye` and :meth:`pushed`.
+    """
+
+    def __init__(self, pump: Pump, dial: Callable[[ReconnectingLink], None], *, name: str,
+                 retry: float = DEFAULT_RETRY, after_loss: float | None = None) -> None:
+        if not retry > 0:
+            raise ValueError(f"retry must be positive, got {retry!r}")
+        self.pump = pump
+        self.name = name
+        self.retry = retry
+        self.after_loss = retry if after_loss is None else after_loss
+        self._dial = dial
+        self.queue: MessageQueue | None = None
+        self.connects = 0
+        self.last_refusal: str | None = None
+        self._timer: Timer | None = None
+        self._closing = False
+        self._attempted = trio.Event()
+        self._seq = 0
+        self._waiting: dict[int, Callable[[Reply | None], None]] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} to {self.name}>"
+
+    # -- dialling ----------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Dial now (the first time, or again)."""
+        self._timer = None
+        if not self._closing:
+            self._dial(self)
+
+    def connected(self, queue: MessageQueue) -> None:
+        if self._closing:
+            queue.close()
+            return
+        self.queue = queue
+        self.connects += 1
+        self.last_refusal = None
+        queue.set_listener(self)
+        self.opened()
+        self._outcome()
+
+    def refused(self, reason: str) -> None:
+        self.last_refusal = reason
+        self._outcome()
+        self._again(reason, self.retry)
+
+    def closed(self, reason: str) -> None:
+        self.queue = None
+        waiting, self._waiting = self._waiting, {}
+        for on_reply in waiting.values():
+            on_reply(None)
+        self.lost(reason)
+        self._again(reason, self.after_loss)
+
+    def _again(self, reason: str, delay: float) -> None:
+        if self._closing:
+            return
+        log.info("%s: %s; dialling again in %s s", self.name, reason, delay)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.pump.call_later(delay, self.connect)
+
+    def _outcome(self) -> None:
+        self._attempted.set()
+        self._attempted = trio.Event()
+
+    async def attempted(self) -> None:
+        """Wait for the outcome of the next connect attempt (connected or refused)."""
+        await self._attempted.wait()
+
+    def close(self) -> None:
+        """Stop dialling; say :meth:`goodbye` on an open link, then close it (flushing)."""
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.queue is not None:
+            self.goodbye()
+            self.queue.close()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    # -- messages ----------------------------------------------------------------------
+
+    def send(self, obj: dict[str, Any] | bytes) -> Sent:
+        """One JSON message (or one already encoded); GONE while not connected."""
+        if self.queue is None:
+            return Sent.GONE
+        return send(self.queue, obj, what=self.name)
+
+    def request(self, obj: dict[str, Any], on_reply: Callable[[Reply | None], None]) -> bool:
+        """Send ``obj`` with a fresh ``seq``; ``on_reply(reply)`` runs when its reply comes,
+        or ``on_reply(None)`` if the link closes first.  False if it could not be sent."""
+        self._seq += 1
+        seq = self._seq
+        if self.send({**obj, "seq": seq}) is not Sent.SENT:
+            return False
+        self._waiting[seq] = on_reply
+        return True
+
+    async def call(self, obj: dict[str, Any], *, timeout: float) -> Reply | None:
+        """:meth:`request`, awaited: the reply, or None (not connected, closed, timed out)."""
+        done = trio.Event()
+        box: list[Reply | None] = []
+
+        def on_reply(reply: Reply | None) -> None:
+            box.append(reply)
+            done.set()
+
+        if not self.request(obj, on_reply):
+            return None
+        seq = self._seq
+        with trio.move_on_after(timeout):
+            await done.wait()
+        self._waiting.pop(seq, None)
+        return box[0] if box else None
+
+    def received(self, message: bytes) -> None:
+        try:
+            obj = decode(message)
+        except ValueError as exc:
+            self.abort(f"protocol error: bad message from {self.name}: {exc}")
+            return
+        seq = obj.get("seq")
+        on_reply = self._waiting.pop(seq, None) if isinstance(seq, int) else None
+        if on_reply is not None:
+            on_reply(obj)
+        else:
+            self.pushed(obj)
+
+    def abort(self, reason: str) -> None:
+        """Close the link at once with ``reason`` (it is dialled again later)."""
+        if self.queue is not None:
+            self.queue.abort(reason)
+
+    # -- hooks for subclasses ----------------------------------------------------------
+
+    def opened(self) -> None:
+        """The link is up (again)."""
+
+    def lost(self, reason: str) -> None:
+        """The link closed; it is dialled again unless closing."""
+
+    def goodbye(self) -> None:
+        """Last words on a clean :meth:`close`, sent before the link closes."""
+
+    def pushed(self, obj: dict[str, Any]) -> None:
+        """A message that is not a reply to a request."""

@@ -1,0 +1,98 @@
+"""JSON messages over message queues: one encoding, one way to send, and the inbound session.
+
+Requests and replies of the name service and of tracking are JSON objects,
+one per message.  A message that is not a JSON object is a protocol error and
+closes its link; a request of the wrong shape gets an error reply.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from typing import Any
+
+import trio
+
+from channels import MessageQueue, MessageTooLargeError, QueueListener
+
+log = logging.getLogger("rdvpump.rpc")
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One JSON object as a message: compact, keys sorted (the same object, the same bytes)."""
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode(message: bytes) -> dict[str, Any]:
+    """A message as a JSON object; ValueError saying what is wrong otherwise."""
+    try:
+        obj = json.loads(message)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+class Sent(enum.Enum):
+    """How :func:`send` went."""
+
+    SENT = "sent"
+    FULL = "full"  # past the high-water mark: nothing queued; the queue says drained() later
+    GONE = "gone"  # the link is closed, or was closed here because the message can never fit
+
+
+def send(queue: MessageQueue, obj: dict[str, Any] | bytes, *, what: str) -> Sent:
+    """Queue one JSON message (or one already encoded) on ``queue``, never raising."""
+    data = obj if isinstance(obj, bytes) else encode(obj)
+    try:
+        queue.send(data)
+        return Sent.SENT
+    except MessageTooLargeError:
+        # Too big for one message: this link cannot carry it; close it, loudly.
+        log.warning("%s: a message of %d bytes exceeds the link's maximum message size",
+                    what, len(data))
+        queue.abort(f"a message of {len(data)} bytes exceeds the maximum message size")
+    except trio.WouldBlock:
+        return Sent.FULL
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # closing already; its closed() follows
+    return Sent.GONE
+
+
+class JsonSession(QueueListener):
+    """One inbound link that takes JSON requests; subclasses implement :meth:`handle`.
+
+    A reply echoes the request's ``seq`` (when it has one), so the dialling
+    side can match it; a client that does not read its replies is dropped.
+    """
+
+    #: What the requests are, for error messages ("name-service request", ...).
+    what = "request"
+
+    def __init__(self, queue: MessageQueue) -> None:
+        self.queue = queue
+
+    def received(self, message: bytes) -> None:
+        try:
+            request = decode(message)
+        except ValueError as exc:
+            self.queue.abort(f"protocol error: bad {self.what}: {exc}")
+            return
+        self.handle(request)
+
+    def handle(self, request: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def reply(self, request: dict[str, Any], obj: dict[str, Any]) -> bool:
+        """Send ``obj`` as the reply to ``request``; False if the link is gone (or was
+        closed here because the client does not read its replies)."""
+        if "seq" in request:
+            obj["seq"] = request["seq"]
+        outcome = send(self.queue, obj, what=f"client {self.queue.remote_id}")
+        if outcome is Sent.FULL:
+            self.queue.abort("client does not read its replies")
+        return outcome is Sent.SENT

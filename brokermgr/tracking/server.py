@@ -1,0 +1,207 @@
+"""The server role of tracking: a broker's topics and consume groups, published to trackers.
+
+A server publishes *its own* ServerInfo (``track_pub``) to each of its
+trackers: when the link opens, on every change and every ``report_interval``,
+and ``live: false`` on a clean shutdown.  A new version is taken on every
+change, from a :class:`~.info.VersionCounter` that persists its epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from pump import Pump, Timer
+
+from .._broker import Broker
+from .._link import ReconnectingLink
+from .._rpc import Sent
+from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
+
+log = logging.getLogger("rdvpump.tracking")
+
+#: Seconds between a server's reports to its trackers, as zbus.
+DEFAULT_REPORT_INTERVAL = 30.0
+SERVER_VERSION = "rdvpump-tracking-1"
+
+
+class ServerRole:
+    """The topics and consume groups a broker serves, and its publishers to trackers.
+
+    ``changed(info)`` runs after every new ServerInfo (the node's own tracker
+    role, if any, reports it); ``count(cmd)`` counts what is sent.
+    """
+
+    def __init__(self, broker: Broker, address: ServerAddress, trackers: Iterable[str], *,
+                 versions: VersionCounter, report_interval: float, retry: float,
+                 changed: Callable[[ServerInfo], None],
+                 count: Callable[[str], None]) -> None:
+        self.broker = broker
+        self.pump: Pump = broker.pump
+        self.address = address
+        self.report_interval = report_interval
+        self.retry = retry
+        self._versions = versions
+        self._changed_hook = changed
+        self.count = count
+        self.topics: dict[str, TopicInfo] = {}
+        self.info = ServerInfo(address, versions.next(), SERVER_VERSION,
+                               tuple(ServerAddress(t) for t in trackers), {})
+        self.publishers = [_Publisher(self, t) for t in self.info.tracker_list]
+        self._report_timer: Timer | None = None
+
+    def start(self) -> None:
+        for publisher in self.publishers:
+            publisher.connect()
+        self._report_timer = self.pump.call_later(self.report_interval, self._report)
+
+    # -- topics and consume groups -----------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self.pump.now() * 1000)
+
+    def declare_topic(self, name: str, *, mask: int = 0, creator: str | None = None) -> TopicInfo:
+        """Declare (or re-declare with a new mask) a topic; its default group is its name."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a topic name must be a non-empty string, got {name!r}")
+        now = self._now_ms()
+        old = self.topics.get(name)
+        if old is None:
+            topic = TopicInfo(self.address, name, SERVER_VERSION, mask, 0, 0,
+                              (ConsumeGroupInfo(name, name, created_time=now,
+                                                last_updated_time=now),),
+                              creator, now, now)
+        else:
+            topic = replace(old, mask=mask, last_updated_time=now)
+        self.topics[name] = topic
+        self._changed()
+        return topic
+
+    def remove_topic(self, name: str) -> None:
+        if self.topics.pop(name, None) is None:
+            raise KeyError(f"no topic {name!r} on {self.address}")
+        self._changed()
+
+    def declare_group(self, topic: str, group: str, *, mask: int = 0,
+                      filter: str | None = None) -> ConsumeGroupInfo:
+        info = self._topic(topic)
+        if filter is not None and len(filter.encode()) > 127:
+            raise ValueError("a group filter is at most 127 bytes")
+        now = self._now_ms()
+        old = info.group(group)
+        new = ConsumeGroupInfo(topic, group, mask, filter, 0 if old is None else old.message_count,
+                               0 if old is None else old.consumer_count,
+                               () if old is None else old.consumer_list,
+                               created_time=now if old is None else old.created_time,
+                               last_updated_time=now)
+        groups = tuple(g for g in info.consume_group_list if g.group_name != group) + (new,)
+        self.topics[topic] = replace(info, consume_group_list=groups, last_updated_time=now)
+        self._changed()
+        return new
+
+    def remove_group(self, topic: str, group: str) -> None:
+        info = self._topic(topic)
+        if info.group(group) is None:
+            raise KeyError(f"topic {topic!r} on {self.address} has no group {group!r}")
+        groups = tuple(g for g in info.consume_group_list if g.group_name != group)
+        self.topics[topic] = replace(info, consume_group_list=groups,
+                                     last_updated_time=self._now_ms())
+        self._changed()
+
+    def update_group(self, topic: str, group: str, *, message_count: int | None = None,
+                     consumers: Iterable[str] | None = None) -> None:
+        """New message count or consumer list of a group; the topic's totals follow."""
+        info = self._topic(topic)
+        old = info.group(group)
+        if old is None:
+            raise KeyError(f"topic {topic!r} on {self.address} has no group {group!r}")
+        now = self._now_ms()
+        new = replace(old, last_updated_time=now,
+                      message_count=old.message_count if message_count is None else message_count,
+                      consumer_list=old.consumer_list if consumers is None else tuple(consumers))
+        new = replace(new, consumer_count=len(new.consumer_list))
+        groups = tuple(new if g.group_name == group else g for g in info.consume_group_list)
+        self.topics[topic] = replace(
+            info, consume_group_list=groups, last_updated_time=now,
+            message_depth=max((g.message_count for g in groups), default=0),
+            consumer_count=sum(g.consumer_count for g in groups))
+        self._changed()
+
+    def _topic(self, name: str) -> TopicInfo:
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise KeyError(f"no topic {name!r} on {self.address}") from None
+
+    def _changed(self) -> None:
+        """A new ServerInfo version, published to every tracker."""
+        self.info = ServerInfo(self.address, self._versions.next(), SERVER_VERSION,
+                               self.info.tracker_list, dict(sorted(self.topics.items())))
+        for publisher in self.publishers:
+            publisher.publish()
+        self._changed_hook(self.info)
+
+    def _report(self) -> None:
+        for publisher in self.publishers:
+            publisher.publish()
+        self._report_timer = self.pump.call_later(self.report_interval, self._report)
+
+    def pause_reports(self) -> None:
+        """Stop the periodic reports while the links stay up: what a hung server looks
+        like to its trackers (tests and ``rdvpump bench routes`` use it)."""
+        if self._report_timer is not None:
+            self._report_timer.cancel()
+            self._report_timer = None
+
+    def close(self) -> None:
+        """Clean shutdown: every tracker hears ``live: false``, then its link closes."""
+        if self._report_timer is not None:
+            self._report_timer.cancel()
+        for publisher in self.publishers:
+            publisher.close()
+
+
+class _Publisher(ReconnectingLink):
+    """A server's link to one of its trackers: ``track_pub`` of its own ServerInfo only."""
+
+    def __init__(self, role: ServerRole, tracker: ServerAddress) -> None:
+        broker = role.broker
+        super().__init__(role.pump, lambda link: broker.connect(tracker.broker_id,
+                                                                tracker.port, link),
+                         name=f"tracker {tracker.address}", retry=role.retry)
+        self.role = role
+        self.address = tracker
+        #: A report is owed: the last one did not fit under the high-water mark.
+        self.behind = False
+
+    def connect(self) -> None:
+        if not self.role.broker.closed:
+            super().connect()
+
+    def opened(self) -> None:
+        self.behind = False
+        self.publish()
+
+    def publish(self, live: bool = True) -> None:
+        """Our ServerInfo to the tracker; coalesced like snapshots (the latest wins)."""
+        if self.queue is not None and not self.behind:
+            self.role.count("track_pub")
+            outcome = self.send({"cmd": "track_pub", "live": live,
+                                 "serverInfo": self.role.info.to_json()})
+            self.behind = outcome is Sent.FULL
+
+    def drained(self) -> None:
+        if self.behind:
+            self.behind = False
+            self.publish()
+
+    def goodbye(self) -> None:
+        self.publish(live=False)
+
+    def pushed(self, obj: dict[str, Any]) -> None:
+        if obj.get("cmd") == "error":
+            log.warning("tracker %s refused our report: %s", self.address, obj.get("error"))
+        else:
+            self.abort("protocol error: a tracker sent a publisher something unexpected")
