@@ -38,11 +38,11 @@ class Broker:
         self.id = broker_id
         self.manager = manager
         self.pump = manager.pump
-        self._node = RdvNode(
-            manager.pump, broker_id, manager.channels, manager._resolve, owner=self,
-            queue_options=manager.queue_options,
+        #: The broker's rendezvous: its ports and its connects.
+        self.rdv = RdvNode(
+            manager.pump, broker_id, manager.channels, manager.resolve_local, owner=self,
+            queue_options=manager.queue_options, network=manager.net,
         )
-        self._node.network = manager.net
         self._failure: str | None = None
         self._closed = False
 
@@ -56,7 +56,7 @@ class Broker:
 
     def task_failed(self, exc: BaseException) -> None:
         self._failure = f"broker failed: {exc!r}"
-        self._node.close(self._failure)
+        self.rdv.close(self._failure)
 
     def _check(self) -> None:
         if self._failure is not None:
@@ -73,34 +73,34 @@ class Broker:
     def bind(self, port: int, listener: Any) -> None:
         """Wait on ``port`` for one connect; raises if the port is already bound."""
         self._check()
-        self._node.bind(port, listener)
+        self.rdv.bind(port, listener)
 
     def listen(self, port: int, listener: Any) -> None:
         """Accept connects on ``port`` one after another until ``unbind``."""
         self._check()
-        self._node.listen(port, listener)
+        self.rdv.listen(port, listener)
 
     def unbind(self, port: int) -> None:
         self._check()
-        self._node.unbind(port)
+        self.rdv.unbind(port)
 
     def connect(self, broker_id: str, port: int, listener: Any) -> None:
         """Post a connect; ``listener.connected(queue)`` or ``listener.refused(reason)`` follows."""
         self._check()
-        self._node.connect(broker_id, port, listener)
+        self.rdv.connect(broker_id, port, listener)
 
     @property
     def ports(self) -> list[int]:
         """Ports bound now."""
-        return self._node.core.bound_ports()
+        return self.rdv.core.bound_ports()
 
     def close(self, reason: str = "broker closed") -> None:
         """Unbind every port, abort every link and leave the universe."""
         if self._closed:
             return
         self._closed = True
-        self._node.close(reason)
-        self.manager._brokers.pop(self.id, None)
+        self.rdv.close(reason)
+        self.manager.forget(self.id)
 
     # -- async face --------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ class Broker:
                 outcome.append(reason)
                 done.set()
 
-        self._node.connect(broker_id, port, _Waiter())
+        self.rdv.connect(broker_id, port, _Waiter())
         try:
             await done.wait()
         except trio.Cancelled:
@@ -149,13 +149,13 @@ class Broker:
                 outcome.append(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
                 done.set()
 
-        self._node.bind(port, _Waiter())
+        self.rdv.bind(port, _Waiter())
         try:
             await done.wait()
         finally:
             done.set()
-            if port in self._node.core.bound_ports():
-                self._node.unbind(port)
+            if port in self.rdv.core.bound_ports():
+                self.rdv.unbind(port)
         return outcome[0]
 
     async def serve_queues(
@@ -175,13 +175,13 @@ class Broker:
                     nursery.start_soon(handler, AsyncMessageQueue(
                         queue, receive_buffer=receive_buffer))
 
-            self._node.listen(port, _Acceptor())
+            self.rdv.listen(port, _Acceptor())
             try:
                 task_status.started()
                 await trio.sleep_forever()
             finally:
-                if port in self._node.core.bound_ports():
-                    self._node.unbind(port)
+                if port in self.rdv.core.bound_ports():
+                    self.rdv.unbind(port)
 
 
 class BrokerManager:
@@ -222,7 +222,7 @@ class BrokerManager:
         #: The resolver's static part: broker id -> address, set by hand.
         self.directory = self.resolver.directory
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
-                           resolve_local=self._resolve, resolver=self.resolver)
+                           resolve_local=self.resolve_local, resolver=self.resolver)
         if not busy_poll >= 0:
             raise ValueError(f"busy_poll must be a non-negative number of seconds, "
                              f"got {busy_poll!r}")
@@ -263,13 +263,18 @@ class BrokerManager:
     def broker_ids(self) -> list[str]:
         return sorted(self._brokers)
 
-    def _resolve(self, broker_id: str) -> RdvNode | None:
+    def forget(self, broker_id: str) -> None:
+        """Take a closed broker out of the universe (``Broker.close`` does it)."""
+        self._brokers.pop(broker_id, None)
+
+    def resolve_local(self, broker_id: str) -> RdvNode | None:
+        """The rendezvous of a broker of this process (or of an alias), or None."""
         broker = self._brokers.get(broker_id)
         if broker is None and broker_id.startswith("@"):
             # "@name" or "@name.anything": the suffix lets a client tell processes apart
             target = self.aliases.get(broker_id.partition(".")[0])
             broker = None if target is None else self._brokers.get(target)
-        return None if broker is None else broker._node
+        return None if broker is None else broker.rdv
 
     def close(self) -> None:
         """Close every broker of the universe."""

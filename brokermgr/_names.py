@@ -158,8 +158,9 @@ class NameClient:
         self.lookup_timeout = lookup_timeout
         self.version = version
         self.topics = topics or (lambda broker_id: ())
-        self._node = RdvNode(self.pump, f"@names.{os.getpid()}", manager.channels,
-                             lambda _id: None, owner=_NoOwner())
+        #: The rendezvous the links to managers are dialled from.
+        self.rdv = RdvNode(self.pump, f"@names.{os.getpid()}", manager.channels,
+                           lambda _id: None, owner=_NoOwner(), network=manager.net)
         self.sessions = [_ManagerLink(self, address) for address in managers]
         manager.resolver.add_source(self)
 
@@ -219,7 +220,7 @@ class _ManagerLink(ReconnectingLink):
     dial again at once (a restarted manager relearns us immediately)."""
 
     def __init__(self, client: NameClient, address: Address) -> None:
-        node, net = client._node, client.manager.net
+        node, net = client.rdv, client.manager.net
         super().__init__(client.pump,
                          lambda link: net.dial(node, MANAGER_ID, NAME_PORT, link,
                                                address=address),

@@ -1,17 +1,24 @@
-"""Channels: the C ring buffer, full-duplex channels over pairs of rings, message queues."""
+"""Channels: the C ring buffer, full-duplex channels over pairs of rings, the frame codec,
+message queues and their trio face."""
 
 from ._async import DEFAULT_RECEIVE_BUFFER as DEFAULT_RECEIVE_BUFFER
 from ._async import AsyncMessageQueue as AsyncMessageQueue
+from ._cause import CloseCause as CloseCause
 from ._channel import DEFAULT_RING_CAPACITY as DEFAULT_RING_CAPACITY
 from ._channel import Channel as Channel
 from ._channel import ChannelListener as ChannelListener
 from ._channel import ChannelManager as ChannelManager
+from ._channel import LinkObserver as LinkObserver
+from ._channel import LinkPeer as LinkPeer
+from ._codec import FrameDecoder as FrameDecoder
+from ._codec import FrameEncoder as FrameEncoder
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
 from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
 from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from ._queue import MessageQueue as MessageQueue
+from ._queue import ObservedMessageQueue as ObservedMessageQueue
 from ._queue import QueueListener as QueueListener
 from ._queue import QueueStatistics as QueueStatistics
 from ._ring import HEADER_SIZE as HEADER_SIZE
@@ -32,8 +39,14 @@ __all__ = [
     "Channel",
     "ChannelListener",
     "ChannelManager",
+    "CloseCause",
+    "FrameDecoder",
+    "FrameEncoder",
+    "LinkObserver",
+    "LinkPeer",
     "MessageQueue",
     "MessageTooLargeError",
+    "ObservedMessageQueue",
     "ProtocolError",
     "QueueFullError",
     "QueueListener",

@@ -11,6 +11,7 @@ from types import TracebackType
 
 import trio
 
+from ._cause import CloseCause
 from ._errors import QueueFullError
 from ._queue import MessageQueue, QueueStatistics
 
@@ -92,6 +93,11 @@ class AsyncMessageQueue:
     def close_reason(self) -> str | None:
         return self._reason
 
+    @property
+    def close_cause(self) -> CloseCause | None:
+        """How the link ended (None while open): see :class:`CloseCause`."""
+        return self._queue.close_cause
+
     def statistics(self) -> QueueStatistics:
         return self._queue.statistics()
 
@@ -121,10 +127,9 @@ class AsyncMessageQueue:
     def _end(self) -> Exception:
         if self._local_close:
             return trio.ClosedResourceError("message queue was closed")
-        channel = self._queue._channel
-        if channel._peer_gone is not None and not channel._peer_error and (
-                self._reason or "").startswith("peer disconnected"):
-            return trio.EndOfChannel(self._reason)
+        queue = self._queue
+        if queue.close_cause is CloseCause.CLEAN and not queue.closed_here:
+            return trio.EndOfChannel(self._reason)  # the peer closed cleanly
         return trio.BrokenResourceError(self._reason)
 
     def receive_nowait(self) -> bytes:
@@ -135,7 +140,7 @@ class AsyncMessageQueue:
                 raise self._end()
             raise trio.WouldBlock
         message = inbox.popleft()
-        if len(inbox) <= self._limit // 2 and self._queue._paused:
+        if len(inbox) <= self._limit // 2 and self._queue.reading_paused:
             self._queue.resume_reading()
         return message
 

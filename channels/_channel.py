@@ -2,17 +2,21 @@
 
 Writes go into one ring, reads come from the other; the pump carries the
 "readable", "writable" and "closed" notifications between the two sides.
+The other end of a link is the channel's *peer*: another Channel in memory,
+or a StreamLink across a socket; both speak :class:`LinkPeer`.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Protocol
 
 import trio
 
 from pump import Pump
 
+from ._cause import CloseCause
 from ._ring import RingBuffer
 
 #: Ring capacity per direction when none is given (a power of two).
@@ -39,11 +43,34 @@ class ChannelListener(Protocol):
 class LinkPeer(Protocol):
     """The other end of a channel's link, as the channel sees it."""
 
-    def _data_arrived(self) -> None: ...
+    def data_arrived(self) -> None:
+        """Bytes went into the ring this peer reads."""
 
-    def _room_freed(self) -> None: ...
+    def room_freed(self) -> None:
+        """Bytes left the ring this peer writes."""
 
-    def _peer_disconnected(self, reason: str, error: bool) -> None: ...
+    def peer_ended(self, reason: str, cause: CloseCause) -> None:
+        """The other side disconnected."""
+
+
+class LinkObserver(Protocol):
+    """What happens on one end of a link, told to whoever records it (the pump's trace).
+
+    ``moved`` is bytes through a ring (``"write"`` on this end's way out,
+    ``"read"`` on its way in); ``sent`` and ``delivered`` are whole messages.
+    """
+
+    def moved(self, kind: str, size: int, partial: bool) -> None: ...
+
+    def sent(self, size: int) -> None: ...
+
+    def delivered(self, sizes: Sequence[int]) -> None: ...
+
+    def protocol_error(self, reason: str) -> None: ...
+
+    def disconnected(self, reason: str, cause: str) -> None: ...
+
+    def closed(self, reason: str) -> None: ...
 
 
 class Channel:
@@ -55,13 +82,17 @@ class Channel:
     written before the disconnect, then reads ``b""`` with :attr:`at_eof` set
     and gets ``closed(reason)``; the peer's writes raise
     ``trio.BrokenResourceError`` (nothing is dropped silently).
+
+    Layers above that move bytes themselves (the message queue's codec, a
+    stream link) use the rings (:attr:`tx_ring`, :attr:`rx_ring`) and tell the
+    channel with :meth:`notify_written` and :meth:`notify_consumed`.
     """
 
     __slots__ = (
-        "pump", "link_id", "local", "remote", "port", "_tx", "_rx", "_peer", "_listener",
-        "_read_posted", "_write_posted", "_blocked", "_disconnected", "_peer_gone",
-        "_closed_posted", "_closed_delivered", "_close_reason", "_owner", "_peer_error",
-        "accepting", "trace_link", "tx_dir", "rx_dir",
+        "pump", "link_id", "local", "remote", "port", "tx_ring", "rx_ring", "_peer",
+        "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
+        "_peer_gone", "_peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
+        "_owner", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -76,8 +107,12 @@ class Channel:
         self.trace_link = f"{local if accepting else remote}/{link_id}"
         #: Directions in traces of what this end writes and of what it reads.
         self.tx_dir, self.rx_dir = ("ac", "ca") if accepting else ("ca", "ac")
-        self._tx = tx
-        self._rx = rx
+        #: The ring this end writes into, and the one it reads from.
+        self.tx_ring = tx
+        self.rx_ring = rx
+        #: Told what happens on this end when the pump traces; None otherwise.
+        self.observer: LinkObserver | None = pump.link_trace(
+            local, remote, port, self.trace_link, self.tx_dir, self.rx_dir)
         self._peer: LinkPeer | None = None
         self._listener: ChannelListener | None = None
         self._owner: object = self
@@ -86,7 +121,7 @@ class Channel:
         self._blocked = False
         self._disconnected: str | None = None
         self._peer_gone: str | None = None
-        self._peer_error = False
+        self._peer_cause: CloseCause | None = None
         self._closed_posted = False
         self._closed_delivered = False
         self._close_reason: str | None = None
@@ -94,18 +129,25 @@ class Channel:
     def __repr__(self) -> str:
         return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"
 
+    def attach_peer(self, peer: LinkPeer) -> None:
+        """Connect this end to the other end of its link (done once, when the link forms)."""
+        self._peer = peer
+
     # -- pump owner protocol -----------------------------------------------------------
 
     def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
         return self.local, self.remote, self.port, self.trace_link
 
     def task_failed(self, exc: BaseException) -> None:
-        self.disconnect(f"listener error: {exc!r}", error=True)
+        self.disconnect(f"listener error: {exc!r}", cause=CloseCause.ABORTED)
 
     # -- listener ----------------------------------------------------------------------
 
     def set_listener(self, listener: ChannelListener | None, *, owner: object = None) -> None:
-        """Install the listener; pending bytes or a pending close are announced at once."""
+        """Install the listener; pending bytes or a pending close are announced at once.
+
+        ``owner`` is failed by the pump when a notification raises (default: the channel).
+        """
         self._listener = listener
         if owner is not None:
             self._owner = owner
@@ -113,12 +155,12 @@ class Channel:
             return
         if self._closed_posted and not self._closed_delivered:
             self.pump.post("close", self._run_closed, self._close_reason, owner=self._owner)  # type: ignore[arg-type]
-        elif self._rx.used or self._peer_gone is not None:
+        elif self.rx_ring.used or self._peer_gone is not None:
             self._post_readable()
 
     @property
     def capacity(self) -> int:
-        return self._tx.capacity
+        return self.tx_ring.capacity
 
     @property
     def disconnected(self) -> bool:
@@ -130,9 +172,19 @@ class Channel:
         return self._peer_gone is not None
 
     @property
+    def peer_reason(self) -> str | None:
+        """Why the peer disconnected (None while it has not)."""
+        return self._peer_gone
+
+    @property
+    def peer_cause(self) -> CloseCause | None:
+        """How the peer's end ended (None while it has not)."""
+        return self._peer_cause
+
+    @property
     def at_eof(self) -> bool:
         """The peer disconnected and every byte it wrote was read."""
-        return self._peer_gone is not None and self._rx.used == 0
+        return self._peer_gone is not None and self.rx_ring.used == 0
 
     # -- I/O ---------------------------------------------------------------------------
 
@@ -142,38 +194,32 @@ class Channel:
         When not everything fit, ``writable()`` follows once room frees.
         """
         self._check_writable()
-        n = self._tx.write(data)
-        if self.pump.trace is not None:
-            self.pump.emit("write", broker=self.local, peer=self.remote, port=self.port,
-                           link=self.trace_link, dir=self.tx_dir, size=n,
-                           outcome="partial" if n < len(data) else None)
+        n = self.tx_ring.write(data)
+        if self.observer is not None:
+            self.observer.moved("write", n, n < len(data))
         if n < len(data):
-            self._blocked = True  # before _wrote(): a peer may drain at once
+            self._blocked = True  # before notify_written(): a peer may drain at once
         if n:
-            self._wrote()
+            self.notify_written()
         return n
 
     def read(self, max_bytes: int = -1) -> bytes:
         """Take up to ``max_bytes`` (all when negative); ``b""`` when none is there."""
         if self._disconnected is not None:
             raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
-        data = self._rx.read(max_bytes)
-        if self.pump.trace is not None and data:
-            self._trace_read(len(data))
-        self._consumed(len(data))
+        data = self.rx_ring.read(max_bytes)
+        if self.observer is not None and data:
+            self.observer.moved("read", len(data), False)
+        self.notify_consumed(len(data))
         return data
-
-    def _trace_read(self, n: int) -> None:
-        self.pump.emit("read", broker=self.local, peer=self.remote, port=self.port,
-                       link=self.trace_link, dir=self.rx_dir, size=n)
 
     def readinto(self, buf: bytearray | memoryview) -> int:
         if self._disconnected is not None:
             raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
-        n = self._rx.readinto(buf)
-        if self.pump.trace is not None and n:
-            self._trace_read(n)
-        self._consumed(n)
+        n = self.rx_ring.readinto(buf)
+        if self.observer is not None and n:
+            self.observer.moved("read", n, False)
+        self.notify_consumed(n)
         return n
 
     def _check_writable(self) -> None:
@@ -182,35 +228,62 @@ class Channel:
         if self._peer_gone is not None:
             raise trio.BrokenResourceError(f"peer disconnected: {self._peer_gone}")
 
-    # -- notifications (also used by MessageQueue, which moves frames itself) -----------
+    # -- hooks for layers that move bytes through the rings themselves ------------------
 
-    def _wrote(self) -> None:
-        """Bytes went into our tx ring: tell the peer."""
+    def notify_written(self) -> None:
+        """Bytes went into :attr:`tx_ring`: tell the peer."""
         peer = self._peer
         if peer is not None:
-            peer._data_arrived()
+            peer.data_arrived()
 
-    def _consumed(self, n: int) -> None:
-        """Bytes left our rx ring: tell the peer, whose writer may wait for room."""
+    def notify_consumed(self, n: int) -> None:
+        """``n`` bytes left :attr:`rx_ring`: tell the peer, whose writer may wait for room;
+        once the peer is gone and the ring is empty, the close follows."""
         peer = self._peer
         if n and peer is not None:
-            peer._room_freed()
-        if self._peer_gone is not None and self._rx.used == 0:
+            peer.room_freed()
+        if self._peer_gone is not None and self.rx_ring.used == 0:
             self._post_closed(f"peer disconnected ({self._peer_gone})")
 
-    # The peer interface: what the other end of the link calls on us.  A memory
-    # link's peer is another Channel; a network link's is a StreamLink.
+    def want_writable(self) -> None:
+        """Not everything fit into :attr:`tx_ring`: ``writable()`` follows when room frees.
 
-    def _data_arrived(self) -> None:
+        Call it *before* :meth:`notify_written`: a peer that drains at once must
+        find us waiting, or its notice is lost.
+        """
+        self._blocked = True
+
+    def request_read(self) -> None:
+        """Post ``readable()`` unless one is pending (a reader that paused resumes)."""
+        if not self._read_posted and self._listener is not None:
+            self._post_readable()
+
+    # -- the peer interface: what the other end of the link calls on us ----------------
+
+    def data_arrived(self) -> None:
         """The peer put bytes into our rx ring: announce them once."""
         if not self._read_posted and self._listener is not None:
             self._post_readable()
 
-    def _room_freed(self) -> None:
+    def room_freed(self) -> None:
         """The peer took bytes from our tx ring: wake our writer if it waits for room."""
         if self._blocked and not self._write_posted:
             self._write_posted = True
             self.pump.post("write", self._run_writable, owner=self._owner)  # type: ignore[arg-type]
+
+    def peer_ended(self, reason: str, cause: CloseCause) -> None:
+        """The peer disconnected: we read what is left, then see the close."""
+        if self._peer_gone is not None or self._disconnected is not None:
+            return
+        self._peer_gone = reason
+        self._peer_cause = cause
+        self._blocked = False
+        if self.rx_ring.used == 0:
+            self._post_closed(f"peer disconnected ({reason})")
+        elif not self._read_posted and self._listener is not None:
+            self._post_readable()
+
+    # -- notifications -----------------------------------------------------------------
 
     def _post_readable(self) -> None:
         self._read_posted = True
@@ -221,7 +294,7 @@ class Channel:
         listener = self._listener
         if listener is None or self._closed_posted:
             return
-        if self._rx.used:
+        if self.rx_ring.used:
             listener.readable()
         elif self._peer_gone is not None:
             self._post_closed(f"peer disconnected ({self._peer_gone})")
@@ -245,42 +318,30 @@ class Channel:
         listener = self._listener
         if listener is not None and not self._closed_delivered:
             self._closed_delivered = True
-            if not getattr(listener, "traces_close", False):  # a queue traces its own reason
-                self.pump.emit("close", broker=self.local, peer=self.remote, port=self.port,
-                               link=self.trace_link, reason=reason)
+            observer = self.observer
+            if observer is not None and not getattr(listener, "traces_close", False):
+                observer.closed(reason)  # a queue traces its own close, with its reason
             listener.closed(reason)
 
     # -- disconnect --------------------------------------------------------------------
 
-    def disconnect(self, reason: str = "disconnected", *, error: bool = False) -> None:
+    def disconnect(self, reason: str = "disconnected", *,
+                   cause: CloseCause = CloseCause.CLEAN) -> None:
         """End this side.  Idempotent; later own reads and writes raise.
 
-        ``error`` tells the peer the link ended on a failure, not a clean close.
+        ``cause`` tells the peer how the link ended.
         """
         if self._disconnected is not None:
             return
         self._disconnected = reason
         self._blocked = False
-        self.pump.emit("disconnect", broker=self.local, peer=self.remote, port=self.port,
-                       link=self.trace_link, outcome="error" if error else "clean",
-                       reason=reason)
+        if self.observer is not None:
+            self.observer.disconnected(reason, cause.value)
         peer = self._peer
         if peer is not None:
-            peer._peer_disconnected(reason, error)
+            peer.peer_ended(reason, cause)
             self._peer = None
         self._post_closed(reason)
-
-    def _peer_disconnected(self, reason: str, error: bool) -> None:
-        if self._peer_gone is not None or self._disconnected is not None:
-            return
-        self._peer_gone = reason
-        self._peer_error = error
-        self._blocked = False
-        # The peer's reader drains what is left, then sees the close.
-        if self._rx.used == 0:
-            self._post_closed(f"peer disconnected ({reason})")
-        elif not self._read_posted and self._listener is not None:
-            self._post_readable()
 
 
 class ChannelManager:
@@ -320,6 +381,6 @@ class ChannelManager:
         ca = Channel(self.pump, a_to_b, b_to_a, link_id=link_id, local=a, remote=b, port=port)
         cb = Channel(self.pump, b_to_a, a_to_b, link_id=link_id, local=b, remote=a, port=port,
                      accepting=True)
-        ca._peer = cb
-        cb._peer = ca
+        ca.attach_peer(cb)
+        cb.attach_peer(ca)
         return ca, cb

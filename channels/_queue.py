@@ -1,15 +1,15 @@
 """MessageQueue: whole messages in FIFO order over a channel, with bounded memory.
 
-Frames are a 4-byte big-endian length then the body.  Small frames move many
-per C call; frames too big for the ring stream through it in pieces.
+The framing is the sans-I/O codec of :mod:`._codec`; this module adds the
+queue (a high-water mark on bytes not yet in the link), the pump tasks that
+move frames when the rings have room or bytes, delivery to the listener, and
+the close protocol.  What happens is told to the channel's observer (the trace).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import threading
-from array import array as _array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -17,53 +17,20 @@ from typing import Any
 
 import trio
 
+from ._cause import CloseCause
 from ._channel import Channel
+from ._codec import FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
-from ._ring import HEADER_SIZE, MAX_FRAME_BODY
-from ._ringbuf import ffi, lib
+from ._ring import MAX_FRAME_BODY
 
 log = logging.getLogger("rdvpump.link")
 
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 DEFAULT_HIGH_WATER = 1 << 20
 
-#: Bodies up to this size are batched (many frames per C call); larger ones move one by one.
-_SMALL = 8192
-#: Most frames moved by one batched C call.
-_BATCH = 1024
-#: Most body bytes joined for one batched put (kept under malloc's mmap threshold).
-_JOIN_MAX = 1 << 16
-#: Scratch size for one batched take.
-_OUTCAP = 1 << 17
-
-_take_frames = lib.rb_take_frames
-_frames_fit = lib.rb_frames_fit
-_put_frames = lib.rb_put_frames
-_free_space = lib.rb_free_space
-_put_frame = lib.rb_put_frame
-_frame_status = lib.rb_frame_status
-_ffi_buffer = ffi.buffer
-_from_buffer = ffi.from_buffer
-_unpack = ffi.unpack
-_FRAME_NONE = lib.RB_FRAME_NONE
-_FRAME_COMPLETE = lib.RB_FRAME_COMPLETE
 _CLOSED_ROOM = -(1 << 62)
 _IDLE_ROOM = -1
 _ONLY_BYTES = {bytes}
-
-
-class _Scratch(threading.local):
-    """Per-thread buffers for batched takes (a pump is single-threaded)."""
-
-    def __init__(self) -> None:
-        self.out = ffi.new("char[]", _OUTCAP)
-        self.lens = ffi.new("uint32_t[]", _BATCH)
-        self.used = ffi.new("size_t *")
-        self.len32 = ffi.new("uint32_t *")
-        self.ptr = ffi.new("char **")
-
-
-_scratch = _Scratch()
 
 
 class QueueListener:
@@ -80,7 +47,7 @@ class QueueListener:
         """Queued bytes fell to the low-water mark after a ``send`` raised ``QueueFullError``."""
 
     def closed(self, reason: str) -> None:
-        """The queue is closed; nothing more will be received."""
+        """The queue is closed; nothing more will be received (see ``close_cause``)."""
 
 
 class _ChannelSide:
@@ -123,8 +90,15 @@ class MessageQueue:
     ``received(message)`` fires once per message, in order, with the exact bytes.
 
     A received length above ``max_message_size``, or a stream cut mid-frame,
-    closes this link only, with the reason.
+    closes this link only, with the reason.  :attr:`close_cause` says how the
+    queue ended.  On a traced pump the queue is an ``ObservedMessageQueue``,
+    which also tells the channel's observer of every message sent.
     """
+
+    def __new__(cls, channel: Channel, **options: Any) -> MessageQueue:
+        if cls is MessageQueue and channel.observer is not None:
+            cls = ObservedMessageQueue  # chosen once: the untraced send has no trace branch
+        return super().__new__(cls)
 
     def __init__(self, channel: Channel, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None) -> None:
@@ -143,12 +117,15 @@ class MessageQueue:
         self.max_message_size = max_message_size
         self.high_water = high_water
         self.low_water = low_water
-        self._tx_rb = channel._tx._rb
-        self._rx_rb = channel._rx._rb
-        self._capacity = channel.capacity
+        self._tx = channel.tx_ring
+        self._rx = channel.rx_ring
+        self._observer = channel.observer
+        self._encoder = FrameEncoder(channel.tx_ring)
+        self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
         self._listener: Any = None
         self._state = _State.OPEN
         self._reason: str | None = None
+        self._cause: CloseCause | None = None
         self._closed_here = False  # close() or abort() was called on this side
         # Sending: messages not yet in the ring are _outq[_qhead:]; _room = high_water - queued.
         self._outq: list[bytes] = []
@@ -157,29 +134,12 @@ class MessageQueue:
         self._idle = True  # nothing queued: _room is _IDLE_ROOM and no write task is posted
         self._room = _IDLE_ROOM
         self._want_drained = False
-        self._tx_off = -1  # >= 0 while the message at _outq[_qhead] streams in pieces
-        self._tx_hdr = b""
-        self._tx_body: Any = None
         self._sent = 0
         # Receiving.
         self._paused = False
         self._received = 0
-        self._rx_hdr = bytearray(HEADER_SIZE)
-        self._rx_hdr_got = -1  # >= 0 while a header arrives in pieces
-        self._rx_body: bytearray | None = None  # set while a body arrives in pieces
-        self._rx_body_ptr: Any = None
-        self._rx_got = 0
         self._chan_listener = _ChannelSide(self)
         channel.set_listener(self._chan_listener, owner=self)
-        trace = self.pump.trace
-        if trace is not None:
-            c = channel
-            sends = trace.message_log("send", c.local, c.remote, c.port, c.trace_link, c.tx_dir)
-            self._rx_log = trace.message_log("deliver", c.local, c.remote, c.port,
-                                             c.trace_link, c.rx_dir)
-            self._tx_log = sends
-            self._log_size = sends.sizes.append
-            self.send = self._send_traced  # type: ignore[method-assign]
 
     # -- identity ----------------------------------------------------------------------
 
@@ -209,6 +169,20 @@ class MessageQueue:
     def close_reason(self) -> str | None:
         return self._reason
 
+    @property
+    def close_cause(self) -> CloseCause | None:
+        """How the queue ended (None while open)."""
+        return self._cause if self._state is _State.CLOSED else None
+
+    @property
+    def closed_here(self) -> bool:
+        """This side called ``close()`` or ``abort()``."""
+        return self._closed_here
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
     def __repr__(self) -> str:
         c = self._channel
         return (f"<MessageQueue link={c.link_id} {c.local}->{c.remote}:{c.port} "
@@ -218,7 +192,7 @@ class MessageQueue:
         return self._channel.trace_ids()
 
     def task_failed(self, exc: BaseException) -> None:
-        self._end_abruptly(f"listener error: {exc!r}")
+        self._end_abruptly(f"listener error: {exc!r}", CloseCause.ABORTED)
 
     # -- listener ----------------------------------------------------------------------
 
@@ -238,9 +212,7 @@ class MessageQueue:
     def resume_reading(self) -> None:
         if self._paused:
             self._paused = False
-            chan = self._channel
-            if not chan._read_posted:
-                chan._post_readable()
+            self._channel.request_read()
 
     # -- sending -----------------------------------------------------------------------
 
@@ -275,11 +247,12 @@ class MessageQueue:
         count = len(msgs)
         if count == 0:
             return 0
-        if self._idle or self.pump.trace is not None or set(map(type, msgs)) != _ONLY_BYTES:
+        one_by_one = self._observer is not None or set(map(type, msgs)) != _ONLY_BYTES
+        if self._idle or one_by_one:
             # First message after idle, tracing, or non-bytes: one by one for exact errors.
             self.send(msgs[0])
             start = 1
-            if self.pump.trace is not None or set(map(type, msgs)) != _ONLY_BYTES:
+            if one_by_one:
                 for i in range(1, count):
                     try:
                         self.send(msgs[i])
@@ -303,18 +276,6 @@ class MessageQueue:
                 return start + i
         return count
 
-    def _send_traced(self, message: bytes) -> None:
-        if type(message) is bytes and len(message) <= self._room:  # send's fast path
-            self._room -= len(message)
-            self._push(message)
-        else:
-            self._send_slow(message)
-        log = self._tx_log
-        step = self.pump._step
-        if step != log.last_step:
-            log.mark(step, self.pump.now())
-        self._log_size(len(message))
-
     def send_nowait(self, message: bytes) -> None:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
         self.send(message)
@@ -333,8 +294,9 @@ class MessageQueue:
         if n > self.max_message_size:
             raise MessageTooLargeError(f"message of {n} bytes exceeds max_message_size "
                                        f"{self.max_message_size}")
-        if self._channel._peer_gone is not None:
-            raise trio.BrokenResourceError(f"peer disconnected: {self._channel._peer_gone}")
+        peer_reason = self._channel.peer_reason
+        if peer_reason is not None:
+            raise trio.BrokenResourceError(f"peer disconnected: {peer_reason}")
         if self._idle:
             # The first message after the queue ran empty: post the write task.
             self._idle = False
@@ -353,67 +315,22 @@ class MessageQueue:
 
     def _flush(self) -> None:
         """Write task: move queued messages into the ring, as many as fit."""
-        if self._state is _State.CLOSED or self._channel._peer_gone is not None:
+        chan = self._channel
+        if self._state is _State.CLOSED or chan.peer_reason is not None:
             return  # with the peer gone, what is still queued is reported as not sent
         q = self._outq
-        i = self._qhead
+        start = self._qhead
+        observer = self._observer
+        used_before = self._tx.used if observer is not None else 0
+        i, done_bytes, moved = self._encoder.write(q, start)
         n = len(q)
-        rb = self._tx_rb
-        cap = self._capacity
-        used_before = lib.rb_used(rb) if self.pump.trace is not None else 0
-        done_bytes = 0
-        moved = False
-        start = i
-        while i < n:
-            if self._tx_off >= 0:
-                progressed, finished = self._write_piece(rb)
-                moved = moved or progressed
-                if not finished:
-                    break
-                done_bytes += len(q[i])
-                i += 1
-                continue
-            msg = q[i]
-            ln = len(msg)
-            if ln > _SMALL:
-                if _put_frame(rb, msg, ln):
-                    i += 1
-                    done_bytes += ln
-                    moved = True
-                    continue
-                if ln + HEADER_SIZE > cap:
-                    self._start_piecewise(msg)
-                    continue
-                break
-            # Only as many as can fit (judged by this message's size): measuring a
-            # thousand lengths to move sixty wastes more than the move costs.
-            room = _free_space(rb)
-            fit = (room if room < _JOIN_MAX else _JOIN_MAX) // (ln + HEADER_SIZE) + 1
-            batch = q[i:i + (fit if fit < _BATCH else _BATCH)]
-            lens = _from_buffer("uint32_t[]", _array("I", map(len, batch)))
-            k = _frames_fit(rb, lens, len(batch), _JOIN_MAX)
-            if k == 0:
-                if ln + HEADER_SIZE > cap:
-                    self._start_piecewise(msg)
-                    continue
-                break
-            if k < len(batch):
-                del batch[k:]
-            data = b"".join(batch)
-            _put_frames(rb, data, lens, k)
-            i += k
-            done_bytes += len(data)
-            moved = True
         self._sent += i - start
-        chan = self._channel
-        if self.pump.trace is not None and moved:
-            self._trace_bytes("write", chan.tx_dir, lib.rb_used(rb) - used_before, i < n)
+        if observer is not None and moved:
+            observer.moved("write", self._tx.used - used_before, i < n)
         if i < n:
-            # Before telling the peer: a peer that drains at once (a socket's fast path)
-            # must find us waiting for room, or its notice is lost.
-            chan._blocked = True  # the channel posts this task again when room frees
+            chan.want_writable()  # the channel posts this task again when room frees
         if moved:
-            chan._wrote()
+            chan.notify_written()
         if i < n:
             if i > 4096:
                 del q[:i]
@@ -434,35 +351,7 @@ class MessageQueue:
                 self._want_drained = False
                 self.pump.post("drained", self._run_drained, owner=self)
         elif self._state is _State.CLOSING:
-            self._finish_close()
-
-    def _trace_bytes(self, kind: str, direction: str, size: int, partial: bool) -> None:
-        c = self._channel
-        self.pump.emit(kind, broker=c.local, peer=c.remote, port=c.port, link=c.trace_link,
-                       dir=direction, size=size, outcome="partial" if partial else None)
-
-    def _start_piecewise(self, msg: bytes) -> None:
-        self._tx_off = 0
-        self._tx_hdr = len(msg).to_bytes(HEADER_SIZE, "big")
-        self._tx_body = ffi.from_buffer(msg)
-
-    def _write_piece(self, rb: Any) -> tuple[bool, bool]:
-        """Stream the current message; return (wrote anything, finished)."""
-        off = self._tx_off
-        before = off
-        if off < HEADER_SIZE:
-            off += lib.rb_write(rb, self._tx_hdr[off:], HEADER_SIZE - off)
-        body = self._tx_body
-        total = HEADER_SIZE + len(body)
-        if HEADER_SIZE <= off < total:
-            off += lib.rb_write(rb, body + (off - HEADER_SIZE), total - off)
-        if off == total:
-            self._tx_off = -1
-            self._tx_body = None
-            return True, True
-        self._tx_off = off
-        return off > before, False
-
+            self._finish_close(CloseCause.CLEAN)
 
     def _run_drained(self) -> None:
         listener = self._listener
@@ -475,149 +364,56 @@ class MessageQueue:
 
     def _on_readable(self) -> None:
         """Channel notification: bytes arrived.  Deliver every complete message."""
+        rx = self._rx
         if self._state is _State.CLOSING:
             # Delivery stopped at close(): drop what arrives, so that a peer closing
             # at the same time can flush too, and its disconnect reaches us.
-            dropped = lib.rb_skip(self._rx_rb, lib.rb_used(self._rx_rb))
-            self._channel._consumed(dropped)
+            self._channel.notify_consumed(rx.skip(rx.used))
             return
-        if self._listener is None or self._paused or self._state is not _State.OPEN:
-            return
-        rb = self._rx_rb
-        used_before = lib.rb_used(rb) if self.pump.trace is not None else 0
-        s = _scratch
-        out = s.out
-        lens = s.lens
-        used = s.used
-        taken = False
         listener = self._listener
-        while not self._paused and self._state is _State.OPEN:
-            if self._rx_hdr_got >= 0 or self._rx_body is not None:
-                progressed, message = self._read_piece(rb)
-                taken = taken or progressed
-                if message is None:
+        if listener is None or self._paused or self._state is not _State.OPEN:
+            return
+        used_before = rx.used
+        decoder = self._decoder
+        observer = self._observer
+        recv = listener.received
+        try:
+            while not self._paused and self._state is _State.OPEN:
+                frames = decoder.next_frames()
+                if frames is None:
                     break
-                self._deliver_one(listener, message)
-                continue
-            count = _take_frames(rb, out, _OUTCAP, lens, _BATCH, _SMALL, used)
-            if count:
-                taken = True
-                data = _ffi_buffer(out, used[0])[:]
-                if self.pump.trace is not None:
-                    self._deliver_traced(listener, data, _unpack(lens, count))
+                data, lens = frames
+                self._received += len(lens)
+                if observer is not None:
+                    observer.delivered(lens)
+                if len(lens) == 1:
+                    recv(data)
                     continue
-                self._received += count
-                recv = listener.received
                 off = 0
-                for end in accumulate(_unpack(lens, count)):
+                for end in accumulate(lens):
                     recv(data[off:end])
                     off = end
-                continue
-            status = _frame_status(rb, s.len32)
-            if status == _FRAME_NONE:
-                if self._capacity >= HEADER_SIZE or not lib.rb_used(rb):
-                    break
-                self._rx_hdr_got = 0  # a ring smaller than a header: assemble it
-                continue
-            ln = s.len32[0]
-            if ln > self.max_message_size:
-                self._protocol_error(f"frame of {ln} bytes exceeds max_message_size "
-                                     f"{self.max_message_size}")
-                return
-            if status == _FRAME_COMPLETE:
-                region = lib.rb_readable_region(rb, s.ptr)
-                if region >= ln + HEADER_SIZE:
-                    message = _ffi_buffer(s.ptr[0] + HEADER_SIZE, ln)[:]
-                    lib.rb_skip(rb, ln + HEADER_SIZE)
-                    taken = True
-                    self._deliver_one(listener, message)
-                    continue
-            elif ln + HEADER_SIZE <= self._capacity:
-                break  # the rest of the frame will fit: wait for it
-            lib.rb_skip(rb, HEADER_SIZE)
-            taken = True
-            self._start_body(ln)
+        except ProtocolError as exc:
+            self._protocol_error(str(exc))
+            return
+        taken = used_before - rx.used
         chan = self._channel
-        if self.pump.trace is not None and taken:
-            self._trace_bytes("read", chan.rx_dir, used_before - lib.rb_used(rb),
-                              self._rx_body is not None or self._rx_hdr_got >= 0)
-        chan._consumed(taken)
-        if chan._peer_gone is not None and self._state is _State.OPEN and not self._paused:
-            self._check_cut()
-
-    def _deliver_one(self, listener: Any, message: bytes) -> None:
-        self._received += 1
-        pump = self.pump
-        if pump.trace is not None:
-            self._rx_log.add(pump._step, pump.now(), len(message))
-        listener.received(message)
-
-    def _deliver_traced(self, listener: Any, data: bytes, lens: list[int]) -> None:
-        pump = self.pump
-        self._rx_log.add_batch(pump._step, pump.now(), lens)
-        self._received += len(lens)
-        recv = listener.received
-        off = 0
-        for end in accumulate(lens):
-            recv(data[off:end])
-            off = end
-
-    def _start_body(self, ln: int) -> None:
-        self._rx_body = bytearray(ln)
-        self._rx_body_ptr = ffi.from_buffer(self._rx_body, require_writable=True)
-        self._rx_got = 0
-
-    def _read_piece(self, rb: Any) -> tuple[bool, bytes | None]:
-        """Assemble a header or body that arrives in pieces; return (took bytes, message)."""
-        took = False
-        if self._rx_hdr_got >= 0:
-            got = self._rx_hdr_got
-            hdr = ffi.from_buffer(self._rx_hdr, require_writable=True)
-            k = lib.rb_read(rb, hdr + got, HEADER_SIZE - got)
-            took = k > 0
-            got += k
-            if got < HEADER_SIZE:
-                self._rx_hdr_got = got
-                return took, None
-            self._rx_hdr_got = -1
-            ln = int.from_bytes(self._rx_hdr, "big")
-            if ln > self.max_message_size:
-                self._protocol_error(f"frame of {ln} bytes exceeds max_message_size "
-                                     f"{self.max_message_size}")
-                return took, None
-            self._start_body(ln)
-        body = self._rx_body
-        assert body is not None
-        need = len(body) - self._rx_got
-        if need:
-            k = lib.rb_read(rb, self._rx_body_ptr + self._rx_got, need)
-            took = took or k > 0
-            self._rx_got += k
-            if k < need:
-                return took, None
-        self._rx_body = None
-        self._rx_body_ptr = None
-        return took, bytes(body)
-
-    def _check_cut(self) -> None:
-        """The peer is gone: bytes of an unfinished frame left over are a cut stream."""
-        rb = self._rx_rb
-        pending = lib.rb_used(rb)
-        if self._rx_body is not None:
-            self._protocol_error(f"stream cut mid-frame: {self._rx_got} of {len(self._rx_body)}"
-                                 f" body bytes arrived before the peer disconnected")
-        elif pending or self._rx_hdr_got >= 0:
-            self._protocol_error(f"stream cut mid-frame: {pending} bytes of an incomplete frame"
-                                 f" left when the peer disconnected")
+        if observer is not None and taken:
+            observer.moved("read", taken, decoder.in_frame)
+        chan.notify_consumed(taken)
+        if chan.peer_reason is not None and self._state is _State.OPEN and not self._paused:
+            try:
+                decoder.end_of_stream()
+            except ProtocolError as exc:
+                self._protocol_error(str(exc))
 
     def _protocol_error(self, what: str) -> None:
-        err = ProtocolError(what)
-        log.warning("link %s (%s -> %s): protocol error: %s", self._channel.link_id,
-                    self._channel.remote, self._channel.local, what)
         c = self._channel
-        self.pump.emit("protocol_error", broker=c.local, peer=c.remote, port=c.port,
-                       link=c.trace_link, dir=c.rx_dir, reason=what)
-        self._end_abruptly(f"protocol error: {err}")
+        log.warning("link %s (%s -> %s): protocol error: %s", c.link_id, c.remote, c.local,
+                    what)
+        if self._observer is not None:
+            self._observer.protocol_error(what)
+        self._end_abruptly(f"protocol error: {what}", CloseCause.PROTOCOL_ERROR)
 
     # -- closing -----------------------------------------------------------------------
 
@@ -635,8 +431,8 @@ class MessageQueue:
         self._state = _State.CLOSING
         self._reason = reason
         self._room = _CLOSED_ROOM
-        if self._qhead == len(self._outq) and self._tx_off < 0:
-            self._finish_close()
+        if self._qhead == len(self._outq) and not self._encoder.streaming:
+            self._finish_close(CloseCause.CLEAN)
         else:
             self._on_readable()  # drops what already arrived; delivery has stopped
 
@@ -644,42 +440,44 @@ class MessageQueue:
         """Close at once; messages not yet written into the link are dropped (and counted)."""
         if self._state is not _State.CLOSED:
             self._closed_here = True
-            self._end_abruptly(reason)
+            self._end_abruptly(reason, CloseCause.ABORTED)
 
-    def _end_abruptly(self, reason: str) -> None:
+    def _end_abruptly(self, reason: str, cause: CloseCause) -> None:
         if self._state is _State.CLOSED:
             return
         unsent = len(self._outq) - self._qhead
         if unsent:
             reason = f"{reason}; {unsent} queued messages not sent"
         self._reason = reason
-        self._finish_close(error=True)
+        self._finish_close(cause)
 
-    def _finish_close(self, *, error: bool = False) -> None:
+    def _finish_close(self, cause: CloseCause) -> None:
         self._state = _State.CLOSED
+        self._cause = cause
         self._room = _CLOSED_ROOM
-        self._channel.disconnect(self._reason or "closed", error=error)
+        self._channel.disconnect(self._reason or "closed", cause=cause)
 
     def _on_channel_closed(self, reason: str) -> None:
-        if self._state is _State.OPEN and (self._rx_body is not None or self._rx_hdr_got >= 0):
-            got = self._rx_got if self._rx_body is not None else max(self._rx_hdr_got, 0)
-            reason = f"protocol error: stream cut mid-frame ({got} bytes of it arrived); {reason}"
-            log.warning("link %s (%s -> %s): %s", self._channel.link_id, self._channel.remote,
-                        self._channel.local, reason)
+        chan = self._channel
+        cause = chan.peer_cause or (CloseCause.ABORTED if chan.disconnected else CloseCause.CLEAN)
+        if self._state is _State.OPEN and self._decoder.in_frame:
+            reason = (f"protocol error: stream cut mid-frame ({self._decoder.partial} bytes "
+                      f"of it arrived); {reason}")
+            cause = CloseCause.PROTOCOL_ERROR
+            c = self._channel
+            log.warning("link %s (%s -> %s): %s", c.link_id, c.remote, c.local, reason)
         if self._state is not _State.CLOSED:
             unsent = len(self._outq) - self._qhead
             if unsent:
                 reason = f"{reason}; {unsent} queued messages not sent"
             self._state = _State.CLOSED
+            self._cause = cause
             self._room = _CLOSED_ROOM
             self._reason = reason
         self._outq.clear()
         self._qhead = 0
-        c = self._channel
-        if self.pump.trace is not None:
-            self._tx_log.done = self._rx_log.done = True
-        self.pump.emit("close", broker=c.local, peer=c.remote, port=c.port, link=c.trace_link,
-                       reason=self._reason or reason)
+        if self._observer is not None:
+            self._observer.closed(self._reason or reason)
         listener = self._listener
         if listener is not None:
             listener.closed(self._reason or reason)
@@ -699,3 +497,21 @@ class MessageQueue:
             reading_paused=self._paused,
             state=self._state.value,
         )
+
+
+class ObservedMessageQueue(MessageQueue):
+    """A MessageQueue on a traced pump: every message sent is told to the channel's
+    observer, in the step that sent it."""
+
+    def __init__(self, channel: Channel, **options: Any) -> None:
+        super().__init__(channel, **options)
+        assert channel.observer is not None
+        self._on_sent = channel.observer.sent
+
+    def send(self, message: bytes) -> None:
+        if type(message) is bytes and len(message) <= self._room:  # send's fast path
+            self._room -= len(message)
+            self._push(message)
+        else:
+            self._send_slow(message)
+        self._on_sent(len(message))

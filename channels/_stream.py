@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from ._cause import CloseCause
 from ._channel import Channel
 
 log = logging.getLogger("rdvpump.link")
@@ -57,15 +58,15 @@ class StreamLink:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.busy_poll = busy_poll
-        channel._peer = self
+        channel.attach_peer(self)
 
     # -- the peer interface the channel calls (from pump tasks) -------------------------
 
-    def _data_arrived(self) -> None:
+    def data_arrived(self) -> None:
         if self._send_idle and self._fd >= 0:
             # Fast path: the send loop is parked and the socket is plain TCP; send now,
             # from this pump task, without waking the loop (what is left, it sends).
-            view = self.channel._tx.readable_view()
+            view = self.channel.tx_ring.readable_view()
             try:
                 n = os.write(self._fd, view)
             except (BlockingIOError, InterruptedError):
@@ -75,17 +76,17 @@ class StreamLink:
             finally:
                 view.release()
             if n:
-                self.channel._tx.skip(n)
+                self.channel.tx_ring.skip(n)
                 self.bytes_sent += n
-                self.channel._room_freed()
-                if not self.channel._tx.used:
+                self.channel.room_freed()
+                if not self.channel.tx_ring.used:
                     return
         self._send_wake.set()
 
-    def _room_freed(self) -> None:
+    def room_freed(self) -> None:
         self._recv_wake.set()
 
-    def _peer_disconnected(self, reason: str, error: bool) -> None:
+    def peer_ended(self, reason: str, cause: CloseCause) -> None:
         self._local_gone = reason
         self._send_wake.set()
         self._recv_wake.set()
@@ -113,7 +114,7 @@ class StreamLink:
                 await self.stream.aclose()
 
     async def _send_loop(self) -> None:
-        tx = self.channel._tx
+        tx = self.channel.tx_ring
         while True:
             view = tx.readable_view()
             n = len(view)
@@ -137,7 +138,7 @@ class StreamLink:
             view.release()
             tx.skip(n)
             self.bytes_sent += n
-            self.channel._room_freed()
+            self.channel.room_freed()
         if self._local_gone is not None and not self._remote_gone:
             try:
                 if isinstance(self.stream, trio.abc.HalfCloseableStream):
@@ -146,14 +147,14 @@ class StreamLink:
                 pass
 
     async def _receive_loop(self, initial: bytes) -> None:
-        rx = self.channel._rx
+        rx = self.channel.rx_ring
         backlog = memoryview(initial)  # bytes that came in the handshake's segment
         while backlog and self._local_gone is None:
             n = rx.write(backlog)
             if n:
                 backlog = backlog[n:]
                 self.bytes_received += n
-                self.channel._data_arrived()
+                self.channel.data_arrived()
                 self.channel.pump.run_ready()
             elif self._local_gone is None:
                 self._recv_wake = trio.Event()
@@ -195,11 +196,11 @@ class StreamLink:
             if n == 0:
                 self._remote_gone = True
                 self._send_wake.set()
-                self.channel._peer_disconnected("connection closed by peer", False)
+                self.channel.peer_ended("connection closed by peer", CloseCause.CLEAN)
                 return
             rx.commit(n)
             self.bytes_received += n
-            self.channel._data_arrived()
+            self.channel.data_arrived()
             self.channel.pump.run_ready()  # deliver now, from this task
             if polled is not None:
                 await trio.lowlevel.checkpoint()  # a poll does not yield: let others run
@@ -216,7 +217,7 @@ class StreamLink:
                 pass
             except OSError:
                 return None  # the regular path meets the error and reports it
-            if pump._ready or time.perf_counter() > deadline or stats().tasks_runnable:
+            if pump.has_ready() or time.perf_counter() > deadline or stats().tasks_runnable:
                 return None
 
     def _lost(self, reason: str) -> None:
@@ -225,4 +226,4 @@ class StreamLink:
         self._recv_wake.set()
         if self._local_gone is None:
             log.info("link %s: %s", self.channel.link_id, reason)
-            self.channel._peer_disconnected(reason, True)
+            self.channel.peer_ended(reason, CloseCause.LOST)

@@ -1,19 +1,27 @@
-"""The event pump: FIFO tasks, timers, virtual and real (trio) clocks, trace events."""
+"""The event pump: FIFO tasks, timers, a virtual clock (the core) and trio's (the driver),
+and the trace: its schema, its recorder and its writers."""
 
-from ._pump import DEFAULT_SERVE_BATCH as DEFAULT_SERVE_BATCH
-from ._pump import Owner as Owner
-from ._pump import Pump as Pump
-from ._pump import Timer as Timer
-from ._trace import FIELDS as FIELDS
-from ._trace import FORMATS as FORMATS
-from ._trace import SCHEMA_VERSION as SCHEMA_VERSION
-from ._trace import JsonlWriter as JsonlWriter
-from ._trace import ListSink as ListSink
-from ._trace import ParquetWriter as ParquetWriter
-from ._trace import TraceEvent as TraceEvent
-from ._trace import TraceRecorder as TraceRecorder
-from ._trace import TraceSink as TraceSink
-from ._trace import open_trace as open_trace
+from ._core import DEFAULT_SERVE_BATCH as DEFAULT_SERVE_BATCH
+from ._core import Owner as Owner
+from ._core import PumpCore as PumpCore
+from ._core import Timer as Timer
+from ._errors import RdvpumpError as RdvpumpError
+from ._recorder import LinkTrace as LinkTrace
+from ._recorder import ListSink as ListSink
+from ._recorder import MessageLog as MessageLog
+from ._recorder import TraceRecorder as TraceRecorder
+from ._recorder import TraceWriter as TraceWriter
+from ._trio import Pump as Pump
+from ._writers import JsonlWriter as JsonlWriter
+from ._writers import ParquetWriter as ParquetWriter
+from ._writers import open_trace as open_trace
+from .schema import FIELDS as FIELDS
+from .schema import FORMATS as FORMATS
+from .schema import SCHEMA_VERSION as SCHEMA_VERSION
+from .schema import TraceEvent as TraceEvent
+
+#: What ``Pump(trace=...)`` accepts.
+TraceSink = TraceRecorder
 
 __all__ = [
     "DEFAULT_SERVE_BATCH",
@@ -21,13 +29,18 @@ __all__ = [
     "FORMATS",
     "SCHEMA_VERSION",
     "JsonlWriter",
+    "LinkTrace",
     "ListSink",
+    "MessageLog",
     "Owner",
     "ParquetWriter",
     "Pump",
+    "PumpCore",
+    "RdvpumpError",
     "Timer",
     "TraceEvent",
     "TraceRecorder",
     "TraceSink",
+    "TraceWriter",
     "open_trace",
 ]

@@ -12,9 +12,15 @@ from ._core import Action as Action
 from ._core import PortState as PortState
 from ._core import RdvEvent as RdvEvent
 from ._core import RdvUsageError as RdvUsageError
+from ._core import Refusal as Refusal
+from ._core import RefusalReason as RefusalReason
 from ._core import Rendezvous as Rendezvous
 from ._core import Transition as Transition
 from ._core import state_diagram as state_diagram
+from ._handshake import NEED_DATA as NEED_DATA
+from ._handshake import Handshake as Handshake
+from ._handshake import HandshakeState as HandshakeState
+from ._handshake import Role as Role
 from ._listeners import AcceptListener as AcceptListener
 from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
@@ -38,7 +44,10 @@ __all__ = [
     "MAX_HANDSHAKE_SIZE",
     "PROTOCOL_VERSION",
     "UNREACHABLE",
+    "NEED_DATA",
+    "Handshake",
     "HandshakeError",
+    "HandshakeState",
     "Hello",
     "NetNode",
     "Reply",
@@ -57,8 +66,11 @@ __all__ = [
     "NameSource",
     "Resolver",
     "RdvUsageError",
+    "Refusal",
+    "RefusalReason",
     "RefusedError",
     "Rendezvous",
+    "Role",
     "Transition",
     "state_diagram",
     "tls_contexts",

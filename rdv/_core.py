@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pump import RdvpumpError
+
 
 class PortState(enum.Enum):
     UNBOUND = "unbound"
@@ -30,11 +32,51 @@ class Action(enum.Enum):
     REFUSE = "refuse"
 
 
-#: Refusal reasons, exactly as pinned in DESIGN.md.
-UNKNOWN_BROKER = "unknown broker"
-NOT_BOUND = "not bound"
-BUSY = "busy"
-UNAUTHORIZED = "unauthorized"
+class Refusal(enum.StrEnum):
+    """Why a connect was refused; the values are the reasons users see (DESIGN.md)."""
+
+    UNKNOWN_BROKER = "unknown broker"
+    NOT_BOUND = "not bound"
+    BUSY = "busy"
+    UNAUTHORIZED = "unauthorized"
+    #: Over the wire: the broker's process could not be reached (the detail follows).
+    UNREACHABLE = "unreachable"
+    #: The connecting broker itself was closed before its connect ran.
+    CLOSED = "closed"
+    #: A reason this version does not know (from a newer peer); the text says it.
+    OTHER = "refused"
+
+
+class RefusalReason(str):
+    """A refusal as listeners get it: the text (``"unreachable: timed out"``), whose
+    :attr:`refusal` says which kind it is without parsing it."""
+
+    refusal: Refusal
+
+    def __new__(cls, refusal: Refusal, detail: str | None = None, *,
+                text: str | None = None) -> RefusalReason:
+        if text is None:
+            text = refusal.value if detail is None else f"{refusal.value}: {detail}"
+        self = super().__new__(cls, text)
+        self.refusal = refusal
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> RefusalReason:
+        """A reason as the wire carries it, ``"kind"`` or ``"kind: detail"``; a kind this
+        side does not know (a newer peer's) is kept whole, as ``Refusal.OTHER``."""
+        kind, _, _ = text.partition(": ")
+        try:
+            return cls(Refusal(kind), text=text)
+        except ValueError:
+            return cls(Refusal.OTHER, text=text)
+
+
+#: Refusal reasons of the rendezvous itself, exactly as pinned in DESIGN.md.
+UNKNOWN_BROKER = Refusal.UNKNOWN_BROKER
+NOT_BOUND = Refusal.NOT_BOUND
+BUSY = Refusal.BUSY
+UNAUTHORIZED = Refusal.UNAUTHORIZED
 REFUSAL_REASONS = (UNKNOWN_BROKER, NOT_BOUND, BUSY, UNAUTHORIZED)
 
 
@@ -42,7 +84,7 @@ REFUSAL_REASONS = (UNKNOWN_BROKER, NOT_BOUND, BUSY, UNAUTHORIZED)
 class Transition:
     next_state: PortState
     action: Action
-    reason: str | None = None
+    reason: Refusal | None = None
 
 
 S, E = PortState, RdvEvent
@@ -69,7 +111,7 @@ _HINTS = {
 MAX_PORT = 65535
 
 
-class RdvUsageError(RuntimeError):
+class RdvUsageError(RdvpumpError, RuntimeError):
     """The rendezvous was used against its state machine (bind twice, unbind unbound, ...)."""
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels import MessageQueue
+from channels import CloseCause, MessageQueue
+from pump import RdvpumpError
+
+from ._core import Refusal, RefusalReason
 
 
 class AcceptListener:
@@ -27,15 +30,21 @@ class ConnectListener:
         """The rendezvous paired us; ``queue`` is our end of the new link."""
 
     def refused(self, reason: str) -> None:
-        """No link: ``"unknown broker"``, ``"not bound"``, ``"busy"`` or ``"unauthorized"``."""
+        """No link: ``"unknown broker"``, ``"not bound"``, ``"busy"``, ``"unauthorized"`` or
+        ``"unreachable: ..."``; ``reason.refusal`` is the :class:`Refusal` (a
+        :class:`RefusalReason`)."""
 
 
-class RefusedError(ConnectionRefusedError):
-    """A connect was refused; ``reason`` is one of the rendezvous refusal reasons."""
+class RefusedError(RdvpumpError, ConnectionRefusedError):
+    """A connect was refused: ``reason`` is the text, :attr:`refusal` its kind."""
+
+    cause = CloseCause.REFUSED
 
     def __init__(self, reason: str, broker_id: str, port: int) -> None:
         super().__init__(f"connect to {broker_id!r} port {port} refused: {reason}")
         self.reason = reason
+        self.refusal: Refusal = (reason.refusal if isinstance(reason, RefusalReason)
+                                 else RefusalReason.parse(reason).refusal)
         self.broker_id = broker_id
         self.port = port
 

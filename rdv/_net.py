@@ -1,8 +1,9 @@
 """The rendezvous over TCP: serve inbound links, dial outbound ones, same rules as in memory.
 
-The handshake carries protocol version, universe, token, both broker ids and
-the port; the decision (accept, or refuse with its reason) is taken by the
-same rendezvous table, as a pump task, on the side that was dialled.
+This is the transport: sockets, TLS, timeouts and trio tasks around the
+sans-I/O handshake of :mod:`._handshake`.  The decision (accept, or refuse
+with its reason) is :meth:`RdvNode.accept`, run as a pump task on the side
+that was dialled: the same as in memory.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 
 import trio
 
-from channels import ChannelManager, MessageQueue, StreamLink
+from channels import Channel, ChannelManager, CloseCause, StreamLink
 from pump import Pump
 
 from ._address import Address
-from ._core import UNAUTHORIZED, UNKNOWN_BROKER, Action, RdvEvent
+from ._core import Refusal, RefusalReason
+from ._handshake import NEED_DATA, Handshake, Role
+from ._node import RdvNode
 from ._resolve import Resolver
-from ._wire import FrameReader, HandshakeError, Hello, Reply, parse_hello, parse_reply
+from ._wire import HandshakeError, Hello, Reply
 
 log = logging.getLogger("rdvpump.net")
 
@@ -29,17 +32,32 @@ DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: Connections still in their handshake at once; more wait in the kernel's backlog.
 DEFAULT_MAX_PENDING = 64
 #: Reason given when the address of a broker cannot be reached.
-UNREACHABLE = "unreachable"
+UNREACHABLE = Refusal.UNREACHABLE
 
 
-async def _read_frame(stream: trio.abc.Stream, reader: FrameReader) -> dict[str, object]:
+async def _handshake_event(stream: trio.abc.Stream, handshake: Handshake) -> Hello | Reply:
+    """Feed the handshake what arrives until it has its event."""
     while True:
-        data = await stream.receive_some(4096)
-        if not data:
-            raise HandshakeError("connection closed during the handshake")
-        obj = reader.feed(data)
-        if obj is not None:
-            return obj
+        event = handshake.next_event()
+        if event is not NEED_DATA:
+            assert isinstance(event, (Hello, Reply))
+            return event
+        handshake.receive_data(await stream.receive_some(4096))
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong with a connection, in words: one mapping for both directions."""
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    if isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__, ssl.SSLError):
+        return f"tls handshake failed: {exc.__cause__}"
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        return f"connection lost: {exc.__cause__}"
+    return str(exc)
+
+
+#: What goes wrong while connecting: the peer, the network, or the clock.
+_CONNECT_ERRORS = (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError)
 
 
 class NetNode:
@@ -51,7 +69,7 @@ class NetNode:
     """
 
     def __init__(self, pump: Pump, channels: ChannelManager, *, universe: str, token: str,
-                 resolve_local: Callable[[str], Any], resolver: Resolver,
+                 resolve_local: Callable[[str], RdvNode | None], resolver: Resolver,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.pump = pump
@@ -119,74 +137,72 @@ class NetNode:
         self._nursery.start_soon(self._inbound, stream)
 
     async def _inbound(self, stream: trio.abc.Stream) -> None:
+        handshake = Handshake(Role.ACCEPTOR)
         async with self._pending:
             try:
                 with trio.fail_after(self.handshake_timeout):
                     if self.tls_server is not None:
                         stream = trio.SSLStream(stream, self.tls_server, server_side=True)
                         await stream.do_handshake()
-                    reader = FrameReader()
-                    hello = parse_hello(await _read_frame(stream, reader))
+                    hello = await _handshake_event(stream, handshake)
             except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                reason = "handshake timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
-                if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-                    reason = f"tls handshake failed: {exc.__cause__}"
-                self._reject(reason)
+                reason = _failure(exc)
+                self._reject("handshake timed out" if reason == "timed out" else reason)
                 await trio.aclose_forcefully(stream)
                 return
+        assert isinstance(hello, Hello)
         if not hello.authorized(self.universe, self.token):
             self._reject(f"unauthorized connect from {hello.src!r}")
-            await self._send_refusal(stream, UNAUTHORIZED)
-            return
-        decided = trio.Event()
-        outcome: list[Any] = []
-        self.pump.post("connect", self._decide, hello, outcome, decided)
-        await decided.wait()
-        reply, channel = outcome
-        try:
-            await stream.send_all(reply.encode())
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            if channel is not None:
-                channel._peer_disconnected("connection lost during the handshake", True)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(handshake.send(Reply(False, reason=Refusal.UNAUTHORIZED)))
             await trio.aclose_forcefully(stream)
             return
-        if channel is None:
+        decided = trio.Event()
+        outcome: list[Channel | Refusal] = []
+        self.pump.post("connect", self._decide, hello, outcome, decided)
+        await decided.wait()
+        (result,) = outcome
+        if isinstance(result, Refusal):
+            reply = Reply(False, reason=result)
+        else:
+            reply = Reply(True, link=result.link_id)
+        try:
+            await stream.send_all(handshake.send(reply))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if isinstance(result, Channel):
+                result.peer_ended("connection lost during the handshake", CloseCause.LOST)
+            await trio.aclose_forcefully(stream)
+            return
+        if isinstance(result, Refusal):
             await stream.aclose()
             return
-        await StreamLink(channel, stream, busy_poll=self.busy_poll).run(reader.rest)
+        await StreamLink(result, stream, busy_poll=self.busy_poll).run(handshake.trailing_data)
 
     def _reject(self, reason: str) -> None:
         log.warning("closed a connection: %s", reason)
         self.rejected.append(reason)
         del self.rejected[:-100]
 
-    async def _send_refusal(self, stream: trio.abc.Stream, reason: str) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await stream.send_all(Reply(False, reason=reason).encode())
-        await trio.aclose_forcefully(stream)
-
-    def _decide(self, hello: Hello, outcome: list[Any], decided: trio.Event) -> None:
+    def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event
+                ) -> None:
         """Pump task: the rendezvous decision for an inbound connect."""
         try:
             target = self.resolve_local(hello.dst)
-            if target is None or target.closed:
-                outcome[:] = [Reply(False, reason=UNKNOWN_BROKER), None]
+            ends: list[Channel] = []
+
+            def end() -> Channel:
+                ends.append(self.channels.open_end(hello.dst, hello.src, hello.port,
+                                                   accepting=True))
+                return ends[0]
+
+            result = (Refusal.UNKNOWN_BROKER if target is None
+                      else target.accept(hello.src, hello.port, end))
+            if isinstance(result, Refusal):
                 self.pump.emit("refuse", broker=hello.dst, peer=hello.src, port=hello.port,
-                               outcome="inbound", reason=UNKNOWN_BROKER)
-                return
-            transition = target.core.handle(RdvEvent.CONNECT, hello.port)
-            if transition.action is Action.REFUSE:
-                outcome[:] = [Reply(False, reason=transition.reason), None]
-                self.pump.emit("refuse", broker=hello.dst, peer=hello.src, port=hello.port,
-                               outcome="inbound", reason=transition.reason)
-                return
-            channel = self.channels.open_end(target.id, hello.src, hello.port, accepting=True)
-            queue = MessageQueue(channel, **target._queue_options)
-            target.queues.add(queue)
-            self.pump.emit("accept", broker=target.id, peer=hello.src, port=hello.port,
-                           link=channel.trace_link)
-            self.pump.post("accept", target._acceptors[hello.port].accepted, queue, owner=queue)
-            outcome[:] = [Reply(True, link=channel.link_id), channel]
+                               outcome="inbound", reason=str(result))
+                outcome.append(result)
+            else:
+                outcome.append(ends[0])
         finally:
             decided.set()
 
@@ -196,61 +212,49 @@ class NetNode:
         """Whether ``dst`` might live in another process."""
         return self.resolver.can_reach(dst)
 
-    def dial(self, node: Any, dst: str, port: int, listener: Any, *,
+    def dial(self, node: RdvNode, dst: str, port: int, listener: Any, *,
              address: Address | None = None) -> None:
         """Start an outbound connect of ``node`` to ``dst`` (called from a pump task).
 
         With ``address`` the broker is dialled there, without asking anyone.
         """
         if self._nursery is None:
-            self._refuse(node, dst, port, listener, f"{UNREACHABLE}: network not served")
+            node.refuse(dst, port, listener,
+                        RefusalReason(Refusal.UNREACHABLE, "network not served"))
             return
+        self._nursery.start_soon(self._dial, node, dst, port, listener, address)
+
+    async def _dial(self, node: RdvNode, dst: str, port: int, listener: Any,
+                    address: Address | None) -> None:
         if address is not None:
-            self._nursery.start_soon(self._dial_at, node, dst, address, port, listener)
+            outcome = await self._attempt(node, dst, address, port)
         else:
-            self._nursery.start_soon(self._dial, node, dst, port, listener)
-
-    async def _dial_at(self, node: Any, dst: str, address: Address, port: int,
-                       listener: Any) -> None:
-        outcome = await self._attempt(node, dst, address, port)
-        await self._finish_dial(node, dst, port, listener, outcome)
-
-    def _refuse(self, node: Any, dst: str, port: int, listener: Any, reason: str) -> None:
-        self.pump.emit("refuse", broker=node.id, peer=dst, port=port, reason=reason)
-        self.pump.post("refuse", listener.refused, reason, owner=node._owner)
-
-    async def _dial(self, node: Any, dst: str, port: int, listener: Any) -> None:
-        address = await self.resolver.resolve(dst)
-        if address is None:
-            self._refuse(node, dst, port, listener, UNKNOWN_BROKER)
-            return
-        outcome = await self._attempt(node, dst, address, port)
-        if isinstance(outcome, str) and self.resolver.sources and (
-                outcome.startswith(UNREACHABLE) or outcome == UNKNOWN_BROKER):
-            # The cached address may be stale: ask the name service again, once.
-            fresh = await self.resolver.resolve(dst, fresh=True)
-            if fresh is None:
-                outcome = UNKNOWN_BROKER
-            elif fresh != address:
-                outcome = await self._attempt(node, dst, fresh, port)
-        await self._finish_dial(node, dst, port, listener, outcome)
-
-    async def _finish_dial(self, node: Any, dst: str, port: int, listener: Any,
-                           outcome: str | tuple[trio.abc.Stream, Reply, bytes]) -> None:
-        if isinstance(outcome, str):
-            self._refuse(node, dst, port, listener, outcome)
+            address = await self.resolver.resolve(dst)
+            if address is None:
+                node.refuse(dst, port, listener, RefusalReason(Refusal.UNKNOWN_BROKER))
+                return
+            outcome = await self._attempt(node, dst, address, port)
+            if isinstance(outcome, RefusalReason) and self.resolver.sources and (
+                    outcome.refusal in (Refusal.UNREACHABLE, Refusal.UNKNOWN_BROKER)):
+                # The cached address may be stale: ask the name service again, once.
+                fresh = await self.resolver.resolve(dst, fresh=True)
+                if fresh is None:
+                    outcome = RefusalReason(Refusal.UNKNOWN_BROKER)
+                elif fresh != address:
+                    outcome = await self._attempt(node, dst, fresh, port)
+        if isinstance(outcome, RefusalReason):
+            node.refuse(dst, port, listener, outcome)
             return
         stream, reply, rest = outcome
         assert reply.link is not None
         channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
-        queue = MessageQueue(channel, **node._queue_options)
-        node.queues.add(queue)
-        self.pump.post("connected", listener.connected, queue, owner=queue)
+        node.connected(channel, listener)
         await StreamLink(channel, stream, busy_poll=self.busy_poll).run(rest)
 
-    async def _attempt(self, node: Any, dst: str, address: Address,
-                       port: int) -> str | tuple[trio.abc.Stream, Reply, bytes]:
-        """One TCP connect and handshake: the refusal reason, or the stream to run."""
+    async def _attempt(self, node: RdvNode, dst: str, address: Address, port: int
+                       ) -> RefusalReason | tuple[trio.abc.Stream, Reply, bytes]:
+        """One TCP connect and handshake: the refusal, or the stream to run."""
+        handshake = Handshake(Role.DIALLER)
         try:
             with trio.fail_after(self.handshake_timeout):
                 stream = await self.open_stream(address)
@@ -259,21 +263,18 @@ class NetNode:
                     stream = trio.SSLStream(stream, tls, server_hostname=address[0])
                 try:
                     hello = Hello(self.universe, self.token, node.id, dst, port)
-                    await stream.send_all(hello.encode())
-                    reader = FrameReader()
-                    reply = parse_reply(await _read_frame(stream, reader))
+                    await stream.send_all(handshake.send(hello))
+                    reply = await _handshake_event(stream, handshake)
                 except BaseException:
                     await trio.aclose_forcefully(stream)
                     raise
-        except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as exc:
-            what = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
-            if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-                what = f"tls handshake failed: {exc.__cause__}"
-            return f"{UNREACHABLE}: {what}"
+        except _CONNECT_ERRORS as exc:
+            return RefusalReason(Refusal.UNREACHABLE, _failure(exc))
+        assert isinstance(reply, Reply)
         if not reply.accepted:
             await stream.aclose()
-            return reply.reason or "refused"
-        return stream, reply, reader.rest
+            return RefusalReason.parse(reply.reason or "refused")
+        return stream, reply, handshake.trailing_data
 
 
 def tls_contexts(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, ssl.SSLContext]:

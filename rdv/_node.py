@@ -1,47 +1,57 @@
 """The rendezvous on a pump: bind, listen, unbind and connect for one broker.
 
-Wraps the sans-I/O core; the connect runs as a pump task, pairs the two sides
-through the ChannelManager and posts ``accepted`` / ``connected`` tasks.
+Wraps the sans-I/O core; the connect runs as a pump task.  :meth:`RdvNode.accept`
+is *the* accept decision, the same for a connect from this process (through
+memory) and from another (over the wire, :mod:`._net`).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from channels import ChannelManager, MessageQueue
+from channels import Channel, ChannelManager, MessageQueue
 from pump import Owner, Pump
 
-from ._core import UNKNOWN_BROKER, Action, RdvEvent, Rendezvous, check_port
+from ._core import Action, RdvEvent, Refusal, RefusalReason, Rendezvous, check_port
 from ._listeners import require
 
 #: Keyword arguments a node passes to every MessageQueue it creates.
 QueueOptions = dict[str, int]
 
 
+class Network(Protocol):
+    """How a node reaches brokers of other processes (a :class:`~rdv.NetNode`)."""
+
+    def can_reach(self, dst: str) -> bool: ...
+
+    def dial(self, node: RdvNode, dst: str, port: int, listener: Any) -> None: ...
+
+
 class RdvNode:
     """The ports of one broker on a pump, and its connects to others.
 
     ``resolve(broker_id)`` finds another node of the same universe (or None);
-    ``owner`` is the broker, failed by the pump if one of its tasks raises.
+    ``owner`` is the broker, failed by the pump if one of its tasks raises;
+    ``network`` (optional) dials brokers that are not in this process.
     """
 
     def __init__(self, pump: Pump, node_id: str, channels: ChannelManager,
                  resolve: Callable[[str], RdvNode | None], *, owner: Owner,
-                 queue_options: QueueOptions | None = None) -> None:
+                 queue_options: QueueOptions | None = None,
+                 network: Network | None = None) -> None:
         self.pump = pump
         self.id = node_id
         self.core = Rendezvous()
+        self.owner = owner
+        self.network = network
         self._channels = channels
         self._resolve = resolve
-        self._owner = owner
         self._queue_options = dict(queue_options or {})
         self._acceptors: dict[int, Any] = {}
         self.queues: weakref.WeakSet[MessageQueue] = weakref.WeakSet()
         self.closed = False
-        #: The process's NetNode when brokers of other processes are reachable over TCP.
-        self.network: Any = None
 
     # -- ports -------------------------------------------------------------------------
 
@@ -65,6 +75,32 @@ class RdvNode:
         self._acceptors.pop(port, None)
         self.pump.emit("unbind", broker=self.id, port=port)
 
+    # -- the accept decision -----------------------------------------------------------
+
+    def accept(self, src: str, port: int, end: Callable[[], Channel]) -> MessageQueue | Refusal:
+        """Decide a connect of ``src`` to our ``port`` (run as a pump task).
+
+        Refused: the reason.  Accepted: ``end()`` makes our end of the new link,
+        it becomes a queue, and the port's listener hears ``accepted`` (a task).
+        """
+        if self.closed:
+            return Refusal.UNKNOWN_BROKER
+        transition = self.core.handle(RdvEvent.CONNECT, port)
+        if transition.action is Action.REFUSE:
+            assert transition.reason is not None
+            return transition.reason
+        channel = end()
+        queue = self.open_queue(channel)
+        self.pump.emit("accept", broker=self.id, peer=src, port=port, link=channel.trace_link)
+        self.pump.post("accept", self._acceptors[port].accepted, queue, owner=queue)
+        return queue
+
+    def open_queue(self, channel: Channel) -> MessageQueue:
+        """Our end of a new link, as a message queue with this node's options."""
+        queue = MessageQueue(channel, **self._queue_options)
+        self.queues.add(queue)
+        return queue
+
     # -- connect -----------------------------------------------------------------------
 
     def connect(self, broker_id: str, port: int, listener: Any) -> None:
@@ -74,36 +110,41 @@ class RdvNode:
         check_port(port)
         require(listener, "connect", "connected", "refused")
         self.pump.emit("connect", broker=self.id, peer=broker_id, port=port)
-        self.pump.post("connect", self._run_connect, broker_id, port, listener, owner=self._owner)
+        self.pump.post("connect", self._run_connect, broker_id, port, listener, owner=self.owner)
 
     def _run_connect(self, broker_id: str, port: int, listener: Any) -> None:
         if self.closed:
-            self._refuse(broker_id, port, listener, "closed")
+            self.refuse(broker_id, port, listener, RefusalReason(Refusal.CLOSED))
             return
         target = self._resolve(broker_id)
         if target is None and self.network is not None and self.network.can_reach(broker_id):
             self.network.dial(self, broker_id, port, listener)
             return
-        if target is None or target.closed:
-            self._refuse(broker_id, port, listener, UNKNOWN_BROKER)
+        if target is None:
+            self.refuse(broker_id, port, listener, RefusalReason(Refusal.UNKNOWN_BROKER))
             return
-        transition = target.core.handle(RdvEvent.CONNECT, port)
-        if transition.action is Action.REFUSE:
-            self._refuse(broker_id, port, listener, transition.reason or "refused")
-            return
-        acceptor = target._acceptors[port]
-        ours, theirs = self._channels.open_pair(self.id, target.id, port)
-        q_ours = MessageQueue(ours, **self._queue_options)
-        q_theirs = MessageQueue(theirs, **target._queue_options)
-        self.queues.add(q_ours)
-        target.queues.add(q_theirs)
-        self.pump.emit("accept", broker=target.id, peer=self.id, port=port, link=ours.trace_link)
-        self.pump.post("accept", acceptor.accepted, q_theirs, owner=q_theirs)
-        self.pump.post("connected", listener.connected, q_ours, owner=q_ours)
+        ours: list[Channel] = []
 
-    def _refuse(self, broker_id: str, port: int, listener: Any, reason: str) -> None:
-        self.pump.emit("refuse", broker=self.id, peer=broker_id, port=port, reason=reason)
-        self.pump.post("refuse", listener.refused, reason, owner=self._owner)
+        def end() -> Channel:
+            mine, theirs = self._channels.open_pair(self.id, target.id, port)
+            ours.append(mine)
+            return theirs
+
+        outcome = target.accept(self.id, port, end)
+        if isinstance(outcome, Refusal):
+            self.refuse(broker_id, port, listener, RefusalReason(outcome))
+            return
+        self.connected(ours[0], listener)
+
+    def connected(self, channel: Channel, listener: Any) -> None:
+        """Our end of an accepted connect: ``listener.connected(queue)`` as a task."""
+        queue = self.open_queue(channel)
+        self.pump.post("connected", listener.connected, queue, owner=queue)
+
+    def refuse(self, broker_id: str, port: int, listener: Any, reason: RefusalReason) -> None:
+        """A connect of ours was refused: ``listener.refused(reason)`` as a task."""
+        self.pump.emit("refuse", broker=self.id, peer=broker_id, port=port, reason=str(reason))
+        self.pump.post("refuse", listener.refused, reason, owner=self.owner)
 
     # -- shutdown ----------------------------------------------------------------------
 

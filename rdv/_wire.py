@@ -11,6 +11,8 @@ import hmac
 import json
 from dataclasses import dataclass
 
+from channels import ProtocolError
+
 from ._core import MAX_PORT
 
 PROTOCOL_VERSION = 1
@@ -18,7 +20,7 @@ PROTOCOL_VERSION = 1
 MAX_HANDSHAKE_SIZE = 4096
 
 
-class HandshakeError(Exception):
+class HandshakeError(ProtocolError):
     """The peer sent something that is not a valid handshake (the remote's fault)."""
 
 

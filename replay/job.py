@@ -1,11 +1,13 @@
 """Replay pump traces with Spark: rebuild every link's life and every message's journey.
 
 Runs unchanged under ``spark-submit replay/job.py --traces DIR --out DIR`` on any
-cluster (it needs only pyspark and the standard library; ``rich`` is used when
-present), and as ``rdvpump trace analyze DIR`` in local mode.
+cluster (it needs pyspark, and the trace schema: ``pump.schema`` when rdvpump is
+installed, else ``pump/schema.py`` beside this file, which needs only the
+standard library; ``rich`` is used when present), and as ``rdvpump trace
+analyze DIR`` in local mode.
 
 Input: the trace files of one or many pumps in DIR (``*.jsonl`` and ``*.parquet``,
-schema version :data:`SCHEMA_VERSION`, see ``pump/_trace.py``).  Output in OUT:
+schema version :data:`SCHEMA_VERSION`, defined in ``pump/schema.py``).  Output in OUT:
 
 - Parquet tables: ``links``, ``violations``, ``undelivered``, ``latency``,
   ``throughput``, ``refusals``, ``sizes``;
@@ -32,7 +34,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+try:
+    from pump import schema as _schema
+except ImportError:  # spark-submit of a checkout, without rdvpump installed
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "rdvpump_trace_schema", Path(__file__).resolve().parents[1] / "pump" / "schema.py")
+    assert _spec is not None and _spec.loader is not None
+    _schema = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_schema)
+
+#: The trace schema version this job reads (pump/schema.py is the one definition).
+SCHEMA_VERSION: int = _schema.SCHEMA_VERSION
+
+_OLDER = ("; traces of an older schema are not read (version 2 kept the monotonic clock in "
+          "'reason' and named disconnects 'error'): record the run again with this rdvpump")
 
 #: Violations and undelivered messages listed in summary.json (all are in Parquet).
 SUMMARY_LIMIT = 100
@@ -45,16 +62,9 @@ class TraceError(ValueError):
 def trace_schema() -> Any:
     from pyspark.sql import types as T
 
-    return T.StructType([
-        T.StructField("v", T.IntegerType()), T.StructField("run", T.StringType()),
-        T.StructField("pump", T.StringType()), T.StructField("step", T.LongType()),
-        T.StructField("time", T.DoubleType()), T.StructField("kind", T.StringType()),
-        T.StructField("broker", T.StringType()), T.StructField("peer", T.StringType()),
-        T.StructField("port", T.LongType()), T.StructField("link", T.StringType()),
-        T.StructField("dir", T.StringType()), T.StructField("seq", T.LongType()),
-        T.StructField("size", T.LongType()), T.StructField("outcome", T.StringType()),
-        T.StructField("reason", T.StringType()),
-    ])
+    types = {"int32": T.IntegerType(), "int": T.LongType(), "float": T.DoubleType(),
+             "str": T.StringType()}
+    return T.StructType([T.StructField(name, types[kind]) for name, kind in _schema.COLUMNS])
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -106,8 +116,11 @@ def load(spark: Any, traces: str) -> tuple[Any, list[dict[str, Any]]]:
               .withColumn("ord", F.monotonically_increasing_id()))
         missing = [n for n in names if n not in pq.columns]
         if missing:
-            raise TraceError(f"Parquet traces lack the columns {', '.join(missing)}: "
-                             f"not trace schema version {SCHEMA_VERSION}")
+            found = [r["v"] for r in pq.select("v").distinct().collect()] if "v" in pq.columns \
+                else []
+            raise TraceError(f"Parquet traces lack the columns {', '.join(missing)}: trace "
+                             f"schema version {SCHEMA_VERSION} expected, found "
+                             f"{', '.join(map(str, sorted(found))) or 'none'}{_OLDER}")
         frames.append(pq.select(*[F.col(n).cast(schema[n].dataType) for n in names],
                                 "file", "ord"))
     events = frames[0]
@@ -117,7 +130,8 @@ def load(spark: Any, traces: str) -> tuple[Any, list[dict[str, Any]]]:
     other = sorted({(r["file"], r["v"]) for r in versions if r["v"] != SCHEMA_VERSION})
     if other:
         listing = "; ".join(f"{_short(f)} has version {v}" for f, v in other[:5])
-        raise TraceError(f"trace schema version {SCHEMA_VERSION} expected: {listing}")
+        raise TraceError(f"trace schema version {SCHEMA_VERSION} expected: {listing}"
+                         + (_OLDER if any(v < SCHEMA_VERSION for _, v in other) else ""))
     if not versions:
         raise TraceError(f"the traces in {traces} hold no events"
                          + (f" ({len(corrupt)} corrupt lines)" if corrupt else ""))
@@ -162,7 +176,7 @@ def analyze(spark: Any, traces: str, out: str | None = None) -> dict[str, Any]:
     # machine's monotonic clock; pumps without one keep their own time.
     clocks = (events.where(F.col("kind") == "clock")
               .groupBy("run", "pump")
-              .agg(F.max_by(F.col("reason").cast("double") - F.col("time"), "ord")
+              .agg(F.max_by(F.col("monotonic") - F.col("time"), "ord")
                    .alias("offset")))
     events = (events.join(F.broadcast(clocks), ["run", "pump"], "left")
               .withColumn("at", F.col("time") + F.coalesce(F.col("offset"), F.lit(0.0)))
@@ -208,7 +222,8 @@ def analyze(spark: Any, traces: str, out: str | None = None) -> dict[str, Any]:
                 .groupBy("run", "link")
                 .agg(F.max(F.when((F.col("kind") == "fail")
                                   | (F.col("kind") == "protocol_error")
-                                  | (F.col("outcome") == "error"), 1).otherwise(0))
+                                  | ((F.col("kind") == "disconnect")
+                                     & (F.col("outcome") != "clean")), 1).otherwise(0))
                      .alias("failed"),
                      F.first("reason", ignorenulls=True).alias("end_reason")))
     undelivered = (sends.join(delivers.select(*key), key, "left_anti")

@@ -85,7 +85,7 @@ def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
 def test_a_corrupt_line_is_reported_and_the_rest_analysed(
         spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     lines = clean_jsonl.read_text().splitlines(keepends=True)
-    lines.insert(41, '{"v":2,"run":"echo-1","pump":"echo","step":\n')
+    lines.insert(41, '{"v":3,"run":"echo-1","pump":"echo","step":\n')
     traces = tmp_path / "corrupt"
     traces.mkdir()
     (traces / "t.echo.jsonl").write_text("".join(lines))
@@ -111,8 +111,9 @@ def test_clear_errors_for_missing_empty_and_other_versions(
     old.mkdir()
     shutil.copy(clean_jsonl, old / "new.echo.jsonl")
     (old / "old.echo.jsonl").write_text(
-        '{"v":1,"step":0,"time":0.0,"kind":"bind","broker":"x","port":1}\n')
-    with pytest.raises(TraceError, match=r"version 2 expected: .*old\.echo\.jsonl has version 1"):
+        '{"v":2,"step":0,"time":0.0,"kind":"clock","reason":"12.5"}\n')
+    with pytest.raises(TraceError, match=r"version 3 expected: .*old\.echo\.jsonl has version 2"
+                                         r".*record the run again"):
         analyze(spark, str(old))
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from brokermgr import BrokerManager
+from brokermgr._rpc import encode
 from brokermgr.tracking import (
     Consumer,
     Producer,
@@ -25,7 +26,6 @@ from brokermgr.tracking import (
     TrackNode,
     by_key_hash,
 )
-from brokermgr._rpc import encode
 
 TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 3.0}
 

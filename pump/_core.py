@@ -1,7 +1,8 @@
-"""The event pump: one FIFO of named tasks run one at a time, timers, and a clock.
+"""The event pump's core: one FIFO of named tasks run one at a time, timers, and a clock.
 
-The same pump runs a simulation on a virtual clock (``run_until_idle``) or
-serves inside trio (``await serve()``), where I/O tasks post work and wake it.
+No trio here: the core runs a simulation on a virtual clock
+(``run_until_idle``); :mod:`._trio` adds the driver that serves the same pump
+inside trio, where I/O tasks post work and wake it.
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ import itertools
 import logging
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import trio
-import trio.testing
-
-from ._trace import TraceRecorder
+from ._recorder import LinkTrace, TraceRecorder
 
 log = logging.getLogger("rdvpump.pump")
 
@@ -58,8 +55,8 @@ class Timer:
         self.cancelled = True
 
 
-class Pump:
-    """A single-threaded event pump.
+class PumpCore:
+    """A single-threaded event pump, on a virtual clock (the trio driver is :class:`Pump`).
 
     Tasks are plain callables posted with a kind (``"accept"``, ``"write"``,
     ...).  They run in FIFO order, one at a time and never re-entrantly.  An
@@ -85,11 +82,13 @@ class Pump:
         self._timer_seq = itertools.count()
         self._time = 0.0
         self._clock: Callable[[], float] | None = None
-        self._step = 0
+        #: The number of the task running now (or of the last one run).
+        self.step_number = 0
         self._running = False
         self._in_task = False
         self._serving = False
-        self._wake: trio.Event | None = None
+        #: Set by a driver while it waits for work: ``post`` and ``call_at`` wake it.
+        self._wake: Any = None
         self.failures = 0
 
     # -- time --------------------------------------------------------------------------
@@ -128,15 +127,22 @@ class Pump:
 
     # -- tracing -----------------------------------------------------------------------
 
-    @property
-    def step_number(self) -> int:
-        return self._step
-
     def emit(self, kind: str, **fields: Any) -> None:
-        """Record a semantic event in the trace, if tracing (see :mod:`pump._trace`)."""
+        """Record a semantic event in the trace, if tracing (see :mod:`pump.schema`)."""
         trace = self.trace
         if trace is not None:
-            trace.event(self._step, self.now(), kind, **fields)
+            trace.event(self.step_number, self.now(), kind, **fields)
+
+    def link_trace(self, broker: str, peer: str, port: int, link: str, tx_dir: str,
+                   rx_dir: str) -> LinkTrace | None:
+        """What records one end of a link (a channel's observer); None when not tracing."""
+        if self.trace is None:
+            return None
+        return LinkTrace(self, self.trace, broker, peer, port, link, tx_dir, rx_dir)
+
+    def has_ready(self) -> bool:
+        """Whether a task is ready to run now."""
+        return bool(self._ready)
 
     def close_trace(self) -> None:
         """Write out and close the trace, if any (the file is complete after this)."""
@@ -167,7 +173,7 @@ class Pump:
 
     def _run_one(self) -> None:
         kind, fn, args, owner = self._ready.popleft()
-        self._step += 1
+        self.step_number += 1
         if self.trace is not None:
             self._trace_task("task", kind, owner, self.now())
         self._in_task = True
@@ -183,9 +189,9 @@ class Pump:
         assert trace is not None
         broker, peer, port, link = (owner.trace_ids() if owner is not None
                                     else (None, None, None, None))
-        trace.rows.append((self._step, now, trace.context(
+        trace.rows.append((self.step_number, now, trace.context(
             event, broker, peer, port, link, None, kind), None, None))
-        if not self._step & 255:
+        if not self.step_number & 255:
             trace.maybe_flush()  # every 256 steps: bounded memory, little cost
 
     def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
@@ -194,7 +200,7 @@ class Pump:
         if self.trace is not None:
             broker, peer, port, link = (owner.trace_ids() if owner is not None
                                         else (None, None, None, None))
-            self.trace.event(self._step, self.now(), "fail", broker=broker, peer=peer,
+            self.trace.event(self.step_number, self.now(), "fail", broker=broker, peer=peer,
                              port=port, link=link, outcome=kind, reason=repr(exc))
         if owner is not None:
             try:
@@ -224,7 +230,7 @@ class Pump:
         if self._running:
             raise RuntimeError("the pump is already running (tasks must not run the pump)")
         if self._serving:
-            raise RuntimeError("the pump is being served by trio; post tasks instead")
+            raise RuntimeError("the pump is being served; post tasks instead")
         self._running = True
 
     def step(self) -> bool:
@@ -260,10 +266,10 @@ class Pump:
         self._enter()
         ready = self._ready
         run_one = self._run_one
-        start = self._step
+        start = self.step_number
         limit = math.inf if max_steps is None else start + max_steps
         try:
-            while self._step < limit:
+            while self.step_number < limit:
                 if ready:
                     run_one()
                     continue
@@ -274,52 +280,10 @@ class Pump:
                     break
                 self._time = max(self._time, when)
                 self._release_due(self._time)
-            return self._step - start
+            return self.step_number - start
         finally:
             self._running = False
 
     def run_for(self, seconds: float, *, max_steps: int | None = None) -> int:
         """Run on the virtual clock for ``seconds`` of pump time."""
         return self.run_until(self._time + seconds, max_steps=max_steps)
-
-    async def serve(self, *, batch: int = DEFAULT_SERVE_BATCH,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the pump inside trio until cancelled.
-
-        Pump time continues from where it stands and follows trio's clock, so
-        under ``trio.testing.MockClock`` a served pump stays deterministic.
-        """
-        self._enter()
-        self._running = False
-        self._serving = True
-        offset = trio.current_time() - self._time
-        self._clock = lambda: trio.current_time() - offset
-        if self.trace is not None and not isinstance(trio.lowlevel.current_clock(),
-                                                     trio.testing.MockClock):
-            # Pump time <-> the machine's monotonic clock, shared by all its processes:
-            # the replay aligns pumps of different processes with it.
-            self.emit("clock", reason=repr(time.monotonic()))
-        ready = self._ready
-        run_one = self._run_one
-        try:
-            task_status.started()
-            while True:
-                self._release_due(self.now())
-                for _ in range(batch):
-                    if not ready:
-                        break
-                    run_one()
-                if ready:
-                    await trio.lowlevel.checkpoint()
-                    continue
-                wake = self._wake = trio.Event()
-                deadline = self._next_deadline()
-                try:
-                    with trio.move_on_at(deadline + offset):
-                        await wake.wait()
-                finally:
-                    self._wake = None
-        finally:
-            self._time = self.now()
-            self._clock = None
-            self._serving = False

@@ -1,0 +1,220 @@
+"""The frame codec, sans-I/O: whole messages to and from a byte ring.
+
+A frame is a 4-byte big-endian length, then the body.  The decoder is fed
+bytes (:meth:`FrameDecoder.receive_data`, or a link's peer writing into its
+ring) and hands back whole messages, or ``None`` for "need more data"; a
+length above the limit, or a stream that ends inside a frame, raises
+:class:`ProtocolError`.  The encoder puts messages into a ring as frames, as
+many as fit.  Neither does I/O, posts tasks or traces: MessageQueue does, around them.
+
+Small frames move many per C call; a frame that is bigger than the ring (or
+wraps around its end) is moved in pieces.
+"""
+
+from __future__ import annotations
+
+from ._errors import ProtocolError
+from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, MAX_FRAME_BODY, RingBuffer
+
+#: Bodies up to this size are batched (many frames per C call); larger ones move one by one.
+SMALL_BODY = 8192
+#: Most body bytes joined for one batched put (kept under malloc's mmap threshold).
+JOIN_MAX = 1 << 16
+#: Most frames judged for one batched put.
+PUT_BATCH = 1024
+
+#: Frames out of the decoder: the bodies joined, and their lengths in order.
+Frames = tuple[bytes, list[int]]
+
+
+class FrameDecoder:
+    """Whole messages out of ``ring``, in order.
+
+    ``next_frames()`` returns the messages complete now as ``(data, lengths)``
+    (``data`` is the bodies joined), or ``None`` when more bytes are needed;
+    call it until ``None``.  ``end_of_stream()`` says the peer is gone: it
+    raises :class:`ProtocolError` if that cut a frame.
+    """
+
+    __slots__ = ("ring", "max_message_size", "_capacity", "_hdr", "_hdr_got", "_body",
+                 "_got")
+
+    def __init__(self, ring: RingBuffer, *, max_message_size: int) -> None:
+        if not 0 <= max_message_size <= MAX_FRAME_BODY:
+            raise ValueError(f"max_message_size must be within 0..{MAX_FRAME_BODY}")
+        self.ring = ring
+        self.max_message_size = max_message_size
+        self._capacity = ring.capacity
+        self._hdr = bytearray(HEADER_SIZE)
+        self._hdr_got = -1  # >= 0 while a header arrives in pieces
+        self._body: bytearray | None = None  # set while a body arrives in pieces
+        self._got = 0
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> int:
+        """Feed bytes; return how many the ring took (all, or as many as fit)."""
+        return self.ring.write(data)
+
+    @property
+    def in_frame(self) -> bool:
+        """Part of a frame was taken out of the ring and waits for the rest."""
+        return self._hdr_got >= 0 or self._body is not None
+
+    @property
+    def partial(self) -> int:
+        """Bytes of the unfinished frame received so far (0 between frames)."""
+        if self._body is not None:
+            return HEADER_SIZE + self._got
+        return max(self._hdr_got, 0) + self.ring.used
+
+    def next_frames(self) -> Frames | None:
+        """The messages complete now, or None: need more data."""
+        ring = self.ring
+        while True:
+            if self._hdr_got >= 0 or self._body is not None:
+                message = self._read_piece()
+                return None if message is None else (message, [len(message)])
+            batch = ring.take_batch(SMALL_BODY)
+            if batch is not None:
+                return batch
+            status, length = ring.next_frame()
+            if status == FRAME_NONE:
+                if self._capacity >= HEADER_SIZE or not ring.used:
+                    return None
+                self._hdr_got = 0  # a ring smaller than a header: assemble it
+                continue
+            self._check_length(length)
+            if status == FRAME_COMPLETE:
+                body = ring.take_contiguous_frame(length)
+                if body is not None:
+                    return body, [length]
+            elif length + HEADER_SIZE <= self._capacity:
+                return None  # the rest of the frame will fit: wait for it
+            ring.skip(HEADER_SIZE)
+            self._body = bytearray(length)
+            self._got = 0
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_message_size:
+            raise ProtocolError(f"frame of {length} bytes exceeds max_message_size "
+                                f"{self.max_message_size}")
+
+    def _read_piece(self) -> bytes | None:
+        """Assemble a header or a body that arrives in pieces."""
+        ring = self.ring
+        if self._hdr_got >= 0:
+            got = self._hdr_got + ring.readinto(memoryview(self._hdr)[self._hdr_got:])
+            if got < HEADER_SIZE:
+                self._hdr_got = got
+                return None
+            self._hdr_got = -1
+            length = int.from_bytes(self._hdr, "big")
+            self._check_length(length)
+            self._body = bytearray(length)
+            self._got = 0
+        body = self._body
+        assert body is not None
+        if self._got < len(body):
+            self._got += ring.readinto(memoryview(body)[self._got:])
+            if self._got < len(body):
+                return None
+        self._body = None
+        return bytes(body)
+
+    def end_of_stream(self) -> None:
+        """The peer is gone and nothing more will arrive: a cut frame is a protocol error."""
+        if self._body is not None:
+            raise ProtocolError(f"stream cut mid-frame: {self._got} of {len(self._body)} "
+                                "body bytes arrived before the peer disconnected")
+        pending = self.ring.used
+        if pending or self._hdr_got >= 0:
+            raise ProtocolError(f"stream cut mid-frame: {pending} bytes of an incomplete "
+                                "frame left when the peer disconnected")
+
+
+class FrameEncoder:
+    """Messages into ``ring`` as frames, in order, each whole before the next begins.
+
+    ``write(messages, start)`` moves ``messages[start:]`` as far as the ring
+    takes them and returns ``(index, done_bytes, moved)``: the index of the
+    first message not wholly in the ring, the body bytes of the messages that
+    are, and whether any byte moved.  A message bigger than the ring goes in
+    pieces over several calls (:attr:`streaming` meanwhile).
+    """
+
+    __slots__ = ("ring", "_capacity", "_off", "_hdr", "_body")
+
+    def __init__(self, ring: RingBuffer) -> None:
+        self.ring = ring
+        self._capacity = ring.capacity
+        self._off = -1  # >= 0 while the message at the index streams in pieces
+        self._hdr = b""  # its header
+        self._body = memoryview(b"")  # and its body, not copied
+
+    @property
+    def streaming(self) -> bool:
+        return self._off >= 0
+
+    def write(self, messages: list[bytes], start: int) -> tuple[int, int, bool]:
+        ring = self.ring
+        cap = self._capacity
+        i = start
+        n = len(messages)
+        done = 0
+        moved = False
+        while i < n:
+            if self._off >= 0:
+                progressed, finished = self._write_piece()
+                moved = moved or progressed
+                if not finished:
+                    break
+                done += len(messages[i])
+                i += 1
+                continue
+            msg = messages[i]
+            ln = len(msg)
+            if ln > SMALL_BODY:
+                if ring.put_frame_if_room(msg):
+                    i += 1
+                    done += ln
+                    moved = True
+                    continue
+                if ln + HEADER_SIZE > cap:
+                    self._start_piecewise(msg)
+                    continue
+                break
+            # Only as many as can fit (judged by this message's size): measuring a
+            # thousand lengths to move sixty wastes more than the move costs.
+            room = ring.free
+            fit = (room if room < JOIN_MAX else JOIN_MAX) // (ln + HEADER_SIZE) + 1
+            k, nbytes = ring.put_batch(messages[i:i + (fit if fit < PUT_BATCH else PUT_BATCH)],
+                                       JOIN_MAX)
+            if k == 0:
+                if ln + HEADER_SIZE > cap:
+                    self._start_piecewise(msg)
+                    continue
+                break
+            i += k
+            done += nbytes
+            moved = True
+        return i, done, moved
+
+    def _start_piecewise(self, msg: bytes) -> None:
+        self._off = 0
+        self._hdr = len(msg).to_bytes(HEADER_SIZE, "big")
+        self._body = memoryview(msg)
+
+    def _write_piece(self) -> tuple[bool, bool]:
+        """Stream the current message; return (wrote anything, finished)."""
+        ring = self.ring
+        off = before = self._off
+        if off < HEADER_SIZE:
+            off += ring.write(self._hdr[off:])
+        total = HEADER_SIZE + len(self._body)
+        if HEADER_SIZE <= off < total:
+            off += ring.write(self._body[off - HEADER_SIZE:])
+        if off == total:
+            self._off = -1
+            self._body = memoryview(b"")
+            return True, True
+        self._off = off
+        return off > before, False
