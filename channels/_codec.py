@@ -37,7 +37,7 @@ class FrameDecoder:
     """
 
     __slots__ = ("ring", "max_message_size", "_capacity", "_hdr", "_hdr_got", "_body",
-                 "_got")
+                 "_got", "_batch_body")
 
     def __init__(self, ring: RingBuffer, *, max_message_size: int) -> None:
         if not 0 <= max_message_size <= MAX_FRAME_BODY:
@@ -45,6 +45,8 @@ class FrameDecoder:
         self.ring = ring
         self.max_message_size = max_message_size
         self._capacity = ring.capacity
+        # Frames above the limit must reach the length check, not a batch.
+        self._batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
         self._body: bytearray | None = None  # set while a body arrives in pieces
@@ -73,7 +75,7 @@ class FrameDecoder:
             if self._hdr_got >= 0 or self._body is not None:
                 message = self._read_piece()
                 return None if message is None else (message, [len(message)])
-            batch = ring.take_batch(SMALL_BODY)
+            batch = ring.take_batch(self._batch_body)
             if batch is not None:
                 return batch
             status, length = ring.next_frame()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -56,10 +56,11 @@ class _ChannelSide:
     __slots__ = ("readable", "writable", "closed")
     traces_close = True  # the queue records "close" with the reason its listener gets
 
-    def __init__(self, queue: MessageQueue) -> None:
-        self.readable = queue._on_readable
-        self.writable = queue._flush
-        self.closed = queue._on_channel_closed
+    def __init__(self, readable: Callable[[], None], writable: Callable[[], None],
+                 closed: Callable[[str], None]) -> None:
+        self.readable = readable
+        self.writable = writable
+        self.closed = closed
 
 
 class _State(enum.Enum):
@@ -138,7 +139,8 @@ class MessageQueue:
         # Receiving.
         self._paused = False
         self._received = 0
-        self._chan_listener = _ChannelSide(self)
+        self._chan_listener = _ChannelSide(self._on_readable, self._flush,
+                                           self._on_channel_closed)
         channel.set_listener(self._chan_listener, owner=self)
 
     # -- identity ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ._handshake import NEED_DATA as NEED_DATA
 from ._handshake import Handshake as Handshake
 from ._handshake import HandshakeState as HandshakeState
 from ._handshake import Role as Role
+from ._handshake import state_diagram as handshake_diagram
 from ._listeners import AcceptListener as AcceptListener
 from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
@@ -72,6 +73,7 @@ __all__ = [
     "Rendezvous",
     "Role",
     "Transition",
+    "handshake_diagram",
     "state_diagram",
     "tls_contexts",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -32,10 +34,14 @@ def test_an_import_up_the_layers_breaks_the_contract(tmp_path: pathlib.Path) -> 
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     (tmp_path / "channels" / "_upward.py").write_text("import brokermgr\n")
     (tmp_path / "replay" / "_upward.py").write_text("from rdv import Address\n")
+    codec = tmp_path / "channels" / "_codec.py"
+    codec.write_text(codec.read_text() + "\nimport trio  # a sans-I/O core doing I/O\n")
     result = _lint(tmp_path)
     assert result.returncode == 1, result.stdout
     assert "channels._upward -> brokermgr" in result.stdout
     assert "replay._upward -> rdv" in result.stdout
+    assert "channels._codec -> trio" in result.stdout
+    assert "3 broken" in result.stdout
 
 
 def test_installed_import_names_are_the_design_cards() -> None:
@@ -45,3 +51,51 @@ def test_installed_import_names_are_the_design_cards() -> None:
     assert config["project"]["scripts"]["rdvpump"] == "rdvpump.cli:main"
     layers = next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "layers")
     assert layers["layers"] == ["rdvpump", "(mq)", "brokermgr", "rdv", "channels", "pump"]
+
+
+def _reach_ins(source: str) -> list[str]:
+    """``x._name`` where ``x`` is not ``self``, ``cls`` or ``super()``: another object's
+    private attribute."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name)
+                    and owner.func.id == "super"):
+                continue
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_touches_another_objects_private_attributes() -> None:
+    offences = [f"{path.relative_to(ROOT)}:{hit}"
+                for name in PACKAGES for path in sorted((ROOT / name).rglob("*.py"))
+                for hit in _reach_ins(path.read_text())]
+    assert offences == [], "use a public hook instead:\n" + "\n".join(offences)
+
+
+def test_the_reach_in_check_sees_a_reach_in() -> None:
+    assert _reach_ins("self._a = other._b\nsuper()._c()\ncls._d\n") == ["1: other._b"]
+
+
+_CITED = re.compile(r"(?<![\w./-])((?:\.\./)?(?:[\w.-]+/)+[\w.-]+\.(?:py|md|mmd|toml|c|h))")
+
+
+def test_docstrings_and_docs_cite_files_that_exist() -> None:
+    texts = [p for name in (*PACKAGES, "native") for p in (ROOT / name).rglob("*.py")]
+    texts += [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md", ROOT / "bench" / "RESULTS.md"]
+    missing = [f"{path.relative_to(ROOT)}: {ref}" for path in texts
+               for ref in _CITED.findall(path.read_text())
+               if not (ROOT / ref).exists() and not (path.parent / ref).exists()]
+    assert missing == []
+
+
+def test_the_architecture_page_shows_the_generated_layers() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    block = page.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    generated = (ROOT / "docs" / "diagrams" / "layers.mmd").read_text()
+    assert block == "".join(line + "\n" for line in generated.splitlines()
+                            if not line.lstrip().startswith("%%"))

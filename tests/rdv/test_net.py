@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,7 +12,7 @@ import trio
 import trio.testing
 
 from brokermgr import BrokerManager
-from channels import AsyncMessageQueue
+from channels import AsyncMessageQueue, CloseCause
 from pump import Pump
 from rdv import Hello, RefusedError
 
@@ -81,6 +82,7 @@ async def test_refusals_cross_the_wire_with_their_reason(
         with pytest.raises(RefusedError) as info:
             await ua.add_broker("client").connect_queue(target, port)
         assert info.value.reason == reason
+        assert info.value.refusal == reason  # typed: a Refusal, equal to its text
 
 
 @pytest.mark.parametrize(("token", "universe"), [("wrong", "u"), ("s3cret", "other")])
@@ -146,6 +148,41 @@ async def test_a_bad_frame_on_an_established_tcp_link_closes_only_that_link() ->
         assert await good.receive() == b"fine"
         assert ended == {"evil": "protocol error: frame of 1073741824 bytes exceeds "
                                  "max_message_size 16777216"}
+
+
+async def test_a_reset_connection_is_lost_not_a_clean_end() -> None:
+    """A peer whose connection is reset (as when its process dies mid-stream) breaks the
+    link with CloseCause.LOST; one that closes its socket cleanly ends it CLEAN."""
+    async with two_processes_worth() as (ua, ub, nursery):
+        server = ub.add_broker("server")
+        ended: dict[str, tuple[CloseCause | None, str]] = {}
+        done = trio.Event()
+
+        async def keep(q: AsyncMessageQueue) -> None:
+            try:
+                async for _ in q:
+                    pass
+                ended[q.remote_id] = (q.close_cause, "end of channel")
+            except trio.BrokenResourceError as exc:
+                ended[q.remote_id] = (q.close_cause, str(exc))
+            if len(ended) == 2:
+                done.set()
+
+        await nursery.start(server.serve_queues, 80, keep)
+        host, port = ua.directory["server"]
+        for who, reset in (("reset", True), ("clean", False)):
+            peer = await trio.open_tcp_stream(host, port)
+            await peer.send_all(Hello("u", "s3cret", who, "server", 80).encode())
+            assert b'"accepted":true' in await peer.receive_some(100)
+            await peer.send_all(b"\x00\x00\x00\x02hi")
+            if reset:  # SO_LINGER 0: close() sends a reset
+                peer.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            await peer.aclose()
+        with trio.fail_after(5):
+            await done.wait()
+        assert ended["reset"][0] is CloseCause.LOST and "connection lost" in ended["reset"][1]
+        assert ended["clean"] == (CloseCause.CLEAN, "end of channel")
 
 
 async def test_silent_and_slow_peers_time_out_on_the_mock_clock(autojump_clock: object) -> None:

@@ -1,0 +1,109 @@
+"""The frame codec, sans-I/O: fed bytes in any split, it gives whole messages or "need more"."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from channels import FrameDecoder, FrameEncoder, ProtocolError, RingBuffer
+from pump import RdvpumpError
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def drain(decoder: FrameDecoder) -> list[bytes]:
+    out = []
+    while (frames := decoder.next_frames()) is not None:
+        data, lengths = frames
+        off = 0
+        for n in lengths:
+            out.append(data[off:off + n])
+            off += n
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=st.lists(st.binary(max_size=300), max_size=25),
+       cuts=st.lists(st.integers(1, 64), min_size=1, max_size=20),
+       capacity=st.sampled_from([1, 2, 4, 16, 256, 4096]))
+def test_any_split_of_the_stream_gives_the_messages_back_in_order(
+        messages: list[bytes], cuts: list[int], capacity: int) -> None:
+    decoder = FrameDecoder(RingBuffer(capacity), max_message_size=1 << 20)
+    stream = b"".join(frame(m) for m in messages)
+    got: list[bytes] = []
+    pos = i = 0
+    while pos < len(stream):
+        piece = stream[pos:pos + cuts[i % len(cuts)]]
+        i += 1
+        pos += decoder.receive_data(piece)  # a bounded ring takes what fits
+        got += drain(decoder)
+    got += drain(decoder)
+    assert got == messages
+    decoder.end_of_stream()  # a clean end: nothing cut
+
+
+def test_need_more_data_is_a_value_not_an_exception() -> None:
+    decoder = FrameDecoder(RingBuffer(64), max_message_size=100)
+    assert decoder.next_frames() is None
+    decoder.receive_data(frame(b"hello")[:6])
+    assert decoder.next_frames() is None and not decoder.in_frame
+    decoder.receive_data(frame(b"hello")[6:])
+    assert decoder.next_frames() == (b"hello", [5])
+
+
+@pytest.mark.parametrize(("stream", "error"), [
+    (frame(b"x" * 101), "frame of 101 bytes exceeds max_message_size 100"),
+    ((2**32 - 1).to_bytes(4, "big"), "exceeds max_message_size"),
+])
+def test_a_length_above_the_limit_is_the_peers_protocol_error(stream: bytes, error: str) -> None:
+    decoder = FrameDecoder(RingBuffer(4096), max_message_size=100)
+    decoder.receive_data(stream)
+    with pytest.raises(ProtocolError, match=error) as info:
+        decoder.next_frames()
+    assert isinstance(info.value, RdvpumpError)
+
+
+@pytest.mark.parametrize(("capacity", "stream", "error"), [
+    (64, frame(b"abcdef")[:7], "7 bytes of an incomplete frame"),
+    (64, frame(b"abc")[:2], "2 bytes of an incomplete frame"),
+    (8, frame(b"a" * 20)[:15], "11 of 20 body bytes arrived"),  # bigger than the ring
+])
+def test_a_stream_cut_mid_frame_is_detected(capacity: int, stream: bytes, error: str) -> None:
+    decoder = FrameDecoder(RingBuffer(capacity), max_message_size=100)
+    pos = 0
+    while pos < len(stream):
+        pos += decoder.receive_data(stream[pos:])
+        assert drain(decoder) == []
+    with pytest.raises(ProtocolError, match=error):
+        decoder.end_of_stream()
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=st.lists(st.binary(max_size=20_000), max_size=12),
+       capacity=st.sampled_from([1, 16, 1024, 65536]))
+def test_the_encoder_and_decoder_agree_through_one_ring(messages: list[bytes],
+                                                         capacity: int) -> None:
+    ring = RingBuffer(capacity)
+    encoder = FrameEncoder(ring)
+    decoder = FrameDecoder(ring, max_message_size=1 << 20)
+    got: list[bytes] = []
+    index = 0
+    for _ in range(10 * sum(len(m) + 4 for m in messages) + 10):
+        if index == len(messages) and not encoder.streaming:
+            break
+        index, _, _ = encoder.write(messages, index)
+        got += drain(decoder)
+    got += drain(decoder)
+    assert got == messages
+
+
+def test_encoder_reports_whole_messages_and_bytes() -> None:
+    ring = RingBuffer(64)
+    encoder = FrameEncoder(ring)
+    index, done, moved = encoder.write([b"a" * 20, b"b" * 20, b"c" * 20], 0)
+    assert (index, done, moved) == (2, 40, True)  # the third does not fit whole yet
+    assert ring.used == 48
+    assert encoder.write([b"a" * 20, b"b" * 20, b"c" * 20], 2) == (2, 0, False)
