@@ -11,9 +11,10 @@ from typing import Any
 
 import trio
 
-from channels import MessageQueue, QueueListener
+from channels import MessageQueue, ProtocolError, QueueListener
 from pump import Pump, Timer
 
+from ._broker import Broker
 from ._rpc import Sent, decode, send
 
 log = logging.getLogger("rdvpump.link")
@@ -155,7 +156,7 @@ class ReconnectingLink(QueueListener):
     def received(self, message: bytes) -> None:
         try:
             obj = decode(message)
-        except ValueError as exc:
+        except ProtocolError as exc:
             self.abort(f"protocol error: bad message from {self.name}: {exc}")
             return
         seq = obj.get("seq")
@@ -183,3 +184,18 @@ class ReconnectingLink(QueueListener):
 
     def pushed(self, obj: dict[str, Any]) -> None:
         """A message that is not a reply to a request."""
+
+
+class BrokerLink(ReconnectingLink):
+    """A reconnecting link that ``broker`` dials to ``(broker_id, port)`` of its universe;
+    it stops dialling once the broker is closed."""
+
+    def __init__(self, broker: Broker, broker_id: str, port: int, *, name: str,
+                 retry: float = DEFAULT_RETRY, after_loss: float | None = None) -> None:
+        super().__init__(broker.pump, lambda link: broker.connect(broker_id, port, link),
+                         name=name, retry=retry, after_loss=after_loss)
+        self.broker = broker
+
+    def connect(self) -> None:
+        if not self.broker.closed:
+            super().connect()

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from channels import MessageQueue, MessageTooLargeError, QueueListener
+from channels import MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
 
 log = logging.getLogger("rdvpump.rpc")
 
@@ -25,15 +25,15 @@ def encode(obj: dict[str, Any]) -> bytes:
 
 
 def decode(message: bytes) -> dict[str, Any]:
-    """A message as a JSON object; ValueError saying what is wrong otherwise."""
+    """A message as a JSON object; :class:`ProtocolError` saying what is wrong otherwise."""
     try:
         obj = json.loads(message)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise ProtocolError("JSON nested too deeply") from None
     except ValueError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
+        raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
+        raise ProtocolError("not a JSON object")
     return obj
 
 
@@ -79,7 +79,7 @@ class JsonSession(QueueListener):
     def received(self, message: bytes) -> None:
         try:
             request = decode(message)
-        except ValueError as exc:
+        except ProtocolError as exc:
             self.queue.abort(f"protocol error: bad {self.what}: {exc}")
             return
         self.handle(request)

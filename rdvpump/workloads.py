@@ -18,6 +18,7 @@ import trio
 
 from brokermgr import Broker, open_universe
 from channels import AsyncMessageQueue
+from pump import RdvpumpError
 
 KINDS = ("echo", "stream", "fanout")
 _UNIVERSE_KEYS = {"name", "ring_capacity", "seed", "token"}
@@ -25,7 +26,7 @@ _BROKER_KEYS = {"id"}
 _WORKLOAD_KEYS = {"kind", "from", "to", "port", "messages", "size"}
 
 
-class UniverseFileError(ValueError):
+class UniverseFileError(RdvpumpError, ValueError):
     """A universe file that cannot be used, with the file and the field in the message."""
 
 

@@ -11,11 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pump import RdvpumpError
+
 #: Messages drawn one by one per direction before the rest is summarised.
 MESSAGES_SHOWN = 3
 
 
-class DiagramError(ValueError):
+class DiagramError(RdvpumpError, ValueError):
     """The diagram cannot be drawn from this trace."""
 
 

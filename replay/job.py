@@ -35,9 +35,13 @@ from pathlib import Path
 from typing import Any
 
 try:
+    from pump import RdvpumpError
     from pump import schema as _schema
 except ImportError:  # spark-submit of a checkout, without rdvpump installed
     import importlib.util
+
+    class RdvpumpError(Exception):  # type: ignore[no-redef]
+        """Stands in for pump.RdvpumpError where rdvpump is not installed."""
 
     _spec = importlib.util.spec_from_file_location(
         "rdvpump_trace_schema", Path(__file__).resolve().parents[1] / "pump" / "schema.py")
@@ -55,7 +59,7 @@ _OLDER = ("; traces of an older schema are not read (version 2 kept the monotoni
 SUMMARY_LIMIT = 100
 
 
-class TraceError(ValueError):
+class TraceError(RdvpumpError, ValueError):
     """The traces cannot be analysed (missing, empty, another schema version)."""
 
 

@@ -33,3 +33,22 @@ def test_public_names(name: str) -> None:
     for symbol in exported:
         assert not symbol.startswith("_")
         assert getattr(module, symbol) is not None
+
+
+def test_every_exception_rdvpump_defines_shares_one_base() -> None:
+    import inspect
+    import pkgutil
+
+    from pump import RdvpumpError
+
+    defined = []
+    for package in ("pump", "channels", "rdv", "brokermgr", "replay", "rdvpump"):
+        root = importlib.import_module(package)
+        names = [package] + [m.name for m in pkgutil.walk_packages(root.__path__, package + ".")
+                             if not m.name.endswith("__main__")]
+        for name in names:
+            module = importlib.import_module(name)
+            defined += [obj for _, obj in inspect.getmembers(module, inspect.isclass)
+                        if issubclass(obj, BaseException) and obj.__module__ == name]
+    assert len(defined) >= 10
+    assert [e.__qualname__ for e in defined if not issubclass(e, RdvpumpError)] == []

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from .._broker import Broker
-from .._link import DEFAULT_RETRY, ReconnectingLink, Reply
+from .._link import DEFAULT_RETRY, BrokerLink, Reply
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
 from .routes import DEFAULT_VOTE_FACTOR, RouteChange, RouteTable
 from .select import RoundRobin, Selector, all_servers
@@ -128,20 +128,14 @@ class RouteClient:
             self._event = trio.Event()
 
 
-class _ClientLink(ReconnectingLink):
+class _ClientLink(BrokerLink):
     """A link of the client's broker to a tracker or a server."""
 
     def __init__(self, client: RouteClient, address: ServerAddress, what: str) -> None:
-        broker = client.broker
-        super().__init__(broker.pump, lambda link: broker.connect(address.broker_id,
-                                                                  address.port, link),
+        super().__init__(client.broker, address.broker_id, address.port,
                          name=f"{what} {address.address}", retry=client.retry)
         self.client = client
         self.address = address
-
-    def connect(self) -> None:
-        if not self.client.broker.closed:
-            super().connect()
 
     def _bad(self, what: str, exc: BaseException) -> None:
         self.abort(f"protocol error: bad {what}: {exc}")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pump import RdvpumpError
+
 #: Topic mask bits (zbus 0.9's numbering; zbus changed them between versions).
 MASK_MEMORY = 1
 MASK_RPC = 2
@@ -32,7 +34,7 @@ MASK_DELETE_ON_EXIT = 32
 COUNTER_BITS = 32
 
 
-class InfoError(ValueError):
+class InfoError(RdvpumpError, ValueError):
     """A tracking message or field that does not have the expected shape."""
 
 

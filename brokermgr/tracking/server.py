@@ -16,7 +16,7 @@ from typing import Any
 from pump import Pump, Timer
 
 from .._broker import Broker
-from .._link import ReconnectingLink
+from .._link import BrokerLink
 from .._rpc import Sent
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 
@@ -163,22 +163,16 @@ class ServerRole:
             publisher.close()
 
 
-class _Publisher(ReconnectingLink):
+class _Publisher(BrokerLink):
     """A server's link to one of its trackers: ``track_pub`` of its own ServerInfo only."""
 
     def __init__(self, role: ServerRole, tracker: ServerAddress) -> None:
-        broker = role.broker
-        super().__init__(role.pump, lambda link: broker.connect(tracker.broker_id,
-                                                                tracker.port, link),
+        super().__init__(role.broker, tracker.broker_id, tracker.port,
                          name=f"tracker {tracker.address}", retry=role.retry)
         self.role = role
         self.address = tracker
         #: A report is owed: the last one did not fit under the high-water mark.
         self.behind = False
-
-    def connect(self) -> None:
-        if not self.role.broker.closed:
-            super().connect()
 
     def opened(self) -> None:
         self.behind = False
