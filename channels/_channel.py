@@ -91,7 +91,7 @@ class Channel:
     __slots__ = (
         "pump", "link_id", "local", "remote", "port", "tx_ring", "rx_ring", "_peer",
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
-        "_peer_gone", "_peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
+        "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
     )
 
@@ -120,8 +120,10 @@ class Channel:
         self._write_posted = False
         self._blocked = False
         self._disconnected: str | None = None
-        self._peer_gone: str | None = None
-        self._peer_cause: CloseCause | None = None
+        #: Why the peer disconnected, and how its end ended (None while it has not);
+        #: read them, the channel sets them.
+        self.peer_reason: str | None = None
+        self.peer_cause: CloseCause | None = None
         self._closed_posted = False
         self._closed_delivered = False
         self._close_reason: str | None = None
@@ -155,7 +157,7 @@ class Channel:
             return
         if self._closed_posted and not self._closed_delivered:
             self.pump.post("close", self._run_closed, self._close_reason, owner=self._owner)  # type: ignore[arg-type]
-        elif self.rx_ring.used or self._peer_gone is not None:
+        elif self.rx_ring.used or self.peer_reason is not None:
             self._post_readable()
 
     @property
@@ -169,22 +171,12 @@ class Channel:
 
     @property
     def peer_disconnected(self) -> bool:
-        return self._peer_gone is not None
-
-    @property
-    def peer_reason(self) -> str | None:
-        """Why the peer disconnected (None while it has not)."""
-        return self._peer_gone
-
-    @property
-    def peer_cause(self) -> CloseCause | None:
-        """How the peer's end ended (None while it has not)."""
-        return self._peer_cause
+        return self.peer_reason is not None
 
     @property
     def at_eof(self) -> bool:
         """The peer disconnected and every byte it wrote was read."""
-        return self._peer_gone is not None and self.rx_ring.used == 0
+        return self.peer_reason is not None and self.rx_ring.used == 0
 
     # -- I/O ---------------------------------------------------------------------------
 
@@ -225,8 +217,8 @@ class Channel:
     def _check_writable(self) -> None:
         if self._disconnected is not None:
             raise trio.ClosedResourceError(f"channel was disconnected: {self._disconnected}")
-        if self._peer_gone is not None:
-            raise trio.BrokenResourceError(f"peer disconnected: {self._peer_gone}")
+        if self.peer_reason is not None:
+            raise trio.BrokenResourceError(f"peer disconnected: {self.peer_reason}")
 
     # -- hooks for layers that move bytes through the rings themselves ------------------
 
@@ -236,14 +228,15 @@ class Channel:
         if peer is not None:
             peer.data_arrived()
 
-    def notify_consumed(self, n: int) -> None:
-        """``n`` bytes left :attr:`rx_ring`: tell the peer, whose writer may wait for room;
-        once the peer is gone and the ring is empty, the close follows."""
+    def notify_consumed(self, n: int | bool) -> None:
+        """``n`` bytes (or, as a bool, some bytes) left :attr:`rx_ring`: tell the peer,
+        whose writer may wait for room; once the peer is gone and the ring is empty, the
+        close follows."""
         peer = self._peer
         if n and peer is not None:
             peer.room_freed()
-        if self._peer_gone is not None and self.rx_ring.used == 0:
-            self._post_closed(f"peer disconnected ({self._peer_gone})")
+        if self.peer_reason is not None and self.rx_ring.used == 0:
+            self._post_closed(f"peer disconnected ({self.peer_reason})")
 
     def want_writable(self) -> None:
         """Not everything fit into :attr:`tx_ring`: ``writable()`` follows when room frees.
@@ -273,10 +266,10 @@ class Channel:
 
     def peer_ended(self, reason: str, cause: CloseCause) -> None:
         """The peer disconnected: we read what is left, then see the close."""
-        if self._peer_gone is not None or self._disconnected is not None:
+        if self.peer_reason is not None or self._disconnected is not None:
             return
-        self._peer_gone = reason
-        self._peer_cause = cause
+        self.peer_reason = reason
+        self.peer_cause = cause
         self._blocked = False
         if self.rx_ring.used == 0:
             self._post_closed(f"peer disconnected ({reason})")
@@ -296,12 +289,12 @@ class Channel:
             return
         if self.rx_ring.used:
             listener.readable()
-        elif self._peer_gone is not None:
-            self._post_closed(f"peer disconnected ({self._peer_gone})")
+        elif self.peer_reason is not None:
+            self._post_closed(f"peer disconnected ({self.peer_reason})")
 
     def _run_writable(self) -> None:
         self._write_posted = False
-        if self._blocked and self._disconnected is None and self._peer_gone is None:
+        if self._blocked and self._disconnected is None and self.peer_reason is None:
             self._blocked = False
             listener = self._listener
             if listener is not None:

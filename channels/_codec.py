@@ -75,22 +75,19 @@ class FrameDecoder:
             if self._hdr_got >= 0 or self._body is not None:
                 message = self._read_piece()
                 return None if message is None else (message, [len(message)])
-            batch = ring.take_batch(self._batch_body)
-            if batch is not None:
-                return batch
-            status, length = ring.next_frame()
+            got = ring.take_next(self._batch_body, self.max_message_size)
+            if len(got) == 2:
+                return got  # frames (one call: this is the hot path)
+            _, status, length = got
             if status == FRAME_NONE:
                 if self._capacity >= HEADER_SIZE or not ring.used:
                     return None
                 self._hdr_got = 0  # a ring smaller than a header: assemble it
                 continue
             self._check_length(length)
-            if status == FRAME_COMPLETE:
-                body = ring.take_contiguous_frame(length)
-                if body is not None:
-                    return body, [length]
-            elif length + HEADER_SIZE <= self._capacity:
+            if status != FRAME_COMPLETE and length + HEADER_SIZE <= self._capacity:
                 return None  # the rest of the frame will fit: wait for it
+            # complete but wrapping round the ring's end, or bigger than the ring: in pieces
             ring.skip(HEADER_SIZE)
             self._body = bytearray(length)
             self._got = 0
@@ -175,10 +172,13 @@ class FrameEncoder:
             msg = messages[i]
             ln = len(msg)
             if ln > SMALL_BODY:
-                if ring.put_frame_if_room(msg):
-                    i += 1
-                    done += ln
+                j, nbytes = ring.put_each(messages, i, SMALL_BODY)
+                if j > i:
+                    i = j
+                    done += nbytes
                     moved = True
+                    if j < n and len(messages[j]) > SMALL_BODY:
+                        break  # put_each stopped for want of room: so do we
                     continue
                 if ln + HEADER_SIZE > cap:
                     self._start_piecewise(msg)

@@ -375,15 +375,17 @@ class MessageQueue:
         listener = self._listener
         if listener is None or self._paused or self._state is not _State.OPEN:
             return
-        used_before = rx.used
         decoder = self._decoder
         observer = self._observer
+        used_before = rx.used if observer is not None else 0
         recv = listener.received
+        taken = False
         try:
             while not self._paused and self._state is _State.OPEN:
                 frames = decoder.next_frames()
                 if frames is None:
                     break
+                taken = True
                 data, lens = frames
                 self._received += len(lens)
                 if observer is not None:
@@ -398,10 +400,11 @@ class MessageQueue:
         except ProtocolError as exc:
             self._protocol_error(str(exc))
             return
-        taken = used_before - rx.used
+        # A frame in pieces means its bytes were taken: the decoder drains the ring then.
+        taken = taken or decoder.in_frame
         chan = self._channel
         if observer is not None and taken:
-            observer.moved("read", taken, decoder.in_frame)
+            observer.moved("read", used_before - rx.used, decoder.in_frame)
         chan.notify_consumed(taken)
         if chan.peer_reason is not None and self._state is _State.OPEN and not self._paused:
             try:

@@ -227,6 +227,44 @@ class RingBuffer:
             return None
         return _ffi_buffer(s.out, s.used[0])[:], _unpack(s.lens, count)
 
+    def take_next(self, batch_body: int, max_body: int
+                  ) -> tuple[bytes, list[int]] | tuple[None, int, int]:
+        """The codec's hot path, one call per batch or big frame: the complete frames at the
+        head of at most ``batch_body`` bytes each (as :meth:`take_batch`), else the next
+        frame if it is complete, at most ``max_body`` long and in one run (taken), else
+        ``(None, status, body_length)`` of the frame at the head (nothing taken)."""
+        s = _scratch
+        rb = self._rb
+        count = _take_frames(rb, s.out, BATCH_BYTES, s.lens, BATCH_FRAMES, batch_body, s.used)
+        if count:
+            return _ffi_buffer(s.out, s.used[0])[:], _unpack(s.lens, count)
+        status = _frame_status(rb, s.len32)
+        if status == FRAME_NONE:
+            return None, status, -1
+        length = int(s.len32[0])
+        if (status == FRAME_COMPLETE and length <= max_body
+                and _rb_readable_region(rb, s.ptr) >= length + HEADER_SIZE):
+            body: bytes = _ffi_buffer(s.ptr[0] + HEADER_SIZE, length)[:]
+            _rb_skip(rb, length + HEADER_SIZE)
+            return body, [length]
+        return None, status, length
+
+    def put_each(self, bodies: list[bytes], start: int, min_body: int) -> tuple[int, int]:
+        """Put ``bodies[start:]`` one frame per C call while each is longer than
+        ``min_body`` and fits whole: ``(index of the first not put, body bytes put)``."""
+        rb = self._rb
+        i = start
+        n = len(bodies)
+        done = 0
+        while i < n:
+            body = bodies[i]
+            ln = len(body)
+            if ln <= min_body or not _rb_put_frame(rb, body, ln):
+                break
+            done += ln
+            i += 1
+        return i, done
+
     def next_frame(self) -> tuple[int, int]:
         """Like :meth:`frame_status`, without an allocation (the codec's hot path)."""
         s = _scratch
