@@ -184,12 +184,7 @@ class FrameEncoder:
                     self._start_piecewise(msg)
                     continue
                 break
-            # Only as many as can fit (judged by this message's size): measuring a
-            # thousand lengths to move sixty wastes more than the move costs.
-            room = ring.free
-            fit = (room if room < JOIN_MAX else JOIN_MAX) // (ln + HEADER_SIZE) + 1
-            k, nbytes = ring.put_batch(messages[i:i + (fit if fit < PUT_BATCH else PUT_BATCH)],
-                                       JOIN_MAX)
+            k, nbytes = ring.put_batch(messages, i, JOIN_MAX, PUT_BATCH)
             if k == 0:
                 if ln + HEADER_SIZE > cap:
                     self._start_piecewise(msg)
