@@ -11,7 +11,6 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from functools import partial
 
 import trio
@@ -20,28 +19,12 @@ from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
 from pump import ListSink, Pump, TraceRecorder, open_trace
 
+from ._result import Result
+
 #: Messages per send_many call in the batched case.
 BATCH = 256
 #: Messages per run for each size (about 0.1-1 s each on a 2-core machine).
 DEFAULT_COUNTS = {64: 2_000_000, 1024: 1_000_000, 65536: 60_000}
-
-
-@dataclass(frozen=True)
-class Result:
-    case: str
-    size: int
-    msgs_per_s: float
-    mb_per_s: float
-    baseline: str
-    baseline_msgs_per_s: float
-    ratio: float
-
-    def to_dict(self) -> dict[str, object]:
-        d = asdict(self)
-        for k in ("msgs_per_s", "mb_per_s", "baseline_msgs_per_s"):
-            d[k] = round(d[k], 1)
-        d["ratio"] = round(d["ratio"], 3)
-        return d
 
 
 def rdvpump_inproc(size: int, count: int, *, ring: int = 1 << 18,

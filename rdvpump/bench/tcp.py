@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,38 +24,12 @@ import trio
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
 
+from ._result import Result
+
 DEFAULT_COUNTS = {64: 500_000, 1024: 300_000, 65536: 20_000}
 PINGS = 5_000
 TOKEN = "bench"
 DONE = b"done"
-
-
-@dataclass(frozen=True)
-class Result:
-    case: str
-    size: int
-    msgs_per_s: float
-    mb_per_s: float
-    baseline: str
-    baseline_msgs_per_s: float
-    ratio: float
-    median_us: float | None = None
-    p99_us: float | None = None
-    baseline_median_us: float | None = None
-    baseline_p99_us: float | None = None
-    placement: str = "split"
-
-    def to_dict(self) -> dict[str, object]:
-        d: dict[str, object] = {
-            "case": self.case, "size": self.size, "msgs_per_s": round(self.msgs_per_s, 1),
-            "mb_per_s": round(self.mb_per_s, 1), "baseline": self.baseline,
-            "baseline_msgs_per_s": round(self.baseline_msgs_per_s, 1),
-            "ratio": round(self.ratio, 3), "placement": self.placement}
-        for key in ("median_us", "p99_us", "baseline_median_us", "baseline_p99_us"):
-            value = getattr(self, key)
-            if value is not None:
-                d[key] = round(value, 1)
-        return d
 
 
 # -- the receiving side, in a child process ------------------------------------------------

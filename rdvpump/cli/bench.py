@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -35,17 +36,10 @@ def bench_inproc(
         for r in guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
                                                 trace=trace, progress=status.update))):
             results.append(r)
-    if json_out:
-        for r in results:
-            print(json.dumps(r.to_dict()))
-        return
-    table = Table(title=f"rdvpump bench inproc (best of {repeat})")
-    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"):
-        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
-    for r in results:
-        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
-                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x")
-    out.print(table)
+    _show(results, json_out, f"rdvpump bench inproc (best of {repeat})",
+          ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"),
+          lambda r: [r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                     r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x"])
 
 
 @app.command("replay")
@@ -60,18 +54,10 @@ def bench_replay(
     with err.status("benchmarking the replay ...") as status:
         results = guard(lambda: list(replay.run(events, master=master,
                                                  progress=status.update)))
-    if json_out:
-        for r in results:
-            print(json.dumps(r.to_dict()))
-        return
-    table = Table(title="rdvpump bench replay")
-    for col in ("case", "events", "seconds", "events/s", "baseline", "baseline events/s",
-                "ratio"):
-        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
-    for r in results:
-        table.add_row(r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",
-                      r.baseline, f"{r.baseline_events_per_s:,.0f}", f"{r.ratio:.2f}x")
-    out.print(table)
+    _show(results, json_out, "rdvpump bench replay",
+          ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
+          lambda r: [r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",
+                     r.baseline, f"{r.baseline_events_per_s:,.0f}", f"{r.ratio:.2f}x"])
 
 
 @app.command("routes")
@@ -87,18 +73,11 @@ def bench_routes(
     with err.status("benchmarking route tables ...") as status:
         results = guard(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
                                                            progress=status.update)))
-    if json_out:
-        for r in results:
-            print(json.dumps(r.to_dict()))
-        return
-    table = Table(title="rdvpump bench routes")
-    for col in ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"):
-        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
-    for r in results:
-        table.add_row(r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
-                      r.baseline, f"{r.baseline_value:.6g} {r.unit}",
-                      "n/a" if r.ratio is None else f"{r.ratio:.2f}x")
-    out.print(table)
+    _show(results, json_out, "rdvpump bench routes",
+          ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"),
+          lambda r: [r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
+                     r.baseline, f"{r.baseline_value:.6g} {r.unit}",
+                     "n/a" if r.ratio is None else f"{r.ratio:.2f}x"])
 
 
 @app.command("tcp")
@@ -122,20 +101,15 @@ def bench_tcp(
                                               placement=placement,
                                               busy_poll=busy_poll_us * 1e-6,
                                               progress=status.update)))
-    if json_out:
-        for r in results:
-            print(json.dumps(r.to_dict()))
-        return
-    table = Table(title=f"rdvpump bench tcp (best of {repeat}, placement {placement})")
-    for col in ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio",
-                "median us", "p99 us"):
-        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
-    for r in results:
+    def row(r: Any) -> list[str]:
         lat = (f"{r.median_us:,.0f} / {r.baseline_median_us:,.0f}" if r.median_us else "",
                f"{r.p99_us:,.0f} / {r.baseline_p99_us:,.0f}" if r.p99_us else "")
-        table.add_row(r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
-                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x", *lat)
-    out.print(table)
+        return [r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
+                r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x", *lat]
+
+    _show(results, json_out, f"rdvpump bench tcp (best of {repeat}, placement {placement})",
+          ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio",
+           "median us", "p99 us"), row)
 
 
 def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
@@ -146,3 +120,18 @@ def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
     if not values or min(values) < 0 or scale <= 0 or repeat < 1:
         raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
     return values
+
+
+def _show(results: list[Any], json_out: bool, title: str, columns: tuple[str, ...],
+          row: Callable[[Any], list[str]]) -> None:
+    """JSON lines on stdout, or one rich table (``case`` and ``baseline`` left-aligned)."""
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(*row(r))
+    out.print(table)
