@@ -1,9 +1,10 @@
 """The client of tracking: a route table fed by trackers and static servers, and the
 routing half of producers and consumers.
 
-A client subscribes to trackers (``track_sub``) and merges each TrackerInfo
-into its :class:`~.routes.RouteTable`; a static server is asked for its
-ServerInfo (``server``) on every (re)connect.  Both links are reconnecting
+A client subscribes to trackers (``track_sub``): a full snapshot, then
+deltas (:mod:`.feed`), merged into its :class:`~.routes.RouteTable`.  A
+static server is watched (``server_sub``): its ServerInfo on every
+(re)connect and after every change it makes.  Both links are reconnecting
 links (:mod:`brokermgr._link`).
 """
 
@@ -18,9 +19,10 @@ from typing import Any
 import trio
 
 from .._broker import Broker
-from .._link import DEFAULT_RETRY, BrokerLink, Reply
+from .._link import DEFAULT_RETRY, BrokerLink
+from .feed import FeedReader, Resync, Snapshot
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
-from .routes import DEFAULT_VOTE_FACTOR, RouteChange, RouteTable
+from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable
 from .select import RoundRobin, Selector, all_servers
 
 log = logging.getLogger("rdvpump.tracking")
@@ -33,19 +35,24 @@ class RouteClient:
     """A client's route table, fed by trackers (dynamic) and static servers.
 
     ``add_tracker(address)`` subscribes to a tracker (``track_sub``) and merges
-    each TrackerInfo; when the link drops the tracker's votes go
-    (``remove_tracker``) and it is dialled again every ``retry`` seconds.
-    ``add_server(address)`` pins a server and fetches its ServerInfo over a
-    link of its own.  ``on_change(change)`` callbacks run after every update
-    that changed something; ``await changed()`` waits for the next one.
+    its table (with ``deltas``, the default, a snapshot and then what changed;
+    without, zbus's whole TrackerInfo after every change); when the link
+    drops the tracker's votes go (``remove_tracker``) and it is dialled again
+    every ``retry`` seconds.  ``add_server(address)`` pins a server and
+    watches its ServerInfo over a link of its own: it is current within one
+    message of every change the server makes.  ``remove_server(address)``
+    hides a server until it is added again (see :mod:`.routes`).
+    ``on_change(change)`` callbacks run after every update that changed
+    something; ``await changed()`` waits for the next one.
     """
 
     def __init__(self, broker: Broker, *, vote_factor: float = DEFAULT_VOTE_FACTOR,
-                 retry: float = DEFAULT_RETRY) -> None:
+                 retry: float = DEFAULT_RETRY, deltas: bool = True) -> None:
         if not retry > 0:
             raise ValueError(f"retry must be positive, got {retry!r}")
         self.broker = broker
         self.retry = retry
+        self.deltas = deltas
         self.routes = RouteTable(vote_factor=vote_factor)
         self.trackers: dict[str, _Subscription] = {}
         self.servers: dict[str, _ServerQuery] = {}
@@ -146,44 +153,83 @@ class _Subscription(_ClientLink):
 
     def __init__(self, client: RouteClient, tracker: ServerAddress) -> None:
         super().__init__(client, tracker, "tracker")
+        self.reader = FeedReader()
+        #: Full snapshots asked for again after a gap (tests and benchmarks read it).
+        self.resyncs = 0
 
     def opened(self) -> None:
-        self.send({"cmd": "track_sub"})
+        self.reader = FeedReader()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        self.send({"cmd": "track_sub", "deltas": True} if self.client.deltas
+                  else {"cmd": "track_sub"})
 
     def pushed(self, obj: dict[str, Any]) -> None:
         if obj.get("cmd") == "error":
             log.warning("%s: %s", self.name, obj.get("error"))
             return
+        routes = self.client.routes
+        tracker = self.address.address
         try:
-            info = TrackerInfo.from_json(obj.get("trackerInfo"),
-                                         known=self.client.routes.server_table.get)
-        except (ValueError, RecursionError) as exc:
-            self._bad("TrackerInfo", exc)
+            event = self.reader.receive(obj)
+            if event is None:
+                return
+            if isinstance(event, Resync):
+                self._resync(event.reason)
+                return
+            held = routes.votes.get(tracker)
+            if isinstance(event, Snapshot):
+                info = TrackerInfo.from_json(event.tracker_info,
+                                             known=None if held is None else held.servers.get)
+                change = routes.update_tracker(tracker, info)
+            else:
+                servers = {}
+                for address, value in event.servers.items():
+                    where = f"track_delta.servers[{address!r}]"
+                    server = ServerInfo.from_json(value, where)
+                    if server.server_address.address != address:
+                        raise InfoError(f"{where} holds server "
+                                        f"{server.server_address.address!r}")
+                    servers[address] = server
+                change = routes.apply_delta(tracker, event.version, servers, event.left)
+        except DeltaError as exc:
+            self._resync(str(exc))
             return
-        change = self.client.routes.update_tracker(self.address.address, info)
+        except (ValueError, RecursionError) as exc:
+            self._bad("tracker feed", exc)
+            return
         self.client.apply(change, notify=not change.stale)
+
+    def _resync(self, reason: str) -> None:
+        self.resyncs += 1
+        log.info("%s: asking for a full snapshot again: %s", self.name, reason)
+        self.reader.expected = None
+        self._subscribe()
 
     def lost(self, reason: str) -> None:
         self.client.apply(self.client.routes.remove_tracker(self.address.address))
 
 
 class _ServerQuery(_ClientLink):
-    """A client's link to a static server: its ServerInfo on every (re)connect."""
+    """A client's link to a static server: it watches the server's ServerInfo."""
 
     def __init__(self, client: RouteClient, server: ServerAddress) -> None:
         super().__init__(client, server, "server")
 
     def opened(self) -> None:
-        self.request({"cmd": "server"}, self._answered)
+        self.send({"cmd": "server_sub"})
 
-    def _answered(self, reply: Reply | None) -> None:
-        if reply is None:
-            return  # the link closed first; it is dialled again
-        if reply.get("cmd") == "error":
-            log.warning("%s: %s", self.name, reply.get("error"))
+    def pushed(self, obj: dict[str, Any]) -> None:
+        cmd = obj.get("cmd")
+        if cmd == "error":
+            log.warning("%s: %s", self.name, obj.get("error"))
+            return
+        if cmd != "server":
+            self.abort(f"protocol error: a server sent a watcher {cmd!r}")
             return
         try:
-            info = ServerInfo.from_json(reply.get("serverInfo"))
+            info = ServerInfo.from_json(obj.get("serverInfo"))
             if info.server_address.address != self.address.address:
                 raise InfoError(f"asked {self.address.address}, got the ServerInfo of "
                                 f"{info.server_address.address}")
@@ -191,11 +237,7 @@ class _ServerQuery(_ClientLink):
             self._bad("ServerInfo", exc)
             return
         if self.address.address in self.client.servers:
-            self.client.apply(self.client.routes.update_server(info, static=True))
-
-    def pushed(self, obj: dict[str, Any]) -> None:
-        if obj.get("cmd") != "error":
-            self.abort("protocol error: a server sent a query something unexpected")
+            self.client.apply(self.client.routes.update_server(info))
 
 
 class Producer:

@@ -7,14 +7,16 @@ reached by connecting to that broker and port, through memory in one process
 or through the name service across processes.
 
 :class:`VersionCounter` makes InfoVersions that keep increasing across a
-restart without trusting the wall clock: a persisted epoch, bumped at every
-start, in the high bits, and a counter in the low bits.
+restart: an epoch in the high bits (persisted and bumped at every start, or
+read from the wall clock when there is nowhere to persist it) and a counter
+in the low bits.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,31 +277,41 @@ class TrackerInfo:
 
 
 class VersionCounter:
-    """InfoVersions that increase on every change and across restarts, without a clock.
+    """InfoVersions that increase on every change and across restarts.
 
-    ``epoch << 32 | counter``: the epoch is read from ``path``, incremented and
-    written back (atomically, fsynced) when the counter is created, so every
-    version of a later start is higher than every version of an earlier one.
-    When the counter runs out the epoch is bumped again.  Without a path the
-    epoch is 0 and versions start over at each start: fine in one process or a
-    test, wrong for a server that restarts while clients remember it.
+    ``epoch << 32 | counter``.  With ``path``, the epoch is read from that
+    file, incremented and written back (atomically, fsynced) when the counter
+    is created -- never below the wall clock's seconds, so a server that had
+    run without a path does not go back either -- and every version of a
+    later start is higher than every version of an earlier one whatever the
+    clock does.  Without a path, the first version is the wall clock as a
+    32.32 fixed-point number of seconds (zbus starts from the clock too):
+    versions then keep increasing across a restart as long as the clock moves
+    forward between the two starts and the earlier run made fewer than about
+    4,300 changes per microsecond it ran -- they depend on the clock, and
+    :class:`~.node.TrackNode` says so in a warning.  When the counter runs
+    out the epoch is bumped.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
         self.path = None if path is None else Path(path)
-        self.epoch = self._next_epoch()
-        self.counter = 0
+        self._clock = clock
+        if self.path is None:
+            start = int(clock() * (1 << COUNTER_BITS))
+            self.epoch, self.counter = start >> COUNTER_BITS, start & ((1 << COUNTER_BITS) - 1)
+        else:
+            self.epoch, self.counter = self._next_epoch(), 0
 
     def _next_epoch(self) -> int:
-        if self.path is None:
-            return 0
+        assert self.path is not None
         epoch = 0
         if self.path.exists():
             text = self.path.read_text(encoding="ascii").strip()
             if not text.isdigit():
                 raise InfoError(f"{self.path}: version state must be one integer, got {text!r}")
             epoch = int(text)
-        epoch += 1
+        epoch = max(epoch + 1, int(self._clock()) + 1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:

@@ -5,9 +5,13 @@ Every message is one JSON object with a ``cmd``:
 * ``{"cmd": "track_pub", "serverInfo": ..., "live": true}`` -- a server
   publishes *its own* ServerInfo to a tracker: when the link opens, on every
   change and every ``report_interval``.  ``"live": false`` on clean shutdown.
-* ``{"cmd": "track_sub"}`` -- a client subscribes; the tracker answers at
-  once with ``{"cmd": "track_pub", "trackerInfo": ...}`` and again on each
-  change of its table (a full snapshot, as zbus).
+* ``{"cmd": "track_sub", "deltas": true}`` -- a client subscribes; the
+  tracker answers at once with a full snapshot and then with what changed
+  (:mod:`.feed`).  Without ``deltas``: zbus's full snapshot
+  ``{"cmd": "track_pub", "trackerInfo": ...}`` on each change.
+* ``{"cmd": "server_sub"}`` -- a client watches a server (a static server of
+  its route table): ``{"cmd": "server", "serverInfo": ...}`` at once and
+  after every change.
 * ``{"cmd": "tracker"}`` and ``{"cmd": "server"}`` -- one-shot queries,
   answered with ``{"cmd": "tracker", "trackerInfo": ...}`` and
   ``{"cmd": "server", "serverInfo": ...}`` (with the request's ``seq``).
@@ -23,6 +27,7 @@ trackers, so two brokers tracking each other cannot loop.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,9 +44,24 @@ from .info import ConsumeGroupInfo, InfoError, ServerAddress, ServerInfo, TopicI
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
 from .tracker import DEFAULT_SERVER_EXPIRY, TrackerRole
 
+log = logging.getLogger("rdvpump.tracking")
+
 ROLES = ("server", "tracker", "both")
 #: The name a process's first tracker also answers to (``rdvpump routes --tracker HOST:PORT``).
 TRACKER_ALIAS = "@tracker"
+
+
+_warned_clock = False
+
+
+def _warn_clock_versions(address: str) -> None:
+    """Once a process: versions seeded from the clock depend on the clock."""
+    global _warned_clock
+    if not _warned_clock:
+        _warned_clock = True
+        log.warning("tracking %s: no state_dir: InfoVersions start from the wall clock, so "
+                    "they keep increasing across a restart only if the clock does; give a "
+                    "state_dir (broker run --state-dir) to persist them", address)
 
 
 class TrackNode:
@@ -49,7 +69,8 @@ class TrackNode:
 
     ``trackers`` are the addresses (``"broker:port"``) the server role
     publishes to.  ``state_dir`` keeps the InfoVersion epochs so versions
-    keep increasing across restarts (without it they start over; see
+    keep increasing across restarts whatever the clock does (without it they
+    start from the wall clock, with a warning; see
     :class:`~.info.VersionCounter`).  :attr:`server` and :attr:`tracker` are
     the roles (None when not taken).  Call :meth:`close` for a clean shutdown
     (trackers are told ``live: false``).
@@ -72,11 +93,15 @@ class TrackNode:
         self.role = role
         self.address = ServerAddress(f"{broker.id}:{port}",
                                      broker.manager.net.tls_server is not None)
-        #: Messages by cmd this node sent and received (tests check the rules with these).
+        #: Messages by cmd this node sent and received (tests check the rules with these),
+        #: and the bytes it sent by cmd.
         self.sent: dict[str, int] = {}
+        self.sent_bytes: dict[str, int] = {}
         self.received: dict[str, int] = {}
         self._closed = False
         state = None if state_dir is None else Path(state_dir)
+        if state is None:
+            _warn_clock_versions(self.address.address)
 
         def counter(kind: str) -> VersionCounter:
             return VersionCounter(None if state is None else state / f"{broker.id}.{kind}.epoch")
@@ -109,8 +134,9 @@ class TrackNode:
     def is_tracker(self) -> bool:
         return self.tracker is not None
 
-    def count_sent(self, cmd: str) -> None:
+    def count_sent(self, cmd: str, nbytes: int = 0) -> None:
         self.sent[cmd] = self.sent.get(cmd, 0) + 1
+        self.sent_bytes[cmd] = self.sent_bytes.get(cmd, 0) + nbytes
 
     def _server_changed(self, info: ServerInfo) -> None:
         if self.tracker is not None:  # a tracker tracks its own server too
@@ -210,7 +236,11 @@ class _Session(JsonSession):
             else:
                 tracker.report(info, self)
         elif cmd == "track_sub":
-            self._tracker().subscribe(self.queue)
+            self._tracker().subscribe(self.queue, deltas=request.get("deltas") is True)
+        elif cmd == "server_sub":
+            if node.server is None:
+                raise ValueError(f"{node.address} is not a server")
+            node.server.watch(self.queue)
         elif cmd == "tracker":
             tracker_info = self._tracker().tracker_info()
             self._reply(request, {"cmd": "tracker", "trackerInfo": tracker_info.to_json()})
@@ -224,8 +254,12 @@ class _Session(JsonSession):
     def drained(self) -> None:
         if self.node.tracker is not None:
             self.node.tracker.drained(self.queue)
+        if self.node.server is not None:
+            self.node.server.drained(self.queue)
 
     def closed(self, reason: str) -> None:
+        if self.node.server is not None:
+            self.node.server.unwatch(self.queue)
         tracker = self.node.tracker
         if tracker is not None:
             tracker.unsubscribe(self.queue)

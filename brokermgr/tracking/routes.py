@@ -1,45 +1,62 @@
 """A client's route table, sans-I/O: zbus's BrokerRouteTable with its version bug fixed.
 
-Fed TrackerInfos (from ``track_sub`` links), static servers and tracker
-losses; never reads a clock, never touches a link.  Rules (seeds 000 and 003,
-reference section 2):
+Fed tracker tables (full snapshots and deltas from ``track_sub`` links),
+static servers and tracker losses; never reads a clock, never touches a
+link.  The table is a function of what the client currently holds, not of
+the order things arrived in (seeds 000 and 003, reference section 2):
 
-* A TrackerInfo is accepted only if its InfoVersion is higher than the last
-  one accepted *from that tracker* (zbus remembered only the first version it
+* Each tracker's *view*: the servers it lists, each with its ServerInfo, at
+  the tracker's InfoVersion.  A snapshot replaces the view, a delta patches
+  it; either is accepted only if its InfoVersion is higher than the last one
+  accepted *from that tracker* (zbus remembered only the first version it
   saw, so a stale TrackerInfo could overwrite a newer one).
-* A ServerInfo is merged only if its InfoVersion is higher than the one held.
-* A server listed by fewer than ``vote_factor`` of the trackers is purged
-  (with 2 trackers and the default 0.5, one vote keeps it).  Static servers
-  (:meth:`RouteTable.update_server` with ``static=True``) are never purged.
-* With zero trackers nothing is purged: the last known servers are kept, so
-  a client that lost every tracker still routes to what it knew.  Explicit
-  here and tested; in zbus it is an accident of ``0 < 0 * factor``.
+* A server is in the table if at least ``vote_factor`` of the trackers list
+  it (with 2 trackers and the default 0.5, one vote keeps it), or it is a
+  static server (:meth:`RouteTable.update_server`), and it has not been
+  removed (:meth:`RouteTable.remove_server`).  Its ServerInfo is the one
+  with the highest InfoVersion among the views and the static copy.
+* With zero trackers nothing is purged: the table the last tracker left is
+  kept, so a client that lost every tracker still routes to what it knew.
+  Explicit here and tested; in zbus it is an accident of ``0 < 0 * factor``.
+* ``remove_server(address)`` hides a server until ``update_server`` (a static
+  add) or a tracker lists it *anew* -- a server that was not in that
+  tracker's previous list, which includes the first list of a tracker this
+  client (re)subscribes to.  A tracker that merely keeps listing it, or
+  sends it a newer ServerInfo, does not bring it back.
 * The topic table is derived from the server table.  Updates maintain it
   incrementally; :meth:`RouteTable.rebuild_topic_table` rebuilds it whole
   (the benchmark compares the two, the tests check they agree).
+
+Because the table depends only on the views, a client fed deltas and a
+client fed full snapshots of the same tracker states hold the same table
+(a hypothesis test drives both).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .info import ServerInfo, TopicInfo, TrackerInfo
+from .info import InfoError, ServerInfo, TopicInfo, TrackerInfo
 
 DEFAULT_VOTE_FACTOR = 0.5
 
 
-@dataclass(frozen=True)
-class Vote:
-    """What one tracker last told us: the servers it lists, at which InfoVersion."""
+class DeltaError(InfoError):
+    """A delta from a tracker whose snapshot this table does not hold (ask for one)."""
 
-    servers: frozenset[str]
+
+@dataclass
+class Vote:
+    """One tracker's view: the servers it lists (address -> ServerInfo), at which InfoVersion."""
+
+    servers: dict[str, ServerInfo]
     version: int
 
 
 @dataclass
 class RouteChange:
-    """What one update did: servers that joined, left or got a newer ServerInfo."""
+    """What one update did: servers that joined, left or got another ServerInfo."""
 
     joined: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
@@ -51,7 +68,7 @@ class RouteChange:
 
 
 class RouteTable:
-    """Servers, topics and tracker votes of one client.
+    """Servers, topics and tracker views of one client.
 
     ``on_join(info)`` and ``on_leave(address)`` are called for every server
     that enters or leaves the table, after the table is consistent.
@@ -65,52 +82,83 @@ class RouteTable:
         self.vote_factor = vote_factor
         self.on_join = on_join
         self.on_leave = on_leave
-        #: address -> the freshest ServerInfo seen
+        #: address -> the ServerInfo routed by (the freshest the client holds)
         self.server_table: dict[str, ServerInfo] = {}
         #: topic -> address -> TopicInfo
         self.topic_table: dict[str, dict[str, TopicInfo]] = {}
-        #: tracker address -> its last accepted vote
+        #: tracker address -> its view
         self.votes: dict[str, Vote] = {}
-        self.static: set[str] = set()
+        #: static servers: address -> the ServerInfo the server itself sent
+        self.static: dict[str, ServerInfo] = {}
+        #: what the last tracker left behind (used only while there are no trackers)
+        self.retained: dict[str, ServerInfo] = {}
+        #: servers hidden by remove_server until added again
+        self.removed: set[str] = set()
         #: Bumped on every change; selectors cache against it.
         self.version = 0
 
     # -- updates -----------------------------------------------------------------------
 
     def update_tracker(self, tracker: str, info: TrackerInfo) -> RouteChange:
-        """Merge a TrackerInfo from ``tracker``; stale ones change nothing."""
+        """Replace ``tracker``'s view with its snapshot; stale ones change nothing."""
         held = self.votes.get(tracker)
         if held is not None and info.info_version <= held.version:
             return RouteChange(stale=True)
-        self.votes[tracker] = Vote(frozenset(info.server_table), info.info_version)
-        change = RouteChange()
-        for server in info.server_table.values():
-            self._merge(server, change)
-        self._purge(change)
-        return self._done(change)
+        new = dict(info.server_table)
+        if held is None:
+            affected = self._arrive(tracker, new, info.info_version)
+        else:
+            old = held.servers
+            self._unremove(new.keys() - old.keys())
+            affected = old.keys() ^ new.keys()
+            affected |= {a for a, s in new.items() if a in old and old[a] is not s}
+            self.votes[tracker] = Vote(new, info.info_version)
+        return self._recompute(affected)
+
+    def apply_delta(self, tracker: str, version: int, servers: Mapping[str, ServerInfo],
+                    left: Iterable[str]) -> RouteChange:
+        """Patch ``tracker``'s view: ``servers`` joined or got a new ServerInfo, ``left``
+        left.  :class:`DeltaError` if no snapshot of that tracker is held."""
+        held = self.votes.get(tracker)
+        if held is None:
+            raise DeltaError(f"a delta from tracker {tracker} before its snapshot")
+        if version <= held.version:
+            return RouteChange(stale=True)
+        view = held.servers
+        held.version = version
+        affected = set(servers)
+        for address in left:
+            if view.pop(address, None) is not None:
+                affected.add(address)
+        self._unremove(a for a in servers if a not in view)
+        view.update(servers)
+        return self._recompute(affected)
 
     def remove_tracker(self, tracker: str) -> RouteChange:
-        """A tracker is gone (link lost, removed): its votes go, servers are purged again."""
-        change = RouteChange()
-        if self.votes.pop(tracker, None) is not None:
-            self._purge(change)
-        return self._done(change)
+        """A tracker is gone (link lost, removed): its view goes, servers are counted again."""
+        if self.votes.pop(tracker, None) is None:
+            return RouteChange()
+        if not self.votes:
+            self.retained = dict(self.server_table)
+        return self._recompute(self._everyone())
 
-    def update_server(self, info: ServerInfo, *, static: bool = False) -> RouteChange:
-        """Merge one ServerInfo (only if newer than the one held); ``static`` pins it."""
-        change = RouteChange()
-        if static:
-            self.static.add(info.server_address.address)
-        self._merge(info, change)
-        return self._done(change)
+    def update_server(self, info: ServerInfo) -> RouteChange:
+        """A static server's own ServerInfo: pinned (never purged), and added back if it
+        was removed; an older one than held changes nothing."""
+        address = info.server_address.address
+        held = self.static.get(address)
+        if held is not None and info.info_version <= held.info_version:
+            return RouteChange(stale=True)
+        self.static[address] = info
+        self.removed.discard(address)
+        return self._recompute((address,))
 
     def remove_server(self, address: str) -> RouteChange:
-        """Drop a server (static or not) now."""
-        change = RouteChange()
-        self.static.discard(address)
-        if address in self.server_table:
-            self._drop(address, change)
-        return self._done(change)
+        """Drop a server now (static or not), until it is added again (see the module)."""
+        self.static.pop(address, None)
+        self.retained.pop(address, None)
+        self.removed.add(address)
+        return self._recompute((address,))
 
     # -- queries -----------------------------------------------------------------------
 
@@ -137,19 +185,76 @@ class RouteTable:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _merge(self, info: ServerInfo, change: RouteChange) -> None:
-        address = info.server_address.address
-        old = self.server_table.get(address)
-        if old is not None and info.info_version <= old.info_version:
-            return
-        self.server_table[address] = info
-        if old is not None:
-            self._unindex(address, old)
-            change.updated.append(address)
+    def _arrive(self, tracker: str, view: dict[str, ServerInfo], version: int) -> set[str]:
+        """A tracker's first view: every server in it is listed anew; the count of
+        trackers changed, so every server is counted again."""
+        if not self.votes:
+            self.retained = {}
+        self._unremove(view)
+        self.votes[tracker] = Vote(view, version)
+        return self._everyone()
+
+    def _unremove(self, addresses: Iterable[str]) -> None:
+        if self.removed:
+            self.removed.difference_update(addresses)
+
+    def _everyone(self) -> set[str]:
+        everyone = set(self.server_table) | set(self.static) | set(self.retained)
+        for vote in self.votes.values():
+            everyone.update(vote.servers)
+        return everyone
+
+    def _effective(self, address: str) -> ServerInfo | None:
+        """What the table holds for ``address``: a function of the views, the static
+        copy and (with no trackers) what the last tracker left."""
+        if address in self.removed:
+            return None
+        best = self.static.get(address)
+        if self.votes:
+            count = 0
+            for vote in self.votes.values():
+                info = vote.servers.get(address)
+                if info is not None:
+                    count += 1
+                    if best is None or info.info_version > best.info_version:
+                        best = info
+            if address not in self.static and count < len(self.votes) * self.vote_factor:
+                return None
         else:
-            change.joined.append(address)
-        for name, topic in info.topic_table.items():
-            self.topic_table.setdefault(name, {})[address] = topic
+            kept = self.retained.get(address)
+            if kept is not None and (best is None or kept.info_version > best.info_version):
+                best = kept
+        return best
+
+    def _recompute(self, addresses: Iterable[str]) -> RouteChange:
+        change = RouteChange()
+        for address in sorted(addresses):
+            info = self._effective(address)
+            old = self.server_table.get(address)
+            if info is None:
+                if old is not None:
+                    del self.server_table[address]
+                    self._unindex(address, old)
+                    change.left.append(address)
+                if address in self.removed and not self._listed(address):
+                    self.removed.discard(address)  # nobody lists it: a later listing is new
+                continue
+            if old is not None and (info is old or info.info_version == old.info_version):
+                continue
+            self.server_table[address] = info
+            if old is None:
+                change.joined.append(address)
+            else:
+                self._unindex(address, old)
+                change.updated.append(address)
+            for name, topic in info.topic_table.items():
+                self.topic_table.setdefault(name, {})[address] = topic
+        return self._done(change)
+
+    def _listed(self, address: str) -> bool:
+        if address in self.static or (not self.votes and address in self.retained):
+            return True
+        return any(address in v.servers for v in self.votes.values())
 
     def _unindex(self, address: str, info: ServerInfo) -> None:
         for name in info.topic_table:
@@ -158,20 +263,6 @@ class RouteTable:
                 servers.pop(address, None)
                 if not servers:
                     del self.topic_table[name]
-
-    def _drop(self, address: str, change: RouteChange) -> None:
-        info = self.server_table.pop(address)
-        self._unindex(address, info)
-        if address in change.joined:
-            change.joined.remove(address)
-        else:
-            change.left.append(address)
-        if address in change.updated:
-            change.updated.remove(address)
-
-    def _purge(self, change: RouteChange) -> None:
-        for address in [a for a in self.server_table if self.can_remove(a)]:
-            self._drop(address, change)
 
     def _done(self, change: RouteChange) -> RouteChange:
         if change:

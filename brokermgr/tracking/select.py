@@ -6,6 +6,7 @@ message (or a consumer) should go to, in order; an empty list means no route.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable
 
@@ -19,12 +20,13 @@ class RoundRobin:
 
     Round-robin over the topic's servers that have consumers; when none has,
     the server with the most consumers, ties broken by the lowest message
-    depth, then by address.  The candidate list is cached until the route
-    table changes.
+    depth, then by address.  Each topic keeps its own position, so one
+    selector shared by several topics spreads each of them.  The candidate
+    list is cached until the route table changes.
     """
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next: dict[str, int] = {}
         self._cache: dict[str, tuple[int, list[str]]] = {}
 
     def __call__(self, routes: RouteTable, topic: str, key: bytes | str | None = None
@@ -37,8 +39,9 @@ class RoundRobin:
             self._cache[topic] = cached
         live = cached[1]
         if live:
-            self._next += 1
-            return [live[self._next % len(live)]]
+            position = self._next.get(topic, -1) + 1
+            self._next[topic] = position
+            return [live[position % len(live)]]
         servers = routes.servers_of(topic)
         if not servers:
             return []
@@ -52,14 +55,37 @@ def all_servers(routes: RouteTable, topic: str, key: bytes | str | None = None) 
     return sorted(routes.server_table)
 
 
-def by_key_hash(routes: RouteTable, topic: str, key: bytes | str | None = None) -> list[str]:
-    """The same key goes to the same server while the topic's servers stay the same.
+def _key_bytes(key: bytes | str) -> bytes:
+    return key.encode() if isinstance(key, str) else key
 
-    CRC-32 of the key over the topic's servers sorted by address; no key or no
-    server holding the topic gives no route.
+
+def by_key_hash(routes: RouteTable, topic: str, key: bytes | str | None = None) -> list[str]:
+    """The same key goes to the same server while that server holds the topic.
+
+    Rendezvous (highest random weight) hashing: each of the topic's servers
+    scores the key (BLAKE2b of key and address) and the highest score wins.
+    When one of N servers leaves, only the keys it held move (to the servers
+    that scored them second); when one joins, about 1/(N+1) of the keys move
+    to it and nothing else moves.  No key or no server holding the topic gives
+    no route.  The old modulo rule is :func:`by_key_modulo`.
+    """
+    servers = routes.servers_of(topic)
+    if not servers or key is None:
+        return []
+    data = _key_bytes(key) + b"\0"
+    best = max(servers, key=lambda address: (
+        hashlib.blake2b(data + address.encode(), digest_size=8).digest(), address))
+    return [best]
+
+
+def by_key_modulo(routes: RouteTable, topic: str, key: bytes | str | None = None) -> list[str]:
+    """CRC-32 of the key modulo the number of the topic's servers (sorted by address).
+
+    Kept for whoever depends on its placement: when one of N servers leaves
+    or joins, most keys move (about (N-1)/N of them); :func:`by_key_hash`
+    moves only the keys that must.
     """
     servers = sorted(routes.servers_of(topic))
     if not servers or key is None:
         return []
-    data = key.encode() if isinstance(key, str) else key
-    return [servers[zlib.crc32(data) % len(servers)]]
+    return [servers[zlib.crc32(_key_bytes(key)) % len(servers)]]

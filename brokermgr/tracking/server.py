@@ -3,7 +3,9 @@
 A server publishes *its own* ServerInfo (``track_pub``) to each of its
 trackers: when the link opens, on every change and every ``report_interval``,
 and ``live: false`` on a clean shutdown.  A new version is taken on every
-change, from a :class:`~.info.VersionCounter` that persists its epoch.
+change, from a :class:`~.info.VersionCounter`.  Clients that hold the server
+statically watch it (``server_sub``): they get its ServerInfo at once and
+after every change, coalesced behind a slow reader like the reports.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from channels import MessageQueue
 from pump import Pump, Timer
 
 from .._broker import Broker
 from .._link import BrokerLink
-from .._rpc import Sent
+from .._rpc import Sent, encode, send
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 
 log = logging.getLogger("rdvpump.tracking")
@@ -31,13 +34,13 @@ class ServerRole:
     """The topics and consume groups a broker serves, and its publishers to trackers.
 
     ``changed(info)`` runs after every new ServerInfo (the node's own tracker
-    role, if any, reports it); ``count(cmd)`` counts what is sent.
+    role, if any, reports it); ``count(cmd, nbytes)`` counts what is sent.
     """
 
     def __init__(self, broker: Broker, address: ServerAddress, trackers: Iterable[str], *,
                  versions: VersionCounter, report_interval: float, retry: float,
                  changed: Callable[[ServerInfo], None],
-                 count: Callable[[str], None]) -> None:
+                 count: Callable[[str, int], object]) -> None:
         self.broker = broker
         self.pump: Pump = broker.pump
         self.address = address
@@ -50,6 +53,8 @@ class ServerRole:
         self.info = ServerInfo(address, versions.next(), SERVER_VERSION,
                                tuple(ServerAddress(t) for t in trackers), {})
         self.publishers = [_Publisher(self, t) for t in self.info.tracker_list]
+        #: Clients watching this server (``server_sub``): queue -> a ServerInfo is owed.
+        self.watchers: dict[MessageQueue, bool] = {}
         self._report_timer: Timer | None = None
 
     def start(self) -> None:
@@ -141,7 +146,36 @@ class ServerRole:
                                self.info.tracker_list, dict(sorted(self.topics.items())))
         for publisher in self.publishers:
             publisher.publish()
+        for queue in list(self.watchers):
+            self._tell(queue)
         self._changed_hook(self.info)
+
+    # -- clients that watch this server ------------------------------------------------
+
+    def watch(self, queue: MessageQueue) -> None:
+        """A ``server_sub``: our ServerInfo now and after every change."""
+        self.watchers[queue] = False
+        self._tell(queue)
+
+    def unwatch(self, queue: MessageQueue) -> None:
+        self.watchers.pop(queue, None)
+
+    def _tell(self, queue: MessageQueue) -> None:
+        if self.watchers.get(queue) is not False:
+            return  # gone, or behind: the latest goes when it drains
+        message = encode({"cmd": "server", "serverInfo": self.info.to_json()})
+        outcome = send(queue, message, what=f"watcher {queue.remote_id}")
+        if outcome is Sent.SENT:
+            self.count("server", len(message))
+        elif outcome is Sent.FULL:
+            self.watchers[queue] = True
+        else:
+            self.unwatch(queue)
+
+    def drained(self, queue: MessageQueue) -> None:
+        if self.watchers.get(queue):
+            self.watchers[queue] = False
+            self._tell(queue)
 
     def _report(self) -> None:
         for publisher in self.publishers:
@@ -181,9 +215,11 @@ class _Publisher(BrokerLink):
     def publish(self, live: bool = True) -> None:
         """Our ServerInfo to the tracker; coalesced like snapshots (the latest wins)."""
         if self.queue is not None and not self.behind:
-            self.role.count("track_pub")
-            outcome = self.send({"cmd": "track_pub", "live": live,
-                                 "serverInfo": self.role.info.to_json()})
+            message = encode({"cmd": "track_pub", "live": live,
+                              "serverInfo": self.role.info.to_json()})
+            outcome = self.send(message)
+            if outcome is Sent.SENT:
+                self.role.count("track_pub", len(message))
             self.behind = outcome is Sent.FULL
 
     def drained(self) -> None:

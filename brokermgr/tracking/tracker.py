@@ -4,13 +4,18 @@ Servers report over links they dialled (``track_pub``); the tracker keeps
 each one's latest ServerInfo in a liveness table and drops it at once when
 that link drops, and when no report came within ``expiry`` (checked every
 ``scan_interval``), so a hung but connected server goes too.  Subscribers
-(``track_sub``) get the whole TrackerInfo at once and after every change;
-snapshots behind a slow subscriber coalesce (the latest wins).
+(``track_sub``) get the whole TrackerInfo at once, then only what changed
+(:mod:`.feed`: deltas numbered per subscription, large sets in pieces), or
+zbus's whole TrackerInfo after every change if they did not ask for deltas.
+Behind a slow subscriber, changes coalesce: at most one set is queued past
+the high-water mark, and the changes after it are merged (the latest
+ServerInfo of each server wins), so memory stays bounded by the table.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from channels import MessageQueue
@@ -18,6 +23,7 @@ from pump import Pump
 
 from .._liveness import PINNED, LivenessTable
 from .._rpc import Sent, encode, send
+from . import feed
 from .info import ServerAddress, ServerInfo, TrackerInfo, VersionCounter
 from .server import SERVER_VERSION
 
@@ -28,40 +34,60 @@ DEFAULT_SERVER_EXPIRY = 90.0
 
 
 class Subscriber:
-    """One subscriber's link: snapshots are owed to it while it reads slowly."""
+    """One subscriber's link: the pieces queued for it and the changes it is owed."""
 
-    def __init__(self, queue: MessageQueue) -> None:
+    def __init__(self, queue: MessageQueue, deltas: bool) -> None:
         self.queue = queue
-        #: A snapshot is owed: the last one did not fit under the high-water mark.
-        self.behind = False
+        #: It asked for deltas (else: zbus's whole TrackerInfo after every change).
+        self.deltas = deltas
+        #: The seq of the last set queued for it.
+        self.seq = 0
+        #: Messages (pieces) not yet accepted by its queue.
+        self.outbox: deque[bytes] = deque()
+        #: A full snapshot is owed (first, after a resync; every change without deltas).
+        self.owe_full = True
+        #: Changes owed since the last set queued: address -> ServerInfo, or None if it left.
+        self.pending: dict[str, ServerInfo | None] = {}
+
+    @property
+    def behind(self) -> bool:
+        """Something is owed that its queue does not take yet."""
+        return bool(self.outbox)
 
 
 class TrackerRole:
     """The servers a broker tracks and the clients subscribed to them.
 
-    ``count(cmd)`` counts what is sent.
+    ``count(cmd, nbytes)`` counts what is sent.  ``piece_bytes`` bounds the
+    messages of a feed (the link's max_message_size if that is smaller).
     """
 
     def __init__(self, pump: Pump, broker_id: str, address: ServerAddress, *,
                  versions: VersionCounter, expiry: float, scan_interval: float,
-                 count: Callable[[str], None]) -> None:
+                 count: Callable[[str, int], object],
+                 piece_bytes: int = feed.PIECE_BYTES) -> None:
+        if piece_bytes <= feed.OVERHEAD:
+            raise ValueError(f"piece_bytes must exceed {feed.OVERHEAD}, got {piece_bytes}")
         self.pump = pump
         self.broker_id = broker_id
         self.address = address
         self.scan_interval = scan_interval
         self.count = count
+        self.piece_bytes = piece_bytes
         self._versions = versions
         self.version = versions.next()
         self.tracked: LivenessTable[ServerInfo] = LivenessTable(expiry=expiry)
         self.subscribers: dict[MessageQueue, Subscriber] = {}
         self._snapshot: bytes | None = None
+        self._pieces: dict[int, feed.PieceSet] = {}  # budget -> this version's snapshot
+        self._entries: dict[str, tuple[ServerInfo, bytes]] = {}  # encoded once per ServerInfo
         self._scan_timer = pump.call_later(scan_interval, self._scan)
 
     def tracker_info(self) -> TrackerInfo:
         return TrackerInfo(self.address, self.version, SERVER_VERSION, self.tracked.values())
 
     def snapshot(self) -> bytes:
-        """The current TrackerInfo as a ``track_pub`` message, encoded once per version."""
+        """The current TrackerInfo as one zbus ``track_pub`` message, encoded once per version."""
         if self._snapshot is None:
             self._snapshot = encode({"cmd": "track_pub",
                                      "trackerInfo": self.tracker_info().to_json()})
@@ -72,9 +98,10 @@ class TrackerRole:
     def report(self, info: ServerInfo, connection: object) -> None:
         """A server's ServerInfo (``connection``: its link, or the node itself when the
         node is its own server: pinned, it never expires)."""
-        if self.tracked.report(info.server_address.address, info, now=self.pump.now(),
+        address = info.server_address.address
+        if self.tracked.report(address, info, now=self.pump.now(),
                                version=info.info_version, connection=connection):
-            self._changed()
+            self._changed({address: info})
 
     def report_local(self, info: ServerInfo, *, notify: bool = True) -> None:
         """The node's own server (pinned: it never drops or expires); ``notify=False``
@@ -88,7 +115,7 @@ class TrackerRole:
     def leave(self, address: str) -> None:
         """A server said ``live: false``."""
         if self.tracked.remove(address):
-            self._changed()
+            self._changed({address: None})
 
     def connection_lost(self, connection: object, reason: str) -> None:
         gone = self.tracked.connection_lost(connection)
@@ -97,7 +124,7 @@ class TrackerRole:
                      address, reason)
             self.pump.emit("drop", broker=self.broker_id, peer=address, reason=reason)
         if gone:
-            self._changed()
+            self._changed(dict.fromkeys(gone))
 
     def _scan(self) -> None:
         gone = self.tracked.scan(self.pump.now())
@@ -106,42 +133,135 @@ class TrackerRole:
                      address, self.tracked.expiry)
             self.pump.emit("expire", broker=self.broker_id, peer=address)
         if gone:
-            self._changed()
+            self._changed(dict.fromkeys(gone))
         self._scan_timer = self.pump.call_later(self.scan_interval, self._scan)
 
-    def _changed(self) -> None:
+    def _changed(self, changes: dict[str, ServerInfo | None]) -> None:
         self.version = self._versions.next()
         self._snapshot = None
+        self._pieces.clear()
+        shared: dict[int, feed.PieceSet | None] = {}  # this change as a delta, by budget
         for subscriber in list(self.subscribers.values()):
-            self.send_snapshot(subscriber)
+            if not subscriber.deltas:
+                subscriber.owe_full = True
+            elif not subscriber.owe_full:
+                if subscriber.outbox or subscriber.pending:
+                    subscriber.pending.update(changes)
+                else:
+                    budget = self._budget(subscriber)
+                    if budget not in shared:
+                        shared[budget] = self._delta(changes, budget, subscriber)
+                    pieces = shared[budget]
+                    if pieces is None:
+                        self._too_large(subscriber, "a ServerInfo does not fit in a piece")
+                        continue
+                    self._queue(subscriber, pieces)
+            self._flush(subscriber)
+
+    # -- encoding ----------------------------------------------------------------------
+
+    def _entry(self, address: str, info: ServerInfo) -> bytes:
+        held = self._entries.get(address)
+        if held is None or held[0] is not info:
+            held = self._entries[address] = (info, feed.entry(address, info))
+        return held[1]
+
+    def _budget(self, subscriber: Subscriber) -> int:
+        return min(self.piece_bytes, subscriber.queue.max_message_size) - feed.OVERHEAD
+
+    def _full(self, subscriber: Subscriber) -> feed.PieceSet | None:
+        budget = self._budget(subscriber)
+        pieces = self._pieces.get(budget)
+        if pieces is None:
+            table = self.tracked.values()
+            for address in [a for a in self._entries if a not in table]:
+                del self._entries[address]
+            header = self.tracker_info().to_json()
+            del header["serverTable"]
+            try:
+                pieces = feed.snapshot_pieces(
+                    header, [self._entry(a, table[a]) for a in sorted(table)], budget)
+            except feed.TooLarge as exc:
+                self._too_large(subscriber, exc)
+                return None
+            self._pieces[budget] = pieces
+        return pieces
+
+    def _delta(self, changes: dict[str, ServerInfo | None], budget: int,
+               subscriber: Subscriber) -> feed.PieceSet | None:
+        joined = sorted(a for a, info in changes.items() if info is not None)
+        try:
+            return feed.delta_pieces(
+                self.version, [self._entry(a, changes[a]) for a in joined],  # type: ignore[arg-type]
+                sorted(a for a, info in changes.items() if info is None), budget)
+        except feed.TooLarge as exc:
+            self._too_large(subscriber, exc)
+            return None
+
+    def _too_large(self, subscriber: Subscriber, exc: Exception | str) -> None:
+        if subscriber.queue not in self.subscribers:
+            return  # closed already
+        log.warning("tracker %s: subscriber %s: %s", self.address, subscriber.queue.remote_id,
+                    exc)
+        self.unsubscribe(subscriber.queue)
+        subscriber.queue.abort(f"a message exceeds the maximum message size: {exc}")
 
     # -- subscribers -------------------------------------------------------------------
 
-    def subscribe(self, queue: MessageQueue) -> None:
-        subscriber = self.subscribers.setdefault(queue, Subscriber(queue))
-        self.send_snapshot(subscriber)
+    def subscribe(self, queue: MessageQueue, *, deltas: bool = False) -> None:
+        """A ``track_sub``: a full snapshot now (again, if this is a resync)."""
+        subscriber = self.subscribers.get(queue)
+        if subscriber is None:
+            subscriber = self.subscribers[queue] = Subscriber(queue, deltas)
+        subscriber.deltas = deltas
+        subscriber.owe_full = True
+        subscriber.pending.clear()
+        self._flush(subscriber)
 
     def unsubscribe(self, queue: MessageQueue) -> None:
         self.subscribers.pop(queue, None)
 
-    def send_snapshot(self, subscriber: Subscriber) -> None:
-        """The current TrackerInfo to a subscriber, unless one is still queued past the
-        high-water mark: then the latest goes when it drains (:meth:`drained`)."""
-        if subscriber.behind:
-            return
-        self.count("track_pub")
-        outcome = send(subscriber.queue, self.snapshot(),
-                       what=f"subscriber {subscriber.queue.remote_id}")
-        if outcome is Sent.FULL:
-            subscriber.behind = True
-        elif outcome is Sent.GONE:
-            self.unsubscribe(subscriber.queue)
+    def _queue(self, subscriber: Subscriber, pieces: feed.PieceSet) -> None:
+        subscriber.seq += 1
+        subscriber.outbox.extend(pieces.numbered(subscriber.seq))
+
+    def _flush(self, subscriber: Subscriber) -> None:
+        """Send what the subscriber is owed, as far as its queue takes it; the rest goes
+        when it drains (:meth:`drained`)."""
+        while True:
+            outbox = subscriber.outbox
+            while outbox:
+                message = outbox[0]
+                cmd = "track_delta" if message.startswith(b'{"cmd":"track_delta"') else "track_pub"
+                outcome = send(subscriber.queue, message,
+                               what=f"subscriber {subscriber.queue.remote_id}")
+                if outcome is Sent.FULL:
+                    return
+                if outcome is Sent.GONE:
+                    self.unsubscribe(subscriber.queue)
+                    return
+                self.count(cmd, len(message))
+                outbox.popleft()
+            if subscriber.owe_full:
+                subscriber.owe_full = False
+                subscriber.pending.clear()
+                if not subscriber.deltas:
+                    outbox.append(self.snapshot())
+                    continue
+                pieces = self._full(subscriber)
+            elif subscriber.pending:
+                changes, subscriber.pending = subscriber.pending, {}
+                pieces = self._delta(changes, self._budget(subscriber), subscriber)
+            else:
+                return
+            if pieces is None:
+                return  # too large: that link is closed
+            self._queue(subscriber, pieces)
 
     def drained(self, queue: MessageQueue) -> None:
         subscriber = self.subscribers.get(queue)
-        if subscriber is not None and subscriber.behind:
-            subscriber.behind = False
-            self.send_snapshot(subscriber)
+        if subscriber is not None:
+            self._flush(subscriber)
 
     def close(self) -> None:
         self._scan_timer.cancel()

@@ -66,21 +66,41 @@ def test_bad_shapes_get_a_clear_error(mutate, message: str) -> None:  # type: ig
 
 def test_versions_increase_on_every_change_and_across_restarts(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "state" / "s1.server.epoch"
-    first = VersionCounter(path)
+    first = VersionCounter(path, clock=lambda: 0.0)
     seen = [first.next() for _ in range(5)]
     assert seen == sorted(set(seen))
-    again = VersionCounter(path)  # a restart: no clock involved
+    again = VersionCounter(path, clock=lambda: 0.0)  # a restart: the clock did not move
     assert again.next() > seen[-1]
     assert path.read_text().strip() == "2"
 
 
 def test_the_counter_rolls_into_a_new_epoch(tmp_path: pathlib.Path) -> None:
-    counter = VersionCounter(tmp_path / "e")
+    counter = VersionCounter(tmp_path / "e", clock=lambda: 0.0)
     counter.counter = (1 << COUNTER_BITS) - 1
     before = counter.current
     after = counter.next()
     assert after > before and counter.epoch == 2
-    assert VersionCounter(tmp_path / "e").next() > after
+    assert VersionCounter(tmp_path / "e", clock=lambda: 0.0).next() > after
+
+
+def test_without_a_state_file_versions_start_from_the_wall_clock() -> None:
+    # zbus's way, with a 32.32 fixed-point start: a restart a microsecond later
+    # still starts above 4,000 changes of the run before
+    first = VersionCounter(clock=lambda: 1_790_000_000.25)
+    assert first.current == int(1_790_000_000.25 * (1 << COUNTER_BITS))
+    seen = [first.next() for _ in range(4000)]
+    again = VersionCounter(clock=lambda: 1_790_000_000.250001)
+    assert again.next() > seen[-1]
+
+
+def test_a_state_file_never_goes_below_the_clock_nor_back_with_it(
+        tmp_path: pathlib.Path) -> None:
+    clockless = VersionCounter(clock=lambda: 1_790_000_000.5)  # ran without a state_dir
+    last = clockless.next()
+    persisted = VersionCounter(tmp_path / "e", clock=lambda: 1_790_000_001.0)
+    assert persisted.next() > last
+    behind = VersionCounter(tmp_path / "e", clock=lambda: 5.0)  # the clock went back
+    assert behind.next() > persisted.current
 
 
 def test_a_corrupt_version_file_is_a_clear_error(tmp_path: pathlib.Path) -> None:

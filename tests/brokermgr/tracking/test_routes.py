@@ -115,7 +115,7 @@ def test_with_zero_trackers_the_last_known_servers_are_kept() -> None:
 
 def test_static_servers_are_never_purged_until_removed() -> None:
     routes = RouteTable()
-    routes.update_server(server("s", 1, "x"), static=True)
+    routes.update_server(server("s", 1, "x"))
     routes.update_tracker("t1", tracker("t1", 1, server("a", 1)))
     assert sorted(routes.server_table) == ["a:15555", "s:15555"]
     assert routes.remove_server("s:15555").left == ["s:15555"]

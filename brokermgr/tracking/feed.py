@@ -1,0 +1,220 @@
+"""What a tracker sends its subscribers, sans-I/O: a full snapshot, then deltas, in pieces.
+
+One JSON object a message:
+
+* ``{"cmd": "track_sub", "deltas": true}`` -- a client subscribes for deltas.
+  Without ``deltas`` it gets zbus's feed: the whole TrackerInfo in one
+  ``{"cmd": "track_pub", "trackerInfo": ...}`` after every change.
+* ``{"cmd": "track_pub", "seq": S, "piece": I, "pieces": N, "trackerInfo": ...}``
+  -- a full snapshot, its ``serverTable`` spread over N pieces (I = 0 .. N-1,
+  every piece with the same S and the whole header).
+* ``{"cmd": "track_delta", "seq": S, "piece": I, "pieces": N, "infoVersion": V,
+  "servers": {address: ServerInfo}, "left": [address]}`` -- what changed
+  since set S-1: servers that joined or got a new ServerInfo, servers that
+  left; V is the tracker's InfoVersion after the change.
+
+``seq`` numbers the sets of one subscription, from 1; every piece of a set
+carries it.  A subscriber applies a set only when all its pieces are in.  A
+delta whose ``seq`` is not the one expected (a gap) or a set whose pieces
+come out of order makes the subscriber ask for a full snapshot again
+(``track_sub``) and ignore deltas until it arrives; so does a reconnect.
+
+A piece is at most ``min(piece_bytes, the link's max_message_size)`` long; a
+single ServerInfo larger than that cannot be sent, and the link that cannot
+carry it is closed with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .info import InfoError, ServerInfo
+
+#: Largest piece a tracker sends by default (the link's max_message_size if smaller).
+PIECE_BYTES = 1 << 20
+#: Bytes of a piece besides its entries: cmd, seq, piece numbers, the tracker's header.
+OVERHEAD = 1024
+#: Most pieces a subscriber accepts in one set.
+MAX_PIECES = 1 << 16
+
+
+class TooLarge(InfoError):
+    """One entry does not fit in a piece."""
+
+
+def _key(address: str) -> bytes:
+    return json.dumps(address).encode()
+
+
+def entry(address: str, info: ServerInfo) -> bytes:
+    """``"address": {ServerInfo}`` as it stands in a ``serverTable`` or ``servers`` object."""
+    return _key(address) + b":" + json.dumps(info.to_json(), separators=(",", ":"),
+                                              sort_keys=True).encode()
+
+
+def _pack(items: list[tuple[bool, bytes]], budget: int) -> list[list[tuple[bool, bytes]]]:
+    """Items in order, in as few groups as fit ``budget`` bytes each (at least one group)."""
+    groups: list[list[tuple[bool, bytes]]] = [[]]
+    used = 0
+    for item in items:
+        size = len(item[1]) + 1
+        if size > budget:
+            raise TooLarge(f"a ServerInfo of {len(item[1])} bytes does not fit in a piece "
+                           f"of {budget + OVERHEAD} bytes")
+        if used + size > budget and groups[-1]:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += size
+    return groups
+
+
+@dataclass(frozen=True)
+class PieceSet:
+    """The pieces of one set, encoded once, without their ``seq`` (shared by subscribers)."""
+
+    head: bytes  # b'{"cmd":"...","seq":'
+    tails: tuple[bytes, ...]
+
+    def numbered(self, seq: int) -> list[bytes]:
+        prefix = self.head + str(seq).encode()
+        return [prefix + tail for tail in self.tails]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(t) for t in self.tails)
+
+
+def snapshot_pieces(header: Mapping[str, Any], entries: Iterable[bytes], budget: int) -> PieceSet:
+    """A full snapshot: ``header`` (the TrackerInfo without its ``serverTable``) and the
+    ``serverTable`` entries spread over pieces."""
+    head = json.dumps(dict(header), separators=(",", ":"), sort_keys=True).encode()[:-1]
+    groups = _pack([(True, e) for e in entries], budget - len(head))
+    tails = []
+    for i, group in enumerate(groups):
+        table = b",".join(e for _, e in group)
+        tails.append(b',"piece":%d,"pieces":%d,"trackerInfo":%s,"serverTable":{%s}}}'
+                     % (i, len(groups), head, table))
+    return PieceSet(b'{"cmd":"track_pub","seq":', tuple(tails))
+
+
+def delta_pieces(version: int, servers: Iterable[bytes], left: Iterable[str],
+                 budget: int) -> PieceSet:
+    """A delta: ``servers`` entries that joined or changed, addresses that ``left``."""
+    items = [(True, e) for e in servers] + [(False, _key(a)) for a in left]
+    groups = _pack(items, budget)
+    tails = []
+    for i, group in enumerate(groups):
+        joined = b",".join(e for is_server, e in group if is_server)
+        gone = b",".join(e for is_server, e in group if not is_server)
+        tails.append(b',"piece":%d,"pieces":%d,"infoVersion":%d,"servers":{%s},"left":[%s]}'
+                     % (i, len(groups), version, joined, gone))
+    return PieceSet(b'{"cmd":"track_delta","seq":', tuple(tails))
+
+
+# -- the subscriber's side ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A whole TrackerInfo (JSON, pieces merged): replace the tracker's view."""
+
+    tracker_info: Any
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Patch the tracker's view: ``servers`` (JSON ServerInfos by address) and ``left``."""
+
+    version: int
+    servers: dict[str, Any]
+    left: list[str]
+
+
+@dataclass(frozen=True)
+class Resync:
+    """Ask for a full snapshot again (``track_sub``): ``reason`` says why."""
+
+    reason: str
+
+
+def _count(obj: dict[str, Any], key: str) -> int:
+    value = obj.get(key)
+    if type(value) is not int or value < 0:
+        raise InfoError(f"{obj.get('cmd')}: field {key!r} must be a non-negative integer, "
+                        f"got {value!r}")
+    return value
+
+
+class FeedReader:
+    """Reassembles pieces, checks ``seq`` and says what to do with each complete set."""
+
+    def __init__(self) -> None:
+        #: The seq of the next delta; None until a snapshot arrives (or after a gap).
+        self.expected: int | None = None
+        self._set: tuple[str, int, int] | None = None  # cmd, seq, pieces
+        self._parts: list[dict[str, Any]] = []
+
+    def receive(self, obj: dict[str, Any]) -> Snapshot | Delta | Resync | None:
+        """One message: the set it completes, a :class:`Resync`, or None (more to come,
+        or a delta ignored while a snapshot is awaited).  :class:`InfoError` for a
+        message of the wrong shape."""
+        cmd = obj.get("cmd")
+        if cmd == "track_pub" and "seq" not in obj:  # zbus's feed: the whole table each time
+            return Snapshot(obj.get("trackerInfo"))
+        if cmd not in ("track_pub", "track_delta"):
+            raise InfoError(f"unexpected cmd {cmd!r} on a subscription")
+        seq, piece, pieces = _count(obj, "seq"), _count(obj, "piece"), _count(obj, "pieces")
+        if not 0 <= piece < pieces <= MAX_PIECES:
+            raise InfoError(f"{cmd}: piece {piece} of {pieces} (at most {MAX_PIECES} pieces)")
+        if piece == 0:
+            self._set, self._parts = (cmd, seq, pieces), []
+        elif self._set != (cmd, seq, pieces) or piece != len(self._parts):
+            self._set, self._parts, self.expected = None, [], None
+            return Resync(f"{cmd} {seq}: piece {piece} of {pieces} out of order")
+        self._parts.append(obj)
+        if len(self._parts) < pieces:
+            return None
+        parts, self._set, self._parts = self._parts, None, []
+        if cmd == "track_pub":
+            self.expected = seq + 1
+            return Snapshot(_merge_snapshot(parts))
+        if self.expected is None:
+            return None  # a snapshot is awaited; deltas before it are moot
+        if seq != self.expected:
+            expected, self.expected = self.expected, None
+            return Resync(f"delta {seq} arrived where {expected} was expected")
+        self.expected = seq + 1
+        return _merge_delta(parts)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InfoError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _merge_snapshot(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    info = dict(_object(parts[0].get("trackerInfo"), "track_pub.trackerInfo"))
+    table: dict[str, Any] = {}
+    for part in parts:
+        piece = _object(part.get("trackerInfo"), "track_pub.trackerInfo")
+        table.update(_object(piece.get("serverTable", {}), "track_pub.trackerInfo.serverTable"))
+    info["serverTable"] = table
+    return info
+
+
+def _merge_delta(parts: list[dict[str, Any]]) -> Delta:
+    version = _count(parts[-1], "infoVersion")
+    servers: dict[str, Any] = {}
+    left: list[str] = []
+    for part in parts:
+        servers.update(_object(part.get("servers", {}), "track_delta.servers"))
+        gone = part.get("left", [])
+        if not isinstance(gone, list) or not all(isinstance(a, str) for a in gone):
+            raise InfoError("track_delta.left must be a list of addresses")
+        left.extend(gone)
+    return Delta(version, servers, left)
