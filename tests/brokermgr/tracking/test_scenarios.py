@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,8 +17,6 @@ from brokermgr._rpc import encode
 from brokermgr.tracking import (
     Consumer,
     Producer,
-    RouteChange,
-    RouteClient,
     ServerAddress,
     ServerInfo,
     TopicInfo,
@@ -27,51 +24,7 @@ from brokermgr.tracking import (
     by_key_hash,
 )
 
-TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 3.0}
-
-
-class World:
-    def __init__(self) -> None:
-        self.universe = BrokerManager("tracking")
-        self.pump = self.universe.pump
-        self.nodes: dict[str, TrackNode] = {}
-        self.log: list[tuple[float, str, str]] = []
-
-    def node(self, name: str, role: str = "both", trackers: tuple[str, ...] = (),
-             **options: Any) -> TrackNode:
-        broker = self.universe.add_broker(name)
-        node = TrackNode(broker, role=role, trackers=[f"{t}:15555" for t in trackers],
-                         **{**TIMING, **options})
-        self.nodes[name] = node
-        return node
-
-    def client(self, name: str, *trackers: str, **options: Any) -> RouteClient:
-        client = RouteClient(self.universe.add_broker(name), retry=3.0, **options)
-
-        def record(change: RouteChange) -> None:
-            for a in change.joined:
-                self.log.append((self.pump.now(), f"{name} join", a))
-            for a in change.left:
-                self.log.append((self.pump.now(), f"{name} leave", a))
-
-        client.on_change(record)
-        for t in trackers:
-            client.add_tracker(f"{t}:15555")
-        return client
-
-    def run(self, seconds: float) -> None:
-        self.pump.run_for(seconds)
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = World()
-    yield w
-    w.universe.close()
-
-
-def servers(client: RouteClient) -> list[str]:
-    return sorted(a.split(":")[0] for a in client.routes.server_table)
+from .world import TIMING, World, servers
 
 
 def test_subscribe_get_routes_at_once_then_on_each_change(world: World) -> None:
