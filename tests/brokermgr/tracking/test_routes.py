@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokermgr.tracking import (
+    DeltaError,
     RoundRobin,
     RouteTable,
     ServerAddress,
@@ -15,6 +16,7 @@ from brokermgr.tracking import (
     TrackerInfo,
     all_servers,
     by_key_hash,
+    by_key_modulo,
 )
 
 
@@ -157,6 +159,91 @@ def test_round_robin_sees_route_changes() -> None:
     assert rr(routes, "x") == ["a:15555"]
     routes.update_tracker("t1", tracker("t1", 2, server("b", 1, "x", consumers=1)))
     assert rr(routes, "x") == ["b:15555"]
+
+
+def test_round_robin_keeps_one_position_per_topic() -> None:
+    routes = RouteTable()
+    routes.update_tracker("t1", tracker("t1", 1, server("a", 1, "x", "y", consumers=1),
+                                        server("b", 1, "x", "y", consumers=1)))
+    rr = RoundRobin()  # one selector shared by two topics, picks interleaved
+    picks: dict[str, list[str]] = {"x": [], "y": []}
+    for _ in range(4):
+        for topic in ("x", "y"):
+            picks[topic] += rr(routes, topic)
+    for topic in ("x", "y"):
+        assert picks[topic][0::2] != picks[topic][1::2]  # each topic alternates
+        assert sorted(set(picks[topic])) == ["a:15555", "b:15555"]
+
+
+def _placement(select, n: int, keys: list[str]) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    routes = RouteTable()
+    routes.update_tracker("t1", tracker("t1", 1, *[server(f"s{i:02d}", 1, "x") for i in range(n)]))
+    return {k: select(routes, "x", k)[0] for k in keys}
+
+
+KEYS = [f"order-{i}" for i in range(10_000)]
+
+
+def test_key_hashing_moves_only_the_keys_it_must() -> None:
+    ten = _placement(by_key_hash, 10, KEYS)
+    # a server leaves (s09, the last one, is simply not in the table of 9)
+    nine = _placement(by_key_hash, 9, KEYS)
+    moved = [k for k in KEYS if ten[k] != nine[k]]
+    assert moved and all(ten[k] == "s09:15555" for k in moved)
+    assert len(moved) == sum(1 for k in KEYS if ten[k] == "s09:15555")
+    # a server joins: about 1/11 of the keys move, all of them to it
+    eleven = _placement(by_key_hash, 11, KEYS)
+    moved = [k for k in KEYS if ten[k] != eleven[k]]
+    assert all(eleven[k] == "s10:15555" for k in moved)
+    assert 0.06 < len(moved) / len(KEYS) < 0.12
+    # spread: every server holds between 7% and 13% of the keys
+    counts = [sum(1 for k in KEYS if ten[k] == f"s{i:02d}:15555") for i in range(10)]
+    assert all(700 < c < 1300 for c in counts), counts
+
+
+def test_modulo_hashing_is_kept_under_its_own_name_and_moves_most_keys() -> None:
+    ten = _placement(by_key_modulo, 10, KEYS)
+    eleven = _placement(by_key_modulo, 11, KEYS)
+    assert sum(1 for k in KEYS if ten[k] != eleven[k]) / len(KEYS) > 0.8
+    assert by_key_modulo(RouteTable(), "x", "k") == []
+
+
+def test_remove_server_sticks_until_listed_anew_or_added() -> None:
+    routes = RouteTable()
+    routes.update_tracker("t1", tracker("t1", 1, server("a", 1, "x"), server("b", 1, "y")))
+    assert routes.remove_server("a:15555").left == ["a:15555"]
+    # the tracker keeps listing it, even with a newer ServerInfo: still hidden
+    routes.update_tracker("t1", tracker("t1", 2, server("a", 2, "x", "z"), server("b", 2)))
+    routes.update_tracker("t1", tracker("t1", 3, server("a", 3, "x"), server("b", 3)))
+    assert sorted(routes.server_table) == ["b:15555"] and "x" not in routes.topic_table
+    # the tracker drops it and lists it anew (it restarted): back
+    routes.update_tracker("t1", tracker("t1", 4, server("b", 3)))
+    assert routes.update_tracker("t1", tracker("t1", 5, server("a", 9, "x"),
+                                               server("b", 3))).joined == ["a:15555"]
+    # removed again, then added as a static server: back at once
+    routes.remove_server("a:15555")
+    assert routes.update_server(server("a", 10, "x")).joined == ["a:15555"]
+    # a delta that only updates it does not bring it back after a removal
+    routes.remove_server("a:15555")
+    assert not routes.apply_delta("t1", 6, {"a:15555": server("a", 11, "x")}, [])
+    assert "a:15555" not in routes.server_table
+
+
+def test_a_delta_without_a_snapshot_is_refused() -> None:
+    with pytest.raises(DeltaError, match="before its snapshot"):
+        RouteTable().apply_delta("t1", 1, {}, [])
+
+
+def test_a_tracker_coming_back_restores_what_a_third_one_outvoted() -> None:
+    # b is listed by one tracker of three (purged); when another tracker goes, one of
+    # two keeps it: it comes back at once, from the view that still lists it
+    routes = RouteTable()
+    routes.update_tracker("t1", tracker("t1", 1, server("a", 1), server("b", 1, "y")))
+    routes.update_tracker("t2", tracker("t2", 1, server("a", 1)))
+    routes.update_tracker("t3", tracker("t3", 1, server("a", 1)))
+    assert sorted(routes.server_table) == ["a:15555"]
+    assert routes.remove_tracker("t3").joined == ["b:15555"]
+    assert list(routes.servers_of("y")) == ["b:15555"]
 
 
 updates = st.lists(st.tuples(
