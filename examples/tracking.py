@@ -5,6 +5,8 @@ Run it: ``python examples/tracking.py``.  A test runs it.
 
 from __future__ import annotations
 
+import tempfile
+
 import trio
 
 from brokermgr import open_universe
@@ -12,13 +14,20 @@ from brokermgr.tracking import Consumer, Producer, RouteClient, TrackNode, by_ke
 
 
 async def main() -> None:
+    # state_dir keeps each broker's InfoVersion epoch, so versions keep increasing
+    # across restarts whatever the clock does (without one: a warning, and the clock)
+    with tempfile.TemporaryDirectory() as state:
+        await run(state)
+
+
+async def run(state: str) -> None:
     async with open_universe("shop") as universe:
         for t in ("t1", "t2"):
-            TrackNode(universe.add_broker(t), role="tracker")
+            TrackNode(universe.add_broker(t), role="tracker", state_dir=state)
         servers = {}
         for s in ("s1", "s2", "s3"):
             node = TrackNode(universe.add_broker(s), role="server",
-                             trackers=["t1:15555", "t2:15555"])
+                             trackers=["t1:15555", "t2:15555"], state_dir=state)
             node.declare_topic("orders")
             servers[s] = node
         servers["s2"].update_group("orders", "orders", consumers=["billing"])

@@ -10,11 +10,21 @@
    universe; a server's broker fails and the time until every client's route
    table has dropped it is measured, beside a hung-but-connected server that
    only the expiry catches (zbus never drops that one).
+3. Subscriber traffic over a seeded churn (servers crash, restart, declare
+   and remove topics, change consumer counts) on the virtual clock: bytes and
+   messages the trackers send their subscribers with deltas, against zbus's
+   full snapshots, the same churn in the same run; the clients' tables must
+   end the same.
+4. One change at 1,000 servers x 100 topics: the wall time until all 10
+   subscribers' tables show it (the pump on its virtual clock, so only
+   computing counts), and the bytes it costs against one full snapshot each.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -191,11 +201,154 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
     universe.close()
 
 
+def _churn(seed: int, *, deltas: bool, servers: int, trackers: int, clients: int,
+           seconds: float, topics: int = 10) -> tuple[int, int, int, list[Any]]:
+    """Bytes and messages trackers sent subscribers over a seeded churn, the number of
+    churn steps, and the clients' final tables (servers and their topics)."""
+    universe = BrokerManager("bench-churn")
+    pump = universe.pump
+    rng = random.Random(seed)
+    tracker_ids = [f"t{i}" for i in range(trackers)]
+    tracker_nodes = [TrackNode(universe.add_broker(t), role="tracker") for t in tracker_ids]
+    running: dict[int, TrackNode] = {}
+
+    def start(i: int) -> None:
+        reports_to = [f"{t}:15555" for k, t in enumerate(tracker_ids) if k != i % trackers]
+        node = TrackNode(universe.add_broker(f"s{i:04d}"), role="server",
+                         trackers=reports_to or [f"{tracker_ids[0]}:15555"])
+        for n in range(topics):
+            node.declare_topic(f"topic-{n:03d}")
+        running[i] = node
+
+    for i in range(servers):
+        start(i)
+    route_clients = [RouteClient(universe.add_broker(f"c{c:03d}"), deltas=deltas)
+                     for c in range(clients)]
+    for client in route_clients:
+        for t in tracker_ids:
+            client.add_tracker(f"{t}:15555")
+    pump.run_for(1)
+    steps = 0
+    end = pump.now() + seconds
+    while pump.now() < end:
+        pump.run_for(rng.uniform(0.5, 3.5))
+        steps += 1
+        what = rng.random()
+        if what < 0.15 and len(running) > servers // 2:
+            running.pop(rng.choice(sorted(running))).broker.close("crash")
+        elif what < 0.3 and len(running) < servers:
+            start(rng.choice([i for i in range(servers) if i not in running]))
+        else:
+            node = running[rng.choice(sorted(running))]
+            topic = f"topic-{rng.randrange(topics + 5):03d}"
+            held = node.server_info.topic_table
+            if what < 0.5:
+                node.declare_topic(topic)
+            elif what < 0.6 and topic in held:
+                node.remove_topic(topic)
+            elif topic in held:
+                node.update_group(topic, topic, consumers=[f"c{k}" for k in
+                                                           range(rng.randrange(4))])
+    pump.run_for(10)
+    sent = sum(n.sent_bytes.get("track_pub", 0) + n.sent_bytes.get("track_delta", 0)
+               for n in tracker_nodes)
+    messages = sum(n.sent.get("track_pub", 0) + n.sent.get("track_delta", 0)
+                   for n in tracker_nodes)
+    tables = [sorted((a, sorted(i.topic_table)) for a, i in c.routes.server_table.items())
+              for c in route_clients]
+    universe.close()
+    return sent, messages, steps, tables
+
+
+def churn_traffic(servers: int = 50, trackers: int = 3, clients: int = 10,
+                  seconds: float = 1000.0, seed: int = 1) -> Iterator[RoutesResult]:
+    """Subscriber bytes with deltas against full snapshots, the same seeded churn."""
+    full = _churn(seed, deltas=False, servers=servers, trackers=trackers, clients=clients,
+                  seconds=seconds)
+    delta = _churn(seed, deltas=True, servers=servers, trackers=trackers, clients=clients,
+                   seconds=seconds)
+    if delta[3] != full[3]:
+        raise RuntimeError("deltas and full snapshots ended with different route tables")
+    yield RoutesResult(
+        "churn-subscriber-bytes-deltas", servers, 10, delta[0], "bytes",
+        "churn-subscriber-bytes-full-snapshots", full[0], full[0] / delta[0],
+        {"trackers": trackers, "clients": clients, "virtual_s": seconds, "seed": seed,
+         "churn_steps": delta[2], "messages": delta[1], "baseline_messages": full[1],
+         "tables_equal": True})
+
+
+def one_change(servers: int = 1000, topics: int = 100, subscribers: int = 10,
+               changes: int = 20) -> Iterator[RoutesResult]:
+    """Wall time and bytes for one server's change to reach every subscriber."""
+    universe = BrokerManager("bench-one-change")
+    pump = universe.pump
+    tracker = TrackNode(universe.add_broker("t0"), role="tracker")
+    nodes = []
+    for i in range(servers):
+        node = TrackNode(universe.add_broker(f"s{i:04d}"), role="server",
+                         trackers=["t0:15555"])
+        for n in range(topics):  # before its link opens: one report with all of them
+            node.declare_topic(f"topic-{n:03d}")
+        nodes.append(node)
+    pump.run_for(1)
+    route_clients = []
+    for c in range(subscribers):
+        client = RouteClient(universe.add_broker(f"c{c:03d}"))
+        client.add_tracker("t0:15555")
+        route_clients.append(client)
+    pump.run_for(1)
+    if not all(len(c.routes.server_table) == servers for c in route_clients):
+        raise RuntimeError("the subscribers did not get the whole table")
+    assert tracker.tracker is not None
+    snapshot_bytes = len(tracker.tracker.snapshot())
+    walls = []
+    sent0 = tracker.sent_bytes.get("track_delta", 0)
+    for k in range(changes):
+        node = nodes[(k * 37) % servers]
+        topic = f"new-{k}"
+        wall = time.perf_counter()
+        node.declare_topic(topic)
+        while not all(topic in c.routes.topic_table for c in route_clients):
+            if not pump.step():
+                raise RuntimeError(f"{topic} never reached every subscriber")
+        walls.append(time.perf_counter() - wall)
+    per_change = (tracker.sent_bytes.get("track_delta", 0) - sent0) / changes
+    yield RoutesResult(
+        "one-change-to-every-subscriber-wall", servers, topics, statistics.median(walls), "s",
+        "target", 0.05, 0.05 / statistics.median(walls),
+        {"subscribers": subscribers, "changes": changes, "max_s": round(max(walls), 4),
+         "snapshot_pieces": tracker.sent.get("track_pub", 0) // subscribers})
+    yield RoutesResult(
+        "one-change-subscriber-bytes-deltas", servers, topics, per_change * subscribers,
+        "bytes", "one-change-subscriber-bytes-full-snapshots", snapshot_bytes * subscribers,
+        snapshot_bytes / per_change,
+        {"subscribers": subscribers, "full_snapshot_bytes": snapshot_bytes,
+         "fits_one_message": snapshot_bytes <= 16 << 20})
+    universe.close()
+
+
 def run(servers: int = 1000, topics: int = 100, *, ops: int = 2000,
         progress: Callable[[str], None] | None = None) -> Iterator[RoutesResult]:
+    quiet = logging.getLogger("rdvpump.tracking")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the clock warning, drops and expiries: on purpose
+    try:
+        yield from _run(servers, topics, ops=ops, progress=progress)
+    finally:
+        quiet.setLevel(level)
+
+
+def _run(servers: int, topics: int, *, ops: int,
+         progress: Callable[[str], None] | None) -> Iterator[RoutesResult]:
     if progress:
         progress(f"route table: {servers} servers x {topics} topics ...")
     yield from update_cost(servers, topics, ops=ops)
     if progress:
         progress("crash propagation on the virtual clock ...")
     yield from crash_propagation()
+    if progress:
+        progress("subscriber traffic over a churn, deltas and full snapshots ...")
+    yield from churn_traffic()
+    if progress:
+        progress(f"one change at {servers} servers x {topics} topics ...")
+    yield from one_change(servers, topics)

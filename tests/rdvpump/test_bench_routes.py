@@ -1,0 +1,21 @@
+"""The route benchmarks at a small scale: what they report holds (not how fast)."""
+
+from __future__ import annotations
+
+from rdvpump.bench import routes
+
+
+def test_churn_traffic_compares_deltas_with_full_snapshots_on_the_same_churn() -> None:
+    (result,) = routes.churn_traffic(servers=8, trackers=3, clients=3, seconds=60, seed=2)
+    d = result.to_dict()
+    assert d["baseline"] == "churn-subscriber-bytes-full-snapshots"
+    assert d["detail"]["tables_equal"] and d["detail"]["churn_steps"] > 10
+    assert d["detail"]["messages"] == d["detail"]["baseline_messages"]
+    assert d["value"] < d["baseline_value"] and d["ratio"] > 1
+
+
+def test_one_change_reaches_every_subscriber_and_costs_one_delta() -> None:
+    wall, traffic = routes.one_change(servers=20, topics=5, subscribers=3, changes=3)
+    assert wall.unit == "s" and wall.value > 0
+    # one server's ServerInfo per subscriber per change, against the whole table
+    assert traffic.ratio is not None and traffic.ratio > 3  # a full snapshot would be ~1
