@@ -21,25 +21,31 @@ def topics(client: RouteClient) -> list[str]:
 @pytest.mark.parametrize("with_state_dir", [True, False])
 def test_a_restarted_server_reaches_every_kind_of_client_within_one_report_interval(
         world: World, tmp_path: pathlib.Path, with_state_dir: bool) -> None:
-    state = {"state_dir": tmp_path} if with_state_dir else {}
+    state = {"state_dir": tmp_path / "s1"} if with_state_dir else {}
     world.node("t1", role="tracker")
-    s1 = world.node("s1", role="server", trackers=("t1",), **state)
+    t2 = world.node("t2", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1", "t2"), **state)
     for i in range(20):  # a few changes before the restart
         s1.declare_topic(f"before-{i}")
-    fed = world.client("fed", "t1")  # routes from the tracker only
+    fed = world.client("fed", "t1")  # routes from a tracker
     static = world.client("static")  # no tracker at all: the server is static
     static.add_server("s1:15555")
     mixed = world.client("mixed", "t1")  # both
     mixed.add_server("s1:15555")
+    lost = world.client("lost", "t2")  # its only tracker is gone across the restart
     world.run(1)
-    clients = (fed, static, mixed)
+    clients = (fed, static, mixed, lost)
     assert all(len(topics(c)) == 20 for c in clients)
     old = {c: c.routes.server_table["s1:15555"].info_version for c in clients}
+    t2.broker.close("crash")
+    world.run(0.1)
+    assert not lost.routes.votes and len(topics(lost)) == 20  # zero trackers: kept
     # a crash and a restart on the same id, with fresh counters
     s1.broker.close("crash")
     world.run(0.1)
-    again = world.node("s1", role="server", trackers=("t1",), **state)
+    again = world.node("s1", role="server", trackers=("t1", "t2"), **state)
     again.declare_topic("after")
+    world.node("t2", role="tracker")  # the lost client's tracker is back
     world.run(REPORT)
     for client in clients:
         assert topics(client) == ["after"], client.broker.id
