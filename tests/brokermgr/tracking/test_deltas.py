@@ -14,7 +14,7 @@ from brokermgr.tracking import RouteClient, RouteTable, TrackerInfo, TrackNode
 from brokermgr.tracking.feed import Delta, FeedReader, Resync, Snapshot
 from brokermgr.tracking.info import ServerInfo
 
-from .world import World
+from .world import World, flood_a_slow_subscriber
 
 SERVERS = 6
 #: Which trackers server i reports to.
@@ -178,35 +178,8 @@ def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:
 
 
 def test_a_slow_delta_subscriber_gets_every_change_coalesced_in_bounded_memory() -> None:
-    world = World()
-    world.universe = BrokerManager("tracking", ring_capacity=1024, high_water=4096)
-    world.pump = world.universe.pump
-    t1 = world.node("t1", role="tracker")
-    s1 = world.node("s1", role="server", trackers=("t1",))
-    got: list[bytes] = []
-
-    class Slow:
-        def connected(self, queue: Any) -> None:
-            self.queue = queue
-            queue.set_listener(self)
-            queue.send(b'{"cmd":"track_sub","deltas":true}')
-            queue.pause_reading()  # reads nothing for now
-
-        def refused(self, reason: str) -> None:
-            raise AssertionError(reason)
-
-        def received(self, message: bytes) -> None:
-            got.append(message)
-
-        def closed(self, reason: str) -> None:
-            raise AssertionError(reason)
-
-    slow = Slow()
-    world.universe.add_broker("slow").connect("t1", 15555, slow)
-    world.run(0.1)
-    for i in range(200):  # each change is a delta of a few KB
-        s1.declare_topic(f"topic-{i:04d}-" + "x" * 40)
-        world.run(0.001)
+    world, t1, slow = flood_a_slow_subscriber(b'{"cmd":"track_sub","deltas":true}')
+    got = slow.got
     (subscriber,) = t1.tracker.subscribers.values()
     stats = subscriber.queue.statistics()
     assert stats.bytes_queued <= 4096 + len(t1.tracker.snapshot())

@@ -24,7 +24,7 @@ from brokermgr.tracking import (
     by_key_hash,
 )
 
-from .world import TIMING, World, servers
+from .world import TIMING, World, flood_a_slow_subscriber, servers
 
 
 def test_subscribe_get_routes_at_once_then_on_each_change(world: World) -> None:
@@ -360,35 +360,8 @@ def test_roles_are_checked(world: World) -> None:
 
 
 def test_a_slow_subscriber_gets_the_latest_snapshot_and_memory_stays_bounded() -> None:
-    world = World()
-    world.universe = BrokerManager("tracking", ring_capacity=1024, high_water=4096)
-    world.pump = world.universe.pump
-    t1 = world.node("t1", role="tracker")
-    s1 = world.node("s1", role="server", trackers=("t1",))
-    got: list[bytes] = []
-
-    class Slow:
-        def connected(self, queue: Any) -> None:
-            self.queue = queue
-            queue.set_listener(self)
-            queue.send(b'{"cmd":"track_sub"}')
-            queue.pause_reading()  # reads nothing for now
-
-        def refused(self, reason: str) -> None:
-            raise AssertionError(reason)
-
-        def received(self, message: bytes) -> None:
-            got.append(message)
-
-        def closed(self, reason: str) -> None:
-            raise AssertionError(reason)
-
-    slow = Slow()
-    world.universe.add_broker("slow").connect("t1", 15555, slow)
-    world.run(0.1)
-    for i in range(200):  # each change makes a snapshot of a few KB
-        s1.declare_topic(f"topic-{i:04d}-" + "x" * 40)
-        world.run(0.001)
+    world, t1, slow = flood_a_slow_subscriber(b'{"cmd":"track_sub"}')  # zbus's feed
+    got = slow.got
     (session,) = t1.tracker.subscribers.values()
     stats = session.queue.statistics()
     assert stats.bytes_queued <= 4096 + len(t1.tracker.snapshot()) and session.behind

@@ -49,3 +49,43 @@ class World:
 
 def servers(client: RouteClient) -> list[str]:
     return sorted(a.split(":")[0] for a in client.routes.server_table)
+
+
+class SlowSubscriber:
+    """A raw subscriber that sends ``request`` and then reads nothing until resumed."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.got: list[bytes] = []
+
+    def connected(self, queue: Any) -> None:
+        self.queue = queue
+        queue.set_listener(self)
+        queue.send(self.request)
+        queue.pause_reading()  # reads nothing for now
+
+    def refused(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def received(self, message: bytes) -> None:
+        self.got.append(message)
+
+    def closed(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+def flood_a_slow_subscriber(request: bytes) -> tuple[World, TrackNode, SlowSubscriber]:
+    """Small rings; a tracker, a server and a slow subscriber; 200 changes of a few KB
+    each while the subscriber reads nothing."""
+    world = World()
+    world.universe = BrokerManager("tracking", ring_capacity=1024, high_water=4096)
+    world.pump = world.universe.pump
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    slow = SlowSubscriber(request)
+    world.universe.add_broker("slow").connect("t1", 15555, slow)
+    world.run(0.1)
+    for i in range(200):
+        s1.declare_topic(f"topic-{i:04d}-" + "x" * 40)
+        world.run(0.001)
+    return world, t1, slow
