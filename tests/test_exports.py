@@ -21,6 +21,8 @@ PACKAGES = {
                            "TopicInfo", "ConsumeGroupInfo", "ServerAddress", "VersionCounter",
                            "RoundRobin", "all_servers", "by_key_hash", "Producer", "Consumer",
                            "DEFAULT_SERVER_EXPIRY", "DEFAULT_TRACK_PORT", "TRACKER_ALIAS"},
+    "mq": {"TopicLog", "CursorStore", "TagFilter", "Record", "StoreError", "FormatError",
+           "FilterError", "Corruption", "FORMAT_VERSION"},
     "rdvpump.cli": {"app", "main"},
 }
 
@@ -42,7 +44,7 @@ def test_every_exception_rdvpump_defines_shares_one_base() -> None:
     from pump import RdvpumpError
 
     defined = []
-    for package in ("pump", "channels", "rdv", "brokermgr", "replay", "rdvpump"):
+    for package in ("pump", "channels", "rdv", "brokermgr", "mq", "replay", "rdvpump"):
         root = importlib.import_module(package)
         names = [package] + [m.name for m in pkgutil.walk_packages(root.__path__, package + ".")
                              if not m.name.endswith("__main__")]

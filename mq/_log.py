@@ -1,0 +1,518 @@
+"""A topic's durable log: append-only segments, sparse indexes, recovery after a crash.
+
+``<dir>/segments/<20-digit base offset>.seg`` hold the records
+(:mod:`._record`); a sealed segment (not the last) also has a ``.idx``: its
+sparse index (one entry every :data:`INDEX_INTERVAL` bytes: offset, file
+position, timestamp) and a checksummed footer, so a restart reads only the
+last segment whole.  Offsets count messages from 0 and never repeat.
+
+Durability is the caller's policy: :meth:`TopicLog.append` hands the bytes to
+the OS in one ``write``; :meth:`TopicLog.sync` makes everything appended so
+far durable (one ``fsync`` for however many appends: group commit) and says
+up to which offset.  A failed write is cut back, so nothing half-written
+stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
+("fsyncgate": the kernel may have dropped the pages) -- the log refuses every
+later write until it is opened again, and recovery reads what really is on
+disk.
+
+Opening recovers: a record torn by a crash at the tail of the last segment is
+cut (the bytes cut are logged); a corrupt record elsewhere is reported with
+its file and position, and reading goes on after it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._record import (
+    DEFAULT_MAX_BODY,
+    RECORD_OVERHEAD,
+    SEGMENT_HEADER,
+    Bad,
+    FormatError,
+    Record,
+    StoreError,
+    decode,
+    encode,
+    read_segment_header,
+    segment_header,
+)
+
+log = logging.getLogger("rdvpump.mq")
+
+#: Bytes of log between two entries of a sparse index (Kafka's index.interval.bytes).
+INDEX_INTERVAL = 4096
+#: A segment is sealed and a new one started past this size.
+DEFAULT_SEGMENT_BYTES = 64 << 20
+INDEX_ENTRY = struct.Struct("<IIQ")  # offset - base, position, timestamp
+INDEX_FOOTER = struct.Struct("<8sIQQQQI")  # magic, version, base, next offset, size, max ts, crc
+INDEX_MAGIC = b"RDVPQIDX"
+#: Records a corrupt stretch may hide before reading gives up looking past it.
+RESYNC_SPAN = 4096
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """A stretch of a segment that holds no valid record."""
+
+    file: str
+    position: int
+    end: int  # where reading goes on (the file's size if nothing follows)
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"{self.file}: corrupt data at byte {self.position} ({self.reason}); "
+                f"{self.end - self.position} bytes skipped")
+
+
+@dataclass
+class _Segment:
+    path: Path
+    base: int
+    fd: int
+    size: int
+    next_offset: int
+    #: (offset - base, position, timestamp), every INDEX_INTERVAL bytes
+    index: list[tuple[int, int, int]] = field(default_factory=list)
+    max_ts: int = 0
+    #: (position, end) stretches to skip
+    bad: list[tuple[int, int]] = field(default_factory=list)
+    last_indexed: int = -INDEX_INTERVAL
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(".idx")
+
+
+class TopicLog:
+    """One topic's records on disk.
+
+    ``segment_bytes`` bounds a segment; ``max_body`` the body of one record.
+    ``clock()`` gives the time in seconds for timestamps (which never go
+    backwards within a log).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_body: int = DEFAULT_MAX_BODY,
+                 clock: Callable[[], float] = time.time) -> None:
+        if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
+            raise ValueError(f"segment_bytes must be at least "
+                             f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.max_record = RECORD_OVERHEAD + 2 * 255 + max_body
+        self.max_body = max_body
+        self.clock = clock
+        self.segments: list[_Segment] = []
+        #: Corrupt stretches found when opening, in order.
+        self.corruptions: list[Corruption] = []
+        #: Bytes cut from the tail when opening (a record torn by a crash).
+        self.cut_bytes = 0
+        #: Why the log refuses writes (a failed fsync), or None.
+        self.failed: str | None = None
+        self._durable = 0
+        self._dir_dirty = False
+        self._segdir = self.directory / "segments"
+        try:
+            self._segdir.mkdir(parents=True, exist_ok=True)
+            self._open()
+        except FormatError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"{self.directory}: cannot open the queue: "
+                             f"{exc.strerror or exc}") from exc
+        self._durable = self.next_offset
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset still held."""
+        return self.segments[0].base
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record gets."""
+        return self.segments[-1].next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset has been fsynced (by :meth:`sync`, a roll, or an
+        earlier run)."""
+        return self._durable
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def last_timestamp(self) -> int:
+        return self.segments[-1].max_ts if self.segments else 0
+
+    # -- opening -----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        paths = sorted(self._segdir.glob("*.seg"))
+        if not paths:
+            self.segments.append(self._create(0))
+            return
+        for i, path in enumerate(paths):
+            self.segments.append(self._load(path, last=i == len(paths) - 1))
+        # what a killed process left in the page cache is made durable now, so that
+        # durable_offset can start at next_offset (sealed segments were at their roll)
+        os.fsync(self.segments[-1].fd)
+        for earlier, later in zip(self.segments, self.segments[1:], strict=False):
+            if later.base < earlier.next_offset:
+                raise FormatError(f"{later.path}: starts at offset {later.base}, inside "
+                                  f"{earlier.path} (which ends at {earlier.next_offset})")
+
+    def _load(self, path: Path, *, last: bool) -> _Segment:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            base, _ = read_segment_header(os.pread(fd, SEGMENT_HEADER.size, 0), str(path))
+            if path.stem != f"{base:020d}":
+                raise FormatError(f"{path}: its header says base offset {base}")
+            segment = _Segment(path, base, fd, size, base)
+            if not last and self._load_index(segment):
+                return segment
+            self._scan(segment, last=last)
+            return segment
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _load_index(self, segment: _Segment) -> bool:
+        """Trust a sealed segment's index if its footer checks out; False otherwise."""
+        try:
+            data = segment.index_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) < INDEX_FOOTER.size or (len(data) - INDEX_FOOTER.size) % INDEX_ENTRY.size:
+            return False
+        magic, version, base, next_offset, size, max_ts, crc = INDEX_FOOTER.unpack_from(
+            data, len(data) - INDEX_FOOTER.size)
+        if (magic != INDEX_MAGIC or version != 1 or base != segment.base
+                or size != segment.size or zlib.crc32(data[:-4]) != crc):
+            return False
+        segment.index = [INDEX_ENTRY.unpack_from(data, i)
+                         for i in range(0, len(data) - INDEX_FOOTER.size, INDEX_ENTRY.size)]
+        segment.next_offset, segment.max_ts = next_offset, max_ts
+        return True
+
+    def _scan(self, segment: _Segment, *, last: bool) -> None:
+        """Read a segment whole: rebuild its index, find corrupt stretches, cut a torn tail."""
+        buf = os.pread(segment.fd, segment.size, 0)
+        pos = SEGMENT_HEADER.size
+        expected = segment.base
+        while pos < len(buf):
+            try:
+                found = decode(buf, pos, self.max_record)
+                if found is not None and found[0].offset < expected:
+                    raise Bad(f"offset {found[0].offset} where {expected} or later belongs")
+            except Bad as exc:
+                resume = _resync(buf, pos, expected, self.max_record)
+                if resume is None and last:
+                    self._cut(segment, pos, f"{exc}")
+                    break
+                end = len(buf) if resume is None else resume
+                corruption = Corruption(str(segment.path), pos, end, str(exc))
+                log.error("%s", corruption)
+                self.corruptions.append(corruption)
+                segment.bad.append((pos, end))
+                pos = end
+                continue
+            if found is None:  # the buffer ends inside a record
+                if last:
+                    self._cut(segment, pos, "a record torn at the tail")
+                else:
+                    corruption = Corruption(str(segment.path), pos, len(buf),
+                                            "a sealed segment ends inside a record")
+                    log.error("%s", corruption)
+                    self.corruptions.append(corruption)
+                    segment.bad.append((pos, len(buf)))
+                break
+            record, end = found
+            self._indexed(segment, record, pos)
+            expected = record.offset + 1
+            pos = end
+        segment.next_offset = expected
+
+    def _cut(self, segment: _Segment, pos: int, why: str) -> None:
+        cut = segment.size - pos
+        os.ftruncate(segment.fd, pos)
+        os.fsync(segment.fd)
+        segment.size = pos
+        self.cut_bytes += cut
+        log.warning("%s: cut %d bytes at the tail (%s); every record before them is kept",
+                    segment.path, cut, why)
+
+    def _indexed(self, segment: _Segment, record: Record, pos: int) -> None:
+        if pos - segment.last_indexed >= INDEX_INTERVAL:
+            segment.index.append((record.offset - segment.base, pos, record.timestamp))
+            segment.last_indexed = pos
+        if record.timestamp > segment.max_ts:
+            segment.max_ts = record.timestamp
+
+    def _create(self, base: int) -> _Segment:
+        path = self._segdir / f"{base:020d}.seg"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            header = segment_header(base, int(self.clock() * 1000))
+            os.write(fd, header)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._dir_dirty = True
+        return _Segment(path, base, fd, len(header), base,
+                        max_ts=self.segments[-1].max_ts if self.segments else 0)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def append(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int:
+        """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
+        the first.  The bytes reach the OS in one write; call :meth:`sync` for disk.
+        :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
+        if self.failed is not None:
+            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        segment = self.segments[-1]
+        now = max(int(self.clock() * 1000), segment.max_ts)
+        first = segment.next_offset
+        chunks = []
+        for i, (tag, producer, sequence, body) in enumerate(messages):
+            if len(body) > self.max_body:
+                raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum "
+                                 f"of {self.max_body}")
+            chunks.append(encode(first + i, now, sequence, tag, producer, body))
+        if not chunks:
+            return first
+        data = b"".join(chunks)
+        try:
+            _write_all(segment.fd, data, segment.size)
+        except OSError as exc:
+            self._undo(segment, exc)
+        pos = segment.size
+        for i, chunk in enumerate(chunks):
+            if pos - segment.last_indexed >= INDEX_INTERVAL:
+                segment.index.append((first + i - segment.base, pos, now))
+                segment.last_indexed = pos
+            pos += len(chunk)
+        segment.size = pos
+        segment.next_offset = first + len(chunks)
+        segment.max_ts = now
+        if segment.size >= self.segment_bytes:
+            self._roll()
+        return first
+
+    def _undo(self, segment: _Segment, exc: OSError) -> None:
+        reason = exc.strerror or str(exc)
+        try:
+            os.ftruncate(segment.fd, segment.size)
+        except OSError as again:
+            self.failed = f"a write failed ({reason}) and could not be undone ({again.strerror})"
+            raise StoreError(f"{self.directory}: {self.failed}") from exc
+        raise StoreError(f"{segment.path}: write failed, nothing stored: {reason}") from exc
+
+    def sync(self) -> int:
+        """fsync what was appended; the durable offset.  A failure is final for this log
+        (see the module)."""
+        if self.failed is not None:
+            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        target = self.next_offset
+        try:
+            os.fsync(self.segments[-1].fd)
+            if self._dir_dirty:
+                fsync_dir(self._segdir)
+                self._dir_dirty = False
+        except OSError as exc:
+            self.failed = f"fsync failed: {exc.strerror or exc}"
+            log.error("%s: %s; the queue refuses writes until it is opened again",
+                      self.directory, self.failed)
+            raise StoreError(f"{self.directory}: {self.failed}") from exc
+        self._durable = max(self._durable, target)
+        return self._durable
+
+    def _roll(self) -> None:
+        """Seal the last segment (fsynced, its index written) and start a new one."""
+        segment = self.segments[-1]
+        os.fsync(segment.fd)
+        entries = b"".join(INDEX_ENTRY.pack(*e) for e in segment.index)
+        footer = INDEX_FOOTER.pack(INDEX_MAGIC, 1, segment.base, segment.next_offset,
+                                   segment.size, segment.max_ts, 0)
+        body = entries + footer[:-4]
+        _write_file(segment.index_path, body + struct.pack("<I", zlib.crc32(body)))
+        self._durable = max(self._durable, segment.next_offset)
+        self.segments.append(self._create(segment.next_offset))
+        fsync_dir(self._segdir)
+        self._dir_dirty = False
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
+             ) -> list[Record]:
+        """Records from ``offset`` on (from the oldest held if it is older), at most
+        ``max_count`` and about ``max_bytes`` of bodies (at least one record); offsets lost
+        to corruption are skipped."""
+        offset = max(offset, self.start_offset)
+        out: list[Record] = []
+        budget = [max_count, max_bytes]
+        i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
+        for segment in self.segments[i:]:
+            if offset < segment.next_offset:
+                self._read_segment(segment, offset, out, budget)
+            if budget[0] <= 0 or budget[1] <= 0:
+                break
+        return out
+
+    def _read_segment(self, segment: _Segment, offset: int, out: list[Record],
+                      budget: list[int]) -> None:
+        pos = self._position(segment, offset)
+        want = 64 << 10
+        while pos < segment.size and budget[0] > 0 and budget[1] > 0:
+            skip = next((end for start, end in segment.bad if start <= pos < end), None)
+            if skip is not None:
+                pos = skip
+                continue
+            buf = os.pread(segment.fd, min(segment.size - pos, max(want, budget[1])), pos)
+            at = 0
+            while at < len(buf) and budget[0] > 0 and budget[1] > 0:
+                try:
+                    found = decode(buf, at, self.max_record)
+                except Bad:
+                    if not any(start <= pos + at < end for start, end in segment.bad):
+                        raise StoreError(f"{segment.path}: corrupt record at byte "
+                                         f"{pos + at}") from None
+                    break
+                if found is None:
+                    break
+                record, end = found
+                if record.offset >= offset:
+                    out.append(record)
+                    budget[0] -= 1
+                    budget[1] -= len(record.body)
+                at = end
+            if at == 0 and not any(start <= pos < end for start, end in segment.bad):
+                if len(buf) >= segment.size - pos:
+                    raise StoreError(f"{segment.path}: a record at byte {pos} runs past the "
+                                     f"end of the segment")
+                want = len(buf) * 2  # one record larger than what was read
+            pos += at
+
+    def _position(self, segment: _Segment, offset: int) -> int:
+        i = bisect.bisect_right(segment.index, (offset - segment.base, 1 << 64, 0)) - 1
+        return segment.index[i][1] if i >= 0 else SEGMENT_HEADER.size
+
+    def offset_for_time(self, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms`` (the next offset if none)."""
+        for segment in self.segments:
+            if segment.max_ts < timestamp_ms or segment.next_offset == segment.base:
+                continue
+            i = bisect.bisect_left([e[2] for e in segment.index], timestamp_ms) - 1
+            offset = segment.base + segment.index[i][0] if i >= 0 else segment.base
+            while True:
+                records = self.read(offset, max_count=256)
+                if not records:
+                    break
+                for record in records:
+                    if record.timestamp >= timestamp_ms:
+                        return record.offset
+                offset = records[-1].offset + 1
+        return self.next_offset
+
+    # -- retention ---------------------------------------------------------------------
+
+    def retain(self, *, max_bytes: int | None = None, max_age: float | None = None) -> int:
+        """Delete the oldest whole segments (never the last) while the log is larger than
+        ``max_bytes`` or their newest record is older than ``max_age`` seconds; how many
+        records went."""
+        now_ms = int(self.clock() * 1000)
+        gone = 0
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            too_big = max_bytes is not None and self.size_bytes > max_bytes
+            too_old = max_age is not None and oldest.max_ts < now_ms - max_age * 1000
+            if not (too_big or too_old):
+                break
+            self.segments.pop(0)
+            os.close(oldest.fd)
+            oldest.path.unlink()
+            oldest.index_path.unlink(missing_ok=True)
+            gone += oldest.next_offset - oldest.base
+        if gone:
+            fsync_dir(self._segdir)
+        return gone
+
+    def close(self) -> None:
+        for segment in self.segments:
+            with contextlib.suppress(OSError):
+                os.close(segment.fd)
+        self.segments = []
+
+
+def _write_all(fd: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, at)
+        view = view[n:]
+        at += n
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _resync(buf: bytes, pos: int, expected: int, max_record: int) -> int | None:
+    """Where the next valid record after a bad one at ``pos`` starts; None if none does.
+
+    Looks for the bytes of the next offsets (a record holds its offset at +8)
+    rather than trying every position; gives up after a few offsets found
+    nowhere (offsets are consecutive, so the later ones are not there either).
+    """
+    misses = 0
+    for k in range(RESYNC_SPAN):
+        needle = struct.pack("<Q", expected + k)
+        at = buf.find(needle, pos + 9)
+        if at < 0:
+            misses += 1
+            if misses > 8:
+                return None
+            continue
+        while at >= 0:
+            try:
+                found = decode(buf, at - 8, max_record)
+            except Bad:
+                found = None
+            if found is not None and found[0].offset >= expected:
+                return at - 8
+            at = buf.find(needle, at + 1)
+    return None

@@ -1,0 +1,118 @@
+"""The on-disk format of a topic's log, version 1, sans-I/O (docs/mq-format.md).
+
+A segment file starts with a 32-byte header, then holds records back to back:
+
+    header: magic b"RDVPQSEG" (8) | version u32 | base offset u64 | created ms u64 | crc u32
+    record: length u32 | crc u32 | offset u64 | timestamp ms u64 | sequence u64
+            | flags u8 | tag length u8 | producer length u8 | reserved u8
+            | tag | producer id | body
+
+Integers are little-endian.  ``length`` counts the whole record, itself
+included; ``crc`` is CRC-32 (zlib) of every byte after it, header fields and
+body alike (zbus checked only the header, RocketMQ only the body).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from pump import RdvpumpError
+
+FORMAT_VERSION = 1
+MAGIC = b"RDVPQSEG"
+SEGMENT_HEADER = struct.Struct("<8sIQQI")
+RECORD_HEADER = struct.Struct("<IIQQQBBBB")
+#: Bytes of a record besides its tag, producer id and body.
+RECORD_OVERHEAD = RECORD_HEADER.size
+#: Largest body a record holds by default (the link's default max message size).
+DEFAULT_MAX_BODY = 16 << 20
+
+
+class StoreError(RdvpumpError, OSError):
+    """A queue's files cannot be read or written as they should; the message says why."""
+
+
+class FormatError(StoreError):
+    """A file of another format or version."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored message."""
+
+    offset: int
+    timestamp: int  # ms since the epoch, never lower than the record before
+    sequence: int  # the producer's
+    tag: str | None
+    producer: str
+    body: bytes
+
+    @property
+    def size(self) -> int:
+        return (RECORD_OVERHEAD + len(self.tag.encode() if self.tag else b"")
+                + len(self.producer.encode()) + len(self.body))
+
+
+def segment_header(base_offset: int, created_ms: int) -> bytes:
+    head = SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, base_offset, created_ms, 0)
+    return head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+
+
+def read_segment_header(data: bytes, where: str) -> tuple[int, int]:
+    """``(base offset, created ms)`` of a segment header; :class:`FormatError` otherwise."""
+    if len(data) < SEGMENT_HEADER.size:
+        raise FormatError(f"{where}: {len(data)} bytes, shorter than a segment header")
+    magic, version, base, created, crc = SEGMENT_HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise FormatError(f"{where}: not an rdvpump queue segment (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{where}: on-disk format version {version}; this rdvpump reads "
+                          f"version {FORMAT_VERSION} only")
+    if zlib.crc32(data[:SEGMENT_HEADER.size - 4]) != crc:
+        raise FormatError(f"{where}: segment header checksum mismatch")
+    return base, created
+
+
+def encode(offset: int, timestamp: int, sequence: int, tag: str | None, producer: str,
+           body: bytes) -> bytes:
+    """One record; ValueError for a tag or producer id over 255 bytes."""
+    tag_bytes = tag.encode() if tag else b""
+    producer_bytes = producer.encode()
+    if len(tag_bytes) > 255 or len(producer_bytes) > 255:
+        raise ValueError("a tag and a producer id are at most 255 bytes each")
+    length = RECORD_OVERHEAD + len(tag_bytes) + len(producer_bytes) + len(body)
+    rest = struct.pack("<QQQBBBB", offset, timestamp, sequence, 0, len(tag_bytes),
+                       len(producer_bytes), 0) + tag_bytes + producer_bytes + body
+    return struct.pack("<II", length, zlib.crc32(rest)) + rest
+
+
+class Bad(RdvpumpError):
+    """What is wrong with the bytes where a record should start."""
+
+
+def decode(buf: bytes | memoryview, pos: int, max_record: int) -> tuple[Record, int] | None:
+    """The record at ``pos`` and where the next one starts; None if the buffer ends
+    inside it (more bytes may come, or the tail is torn); :class:`Bad` if the bytes
+    there are not a valid record."""
+    end = len(buf)
+    if end - pos < RECORD_OVERHEAD:
+        return None
+    (length, crc, offset, timestamp, sequence, flags, tag_len, producer_len,
+     _) = RECORD_HEADER.unpack_from(buf, pos)
+    if length < RECORD_OVERHEAD + tag_len + producer_len or length > max_record:
+        raise Bad(f"record length {length} out of range")
+    if end - pos < length:
+        return None
+    if zlib.crc32(buf[pos + 8:pos + length]) != crc:
+        raise Bad("checksum mismatch")
+    if flags != 0:
+        raise Bad(f"unknown flags {flags:#x}")
+    start = pos + RECORD_OVERHEAD
+    tag = bytes(buf[start:start + tag_len]).decode(errors="replace") if tag_len else None
+    start += tag_len
+    producer = bytes(buf[start:start + producer_len]).decode(errors="replace")
+    start += producer_len
+    return Record(offset, timestamp, sequence, tag, producer,
+                  bytes(buf[start:pos + length])), pos + length

@@ -1,0 +1,229 @@
+"""A topic's durable log on real files: append, read, seek, roll, retention, recovery."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pathlib
+import struct
+
+import pytest
+
+from mq import CursorStore, FormatError, StoreError, TopicLog
+from mq._record import SEGMENT_HEADER
+
+Clock = list[float]
+
+
+def clock_at(t: float = 1_790_000_000.0) -> tuple[Clock, object]:
+    now = [t]
+    return now, lambda: now[0]
+
+
+def fill(log: TopicLog, n: int, size: int = 100, tag: str | None = "t") -> list[int]:
+    return [log.append([(tag, "p1", i, bytes([i % 256]) * size)]) for i in range(n)]
+
+
+def bodies(log: TopicLog, offset: int = 0) -> list[bytes]:
+    out = []
+    while True:
+        records = log.read(offset, max_count=1000)
+        if not records:
+            return out
+        out += [r.body for r in records]
+        offset = records[-1].offset + 1
+
+
+def test_append_read_and_reopen(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path)
+    assert log.append([("eu.orders", "p1", 7, b"hello"), (None, "p1", 8, b"world")]) == 0
+    assert log.append([(None, "p2", 1, b"!")]) == 2
+    (first, second, third) = log.read(0)
+    assert (first.offset, first.tag, first.producer, first.sequence, first.body) == (
+        0, "eu.orders", "p1", 7, b"hello")
+    assert second.tag is None and third.producer == "p2"
+    assert [r.offset for r in log.read(1, max_count=1)] == [1]
+    log.close()
+    again = TopicLog(tmp_path)
+    assert again.next_offset == 3 and [r.body for r in again.read(0)] == [
+        b"hello", b"world", b"!"]
+    assert again.corruptions == [] and again.cut_bytes == 0
+    again.close()
+
+
+def test_segments_roll_and_the_index_finds_any_offset(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path, segment_bytes=20_000)
+    fill(log, 1000)
+    assert len(log.segments) > 5
+    assert log.durable_offset >= log.segments[-2].next_offset  # sealed ones are fsynced
+    for offset in (0, 1, 199, 200, 555, 999):
+        (record,) = log.read(offset, max_count=1)
+        assert record.offset == offset and record.body == bytes([offset % 256]) * 100
+    assert log.read(1000) == []
+    log.close()
+    # sealed segments come back from their index, the last one is read whole
+    again = TopicLog(tmp_path, segment_bytes=20_000)
+    assert again.next_offset == 1000 and bodies(again) == [bytes([i % 256]) * 100
+                                                         for i in range(1000)]
+    again.close()
+
+
+def test_seek_by_time(tmp_path: pathlib.Path) -> None:
+    now, clock = clock_at()
+    log = TopicLog(tmp_path, segment_bytes=20_000, clock=clock)  # type: ignore[arg-type]
+    for i in range(600):
+        now[0] += 0.5
+        log.append([(None, "p", i, b"x" * 100)])
+    t = int((1_790_000_000.0 + 0.5 * 301) * 1000)
+    assert log.offset_for_time(t) == 300
+    assert log.offset_for_time(0) == 0
+    assert log.offset_for_time(t * 2) == 600
+    now[0] -= 100  # the clock goes back: timestamps do not
+    log.append([(None, "p", 600, b"late")])
+    (late,) = log.read(600)
+    assert late.timestamp == log.read(599)[0].timestamp
+    log.close()
+
+
+def test_retention_by_size_and_age_deletes_whole_old_segments(tmp_path: pathlib.Path) -> None:
+    now, clock = clock_at()
+    log = TopicLog(tmp_path, segment_bytes=20_000, clock=clock)  # type: ignore[arg-type]
+    fill(log, 500)
+    segments = len(log.segments)
+    assert log.retain(max_bytes=10**9) == 0
+    gone = log.retain(max_bytes=60_000)
+    assert gone > 0 and log.size_bytes <= 60_000 + 20_000 and log.start_offset == gone
+    assert log.read(0)[0].offset == gone  # older offsets read from the oldest held
+    now[0] += 3600
+    log.append([(None, "p", 0, b"fresh")])
+    assert log.retain(max_age=60) > 0
+    assert len(log.segments) == 1 and log.start_offset == log.segments[-1].base
+    assert len(list((tmp_path / "segments").glob("*.seg"))) == 1 < segments
+    log.close()
+
+
+def test_a_file_of_another_version_is_refused(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path)
+    fill(log, 3)
+    log.close()
+    path = tmp_path / "segments" / f"{0:020d}.seg"
+    data = bytearray(path.read_bytes())
+    data[8:12] = struct.pack("<I", 2)
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="format version 2; this rdvpump reads version 1"):
+        TopicLog(tmp_path)
+
+
+def test_a_file_that_is_no_segment_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "segments").mkdir()
+    (tmp_path / "segments" / f"{0:020d}.seg").write_bytes(b"x" * 64)
+    with pytest.raises(FormatError, match="not an rdvpump queue segment"):
+        TopicLog(tmp_path)
+
+
+def test_a_corrupt_record_in_the_middle_is_reported_and_reading_goes_on(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = TopicLog(tmp_path)
+    fill(log, 50)
+    record_size = 36 + 1 + 2 + 100
+    log.close()
+    path = tmp_path / "segments" / f"{0:020d}.seg"
+    data = bytearray(path.read_bytes())
+    at = SEGMENT_HEADER.size + 20 * record_size + 60  # inside record 20's body
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="rdvpump.mq"):
+        again = TopicLog(tmp_path)
+    (corruption,) = again.corruptions
+    assert corruption.file == str(path)
+    assert corruption.position == SEGMENT_HEADER.size + 20 * record_size
+    assert "checksum mismatch" in caplog.text and str(path) in caplog.text
+    offsets = [r.offset for r in again.read(0, max_count=100)]
+    assert offsets == [*range(20), *range(21, 50)]  # only the damaged one is lost
+    assert again.next_offset == 50 and again.append([(None, "p", 0, b"new")]) == 50
+    again.close()
+
+
+def test_a_failed_write_stores_nothing_and_the_log_goes_on(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = TopicLog(tmp_path)
+    fill(log, 5)
+    log.sync()
+    real = os.pwrite
+
+    def full_after_some(fd: int, data: bytes | memoryview, at: int) -> int:
+        real(fd, bytes(data[:len(data) // 2]), at)  # half of it reaches the file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_after_some)
+    with pytest.raises(StoreError, match="write failed, nothing stored: No space left"):
+        log.append([(None, "p", 9, b"y" * 1000)])
+    monkeypatch.setattr(os, "pwrite", real)
+    assert log.next_offset == 5 and len(log.read(0)) == 5
+    assert log.append([(None, "p", 9, b"after")]) == 5  # space again: it goes on
+    log.close()
+    again = TopicLog(tmp_path)
+    assert again.cut_bytes == 0 and [r.body for r in again.read(5)] == [b"after"]
+    again.close()
+
+
+def test_a_failed_fsync_refuses_every_later_write(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = TopicLog(tmp_path)
+    fill(log, 3)
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(StoreError, match="fsync failed: Input/output error"):
+        log.sync()
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="refusing writes: fsync failed"):
+        log.append([(None, "p", 0, b"z")])
+    with pytest.raises(StoreError, match="refusing writes"):
+        log.sync()  # never retried as if it had worked
+    assert log.durable_offset == 0
+    log.close()
+
+
+def test_an_unwritable_directory_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot open the queue"):
+        TopicLog(tmp_path / "file" / "topic")
+
+
+def test_sync_is_one_fsync_for_many_appends(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = TopicLog(tmp_path)
+    log.sync()  # the new segment's directory entry too, once
+    calls = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    fill(log, 100)
+    assert calls == [] and log.durable_offset == 0
+    assert log.sync() == 100 and len(calls) == 1
+    log.close()
+
+
+def test_cursors_are_replaced_atomically_and_damage_is_reported(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = CursorStore(tmp_path)
+    store.save("billing", 41)
+    store.save("eu/ops group", 7)
+    store.save("billing", 42)
+    assert store.load() == {"billing": 42, "eu/ops group": 7}
+    assert not list((tmp_path / "groups").glob(".*"))  # no temporary file left
+    path = tmp_path / "groups" / "billing.cursor"
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    with caplog.at_level(logging.ERROR, logger="rdvpump.mq"):
+        assert store.load() == {"eu/ops group": 7}
+    assert "cursor checksum mismatch" in caplog.text
+    store.remove("eu/ops group")
+    assert store.load() == {}
