@@ -7,19 +7,34 @@ Built so far, each sans-network:
   recovery after a crash, retention by size and age (format: docs/mq-format.md);
 * :class:`CursorStore` -- consume groups' positions, one file each, replaced
   atomically;
-* :class:`TagFilter` -- zbus's tag-filter grammar.
+* :class:`TagFilter` -- zbus's tag-filter grammar;
+* :class:`Topic` -- consume groups over a log: start positions, filters,
+  credits, acks, redelivery on consumer loss and ack timeout, dead letters
+  (sans-I/O); :class:`MemoryLog` -- a memory-only topic's bounded ring.
 
-Not built yet: the server role, the commands over links, delivery with
-credits and acks, RPC and push, the client API and the CLI.
+Not built yet: the server role and its commands over links, RPC and push,
+the client API and the CLI.
 """
 
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
+from ._memory import MemoryLog
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._topic import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    DEFAULT_WINDOW,
+    Consumer,
+    Delivery,
+    Start,
+    Topic,
+    UnknownGroupError,
+)
 
 __all__ = [
-    "DEFAULT_SEGMENT_BYTES", "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES",
-    "Corruption", "CursorStore", "FilterError", "FormatError", "Record", "StoreError",
-    "TagFilter", "TopicLog", "matches",
+    "DEFAULT_ACK_TIMEOUT", "DEFAULT_MAX_DELIVERIES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_WINDOW",
+    "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES", "Consumer", "Corruption",
+    "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
+    "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
 ]

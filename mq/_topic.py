@@ -1,0 +1,377 @@
+"""A topic's consume groups, sans-I/O: who gets which message, credits, acks, redelivery.
+
+Every group gets every message of its topic (that passes its filter);
+consumers of one group share the group's messages.  A consumer holds a
+*window* of unacknowledged messages (its credits, zbus's ``consume_window``)
+and is pushed messages while it has credits -- no request per message.  An
+ack names offsets, any number at once.  A message still unacknowledged when
+its consumer detaches, or after ``ack_timeout`` seconds, goes to another
+consumer of the group (the next with credits) with its delivery count; after
+``max_deliveries`` deliveries it goes to the dead-letter callback instead
+(the server appends it to the group's dead-letter topic) and counts as
+handled.
+
+A group's *floor* is the lowest offset not yet handled: every offset below it
+was acknowledged, or skipped by the filter.  The floor is what is persisted
+(:class:`~._cursor.CursorStore`); after a restart a group starts again at
+its floor, so what was delivered but not acknowledged is delivered again
+(at least once).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pump import RdvpumpError
+
+from ._filter import TagFilter, matches
+from ._record import Record
+
+#: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
+DEFAULT_ACK_TIMEOUT = 30.0
+#: Deliveries of one message before it goes to the dead-letter topic (RocketMQ's 16).
+DEFAULT_MAX_DELIVERIES = 16
+#: Unacknowledged messages a consumer holds by default (zbus's consume window).
+DEFAULT_WINDOW = 100
+
+
+class UnknownGroupError(RdvpumpError, KeyError):
+    """No such consume group on this topic."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Log(Protocol):
+    """What a topic needs of its log (:class:`~._log.TopicLog`, :class:`~._memory.MemoryLog`)."""
+
+    @property
+    def start_offset(self) -> int: ...
+    @property
+    def next_offset(self) -> int: ...
+
+    def append(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int: ...
+    def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
+             ) -> list[Record]: ...
+    def offset_for_time(self, timestamp_ms: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a new group starts: ``end`` (zbus's default: where the most advanced group
+    reads, or the end if there is none), ``beginning``, ``offset:N``, ``time:MS`` (ms since
+    the epoch; zbus left it a stub) or ``copy:GROUP`` (another group's position)."""
+
+    kind: str = "end"
+    value: int | str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Start:
+        if text is None or text in ("", "end"):
+            return cls("end")
+        if text == "beginning":
+            return cls("beginning")
+        kind, sep, value = text.partition(":")
+        if sep and kind in ("offset", "time") and value.isdigit():
+            return cls(kind, int(value))
+        if sep and kind == "copy" and value:
+            return cls(kind, value)
+        raise ValueError(f"start {text!r}: expected end, beginning, offset:N, time:MS or "
+                         f"copy:GROUP")
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message on its way to a consumer; ``deliveries`` counts this one."""
+
+    topic: str
+    group: str
+    record: Record
+    deliveries: int
+
+
+class Consumer:
+    """One consumer of one group: ``deliver(delivery)`` is called for each message it gets."""
+
+    def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
+                 window: int = DEFAULT_WINDOW) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self.name = name
+        self.group = group
+        self.window = window
+        self.deliver = deliver
+        #: offsets delivered and not acknowledged
+        self.in_flight: set[int] = set()
+
+    @property
+    def credits(self) -> int:
+        return self.window - len(self.in_flight)
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.name} of {self.group} {len(self.in_flight)}/{self.window}>"
+
+
+@dataclass
+class _Pending:
+    record: Record
+    consumer: Consumer
+    deadline: float
+    deliveries: int
+
+
+@dataclass
+class Group:
+    name: str
+    filter: TagFilter | None
+    next_read: int
+    in_flight: dict[int, _Pending] = field(default_factory=dict)
+    #: (record, deliveries so far) waiting for a consumer with credits
+    redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
+    consumers: list[Consumer] = field(default_factory=list)
+    _turn: int = 0
+    #: the floor changed since it was last saved
+    dirty: bool = True
+    dead_letters: int = 0
+
+    @property
+    def floor(self) -> int:
+        """Every offset below it is handled (acknowledged, dead-lettered or filtered out)."""
+        low = self.next_read
+        if self.in_flight:
+            low = min(low, min(self.in_flight))
+        if self.redeliver:
+            low = min(low, min(r.offset for r, _ in self.redeliver))
+        return low
+
+    def pick(self) -> Consumer | None:
+        """The next consumer with credits, round robin."""
+        n = len(self.consumers)
+        for k in range(n):
+            consumer = self.consumers[(self._turn + k) % n]
+            if consumer.credits > 0:
+                self._turn = (self._turn + k + 1) % n
+                return consumer
+        return None
+
+
+class Topic:
+    """A topic's log and consume groups.
+
+    ``saved`` maps groups to the floors persisted before (a restart);
+    ``clock()`` is the pump's clock (seconds); ``dead(topic, group, record,
+    deliveries)`` takes a message that ran out of deliveries.
+    """
+
+    def __init__(self, name: str, log: Log, *, clock: Callable[[], float],
+                 saved: dict[str, int] | None = None,
+                 ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+                 max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+                 dead: Callable[[str, str, Record, int], object] | None = None) -> None:
+        if not ack_timeout > 0 or max_deliveries < 1:
+            raise ValueError("ack_timeout must be positive and max_deliveries at least 1")
+        self.name = name
+        self.log = log
+        self.clock = clock
+        self.ack_timeout = ack_timeout
+        self.max_deliveries = max_deliveries
+        self.dead = dead
+        self.groups: dict[str, Group] = {}
+        self._saved = dict(saved or {})
+
+    # -- groups ------------------------------------------------------------------------
+
+    def declare_group(self, name: str, *, filter: str | None = None,
+                      start: Start | str | None = None) -> Group:
+        """Create a group (or change an existing one's filter).  A group saved before a
+        restart starts at its saved floor whatever ``start`` says."""
+        parsed = TagFilter.parse(filter)
+        group = self.groups.get(name)
+        if group is not None:
+            group.filter = parsed
+            return group
+        if name in self._saved:
+            position = self._saved.pop(name)
+        else:
+            position = self._start(start if isinstance(start, Start) else Start.parse(start))
+        position = min(max(position, self.log.start_offset), self.log.next_offset)
+        group = self.groups[name] = Group(name, parsed, position)
+        return group
+
+    def _start(self, start: Start) -> int:
+        log = self.log
+        if start.kind == "beginning":
+            return log.start_offset
+        if start.kind == "offset":
+            assert isinstance(start.value, int)
+            return start.value
+        if start.kind == "time":
+            assert isinstance(start.value, int)
+            return log.offset_for_time(start.value)
+        if start.kind == "copy":
+            assert isinstance(start.value, str)
+            return self.group(start.value).floor
+        if self.groups:
+            return max(g.next_read for g in self.groups.values())
+        return log.next_offset
+
+    def group(self, name: str) -> Group:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise UnknownGroupError(f"topic {self.name!r} has no consume group {name!r}"
+                                    ) from None
+
+    def remove_group(self, name: str) -> Group:
+        group = self.group(name)
+        for consumer in list(group.consumers):
+            self.detach(consumer)
+        return self.groups.pop(name)
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def attach(self, consumer: Consumer) -> None:
+        self.group(consumer.group).consumers.append(consumer)
+
+    def detach(self, consumer: Consumer) -> int:
+        """A consumer left: what it held goes to the others; how many messages."""
+        group = self.groups.get(consumer.group)
+        if group is None or consumer not in group.consumers:
+            return 0
+        group.consumers.remove(consumer)
+        returned = sorted(consumer.in_flight)
+        for offset in returned:
+            pending = group.in_flight.pop(offset)
+            group.redeliver.append((pending.record, pending.deliveries))
+        consumer.in_flight.clear()
+        return len(returned)
+
+    # -- messages ----------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int:
+        """Store messages; the first one's offset.  Nothing is delivered until
+        :meth:`dispatch` (the server calls it once they are visible)."""
+        return self.log.append(messages)
+
+    def dispatch(self, visible: int | None = None) -> int:
+        """Push messages below ``visible`` (default: all stored) to consumers with
+        credits; how many went."""
+        limit = self.log.next_offset if visible is None else visible
+        sent = 0
+        for group in self.groups.values():
+            sent += self._dispatch(group, limit)
+        return sent
+
+    def _dispatch(self, group: Group, limit: int) -> int:
+        sent = 0
+        while group.consumers:
+            if group.redeliver:
+                consumer = group.pick()
+                if consumer is None:
+                    return sent
+                record, deliveries = group.redeliver.popleft()
+                if deliveries >= self.max_deliveries:
+                    group.dead_letters += 1
+                    group.dirty = True
+                    if self.dead is not None:
+                        self.dead(self.name, group.name, record, deliveries)
+                    continue
+                self._send(group, consumer, record, deliveries + 1)
+                sent += 1
+                continue
+            if group.next_read < self.log.start_offset:
+                group.next_read = self.log.start_offset  # retention took them
+            if group.next_read >= limit:
+                return sent
+            credits = sum(max(c.credits, 0) for c in group.consumers)
+            if credits == 0:
+                return sent
+            records = self.log.read(group.next_read, max_count=min(credits, 1024))
+            if not records:
+                return sent
+            for record in records:
+                if record.offset >= limit:
+                    return sent
+                if not matches(group.filter, record.tag):
+                    group.next_read = record.offset + 1
+                    group.dirty = True
+                    continue
+                consumer = group.pick()
+                if consumer is None:
+                    return sent
+                group.next_read = record.offset + 1
+                self._send(group, consumer, record, 1)
+                sent += 1
+        return sent
+
+    def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int) -> None:
+        group.in_flight[record.offset] = _Pending(record, consumer,
+                                                  self.clock() + self.ack_timeout, deliveries)
+        consumer.in_flight.add(record.offset)
+        consumer.deliver(Delivery(self.name, group.name, record, deliveries))
+
+    def ack(self, group_name: str, offsets: Iterable[int], consumer: Consumer | None = None
+            ) -> int:
+        """Acknowledge offsets of a group (from ``consumer``, if given: only what it holds);
+        how many were pending.  Unknown or repeated offsets are ignored."""
+        group = self.group(group_name)
+        done = 0
+        for offset in offsets:
+            pending = group.in_flight.get(offset)
+            if pending is None or (consumer is not None and pending.consumer is not consumer):
+                continue
+            del group.in_flight[offset]
+            pending.consumer.in_flight.discard(offset)
+            done += 1
+        if done:
+            group.dirty = True
+        return done
+
+    def expire(self) -> int:
+        """Messages past their ack timeout go back to their group; how many."""
+        now = self.clock()
+        late = 0
+        for group in self.groups.values():
+            for offset, pending in sorted(group.in_flight.items()):
+                if pending.deadline <= now:
+                    del group.in_flight[offset]
+                    pending.consumer.in_flight.discard(offset)
+                    group.redeliver.append((pending.record, pending.deliveries))
+                    late += 1
+        return late
+
+    def empty(self) -> None:
+        """Every group skips to the end: what was stored is handled."""
+        for group in self.groups.values():
+            for pending in group.in_flight.values():
+                pending.consumer.in_flight.discard(pending.record.offset)
+            group.in_flight.clear()
+            group.redeliver.clear()
+            group.next_read = self.log.next_offset
+            group.dirty = True
+
+    # -- figures -----------------------------------------------------------------------
+
+    def lag(self, group_name: str) -> int:
+        """Messages of the group not yet handled."""
+        return self.log.next_offset - self.group(group_name).floor
+
+    @property
+    def depth(self) -> int:
+        """The largest lag of any group (zbus's ``messageDepth``)."""
+        return max((self.lag(g) for g in self.groups), default=0)
+
+    def floors_to_save(self) -> dict[str, int]:
+        """The floors that changed since the last call."""
+        out = {}
+        for group in self.groups.values():
+            if group.dirty:
+                out[group.name] = group.floor
+                group.dirty = False
+        return out

@@ -1,0 +1,208 @@
+"""Consume-group semantics, sans-I/O on a manual clock: groups, filters, start positions,
+credits, acks, redelivery on consumer loss and on ack timeout, dead letters, restarts."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from mq import CursorStore, TopicLog
+from mq._memory import MemoryLog
+from mq._record import Record
+from mq._topic import Consumer, Delivery, Start, Topic, UnknownGroupError
+
+
+class World:
+    def __init__(self, log: object | None = None, **options: object) -> None:
+        self.now = 0.0
+        self.dead: list[tuple[str, int, int]] = []
+        self.topic = Topic("orders", log or MemoryLog(clock=lambda: 1000.0),  # type: ignore[arg-type]
+                           clock=lambda: self.now,
+                           dead=lambda t, g, r, n: self.dead.append((g, r.offset, n)),
+                           **options)  # type: ignore[arg-type]
+
+    def publish(self, *tags: str | None) -> None:
+        self.topic.publish([(tag, "p", i, f"m{i}".encode()) for i, tag in enumerate(tags)])
+        self.topic.dispatch()
+
+    def consumer(self, name: str, group: str = "orders", window: int = 10) -> Inbox:
+        inbox = Inbox(name, group, window)
+        self.topic.attach(inbox.consumer)
+        self.topic.dispatch()
+        return inbox
+
+
+class Inbox:
+    def __init__(self, name: str, group: str, window: int) -> None:
+        self.got: list[Delivery] = []
+        self.consumer = Consumer(name, group, self.got.append, window=window)
+
+    @property
+    def offsets(self) -> list[int]:
+        return [d.record.offset for d in self.got]
+
+
+def test_every_group_gets_every_message_and_a_group_shares_its_messages() -> None:
+    w = World()
+    w.topic.declare_group("orders")  # the default group: the topic's name
+    w.topic.declare_group("audit")
+    a, b = w.consumer("a"), w.consumer("b")
+    audit = w.consumer("x", "audit")
+    w.publish(*[None] * 6)
+    assert sorted(a.offsets + b.offsets) == list(range(6)) and a.offsets and b.offsets
+    assert audit.offsets == list(range(6))
+
+
+def test_credits_bound_what_a_consumer_holds_and_acks_free_them() -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    c = w.consumer("c", window=3)
+    w.publish(*[None] * 10)
+    assert c.offsets == [0, 1, 2]  # pushed while credits last, no request per message
+    assert w.topic.ack("orders", [0, 2]) == 2  # acks by offset, batched, any order
+    w.topic.dispatch()
+    assert c.offsets == [0, 1, 2, 3, 4]
+    assert w.topic.ack("orders", [0, 99]) == 0  # repeated or unknown: ignored
+    assert w.topic.group("orders").floor == 1  # 1 is still out
+    assert w.topic.lag("orders") == 9
+
+
+def test_filters_select_and_untagged_messages_go_only_to_groups_without_one() -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    w.topic.declare_group("eu", filter="eu.#")
+    w.topic.declare_group("paid", filter="*.paid;us.refund")
+    everything, eu, paid = w.consumer("a"), w.consumer("b", "eu"), w.consumer("c", "paid")
+    w.publish("eu.paid", None, "us.refund", "eu", "us.paid.late")
+    assert everything.offsets == [0, 1, 2, 3, 4]
+    assert eu.offsets == [0, 3]
+    assert paid.offsets == [0, 2]
+    # what a filter skips counts as handled for that group
+    w.topic.ack("eu", [0, 3])
+    assert w.topic.group("eu").floor == 5
+
+
+@pytest.mark.parametrize("start, first", [
+    ("end", 4), (None, 4), ("beginning", 0), ("offset:2", 2), ("copy:slow", 1)])
+def test_where_a_new_group_starts(start: str | None, first: int) -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    w.topic.declare_group("slow")
+    slow = w.consumer("s", "slow", window=1)
+    c = w.consumer("c")
+    w.publish(*[None] * 4)
+    assert c.offsets == [0, 1, 2, 3] and slow.offsets == [0]
+    w.topic.ack("slow", [0])
+    w.topic.dispatch()  # slow now holds 1
+    w.topic.declare_group("new", start=start)
+    new = w.consumer("n", "new")
+    w.publish(None)
+    assert new.offsets[0] == first
+    assert new.offsets == list(range(first, 5))
+
+
+def test_a_group_can_start_at_a_time(tmp_path: pathlib.Path) -> None:
+    clock = [1_790_000_000.0]
+    log = TopicLog(tmp_path, clock=lambda: clock[0])
+    w = World(log)
+    for i in range(10):
+        clock[0] += 60
+        log.append([(None, "p", i, b"x")])
+    at = int((1_790_000_000.0 + 60 * 7) * 1000)
+    w.topic.declare_group("since", start=Start.parse(f"time:{at}"))
+    assert w.consumer("c", "since").offsets == [6, 7, 8, 9]
+    log.close()
+
+
+def test_bad_start_and_unknown_group_are_clear_errors() -> None:
+    w = World()
+    with pytest.raises(ValueError, match="expected end, beginning, offset:N"):
+        Start.parse("yesterday")
+    with pytest.raises(UnknownGroupError, match="no consume group 'nope'"):
+        w.topic.ack("nope", [1])
+    with pytest.raises(UnknownGroupError, match="no consume group 'missing'"):
+        w.topic.declare_group("x", start="copy:missing")
+
+
+def test_a_consumer_lost_gives_its_messages_to_another_with_their_count() -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    a = w.consumer("a", window=2)
+    w.publish(*[None] * 3)
+    assert a.offsets == [0, 1]
+    b = w.consumer("b", window=5)
+    assert b.offsets == [2]
+    assert w.topic.detach(a.consumer) == 2
+    w.topic.dispatch()
+    assert [(d.record.offset, d.deliveries) for d in b.got] == [(2, 1), (0, 2), (1, 2)]
+
+
+def test_an_ack_timeout_redelivers_and_dead_letters_after_max_deliveries() -> None:
+    w = World(ack_timeout=10.0, max_deliveries=3)
+    w.topic.declare_group("orders")
+    c = w.consumer("c")
+    w.publish(None, None)
+    w.topic.ack("orders", [1])
+    for _ in range(3):
+        w.now += 10
+        assert w.topic.expire() == 1
+        w.topic.dispatch()
+    assert [(d.record.offset, d.deliveries) for d in c.got] == [
+        (0, 1), (1, 1), (0, 2), (0, 3)]
+    assert w.dead == [("orders", 0, 3)]  # after 3 deliveries: dead letter, handled
+    assert w.topic.group("orders").floor == 2 and not c.consumer.in_flight
+
+
+def test_a_late_ack_from_a_consumer_that_no_longer_holds_it_is_ignored() -> None:
+    w = World(ack_timeout=5.0)
+    w.topic.declare_group("orders")
+    a, b = w.consumer("a", window=1), w.consumer("b", window=1)
+    w.publish(None)
+    assert a.offsets == [0]
+    w.now += 5
+    w.topic.expire()
+    w.topic.dispatch()
+    assert b.offsets == [0]
+    assert w.topic.ack("orders", [0], a.consumer) == 0  # a's ack comes too late
+    assert w.topic.ack("orders", [0], b.consumer) == 1
+
+
+def test_a_restart_starts_every_group_at_its_saved_floor(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path)
+    cursors = CursorStore(tmp_path)
+    w = World(log)
+    w.topic.declare_group("orders")
+    c = w.consumer("c")
+    w.publish(*[None] * 5)
+    w.topic.ack("orders", [0, 1, 3])
+    for group, floor in w.topic.floors_to_save().items():
+        cursors.save(group, floor)
+    assert cursors.load() == {"orders": 2}
+    log.close()
+    # the server restarts: 2 and 4 were delivered, not acknowledged: delivered again
+    log = TopicLog(tmp_path)
+    again = World(log, saved=cursors.load())
+    again.topic.declare_group("orders", start="end")
+    c = again.consumer("c")
+    assert c.offsets == [2, 3, 4]  # at least once: 3 again too, it sat above the floor
+    log.close()
+
+
+def test_empty_skips_every_group_to_the_end_and_depth_follows() -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    w.topic.declare_group("audit")
+    w.consumer("c", window=1)
+    w.publish(*[None] * 5)
+    assert w.topic.depth == 5 and w.topic.lag("orders") == 5
+    w.topic.empty()
+    assert w.topic.depth == 0
+
+
+def test_a_memory_topic_keeps_a_bounded_ring() -> None:
+    log = MemoryLog(max_count=3, clock=lambda: 1.0)
+    log.append([(None, "p", i, b"x") for i in range(5)])
+    assert log.start_offset == 2 and log.dropped == 2
+    assert [r.offset for r in log.read(0)] == [2, 3, 4]
+    assert isinstance(log.read(4)[0], Record)
