@@ -6,7 +6,9 @@ from ._broker import BrokerManager as BrokerManager
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
+from ._link import BrokerLink as BrokerLink
 from ._link import ReconnectingLink as ReconnectingLink
+from ._link import Reply as Reply
 from ._liveness import DEFAULT_SCAN_INTERVAL as DEFAULT_SCAN_INTERVAL
 from ._liveness import Entry as Entry
 from ._liveness import LivenessTable as LivenessTable
@@ -17,6 +19,11 @@ from ._names import MANAGER_ID as MANAGER_ID
 from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
 from ._names import NameService as NameService
+from ._rpc import JsonSession as JsonSession
+from ._rpc import Sent as Sent
+from ._rpc import decode as decode
+from ._rpc import encode as encode
+from ._rpc import send as send
 
 __all__ = [
     "DEFAULT_BROKER_EXPIRY",
@@ -27,12 +34,19 @@ __all__ = [
     "MANAGER_ID",
     "Broker",
     "BrokerManager",
+    "BrokerLink",
     "BrokerRecord",
     "Entry",
+    "JsonSession",
     "LivenessTable",
     "NameClient",
     "NameService",
     "ReconnectingLink",
+    "Reply",
+    "Sent",
+    "decode",
     "echo",
+    "encode",
     "open_universe",
+    "send",
 ]

@@ -15,7 +15,7 @@ from channels import MessageQueue, ProtocolError, QueueListener
 from pump import Pump, Timer
 
 from ._broker import Broker
-from ._rpc import Sent, decode, send
+from ._rpc import Sent, decode, encode, send
 
 log = logging.getLogger("rdvpump.link")
 
@@ -126,17 +126,21 @@ class ReconnectingLink(QueueListener):
             return Sent.GONE
         return send(self.queue, obj, what=self.name)
 
-    def request(self, obj: dict[str, Any], on_reply: Callable[[Reply | None], None]) -> bool:
-        """Send ``obj`` with a fresh ``seq``; ``on_reply(reply)`` runs when its reply comes,
-        or ``on_reply(None)`` if the link closes first.  False if it could not be sent."""
+    def request(self, obj: dict[str, Any], on_reply: Callable[[Reply | None], None], *,
+                body: bytes | None = None) -> bool:
+        """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply(reply)`` runs
+        when its reply comes, or ``on_reply(None)`` if the link closes first.  False if it
+        could not be sent (not connected, or past the high-water mark)."""
         self._seq += 1
         seq = self._seq
-        if self.send({**obj, "seq": seq}) is not Sent.SENT:
+        message = {**obj, "seq": seq}
+        if self.send(message if body is None else encode(message, body)) is not Sent.SENT:
             return False
         self._waiting[seq] = on_reply
         return True
 
-    async def call(self, obj: dict[str, Any], *, timeout: float) -> Reply | None:
+    async def call(self, obj: dict[str, Any], *, timeout: float, body: bytes | None = None
+                   ) -> Reply | None:
         """:meth:`request`, awaited: the reply, or None (not connected, closed, timed out)."""
         done = trio.Event()
         box: list[Reply | None] = []
@@ -145,7 +149,7 @@ class ReconnectingLink(QueueListener):
             box.append(reply)
             done.set()
 
-        if not self.request(obj, on_reply):
+        if not self.request(obj, on_reply, body=body):
             return None
         seq = self._seq
         with trio.move_on_after(timeout):

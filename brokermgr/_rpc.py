@@ -1,8 +1,11 @@
 """JSON messages over message queues: one encoding, one way to send, and the inbound session.
 
 Requests and replies of the name service and of tracking are JSON objects,
-one per message.  A message that is not a JSON object is a protocol error and
-closes its link; a request of the wrong shape gets an error reply.
+one per message.  A message may carry a binary body after its JSON object,
+behind one NUL byte (JSON text never holds a raw NUL): :func:`decode` puts it
+in the object under ``"body"`` (bytes).  A message that is not a JSON object
+is a protocol error and closes its link; a request of the wrong shape gets an
+error reply.
 """
 
 from __future__ import annotations
@@ -19,21 +22,34 @@ from channels import MessageQueue, MessageTooLargeError, ProtocolError, QueueLis
 log = logging.getLogger("rdvpump.rpc")
 
 
-def encode(obj: dict[str, Any]) -> bytes:
-    """One JSON object as a message: compact, keys sorted (the same object, the same bytes)."""
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+#: Between a message's JSON object and its binary body.
+BODY_SEPARATOR = b"\x00"
+
+
+def encode(obj: dict[str, Any], body: bytes | None = None) -> bytes:
+    """One JSON object as a message: compact, keys sorted (the same object, the same bytes),
+    followed by ``body`` behind a NUL byte if one is given."""
+    head = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    return head if body is None else head + BODY_SEPARATOR + body
 
 
 def decode(message: bytes) -> dict[str, Any]:
-    """A message as a JSON object; :class:`ProtocolError` saying what is wrong otherwise."""
+    """A message as a JSON object (its body, if any, under ``"body"``);
+    :class:`ProtocolError` saying what is wrong otherwise."""
+    cut = message.find(BODY_SEPARATOR)
+    head = message if cut < 0 else message[:cut]
     try:
-        obj = json.loads(message)
+        obj = json.loads(head)
     except RecursionError:
         raise ProtocolError("JSON nested too deeply") from None
     except ValueError as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("not a JSON object")
+    if cut >= 0:
+        if "body" in obj:
+            raise ProtocolError("a message with a binary body has a 'body' field too")
+        obj["body"] = message[cut + 1:]
     return obj
 
 

@@ -16,11 +16,14 @@ Not built yet: the server role and its commands over links, RPC and push,
 the client API and the CLI.
 """
 
+from ._client import Message as Message
+from ._client import MqClient, MqRequestError, Stored, Subscription
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
 from ._memory import MemoryLog
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._server import FLAGS, Durability, MqServer
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
@@ -37,4 +40,6 @@ __all__ = [
     "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES", "Consumer", "Corruption",
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
+    "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
+    "Subscription",
 ]

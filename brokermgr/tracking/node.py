@@ -16,9 +16,12 @@ Every message is one JSON object with a ``cmd``:
   answered with ``{"cmd": "tracker", "trackerInfo": ...}`` and
   ``{"cmd": "server", "serverInfo": ...}`` (with the request's ``seq``).
 
-A request that is not JSON closes that link with a protocol error; a request
-of the wrong shape gets ``{"cmd": "error", "status": 400, "error": ...}`` and
-the link stays.  The rules of the notes hold by construction: a server never
+Other commands go to the node's extensions (:meth:`TrackNode.extend`: the
+MQ server adds ``produce``, ``consume``, ``ack`` and the rest on the same
+port, as zbus serves them).  A request that is not JSON closes that link
+with a protocol error; a request of the wrong shape gets
+``{"cmd": "error", "status": 400, "error": ...}`` and the link stays.  The
+rules of the notes hold by construction: a server never
 subscribes (it only publishes), it publishes only its own ServerInfo (a
 tracker refuses a ``track_pub`` whose server is not the broker at the other
 end of the link), and a tracker never forwards a ServerInfo to its own
@@ -31,7 +34,7 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from channels import MessageQueue
 
@@ -52,6 +55,21 @@ TRACKER_ALIAS = "@tracker"
 
 
 _warned_clock = False
+
+
+class Extension(Protocol):
+    """More commands on a tracking port (the MQ server): ``handle`` gets each request
+    whose ``cmd`` is in ``commands``, with the link it came on."""
+
+    commands: frozenset[str]
+
+    def handle(self, queue: MessageQueue, request: dict[str, Any]) -> None: ...
+    def drained(self, queue: MessageQueue) -> None: ...
+    def closed(self, queue: MessageQueue, reason: str) -> None: ...
+
+
+#: The commands of tracking itself.
+TRACKING_COMMANDS = frozenset({"track_pub", "track_sub", "server_sub", "tracker", "server"})
 
 
 def _warn_clock_versions(address: str) -> None:
@@ -98,6 +116,7 @@ class TrackNode:
         self.sent: dict[str, int] = {}
         self.sent_bytes: dict[str, int] = {}
         self.received: dict[str, int] = {}
+        self.extensions: list[Extension] = []
         self._closed = False
         state = None if state_dir is None else Path(state_dir)
         if state is None:
@@ -172,6 +191,14 @@ class TrackNode:
         """New message count or consumer list of a group; the topic's totals follow."""
         self._require_server().update_group(topic, group, message_count=message_count,
                                             consumers=consumers)
+
+    def extend(self, extension: Extension) -> None:
+        """Serve ``extension.commands`` on this port too."""
+        taken = set(TRACKING_COMMANDS).union(*(e.commands for e in self.extensions))
+        if taken & extension.commands:
+            raise ValueError(f"commands already served on {self.address}: "
+                             f"{sorted(taken & extension.commands)}")
+        self.extensions.append(extension)
 
     # -- links -------------------------------------------------------------------------
 
@@ -249,6 +276,10 @@ class _Session(JsonSession):
                 raise ValueError(f"{node.address} is not a server")
             self._reply(request, {"cmd": "server", "serverInfo": node.server.info.to_json()})
         else:
+            for extension in node.extensions:
+                if cmd in extension.commands:
+                    extension.handle(self.queue, request)
+                    return
             raise ValueError(f"unknown cmd {cmd!r}")
 
     def drained(self) -> None:
@@ -256,8 +287,12 @@ class _Session(JsonSession):
             self.node.tracker.drained(self.queue)
         if self.node.server is not None:
             self.node.server.drained(self.queue)
+        for extension in self.node.extensions:
+            extension.drained(self.queue)
 
     def closed(self, reason: str) -> None:
+        for extension in self.node.extensions:
+            extension.closed(self.queue, reason)
         if self.node.server is not None:
             self.node.server.unwatch(self.queue)
         tracker = self.node.tracker

@@ -1,0 +1,264 @@
+"""A broker's client of one MQ server, async (trio) face: declare, publish, consume, ack.
+
+The link reconnects by itself (:class:`brokermgr.BrokerLink`); after a
+reconnect every subscription consumes again, and what the server had
+delivered on the old link and not seen acknowledged is delivered again
+(at least once).  A publish that fails (no reply within the timeout, the
+link lost) raises :class:`MqRequestError`: the message may or may not be
+stored, so publishing it again can store it twice; consumers that must not
+see duplicates drop them by ``(producer, sequence)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import trio
+
+from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Reply, Sent
+from brokermgr.tracking import ServerAddress
+from pump import RdvpumpError
+
+from ._topic import DEFAULT_WINDOW
+
+#: Seconds a request waits for its reply by default.
+DEFAULT_TIMEOUT = 10.0
+
+
+class MqRequestError(RdvpumpError):
+    """A request the server refused (``status`` and its reason) or that got no reply
+    (status 0)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{reason} (status {status})" if status else reason)
+        self.status = status
+
+
+class Stored(NamedTuple):
+    """Where a published message is: the server and its offset in the topic there."""
+
+    server: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class Message:
+    """A consumed message; ``deliveries`` > 1 means it was delivered before."""
+
+    topic: str
+    group: str
+    offset: int
+    tag: str | None
+    producer: str
+    sequence: int
+    deliveries: int
+    timestamp: int
+    body: bytes
+    subscription: Subscription
+
+    async def ack(self) -> None:
+        """Acknowledge this message (:meth:`Subscription.ack` batches several)."""
+        await self.subscription.ack([self.offset])
+
+
+class _Link(BrokerLink):
+    def __init__(self, client: MqClient, broker: Broker, server: ServerAddress,
+                 retry: float) -> None:
+        super().__init__(broker, server.broker_id, server.port, name=f"mq {server.address}",
+                         retry=retry)
+        self.client = client
+        self.room = trio.Event()
+        self.up = trio.Event()
+
+    def opened(self) -> None:
+        self.up.set()
+        for subscription in self.client.subscriptions.values():
+            subscription.resume()
+
+    def lost(self, reason: str) -> None:
+        self.up = trio.Event()
+        self.drained()
+
+    def drained(self) -> None:
+        self.room.set()
+        self.room = trio.Event()
+
+    def pushed(self, obj: dict[str, Any]) -> None:
+        if obj.get("cmd") != "message":
+            return  # an error reply to a fire-and-forget ack, already logged by the server
+        key = (obj.get("topic"), obj.get("group"))
+        subscription = self.client.subscriptions.get(key)  # type: ignore[arg-type]
+        if subscription is None:
+            return  # unsubscribed meanwhile: the server delivers it again to others
+        try:
+            message = Message(obj["topic"], obj["group"], obj["offset"], obj.get("tag"),
+                              obj["producer"], obj["sequence"], obj["deliveries"],
+                              obj["timestamp"], obj.get("body", b""), subscription)
+        except KeyError as exc:
+            self.abort(f"protocol error: a message without {exc}")
+            return
+        subscription.inbox.send_nowait(message)
+
+
+class MqClient:
+    """``broker``'s client of the MQ server at ``server`` (``"broker:port"``, as in route
+    tables).  ``producer`` names this client's messages (default: the broker id)."""
+
+    def __init__(self, broker: Broker, server: str, *, producer: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, retry: float = DEFAULT_RETRY) -> None:
+        self.server = ServerAddress(server)
+        self.producer = producer or broker.id
+        self.timeout = timeout
+        self.sequence = 0
+        self.subscriptions: dict[tuple[str, str], Subscription] = {}
+        self.link = _Link(self, broker, self.server, retry)
+        self.link.connect()
+
+    async def connected(self) -> None:
+        """Wait until the link to the server is up."""
+        with trio.fail_after(self.timeout):
+            await self.link.up.wait()
+
+    async def request(self, obj: dict[str, Any], body: bytes | None = None) -> Reply:
+        """One request and its reply; :class:`MqRequestError` for an error reply or none."""
+        deadline = trio.current_time() + self.timeout
+        while True:
+            if self.link.queue is None:
+                with trio.move_on_at(deadline):
+                    await self.link.up.wait()
+                if self.link.queue is None:
+                    raise MqRequestError(0, f"{self.server.address}: not connected")
+            done = trio.Event()
+            box: list[Reply | None] = []
+
+            def on_reply(reply: Reply | None, box: list[Reply | None] = box,
+                         done: trio.Event = done) -> None:
+                box.append(reply)
+                done.set()
+
+            if self.link.request(obj, on_reply, body=body):
+                break
+            with trio.move_on_at(deadline):  # past the high-water mark: wait for room
+                await self.link.room.wait()
+            if trio.current_time() >= deadline:
+                raise MqRequestError(0, f"{self.server.address}: no room to send within "
+                                        f"{self.timeout} s")
+        with trio.move_on_at(deadline):
+            await done.wait()
+        reply = box[0] if box else None
+        if reply is None:
+            raise MqRequestError(0, f"{self.server.address}: no reply to {obj.get('cmd')} "
+                                    f"(the link closed or {self.timeout} s passed); it may "
+                                    f"or may not have been carried out")
+        if reply.get("cmd") == "error":
+            raise MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
+        return reply
+
+    async def declare(self, topic: str, *, flags: Sequence[str] = (), group: str | None = None,
+                      filter: str | None = None, start: str | None = None) -> Reply:
+        obj: dict[str, Any] = {"cmd": "declare", "topic": topic, "flags": list(flags)}
+        for key, value in (("group", group), ("filter", filter), ("start", start)):
+            if value is not None:
+                obj[key] = value
+        return await self.request(obj)
+
+    async def publish(self, topic: str, body: bytes, *, tag: str | None = None) -> Stored:
+        """Store one message; returns once the server has stored it as its durability
+        policy says."""
+        self.sequence += 1
+        obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
+                               "sequence": self.sequence}
+        if tag is not None:
+            obj["tag"] = tag
+        reply = await self.request(obj, bytes(body))
+        return Stored(str(reply["server"]), int(reply["offset"]))
+
+    async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
+                           tag: str | None = None) -> list[Stored]:
+        """Store several messages in one request (one fsync under ``sync``)."""
+        if not bodies:
+            return []
+        first_sequence = self.sequence + 1
+        self.sequence += len(bodies)
+        obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
+                               "sequence": first_sequence, "sizes": [len(b) for b in bodies]}
+        if tag is not None:
+            obj["tag"] = tag
+        reply = await self.request(obj, b"".join(bodies))
+        first = int(reply["offset"])
+        return [Stored(str(reply["server"]), first + i) for i in range(len(bodies))]
+
+    async def subscribe(self, topic: str, *, group: str | None = None,
+                        window: int = DEFAULT_WINDOW) -> Subscription:
+        """Consume ``topic`` in ``group`` (default: the topic's own group)."""
+        key = (topic, group or topic)
+        if key in self.subscriptions:
+            raise ValueError(f"already subscribed to {key[0]}/{key[1]}")
+        subscription = Subscription(self, key[0], key[1], window)
+        self.subscriptions[key] = subscription
+        try:
+            await self.request({"cmd": "consume", "topic": topic, "group": key[1],
+                                "window": window})
+        except BaseException:
+            del self.subscriptions[key]
+            raise
+        return subscription
+
+    async def query(self, topic: str | None = None) -> dict[str, Any]:
+        reply = await self.request({"cmd": "query", **({"topic": topic} if topic else {})})
+        return dict(reply["topics"])
+
+    async def remove(self, topic: str, group: str | None = None) -> None:
+        await self.request({"cmd": "remove", "topic": topic,
+                            **({"group": group} if group else {})})
+
+    async def empty(self, topic: str) -> None:
+        await self.request({"cmd": "empty", "topic": topic})
+
+    def close(self) -> None:
+        for subscription in list(self.subscriptions.values()):
+            subscription.inbox.close()
+        self.subscriptions.clear()
+        self.link.close()
+
+
+class Subscription:
+    """Messages of one topic and group, as they are pushed (``async for``)."""
+
+    def __init__(self, client: MqClient, topic: str, group: str, window: int) -> None:
+        self.client = client
+        self.topic = topic
+        self.group = group
+        self.window = window
+        # bounded by the window: the server pushes at most that many unacknowledged
+        self.inbox, self._out = trio.open_memory_channel[Message](math.inf)
+
+    def resume(self) -> None:
+        """After a reconnect: consume again (fire and forget; errors come back logged)."""
+        self.client.link.send({"cmd": "consume", "topic": self.topic, "group": self.group,
+                               "window": self.window})
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._out.__aiter__()
+
+    async def receive(self) -> Message:
+        return await self._out.receive()
+
+    async def ack(self, offsets: Sequence[int]) -> None:
+        """Acknowledge offsets of this subscription (any number at once).  An ack lost
+        with its link means those messages are delivered again."""
+        link = self.client.link
+        message = {"cmd": "ack", "topic": self.topic, "group": self.group,
+                   "offsets": list(offsets)}
+        while link.send(message) is Sent.FULL:
+            await link.room.wait()  # past the high-water mark: wait, do not drop it
+        await trio.lowlevel.checkpoint()
+
+    async def close(self) -> None:
+        self.client.subscriptions.pop((self.topic, self.group), None)
+        self.inbox.close()
+        await self.client.request({"cmd": "unconsume", "topic": self.topic,
+                                   "group": self.group})

@@ -1,0 +1,582 @@
+"""The MQ server role: topics and consume groups served on a broker's tracking port.
+
+Commands (JSON, a binary body behind a NUL byte where there is one; every
+request may carry a ``seq`` that its reply echoes):
+
+* ``declare {topic, flags?, group?, filter?, start?}`` -- a topic (flags:
+  ``memory``, ``rpc``, ``exclusive``, ``delete-on-exit``) and a group; the
+  topic's default group is its name.
+* ``produce {topic, producer, sequence, tag?, sizes?}`` + body -- one
+  message, or ``len(sizes)`` messages cut from the body; the reply
+  ``stored {offset, count, server}`` comes once they are stored as the
+  durability policy says.  No topic is created by a produce (zbus).
+* ``consume {topic, group?, window?}`` -- this link becomes a consumer of the
+  group, with ``window`` credits; messages come as
+  ``message {topic, group, offset, tag, producer, sequence, deliveries,
+  timestamp}`` + body while credits last.  ``unconsume`` ends it.
+* ``ack {topic, group, offsets}`` -- any number of offsets at once.
+* ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
+
+Every error is replied, with a status and the reason (404 for an unknown
+topic or group), never dropped; a message that is not JSON closes only its
+own link.  Every declare, remove, first and last consumer updates the
+broker's ServerInfo, so trackers and route tables follow.
+
+Durability (per server): ``sync`` -- a produce is acknowledged after fsync,
+and every produce that arrived before the fsync shares it (group commit; the
+fsync runs on the pump, so the pump waits for the disk meanwhile), and
+messages are delivered only once durable; ``interval:S`` -- acknowledged and
+delivered once written, fsynced every S seconds; ``none`` -- fsynced only when
+a segment is sealed or the server closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from brokermgr import Sent, encode, send
+from brokermgr.tracking import TrackNode
+from brokermgr.tracking.info import (
+    MASK_DELETE_ON_EXIT,
+    MASK_EXCLUSIVE,
+    MASK_MEMORY,
+    MASK_RPC,
+)
+from channels import MessageQueue
+from pump import RdvpumpError, Timer
+
+from ._cursor import CursorStore
+from ._filter import FilterError
+from ._log import DEFAULT_SEGMENT_BYTES, TopicLog, _write_file
+from ._memory import MemoryLog
+from ._record import Record, StoreError
+from ._topic import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    DEFAULT_WINDOW,
+    Consumer,
+    Delivery,
+    Topic,
+    UnknownGroupError,
+)
+
+log = logging.getLogger("rdvpump.mq")
+
+#: Topic flags by their stable names, with zbus 0.9's mask bits for its ServerInfo JSON.
+FLAGS = {"memory": MASK_MEMORY, "rpc": MASK_RPC, "exclusive": MASK_EXCLUSIVE,
+         "delete-on-exit": MASK_DELETE_ON_EXIT}
+COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "query", "remove",
+                      "empty"})
+#: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
+TICK = 1.0
+#: Largest window a consumer may ask for.
+MAX_WINDOW = 10_000
+
+
+class MqError(RdvpumpError):
+    """A request that gets an error reply: ``status`` and the reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Durability:
+    kind: str  # sync, interval, none
+    interval: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Durability:
+        if text in ("sync", "none"):
+            return cls(text)
+        kind, sep, seconds = text.partition(":")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if kind == "interval" and sep and value > 0:
+            return cls("interval", value)
+        raise ValueError(f"durability {text!r}: expected sync, interval:SECONDS or none")
+
+    def __str__(self) -> str:
+        return f"interval:{self.interval:g}" if self.kind == "interval" else self.kind
+
+
+@dataclass
+class _Topic:
+    topic: Topic
+    flags: frozenset[str]
+    directory: Path | None
+    cursors: CursorStore | None
+    creator: MessageQueue | None = None
+    #: a produce is waiting for the next fsync
+    dirty: bool = False
+    #: the group filters, as declared (saved in meta.json)
+    filters: dict[str, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Link:
+    """One link's consumers and the messages its queue did not take yet."""
+
+    queue: MessageQueue
+    consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
+    outbox: deque[bytes] = field(default_factory=deque)
+
+
+class MqServer:
+    """Topics of a server-role :class:`~brokermgr.tracking.TrackNode`, on its port.
+
+    ``directory`` holds one folder per topic (None: memory only, every topic
+    is a bounded ring).
+    """
+
+    commands = COMMANDS
+
+    def __init__(self, node: TrackNode, directory: str | os.PathLike[str] | None, *,
+                 durability: str | Durability = "sync",
+                 ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+                 max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        if node.server is None:
+            raise ValueError(f"{node.address} has no server role: an MQ server needs one")
+        self.node = node
+        self.pump = node.pump
+        self.address = node.address.address
+        self.directory = None if directory is None else Path(directory)
+        self.durability = (durability if isinstance(durability, Durability)
+                           else Durability.parse(durability))
+        self.ack_timeout = ack_timeout
+        self.max_deliveries = max_deliveries
+        self.segment_bytes = segment_bytes
+        self.topics: dict[str, _Topic] = {}
+        self.links: dict[MessageQueue, _Link] = {}
+        self._waiting: list[tuple[MessageQueue, dict[str, Any], str]] = []
+        self._commit_posted = False
+        self._closed = False
+        #: Counters: stored, delivered, acked, dead letters, errors replied.
+        self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0}
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._load()
+        node.extend(self)
+        self._tick_timer: Timer = self.pump.call_later(TICK, self._tick)
+        self._sync_timer: Timer | None = None
+        if self.durability.kind == "interval":
+            self._sync_timer = self.pump.call_later(self.durability.interval, self._interval)
+
+    # -- topics on disk ----------------------------------------------------------------
+
+    def _load(self) -> None:
+        assert self.directory is not None
+        for meta_path in sorted(self.directory.glob("*/meta.json")):
+            meta = json.loads(meta_path.read_text())
+            name = meta["topic"]
+            if meta.get("version") != 1:
+                raise StoreError(f"{meta_path}: topic format version {meta.get('version')}; "
+                                 f"this rdvpump reads 1")
+            state = self._open(name, frozenset(meta["flags"]))
+            for group, filter in meta["groups"].items():
+                state.topic.declare_group(group, filter=filter)
+                state.filters[group] = filter
+            log.info("%s: topic %s: %d messages, groups %s", self.address, name,
+                     state.topic.log.next_offset - state.topic.log.start_offset,
+                     sorted(meta["groups"]))
+
+    def _open(self, name: str, flags: frozenset[str]) -> _Topic:
+        topic_dir = cursors = None
+        if "memory" in flags or self.directory is None:
+            log_: TopicLog | MemoryLog = MemoryLog()
+            saved: dict[str, int] = {}
+        else:
+            topic_dir = self.directory / quote(name, safe="")
+            log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes)
+            cursors = CursorStore(topic_dir)
+            saved = cursors.load()
+        topic = Topic(name, log_, clock=self.pump.now, saved=saved,
+                      ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
+                      dead=self._dead)
+        state = self.topics[name] = _Topic(topic, flags, topic_dir, cursors)
+        mask = sum(FLAGS[f] for f in flags)
+        self.node.declare_topic(name, mask=mask)
+        return state
+
+    def _save_meta(self, state: _Topic) -> None:
+        if state.directory is None:
+            return
+        meta = {"version": 1, "topic": state.topic.name, "flags": sorted(state.flags),
+                "groups": state.filters}
+        _write_file(state.directory / "meta.json", json.dumps(meta, indent=1).encode())
+
+    # -- requests ----------------------------------------------------------------------
+
+    def handle(self, queue: MessageQueue, request: dict[str, Any]) -> None:
+        cmd = request["cmd"]
+        if self._closed:
+            self._reply(queue, request, {"cmd": "error", "status": 503,
+                                         "error": f"{self.address}: the MQ server is closed"})
+            return
+        try:
+            reply = getattr(self, f"_{cmd}")(queue, request)
+        except MqError as exc:
+            reply = {"cmd": "error", "status": exc.status, "error": str(exc)}
+        except UnknownGroupError as exc:
+            reply = {"cmd": "error", "status": 404, "error": str(exc)}
+        except StoreError as exc:
+            reply = {"cmd": "error", "status": 500, "error": str(exc)}
+        except (FilterError, ValueError, TypeError) as exc:
+            reply = {"cmd": "error", "status": 400, "error": str(exc)}
+        if reply is not None:
+            self._reply(queue, request, reply)
+
+    def _reply(self, queue: MessageQueue, request: dict[str, Any], reply: dict[str, Any]
+               ) -> None:
+        if reply.get("cmd") == "error":
+            self.counts["errors"] += 1
+        if "seq" in request:
+            reply["seq"] = request["seq"]
+        reply.setdefault("topic", request.get("topic"))
+        self._push(self._link(queue), encode(reply))
+
+    def _link(self, queue: MessageQueue) -> _Link:
+        link = self.links.get(queue)
+        if link is None:
+            link = self.links[queue] = _Link(queue)
+        return link
+
+    def _state(self, request: dict[str, Any]) -> _Topic:
+        name = request.get("topic")
+        if not isinstance(name, str) or not name:
+            raise MqError(400, "a request needs a topic (a non-empty string)")
+        state = self.topics.get(name)
+        if state is None:
+            raise MqError(404, f"no topic {name!r} on {self.address}")
+        return state
+
+    def _declare(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        name = request.get("topic")
+        if not isinstance(name, str) or not name or "\x00" in name:
+            raise MqError(400, "declare needs a topic (a non-empty string)")
+        flags = request.get("flags", [])
+        if not isinstance(flags, list) or not set(flags) <= set(FLAGS):
+            raise MqError(400, f"flags must be a list of {', '.join(FLAGS)}; got {flags!r}")
+        state = self.topics.get(name)
+        created = state is None
+        if state is None:
+            state = self._open(name, frozenset(flags))
+            state.creator = queue
+            state.topic.declare_group(name, start="beginning")
+            state.filters[name] = None
+        group = request.get("group") or name
+        filter = request.get("filter")
+        if group != name or filter is not None or group not in state.topic.groups:
+            state.topic.declare_group(group, filter=filter, start=request.get("start"))
+            state.filters[group] = filter
+            self.node.declare_group(name, group, filter=filter)
+        self._save_meta(state)
+        return {"cmd": "declared", "group": group, "created": created}
+
+    def _produce(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+        state = self._state(request)
+        body = request.get("body", b"")
+        producer = request.get("producer", queue.remote_id)
+        sequence = request.get("sequence", 0)
+        tag = request.get("tag")
+        if not isinstance(producer, str) or type(sequence) is not int or (
+                tag is not None and not isinstance(tag, str)):
+            raise MqError(400, "producer must be a string, sequence an integer, tag a string")
+        sizes = request.get("sizes")
+        if sizes is None:
+            messages = [(tag, producer, sequence, body)]
+        else:
+            if (not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
+                    or sum(sizes) != len(body)):
+                raise MqError(400, f"sizes must be non-negative integers adding up to the "
+                                   f"body's {len(body)} bytes")
+            messages, at = [], 0
+            for i, n in enumerate(sizes):
+                messages.append((tag, producer, sequence + i, body[at:at + n]))
+                at += n
+        first = state.topic.publish(messages)
+        self.counts["stored"] += len(messages)
+        reply = {"cmd": "stored", "offset": first, "count": len(messages),
+                 "server": self.address}
+        if self._needs_commit(state):
+            self._waiting.append((queue, {**reply, **({"seq": request["seq"]} if "seq" in
+                                                     request else {})}, state.topic.name))
+            return None
+        self._dispatch(state)
+        return reply
+
+    def _needs_commit(self, state: _Topic) -> bool:
+        """Under ``sync``, a disk topic just written waits for the next group commit
+        (posted once for all); True if it does."""
+        if self.durability.kind != "sync" or not isinstance(state.topic.log, TopicLog):
+            return False
+        state.dirty = True
+        if not self._commit_posted:
+            self._commit_posted = True
+            self.pump.post("mq commit", self._commit, owner=self.node.broker)
+        return True
+
+    def _commit(self) -> None:
+        """One fsync per topic for every produce since the last one; then their replies,
+        then the messages go out."""
+        self._commit_posted = False
+        failed: dict[str, str] = {}
+        for state in self.topics.values():
+            if state.dirty:
+                state.dirty = False
+                try:
+                    state.topic.log.sync()
+                except StoreError as exc:
+                    failed[state.topic.name] = str(exc)
+        waiting, self._waiting = self._waiting, []
+        for queue, reply, name in waiting:
+            if name in failed:
+                reply = {"cmd": "error", "status": 500, "seq": reply.get("seq"),
+                         "error": f"not acknowledged, it may or may not be stored: "
+                                  f"{failed[name]}"}
+            self._reply(queue, {"seq": reply["seq"]} if reply.get("seq") is not None else {},
+                        {**reply, "topic": name})
+        for state in self.topics.values():
+            self._dispatch(state)
+
+    def _visible(self, state: _Topic) -> int:
+        topic_log = state.topic.log
+        if self.durability.kind == "sync" and isinstance(topic_log, TopicLog):
+            return topic_log.durable_offset
+        return topic_log.next_offset
+
+    def _dispatch(self, state: _Topic) -> None:
+        self.counts["delivered"] += state.topic.dispatch(self._visible(state))
+
+    def _consume(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        state = self._state(request)
+        group = request.get("group") or state.topic.name
+        window = request.get("window", DEFAULT_WINDOW)
+        if type(window) is not int or not 1 <= window <= MAX_WINDOW:
+            raise MqError(400, f"window must be an integer within 1..{MAX_WINDOW}")
+        topic_group = state.topic.group(group)
+        link = self._link(queue)
+        if (state.topic.name, group) in link.consumers:
+            raise MqError(409, f"this link already consumes {state.topic.name}/{group}")
+        if "exclusive" in state.flags and topic_group.consumers:
+            raise MqError(409, f"topic {state.topic.name!r} is exclusive: group {group!r} "
+                               f"has a consumer already")
+        consumer = Consumer(f"{queue.remote_id}#{id(queue) % 100000}", group,
+                            lambda d: self._deliver(link, d), window=window)
+        link.consumers[(state.topic.name, group)] = consumer
+        state.topic.attach(consumer)
+        self._consumers_changed(state, group)
+        self.pump.post("mq dispatch", lambda: self._dispatch(state), owner=self.node.broker)
+        return {"cmd": "consuming", "group": group, "window": window}
+
+    def _unconsume(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        state = self._state(request)
+        group = request.get("group") or state.topic.name
+        consumer = self._link(queue).consumers.pop((state.topic.name, group), None)
+        if consumer is None:
+            raise MqError(404, f"this link does not consume {state.topic.name}/{group}")
+        state.topic.detach(consumer)
+        self._consumers_changed(state, group)
+        self._dispatch(state)
+        return {"cmd": "unconsumed", "group": group}
+
+    def _ack(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+        state = self._state(request)
+        group = request.get("group") or state.topic.name
+        offsets = request.get("offsets")
+        if not isinstance(offsets, list) or not all(type(o) is int for o in offsets):
+            raise MqError(400, "offsets must be a list of integers")
+        consumer = self._link(queue).consumers.get((state.topic.name, group))
+        done = state.topic.ack(group, offsets, consumer)
+        self.counts["acked"] += done
+        self._dispatch(state)
+        return {"cmd": "acked", "count": done} if "seq" in request else None
+
+    def _query(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        names = [self._state(request).topic.name] if request.get("topic") else sorted(
+            self.topics)
+        return {"cmd": "topics", "server": self.address,
+                "topics": {n: self.describe(n) for n in names}}
+
+    def describe(self, name: str) -> dict[str, Any]:
+        state = self.topics[name]
+        topic = state.topic
+        return {"flags": sorted(state.flags), "depth": topic.depth,
+                "start": topic.log.start_offset, "next": topic.log.next_offset,
+                "groups": {g.name: {"filter": state.filters.get(g.name), "lag": topic.lag(g.name),
+                                    "consumers": len(g.consumers),
+                                    "inFlight": len(g.in_flight),
+                                    "deadLetters": g.dead_letters}
+                           for g in topic.groups.values()}}
+
+    def _remove(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        state = self._state(request)
+        group = request.get("group")
+        if group:
+            state.topic.remove_group(group)
+            state.filters.pop(group, None)
+            if state.cursors is not None:
+                state.cursors.remove(group)
+            self._save_meta(state)
+            self.node.remove_group(state.topic.name, group)
+            return {"cmd": "removed", "group": group}
+        self._drop_topic(state)
+        return {"cmd": "removed"}
+
+    def _drop_topic(self, state: _Topic) -> None:
+        for group in list(state.topic.groups):
+            state.topic.remove_group(group)
+        for link in self.links.values():
+            for key in [k for k in link.consumers if k[0] == state.topic.name]:
+                del link.consumers[key]
+        state.topic.log.close()
+        del self.topics[state.topic.name]
+        if state.directory is not None:
+            shutil.rmtree(state.directory, ignore_errors=True)
+        self.node.remove_topic(state.topic.name)
+
+    def _empty(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        state = self._state(request)
+        state.topic.empty()
+        return {"cmd": "emptied"}
+
+    # -- delivery ----------------------------------------------------------------------
+
+    def _deliver(self, link: _Link, delivery: Delivery) -> None:
+        record = delivery.record
+        message = encode({"cmd": "message", "topic": delivery.topic, "group": delivery.group,
+                          "offset": record.offset, "tag": record.tag,
+                          "producer": record.producer, "sequence": record.sequence,
+                          "deliveries": delivery.deliveries, "timestamp": record.timestamp},
+                         record.body)
+        self._push(link, message)
+
+    def _push(self, link: _Link, message: bytes) -> None:
+        """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
+        if link.outbox:
+            link.outbox.append(message)
+            return
+        outcome = send(link.queue, message, what=f"mq client {link.queue.remote_id}")
+        if outcome is Sent.FULL:
+            link.outbox.append(message)
+
+    def drained(self, queue: MessageQueue) -> None:
+        link = None if self._closed else self.links.get(queue)
+        if link is None:
+            return
+        while link.outbox:
+            outcome = send(queue, link.outbox[0], what=f"mq client {queue.remote_id}")
+            if outcome is not Sent.SENT:
+                return
+            link.outbox.popleft()
+
+    def closed(self, queue: MessageQueue, reason: str) -> None:
+        """A link closed: its consumers' messages go to the others; topics it declared
+        with delete-on-exit go."""
+        if self._closed:
+            return
+        link = self.links.pop(queue, None)
+        if link is not None:
+            for (name, group), consumer in link.consumers.items():
+                state = self.topics.get(name)
+                if state is not None:
+                    returned = state.topic.detach(consumer)
+                    if returned:
+                        log.info("%s: %s/%s: %d unacknowledged messages of %s go to the "
+                                 "group's other consumers", self.address, name, group,
+                                 returned, queue.remote_id)
+                    self._consumers_changed(state, group)
+                    self._dispatch(state)
+        self._waiting = [w for w in self._waiting if w[0] is not queue]
+        for state in list(self.topics.values()):
+            if state.creator is queue and "delete-on-exit" in state.flags:
+                self._drop_topic(state)
+
+    def _dead(self, topic: str, group: str, record: Record, deliveries: int) -> None:
+        """A message out of deliveries goes to ``<topic>.<group>.DLQ``."""
+        self.counts["dead"] += 1
+        name = f"{topic}.{group}.DLQ"
+        state = self.topics.get(name)
+        if state is None:
+            flags = self.topics[topic].flags & {"memory"}
+            state = self._open(name, frozenset(flags))
+            state.topic.declare_group(name, start="beginning")
+            state.filters[name] = None
+            self._save_meta(state)
+        state.topic.publish([(record.tag, record.producer, record.sequence, record.body)])
+        if not self._needs_commit(state):
+            self._dispatch(state)
+        log.warning("%s: %s/%s: offset %d went to %s after %d deliveries", self.address,
+                    topic, group, record.offset, name, deliveries)
+
+    def _consumers_changed(self, state: _Topic, group: str) -> None:
+        topic_group = state.topic.groups.get(group)
+        if topic_group is None:
+            return
+        names = [c.name for c in topic_group.consumers]
+        self.node.update_group(state.topic.name, group, message_count=state.topic.lag(group),
+                               consumers=names)
+
+    # -- timers ------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        for state in list(self.topics.values()):
+            if state.topic.expire():
+                self._dispatch(state)
+            self._save_cursors(state)
+        self._tick_timer = self.pump.call_later(TICK, self._tick)
+
+    def _save_cursors(self, state: _Topic) -> None:
+        floors = state.topic.floors_to_save()
+        if state.cursors is None:
+            return
+        for group, floor in floors.items():
+            try:
+                state.cursors.save(group, floor)
+            except OSError as exc:
+                log.error("%s: %s/%s: cannot save the group's position (%s); it is kept in "
+                          "memory and tried again", self.address, state.topic.name, group, exc)
+                state.topic.groups[group].dirty = True
+
+    def _interval(self) -> None:
+        self.sync_all()
+        for state in self.topics.values():
+            self._dispatch(state)
+        self._sync_timer = self.pump.call_later(self.durability.interval, self._interval)
+
+    def sync_all(self) -> None:
+        for state in self.topics.values():
+            if isinstance(state.topic.log, TopicLog):
+                try:
+                    state.topic.log.sync()
+                except StoreError as exc:
+                    log.error("%s: %s", self.address, exc)
+
+    def close(self) -> None:
+        """Save every position, fsync every topic, close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        self._tick_timer.cancel()
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+        self.sync_all()
+        for state in self.topics.values():
+            self._save_cursors(state)
+            state.topic.log.close()
+
+    def topic_names(self) -> Iterable[str]:
+        return sorted(self.topics)

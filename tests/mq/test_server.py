@@ -1,0 +1,231 @@
+"""The MQ server over the framework's links, on trio's virtual clock: produce, consume,
+ack, errors with reasons, ServerInfo, redelivery, dead letters, restarts, bad input."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from brokermgr import BrokerManager, open_universe
+from brokermgr.tracking import TrackNode
+from mq import MqClient, MqRequestError, MqServer
+
+TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
+
+
+class Site:
+    def __init__(self, universe: BrokerManager, directory: pathlib.Path | None,
+                 **options: Any) -> None:
+        self.universe = universe
+        self.directory = directory
+        self.options = options
+        self.start()
+
+    def start(self) -> None:
+        self.node = TrackNode(self.universe.add_broker("s1"), role="server", **TIMING)
+        self.server = MqServer(self.node, self.directory, **self.options)
+
+    def crash(self) -> None:
+        self.node.broker.close("crash")
+        self.server.close()
+
+    def client(self, name: str, **options: Any) -> MqClient:
+        return MqClient(self.universe.add_broker(name), "s1:15555", retry=0.5, **options)
+
+
+@asynccontextmanager
+async def site(directory: pathlib.Path | None, **options: Any) -> AsyncIterator[Site]:
+    with trio.fail_after(600):  # virtual seconds: a test that waits forever fails
+        async with open_universe("mq") as universe:
+            s = Site(universe, directory, **options)
+            try:
+                yield s
+            finally:
+                s.server.close()
+
+
+async def test_publish_consume_ack(tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        producer, consumer = s.client("p"), s.client("c")
+        await producer.declare("orders")
+        stored = [await producer.publish("orders", b"m%d" % i, tag="eu.paid") for i in range(3)]
+        stored += await producer.publish_many("orders", [b"m3", b"m4"])
+        assert [x.offset for x in stored] == [0, 1, 2, 3, 4]
+        assert {x.server for x in stored} == {"s1:15555"}
+        sub = await consumer.subscribe("orders", window=10)
+        got = [await sub.receive() for _ in range(5)]
+        assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+        assert got[0].tag == "eu.paid" and got[3].tag is None
+        assert [m.sequence for m in got] == [1, 2, 3, 4, 5] and got[0].producer == "p"
+        assert all(m.deliveries == 1 for m in got)
+        await sub.ack([m.offset for m in got])
+        await trio.sleep(0.1)
+        topic = (await consumer.query("orders"))["orders"]
+        assert topic["groups"]["orders"]["lag"] == 0 and topic["depth"] == 0
+
+
+async def test_unknown_topic_group_and_bad_requests_get_a_reason(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        with pytest.raises(MqRequestError, match="no topic 'nope' on s1:15555") as info:
+            await client.publish("nope", b"x")
+        assert info.value.status == 404  # zbus: no reply at all unless 'ack' was set
+        await client.declare("orders")
+        with pytest.raises(MqRequestError, match="no consume group 'ghost'") as info:
+            await client.subscribe("orders", group="ghost")
+        assert info.value.status == 404
+        with pytest.raises(MqRequestError, match="at most 127 bytes") as info:
+            await client.declare("orders", group="g", filter="x" * 128)
+        assert info.value.status == 400
+        with pytest.raises(MqRequestError, match="flags must be a list of memory, rpc"):
+            await client.declare("t2", flags=["persistent"])
+        with pytest.raises(MqRequestError, match="window must be an integer"):
+            await client.subscribe("orders", window=0)
+
+
+async def test_server_info_follows_declares_and_consumers(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders", flags=["exclusive"])
+        await client.declare("orders", group="eu", filter="eu.#")
+        info = s.node.server_info.topic_table["orders"]
+        assert info.mask == 16  # exclusive, zbus 0.9's bit
+        assert sorted(g.group_name for g in info.consume_group_list) == ["eu", "orders"]
+        assert info.group("eu").filter == "eu.#"  # type: ignore[union-attr]
+        await client.subscribe("orders", group="eu")
+        info = s.node.server_info.topic_table["orders"]
+        assert info.consumer_count == 1 and len(info.group("eu").consumer_list) == 1  # type: ignore[union-attr]
+        other = s.client("d")
+        with pytest.raises(MqRequestError, match="exclusive") as refused:
+            await other.subscribe("orders", group="eu")
+        assert refused.value.status == 409
+        client.close()
+        await trio.sleep(1)
+        assert s.node.server_info.topic_table["orders"].consumer_count == 0  # the last left
+        await other.remove("orders")
+        assert "orders" not in s.node.server_info.topic_table
+
+
+async def test_a_lost_consumer_s_messages_go_to_the_other_with_their_count(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        producer, a, b = s.client("p"), s.client("a"), s.client("b")
+        await producer.declare("jobs")
+        sub_a = await a.subscribe("jobs", window=2)
+        await producer.publish_many("jobs", [b"j0", b"j1"])
+        held = [await sub_a.receive() for _ in range(2)]
+        sub_b = await b.subscribe("jobs", window=5)
+        a.link.broker.close("consumer crashed")  # nothing acknowledged
+        again = [await sub_b.receive() for _ in range(2)]
+        assert [(m.body, m.deliveries) for m in again] == [(b"j0", 2), (b"j1", 2)]
+        assert [m.offset for m in held] == [m.offset for m in again]
+
+
+async def test_ack_timeout_then_dead_letters(tmp_path: pathlib.Path,
+                                             autojump_clock: object) -> None:
+    async with site(tmp_path, ack_timeout=5.0, max_deliveries=2) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        sub = await client.subscribe("orders")
+        await client.publish("orders", b"poison")
+        first = await sub.receive()
+        second = await sub.receive()  # after the ack timeout
+        assert (first.deliveries, second.deliveries) == (1, 2)
+        await trio.sleep(10)  # a second timeout: out of deliveries
+        topics = await client.query()
+        assert topics["orders"]["groups"]["orders"]["deadLetters"] == 1
+        assert topics["orders"]["depth"] == 0
+        dead = await client.subscribe("orders.orders.DLQ")
+        assert (await dead.receive()).body == b"poison"
+
+
+async def test_filters_select_per_group(tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        await client.declare("orders", group="eu", filter="eu.#", start="beginning")
+        eu = await client.subscribe("orders", group="eu")
+        for tag in ("eu.paid", "us.paid", None, "eu"):
+            await client.publish("orders", (tag or "-").encode(), tag=tag)
+        assert [(await eu.receive()).body for _ in range(2)] == [b"eu.paid", b"eu"]
+
+
+async def test_a_restart_redelivers_what_was_not_acknowledged(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        await client.publish_many("orders", [b"a", b"b", b"c"])
+        sub = await client.subscribe("orders")
+        got = [await sub.receive() for _ in range(3)]
+        await sub.ack([got[0].offset])
+        await trio.sleep(2)  # the position is saved within a second
+        s.crash()
+        await trio.sleep(0.1)
+        s.start()  # the same directory
+        again = [await sub.receive() for _ in range(2)]  # the client consumes again
+        assert [(m.body, m.deliveries) for m in again] == [(b"b", 1), (b"c", 1)]
+        assert (await client.publish("orders", b"d")).offset == 3
+
+
+async def test_a_failed_write_fails_the_publish_and_loses_nothing_acknowledged(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        await client.publish("orders", b"kept")
+
+        def disk_full(fd: int, data: object, at: int) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        real = os.pwrite
+        monkeypatch.setattr(os, "pwrite", disk_full)
+        with pytest.raises(MqRequestError, match="nothing stored: No space left") as info:
+            await client.publish("orders", b"lost")
+        assert info.value.status == 500
+        monkeypatch.setattr(os, "pwrite", real)
+        assert (await client.publish("orders", b"after")).offset == 1
+        sub = await client.subscribe("orders")
+        assert [(await sub.receive()).body for _ in range(2)] == [b"kept", b"after"]
+
+
+async def test_a_malformed_command_closes_only_its_link(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        good = s.client("good")
+        await good.declare("orders")
+        bad = await s.universe.add_broker("bad").connect_queue("s1", 15555)
+        await bad.send(b"\xff not json")
+        with pytest.raises(trio.BrokenResourceError, match="protocol error"):
+            await bad.receive()
+        assert (await good.publish("orders", b"still here")).offset == 0
+
+
+@pytest.mark.parametrize("durability", ["interval:0.5", "none"])
+async def test_other_durability_policies_acknowledge_once_written(
+        tmp_path: pathlib.Path, autojump_clock: object, durability: str) -> None:
+    async with site(tmp_path, durability=durability) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        assert (await client.publish("orders", b"x")).offset == 0
+        sub = await client.subscribe("orders")
+        assert (await sub.receive()).body == b"x"
+
+
+async def test_a_memory_topic_works_without_a_directory(autojump_clock: object) -> None:
+    async with site(None) as s:
+        client = s.client("c")
+        await client.declare("ticks", flags=["memory"])
+        await client.publish_many("ticks", [b"1", b"2"])
+        sub = await client.subscribe("ticks")
+        assert [(await sub.receive()).body for _ in range(2)] == [b"1", b"2"]
