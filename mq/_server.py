@@ -187,7 +187,8 @@ class MqServer:
                                  f"this rdvpump reads 1")
             state = self._open(name, frozenset(meta["flags"]))
             for group, filter in meta["groups"].items():
-                state.topic.declare_group(group, filter=filter)
+                # a group with no saved position starts where nothing can be missed
+                state.topic.declare_group(group, filter=filter, start="beginning")
                 state.filters[group] = filter
             log.info("%s: topic %s: %d messages, groups %s", self.address, name,
                      state.topic.log.next_offset - state.topic.log.start_offset,
@@ -239,6 +240,15 @@ class MqServer:
         if reply is not None:
             self._reply(queue, request, reply)
 
+    def handle_local(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A request from this process (declare at start, say): the reply, or
+        :class:`MqError` with its status and reason."""
+        cmd = request.get("cmd")
+        if cmd not in ("declare", "query", "remove", "empty"):
+            raise ValueError(f"{cmd!r} is not a local request")
+        reply: dict[str, Any] = getattr(self, f"_{cmd}")(None, request)
+        return reply
+
     def _reply(self, queue: MessageQueue, request: dict[str, Any], reply: dict[str, Any]
                ) -> None:
         if reply.get("cmd") == "error":
@@ -284,6 +294,7 @@ class MqServer:
             state.filters[group] = filter
             self.node.declare_group(name, group, filter=filter)
         self._save_meta(state)
+        self._save_cursors(state)  # a new group's start holds across a crash
         return {"cmd": "declared", "group": group, "created": created}
 
     def _produce(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from brokermgr import (
 )
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
+from mq import MqServer
 from pump import Pump, TraceRecorder
 from rdv import Address, tls_contexts
 
@@ -136,7 +137,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             for b in broker_ids:
                 nursery.start_soon(play_plan, spec, b, manager, names, nursery, emit)
         await _until_signalled()
-        for node in nodes:
+        for node in nodes:  # MQ servers first: positions saved, files synced
             node.close()
         if names is not None:
             names.close()
@@ -146,18 +147,29 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],
                     tracking: dict[str, Any]) -> list[Any]:
+    """TrackNodes (and, with ``mq_dir``, an MQ server on each server role, its topics in
+    ``mq_dir/<broker id>``); what to close, in order."""
     options = dict(tracking)
     topics = options.pop("topics", ())
-    nodes = []
+    mq_dir = options.pop("mq_dir", None)
+    durability = options.pop("durability", "sync")
+    closing: list[Any] = []
     for broker in brokers:
         node = TrackNode(broker, **options)
+        server = None
+        if node.is_server and mq_dir is not None:
+            server = MqServer(node, Path(mq_dir) / broker.id, durability=durability)
+            closing.append(server)
         if node.is_server:
             for topic in topics:
-                node.declare_topic(topic)
+                if server is not None:
+                    server.handle_local({"cmd": "declare", "topic": topic})
+                else:
+                    node.declare_topic(topic)
         if node.is_tracker and TRACKER_ALIAS not in manager.aliases:
             manager.aliases[TRACKER_ALIAS] = broker.id
-        nodes.append(node)
-    return nodes
+        closing.append(node)
+    return closing
 
 
 async def query_status(universe: str, manager_address: Address, *, token: str = "",

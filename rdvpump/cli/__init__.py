@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from . import bench, broker, demo, diagram, manager, routes, status, trace, universe
+from . import bench, broker, demo, diagram, manager, mq, routes, status, trace, universe
 from ._common import out
 
 app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-broker links.",
@@ -26,6 +26,7 @@ app.add_typer(diagram.app, name="diagram")
 app.add_typer(trace.app, name="trace")
 app.add_typer(manager.app, name="manager")
 app.add_typer(broker.app, name="broker")
+app.add_typer(mq.app, name="mq")
 app.add_typer(universe.app, name="universe")
 
 

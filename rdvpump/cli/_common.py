@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pump import FORMATS, open_trace
+from pump import FORMATS, RdvpumpError, open_trace
 from rdv import Address
 
 TokenOption = Annotated[str, typer.Option(
@@ -49,7 +49,8 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
-_EXPECTED = (ValueError, TypeError, RuntimeError, OSError, trio.BrokenResourceError,
+_EXPECTED = (RdvpumpError, ValueError, TypeError, RuntimeError, OSError,
+             trio.BrokenResourceError,
              trio.ClosedResourceError)
 
 

@@ -15,6 +15,7 @@ from brokermgr.tracking import (
     DEFAULT_SERVER_EXPIRY,
     DEFAULT_TRACK_PORT,
 )
+from mq import Durability
 from rdv import Address
 
 from ..processes import run_brokers
@@ -70,6 +71,12 @@ def broker_run(
         help="Seconds between a tracker's expiry scans.")] = DEFAULT_SCAN_INTERVAL,
     state_dir: Annotated[pathlib.Path | None, typer.Option(
         help="Where InfoVersion epochs persist, so versions grow across restarts.")] = None,
+    mq_dir: Annotated[pathlib.Path | None, typer.Option(
+        help="Run an MQ server on each server role, its topics in DIR/<broker id> "
+             "(needs --role server or both).")] = None,
+    durability: Annotated[str, typer.Option(
+        help="When the MQ server acknowledges a produce: sync (after fsync, shared by "
+             "concurrent produces), interval:SECONDS or none.")] = "sync",
     busy_poll_us: Annotated[float, typer.Option(
         help="Links poll a quiet socket this long before sleeping: lower latency for a "
              "busy core (0: off).")] = 0.0,
@@ -80,12 +87,17 @@ def broker_run(
     address = guard(lambda: Address.parse(listen))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
+    guard(lambda: Durability.parse(durability))
     if role is not None:
+        if mq_dir is not None and role == "tracker":
+            raise fail("--mq-dir needs a server role (--role server or both)")
         tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
                     "report_interval": report_interval, "expiry": track_expiry,
-                    "scan_interval": track_scan, "state_dir": state_dir}
-    elif tracker or topic:
-        raise fail("--tracker and --topic need a tracking --role (server, tracker or both)")
+                    "scan_interval": track_scan, "state_dir": state_dir,
+                    "mq_dir": mq_dir, "durability": durability}
+    elif tracker or topic or mq_dir is not None:
+        raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
+                   "or both)")
     trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,

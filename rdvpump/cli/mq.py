@@ -1,0 +1,171 @@
+"""rdvpump mq: topics, publishing and consuming on an MQ server of another process."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import trio
+import typer
+from rich.table import Table
+
+from brokermgr.tracking import DEFAULT_TRACK_PORT
+
+from .. import mqtool
+from ._common import TokenOption, UniverseOption, err, guard, out
+
+app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
+                       "--role server --mq-dir DIR).", no_args_is_help=True)
+
+ServerOption = Annotated[str, typer.Option(
+    "--server", help="The server as BROKER@HOST:PORT (HOST:PORT: its process's ready line).")]
+TrackPortOption = Annotated[int, typer.Option(help="The server's tracking port.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
+TimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for the server.")]
+
+
+def _run(universe: str, server: str, token: str, track_port: int, timeout: float,
+         body: Any) -> Any:
+    async def main() -> Any:
+        async with mqtool.connect(universe, server, token=token, track_port=track_port,
+                                  timeout=timeout) as client:
+            return await body(client)
+
+    return guard(lambda: trio.run(main))
+
+
+@app.command("declare")
+def mq_declare(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    server: ServerOption,
+    flag: Annotated[list[str], typer.Option(
+        help="memory, rpc, exclusive or delete-on-exit (repeatable).")] = [],  # noqa: B006
+    group: Annotated[str | None, typer.Option(help="A consume group to declare.")] = None,
+    filter: Annotated[str | None, typer.Option(help="The group's tag filter.")] = None,
+    start: Annotated[str | None, typer.Option(
+        help="Where a new group starts: end, beginning, offset:N, time:MS, copy:GROUP.")] = None,
+    universe: UniverseOption = "default", token: TokenOption = "",
+    track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Declare a topic (and a consume group)."""
+    reply = _run(universe, server, token, track_port, timeout, lambda c: c.declare(
+        topic, flags=flag, group=group, filter=filter, start=start))
+    if as_json:
+        print(json.dumps({k: v for k, v in reply.items() if k != "seq"}))
+    else:
+        out.print(f"{'declared' if reply.get('created') else 'updated'} {topic}, "
+                  f"group {reply['group']}")
+
+
+@app.command("publish")
+def mq_publish(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    server: ServerOption,
+    file: Annotated[list[str], typer.Option(
+        help="Publish this file as one message (repeatable); without: each line of "
+             "stdin.")] = [],  # noqa: B006
+    tag: Annotated[str | None, typer.Option(help="Tag of every message.")] = None,
+    batch: Annotated[int, typer.Option(help="Messages per request.")] = 100,
+    universe: UniverseOption = "default", token: TokenOption = "",
+    track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Publish lines of stdin (or files), acknowledged by the server before the next batch."""
+    if batch < 1:
+        raise typer.BadParameter("--batch must be at least 1")
+
+    def progress(n: int) -> None:
+        if n >= 10_000 and n % 10_000 < batch:
+            err.print(f"{n:,} published", highlight=False)
+
+    result = _run(universe, server, token, track_port, timeout, lambda c: mqtool.publish(
+        c, topic, mqtool.stdin_messages(file), tag=tag, batch=batch, progress=progress))
+    if as_json:
+        print(json.dumps(result))
+    else:
+        out.print(f"published {result['published']:,} to {topic} on {result['server']}"
+                  + (f", offsets {result['first']}..{result['last']}"
+                     if result["published"] else ""))
+
+
+@app.command("consume")
+def mq_consume(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    server: ServerOption,
+    group: Annotated[str | None, typer.Option(help="Consume group (default: the topic's).")]
+        = None,
+    count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
+    idle: Annotated[float, typer.Option(help="Stop after this many seconds without a "
+                                             "message.")] = 2.0,
+    window: Annotated[int, typer.Option(help="Unacknowledged messages held at most.")] = 100,
+    universe: UniverseOption = "default", token: TokenOption = "",
+    track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Print messages of a topic and acknowledge them."""
+    def show(m: Any) -> None:
+        if as_json:
+            print(json.dumps({"offset": m.offset, "tag": m.tag, "producer": m.producer,
+                              "sequence": m.sequence, "deliveries": m.deliveries,
+                              "timestamp": m.timestamp,
+                              "body": m.body.decode(errors="replace")}), flush=True)
+        else:
+            print(m.body.decode(errors="replace"), flush=True)
+
+    seen = _run(universe, server, token, track_port, timeout, lambda c: mqtool.consume(
+        c, topic, group=group, count=count, idle=idle, window=window, show=show))
+    err.print(f"{seen:,} consumed and acknowledged", highlight=False)
+
+
+@app.command("topics")
+def mq_topics(
+    server: ServerOption,
+    universe: UniverseOption = "default", token: TokenOption = "",
+    track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Topics with their depth, and each group's lag, consumers and dead letters."""
+    topics = _run(universe, server, token, track_port, timeout, lambda c: c.query())
+    if as_json:
+        print(json.dumps(topics))
+        return
+    table = Table(title=f"topics on {server}")
+    for col in ("topic", "flags", "stored", "depth", "group", "filter", "lag", "consumers",
+                "unacked", "dead"):
+        table.add_column(col, overflow="fold", justify="right" if col in (
+            "stored", "depth", "lag", "consumers", "unacked", "dead") else "left")
+    for name, t in sorted(topics.items()):
+        first = True
+        for group, g in sorted(t["groups"].items()):
+            table.add_row(name if first else "", ",".join(t["flags"]) if first else "",
+                          f"{t['next'] - t['start']:,}" if first else "",
+                          f"{t['depth']:,}" if first else "", group, g["filter"] or "",
+                          f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
+                          str(g["deadLetters"]))
+            first = False
+    out.print(table)
+
+
+@app.command("groups")
+def mq_groups(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    server: ServerOption,
+    universe: UniverseOption = "default", token: TokenOption = "",
+    track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """One topic's consume groups: filter, lag, consumers, in flight, dead letters."""
+    topics = _run(universe, server, token, track_port, timeout, lambda c: c.query(topic))
+    groups = topics[topic]["groups"]
+    if as_json:
+        print(json.dumps(groups))
+        return
+    table = Table(title=f"{topic} on {server}")
+    for col in ("group", "filter", "lag", "consumers", "unacked", "dead letters"):
+        table.add_column(col, overflow="fold",
+                         justify="left" if col in ("group", "filter") else "right")
+    for name, g in sorted(groups.items()):
+        table.add_row(name, g["filter"] or "", f"{g['lag']:,}", str(g["consumers"]),
+                      str(g["inFlight"]), str(g["deadLetters"]))
+    out.print(table)

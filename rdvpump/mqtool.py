@@ -1,0 +1,115 @@
+"""The engine of ``rdvpump mq``: a throwaway broker in this process, linked over TCP to an
+MQ server broker of another process, and what each subcommand does with it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from brokermgr import BrokerManager
+from brokermgr.tracking import DEFAULT_TRACK_PORT
+from mq import MqClient
+from pump import Pump
+from rdv import Address
+
+
+def parse_server(text: str) -> tuple[str, Address]:
+    """``BROKER@HOST:PORT``: the MQ server's broker id and its process's address."""
+    broker_id, sep, where = text.rpartition("@")
+    if not sep or not broker_id:
+        raise ValueError(f"server {text!r}: expected BROKER@HOST:PORT (the broker id, and "
+                         f"the address its process printed as ready)")
+    return broker_id, Address.parse(where)
+
+
+@asynccontextmanager
+async def connect(universe: str, server: str, *, token: str = "",
+                  track_port: int = DEFAULT_TRACK_PORT, timeout: float = 10.0
+                  ) -> AsyncIterator[MqClient]:
+    broker_id, address = parse_server(server)
+    manager = BrokerManager(universe, token=token, pump=Pump(name="mq-cli"))
+    manager.directory[broker_id] = address
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        client = MqClient(manager.add_broker(f"@mq.{os.getpid()}"),
+                          f"{broker_id}:{track_port}", timeout=timeout)
+        link = client.link
+        with trio.move_on_after(timeout):
+            while link.queue is None:
+                await link.attempted()
+                if link.queue is None and link.last_refusal is not None:
+                    raise OSError(f"{server}: {link.last_refusal}")
+        if link.queue is None:
+            raise OSError(f"{server}: no link within {timeout} s")
+        try:
+            yield client
+        finally:
+            client.close()
+            await trio.sleep(0.05)  # let the last acks leave
+            nursery.cancel_scope.cancel()
+
+
+async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
+                  tag: str | None, batch: int,
+                  progress: Callable[[int], None]) -> dict[str, Any]:
+    count = 0
+    first = last = None
+    pending: list[bytes] = []
+
+    async def flush() -> None:
+        nonlocal count, first, last
+        stored = await client.publish_many(topic, pending, tag=tag)
+        first = stored[0].offset if first is None else first
+        last = stored[-1].offset
+        count += len(stored)
+        pending.clear()
+        progress(count)
+
+    for message in messages:
+        pending.append(message)
+        if len(pending) >= batch:
+            await flush()
+    if pending:
+        await flush()
+    return {"topic": topic, "published": count, "first": first, "last": last,
+            "server": client.server.address}
+
+
+async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,
+                  idle: float, window: int,
+                  show: Callable[[Any], None]) -> int:
+    """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one."""
+    subscription = await client.subscribe(topic, group=group, window=window)
+    seen = 0
+    acks: list[int] = []
+    while count is None or seen < count:
+        with trio.move_on_after(idle) as scope:
+            message = await subscription.receive()
+        if scope.cancelled_caught:
+            break
+        show(message)
+        seen += 1
+        acks.append(message.offset)
+        if len(acks) >= max(1, window // 2):
+            await subscription.ack(acks)
+            acks = []
+    if acks:
+        await subscription.ack(acks)
+    return seen
+
+
+def stdin_messages(files: list[str]) -> Iterable[bytes]:
+    """Each file whole, or else each line of stdin (without its newline)."""
+    if files:
+        for name in files:
+            with open(name, "rb") as f:
+                yield f.read()
+        return
+    for line in sys.stdin.buffer:
+        yield line.rstrip(b"\n")
