@@ -76,7 +76,8 @@ class _Link(BrokerLink):
     def opened(self) -> None:
         self.up.set()
         for subscription in self.client.subscriptions.values():
-            subscription.resume()
+            if subscription.active:  # one still being set up sends its own consume
+                subscription.resume()
 
     def lost(self, reason: str) -> None:
         self.up = trio.Event()
@@ -205,6 +206,7 @@ class MqClient:
         except BaseException:
             del self.subscriptions[key]
             raise
+        subscription.active = True
         return subscription
 
     async def query(self, topic: str | None = None) -> dict[str, Any]:
@@ -233,6 +235,8 @@ class Subscription:
         self.topic = topic
         self.group = group
         self.window = window
+        #: Its first consume was answered (until then a reconnect does not repeat it).
+        self.active = False
         # bounded by the window: the server pushes at most that many unacknowledged
         self.inbox, self._out = trio.open_memory_channel[Message](math.inf)
 

@@ -42,3 +42,16 @@ def test_tracking_example_runs() -> None:
     assert lines[0] == "servers: ['s1:15555', 's2:15555', 's3:15555']"
     assert lines[1].endswith("['s2:15555']")  # the only server with consumers
     assert lines[-1] == "after s3 crashed: ['s1:15555', 's2:15555']"
+
+
+def test_mq_example_runs_and_the_readme_shows_it() -> None:
+    example = (ROOT / "examples/mq_orders.py").read_text()
+    body = example.split('"""', 2)[2].strip()
+    assert body in (ROOT / "README.md").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/mq_orders.py")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "stored at [1, 2] on s1:15555"
+    assert lines[1] == "eu-billing got b'order 1' tagged eu.fr"  # the filter: eu only
+    assert "'eu-billing': {'consumers': 1" in lines[2]

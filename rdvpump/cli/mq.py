@@ -131,15 +131,15 @@ def mq_topics(
         print(json.dumps(topics))
         return
     table = Table(title=f"topics on {server}")
-    for col in ("topic", "flags", "stored", "depth", "group", "filter", "lag", "consumers",
-                "unacked", "dead"):
+    for col in ("topic", "stored", "depth", "group", "filter", "lag", "consumers", "unacked",
+                "dead"):
         table.add_column(col, overflow="fold", justify="right" if col in (
             "stored", "depth", "lag", "consumers", "unacked", "dead") else "left")
     for name, t in sorted(topics.items()):
         first = True
+        label = f"{name} ({', '.join(t['flags'])})" if t["flags"] else name
         for group, g in sorted(t["groups"].items()):
-            table.add_row(name if first else "", ",".join(t["flags"]) if first else "",
-                          f"{t['next'] - t['start']:,}" if first else "",
+            table.add_row(label if first else "", f"{t['next'] - t['start']:,}" if first else "",
                           f"{t['depth']:,}" if first else "", group, g["filter"] or "",
                           f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
                           str(g["deadLetters"]))

@@ -85,3 +85,21 @@ def test_the_installed_command_runs_for_real() -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: ring capacity must be a power of two from 1 to 1073741824, got 6"]
+
+
+def test_mq_and_broker_errors_are_one_line_and_exit_1() -> None:
+    cases = [
+        (["mq", "topics", "--server", "127.0.0.1:1"], "expected BROKER@HOST:PORT"),
+        (["mq", "topics", "--server", "s1@127.0.0.1:1", "--timeout", "2"], "s1@127.0.0.1:1"),
+        (["broker", "run", "--id", "b", "--manager", "127.0.0.1:1", "--role", "server",
+          "--mq-dir", "x", "--durability", "often"], "expected sync, interval:SECONDS or none"),
+        (["broker", "run", "--id", "b", "--manager", "127.0.0.1:1", "--mq-dir", "x"],
+         "need a tracking --role"),
+        (["broker", "run", "--id", "b", "--manager", "127.0.0.1:1", "--role", "tracker",
+          "--mq-dir", "x"], "--mq-dir needs a server role"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
