@@ -88,20 +88,27 @@ class _Link(BrokerLink):
         self.room = trio.Event()
 
     def pushed(self, obj: dict[str, Any]) -> None:
-        if obj.get("cmd") != "message":
+        if obj.get("cmd") != "messages":
             return  # an error reply to a fire-and-forget ack, already logged by the server
         key = (obj.get("topic"), obj.get("group"))
         subscription = self.client.subscriptions.get(key)  # type: ignore[arg-type]
         if subscription is None:
-            return  # unsubscribed meanwhile: the server delivers it again to others
+            return  # unsubscribed meanwhile: the server delivers them again to others
         try:
-            message = Message(obj["topic"], obj["group"], obj["offset"], obj.get("tag"),
-                              obj["producer"], obj["sequence"], obj["deliveries"],
-                              obj["timestamp"], obj.get("body", b""), subscription)
-        except KeyError as exc:
-            self.abort(f"protocol error: a message without {exc}")
-            return
-        subscription.inbox.send_nowait(message)
+            topic, group, body = obj["topic"], obj["group"], obj.get("body", b"")
+            columns = (obj["offsets"], obj["sizes"], obj["tags"], obj["producers"],
+                       obj["sequences"], obj["deliveries"], obj["timestamps"])
+            if len({len(c) for c in columns}) != 1 or sum(obj["sizes"]) != len(body):
+                raise ValueError("columns of different lengths, or sizes that do not add up")
+            at = 0
+            send = subscription.inbox.send_nowait
+            for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
+                    *columns, strict=True):
+                send(Message(topic, group, offset, tag, producer, sequence, deliveries,
+                             timestamp, body[at:at + size], subscription))
+                at += size
+        except (KeyError, ValueError, TypeError) as exc:
+            self.abort(f"protocol error: a bad messages frame: {exc}")
 
 
 class MqClient:

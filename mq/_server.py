@@ -11,9 +11,11 @@ request may carry a ``seq`` that its reply echoes):
   ``stored {offset, count, server}`` comes once they are stored as the
   durability policy says.  No topic is created by a produce (zbus).
 * ``consume {topic, group?, window?}`` -- this link becomes a consumer of the
-  group, with ``window`` credits; messages come as
-  ``message {topic, group, offset, tag, producer, sequence, deliveries,
-  timestamp}`` + body while credits last.  ``unconsume`` ends it.
+  group, with ``window`` credits; messages come while credits last, as
+  ``messages {topic, group, offsets, sizes, tags, producers, sequences,
+  deliveries, timestamps}`` (one list entry a message) + their bodies back to
+  back, one frame for what one dispatch sends the link.  ``unconsume`` ends
+  it.
 * ``ack {topic, group, offsets}`` -- any number of offsets at once.
 * ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
 
@@ -132,6 +134,8 @@ class _Link:
     queue: MessageQueue
     consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
     outbox: deque[bytes] = field(default_factory=deque)
+    #: deliveries of the dispatch under way, sent as one ``messages`` frame each
+    batch: list[Delivery] = field(default_factory=list)
 
 
 class MqServer:
@@ -370,7 +374,12 @@ class MqServer:
         return topic_log.next_offset
 
     def _dispatch(self, state: _Topic) -> None:
-        self.counts["delivered"] += state.topic.dispatch(self._visible(state))
+        sent = state.topic.dispatch(self._visible(state))
+        if sent:
+            self.counts["delivered"] += sent
+            for link in self.links.values():
+                if link.batch:
+                    self._flush_batch(link)
 
     def _consume(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
         state = self._state(request)
@@ -467,13 +476,26 @@ class MqServer:
     # -- delivery ----------------------------------------------------------------------
 
     def _deliver(self, link: _Link, delivery: Delivery) -> None:
-        record = delivery.record
-        message = encode({"cmd": "message", "topic": delivery.topic, "group": delivery.group,
-                          "offset": record.offset, "tag": record.tag,
-                          "producer": record.producer, "sequence": record.sequence,
-                          "deliveries": delivery.deliveries, "timestamp": record.timestamp},
-                         record.body)
-        self._push(link, message)
+        link.batch.append(delivery)  # sent when the dispatch is over (_flush_batch)
+
+    def _flush_batch(self, link: _Link) -> None:
+        """The deliveries of one dispatch to one link, one ``messages`` frame per group:
+        the records' fields as lists, their bodies back to back."""
+        batch, link.batch = link.batch, []
+        by_group: dict[tuple[str, str], list[Delivery]] = {}
+        for delivery in batch:
+            by_group.setdefault((delivery.topic, delivery.group), []).append(delivery)
+        for (topic, group), deliveries in by_group.items():
+            records = [d.record for d in deliveries]
+            header = {"cmd": "messages", "topic": topic, "group": group,
+                      "offsets": [r.offset for r in records],
+                      "sizes": [len(r.body) for r in records],
+                      "tags": [r.tag for r in records],
+                      "producers": [r.producer for r in records],
+                      "sequences": [r.sequence for r in records],
+                      "deliveries": [d.deliveries for d in deliveries],
+                      "timestamps": [r.timestamp for r in records]}
+            self._push(link, encode(header, b"".join(r.body for r in records)))
 
     def _push(self, link: _Link, message: bytes) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""

@@ -112,6 +112,35 @@ def bench_tcp(
            "median us", "p99 us"), row)
 
 
+@app.command("mq")
+def bench_mq(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sizes: Annotated[str, typer.Option(help="Message sizes, comma-separated.")] = "64,1024,65536",
+    durability: Annotated[str, typer.Option(
+        help="Durability policies, comma-separated.")] = "interval:1,sync",
+    scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
+    repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 1,
+) -> None:
+    """An MQ server process end to end beside Redis Streams and a plain file append."""
+    from mq import Durability
+
+    from ..bench import mq
+
+    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    policies = [d.strip() for d in durability.split(",") if d.strip()]
+    for policy in policies:
+        guard(lambda policy=policy: Durability.parse(policy))  # type: ignore[misc]
+    with err.status("benchmarking the MQ ...") as status:
+        results = guard(lambda: list(mq.run(size_list, durabilities=policies, scale=scale,
+                                            repeat=repeat, progress=status.update)))
+    _show(results, json_out, f"rdvpump bench mq (best of {repeat})",
+          ("case", "size", "durability", "msgs/s", "MB/s", "baseline", "baseline msgs/s",
+           "ratio"),
+          lambda r: [r.case, str(r.size), r.durability, f"{r.msgs_per_s:,.0f}",
+                     f"{r.mb_per_s:,.1f}", r.baseline, f"{r.baseline_msgs_per_s:,.0f}",
+                     f"{r.ratio:.2f}x"])
+
+
 def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
     try:
         values = [int(s) for s in sizes.split(",") if s.strip()]

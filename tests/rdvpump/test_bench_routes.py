@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
+
+import pytest
+
 from rdvpump.bench import routes
 
 
@@ -19,3 +23,13 @@ def test_one_change_reaches_every_subscriber_and_costs_one_delta() -> None:
     assert wall.unit == "s" and wall.value > 0
     # one server's ServerInfo per subscriber per change, against the whole table
     assert traffic.ratio is not None and traffic.ratio > 3  # a full snapshot would be ~1
+
+
+@pytest.mark.slow
+def test_bench_mq_moves_every_message_end_to_end(tmp_path: pathlib.Path) -> None:
+    from rdvpump.bench import mq
+
+    for durability in ("sync", "interval:1"):
+        assert mq.ours(1024, 300, durability, tmp_path) > 0  # raises if any went missing
+    assert mq.plain_append(1024, 300, "sync", tmp_path) > 0
+    assert list(tmp_path.iterdir()) == []  # every temporary file removed

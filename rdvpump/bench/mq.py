@@ -1,0 +1,329 @@
+"""MQ end to end: a producer process, a server process and a consumer process on 127.0.0.1.
+
+A message counts once it is published, stored as the durability policy says,
+delivered and acknowledged; the figure is messages over the time from the
+producer's start to the consumer's last ack.  Baselines in the same run:
+
+* Redis Streams: Debian's ``redis-server`` started here on 127.0.0.1 with
+  ``appendonly yes`` and ``appendfsync everysec`` (``always`` beside ``sync``),
+  a producer process with pipelined ``XADD`` and a consumer process with
+  ``XREADGROUP COUNT`` and ``XACK``, batches the same size as ours;
+* the physical limit: one process appending the same bytes to a file with
+  the same fsync policy (every batch for ``sync``, every second otherwise).
+
+Producers send batches (``publish_many`` / a pipeline) with a few in flight;
+the consumer acknowledges in batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from brokermgr import BrokerManager
+from mq import MqClient
+from pump import Pump
+from rdv import Address
+
+DEFAULT_COUNTS = {64: 200_000, 1024: 100_000, 65536: 4_000}
+IN_FLIGHT = 4
+UNIVERSE = "bench-mq"
+
+
+def batch_for(size: int) -> int:
+    return max(1, min(200, (256 << 10) // max(size, 1)))
+
+
+@dataclass(frozen=True)
+class MqResult:
+    case: str
+    size: int
+    durability: str
+    msgs_per_s: float
+    mb_per_s: float
+    baseline: str
+    baseline_msgs_per_s: float
+    ratio: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("msgs_per_s", "mb_per_s", "baseline_msgs_per_s"):
+            d[key] = round(d[key], 1)
+        d["ratio"] = round(self.ratio, 3)
+        return d
+
+
+# -- children ------------------------------------------------------------------------------
+
+def child_main(argv: list[str] | None = None) -> None:
+    """``python -m rdvpump.bench.mq KIND ...``: one side, a JSON line of times on stdout."""
+    args = sys.argv[1:] if argv is None else argv
+    kind = args[0]
+    if kind in ("producer", "consumer"):
+        host, port, size, count = args[1], int(args[2]), int(args[3]), int(args[4])
+        print(json.dumps(trio.run(_ours, kind, host, port, size, count)), flush=True)
+    elif kind in ("redis-producer", "redis-consumer"):
+        port, size, count = int(args[1]), int(args[2]), int(args[3])
+        print(json.dumps(_redis(kind, port, size, count)), flush=True)
+    else:
+        raise SystemExit(f"unknown bench child {kind!r}")
+
+
+async def _ours(kind: str, host: str, port: int, size: int, count: int) -> dict[str, float]:
+    manager = BrokerManager(UNIVERSE, pump=Pump(name=kind))
+    manager.directory["s1"] = Address(host, port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        client = MqClient(manager.add_broker(kind), "s1:15555", timeout=60)
+        await client.connected()
+        batch = batch_for(size)
+        if kind == "consumer":
+            sub = await client.subscribe("bench", window=max(1000, 2 * batch))
+            print("subscribed", flush=True)
+            got, acks, first = 0, [], 0.0
+            async for message in sub:
+                if not got:
+                    first = time.time()
+                got += 1
+                acks.append(message.offset)
+                if len(acks) >= 500 or got == count:
+                    await sub.ack(acks)
+                    acks = []
+                if got == count:
+                    break
+            await trio.sleep(0.05)
+            result = {"first": first, "end": time.time()}
+        else:
+            body = b"x" * size
+            start = time.time()
+            left = [count]
+
+            async def worker() -> None:
+                while left[0] > 0:
+                    n = min(batch, left[0])
+                    left[0] -= n
+                    await client.publish_many("bench", [body] * n)
+
+            async with trio.open_nursery() as workers:
+                for _ in range(IN_FLIGHT):
+                    workers.start_soon(worker)
+            result = {"start": start, "end": time.time()}
+        client.close()
+        nursery.cancel_scope.cancel()
+    return result
+
+
+def _redis(kind: str, port: int, size: int, count: int) -> dict[str, float]:
+    import redis
+
+    r: Any = redis.Redis(host="127.0.0.1", port=port)
+    batch = batch_for(size)
+    if kind == "redis-consumer":
+        r.xgroup_create("bench", "g", id="0", mkstream=True)
+        print("subscribed", flush=True)
+        got, first = 0, 0.0
+        while got < count:
+            reply = r.xreadgroup("g", "c", {"bench": ">"}, count=max(500, batch), block=5000)
+            if not reply:
+                continue
+            ids = [entry_id for entry_id, _ in reply[0][1]]
+            if not got:
+                first = time.time()
+            got += len(ids)
+            r.xack("bench", "g", *ids)
+        return {"first": first, "end": time.time()}
+    body = b"x" * size
+    start = time.time()
+    sent = 0
+    pipe = r.pipeline(transaction=False)
+    while sent < count:
+        n = min(batch, count - sent)
+        for _ in range(n):
+            pipe.xadd("bench", {"b": body})
+        pipe.execute()
+        sent += n
+    return {"start": start, "end": time.time()}
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Proc:
+    def __init__(self, args: list[str], *, ready: str | None = None) -> None:
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.first = ""
+        if ready is not None:
+            assert self.proc.stdout is not None
+            self.first = self.proc.stdout.readline()
+            if not self.first.startswith(ready):
+                self.close()
+                raise RuntimeError(f"{args[:4]} did not start: {self.first!r}")
+
+    def result(self, timeout: float = 600) -> dict[str, float]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if self.proc.returncode != 0 or not lines:
+            raise RuntimeError(f"bench child failed (exit {self.proc.returncode})")
+        return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+CHILD = [sys.executable, "-m", "rdvpump.bench.mq"]
+RDVPUMP = [sys.executable, "-m", "rdvpump"]
+
+
+def ours(size: int, count: int, durability: str, tmp: Path) -> float:
+    """Messages per second end to end through an rdvpump MQ server process."""
+    manager_port = _free_port()
+    server_port = _free_port()
+    data = tmp / f"mq-{size}-{durability.replace(':', '')}"
+    manager = _Proc([*RDVPUMP, "manager", "serve", "--universe", UNIVERSE, "--listen",
+                     f"127.0.0.1:{manager_port}"], ready="ready")
+    try:
+        server = _Proc([*RDVPUMP, "broker", "run", "--universe", UNIVERSE, "--id", "s1",
+                        "--manager", f"127.0.0.1:{manager_port}", "--listen",
+                        f"127.0.0.1:{server_port}", "--role", "server", "--mq-dir", str(data),
+                        "--topic", "bench", "--durability", durability],
+                       ready="ready")
+        try:
+            args = ["127.0.0.1", str(server_port), str(size), str(count)]
+            consumer = _Proc([*CHILD, "consumer", *args], ready="subscribed")
+            try:
+                producer = _Proc([*CHILD, "producer", *args])
+                try:
+                    sent = producer.result()
+                    got = consumer.result()
+                finally:
+                    producer.close()
+            finally:
+                consumer.close()
+        finally:
+            server.proc.send_signal(2)
+            server.close()
+    finally:
+        manager.close()
+        shutil.rmtree(data, ignore_errors=True)
+    return count / (got["end"] - sent["start"])
+
+
+def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
+    server_bin = shutil.which("redis-server")
+    if server_bin is None:
+        raise RuntimeError("redis-server not found: apt-get install redis-server")
+    port = _free_port()
+    data = tmp / f"redis-{size}-{appendfsync}"
+    data.mkdir()
+    server = subprocess.Popen([server_bin, "--port", str(port), "--bind", "127.0.0.1",
+                               "--dir", str(data), "--appendonly", "yes", "--appendfsync",
+                               appendfsync, "--save", ""], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        args = [str(port), str(size), str(count)]
+        consumer = _Proc([*CHILD, "redis-consumer", *args], ready="subscribed")
+        try:
+            producer = _Proc([*CHILD, "redis-producer", *args])
+            try:
+                sent = producer.result()
+                got = consumer.result()
+            finally:
+                producer.close()
+        finally:
+            consumer.close()
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+    return count / (got["end"] - sent["start"])
+
+
+def plain_append(size: int, count: int, durability: str, tmp: Path) -> float:
+    """The physical limit: the same bytes appended to one file, fsynced as the policy says."""
+    path = tmp / f"append-{size}"
+    batch = batch_for(size)
+    chunk = (b"x" * (size + 36)) * batch  # a record header's worth more per message
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start = last_sync = time.perf_counter()
+        written = 0
+        while written < count:
+            n = min(batch, count - written)
+            os.write(fd, chunk if n == batch else chunk[:n * (size + 36)])
+            written += n
+            now = time.perf_counter()
+            if durability == "sync" or now - last_sync >= 1.0:
+                os.fsync(fd)
+                last_sync = now
+        os.fsync(fd)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return count / elapsed
+
+
+def run(sizes: list[int], *, durabilities: list[str], scale: float = 1.0, repeat: int = 1,
+        progress: Callable[[str], None] | None = None) -> Iterator[MqResult]:
+    with tempfile.TemporaryDirectory(prefix="rdvpump-bench-mq-") as tmp_name:
+        tmp = Path(tmp_name)
+        for durability in durabilities:
+            for size in sizes:
+                count = max(1, int(DEFAULT_COUNTS.get(size, 10_000) * scale))
+                best: dict[str, float] = {}
+                for _ in range(repeat):
+                    if progress:
+                        progress(f"{size} B, {durability}: rdvpump ...")
+                    best["ours"] = max(best.get("ours", 0), ours(size, count, durability, tmp))
+                    if progress:
+                        progress(f"{size} B, {durability}: Redis Streams ...")
+                    fsync = "always" if durability == "sync" else "everysec"
+                    best[f"redis-streams-{fsync}"] = max(
+                        best.get(f"redis-streams-{fsync}", 0),
+                        redis_streams(size, count, fsync, tmp))
+                    if progress:
+                        progress(f"{size} B, {durability}: plain append ...")
+                    best["plain-append"] = max(best.get("plain-append", 0),
+                                               plain_append(size, count, durability, tmp))
+                for name, theirs in best.items():
+                    if name == "ours":
+                        continue
+                    yield MqResult("rdvpump-mq", size, durability, best["ours"],
+                                   best["ours"] * size / 1e6, name, theirs,
+                                   best["ours"] / theirs)
+
+
+if __name__ == "__main__":
+    child_main()
