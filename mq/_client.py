@@ -258,6 +258,17 @@ class Subscription:
     async def receive(self) -> Message:
         return await self._out.receive()
 
+    async def receive_many(self, max_count: int = 1000) -> list[Message]:
+        """Wait for a message, then take every one already here (at most ``max_count``):
+        one await for a whole frame of them."""
+        messages = [await self._out.receive()]
+        while len(messages) < max_count:
+            try:
+                messages.append(self._out.receive_nowait())
+            except trio.WouldBlock:
+                break
+        return messages
+
     async def ack(self, offsets: Sequence[int]) -> None:
         """Acknowledge offsets of this subscription (any number at once).  An ack lost
         with its link means those messages are delivered again."""

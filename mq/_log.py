@@ -29,6 +29,7 @@ import os
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ INDEX_FOOTER = struct.Struct("<8sIQQQQI")  # magic, version, base, next offset, 
 INDEX_MAGIC = b"RDVPQIDX"
 #: Records a corrupt stretch may hide before reading gives up looking past it.
 RESYNC_SPAN = 4096
+#: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
+#: served without reading the file back (and checking each record again).
+DEFAULT_TAIL_BYTES = 8 << 20
 
 
 def fsync_dir(path: Path) -> None:
@@ -111,7 +115,8 @@ class TopicLog:
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_body: int = DEFAULT_MAX_BODY,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
         if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
             raise ValueError(f"segment_bytes must be at least "
                              f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
@@ -121,6 +126,10 @@ class TopicLog:
         self.max_body = max_body
         self.clock = clock
         self.segments: list[_Segment] = []
+        #: The newest records, as appended (offsets consecutive up to next_offset).
+        self._tail: deque[Record] = deque()
+        self._tail_bytes = 0
+        self.tail_limit = tail_bytes
         #: Corrupt stretches found when opening, in order.
         self.corruptions: list[Corruption] = []
         #: Bytes cut from the tail when opening (a record torn by a crash).
@@ -321,6 +330,14 @@ class TopicLog:
         segment.size = pos
         segment.next_offset = first + len(chunks)
         segment.max_ts = now
+        if self.tail_limit > 0:
+            tail = self._tail
+            for i, (tag, producer, sequence, body) in enumerate(messages):
+                tail.append(Record(first + i, now, sequence, tag or None, producer,
+                                   bytes(body)))
+                self._tail_bytes += len(body)
+            while self._tail_bytes > self.tail_limit and len(tail) > 1:
+                self._tail_bytes -= len(tail.popleft().body)
         if segment.size >= self.segment_bytes:
             self._roll()
         return first
@@ -337,20 +354,30 @@ class TopicLog:
     def sync(self) -> int:
         """fsync what was appended; the durable offset.  A failure is final for this log
         (see the module)."""
+        point = self.prepare_sync()
+        try:
+            run_sync(point)
+        except OSError as exc:
+            return self.finish_sync(point, exc)
+        return self.finish_sync(point, None)
+
+    def prepare_sync(self) -> SyncPoint:
+        """What an fsync must cover now; :func:`run_sync` may then run in another thread
+        while appends go on, and :meth:`finish_sync` (back here) records the outcome."""
         if self.failed is not None:
             raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
-        target = self.next_offset
-        try:
-            os.fsync(self.segments[-1].fd)
-            if self._dir_dirty:
-                fsync_dir(self._segdir)
-                self._dir_dirty = False
-        except OSError as exc:
-            self.failed = f"fsync failed: {exc.strerror or exc}"
+        point = SyncPoint(self.segments[-1].fd, self._segdir if self._dir_dirty else None,
+                          self.next_offset)
+        self._dir_dirty = False
+        return point
+
+    def finish_sync(self, point: SyncPoint, error: OSError | None) -> int:
+        if error is not None:
+            self.failed = f"fsync failed: {error.strerror or error}"
             log.error("%s: %s; the queue refuses writes until it is opened again",
                       self.directory, self.failed)
-            raise StoreError(f"{self.directory}: {self.failed}") from exc
-        self._durable = max(self._durable, target)
+            raise StoreError(f"{self.directory}: {self.failed}") from error
+        self._durable = max(self._durable, point.target)
         return self._durable
 
     def _roll(self) -> None:
@@ -375,7 +402,17 @@ class TopicLog:
         ``max_count`` and about ``max_bytes`` of bodies (at least one record); offsets lost
         to corruption are skipped."""
         offset = max(offset, self.start_offset)
+        tail = self._tail
         out: list[Record] = []
+        if tail and tail[0].offset <= offset:
+            size = 0
+            for i in range(offset - tail[0].offset, len(tail)):
+                if len(out) >= max_count or (out and size >= max_bytes):
+                    break
+                record = tail[i]
+                out.append(record)
+                size += len(record.body)
+            return out
         budget = [max_count, max_bytes]
         i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
         for segment in self.segments[i:]:
@@ -468,6 +505,23 @@ class TopicLog:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
         self.segments = []
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """An fsync to do: the last segment's file, the directory if it changed, and the
+    offset everything below which is durable once it is done."""
+
+    fd: int
+    directory: Path | None
+    target: int
+
+
+def run_sync(point: SyncPoint) -> None:
+    """Do the fsync of a :class:`SyncPoint` (any thread); OSError if it fails."""
+    os.fsync(point.fd)
+    if point.directory is not None:
+        fsync_dir(point.directory)
 
 
 def _write_all(fd: int, data: bytes, at: int) -> None:

@@ -25,25 +25,31 @@ own link.  Every declare, remove, first and last consumer updates the
 broker's ServerInfo, so trackers and route tables follow.
 
 Durability (per server): ``sync`` -- a produce is acknowledged after fsync,
-and every produce that arrived before the fsync shares it (group commit; the
-fsync runs on the pump, so the pump waits for the disk meanwhile), and
-messages are delivered only once durable; ``interval:S`` -- acknowledged and
-delivered once written, fsynced every S seconds; ``none`` -- fsynced only when
-a segment is sealed or the server closes.
+and every produce that arrived before the fsync shares it (group commit: the
+fsync runs in a thread while the pump goes on, and what arrives meanwhile
+waits for the next one), and messages are delivered only once durable;
+``interval:S`` -- acknowledged and delivered once written, fsynced every S
+seconds; ``none`` -- fsynced only when a segment is sealed or the server
+closes.  (``fsync_thread=False`` keeps the fsyncs on the pump: deterministic
+under a virtual clock, but the pump waits for the disk.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import trio
 
 from brokermgr import Sent, encode, send
 from brokermgr.tracking import TrackNode
@@ -58,7 +64,7 @@ from pump import RdvpumpError, Timer
 
 from ._cursor import CursorStore
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES, TopicLog, _write_file
+from ._log import DEFAULT_SEGMENT_BYTES, SyncPoint, TopicLog, _write_file, run_sync
 from ._memory import MemoryLog
 from ._record import Record, StoreError
 from ._topic import (
@@ -151,7 +157,8 @@ class MqServer:
                  durability: str | Durability = "sync",
                  ack_timeout: float = DEFAULT_ACK_TIMEOUT,
                  max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 fsync_thread: bool = True) -> None:
         if node.server is None:
             raise ValueError(f"{node.address} has no server role: an MQ server needs one")
         self.node = node
@@ -167,7 +174,15 @@ class MqServer:
         self.links: dict[MessageQueue, _Link] = {}
         self._waiting: list[tuple[MessageQueue, dict[str, Any], str]] = []
         self._commit_posted = False
+        self._committing = False
         self._closed = False
+        #: fsyncs run in a thread and report back through trio (when trio runs this pump)
+        self._token: trio.lowlevel.TrioToken | None = None
+        if fsync_thread:
+            try:
+                self._token = trio.lowlevel.current_trio_token()
+            except RuntimeError:
+                self._token = None
         #: Counters: stored, delivered, acked, dead letters, errors replied.
         self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0}
         if self.directory is not None:
@@ -339,24 +354,61 @@ class MqServer:
         if self.durability.kind != "sync" or not isinstance(state.topic.log, TopicLog):
             return False
         state.dirty = True
-        if not self._commit_posted:
-            self._commit_posted = True
-            self.pump.post("mq commit", self._commit, owner=self.node.broker)
+        self._want_commit()
         return True
 
+    def _want_commit(self) -> None:
+        if not self._commit_posted and not self._committing:
+            self._commit_posted = True
+            self.pump.post("mq commit", self._commit, owner=self.node.broker)
+
     def _commit(self) -> None:
-        """One fsync per topic for every produce since the last one; then their replies,
-        then the messages go out."""
+        """One fsync per dirty topic for every produce since the last commit; their
+        replies and deliveries follow when it is done.  With ``fsync_thread`` the fsyncs
+        run in a thread while the pump goes on (and produces gather for the next
+        commit); otherwise on the pump."""
         self._commit_posted = False
+        if self._closed:
+            return
+        points: dict[str, SyncPoint] = {}
         failed: dict[str, str] = {}
         for state in self.topics.values():
-            if state.dirty:
+            if state.dirty and isinstance(state.topic.log, TopicLog):
                 state.dirty = False
                 try:
-                    state.topic.log.sync()
+                    points[state.topic.name] = state.topic.log.prepare_sync()
                 except StoreError as exc:
                     failed[state.topic.name] = str(exc)
         waiting, self._waiting = self._waiting, []
+        if not points or self._token is None:
+            errors = _run_syncs(points)
+            self._committed(points, errors, failed, waiting)
+            return
+        self._committing = True
+        token = self._token
+
+        def job() -> None:
+            errors = _run_syncs(points)
+            with contextlib.suppress(trio.RunFinishedError):  # ending: nothing is acked
+                token.run_sync_soon(self.pump.post, "mq committed", self._committed, points,
+                                    errors, failed, waiting)
+
+        threading.Thread(target=job, name="mq fsync", daemon=True).start()
+
+    def _committed(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
+                   failed: dict[str, str],
+                   waiting: list[tuple[MessageQueue, dict[str, Any], str]]) -> None:
+        self._committing = False
+        if self._closed:
+            return
+        for name, point in points.items():
+            state = self.topics.get(name)
+            if state is None or not isinstance(state.topic.log, TopicLog):
+                continue
+            try:
+                state.topic.log.finish_sync(point, errors.get(name))
+            except StoreError as exc:
+                failed[name] = str(exc)
         for queue, reply, name in waiting:
             if name in failed:
                 reply = {"cmd": "error", "status": 500, "seq": reply.get("seq"),
@@ -366,6 +418,8 @@ class MqServer:
                         {**reply, "topic": name})
         for state in self.topics.values():
             self._dispatch(state)
+        if self._waiting or any(s.dirty for s in self.topics.values()):
+            self._want_commit()
 
     def _visible(self, state: _Topic) -> int:
         topic_log = state.topic.log
@@ -585,9 +639,13 @@ class MqServer:
                 state.topic.groups[group].dirty = True
 
     def _interval(self) -> None:
-        self.sync_all()
+        """Every topic written since the last interval is fsynced (a commit, in the
+        fsync thread when there is one)."""
         for state in self.topics.values():
-            self._dispatch(state)
+            if isinstance(state.topic.log, TopicLog) and (
+                    state.topic.log.durable_offset < state.topic.log.next_offset):
+                state.dirty = True
+        self._want_commit()
         self._sync_timer = self.pump.call_later(self.durability.interval, self._interval)
 
     def sync_all(self) -> None:
@@ -613,3 +671,14 @@ class MqServer:
 
     def topic_names(self) -> Iterable[str]:
         return sorted(self.topics)
+
+
+def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:
+    """fsync each point (any thread); the errors by topic."""
+    errors = {}
+    for name, point in points.items():
+        try:
+            run_sync(point)
+        except OSError as exc:
+            errors[name] = exc
+    return errors

@@ -272,6 +272,7 @@ class Topic:
 
     def _dispatch(self, group: Group, limit: int) -> int:
         sent = 0
+        deadline = self.clock() + self.ack_timeout
         while group.consumers:
             if group.redeliver:
                 consumer = group.pick()
@@ -284,7 +285,7 @@ class Topic:
                     if self.dead is not None:
                         self.dead(self.name, group.name, record, deliveries)
                     continue
-                self._send(group, consumer, record, deliveries + 1)
+                self._send(group, consumer, record, deliveries + 1, deadline)
                 sent += 1
                 continue
             if group.next_read < self.log.start_offset:
@@ -308,13 +309,13 @@ class Topic:
                 if consumer is None:
                     return sent
                 group.next_read = record.offset + 1
-                self._send(group, consumer, record, 1)
+                self._send(group, consumer, record, 1, deadline)
                 sent += 1
         return sent
 
-    def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int) -> None:
-        group.in_flight[record.offset] = _Pending(record, consumer,
-                                                  self.clock() + self.ack_timeout, deliveries)
+    def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int,
+              deadline: float) -> None:
+        group.in_flight[record.offset] = _Pending(record, consumer, deadline, deliveries)
         consumer.in_flight.add(record.offset)
         consumer.deliver(Delivery(self.name, group.name, record, deliveries))
 
