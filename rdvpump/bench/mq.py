@@ -18,6 +18,7 @@ the consumer acknowledges in batches.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -293,6 +294,54 @@ def plain_append(size: int, count: int, durability: str, tmp: Path) -> float:
         os.close(fd)
         path.unlink(missing_ok=True)
     return count / elapsed
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    case: str
+    gib: float
+    records: int
+    segments: int
+    seconds: float
+    baseline: str
+    baseline_seconds: float
+    ratio: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("seconds", "baseline_seconds"):
+            d[key] = round(d[key], 3)
+        d["ratio"] = round(self.ratio, 2)
+        return d
+
+
+def recovery(gib: float = 1.0, size: int = 1024, repeat: int = 3) -> RecoveryResult:
+    """Seconds to open a queue of ``gib`` GiB after a clean close (sealed segments come
+    back from their indexes, the last one is read whole), beside the same queue with
+    every index lost (every segment read whole).  The files are in the page cache."""
+    from mq import TopicLog
+
+    with tempfile.TemporaryDirectory(prefix="rdvpump-bench-recovery-") as tmp:
+        log = TopicLog(tmp)
+        body = b"x" * size
+        while log.size_bytes < gib * (1 << 30):
+            log.append([(None, "p", i, body) for i in range(1000)])
+        log.sync()
+        log.close()
+        best = math.inf
+        for _ in range(repeat):
+            start = time.perf_counter()
+            log = TopicLog(tmp)
+            best = min(best, time.perf_counter() - start)
+            records, segments = log.next_offset, len(log.segments)
+            log.close()
+        for index in Path(tmp, "segments").glob("*.idx"):
+            index.unlink()
+        start = time.perf_counter()
+        TopicLog(tmp).close()
+        scanned = time.perf_counter() - start
+    return RecoveryResult("recover-after-restart", gib, records, segments, best,
+                          "every-segment-read-whole", scanned, scanned / best)
 
 
 def run(sizes: list[int], *, durabilities: list[str], scale: float = 1.0, repeat: int = 1,

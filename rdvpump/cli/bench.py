@@ -120,6 +120,8 @@ def bench_mq(
         help="Durability policies, comma-separated.")] = "interval:1,sync",
     scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
     repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 1,
+    recovery_gib: Annotated[float, typer.Option(
+        help="Also time opening a queue of this many GiB after a restart (0: not).")] = 1.0,
 ) -> None:
     """An MQ server process end to end beside Redis Streams and a plain file append."""
     from mq import Durability
@@ -133,6 +135,15 @@ def bench_mq(
     with err.status("benchmarking the MQ ...") as status:
         results = guard(lambda: list(mq.run(size_list, durabilities=policies, scale=scale,
                                             repeat=repeat, progress=status.update)))
+    if recovery_gib > 0:
+        with err.status(f"writing and reopening {recovery_gib:g} GiB ..."):
+            recovered = guard(lambda: mq.recovery(recovery_gib))
+        if json_out:
+            print(json.dumps(recovered.to_dict()))
+        else:
+            out.print(f"recovery of {recovered.gib:g} GiB ({recovered.records:,} records, "
+                      f"{recovered.segments} segments): {recovered.seconds:.3f} s; with every "
+                      f"index lost {recovered.baseline_seconds:.3f} s")
     _show(results, json_out, f"rdvpump bench mq (best of {repeat})",
           ("case", "size", "durability", "msgs/s", "MB/s", "baseline", "baseline msgs/s",
            "ratio"),
