@@ -194,6 +194,19 @@ CHILD = [sys.executable, "-m", "rdvpump.bench.mq"]
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
 
 
+def _pair(prefix: str, args: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """A consumer child (subscribed first), then a producer child: their times."""
+    consumer = _Proc([*CHILD, f"{prefix}consumer", *args], ready="subscribed")
+    try:
+        producer = _Proc([*CHILD, f"{prefix}producer", *args])
+        try:
+            return producer.result(), consumer.result()
+        finally:
+            producer.close()
+    finally:
+        consumer.close()
+
+
 def ours(size: int, count: int, durability: str, tmp: Path) -> float:
     """Messages per second end to end through an rdvpump MQ server process."""
     manager_port = _free_port()
@@ -208,17 +221,7 @@ def ours(size: int, count: int, durability: str, tmp: Path) -> float:
                         "--topic", "bench", "--durability", durability],
                        ready="ready")
         try:
-            args = ["127.0.0.1", str(server_port), str(size), str(count)]
-            consumer = _Proc([*CHILD, "consumer", *args], ready="subscribed")
-            try:
-                producer = _Proc([*CHILD, "producer", *args])
-                try:
-                    sent = producer.result()
-                    got = consumer.result()
-                finally:
-                    producer.close()
-            finally:
-                consumer.close()
+            sent, got = _pair("", ["127.0.0.1", str(server_port), str(size), str(count)])
         finally:
             server.proc.send_signal(2)
             server.close()
@@ -253,17 +256,7 @@ def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
                 if time.monotonic() > deadline:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.05)
-        args = [str(port), str(size), str(count)]
-        consumer = _Proc([*CHILD, "redis-consumer", *args], ready="subscribed")
-        try:
-            producer = _Proc([*CHILD, "redis-producer", *args])
-            try:
-                sent = producer.result()
-                got = consumer.result()
-            finally:
-                producer.close()
-        finally:
-            consumer.close()
+        sent, got = _pair("redis-", [str(port), str(size), str(count)])
     finally:
         server.kill()
         server.wait(timeout=30)
