@@ -1,6 +1,6 @@
-"""MQ servers on rdvpump's links (issue 11), being built from the disk up.
+"""MQ servers on rdvpump's links (issue 11), built from the disk up.
 
-Built so far, each sans-network:
+The storage and the semantics, sans-network:
 
 * :class:`TopicLog` -- a topic's durable log: append-only segments with
   checksummed records, sparse indexes, group commit (:meth:`TopicLog.sync`),
@@ -12,8 +12,14 @@ Built so far, each sans-network:
   credits, acks, redelivery on consumer loss and ack timeout, dead letters
   (sans-I/O); :class:`MemoryLog` -- a memory-only topic's bounded ring.
 
-Not built yet: the server role and its commands over links, RPC and push,
-the client API and the CLI.
+Over links:
+
+* :class:`MqServer` -- the server role on a broker's tracking port, and
+  :class:`MqClient` its async client; :class:`Caller` and :class:`Service`,
+  RPC over ``rpc`` topics.
+
+Not built yet: push to named receivers, a listener client face, clients that
+route through tracking's route tables.
 """
 
 from ._client import Message as Message
@@ -23,6 +29,7 @@ from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
 from ._memory import MemoryLog
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._rpc import Caller, RpcTimeout, Service
 from ._server import FLAGS, Durability, MqServer
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
@@ -41,5 +48,5 @@ __all__ = [
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
     "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
-    "Subscription",
+    "Subscription", "Caller", "Service", "RpcTimeout",
 ]

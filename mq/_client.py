@@ -12,13 +12,13 @@ see duplicates drop them by ``(producer, sequence)``.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import trio
 
-from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Reply, Sent
+from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Reply, Sent, encode
 from brokermgr.tracking import ServerAddress
 from pump import RdvpumpError
 
@@ -87,7 +87,16 @@ class _Link(BrokerLink):
         self.room.set()
         self.room = trio.Event()
 
+    def send_with_body(self, obj: dict[str, Any], body: bytes) -> Sent:
+        """One message with a binary body, fire and forget."""
+        return self.send(encode(obj, body))
+
     def pushed(self, obj: dict[str, Any]) -> None:
+        if obj.get("cmd") == "reply":
+            waiting = self.client.calls.pop(obj.get("id"), None)  # type: ignore[arg-type]
+            if waiting is not None:
+                waiting(obj)
+            return  # a reply after its call timed out: dropped
         if obj.get("cmd") != "messages":
             return  # an error reply to a fire-and-forget ack, already logged by the server
         key = (obj.get("topic"), obj.get("group"))
@@ -122,6 +131,8 @@ class MqClient:
         self.timeout = timeout
         self.sequence = 0
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
+        #: RPC calls waiting for their reply, by request id
+        self.calls: dict[int, Callable[[Reply], None]] = {}
         self.link = _Link(self, broker, self.server, retry)
         self.link.connect()
 

@@ -18,6 +18,12 @@ request may carry a ``seq`` that its reply echoes):
   it.
 * ``ack {topic, group, offsets}`` -- any number of offsets at once.
 * ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
+* RPC (zbus's produce + route): a produce on an ``rpc`` topic is a request;
+  the server stamps it with the caller link's session id (as its producer
+  id; the request id is its sequence).  A service consumes it and answers
+  ``route {recver: producer, id: sequence, status?}`` + body; the caller's
+  link gets ``reply {id, status}`` + body.  A reply to a caller that has
+  left is dropped and counted (``counts["unroutable"]``).
 
 Every error is replied, with a status and the reason (404 for an unknown
 topic or group), never dropped; a message that is not JSON closes only its
@@ -83,6 +89,7 @@ log = logging.getLogger("rdvpump.mq")
 FLAGS = {"memory": MASK_MEMORY, "rpc": MASK_RPC, "exclusive": MASK_EXCLUSIVE,
          "delete-on-exit": MASK_DELETE_ON_EXIT}
 COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "query", "remove",
+                      "route",
                       "empty"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
@@ -138,6 +145,8 @@ class _Link:
     """One link's consumers and the messages its queue did not take yet."""
 
     queue: MessageQueue
+    #: what RPC replies are routed by (a request on an ``rpc`` topic carries it)
+    session: str = ""
     consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
     outbox: deque[bytes] = field(default_factory=deque)
     #: deliveries of the dispatch under way, sent as one ``messages`` frame each
@@ -172,6 +181,9 @@ class MqServer:
         self.segment_bytes = segment_bytes
         self.topics: dict[str, _Topic] = {}
         self.links: dict[MessageQueue, _Link] = {}
+        #: links by session id, for RPC replies (``route``)
+        self.sessions: dict[str, _Link] = {}
+        self._sessions = 0
         self._waiting: list[tuple[MessageQueue, dict[str, Any], str]] = []
         self._commit_posted = False
         self._committing = False
@@ -184,7 +196,8 @@ class MqServer:
             except RuntimeError:
                 self._token = None
         #: Counters: stored, delivered, acked, dead letters, errors replied.
-        self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0}
+        self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
+                       "routed": 0, "unroutable": 0}
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._load()
@@ -280,7 +293,9 @@ class MqServer:
     def _link(self, queue: MessageQueue) -> _Link:
         link = self.links.get(queue)
         if link is None:
-            link = self.links[queue] = _Link(queue)
+            self._sessions += 1
+            link = self.links[queue] = _Link(queue, f"{queue.remote_id}#{self._sessions}")
+            self.sessions[link.session] = link
         return link
 
     def _state(self, request: dict[str, Any]) -> _Topic:
@@ -325,6 +340,11 @@ class MqServer:
         if not isinstance(producer, str) or type(sequence) is not int or (
                 tag is not None and not isinstance(tag, str)):
             raise MqError(400, "producer must be a string, sequence an integer, tag a string")
+        if "rpc" in state.flags:
+            # a request: replies are routed back to this link by (session, request id)
+            if queue is None:
+                raise MqError(400, "an RPC request needs a link to answer")
+            producer = self._link(queue).session
         sizes = request.get("sizes")
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
@@ -522,6 +542,27 @@ class MqServer:
             shutil.rmtree(state.directory, ignore_errors=True)
         self.node.remove_topic(state.topic.name)
 
+    def _route(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+        """An RPC reply: ``route {recver, id}`` + body goes to the caller's link as
+        ``reply {id}`` + body; a caller that has left is counted, and the replier told
+        only if it asked (``seq``)."""
+        recver, request_id = request.get("recver"), request.get("id")
+        if not isinstance(recver, str) or type(request_id) is not int:
+            raise MqError(400, "route needs recver (a string) and id (an integer)")
+        link = self.sessions.get(recver)
+        if link is None:
+            self.counts["unroutable"] += 1
+            log.info("%s: a reply to %s (request %d) dropped: the caller has left",
+                     self.address, recver, request_id)
+            if "seq" in request:
+                raise MqError(410, f"caller {recver} has left; the reply is dropped")
+            return None
+        self.counts["routed"] += 1
+        self._push(link, encode({"cmd": "reply", "id": request_id,
+                                 "status": request.get("status", 200)},
+                                request.get("body", b"")))
+        return {"cmd": "routed"} if "seq" in request else None
+
     def _empty(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
         state = self._state(request)
         state.topic.empty()
@@ -577,6 +618,7 @@ class MqServer:
             return
         link = self.links.pop(queue, None)
         if link is not None:
+            self.sessions.pop(link.session, None)
             for (name, group), consumer in link.consumers.items():
                 state = self.topics.get(name)
                 if state is not None:

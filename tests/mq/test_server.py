@@ -251,3 +251,49 @@ async def test_fsyncs_in_a_thread_on_the_real_clock(tmp_path: pathlib.Path,
         with trio.fail_after(5):  # sync: already; interval: by the next interval
             while log.durable_offset < 200:  # type: ignore[attr-defined]
                 await trio.sleep(0.01)
+
+
+async def test_rpc_call_reply_timeout_errors_and_a_caller_that_left(
+        autojump_clock: object) -> None:
+    from mq import Caller, RpcTimeout, Service
+
+    async with site(None) as s:
+        admin = s.client("admin")
+        await admin.declare("prices", flags=["rpc", "memory"])
+
+        async def price(body: bytes) -> bytes:
+            if body == b"ghost":
+                raise KeyError("no such item")
+            if body == b"slow":
+                await trio.sleep(60)
+            return b"price of " + body
+
+        service = Service(s.client("pricing"), "prices", price)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.serve)
+            caller = Caller(s.client("shop"))
+            assert await caller.call("prices", b"apple") == b"price of apple"
+            answers = []
+
+            async def ask(item: bytes) -> None:
+                answers.append(await caller.call("prices", item))
+
+            async with trio.open_nursery() as calls:  # concurrent calls, each its answer
+                for item in (b"a", b"b", b"c"):
+                    calls.start_soon(ask, item)
+            assert sorted(answers) == [b"price of a", b"price of b", b"price of c"]
+            with pytest.raises(MqRequestError, match="KeyError: 'no such item'") as info:
+                await caller.call("prices", b"ghost")
+            assert info.value.status == 500
+            with pytest.raises(RpcTimeout, match="no reply from 'prices' within 5"):
+                await caller.call("prices", b"slow", timeout=5)
+            # the caller left before the slow reply: it is dropped and counted
+            gone = Caller(s.client("gone"))
+            with trio.move_on_after(1):
+                await gone.call("prices", b"slow")
+            gone.client.close()
+            await trio.sleep(120)
+            assert s.server.counts["unroutable"] >= 1
+            with pytest.raises(MqRequestError, match="no topic 'nope'"):
+                await caller.call("nope", b"x")
+            nursery.cancel_scope.cancel()
