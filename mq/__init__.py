@@ -16,14 +16,14 @@ Over links:
 
 * :class:`MqServer` -- the server role on a broker's tracking port, and
   :class:`MqClient` its async client; :class:`Caller` and :class:`Service`,
-  RPC over ``rpc`` topics.
+  RPC over ``rpc`` topics; push to named receivers.
 
-Not built yet: push to named receivers, a listener client face, clients that
-route through tracking's route tables.
+Not built yet: a listener client face, clients that route through tracking's
+route tables.
 """
 
 from ._client import Message as Message
-from ._client import MqClient, MqRequestError, Stored, Subscription
+from ._client import MqClient, MqRequestError, Pushed, Receiver, Stored, Subscription
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
@@ -48,5 +48,5 @@ __all__ = [
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
     "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
-    "Subscription", "Caller", "Service", "RpcTimeout",
+    "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver",
 ]

@@ -78,6 +78,8 @@ class _Link(BrokerLink):
         for subscription in self.client.subscriptions.values():
             if subscription.active:  # one still being set up sends its own consume
                 subscription.resume()
+        for name in self.client.receivers:
+            self.send({"cmd": "receive", "name": name})
 
     def lost(self, reason: str) -> None:
         self.up = trio.Event()
@@ -92,6 +94,12 @@ class _Link(BrokerLink):
         return self.send(encode(obj, body))
 
     def pushed(self, obj: dict[str, Any]) -> None:
+        if obj.get("cmd") == "pushed":
+            receiver = self.client.receivers.get(obj.get("to"))  # type: ignore[arg-type]
+            if receiver is not None:
+                receiver.inbox.send_nowait(Pushed(str(obj.get("to")), str(obj.get("from")),
+                                                  bytes(obj.get("body", b""))))
+            return
         if obj.get("cmd") == "reply":
             waiting = self.client.calls.pop(obj.get("id"), None)  # type: ignore[arg-type]
             if waiting is not None:
@@ -133,6 +141,8 @@ class MqClient:
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         #: RPC calls waiting for their reply, by request id
         self.calls: dict[int, Callable[[Reply], None]] = {}
+        #: receiver names this client answers to (push)
+        self.receivers: dict[str, Receiver] = {}
         self.link = _Link(self, broker, self.server, retry)
         self.link.connect()
 
@@ -227,6 +237,24 @@ class MqClient:
         subscription.active = True
         return subscription
 
+    async def receive_as(self, name: str) -> Receiver:
+        """Answer to the receiver name ``name``: what is pushed to it comes here."""
+        receiver = self.receivers.get(name)
+        if receiver is None:
+            receiver = self.receivers[name] = Receiver(name)
+            try:
+                await self.request({"cmd": "receive", "name": name})
+            except BaseException:
+                del self.receivers[name]
+                raise
+        return receiver
+
+    async def push(self, to: str, body: bytes) -> int:
+        """Push ``body`` to every client answering to ``to`` (not stored); how many got
+        it.  :class:`MqRequestError` (404) if none does."""
+        reply = await self.request({"cmd": "push", "to": to}, bytes(body))
+        return int(reply["count"])
+
     async def query(self, topic: str | None = None) -> dict[str, Any]:
         reply = await self.request({"cmd": "query", **({"topic": topic} if topic else {})})
         return dict(reply["topics"])
@@ -243,6 +271,29 @@ class MqClient:
             subscription.inbox.close()
         self.subscriptions.clear()
         self.link.close()
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """A message pushed to a receiver name; ``sender`` is the pushing link's session."""
+
+    to: str
+    sender: str
+    body: bytes
+
+
+class Receiver:
+    """What is pushed to one receiver name (``async for``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inbox, self._out = trio.open_memory_channel[Pushed](math.inf)
+
+    def __aiter__(self) -> AsyncIterator[Pushed]:
+        return self._out.__aiter__()
+
+    async def receive(self) -> Pushed:
+        return await self._out.receive()
 
 
 class Subscription:

@@ -24,6 +24,10 @@ request may carry a ``seq`` that its reply echoes):
   ``route {recver: producer, id: sequence, status?}`` + body; the caller's
   link gets ``reply {id, status}`` + body.  A reply to a caller that has
   left is dropped and counted (``counts["unroutable"]``).
+* Push (zbus's consume + route, reduced to its routing): ``receive {name}``
+  makes a link answer to a receiver name; ``push {to}`` + body reaches every
+  link answering to it at once, as ``pushed {to, from}`` + body -- not stored,
+  a 404 if nobody answers to that name.
 
 Every error is replied, with a status and the reason (404 for an unknown
 topic or group), never dropped; a message that is not JSON closes only its
@@ -89,7 +93,7 @@ log = logging.getLogger("rdvpump.mq")
 FLAGS = {"memory": MASK_MEMORY, "rpc": MASK_RPC, "exclusive": MASK_EXCLUSIVE,
          "delete-on-exit": MASK_DELETE_ON_EXIT}
 COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "query", "remove",
-                      "route",
+                      "route", "receive", "push",
                       "empty"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
@@ -147,6 +151,8 @@ class _Link:
     queue: MessageQueue
     #: what RPC replies are routed by (a request on an ``rpc`` topic carries it)
     session: str = ""
+    #: receiver names this link answers to (``receive``)
+    names: set[str] = field(default_factory=set)
     consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
     outbox: deque[bytes] = field(default_factory=deque)
     #: deliveries of the dispatch under way, sent as one ``messages`` frame each
@@ -183,6 +189,8 @@ class MqServer:
         self.links: dict[MessageQueue, _Link] = {}
         #: links by session id, for RPC replies (``route``)
         self.sessions: dict[str, _Link] = {}
+        #: links by receiver name, for ``push``
+        self.receivers: dict[str, list[_Link]] = {}
         self._sessions = 0
         self._waiting: list[tuple[MessageQueue, dict[str, Any], str]] = []
         self._commit_posted = False
@@ -288,7 +296,7 @@ class MqServer:
         if "seq" in request:
             reply["seq"] = request["seq"]
         reply.setdefault("topic", request.get("topic"))
-        self._push(self._link(queue), encode(reply))
+        self._send_to(self._link(queue), encode(reply))
 
     def _link(self, queue: MessageQueue) -> _Link:
         link = self.links.get(queue)
@@ -558,10 +566,39 @@ class MqServer:
                 raise MqError(410, f"caller {recver} has left; the reply is dropped")
             return None
         self.counts["routed"] += 1
-        self._push(link, encode({"cmd": "reply", "id": request_id,
+        self._send_to(link, encode({"cmd": "reply", "id": request_id,
                                  "status": request.get("status", 200)},
                                 request.get("body", b"")))
         return {"cmd": "routed"} if "seq" in request else None
+
+    def _receive(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+        """This link answers to a receiver name: pushes to that name come here."""
+        name = request.get("name")
+        if not isinstance(name, str) or not name:
+            raise MqError(400, "receive needs a name (a non-empty string)")
+        link = self._link(queue)
+        if name not in link.names:
+            link.names.add(name)
+            self.receivers.setdefault(name, []).append(link)
+        return {"cmd": "receiving", "name": name}
+
+    def _push(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+        """``push {to}`` + body: to every link that answers to that name, now (not
+        stored); a 404 if none does."""
+        name = request.get("to")
+        if not isinstance(name, str) or not name:
+            raise MqError(400, "push needs to (a receiver name)")
+        links = self.receivers.get(name)
+        if not links:
+            self.counts["unroutable"] += 1
+            raise MqError(404, f"no receiver {name!r} on {self.address}")
+        sender = self._link(queue).session if queue is not None else self.address
+        message = encode({"cmd": "pushed", "to": name, "from": sender},
+                         request.get("body", b""))
+        for link in links:
+            self._send_to(link, message)
+        self.counts["routed"] += len(links)
+        return {"cmd": "pushed-to", "count": len(links)} if "seq" in request else None
 
     def _empty(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
         state = self._state(request)
@@ -590,9 +627,9 @@ class MqServer:
                       "sequences": [r.sequence for r in records],
                       "deliveries": [d.deliveries for d in deliveries],
                       "timestamps": [r.timestamp for r in records]}
-            self._push(link, encode(header, b"".join(r.body for r in records)))
+            self._send_to(link, encode(header, b"".join(r.body for r in records)))
 
-    def _push(self, link: _Link, message: bytes) -> None:
+    def _send_to(self, link: _Link, message: bytes) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
         if link.outbox:
             link.outbox.append(message)
@@ -619,6 +656,12 @@ class MqServer:
         link = self.links.pop(queue, None)
         if link is not None:
             self.sessions.pop(link.session, None)
+            for name in link.names:
+                held = self.receivers.get(name, [])
+                if link in held:
+                    held.remove(link)
+                if not held:
+                    self.receivers.pop(name, None)
             for (name, group), consumer in link.consumers.items():
                 state = self.topics.get(name)
                 if state is not None:

@@ -297,3 +297,21 @@ async def test_rpc_call_reply_timeout_errors_and_a_caller_that_left(
             with pytest.raises(MqRequestError, match="no topic 'nope'"):
                 await caller.call("nope", b"x")
             nursery.cancel_scope.cancel()
+
+
+async def test_push_reaches_every_link_answering_to_a_name(autojump_clock: object) -> None:
+    async with site(None) as s:
+        desk1, desk2, sender = s.client("desk1"), s.client("desk2"), s.client("sender")
+        a = await desk1.receive_as("support")
+        b = await desk2.receive_as("support")
+        assert await sender.push("support", b"ticket 7") == 2
+        got = [await a.receive(), await b.receive()]
+        assert [p.body for p in got] == [b"ticket 7", b"ticket 7"]
+        assert got[0].to == "support" and got[0].sender.startswith("sender#")
+        with pytest.raises(MqRequestError, match="no receiver 'nobody'") as info:
+            await sender.push("nobody", b"x")
+        assert info.value.status == 404
+        desk2.close()
+        await trio.sleep(1)
+        assert await sender.push("support", b"ticket 8") == 1  # the one that left is gone
+        assert (await a.receive()).body == b"ticket 8"
