@@ -20,6 +20,7 @@ import trio
 
 from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Reply, Sent, encode
 from brokermgr.tracking import ServerAddress
+from channels import QueueFullError
 from pump import RdvpumpError
 
 from ._topic import DEFAULT_WINDOW
@@ -63,6 +64,10 @@ class Message:
         """Acknowledge this message (:meth:`Subscription.ack` batches several)."""
         await self.subscription.ack([self.offset])
 
+    def ack_nowait(self) -> None:
+        """The listener face's ack (:meth:`Subscription.ack_nowait`)."""
+        self.subscription.ack_nowait([self.offset])
+
 
 class _Link(BrokerLink):
     def __init__(self, client: MqClient, broker: Broker, server: ServerAddress,
@@ -88,6 +93,8 @@ class _Link(BrokerLink):
     def drained(self) -> None:
         self.room.set()
         self.room = trio.Event()
+        if self.client.on_drained is not None:
+            self.client.on_drained()
 
     def send_with_body(self, obj: dict[str, Any], body: bytes) -> Sent:
         """One message with a binary body, fire and forget."""
@@ -118,7 +125,7 @@ class _Link(BrokerLink):
             if len({len(c) for c in columns}) != 1 or sum(obj["sizes"]) != len(body):
                 raise ValueError("columns of different lengths, or sizes that do not add up")
             at = 0
-            send = subscription.inbox.send_nowait
+            send = subscription.on_message or subscription.inbox.send_nowait
             for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
                     *columns, strict=True):
                 send(Message(topic, group, offset, tag, producer, sequence, deliveries,
@@ -143,6 +150,9 @@ class MqClient:
         self.calls: dict[int, Callable[[Reply], None]] = {}
         #: receiver names this client answers to (push)
         self.receivers: dict[str, Receiver] = {}
+        #: The listener face: called when the link takes messages again after a
+        #: :class:`~channels.QueueFullError`.
+        self.on_drained: Callable[[], object] | None = None
         self.link = _Link(self, broker, self.server, retry)
         self.link.connect()
 
@@ -255,6 +265,69 @@ class MqClient:
         reply = await self.request({"cmd": "push", "to": to}, bytes(body))
         return int(reply["count"])
 
+    # -- the listener face: no awaits, callbacks on the pump ----------------------------
+
+    def publish_nowait(self, topic: str, bodies: Sequence[bytes], *, tag: str | None = None,
+                       on_stored: Callable[[list[Stored] | MqRequestError], object] | None
+                       = None) -> None:
+        """Publish ``bodies`` in one request without waiting; ``on_stored(stored)`` runs
+        once they are stored (or with the :class:`MqRequestError`).  Raises
+        :class:`~channels.QueueFullError` when the link is past its high-water mark:
+        nothing was sent; try again from :attr:`on_drained`."""
+        obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
+                               "sequence": self.sequence + 1,
+                               "sizes": [len(b) for b in bodies]}
+        if tag is not None:
+            obj["tag"] = tag
+
+        def answered(reply: Reply | None) -> None:
+            if on_stored is None:
+                return
+            if reply is None:
+                on_stored(MqRequestError(0, f"{self.server.address}: the link closed before "
+                                            f"the reply; they may or may not be stored"))
+            elif reply.get("cmd") == "error":
+                on_stored(MqRequestError(int(reply.get("status", 500)),
+                                         str(reply.get("error"))))
+            else:
+                first = int(reply["offset"])
+                on_stored([Stored(str(reply["server"]), first + i) for i in range(len(bodies))])
+
+        if not self.link.request(obj, answered, body=b"".join(bodies)):
+            if self.link.queue is None:
+                raise MqRequestError(0, f"{self.server.address}: not connected")
+            raise QueueFullError(f"{self.server.address}: the link is past its high-water "
+                                 f"mark; publish again from on_drained")
+        self.sequence += len(bodies)
+
+    def subscribe_nowait(self, topic: str, on_message: Callable[[Message], object], *,
+                         group: str | None = None, window: int = DEFAULT_WINDOW,
+                         on_error: Callable[[MqRequestError], object] | None = None
+                         ) -> Subscription:
+        """Consume with a callback: ``on_message(message)`` runs on the pump for each
+        message; acknowledge with :meth:`Message.ack_nowait`."""
+        key = (topic, group or topic)
+        if key in self.subscriptions:
+            raise ValueError(f"already subscribed to {key[0]}/{key[1]}")
+        subscription = Subscription(self, key[0], key[1], window, on_message=on_message)
+        self.subscriptions[key] = subscription
+
+        def answered(reply: Reply | None) -> None:
+            if reply is not None and reply.get("cmd") != "error":
+                subscription.active = True
+                return
+            self.subscriptions.pop(key, None)
+            error = MqRequestError(0, "the link closed first") if reply is None else \
+                MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
+            if on_error is not None:
+                on_error(error)
+
+        if not self.link.request({"cmd": "consume", "topic": topic, "group": key[1],
+                                  "window": window}, answered):
+            self.subscriptions.pop(key, None)
+            raise MqRequestError(0, f"{self.server.address}: not connected or no room")
+        return subscription
+
     async def query(self, topic: str | None = None) -> dict[str, Any]:
         reply = await self.request({"cmd": "query", **({"topic": topic} if topic else {})})
         return dict(reply["topics"])
@@ -299,11 +372,13 @@ class Receiver:
 class Subscription:
     """Messages of one topic and group, as they are pushed (``async for``)."""
 
-    def __init__(self, client: MqClient, topic: str, group: str, window: int) -> None:
+    def __init__(self, client: MqClient, topic: str, group: str, window: int, *,
+                 on_message: Callable[[Message], object] | None = None) -> None:
         self.client = client
         self.topic = topic
         self.group = group
         self.window = window
+        self.on_message = on_message
         #: Its first consume was answered (until then a reconnect does not repeat it).
         self.active = False
         # bounded by the window: the server pushes at most that many unacknowledged
@@ -340,6 +415,14 @@ class Subscription:
         while link.send(message) is Sent.FULL:
             await link.room.wait()  # past the high-water mark: wait, do not drop it
         await trio.lowlevel.checkpoint()
+
+    def ack_nowait(self, offsets: Sequence[int]) -> None:
+        """The listener face's ack; :class:`~channels.QueueFullError` if the link is past
+        its high-water mark (nothing sent: ack again from ``on_drained``)."""
+        outcome = self.client.link.send({"cmd": "ack", "topic": self.topic,
+                                         "group": self.group, "offsets": list(offsets)})
+        if outcome is Sent.FULL:
+            raise QueueFullError("the link is past its high-water mark; ack again later")
 
     async def close(self) -> None:
         self.client.subscriptions.pop((self.topic, self.group), None)

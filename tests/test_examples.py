@@ -55,3 +55,13 @@ def test_mq_example_runs_and_the_readme_shows_it() -> None:
     assert lines[0] == "stored at [1, 2] on s1:15555"
     assert lines[1] == "eu-billing got b'order 1' tagged eu.fr"  # the filter: eu only
     assert "'eu-billing': {'consumers': 1" in lines[2]
+
+
+def test_mq_listener_example_runs_and_the_readme_shows_it() -> None:
+    example = (ROOT / "examples/mq_listener.py").read_text()
+    assert example.split('"""', 2)[2].strip() in (ROOT / "README.md").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/mq_listener.py")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["stored: [0, 1]", "got b'order 1' at offset 0",
+                                        "got b'order 2' at offset 1"]
