@@ -10,7 +10,7 @@ import tempfile
 import trio
 
 from brokermgr import open_universe
-from brokermgr.tracking import Consumer, Producer, RouteClient, TrackNode, by_key_hash
+from brokermgr.tracking import ConsumerRoute, ProducerRoute, RouteClient, TrackNode, by_key_hash
 
 
 async def main() -> None:
@@ -42,10 +42,10 @@ async def run(state: str) -> None:
 
         print("servers:", sorted(client.routes.server_table))
         print("producer (round-robin over servers with consumers):",
-              Producer(client, "orders").servers())
-        print("producer by key 'cust-42':", Producer(client, "orders", by_key_hash)
+              ProducerRoute(client, "orders").servers())
+        print("producer by key 'cust-42':", ProducerRoute(client, "orders", by_key_hash)
               .servers("cust-42"))
-        print("consumer (all servers):", Consumer(client, "orders").servers())
+        print("consumer (all servers):", ConsumerRoute(client, "orders").servers())
 
         servers["s3"].broker.close("crashed")  # its links drop: trackers and client follow
         with trio.fail_after(5):

@@ -13,7 +13,7 @@
 
 from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
-from .client import DEFAULT_TRACK_PORT, Consumer, Producer, RouteClient
+from .client import DEFAULT_TRACK_PORT, ConsumerRoute, ProducerRoute, RouteClient
 from .info import (
     ConsumeGroupInfo,
     InfoError,
@@ -31,9 +31,9 @@ from .tracker import DEFAULT_SERVER_EXPIRY, TrackerRole
 
 __all__ = [
     "DEFAULT_REPORT_INTERVAL", "DEFAULT_RETRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_SERVER_EXPIRY",
-    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "TRACKER_ALIAS", "ConsumeGroupInfo", "Consumer",
-    "DeltaError",
-    "InfoError", "Producer", "RoundRobin", "RouteChange", "RouteClient", "RouteTable", "Selector",
-    "ServerAddress", "ServerInfo", "ServerRole", "TopicInfo", "TrackNode", "TrackerInfo",
-    "TrackerRole", "VersionCounter", "Vote", "all_servers", "by_key_hash", "by_key_modulo",
+    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "TRACKER_ALIAS", "ConsumeGroupInfo",
+    "ConsumerRoute", "DeltaError", "InfoError", "ProducerRoute", "RoundRobin", "RouteChange",
+    "RouteClient", "RouteTable", "Selector", "ServerAddress", "ServerInfo", "ServerRole",
+    "TopicInfo", "TrackNode", "TrackerInfo", "TrackerRole", "VersionCounter", "Vote",
+    "all_servers", "by_key_hash", "by_key_modulo",
 ]

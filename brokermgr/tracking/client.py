@@ -240,7 +240,7 @@ class _ServerQuery(_ClientLink):
             self.client.apply(self.client.routes.update_server(info))
 
 
-class Producer:
+class ProducerRoute:
     """The routing half of a producer: which server(s) a message for ``topic`` goes to.
 
     ``selector`` defaults to zbus's producer rule (:class:`RoundRobin`).
@@ -256,7 +256,7 @@ class Producer:
         return self.client.select(self.topic, self.selector, key)
 
 
-class Consumer(Producer):
+class ConsumerRoute(ProducerRoute):
     """The routing half of a consumer: the servers to consume ``topic`` from (default: all)."""
 
     def __init__(self, client: RouteClient, topic: str, selector: Selector | None = None

@@ -15,8 +15,8 @@ import pytest
 from brokermgr import BrokerManager
 from brokermgr._rpc import encode
 from brokermgr.tracking import (
-    Consumer,
-    Producer,
+    ConsumerRoute,
+    ProducerRoute,
     ServerAddress,
     ServerInfo,
     TopicInfo,
@@ -141,7 +141,7 @@ def test_losing_every_tracker_keeps_the_last_known_servers(world: World) -> None
     t1.broker.close("gone")
     world.run(30)
     assert servers(client) == ["s1"] and not client.routes.votes
-    assert Producer(client, "x").servers() == ["s1:15555"]
+    assert ProducerRoute(client, "x").servers() == ["s1:15555"]
 
 
 def test_a_server_crash_leaves_every_client_at_once(world: World) -> None:
@@ -300,10 +300,10 @@ def test_static_servers_queries_and_selection(world: World) -> None:
     client.add_server("s1:15555")
     world.run(0.5)
     assert servers(client) == ["s1", "s2"] and set(client.routes.static) == {"s1:15555"}
-    producer = Producer(client, "orders")
+    producer = ProducerRoute(client, "orders")
     assert {producer.servers()[0] for _ in range(3)} == {"s2:15555"}  # only s2 has consumers
-    assert Consumer(client, "orders").servers() == ["s1:15555", "s2:15555"]
-    keyed = Producer(client, "orders", by_key_hash)
+    assert ConsumerRoute(client, "orders").servers() == ["s1:15555", "s2:15555"]
+    keyed = ProducerRoute(client, "orders", by_key_hash)
     assert keyed.servers("k") == keyed.servers("k") != []
     # a one-shot `tracker` query
     answers: list[bytes] = []
