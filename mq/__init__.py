@@ -16,10 +16,8 @@ Over links:
 
 * :class:`MqServer` -- the server role on a broker's tracking port, and
   :class:`MqClient` its async client; :class:`Caller` and :class:`Service`,
-  RPC over ``rpc`` topics; push to named receivers.
-
-Not built yet: a listener client face, clients that route through tracking's
-route tables.
+  RPC over ``rpc`` topics; push to named receivers; :class:`Producer` and
+  :class:`Consumer`, which follow tracking's route tables.
 """
 
 from ._client import Message as Message
@@ -29,13 +27,13 @@ from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
 from ._memory import MemoryLog
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._server import FLAGS, Durability, MqServer
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     DEFAULT_WINDOW,
-    Consumer,
     Delivery,
     Start,
     Topic,
@@ -48,5 +46,5 @@ __all__ = [
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
     "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
-    "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver",
+    "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
 ]

@@ -331,7 +331,8 @@ class MqServer:
             state.filters[name] = None
         group = request.get("group") or name
         filter = request.get("filter")
-        if group != name or filter is not None or group not in state.topic.groups:
+        if group not in state.topic.groups or filter is not None:
+            # a new group, or a new filter; declaring an existing group again keeps it
             state.topic.declare_group(group, filter=filter, start=request.get("start"))
             state.filters[group] = filter
             self.node.declare_group(name, group, filter=filter)
