@@ -173,7 +173,8 @@ class MqServer:
                  ack_timeout: float = DEFAULT_ACK_TIMEOUT,
                  max_deliveries: int = DEFAULT_MAX_DELIVERIES,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 fsync_thread: bool = True) -> None:
+                 fsync_thread: bool = True, retain_bytes: int | None = None,
+                 retain_age: float | None = None) -> None:
         if node.server is None:
             raise ValueError(f"{node.address} has no server role: an MQ server needs one")
         self.node = node
@@ -185,6 +186,11 @@ class MqServer:
         self.ack_timeout = ack_timeout
         self.max_deliveries = max_deliveries
         self.segment_bytes = segment_bytes
+        #: Retention per disk topic: whole segments go once the topic is larger than
+        #: ``retain_bytes`` or their newest message is older than ``retain_age`` seconds,
+        #: whether or not every group has read them (as Kafka); checked every second.
+        self.retain_bytes = retain_bytes
+        self.retain_age = retain_age
         self.topics: dict[str, _Topic] = {}
         self.links: dict[MessageQueue, _Link] = {}
         #: links by session id, for RPC replies (``route``)
@@ -706,11 +712,30 @@ class MqServer:
     # -- timers ------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        if self.retain_bytes is not None or self.retain_age is not None:
+            self._retain()
         for state in list(self.topics.values()):
             if state.topic.expire():
                 self._dispatch(state)
             self._save_cursors(state)
         self._tick_timer = self.pump.call_later(TICK, self._tick)
+
+    def _retain(self) -> None:
+        for state in self.topics.values():
+            topic_log = state.topic.log
+            if not isinstance(topic_log, TopicLog):
+                continue
+            gone = topic_log.retain(max_bytes=self.retain_bytes, max_age=self.retain_age)
+            if not gone:
+                continue
+            start = topic_log.start_offset
+            behind = {g.name: start - g.floor for g in state.topic.groups.values()
+                      if g.floor < start}
+            log.info("%s: %s: retention removed %d messages", self.address,
+                     state.topic.name, gone)
+            for group, missed in behind.items():
+                log.warning("%s: %s/%s: %d messages went by retention before the group "
+                            "handled them", self.address, state.topic.name, group, missed)
 
     def _save_cursors(self, state: _Topic) -> None:
         floors = state.topic.floors_to_save()

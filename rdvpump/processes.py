@@ -153,12 +153,15 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     topics = options.pop("topics", ())
     mq_dir = options.pop("mq_dir", None)
     durability = options.pop("durability", "sync")
+    retention = {"retain_bytes": options.pop("retain_bytes", None),
+                 "retain_age": options.pop("retain_age", None)}
     closing: list[Any] = []
     for broker in brokers:
         node = TrackNode(broker, **options)
         server = None
         if node.is_server and mq_dir is not None:
-            server = MqServer(node, Path(mq_dir) / broker.id, durability=durability)
+            server = MqServer(node, Path(mq_dir) / broker.id, durability=durability,
+                              **retention)
             closing.append(server)
         if node.is_server:
             for topic in topics:

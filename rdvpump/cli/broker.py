@@ -77,6 +77,11 @@ def broker_run(
     durability: Annotated[str, typer.Option(
         help="When the MQ server acknowledges a produce: sync (after fsync, shared by "
              "concurrent produces), interval:SECONDS or none.")] = "sync",
+    retain_mb: Annotated[float | None, typer.Option(
+        help="MQ retention: keep at most this many MB per topic (whole 64 MiB segments "
+             "go, oldest first).")] = None,
+    retain_hours: Annotated[float | None, typer.Option(
+        help="MQ retention: drop segments whose newest message is older than this.")] = None,
     busy_poll_us: Annotated[float, typer.Option(
         help="Links poll a quiet socket this long before sleeping: lower latency for a "
              "busy core (0: off).")] = 0.0,
@@ -94,7 +99,9 @@ def broker_run(
         tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
                     "report_interval": report_interval, "expiry": track_expiry,
                     "scan_interval": track_scan, "state_dir": state_dir,
-                    "mq_dir": mq_dir, "durability": durability}
+                    "mq_dir": mq_dir, "durability": durability,
+                    "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
+                    "retain_age": None if retain_hours is None else retain_hours * 3600}
     elif tracker or topic or mq_dir is not None:
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")

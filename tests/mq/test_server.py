@@ -315,3 +315,21 @@ async def test_push_reaches_every_link_answering_to_a_name(autojump_clock: objec
         await trio.sleep(1)
         assert await sender.push("support", b"ticket 8") == 1  # the one that left is gone
         assert (await a.receive()).body == b"ticket 8"
+
+
+async def test_retention_removes_old_segments_and_says_which_group_missed_them(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with site(tmp_path, segment_bytes=4096, retain_bytes=8192) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        await client.declare("orders", group="slow")
+        for _ in range(6):  # a segment of 10 messages each (about 5 KiB)
+            await client.publish_many("orders", [b"x" * 500 for _ in range(10)])
+        await trio.sleep(1.5)  # a retention pass
+        topic = (await client.query("orders"))["orders"]
+        assert topic["start"] > 0 and topic["next"] == 60
+        assert s.server.topics["orders"].topic.log.size_bytes <= 8192 + 4096  # type: ignore[attr-defined]
+        assert "went by retention before the group handled them" in caplog.text
+        sub = await client.subscribe("orders", group="slow")
+        assert (await sub.receive()).offset == topic["start"]  # it reads from what is kept
