@@ -17,10 +17,12 @@ from typing import Any
 import trio
 
 from brokermgr import Broker, open_universe
+from brokermgr.tracking import DEFAULT_TRACK_PORT, TrackNode
 from channels import AsyncMessageQueue
+from mq import MqClient, MqServer
 from pump import RdvpumpError
 
-KINDS = ("echo", "stream", "fanout")
+KINDS = ("echo", "stream", "fanout", "mq")
 _UNIVERSE_KEYS = {"name", "ring_capacity", "seed", "token"}
 _BROKER_KEYS = {"id"}
 _WORKLOAD_KEYS = {"kind", "from", "to", "port", "messages", "size"}
@@ -55,7 +57,7 @@ class UniverseSpec:
 
     def roles(self, broker_id: str) -> tuple[list[tuple[str, int]], list[WorkloadSpec]]:
         """What ``broker_id`` serves (kind, port) and which workloads it drives."""
-        serves = sorted({("echo" if w.kind == "echo" else "sink", w.port)
+        serves = sorted({(w.kind if w.kind in ("echo", "mq") else "sink", w.port)
                          for w in self.workloads if broker_id in w.targets})
         drives = [w for w in self.workloads if w.source == broker_id]
         return serves, drives
@@ -116,6 +118,8 @@ def load_universe(path: str | Path) -> UniverseSpec:
         if not isinstance(targets, list) or not targets or not all(
                 isinstance(t, str) for t in targets):
             raise UniverseFileError(f"{where}: to must be a broker id or a list of them")
+        if kind == "mq" and "port" not in w:
+            w = {**w, "port": DEFAULT_TRACK_PORT}
         if kind != "fanout" and len(targets) != 1:
             raise UniverseFileError(f"{where}: {kind} goes to exactly one broker")
         for who in [source, *targets]:
@@ -166,7 +170,18 @@ class WorkloadReport:
 
 async def serve_role(broker: Broker, kind: str, port: int, stats: Stats, *,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Echo every message back, or count them (a sink), on ``port`` until cancelled."""
+    """Echo every message back, count them (a sink), or run a memory-only MQ server
+    (``mq``), on ``port`` until cancelled."""
+    if kind == "mq":
+        node = TrackNode(broker, role="server", port=port)
+        server = MqServer(node, None)
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            stats.messages += server.counts["stored"]
+            server.close()
+            node.close()
 
     async def handle(queue: AsyncMessageQueue) -> None:
         stats.links += 1
@@ -183,8 +198,11 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats, *,
 
 
 async def drive(broker: Broker, w: WorkloadSpec, stats: Stats) -> WorkloadReport:
-    """Play one workload from ``broker``; every echo is compared, every sink send counted."""
+    """Play one workload from ``broker``; every echo is compared, every sink send counted,
+    every message through an MQ server consumed, compared and acknowledged."""
     rng = broker.pump.random
+    if w.kind == "mq":
+        return await _drive_mq(broker, w, stats, rng)
     queues = [await broker.connect_queue(t, w.port) for t in w.targets]
     stats.links += len(queues)
     payloads = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
@@ -218,6 +236,47 @@ async def drive(broker: Broker, w: WorkloadSpec, stats: Stats) -> WorkloadReport
     return WorkloadReport(w.label, switched, switched * w.size, seconds, verified)
 
 
+async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, rng: Any
+                    ) -> WorkloadReport:
+    """Publish ``messages`` to the server's topic ``workload.<source>`` in batches and
+    consume them back through it, each compared with what was sent, then acknowledged."""
+    (target,) = w.targets
+    payloads = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
+    client = MqClient(broker, f"{target}:{w.port}")
+    topic = f"workload.{w.source}"
+    verified = True
+    try:
+        await client.connected()
+        await client.declare(topic, flags=["memory"])
+        subscription = await client.subscribe(topic, window=1000)
+        stats.links += 1
+        start = time.perf_counter()
+        batch = max(1, min(200, (256 << 10) // max(w.size, 1)))
+
+        async def publish_all() -> None:
+            for first in range(0, w.messages, batch):
+                n = min(batch, w.messages - first)
+                await client.publish_many(
+                    topic, [payloads[(first + i) % len(payloads)] for i in range(n)])
+
+        got = 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish_all)
+            while got < w.messages:
+                messages = await subscription.receive_many()
+                for m in messages:
+                    verified &= m.body == payloads[m.offset % len(payloads)]
+                got += len(messages)
+                stats.messages += len(messages)
+                stats.bytes += sum(len(m.body) for m in messages)
+                await subscription.ack([m.offset for m in messages])
+        seconds = time.perf_counter() - start
+    finally:
+        client.close()
+    return WorkloadReport(w.label, w.messages, w.messages * w.size, seconds,
+                          verified and got == w.messages)
+
+
 async def run_in_process(spec: UniverseSpec, *, trace: Any = None, trace_dir: str | None = None,
                          trace_format: str = "jsonl", run: str | None = None
                          ) -> list[WorkloadReport]:
@@ -249,7 +308,7 @@ async def run_in_process(spec: UniverseSpec, *, trace: Any = None, trace_dir: st
                     await trio.sleep(0.001)
             arrived = all(stats[b].messages >= n for b, n in expected.items())
             for r in reports:
-                if not r.label.startswith("echo"):
+                if r.label.startswith(("stream", "fanout")):
                     r.verified = arrived
             servers.cancel_scope.cancel()
     order = {w.label: i for i, w in enumerate(spec.workloads)}
@@ -260,7 +319,7 @@ def sink_expectations(spec: UniverseSpec) -> dict[str, int]:
     """Messages each sink broker must count for the one-way workloads to be complete."""
     expected: dict[str, int] = {}
     for w in spec.workloads:
-        if w.kind != "echo":
+        if w.kind in ("stream", "fanout"):  # echo and mq are checked where they start
             for t in w.targets:
                 expected[t] = expected.get(t, 0) + w.messages
     return expected

@@ -76,13 +76,15 @@ def test_missing_file(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow
-def test_universe_up_runs_one_process_per_broker() -> None:
+@pytest.mark.parametrize("name, label", [("fanout.toml", "fanout faucet->q1,q2,q3,q4:5672"),
+                                         ("mq.toml", "mq app->server:15555")])
+def test_universe_up_runs_one_process_per_broker(name: str, label: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "rdvpump",
-                           "universe", "up", str(ROOT / "examples/fanout.toml")],
+                           "universe", "up", str(ROOT / "examples" / name)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "160"})
     assert proc.returncode == 0, proc.stderr
-    assert "fanout faucet->q1,q2,q3,q4:5672" in proc.stdout
+    assert label in proc.stdout
     assert "exited 0" in proc.stdout and "FAILED" not in proc.stdout
 
 
