@@ -333,3 +333,18 @@ async def test_retention_removes_old_segments_and_says_which_group_missed_them(
         assert "went by retention before the group handled them" in caplog.text
         sub = await client.subscribe("orders", group="slow")
         assert (await sub.receive()).offset == topic["start"]  # it reads from what is kept
+
+
+async def test_a_delete_on_exit_topic_goes_with_the_link_that_declared_it(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        owner, other = s.client("owner"), s.client("other")
+        await owner.declare("scratch", flags=["delete-on-exit"])
+        await other.publish("scratch", b"x")
+        assert "scratch" in s.node.server_info.topic_table
+        owner.close()
+        await trio.sleep(1)
+        assert "scratch" not in s.node.server_info.topic_table
+        assert not (tmp_path / "scratch").exists()
+        with pytest.raises(MqRequestError, match="no topic 'scratch'"):
+            await other.publish("scratch", b"y")
