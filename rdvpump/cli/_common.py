@@ -78,6 +78,18 @@ def check_format(fmt: str) -> None:
         raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
+def interruptible(fn: Callable[[], T]) -> T:
+    """:func:`guard`, and Ctrl-C (a KeyboardInterrupt, bare or inside trio's exception
+    groups) ends the command with one line and exit status 130, the shell's convention."""
+    try:
+        return guard(fn)
+    except BaseException as exc:
+        if isinstance(_first_leaf(exc), KeyboardInterrupt):
+            err.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
+        raise
+
+
 def _first_leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]

@@ -12,7 +12,7 @@ from rich.table import Table
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 
 from .. import mqtool
-from ._common import TokenOption, UniverseOption, err, guard, out
+from ._common import TokenOption, UniverseOption, err, interruptible, out
 
 app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
                        "--role server --mq-dir DIR).", no_args_is_help=True)
@@ -31,7 +31,7 @@ def _run(universe: str, server: str, token: str, track_port: int, timeout: float
                                   timeout=timeout) as client:
             return await body(client)
 
-    return guard(lambda: trio.run(main))
+    return interruptible(lambda: trio.run(main))
 
 
 @app.command("declare")

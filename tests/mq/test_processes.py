@@ -205,3 +205,37 @@ async def test_two_servers_a_server_killed_and_restarted_every_acked_message_arr
             producer.close()
         routes.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_ctrl_c_on_mq_consume_is_one_line_and_exit_130(tmp_path: pathlib.Path) -> None:
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), spawn(*server_args(manager, tmp_path)) as (_, address):
+        where = f"s1@{address[0]}:{address[1]}"
+        publish = await trio.run_process(
+            [*RDVPUMP, "mq", "publish", "orders", "--server", where, "--universe", "q"],
+            stdin=b"one\n", capture_stdout=True, capture_stderr=True,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        assert publish.returncode == 0
+        consumer = await trio.lowlevel.open_process(
+            [*RDVPUMP, "mq", "consume", "orders", "--server", where, "--universe", "q",
+             "--idle", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        try:
+            assert consumer.stdout is not None and consumer.stderr is not None
+            with trio.fail_after(30):
+                line = b""
+                while not line.endswith(b"\n"):  # it consumes: it is up
+                    line += await consumer.stdout.receive_some(1)
+            assert line == b"one\n"
+            consumer.send_signal(signal.SIGINT)
+            with trio.fail_after(10):
+                await consumer.wait()
+                errors = b""
+                while chunk := await consumer.stderr.receive_some(65536):
+                    errors += chunk
+            assert consumer.returncode == 130
+            assert errors.decode().strip() == "interrupted"  # one line, no traceback
+        finally:
+            consumer.kill()
+            with trio.move_on_after(10):
+                await consumer.wait()
