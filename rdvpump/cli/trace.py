@@ -20,20 +20,41 @@ def trace_analyze(
     out: Annotated[pathlib.Path | None, typer.Option(
         help="Write tables, summary.json and plots here (default: TRACES/analysis).")] = None,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    jvm: Annotated[str, typer.Option(
+        help="JVM profile: quick (C1 compiler, serial GC), production (full JIT, parallel "
+             "GC), or auto: quick for traces under 256 MB.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead.")] =
         False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Print each stage with its time, and the Spark jobs.")] = False,
 ) -> None:
     """Replay traces with the Spark job (replay/job.py): invariants, latency, throughput."""
-    from replay import analyze, find_traces, print_summary, session
+    import time
+
+    from replay import JVM_PROFILES, analyze, find_traces, jvm_for, print_summary, session
 
     guard(lambda: find_traces(str(traces)))  # before a JVM starts
+    if jvm != "auto" and jvm not in JVM_PROFILES:
+        raise fail(f"--jvm must be auto, {' or '.join(JVM_PROFILES)}, got {jvm!r}")
+    profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     target = out if out is not None else traces / "analysis"
-    with err.status(f"replaying {traces} on Spark ({master}) ..."):
-        spark = guard(lambda: session(master))
+    began = time.perf_counter()
+
+    def stage(what: str) -> None:
+        status.update(f"replaying {traces} on Spark ({master}): {what} ...")
+        if verbose:
+            err.print(f"{time.perf_counter() - began:6.2f} s  {what}")
+
+    with err.status(f"replaying {traces} on Spark ({master}, {profile} JVM) ...") as status:
+        stage(f"starting Spark ({master}, {profile} JVM)")
+        spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
         try:
-            summary = guard(lambda: analyze(spark, str(traces), str(target)))
+            summary = guard(lambda: analyze(spark, str(traces), str(target), progress=stage))
         finally:
             spark.stop()
+    if verbose:
+        err.print(f"{time.perf_counter() - began:6.2f} s  done: "
+                  f"{summary['spark_jobs']} Spark jobs")
     if json_out:
         print(json.dumps(summary, default=str))
     else:

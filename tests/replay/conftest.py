@@ -19,7 +19,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("Spark needs Java 17 or 21 on PATH")
     from replay import session
 
-    spark = session("local[2]", app="rdvpump-tests", log4j=str(HERE.parent / "log4j2.properties"),
+    spark = session("local[2]", app="rdvpump-tests", jvm="quick",
                     warehouse=str(tmp_path_factory.mktemp("warehouse")))
     yield spark
     spark.stop()

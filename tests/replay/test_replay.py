@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import shutil
 import subprocess
 import sys
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import trio
 
@@ -48,17 +50,57 @@ def test_a_clean_trace_has_no_violations(spark: Any, tmp_path: pathlib.Path, fmt
                   "sizes"):
         assert any((out / table).glob("*.parquet")), table
     assert json.loads((out / "summary.json").read_text())["violation_count"] == 0
-    for plot in ("throughput.png", "latency.png"):
-        assert (out / plot).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    for plot in ("throughput.png", "latency.png", "links.png"):
+        assert_a_drawn_plot(out / plot)
+    # a run of under a second is cut into at least a hundred bins, not one dot
+    assert summary["duration_s"] < 2 and summary["duration_s"] / summary["bin_width_s"] >= 100
+    throughput = pq.read_table(out / "throughput").to_pylist()
+    assert sum(r["messages"] for r in throughput) == 8000
+    assert {r["broker"] for r in throughput} == {"server", "client1", "client2"}
+    latency = pq.read_table(out / "latency").to_pylist()
+    assert {(r["link"], r["dir"], r["messages"]) for r in latency} == {
+        (link, d, 2000) for link in ("server/1", "server/2") for d in ("ca", "ac")}
+    assert all(0 < r["p50"] <= r["p90"] <= r["p99"] <= r["max"] for r in latency)
+
+
+def assert_a_drawn_plot(path: pathlib.Path) -> None:
+    """A PNG of a readable size, with ink on it: many colours, not a blank canvas."""
+    from matplotlib import image
+
+    pixels = image.imread(path)
+    height, width = pixels.shape[:2]
+    assert width >= 800 and height >= 200, (path.name, pixels.shape)
+    rgb = (pixels[..., :3] * 255).astype("uint8").reshape(-1, 3)
+    inked = (rgb.min(axis=1) < 200).mean()
+    colours = len({tuple(c) for c in rgb[:: max(1, len(rgb) // 50_000)]})
+    assert inked > 0.02 and colours > 20, (path.name, inked, colours)
+
+
+def _rows(path: pathlib.Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _where(rows: list[dict[str, Any]], kind: str, link: str, dir_: str) -> list[int]:
+    return [i for i, r in enumerate(rows) if r["kind"] == kind and r.get("link") == link
+            and r.get("dir") == dir_]
+
+
+def _analyze_rows(spark: Any, rows: list[dict[str, Any]], directory: pathlib.Path,
+                  **kw: Any) -> dict[str, Any]:
+    directory.mkdir()
+    (directory / "edited.echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return analyze(spark, str(directory), **kw)
+
+
+def _found(summary: dict[str, Any]) -> set[tuple[str, str, str, int]]:
+    return {(v["violation"], v["link"], v["dir"], v["seq"]) for v in summary["violations"]}
 
 
 def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
                                          tmp_path: pathlib.Path) -> None:
-    rows = [json.loads(line) for line in clean_jsonl.read_text().splitlines()]
-    deliver = [i for i, r in enumerate(rows) if r["kind"] == "deliver" and r["link"] ==
-               "server/1" and r["dir"] == "ca"]
-    send = [i for i, r in enumerate(rows) if r["kind"] == "send" and r["link"] == "server/2"
-            and r["dir"] == "ac"]
+    rows = _rows(clean_jsonl)
+    deliver = _where(rows, "deliver", "server/1", "ca")
+    send = _where(rows, "send", "server/2", "ac")
     # Swap the sequence numbers of two consecutive deliveries (delivered out of order) ...
     a, b = deliver[100], deliver[101]
     rows[a]["seq"], rows[b]["seq"] = rows[b]["seq"], rows[a]["seq"]
@@ -69,17 +111,85 @@ def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
     edited = [*rows[:dup + 1], dict(rows[dup]), *rows[dup + 1:]]
     edited = [r for i, r in enumerate(edited) if i != (send[50] if send[50] <= dup
                                                         else send[50] + 1)]
-    traces = tmp_path / "edited"
-    traces.mkdir()
-    (traces / "edited.echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))
-    summary = analyze(spark, str(traces))
-    found = {(v["violation"], v["link"], v["dir"], v["seq"]) for v in summary["violations"]}
-    assert found == {
+    summary = _analyze_rows(spark, edited, tmp_path / "edited")
+    assert _found(summary) == {
         ("out of order", "server/1", "ca", swapped - 1),
         ("delivered but never sent", "server/2", "ac", dropped),
         ("duplicate delivery", "server/1", "ca", rows[dup]["seq"]),
     }
     assert summary["violation_count"] == 3
+    # a message delivered twice is one journey: 8000 sent, 7999 matched (one never sent)
+    assert summary["messages_delivered"] == 8001 and summary["messages_matched"] == 7999
+
+
+def test_a_send_recorded_twice_and_a_resized_delivery_are_flagged(
+        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    rows = _rows(clean_jsonl)
+    send = _where(rows, "send", "server/1", "ca")[10]
+    deliver = _where(rows, "deliver", "server/2", "ac")[20]
+    rows[deliver]["size"] += 1
+    edited = [*rows[:send + 1], dict(rows[send]), *rows[send + 1:]]
+    summary = _analyze_rows(spark, edited, tmp_path / "edited", out=str(tmp_path / "out"))
+    assert _found(summary) == {
+        ("duplicate send", "server/1", "ca", rows[send]["seq"]),
+        ("size mismatch", "server/2", "ac", rows[deliver]["seq"]),
+    }
+    details = {v["violation"]: v["detail"] for v in summary["violations"]}
+    assert details["duplicate send"] == "sent 2 times"
+    size = rows[deliver]["size"]
+    assert details["size mismatch"] == f"sent {size - 1} bytes, delivered {size}"
+    assert summary["violations_by_type"] == {"duplicate send": 1, "size mismatch": 1}
+    # a message sent twice is still one journey
+    assert summary["messages_sent"] == 8001 and summary["messages_matched"] == 8000
+    written = pq.read_table(tmp_path / "out" / "violations").to_pylist()
+    assert {(v["violation"], v["seq"]) for v in written} == {
+        ("duplicate send", rows[send]["seq"]), ("size mismatch", rows[deliver]["seq"])}
+
+
+def test_swaps_on_two_links_are_two_violations_and_a_reorder_across_links_none(
+        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    rows = _rows(clean_jsonl)
+    one, two = _where(rows, "deliver", "server/1", "ca"), _where(rows, "deliver", "server/2",
+                                                               "ca")
+    swapped = []
+    for a, b in ((one[500], one[501]), (two[700], two[701])):
+        rows[a]["seq"], rows[b]["seq"] = rows[b]["seq"], rows[a]["seq"]
+        swapped.append((rows[a]["link"], rows[b]["seq"]))
+    summary = _analyze_rows(spark, rows, tmp_path / "swapped")
+    assert summary["violation_count"] == 2
+    assert _found(summary) == {("out of order", link, "ca", seq) for link, seq in swapped}
+
+    # Every delivery on server/2 moves after every one on server/1 in the pump's order
+    # (and to the front of the file): the order across links changes, each link's holds.
+    rows = _rows(clean_jsonl)
+    two = set(_where(rows, "deliver", "server/2", "ca") + _where(rows, "deliver", "server/2",
+                                                                 "ac"))
+    for i in two:
+        rows[i]["step"] += 10**6
+    rows = [rows[i] for i in sorted(two)] + [r for i, r in enumerate(rows) if i not in two]
+    summary = _analyze_rows(spark, rows, tmp_path / "across")
+    assert summary["violation_count"] == 0 and summary["messages_matched"] == 8000
+
+
+def test_results_do_not_depend_on_the_order_of_rows(
+        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Rows shuffled in the file (each pump step's own rows kept in their order) give the
+    same summary and the same tables."""
+    rows = _rows(clean_jsonl)
+    steps: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        steps.setdefault(r["step"], []).append(r)
+    order = list(steps)
+    random.Random(7).shuffle(order)
+    shuffled = [r for step in order for r in steps[step]]
+    first = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "a"))
+    second = _analyze_rows(spark, shuffled, tmp_path / "shuffled", out=str(tmp_path / "b"))
+    same = ("traces", "out", "spark_jobs")
+    assert {k: v for k, v in first.items() if k not in same} == \
+        {k: v for k, v in second.items() if k not in same}
+    for table in ("links", "latency", "throughput", "sizes", "latency_histogram"):
+        assert pq.read_table(tmp_path / "a" / table).equals(
+            pq.read_table(tmp_path / "b" / table)), table
 
 
 def test_a_corrupt_line_is_reported_and_the_rest_analysed(
@@ -149,7 +259,7 @@ def test_spark_submit_runs_the_job_file_unchanged(clean_jsonl: pathlib.Path,
     proc = subprocess.run([str(submit), "--master", "local[2]",
                            "--conf", "spark.ui.enabled=false",
                            "--driver-java-options",
-                           f"-Dlog4j.configurationFile=file:{ROOT / 'tests/log4j2.properties'}",
+                           f"-Dlog4j.configurationFile=file:{ROOT / 'replay/log4j2.properties'}",
                            str(ROOT / "replay/job.py"), "--traces", str(clean_jsonl.parent),
                            "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)

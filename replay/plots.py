@@ -1,0 +1,143 @@
+"""The replay job's plots, drawn with matplotlib's Agg canvas (no display, no pyplot state).
+
+Each function takes what the job already computed (small: bins of the run, buckets of a
+histogram) and writes one PNG.  Times are seconds from the start of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Brokers drawn one by one in the throughput plot; the rest are summed as "others".
+TOP_BROKERS = 8
+#: Links drawn in the timeline (the first to be accepted).
+TIMELINE_LINKS = 20
+
+
+def _figure(height: float = 4.5) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def _time_unit(duration: float) -> tuple[str, float]:
+    """Seconds, or milliseconds for runs under two seconds."""
+    return ("ms", 1e3) if duration < 2 else ("s", 1.0)
+
+
+def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width: float,
+               bins: int, title: str) -> None:
+    """Messages delivered per second into each broker, over the run, in bins of ``width``."""
+    fig, ax = _figure()
+    unit, scale = _time_unit(bins * width)
+    totals = sorted(per_broker, key=lambda b: (-sum(per_broker[b].values()), b))
+    shown = totals if len(totals) <= TOP_BROKERS + 1 else totals[:TOP_BROKERS]
+    series = {b: per_broker[b] for b in shown}
+    rest = [b for b in totals if b not in series]
+    if rest:
+        others: dict[int, int] = {}
+        for b in rest:
+            for k, n in per_broker[b].items():
+                others[k] = others.get(k, 0) + n
+        series[f"{len(rest)} others"] = others
+    xs = [i * width * scale for i in range(bins + 1)]
+    for name, cells in series.items():
+        ys = [cells.get(i, 0) / width for i in range(bins)] + [0.0]
+        ax.step(xs, ys, where="post", label=name, linewidth=1.4)
+    ax.set_xlim(0, bins * width * scale)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"time since the start of the run ({unit})")
+    ax.set_ylabel("messages delivered per second")
+    ax.set_title(f"Delivered messages per broker, {title} (bins of {_seconds(width)})")
+    if series:
+        ax.legend(title="receiving broker", fontsize="small", loc="upper right")
+    else:
+        ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    fig.savefig(path)
+
+
+def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
+            quantiles: Mapping[str, float] | None, *, title: str) -> None:
+    """A histogram of delivery latency on a log axis, with p50, p90 and p99 marked."""
+    fig, ax = _figure()
+    lows = [b["low_s"] * 1e6 for b in buckets]
+    highs = [b["high_s"] * 1e6 for b in buckets]
+    counts = [b["messages"] for b in buckets]
+    if buckets:
+        ax.bar(lows, counts, width=[h - lo for lo, h in zip(lows, highs, strict=True)],
+               align="edge", color="#4c72b0", edgecolor="white", linewidth=0.3)
+        ax.set_xscale("log")
+        ax.set_xlim(min(lows) / 1.5, max(highs) * 1.5)
+    else:
+        ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
+    for (name, color) in (("p50", "#2ca02c"), ("p90", "#ff7f0e"), ("p99", "#d62728")):
+        if quantiles and quantiles.get(name) is not None and quantiles[name] > 0:
+            value = quantiles[name] * 1e6
+            ax.axvline(value, color=color, linestyle="--", linewidth=1.2,
+                       label=f"{name} {_micros(value)}")
+    ax.set_xlabel("latency, send to delivery (µs, log scale)")
+    ax.set_ylabel("messages")
+    ax.set_title(f"Delivery latency, {title}")
+    if quantiles:
+        ax.legend(loc="upper right")
+    ax.grid(alpha=0.3, which="both")
+    fig.savefig(path)
+
+
+def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
+             duration: float, title: str) -> None:
+    """The life of the first links: accepted, messages (shaded by count per bin), closed."""
+    from matplotlib import colormaps, colors
+
+    chosen = sorted(links, key=lambda x: (x["start"] is None, x["start"] or 0.0,
+                                          x["link"]))[:TIMELINE_LINKS]
+    fig, ax = _figure(height=max(2.5, 0.9 + 0.35 * len(chosen)))
+    unit, scale = _time_unit(duration)
+    top = max((n for x in chosen for n in x["bins"].values()), default=1)
+    shade = colors.LogNorm(vmin=1, vmax=max(top, 2))
+    cmap = colormaps["Blues"]
+    for row, x in enumerate(chosen):
+        start = x["start"] if x["start"] is not None else min(
+            (k * width for k in x["bins"]), default=0.0)
+        end = x["end"] if x["end"] is not None else duration
+        ax.hlines(row, start * scale, end * scale, color="#999999", linewidth=1)
+        cells = sorted(x["bins"].items())
+        if cells:
+            ax.broken_barh([(k * width * scale, width * scale) for k, _ in cells],
+                           (row - 0.2, 0.4),
+                           facecolors=[cmap(0.25 + 0.75 * shade(n)) for _, n in cells])
+        if x["start"] is not None:
+            ax.plot(x["start"] * scale, row, marker=">", color="#2ca02c", markersize=9,
+                    zorder=3)
+        if x["end"] is not None:
+            ax.plot(x["end"] * scale, row, marker="X", color="#d62728", markersize=9,
+                    zorder=3)
+    ax.set_yticks(range(len(chosen)), [x["link"] for x in chosen])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(duration, width) * scale)
+    ax.set_xlabel(f"time since the start of the run ({unit})")
+    more = f", first {len(chosen)} of {len(links)}" if len(links) > len(chosen) else ""
+    ax.set_title(f"Links over time, {title}{more}: accepted (>), messages delivered "
+                 f"(darker: more per {_seconds(width)}), ended (x)", fontsize="medium")
+    if not chosen:
+        ax.text(0.5, 0.5, "no link", ha="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3, axis="x")
+    fig.savefig(path)
+
+
+def _seconds(width: float) -> str:
+    if width >= 1:
+        return f"{width:g} s"
+    if width >= 1e-3:
+        return f"{width * 1e3:g} ms"
+    return f"{width * 1e6:g} µs"
+
+
+def _micros(value: float) -> str:
+    return f"{value / 1e3:,.2f} ms" if value >= 1e4 else f"{value:,.1f} µs"
