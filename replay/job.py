@@ -248,7 +248,7 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
         events, jsonl_files = load(spark, traces)
         jobs.stage("census of the events")
         census = _Census(_census_rows(events))
-        census.check(traces)
+        census.check(traces, events)
         corrupt: list[dict[str, Any]] = []
         if census.corrupt:
             jobs.stage("locating corrupt lines")
@@ -291,7 +291,7 @@ def _census_rows(events: Any) -> list[Any]:
         return F.when(where, F.col(name)).alias(name)
 
     rows: list[Any] = (events.groupBy(
-        "bad", "file", "v", "run", "pump", "kind",
+        "bad", "v", "run", "pump", "kind",
         only("broker", msg | life), only("link", msg | life), only("dir", msg),
         only("peer", kind == "accept"), only("port", kind == "accept"),
         only("reason", life | refuse), only("outcome", (kind == "disconnect") | refuse))
@@ -306,8 +306,12 @@ def _census_rows(events: Any) -> list[Any]:
 def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
     """One row per (run, link, dir, seq): its sends and deliveries, folded.
 
-    The window (FIFO: the delivery before each one, in pump order) and the aggregation
-    both run on the one shuffle by (run, link, dir).
+    The messages are shuffled once by (run, link, dir) and sorted by seq within each
+    stream; the aggregation by seq and the FIFO check run on that order without another
+    shuffle or sort.  FIFO holds on a stream when the deliveries, taken in seq order,
+    come in pump order (step, then place in the file): each delivered seq is compared
+    with the delivered seq before it, and a pair out of pump order is one violation,
+    named by the lower seq ("late": delivered after the higher one).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -321,10 +325,7 @@ def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
             .select(*_KEY, (F.col("kind") == "send").alias("is_send"), at.alias("at"), "size",
                     "step", "ord"))
     send, deliver = F.col("is_send"), ~F.col("is_send")
-    pump_order = Window.partitionBy(*_STREAM).orderBy("step", "ord").rowsBetween(
-        Window.unboundedPreceding, -1)
-    before = F.last(F.when(deliver, F.col("seq")), ignorenulls=True).over(pump_order)
-    return (msgs.withColumn("before", before).groupBy(*_KEY).agg(
+    per_seq = (msgs.repartition(*_STREAM).sortWithinPartitions(*_KEY).groupBy(*_KEY).agg(
         F.sum(send.cast("int")).alias("sends"),
         F.sum(deliver.cast("int")).alias("deliveries"),
         F.min(F.when(send, F.col("at"))).alias("sent_at"),
@@ -333,48 +334,53 @@ def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
         F.max(F.when(send, F.col("size"))).alias("size_max"),
         F.min(F.when(deliver, F.col("size"))).alias("delivered_size"),
         F.max(F.when(deliver, F.col("size"))).alias("delivered_size_max"),
-        F.max(F.when(deliver & (F.col("seq") < F.col("before")), F.col("before")))
-        .alias("after"))
-        .withColumn("latency", F.col("delivered_at") - F.col("sent_at")))
+        F.min(F.when(deliver, F.struct("step", "ord"))).alias("pos")))
+    seq_order = Window.partitionBy(*_STREAM).orderBy("seq").rowsBetween(
+        Window.unboundedPreceding, -1)
+    before = F.last(F.when(F.col("pos").isNotNull(), F.struct(
+        F.col("pos.step").alias("step"), F.col("pos.ord").alias("ord"),
+        F.col("seq").alias("seq"))), ignorenulls=True).over(seq_order)
+    late = F.when((F.col("before.step") > F.col("pos.step"))
+                  | ((F.col("before.step") == F.col("pos.step"))
+                     & (F.col("before.ord") > F.col("pos.ord"))), F.col("before.seq"))
+    return (per_seq.withColumn("before", before)
+            .withColumn("late", late)
+            .withColumn("latency", F.col("delivered_at") - F.col("sent_at"))
+            .drop("before", "pos"))
 
 
 def _violations(per_seq: Any) -> Any:
     """Each broken invariant of a message, as (run, link, dir, seq, violation, detail)."""
     from pyspark.sql import functions as F
 
-    sends, deliveries = F.col("sends"), F.col("deliveries")
+    sends, deliveries, seq = F.col("sends"), F.col("deliveries"), F.col("seq")
     delivered_size = F.when(F.col("delivered_size") != F.col("size"),
                             F.col("delivered_size")).otherwise(F.col("delivered_size_max"))
 
-    def case(when: Any, violation: str, *detail: Any) -> Any:
-        return F.when(when, F.struct(F.lit(violation).alias("violation"),
-                                     F.concat(*detail).alias("detail")))
+    def case(name: str, at: Any, *detail: Any) -> Any:
+        return F.when(F.expr(_VIOLATION_FLAGS[name]), F.struct(
+            at.alias("seq"), F.lit(name).alias("violation"), F.concat(*detail).alias("detail")))
 
     found = F.filter(F.array(
-        case(sends > 1, "duplicate send", F.lit("sent "), sends.cast("string"),
+        case("duplicate send", seq, F.lit("sent "), sends.cast("string"), F.lit(" times")),
+        case("duplicate delivery", seq, F.lit("delivered "), deliveries.cast("string"),
              F.lit(" times")),
-        case(deliveries > 1, "duplicate delivery", F.lit("delivered "),
-             deliveries.cast("string"), F.lit(" times")),
-        case((deliveries > 0) & (sends == 0), "delivered but never sent",
-             F.lit("delivered "), deliveries.cast("string"), F.lit(" times, never sent")),
-        case(F.col("after").isNotNull(), "out of order", F.lit("delivered after seq "),
-             F.col("after").cast("string")),
-        case((sends > 0) & (deliveries > 0)
-             & ((F.col("size") != F.col("size_max"))
-                | (F.col("delivered_size") != F.col("size"))
-                | (F.col("delivered_size_max") != F.col("size"))),
-             "size mismatch", F.lit("sent "), F.col("size").cast("string"),
+        case("delivered but never sent", seq, F.lit("delivered "), deliveries.cast("string"),
+             F.lit(" times, never sent")),
+        case("out of order", F.col("late"), F.lit("delivered after seq "),
+             seq.cast("string")),
+        case("size mismatch", seq, F.lit("sent "), F.col("size").cast("string"),
              F.lit(" bytes, delivered "), delivered_size.cast("string"))),
         lambda v: v.isNotNull())
-    return (per_seq.select(*_KEY, F.explode(found).alias("v"))
-            .select(*_KEY, "v.violation", "v.detail"))
+    return (per_seq.select(*_STREAM, F.explode(found).alias("v"))
+            .select(*_STREAM, "v.seq", "v.violation", "v.detail"))
 
 
 _VIOLATION_FLAGS = {
     "duplicate send": "sends > 1",
     "duplicate delivery": "deliveries > 1",
     "delivered but never sent": "deliveries > 0 AND sends = 0",
-    "out of order": "after IS NOT NULL",
+    "out of order": "late IS NOT NULL",
     "size mismatch": ("sends > 0 AND deliveries > 0 AND (size != size_max OR "
                       "delivered_size != size OR delivered_size_max != size)"),
 }
@@ -479,8 +485,7 @@ class _Census:
     def __init__(self, rows: list[Any]) -> None:
         good = [r for r in rows if not r["bad"]]
         self.corrupt = sum(r["n"] for r in rows if r["bad"])
-        self.files = sorted({r["file"] for r in rows})
-        self.versions = sorted({(r["file"], r["v"]) for r in good})
+        self.versions = sorted({r["v"] for r in good})
         self.kinds: dict[str, int] = {}
         for r in good:
             self.kinds[r["kind"]] = self.kinds.get(r["kind"], 0) + r["n"]
@@ -557,9 +562,15 @@ class _Census:
                     kind == "disconnect" and r["outcome"] != "clean"):
                 link["failed"] = True
 
-    def check(self, traces: str) -> None:
-        other = [(f, v) for f, v in self.versions if v != SCHEMA_VERSION]
-        if other:
+    def check(self, traces: str, events: Any) -> None:
+        """Raise :class:`TraceError` for rows of another schema version (naming their
+        files: a second, small job, only then) or for no events at all."""
+        from pyspark.sql import functions as F
+
+        if any(v != SCHEMA_VERSION for v in self.versions):
+            other = sorted((r["file"], r["v"]) for r in events.where(
+                ~F.col("bad") & (F.col("v") != SCHEMA_VERSION)).select("file", "v")
+                .distinct().limit(100).collect())
             listing = "; ".join(f"{_short(f)} has version {v}" for f, v in other[:5])
             raise TraceError(f"trace schema version {SCHEMA_VERSION} expected: {listing}"
                              + (_OLDER if any(v < SCHEMA_VERSION for _, v in other) else ""))
@@ -610,7 +621,7 @@ def _summary(traces: str, census: _Census, corrupt: list[dict[str, Any]],
     return {
         "schema_version": SCHEMA_VERSION,
         "traces": traces,
-        "files": len(census.files),
+        "files": sum(map(len, find_traces(traces))),
         "pumps": census.pumps,
         "runs": census.runs,
         "events": sum(census.kinds.values()),

@@ -76,15 +76,17 @@ def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
         ax.set_xlim(min(lows) / 1.5, max(highs) * 1.5)
     else:
         ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
+    marked = False
     for (name, color) in (("p50", "#2ca02c"), ("p90", "#ff7f0e"), ("p99", "#d62728")):
         if quantiles and quantiles.get(name) is not None and quantiles[name] > 0:
             value = quantiles[name] * 1e6
             ax.axvline(value, color=color, linestyle="--", linewidth=1.2,
                        label=f"{name} {_micros(value)}")
+            marked = True
     ax.set_xlabel("latency, send to delivery (µs, log scale)")
     ax.set_ylabel("messages")
     ax.set_title(f"Delivery latency, {title}")
-    if quantiles:
+    if marked:
         ax.legend(loc="upper right")
     ax.grid(alpha=0.3, which="both")
     fig.savefig(path)

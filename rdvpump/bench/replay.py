@@ -1,10 +1,12 @@
-"""Replay at scale: a real pump trace of millions of events, checked by Spark and by plain Python.
+"""Replay at scale: a real pump trace of millions of events, replayed by Spark and by plain Python.
 
-The trace comes from a real run (one MessageQueue on one pump, tracing to
-Parquet), so it has the shape of real traces.  The Spark job (replay/job.py,
-local mode) and a single-process Python loop check the same invariants on the
-same file in the same run: every delivered message was sent, FIFO per link and
-direction, no duplicates.  Both report events per second.
+The trace comes from a real run (one universe, four links, 64 B messages, tracing to
+Parquet), so it has the shape of real traces.  The Spark job (replay/job.py, local
+mode, ``local[1]`` and ``local[2]``) and a single-process Python loop
+(:func:`replay_in_python`) compute the same figures from the same file in the same
+run: every invariant, undelivered messages with causes, latency percentiles per link,
+throughput per broker and second, refusals and sizes; the run fails if they disagree.
+Both report events per second.
 """
 
 from __future__ import annotations
@@ -99,42 +101,130 @@ def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4) 
     return recorder.rows_written
 
 
-def check_in_python(directory: Path) -> tuple[int, int, float]:
-    """The invariants in one Python process; return (events, violations, seconds)."""
+def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
+    """The replay job's outputs from one Python process: the baseline.
+
+    The same figures as :func:`replay.analyze` from the same Parquet files, in plain
+    Python over pyarrow columns: every invariant (duplicate send, duplicate delivery,
+    delivered but never sent, FIFO per link and direction, size mismatch), undelivered
+    messages with their causes, exact latency percentiles per link and direction,
+    messages per receiving broker and second, refusals, and sizes.  It writes no files
+    and draws no plots (the Spark job does both).  Returns (figures, seconds).
+    """
     import pyarrow.parquet as pq
 
     start = time.perf_counter()
-    events = violations = 0
-    for path in sorted(directory.glob("*.parquet")):
-        table = pq.read_table(path, columns=["run", "kind", "link", "dir", "seq", "step"])
+    events = 0
+    kinds: dict[str, int] = {}
+    offsets: dict[tuple[str, str], tuple[float, float]] = {}
+    ends: dict[tuple[str, str], list[Any]] = {}  # first end: (at, reason), failed
+    refusals: dict[str, int] = {}
+    sizes: dict[int, int] = {}
+    # per message: sends, deliveries, sent_at, delivered_at, size, size_max,
+    # delivered_size, delivered_size_max, (step, row) of the first delivery
+    messages: dict[tuple[Any, ...], list[Any]] = {}
+    senders: dict[tuple[str, str, str], str] = {}
+    receivers: dict[tuple[str, str, str], str] = {}
+    files = sorted(directory.glob("*.parquet"))
+    columns = ["run", "pump", "step", "time", "kind", "broker", "link", "dir", "seq", "size",
+               "outcome", "reason", "monotonic"]
+    tables = [pq.read_table(path, columns=columns) for path in files]
+    for table in tables:  # clocks first: every time is aligned before it is used
+        for run, pump, time_, kind, mono in zip(*(table.column(c).to_pylist() for c in (
+                "run", "pump", "time", "kind", "monotonic")), strict=True):
+            if kind == "clock" and ((run, pump) not in offsets
+                                    or time_ > offsets[(run, pump)][0]):
+                offsets[(run, pump)] = (time_, mono - time_)
+    for table in tables:
         events += table.num_rows
-        run, kind, link, dir_, seq, step = (table.column(c).to_pylist() for c in table.column_names)
-        sent: set[tuple[Any, ...]] = set()
-        delivered: list[tuple[int, int]] = []  # (step, row), sorted below: pump order
-        for i, k in enumerate(kind):
-            if k == "send":
-                sent.add((run[i], link[i], dir_[i], seq[i]))
-            elif k == "deliver":
-                delivered.append((step[i], i))
-        delivered.sort()
-        seen: set[tuple[Any, ...]] = set()
-        last: dict[tuple[Any, ...], int] = {}
-        for _, i in delivered:
-            key = (run[i], link[i], dir_[i], seq[i])
-            if key in seen:
-                violations += 1
-            seen.add(key)
-            if key not in sent:
-                violations += 1
-            stream = key[:3]
-            if seq[i] < last.get(stream, -1):
-                violations += 1
-            last[stream] = seq[i]
-    return events, violations, time.perf_counter() - start
+        cols = [table.column(c).to_pylist() for c in columns]
+        for row, (run, pump, step, time_, kind, broker, link, dir_, seq, size, outcome,
+                  reason, _) in enumerate(zip(*cols, strict=True)):
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "send" or kind == "deliver":
+                at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
+                m = messages.get((run, link, dir_, seq))
+                if m is None:
+                    m = messages[(run, link, dir_, seq)] = [0, 0, None, None, None, None,
+                                                            None, None, None]
+                if kind == "send":
+                    senders.setdefault((run, link, dir_), broker)
+                    m[0] += 1
+                    m[2] = at if m[2] is None else min(m[2], at)
+                    m[4] = size if m[4] is None else min(m[4], size)
+                    m[5] = size if m[5] is None else max(m[5], size)
+                else:
+                    receivers.setdefault((run, link, dir_), broker)
+                    m[1] += 1
+                    m[3] = at if m[3] is None else min(m[3], at)
+                    m[6] = size if m[6] is None else min(m[6], size)
+                    m[7] = size if m[7] is None else max(m[7], size)
+                    m[8] = (step, row) if m[8] is None else min(m[8], (step, row))
+            elif kind in ("disconnect", "close", "fail", "protocol_error") and link:
+                at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
+                end = ends.setdefault((run, link), [None, False])
+                if reason is not None and (end[0] is None or (at, reason) < end[0]):
+                    end[0] = (at, reason)
+                if kind in ("fail", "protocol_error") or (kind == "disconnect"
+                                                          and outcome != "clean"):
+                    end[1] = True
+            elif kind == "refuse" and outcome != "inbound":
+                refusals[reason] = refusals.get(reason, 0) + 1
+    violations: list[tuple[Any, ...]] = []
+    undelivered: dict[str, int] = {}
+    latencies: dict[tuple[str, str, str], list[float]] = {}
+    per_second: dict[tuple[str, str, int], list[int]] = {}
+    first_at = min((t + off for t, off in offsets.values()), default=0.0)
+    last: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    for key in sorted(messages):
+        sends, deliveries, sent_at, delivered_at, size, size_max, dsize, dsize_max, pos = \
+            messages[key]
+        stream = key[:3]
+        if sends > 1:
+            violations.append((*key, "duplicate send"))
+        if deliveries > 1:
+            violations.append((*key, "duplicate delivery"))
+        if deliveries and not sends:
+            violations.append((*key, "delivered but never sent"))
+        if sends and deliveries and not size == size_max == dsize == dsize_max:
+            violations.append((*key, "size mismatch"))
+        if pos is not None:
+            before = last.get(stream)
+            if before is not None and before[0] > pos:
+                violations.append((*stream, before[1], "out of order"))
+            last[stream] = (pos, key[3])
+        if sends:
+            bucket = 0 if size <= 0 else 1 << (size - 1).bit_length()
+            sizes[bucket] = sizes.get(bucket, 0) + 1
+        if sends and not deliveries:
+            end = ends.get(key[:2])
+            cause = ("peer failed" if end and end[1] else "link closed with it in flight"
+                     if end and end[0] else "run ended")
+            undelivered[cause] = undelivered.get(cause, 0) + 1
+        if sends and deliveries:
+            latencies.setdefault(stream, []).append(delivered_at - sent_at)
+            cell = per_second.setdefault(
+                (key[0], receivers[stream], int(delivered_at - first_at)), [0, 0])
+            cell[0] += 1
+            cell[1] += dsize
+    percentiles = {}
+    for stream, values in latencies.items():
+        values.sort()
+        n = len(values)
+        percentiles[stream] = [values[min(n - 1, int(q * n))] for q in (0.5, 0.9, 0.99)] \
+            + [values[-1]]
+    figures = {"events": events, "events_by_kind": kinds, "violations": len(violations),
+               "undelivered_by_cause": undelivered,
+               "matched": sum(len(v) for v in latencies.values()),
+               "latency_per_stream": percentiles, "per_second_rows": len(per_second),
+               "refusals": refusals, "sizes": sizes, "senders": len(senders)}
+    return figures, time.perf_counter() - start
 
 
-def run(events: int = 10_000_000, *, master: str = "local[2]",
+def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "local[2]"),
+        jvm: str = "production",
         progress: Callable[[str], None] | None = None) -> Iterator[ReplayResult]:
+    """One trace, the Python baseline once, then the Spark job on each master in turn."""
     from replay import analyze, session
 
     with tempfile.TemporaryDirectory(prefix="rdvpump-replay-bench-") as tmp:
@@ -146,19 +236,28 @@ def run(events: int = 10_000_000, *, master: str = "local[2]",
         mb = sum(p.stat().st_size for p in traces.iterdir()) / 1e6
         if progress:
             progress(f"plain Python over {rows:,} events ...")
-        py_events, py_violations, py_seconds = check_in_python(traces)
-        if progress:
-            progress(f"Spark {master} over {rows:,} events ...")
-        spark = session(master, driver_memory="6g")
-        try:
-            start = time.perf_counter()
-            summary = analyze(spark, str(traces))
-            seconds = time.perf_counter() - start
-        finally:
-            spark.stop()
-        assert summary["events"] == py_events == rows
-        spark_rate = rows / seconds
-        py_rate = py_events / py_seconds
-        yield ReplayResult(f"replay-spark-{master}", rows, seconds, spark_rate,
-                           summary["violation_count"], "plain-python-single-process",
-                           py_seconds, py_rate, py_violations, spark_rate / py_rate, mb)
+        figures, py_seconds = replay_in_python(traces)
+        py_rate = figures["events"] / py_seconds
+        for master in masters:
+            if progress:
+                progress(f"Spark {master} over {rows:,} events ...")
+            spark = session(master, jvm=jvm, driver_memory="6g")
+            try:
+                start = time.perf_counter()
+                summary = analyze(spark, str(traces), str(Path(tmp) / "out"))
+                seconds = time.perf_counter() - start
+            finally:
+                spark.stop()
+            same = (summary["events"] == figures["events"] == rows
+                    and summary["violation_count"] == figures["violations"]
+                    and summary["messages_matched"] == figures["matched"]
+                    and summary["undelivered_by_cause"] == figures["undelivered_by_cause"]
+                    and summary["events_by_kind"] == dict(sorted(
+                        figures["events_by_kind"].items())))
+            if not same:
+                raise RuntimeError(f"Spark and the Python baseline disagree on {traces}")
+            spark_rate = rows / seconds
+            yield ReplayResult(f"replay-spark-{master}", rows, seconds, spark_rate,
+                               summary["violation_count"], "python-same-outputs",
+                               py_seconds, py_rate, figures["violations"],
+                               spark_rate / py_rate, mb)

@@ -46,13 +46,18 @@ def bench_inproc(
 def bench_replay(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
     events: Annotated[int, typer.Option(help="Events in the generated trace.")] = 10_000_000,
-    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    master: Annotated[list[str] | None, typer.Option(
+        help="Spark master, once per run (default: local[1], then local[2]).")] = None,
+    jvm: Annotated[str, typer.Option(help="JVM profile: production or quick.")] =
+        "production",
 ) -> None:
-    """The replay job on a real trace of EVENTS events, beside plain Python on the same file."""
+    """The replay job on a real trace of EVENTS events, beside plain Python computing the
+    same figures from the same file."""
     from ..bench import replay
 
+    masters = tuple(master or ("local[1]", "local[2]"))
     with err.status("benchmarking the replay ...") as status:
-        results = guard(lambda: list(replay.run(events, master=master,
+        results = guard(lambda: list(replay.run(events, masters=masters, jvm=jvm,
                                                  progress=status.update)))
     _show(results, json_out, "rdvpump bench replay",
           ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
