@@ -20,7 +20,7 @@ from typing import Any
 
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
-from pump import Pump, open_trace
+from pump import Pump, TraceRecorder, open_trace
 
 
 @dataclass
@@ -46,9 +46,12 @@ class ReplayResult:
         return d
 
 
-def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4) -> int:
-    """Trace ``messages`` messages over ``links`` links into ``directory``; return the rows."""
-    recorder = open_trace(directory, pump="gen", run="scale", format="parquet")
+def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4,
+             recorder: TraceRecorder | None = None) -> int:
+    """Trace ``messages`` messages over ``links`` links into ``directory`` (Parquet), or
+    into ``recorder``; return the rows."""
+    if recorder is None:
+        recorder = open_trace(directory, pump="gen", run="scale", format="parquet")
     pump = Pump(trace=recorder, name="gen")
     universe = BrokerManager("scale", pump=pump, ring_capacity=1 << 18)
     sink = universe.add_broker("sink")
