@@ -200,9 +200,9 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
             bucket = 0 if size <= 0 else 1 << (size - 1).bit_length()
             sizes[bucket] = sizes.get(bucket, 0) + 1
         if sends and not deliveries:
-            end = ends.get(key[:2])
-            cause = ("peer failed" if end and end[1] else "link closed with it in flight"
-                     if end and end[0] else "run ended")
+            end = ends.get(key[:2]) or [None, False]
+            cause = ("peer failed" if end[1] else "link closed with it in flight"
+                     if end[0] else "run ended")
             undelivered[cause] = undelivered.get(cause, 0) + 1
         if sends and deliveries:
             latencies.setdefault(stream, []).append(delivered_at - sent_at)

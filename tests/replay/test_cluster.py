@@ -95,7 +95,7 @@ def wait_for_port(port: int, daemon: Daemon) -> None:
             return
         except OSError:
             if daemon.proc.poll() is not None:
-                raise AssertionError(f"master exited: {daemon.log.read_text()[-2000:]}")
+                raise AssertionError(f"master exited: {daemon.log.read_text()[-2000:]}") from None
             if time.monotonic() > deadline:
                 raise AssertionError(f"master not listening after {START_TIMEOUT} s") from None
             time.sleep(0.2)  # a port to open: polled, bounded
