@@ -117,7 +117,7 @@ def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
                .option("columnNameOfCorruptRecord", "_corrupt_record").json(jsonl))
         bad = (F.col("_corrupt_record").isNotNull() | F.col("kind").isNull()
                | F.col("v").isNull())
-        frames.append(raw.select(*names, F.col("_metadata.file_path").alias("file"),
+        frames.append(raw.select(*names, F.input_file_name().alias("file"),
                                  F.monotonically_increasing_id().alias("ord"),
                                  bad.alias("bad")))
     if parquet:
@@ -130,7 +130,7 @@ def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
                              f"schema version {SCHEMA_VERSION} expected, found "
                              f"{', '.join(map(str, sorted(found))) or 'none'}{_OLDER}")
         frames.append(pq.select(*[F.col(n).cast(schema[n].dataType) for n in names],
-                                F.col("_metadata.file_path").alias("file"),
+                                F.input_file_name().alias("file"),
                                 F.monotonically_increasing_id().alias("ord"),
                                 (F.col("kind").isNull() | F.col("v").isNull()).alias("bad")))
     events = frames[0]
@@ -166,8 +166,8 @@ def _locate_lines(spark: Any, jsonl: list[str]) -> list[dict[str, Any]]:
     parsed = F.from_json("value", _with_corrupt(trace_schema()),
                          {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
     lines = (spark.read.text(jsonl)
-             .select(F.col("_metadata.file_path").alias("file"),
-                     F.col("_metadata.file_block_start").alias("block"),
+             .select(F.input_file_name().alias("file"),
+                     F.input_file_block_start().alias("block"),
                      F.monotonically_increasing_id().alias("id"), "value"))
     splits = {(r["file"], r["block"]): (r["first"], r["n"]) for r in lines.groupBy(
         "file", "block").agg(F.min("id").alias("first"), F.count("*").alias("n")).collect()}
@@ -234,12 +234,13 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
     The Spark work is one scan that takes a census of the events (small: one row per
     pump, kind, stream and link event), then one shuffle keyed by (run, link, dir) that
     folds every message into one row per sequence number; every per-link figure,
-    violation and undelivered message comes from that table, kept in memory.  The
-    small results are collected once and written by the driver.  ``progress`` is told
-    each stage; ``summary["spark_jobs"]`` counts the Spark jobs it took.
+    violation and undelivered message comes from that table.  The table is kept as a
+    local checkpoint (rows in the executors' block stores, memory then disk): building
+    Spark's columnar cache of it cost as much again as computing it.  A local
+    checkpoint does not survive the loss of an executor; the job then fails and is run
+    again.  The small results are collected once and written by the driver.
+    ``progress`` is told each stage; ``summary["spark_jobs"]`` counts the Spark jobs.
     """
-    from pyspark import StorageLevel
-
     jobs = _Jobs(spark, progress)
     if out is not None:  # the driver's own imports, while Spark works
         threading.Thread(target=_import_writers, daemon=True).start()
@@ -254,11 +255,9 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
             jobs.stage("locating corrupt lines")
             corrupt = _locate_lines(spark, jsonl_files)
         jobs.stage("matching sends and deliveries (one shuffle by link and direction)")
-        per_seq = _per_seq(events, census.offsets).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            found = _measure(spark, per_seq, census, jobs, out)
-        finally:
-            per_seq.unpersist()
+        per_seq = _per_seq(events, census.offsets).localCheckpoint(eager=False)
+        found = _measure(spark, per_seq, census, jobs, out)
+        del per_seq  # its blocks go when the JVM collects the plan (Spark's ContextCleaner)
         summary = _summary(traces, census, corrupt, found)
         if out is not None:
             jobs.stage("writing tables and plots")
@@ -817,15 +816,17 @@ def print_summary(summary: dict[str, Any]) -> None:
 #: collector: it starts and warms up faster, and wins on traces that take seconds.
 JVM_PROFILES = {"production": "-XX:+UseParallelGC",
                 "quick": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-#: Traces smaller than this on disk are analysed with the quick profile (see jvm_for).
-QUICK_BYTES = 256 << 20
+#: Traces smaller than this on disk (JSON Lines, Parquet: about 200,000 events either way)
+#: are analysed with the quick profile by default; on larger ones the full JIT wins.
+QUICK_BYTES = {"jsonl": 32 << 20, "parquet": 4 << 20}
 
 
 def jvm_for(traces: str) -> str:
     """The JVM profile for these traces: quick under :data:`QUICK_BYTES`, else production."""
     jsonl, parquet = find_traces(traces)
-    size = sum(os.path.getsize(f) for f in (*jsonl, *parquet))
-    return "quick" if size < QUICK_BYTES else "production"
+    share = (sum(os.path.getsize(f) for f in jsonl) / QUICK_BYTES["jsonl"]
+             + sum(os.path.getsize(f) for f in parquet) / QUICK_BYTES["parquet"])
+    return "quick" if share < 1 else "production"
 
 
 def class_archive(profile: str) -> tuple[str, str | None]:
@@ -850,12 +851,13 @@ def class_archive(profile: str) -> tuple[str, str | None]:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
     final = cache / f"spark-{pyspark.__version__}-{tag}.jsa"
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
-    if not final.exists():
-        for done in sorted(cache.glob(final.name + ".*")):
-            pid = done.suffix[1:]
-            if pid.isdigit() and not _alive(int(pid)):
-                os.replace(done, final)  # written by a JVM that has exited
-                break
+    for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited
+        pid = done.suffix[1:]
+        if pid.isdigit() and not _alive(int(pid)):
+            if final.exists():
+                done.unlink(missing_ok=True)
+            else:
+                os.replace(done, final)
     if final.exists():
         return f"{quiet} -XX:SharedArchiveFile={final}", None
     try:

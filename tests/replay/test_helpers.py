@@ -1,0 +1,45 @@
+"""The replay job's driver-side helpers, without Spark."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from replay import job
+
+
+@pytest.mark.parametrize(("duration", "width"), [
+    (0.39, 0.002), (1.0, 0.005), (0.0, 1e-6), (30.0, 0.2), (200.0, 1.0), (3600.0, 20.0)])
+def test_bins_fit_the_run_and_divide_a_second(duration: float, width: float) -> None:
+    assert job._bin_width(duration) == width
+    assert duration / width <= job.PLOT_BINS
+    if width < 1:
+        assert abs(round(1 / width) * width - 1) < 1e-9  # whole bins make a second
+
+
+def test_the_jvm_profile_follows_the_size_of_the_traces(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "a.p.jsonl").write_bytes(b"x" * (1 << 20))
+    assert job.jvm_for(str(tmp_path)) == "quick"
+    (tmp_path / "b.p.parquet").write_bytes(b"x" * (4 << 20))
+    assert job.jvm_for(str(tmp_path)) == "production"
+
+
+def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("pyspark")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("RDVPUMP_SPARK_CDS", "0")
+    assert job.class_archive("quick") == ("", None)
+    monkeypatch.delenv("RDVPUMP_SPARK_CDS")
+    options, pending = job.class_archive("quick")
+    assert pending is not None and f"-XX:ArchiveClassesAtExit={pending}" in options
+    # a finished archive left by a JVM that has exited is promoted and then used
+    pathlib.Path(pending.rsplit(".", 1)[0] + ".999999999").write_bytes(b"jsa")
+    options, pending = job.class_archive("quick")
+    assert pending is None and "-XX:SharedArchiveFile=" in options
+    # another one left beside it is removed
+    extra = pathlib.Path(str(options.split("SharedArchiveFile=")[1]) + ".999999998")
+    extra.write_bytes(b"jsa")
+    job.class_archive("quick")
+    assert not extra.exists()
