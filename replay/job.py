@@ -430,18 +430,12 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     undelivered_count = sum(r["undelivered"] for r in streams)
     found["violation_count"], found["undelivered_count"] = violation_count, undelivered_count
     found["violations"] = found["undelivered"] = []
-    found["violations_frame"] = found["undelivered_frame"] = None
+    found["violations_frame"] = found["undelivered_frame"] = False
     if violation_count:
         jobs.stage("listing the violations")
-        frame = _violations(per_seq).orderBy(*_KEY, "violation")
-        if violation_count <= COLLECT_LIMIT or out is None:
-            found["violations"] = [r.asDict() for r in
-                                   (frame if out is not None else frame.limit(SUMMARY_LIMIT))
-                                   .collect()]
-        else:
-            frame.write.mode("overwrite").parquet(str(Path(out) / "violations"))
-            found["violations"] = [r.asDict() for r in frame.limit(SUMMARY_LIMIT).collect()]
-            found["violations_frame"] = True
+        found["violations"], found["violations_frame"] = _listed(
+            _violations(per_seq).orderBy(*_KEY, "violation"), violation_count, out,
+            "violations")
     if undelivered_count:
         jobs.stage("listing undelivered messages and their causes")
         ends = spark.createDataFrame(census.stream_ends(), _STREAM_ENDS)
@@ -450,16 +444,23 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
                  .select(*_KEY, "sender", "sent_at", "size",
                          F.coalesce("cause", F.lit("run ended")).alias("cause"), "end_reason")
                  .orderBy(*_KEY))
-        if undelivered_count <= COLLECT_LIMIT or out is None:
-            found["undelivered"] = [r.asDict() for r in
-                                    (frame if out is not None else frame.limit(SUMMARY_LIMIT))
-                                    .collect()]
-        else:
-            frame.write.mode("overwrite").parquet(str(Path(out) / "undelivered"))
-            found["undelivered"] = [r.asDict() for r in frame.limit(SUMMARY_LIMIT).collect()]
-            found["undelivered_frame"] = True
+        found["undelivered"], found["undelivered_frame"] = _listed(
+            frame, undelivered_count, out, "undelivered")
     return found
 
+
+
+def _listed(frame: Any, count: int, out: str | None, name: str) -> tuple[list[dict[str, Any]],
+                                                                        bool]:
+    """The rows of a listing for the summary, and whether Spark wrote the table itself:
+    up to :data:`COLLECT_LIMIT` rows are collected (the driver writes them), beyond that
+    Spark writes ``out/name`` and only the first :data:`SUMMARY_LIMIT` are collected."""
+    if out is None:
+        return [r.asDict() for r in frame.limit(SUMMARY_LIMIT).collect()], False
+    if count <= COLLECT_LIMIT:
+        return [r.asDict() for r in frame.collect()], False
+    frame.write.mode("overwrite").parquet(str(Path(out) / name))
+    return [r.asDict() for r in frame.limit(SUMMARY_LIMIT).collect()], True
 
 _STREAM_ENDS = ("run string, link string, dir string, sender string, cause string, "
                 "end_reason string")

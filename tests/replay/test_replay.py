@@ -266,3 +266,28 @@ def test_spark_submit_runs_the_job_file_unchanged(clean_jsonl: pathlib.Path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["violation_count"] == 0 and summary["messages_matched"] == 8000
+
+
+def test_long_listings_are_written_by_spark_and_cut_in_the_summary(
+        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond COLLECT_LIMIT rows, violations and undelivered messages are not collected:
+    Spark writes them, and summary.json lists the first SUMMARY_LIMIT."""
+    from replay import job
+
+    monkeypatch.setattr(job, "COLLECT_LIMIT", 100)
+    rows = _rows(clean_jsonl)
+    deliveries = _where(rows, "deliver", "server/1", "ca")[:150]
+    for i in deliveries[:120]:
+        rows[i]["size"] += 1  # 120 size mismatches
+    dropped = set(deliveries[120:])  # and 30 messages never delivered
+    kept = [r for i, r in enumerate(rows) if i not in dropped]
+    summary = _analyze_rows(spark, kept, tmp_path / "long", out=str(tmp_path / "out"))
+    assert summary["violation_count"] == 120 and summary["undelivered_count"] == 30
+    assert len(summary["violations"]) == job.SUMMARY_LIMIT
+    assert [v["seq"] for v in summary["violations"]] == sorted(
+        v["seq"] for v in summary["violations"])
+    assert len(pq.read_table(tmp_path / "out" / "violations")) == 120
+    undelivered = pq.read_table(tmp_path / "out" / "undelivered").to_pylist()
+    assert len(undelivered) == 30 and {u["cause"] for u in undelivered} == {
+        "link closed with it in flight"}
