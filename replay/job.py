@@ -292,7 +292,9 @@ def _census_rows(events: Any) -> list[Any]:
     rows: list[Any] = (events.groupBy(
         "bad", "v", "run", "pump", "kind",
         only("broker", msg | life), only("link", msg | life), only("dir", msg),
-        only("peer", kind == "accept"), only("port", kind == "accept"),
+        only("peer", kind.isin("accept", "connect")),
+        only("port", kind.isin("accept", "connect")),
+        F.when(kind == "connect", F.col("time")).alias("connect_time"),
         only("reason", life | refuse), only("outcome", (kind == "disconnect") | refuse))
         .agg(F.count("*").alias("n"), F.min("time").alias("t0"), F.max("time").alias("t1"),
              F.sum("size").alias("bytes"), F.min("size").alias("min_size"),
@@ -520,6 +522,7 @@ class _Census:
                 self._message(r, link)
             else:
                 self._life(r, link)
+        self._connects(good)
         sends = [r for r in good if r["kind"] == "send"]
         self.sent_sizes = None if not sends else {
             "min": min(r["min_size"] for r in sends),
@@ -542,6 +545,21 @@ class _Census:
             stream["deliver_pumps"].add(r["pump"])
             link["delivered"] += r["n"]
             link["bytes_delivered"] += r["bytes"] or 0
+
+    def _connects(self, good: list[Any]) -> None:
+        """Each accepted link's connect: the connector's last connect to that broker and
+        port at or before the accept."""
+        tried: dict[tuple[str, str, str, int], list[float]] = {}
+        for r in good:
+            if r["kind"] == "connect" and r["connect_time"] is not None:
+                tried.setdefault((r["run"], r["broker"], r["peer"], r["port"]), []).append(
+                    r["connect_time"] + self.offset(r))
+        for (run, _), link in self.links.items():
+            if link["accepted_at"] is None:
+                continue
+            times = tried.get((run, link["connector"], link["acceptor"], link["port"]), [])
+            before = [t for t in times if t <= link["accepted_at"]]
+            link["connected_at"] = max(before) if before else None
 
     def _life(self, r: Any, link: dict[str, Any]) -> None:
         """Rows come in time order (then by reason): the first one seen wins."""
@@ -598,7 +616,8 @@ class _Census:
 
 
 def _new_link() -> dict[str, Any]:
-    return {"accepted_at": None, "acceptor": None, "connector": None, "port": None,
+    return {"connected_at": None, "accepted_at": None, "acceptor": None, "connector": None,
+            "port": None,
             "sent_ca": 0, "sent_ac": 0, "delivered": 0, "bytes_delivered": 0,
             "disconnected_at": None, "disconnect_reason": None, "close_reasons": set(),
             "ended_at": None, "end_reason": None, "failed": False, "pumps": set()}
@@ -674,7 +693,8 @@ def _tables(census: _Census, found: dict[str, Any]) -> dict[str, Any]:
                         "messages": r["messages"], "p50": q[0], "p90": q[1], "p99": q[2],
                         "max": r["max"]})
     tables = {
-        "links": table(links, "run:s link:s accepted_at:f acceptor:s connector:s port:i "
+        "links": table(links, "run:s link:s connected_at:f accepted_at:f acceptor:s "
+                              "connector:s port:i "
                               "sent_ca:i sent_ac:i delivered:i bytes_delivered:i "
                               "disconnected_at:f disconnect_reason:s close_reasons:ls "
                               "ended_at:f end_reason:s failed:b pumps:ls"),
@@ -763,6 +783,8 @@ def _write(target: Path, census: _Census, found: dict[str, Any],
               "start": None if life["accepted_at"] is None
               else life["accepted_at"] - census.start,
               "end": None if life["ended_at"] is None else life["ended_at"] - census.start,
+              "connect": None if life["connected_at"] is None
+              else life["connected_at"] - census.start,
               "bins": per_link.get((run, link), {})}
              for (run, link), life in census.links.items()]
     _plots.timeline(target / "links.png", lives, width=width, duration=census.duration,

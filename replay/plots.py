@@ -55,7 +55,8 @@ def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width
     ax.set_ylabel("messages delivered per second")
     ax.set_title(f"Delivered messages per broker, {title} (bins of {_seconds(width)})")
     if series:
-        ax.legend(title="receiving broker", fontsize="small", loc="upper right")
+        ax.legend(title="receiving broker", fontsize="small", loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0))
     else:
         ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
@@ -94,7 +95,8 @@ def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
 
 def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
              duration: float, title: str) -> None:
-    """The life of the first links: accepted, messages (shaded by count per bin), closed."""
+    """The life of the first links: connect (o), accepted (>), messages delivered (shaded
+    by count per bin), ended (X)."""
     from matplotlib import colormaps, colors
 
     chosen = sorted(links, key=lambda x: (x["start"] is None, x["start"] or 0.0,
@@ -114,6 +116,11 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
             ax.broken_barh([(k * width * scale, width * scale) for k, _ in cells],
                            (row - 0.2, 0.4),
                            facecolors=[cmap(0.25 + 0.75 * shade(n)) for _, n in cells])
+        if x.get("connect") is not None:
+            ax.hlines(row, x["connect"] * scale, (x["start"] or x["connect"]) * scale,
+                      color="#2ca02c", linewidth=2, zorder=2)
+            ax.plot(x["connect"] * scale, row, marker="o", color="#2ca02c", markersize=6,
+                    fillstyle="none", zorder=3)
         if x["start"] is not None:
             ax.plot(x["start"] * scale, row, marker=">", color="#2ca02c", markersize=9,
                     zorder=3)
@@ -122,11 +129,13 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
                     zorder=3)
     ax.set_yticks(range(len(chosen)), [x["link"] for x in chosen])
     ax.invert_yaxis()
-    ax.set_xlim(0, max(duration, width) * scale)
+    span = max(duration, width) * scale
+    ax.set_xlim(-0.01 * span, 1.01 * span)  # room for the markers at both ends
     ax.set_xlabel(f"time since the start of the run ({unit})")
     more = f", first {len(chosen)} of {len(links)}" if len(links) > len(chosen) else ""
-    ax.set_title(f"Links over time, {title}{more}: accepted (>), messages delivered "
-                 f"(darker: more per {_seconds(width)}), ended (x)", fontsize="medium")
+    ax.set_title(f"Links over time, {title}{more}: connect (o), accepted (>), messages "
+                 f"delivered (darker: more per {_seconds(width)}), ended (X)",
+                 fontsize="medium")
     if not chosen:
         ax.text(0.5, 0.5, "no link", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, axis="x")

@@ -57,6 +57,10 @@ def test_a_clean_trace_has_no_violations(spark: Any, tmp_path: pathlib.Path, fmt
     throughput = pq.read_table(out / "throughput").to_pylist()
     assert sum(r["messages"] for r in throughput) == 8000
     assert {r["broker"] for r in throughput} == {"server", "client1", "client2"}
+    links = pq.read_table(out / "links").to_pylist()
+    assert sorted((r["connector"], r["acceptor"]) for r in links) == [
+        ("client1", "server"), ("client2", "server")]
+    assert all(r["connected_at"] <= r["accepted_at"] < r["ended_at"] for r in links)
     latency = pq.read_table(out / "latency").to_pylist()
     assert {(r["link"], r["dir"], r["messages"]) for r in latency} == {
         (link, d, 2000) for link in ("server/1", "server/2") for d in ("ca", "ac")}
