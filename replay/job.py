@@ -291,8 +291,8 @@ def _census_rows(events: Any) -> list[Any]:
 
     rows: list[Any] = (events.groupBy(
         "bad", "v", "run", "pump", "kind",
-        only("broker", msg | life), only("link", msg | life), only("dir", msg),
-        only("peer", kind.isin("accept", "connect")),
+        only("broker", msg | life | refuse), only("link", msg | life), only("dir", msg),
+        only("peer", kind.isin("accept", "connect", "refuse")),
         only("port", kind.isin("accept", "connect")),
         F.when(kind == "connect", F.col("time")).alias("connect_time"),
         only("reason", life | refuse), only("outcome", (kind == "disconnect") | refuse))
@@ -404,7 +404,11 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
         .alias("undelivered"), *flags).collect())
     found: dict[str, Any] = {"streams": streams}
     jobs.stage("latency over every message")
-    found["overall"] = per_seq.where(journey).agg(
+    user = journey
+    if census.service_links:
+        user = journey & ~F.concat_ws("\0", "run", "link").isin(
+            [f"{run}\0{link}" for run, link in sorted(census.service_links)])
+    found["overall"] = per_seq.where(user).agg(
         F.count("*").alias("n"), quantiles.alias("q"), F.max("latency").alias("max"),
         F.min("delivered_at").alias("first"), F.max("delivered_at").alias("last")).first()
     width = _bin_width(census.duration)
@@ -444,7 +448,8 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
         frame = (per_seq.where((F.col("sends") > 0) & (F.col("deliveries") == 0))
                  .join(F.broadcast(ends), _STREAM, "left")
                  .select(*_KEY, "sender", "sent_at", "size",
-                         F.coalesce("cause", F.lit("run ended")).alias("cause"), "end_reason")
+                         F.coalesce("cause", F.lit("run ended")).alias("cause"), "end_reason",
+                         F.coalesce("service", F.lit(False)).alias("service"))
                  .orderBy(*_KEY))
         found["undelivered"], found["undelivered_frame"] = _listed(
             frame, undelivered_count, out, "undelivered")
@@ -465,7 +470,13 @@ def _listed(frame: Any, count: int, out: str | None, name: str) -> tuple[list[di
     return [r.asDict() for r in frame.limit(SUMMARY_LIMIT).collect()], True
 
 _STREAM_ENDS = ("run string, link string, dir string, sender string, cause string, "
-                "end_reason string")
+                "end_reason string, service boolean")
+
+
+def _service(*brokers: str | None) -> bool:
+    """The name service's own brokers (the manager, a process's name client, trackers)
+    have ids that start with "@"; a link with one at either end is theirs."""
+    return any(b is not None and b.startswith("@") for b in brokers)
 
 
 def _bin_width(duration: float) -> float:
@@ -507,10 +518,13 @@ class _Census:
         self.start = min((a for a, _ in shifted), default=0.0)
         self.duration = max((b for _, b in shifted), default=0.0) - self.start
         self.refusals: dict[str, int] = {}
+        self.service_refusals: dict[str, int] = {}
         for r in good:
             if r["kind"] == "refuse" and r["outcome"] != "inbound":
                 reason = r["reason"] or "?"
-                self.refusals[reason] = self.refusals.get(reason, 0) + r["n"]
+                into = self.service_refusals if _service(r["broker"], r["peer"]) \
+                    else self.refusals
+                into[reason] = into.get(reason, 0) + r["n"]
         self.streams: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.links: dict[tuple[str, str], dict[str, Any]] = {}
         for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
@@ -523,6 +537,8 @@ class _Census:
             else:
                 self._life(r, link)
         self._connects(good)
+        self.service_links = {key for key, life in self.links.items() if _service(
+            life["acceptor"] or key[1].rsplit("/", 1)[0], life["connector"])}
         sends = [r for r in good if r["kind"] == "send"]
         self.sent_sizes = None if not sends else {
             "min": min(r["min_size"] for r in sends),
@@ -534,7 +550,9 @@ class _Census:
 
     def _message(self, r: Any, link: dict[str, Any]) -> None:
         stream = self.streams.setdefault((r["run"], r["link"], r["dir"]), {
-            "sender": None, "receiver": None, "send_pumps": set(), "deliver_pumps": set()})
+            "sender": None, "receiver": None, "send_pumps": set(), "deliver_pumps": set(),
+            "sent": 0, "delivered": 0})
+        stream["sent" if r["kind"] == "send" else "delivered"] += r["n"]
         if r["kind"] == "send":
             stream["sender"] = min(filter(None, (stream["sender"], r["broker"])), default=None)
             stream["send_pumps"].add(r["pump"])
@@ -593,8 +611,11 @@ class _Census:
             raise TraceError(f"trace schema version {SCHEMA_VERSION} expected: {listing}"
                              + (_OLDER if any(v < SCHEMA_VERSION for _, v in other) else ""))
         if not self.kinds:
-            raise TraceError(f"the traces in {traces} hold no events"
-                             + (f" ({self.corrupt} corrupt lines)" if self.corrupt else ""))
+            if self.corrupt:
+                raise TraceError(f"no trace events in {traces}: none of its {self.corrupt} "
+                                 "lines is a trace row (a JSON object with 'v', 'kind' and "
+                                 "the fields of pump/schema.py); is it a trace?")
+            raise TraceError(f"the traces in {traces} hold no events")
 
     def cause(self, run: str, link: str) -> tuple[str, str | None]:
         """Why a message sent on this link may not have arrived, and the link's end."""
@@ -606,7 +627,8 @@ class _Census:
         return "run ended", None
 
     def stream_ends(self) -> list[tuple[Any, ...]]:
-        return [(run, link, d, s["sender"], *self.cause(run, link))
+        return [(run, link, d, s["sender"], *self.cause(run, link),
+                 (run, link) in self.service_links)
                 for (run, link, d), s in sorted(self.streams.items())]
 
     def crosses_pumps(self, key: tuple[str, str, str]) -> bool:
@@ -629,8 +651,23 @@ def _summary(traces: str, census: _Census, corrupt: list[dict[str, Any]],
     by_type = {name: sum(r[name] for r in found["streams"]) for name in _VIOLATION_FLAGS}
     by_cause: dict[str, int] = {}
     across = 0
+    mine = {"sent": 0, "delivered": 0, "matched": 0}
+    service = {"links": len(census.service_links), "messages_sent": 0,
+               "messages_delivered": 0, "undelivered": 0,
+               "refusals": dict(sorted(census.service_refusals.items()))}
+    for (run, link, _), stream in census.streams.items():
+        if (run, link) in census.service_links:
+            service["messages_sent"] += stream["sent"]
+            service["messages_delivered"] += stream["delivered"]
+        else:
+            mine["sent"] += stream["sent"]
+            mine["delivered"] += stream["delivered"]
     for r in found["streams"]:
         key = (r["run"], r["link"], r["dir"])
+        if (r["run"], r["link"]) in census.service_links:
+            service["undelivered"] += r["undelivered"]
+            continue
+        mine["matched"] += r["messages"]
         if r["undelivered"]:
             cause = census.cause(r["run"], r["link"])[0]
             by_cause[cause] = by_cause.get(cause, 0) + r["undelivered"]
@@ -647,23 +684,24 @@ def _summary(traces: str, census: _Census, corrupt: list[dict[str, Any]],
         "events_by_kind": dict(sorted(census.kinds.items())),
         "corrupt_lines": corrupt[:SUMMARY_LIMIT],
         "corrupt_line_count": census.corrupt,
-        "links": len(census.links),
-        "messages_sent": census.kinds.get("send", 0),
-        "messages_delivered": census.kinds.get("deliver", 0),
-        "messages_matched": n,
+        "links": len(census.links) - len(census.service_links),
+        "messages_sent": mine["sent"],
+        "messages_delivered": mine["delivered"],
+        "messages_matched": mine["matched"],
         "messages_across_pumps": across,
         "violation_count": found["violation_count"],
         "violations_by_type": {k: v for k, v in by_type.items() if v},
         "violations": found["violations"][:SUMMARY_LIMIT],
-        "undelivered_count": found["undelivered_count"],
+        "undelivered_count": sum(by_cause.values()),
         "undelivered_by_cause": dict(sorted(by_cause.items())),
-        "undelivered": found["undelivered"][:SUMMARY_LIMIT],
+        "undelivered": [u for u in found["undelivered"] if not u["service"]][:SUMMARY_LIMIT],
         "latency_s": None if not n else {
             "p50": overall["q"][0], "p90": overall["q"][1], "p99": overall["q"][2],
             "max": overall["max"]},
         "delivered_per_s": (n / (overall["last"] - overall["first"])
                             if n and overall["last"] > overall["first"] else None),
         "refusals": dict(sorted(census.refusals.items())),
+        "name_service": service,
         "message_size": census.sent_sizes,
         "duration_s": census.duration,
         "bin_width_s": found["bin_width"],
@@ -681,8 +719,8 @@ def _tables(census: _Census, found: dict[str, Any]) -> dict[str, Any]:
         arrow = pa.schema([(name, types[t]) for name, t in fields])
         return pa.Table.from_pylist(rows, schema=arrow)
 
-    links = [{"run": run, "link": link, **{k: sorted(v) if isinstance(v, set) else v
-                                           for k, v in life.items()}}
+    links = [{"run": run, "link": link, "service": (run, link) in census.service_links,
+              **{k: sorted(v) if isinstance(v, set) else v for k, v in life.items()}}
              for (run, link), life in sorted(census.links.items())]
     latency = []
     for r in sorted(found["streams"], key=lambda r: (r["run"], r["link"], r["dir"])):
@@ -693,7 +731,7 @@ def _tables(census: _Census, found: dict[str, Any]) -> dict[str, Any]:
                         "messages": r["messages"], "p50": q[0], "p90": q[1], "p99": q[2],
                         "max": r["max"]})
     tables = {
-        "links": table(links, "run:s link:s connected_at:f accepted_at:f acceptor:s "
+        "links": table(links, "run:s link:s service:b connected_at:f accepted_at:f acceptor:s "
                               "connector:s port:i "
                               "sent_ca:i sent_ac:i delivered:i bytes_delivered:i "
                               "disconnected_at:f disconnect_reason:s close_reasons:ls "
@@ -713,7 +751,7 @@ def _tables(census: _Census, found: dict[str, Any]) -> dict[str, Any]:
     if not found["undelivered_frame"]:
         tables["undelivered"] = table(found["undelivered"],
                                       "run:s link:s dir:s seq:i sender:s sent_at:f size:i "
-                                      "cause:s end_reason:s")
+                                      "cause:s end_reason:s service:b")
     return tables
 
 
@@ -811,6 +849,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             "-" if lat.get(k) is None else f"{lat[k] * 1e6:,.1f} us"
             for k in ("p50", "p90", "p99", "max"))),
         ("refusals", ", ".join(f"{k}: {v}" for k, v in summary["refusals"].items()) or "0"),
+        *([("name service (apart from the above)",
+            f"{ns['links']} links, {ns['messages_sent']:,} messages sent, "
+            f"{ns['undelivered']} undelivered")] if (ns := summary["name_service"])["links"]
+          else []),
         ("corrupt lines", str(summary["corrupt_line_count"])),
     ]
     try:

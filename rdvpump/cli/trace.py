@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
+import shutil
+import sys
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -16,9 +21,11 @@ app = typer.Typer(help="Analyse and draw pump traces.",
 
 @app.command("analyze")
 def trace_analyze(
-    traces: Annotated[pathlib.Path, typer.Argument(help="Directory of trace files.")],
+    traces: Annotated[pathlib.Path, typer.Argument(
+        help="Directory of trace files, or one trace file.")],
     out: Annotated[pathlib.Path | None, typer.Option(
-        help="Write tables, summary.json and plots here (default: TRACES/analysis).")] = None,
+        help="Write tables, summary.json, plots and Spark's log here (default: "
+             "TRACES/analysis, or FILE.analysis beside one file).")] = None,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
     jvm: Annotated[str, typer.Option(
         help="JVM profile: quick (C1 compiler, serial GC), production (full JIT, parallel "
@@ -32,13 +39,30 @@ def trace_analyze(
     """Replay traces with the Spark job (replay/job.py): invariants, latency, throughput."""
     import time
 
-    from replay import JVM_PROFILES, analyze, find_traces, jvm_for, print_summary, session
+    try:
+        import pyspark  # noqa: F401
 
+        from replay import JVM_PROFILES, analyze, find_traces, jvm_for, print_summary, session
+    except ImportError:
+        raise fail("trace analyze runs Spark: pip install 'rdvpump[spark]'") from None
     guard(lambda: find_traces(str(traces)))  # before a JVM starts
+    if shutil.which("java") is None:
+        raise fail("trace analyze runs Spark, which needs Java 17 or 21 on PATH "
+                   "(for example: apt-get install openjdk-17-jre-headless)")
     if jvm != "auto" and jvm not in JVM_PROFILES:
         raise fail(f"--jvm must be auto, {' or '.join(JVM_PROFILES)}, got {jvm!r}")
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
-    target = out if out is not None else traces / "analysis"
+    if out is not None:
+        target = out
+    elif traces.is_file():
+        target = traces.with_name(traces.name.split(".")[0] + "." + ".".join(
+            traces.name.split(".")[1:-1] + ["analysis"]))
+    else:
+        target = traces / "analysis"
+    if target.exists() and not target.is_dir():
+        raise fail(f"--out {target} is a file, not a directory")
+    guard(lambda: target.mkdir(parents=True, exist_ok=True))
+    log = target / "spark.log"
     began = time.perf_counter()
 
     def stage(what: str) -> None:
@@ -48,7 +72,8 @@ def trace_analyze(
 
     with err.status(f"replaying {traces} on Spark ({master}, {profile} JVM) ...") as status:
         stage(f"starting Spark ({master}, {profile} JVM)")
-        spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
+        with contextlib.nullcontext() if verbose else _jvm_output_to(log):
+            spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
         try:
             summary = guard(lambda: analyze(spark, str(traces), str(target), progress=stage))
         finally:
@@ -65,6 +90,32 @@ def trace_analyze(
         raise typer.Exit(1)
 
 
+@contextlib.contextmanager
+def _jvm_output_to(log: pathlib.Path) -> Iterator[None]:
+    """The JVM started inside writes its own stdout and stderr (the JVM's and Spark's
+    start-up lines, then anything Spark prints) to ``log``; this process keeps the
+    terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    streams = sys.stdout, sys.stderr
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+        sys.stderr = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+        yield
+    finally:
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout, sys.stderr = streams
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
 @app.command("diagram")
 def trace_diagram(
     file: Annotated[pathlib.Path, typer.Argument(help="One trace file (.jsonl or .parquet).")],
@@ -79,6 +130,10 @@ def trace_diagram(
 
     if (link is None) == (connects_of is None):
         raise fail("give one of --link or --connects-of")
+    if file.is_dir():
+        found = sorted(p.name for p in file.iterdir() if p.suffix in (".jsonl", ".parquet"))
+        raise fail(f"{file} is a directory: trace diagram reads one trace file"
+                   + (f", for example {file / found[0]}" if found else ""))
     events = guard(lambda: read_events(file))
     text = guard(lambda: link_diagram(events, link) if link is not None
                   else connect_diagram(events, connects_of or ""))

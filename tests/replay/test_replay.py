@@ -251,6 +251,11 @@ def test_a_multi_process_universe_is_joined_across_its_traces(
     assert summary["messages_across_pumps"] >= 2 * 4000
     assert summary["latency_s"]["p50"] > 0  # clocks aligned: no negative latencies
     assert summary["latency_s"]["p50"] < 1.0
+    # the name service's own links (each process's name client to the manager) are
+    # counted apart: a clean run has no undelivered message of the user's
+    assert summary["messages_sent"] == summary["messages_matched"] == 8000
+    assert summary["undelivered_count"] == 0 and summary["links"] == 2
+    assert summary["name_service"]["links"] == 3
 
 
 @pytest.mark.slow

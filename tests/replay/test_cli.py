@@ -1,0 +1,86 @@
+"""rdvpump trace analyze and trace diagram, as a user runs them: one file or a directory,
+clear errors before anything starts, and no Spark noise on the terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from rdvpump.cli import app
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def rdvpump(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rdvpump", *args], capture_output=True,
+                          text=True, timeout=300, env=env or {**os.environ, "COLUMNS": "120"})
+
+
+def echo_trace(directory: pathlib.Path) -> pathlib.Path:
+    proc = rdvpump("universe", "run", str(ROOT / "examples/echo.toml"), "--trace",
+                   str(directory))
+    assert proc.returncode == 0, proc.stderr
+    (path,) = directory.glob("*.jsonl")
+    return path
+
+
+@pytest.mark.spark
+def test_analyze_one_file_writes_beside_it_and_keeps_spark_quiet(
+        tmp_path: pathlib.Path) -> None:
+    trace = echo_trace(tmp_path / "traces")
+    proc = rdvpump("trace", "analyze", str(trace), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["messages_matched"] == 8000 and summary["violation_count"] == 0
+    out = trace.with_name("echo-1.echo.analysis")
+    assert (out / "summary.json").is_file() and (out / "links.png").is_file()
+    # the JVM's and Spark's own lines go to the log, not to the terminal
+    for noise in ("Using incubator modules", "log4j", "setLogLevel", "NativeCodeLoader"):
+        assert noise not in proc.stderr and noise not in proc.stdout, noise
+    assert "Using incubator modules" in (out / "spark.log").read_text()
+
+
+@pytest.mark.spark
+def test_a_file_that_is_not_a_trace_is_named_so(tmp_path: pathlib.Path) -> None:
+    other = tmp_path / "notes.jsonl"
+    other.write_text("hello\n")
+    proc = rdvpump("trace", "analyze", str(other), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: no trace events in {other}: none of its 1 lines is a "
+                           "trace row")
+
+
+def test_without_java_analyze_says_so_before_starting(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "t.p.jsonl").write_text("{}\n")
+    bare = {**os.environ, "PATH": str(pathlib.Path(sys.executable).parent)}
+    proc = rdvpump("trace", "analyze", str(tmp_path), env=bare)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("error: trace analyze runs Spark, which needs Java 17 or "
+                                   "21 on PATH (for example: apt-get install "
+                                   "openjdk-17-jre-headless)")
+
+
+def test_without_the_spark_extra_analyze_names_it(tmp_path: pathlib.Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "t.p.jsonl").write_text("{}\n")
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark fails
+    result = runner.invoke(app, ["trace", "analyze", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "pip install 'rdvpump[spark]'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_diagram_of_a_directory_names_a_file_in_it(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "r.p.jsonl").write_text("")
+    result = runner.invoke(app, ["trace", "diagram", str(tmp_path), "--link", "a/1"])
+    assert result.exit_code == 1
+    assert f"{tmp_path} is a directory: trace diagram reads one trace file, for example " \
+           f"{tmp_path / 'r.p.jsonl'}" in " ".join(result.output.split())
