@@ -13,8 +13,9 @@ from typing import Any
 
 from pump import RdvpumpError
 
-#: Messages drawn one by one per direction before the rest is summarised.
-MESSAGES_SHOWN = 3
+#: Events drawn one by one per kind (send, deliver, write, read) and direction before the
+#: rest is counted in one note, where the cut is.
+EVENTS_SHOWN = 3
 
 
 class DiagramError(RdvpumpError, ValueError):
@@ -52,8 +53,14 @@ def _text(value: Any) -> str:
     return str(value).replace(";", ",").replace("#", "no. ").replace("\n", " ")
 
 
-def link_diagram(events: list[dict[str, Any]], link: str) -> str:
-    """The life of one link: bind, connect, accept, bytes and messages, disconnect, close."""
+def link_diagram(events: list[dict[str, Any]], link: str,
+                 most: int | None = EVENTS_SHOWN) -> str:
+    """The life of one link: bind, connect, accept, bytes and messages, disconnect, close.
+
+    Of each kind of repeated event (send, deliver, write, read) per direction, the first
+    ``most`` are drawn, then one note "... and N more" where the rest begins (``most``
+    None: every event).
+    """
     mine = [e for e in events if e.get("link") == link]
     accept = next((e for e in mine if e["kind"] == "accept"), None)
     if accept is None:
@@ -77,16 +84,20 @@ def link_diagram(events: list[dict[str, Any]], link: str) -> str:
             lines.append(f"    {_ident(connector)}->>rdv: connect({acceptor}, {port})")
     lines.append(f"    rdv->>{_ident(acceptor)}: accepted (link {link})")
     lines.append(f"    rdv->>{_ident(connector)}: connected (link {link})")
-    shown = {"send": {"ca": 0, "ac": 0}, "deliver": {"ca": 0, "ac": 0}}
-    hidden = {"send": {"ca": 0, "ac": 0}, "deliver": {"ca": 0, "ac": 0}}
+    shown: dict[tuple[str, str], int] = {}
+    hidden: dict[tuple[str, str], list[int]] = {}  # where the note goes, how many
     for e in mine:
         kind, d = e["kind"], e.get("dir")
         side = _ident(e.get("broker") or "")
-        if kind in ("send", "deliver") and d in ends:
-            if shown[kind][d] >= MESSAGES_SHOWN:
-                hidden[kind][d] += 1
+        if kind in ("send", "deliver", "write", "read") and d in ends:
+            if most is not None and shown.get((kind, d), 0) >= most:
+                cut = hidden.setdefault((kind, d), [len(lines), 0])
+                if cut[1] == 0:
+                    lines.append("")  # the note, once the count is known
+                cut[1] += 1
                 continue
-            shown[kind][d] += 1
+            shown[(kind, d)] = shown.get((kind, d), 0) + 1
+        if kind in ("send", "deliver") and d in ends:
             src, dst = ends[d]
             if kind == "send":
                 lines.append(f"    Note over {_ident(src)}: send message {e['seq']} "
@@ -111,13 +122,11 @@ def link_diagram(events: list[dict[str, Any]], link: str) -> str:
             lines.append(f"    Note over {side}: closed: {_text(e.get('reason') or '')}")
         elif kind in ("protocol_error", "fail"):
             lines.append(f"    Note over {side}: {kind}: {_text(e.get('reason') or '')}")
-    for kind in ("send", "deliver"):
-        for d, n in hidden[kind].items():
-            if n:
-                src, dst = ends[d]
-                who = src if kind == "send" else dst
-                lines.append(f"    Note over {_ident(who)}: ... and {n} more {kind} events "
-                             f"{src} to {dst}")
+    for (kind, d), (at, n) in hidden.items():
+        src, dst = ends[d]
+        who = src if kind in ("send", "write") else dst
+        lines[at] = (f"    Note over {_ident(who)}: ... and {n} more {kind} events "
+                     f"{src} to {dst}")
     return "\n".join(lines) + "\n"
 
 

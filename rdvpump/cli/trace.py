@@ -124,6 +124,10 @@ def trace_diagram(
         "--connects-of", help="Instead: every connect attempt of this broker.")] = None,
     output: Annotated[pathlib.Path | None, typer.Option(
         "--out", help="Write here instead of stdout.")] = None,
+    most: Annotated[int, typer.Option(
+        help="Events drawn per kind (send, deliver, write, read) and direction; the rest "
+             "is one note.")] = 3,
+    every: Annotated[bool, typer.Option("--all", help="Draw every event.")] = False,
 ) -> None:
     """A Mermaid sequence diagram of one link's life, from a real trace."""
     from replay.diagram import connect_diagram, link_diagram, read_events
@@ -135,7 +139,10 @@ def trace_diagram(
         raise fail(f"{file} is a directory: trace diagram reads one trace file"
                    + (f", for example {file / found[0]}" if found else ""))
     events = guard(lambda: read_events(file))
-    text = guard(lambda: link_diagram(events, link) if link is not None
+    if most < 0:
+        raise fail(f"--most must be 0 or more, got {most}")
+    text = guard(lambda: link_diagram(events, link, None if every else most)
+                 if link is not None
                   else connect_diagram(events, connects_of or ""))
     if output is None:
         print(text, end="")

@@ -62,3 +62,52 @@ def test_trace_diagram_cli(tmp_path: pathlib.Path) -> None:
     assert result.exit_code == 1 and "no accept of link 'b/9'" in result.output
     result = runner.invoke(app, ["trace", "diagram", str(tmp_path / "none.jsonl"), "--link", "x"])
     assert result.exit_code == 1 and "no such trace file" in result.output
+
+
+def test_trace_diagram_cuts_every_repeated_kind_where_it_is_cut(tmp_path: pathlib.Path) -> None:
+    from brokermgr import BrokerManager
+    from channels import MessageQueue
+    from pump import Pump, open_trace
+
+    pump = Pump(trace=open_trace(tmp_path, pump="p", run="r"), name="p")
+    u = BrokerManager("u", pump=pump, ring_capacity=256)
+
+    class Sink:
+        def accepted(self, queue: MessageQueue) -> None:
+            queue.set_listener(self)
+
+        def received(self, message: bytes) -> None:
+            pass
+
+        def closed(self, reason: str) -> None:
+            pass
+
+    class Source(Sink):
+        def connected(self, queue: MessageQueue) -> None:
+            queue.set_listener(self)
+            for _ in range(40):  # 40 messages through a small ring: many writes and reads
+                queue.send(b"x" * 100)
+
+        def refused(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+        def drained(self) -> None:
+            pass
+
+    u.add_broker("b").listen(1, Sink())
+    u.add_broker("a").connect("b", 1, Source())
+    pump.run_until_idle()
+    pump.close_trace()
+    trace = str(tmp_path / "r.p.jsonl")
+    cut = runner.invoke(app, ["trace", "diagram", trace, "--link", "b/1"])
+    assert cut.exit_code == 0, cut.output
+    lines = cut.output.splitlines()
+    writes = [i for i, line in enumerate(lines) if "b: write" in line]  # a->>b or a-)b
+    sends = [line for line in lines if "send message" in line]
+    assert len(sends) == 3 and "... and 37 more send events a to b" in cut.output
+    assert len(writes) == 3 and "more write events a to b" in cut.output
+    more = next(i for i, line in enumerate(lines) if "more write events" in line)
+    assert more > writes[-1]  # the note stands where the writes were cut
+    every = runner.invoke(app, ["trace", "diagram", trace, "--link", "b/1", "--all"])
+    assert sum("send message" in line for line in every.output.splitlines()) == 40
+    assert "more" not in every.output
