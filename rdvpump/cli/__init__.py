@@ -14,6 +14,9 @@ import typer
 
 from . import bench, broker, demo, diagram, manager, mq, routes, status, trace, universe
 from ._common import out
+from ._help import tidy_help
+
+tidy_help()
 
 app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-broker links.",
                   no_args_is_help=True, add_completion=False,

@@ -6,11 +6,14 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 from typer.testing import CliRunner
 
 from rdv import state_diagram
 from rdvpump.cli import app
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 
@@ -103,3 +106,35 @@ def test_mq_and_broker_errors_are_one_line_and_exit_1() -> None:
         assert result.exit_code == 1, (args, result.output)
         assert message in result.output and "Traceback" not in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def _commands() -> list[list[str]]:
+    """Every command path of the CLI, e.g. ["trace", "analyze"]."""
+    import typer.main
+
+    found: list[list[str]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        found.append(path)
+        for name, sub in getattr(command, "commands", {}).items():  # a group's commands
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_help_shows_no_type_for_flags_and_arguments_as_names() -> None:
+    import re
+
+    for path in _commands():
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, path
+        usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+        assert not re.search(r"\{\w+\}", usage), (path, usage)
+
+
+def test_every_top_level_command_is_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    top = {path[0] for path in _commands() if len(path) == 1}
+    assert top and not {c for c in top if f"rdvpump {c}" not in readme}
