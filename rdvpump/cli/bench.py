@@ -168,15 +168,19 @@ def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
 
 
 def _show(results: list[Any], json_out: bool, title: str, columns: tuple[str, ...],
-          row: Callable[[Any], list[str]]) -> None:
-    """JSON lines on stdout, or one rich table (``case`` and ``baseline`` left-aligned)."""
+          row: Callable[[Any], list[str]], console: Any = None) -> None:
+    """JSON lines on stdout, or one rich table (``case`` and ``baseline`` left-aligned,
+    folded onto more lines rather than cut where the terminal is narrow)."""
     if json_out:
         for r in results:
             print(json.dumps(r.to_dict()))
         return
     table = Table(title=title)
     for col in columns:
-        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+        named = col in ("case", "baseline")
+        table.add_column(col, justify="left" if named else "right",
+                         overflow="fold" if named else "ellipsis", min_width=8 if named
+                         else None)
     for r in results:
         table.add_row(*row(r))
-    out.print(table)
+    (console or out).print(table)

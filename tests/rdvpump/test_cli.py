@@ -138,3 +138,29 @@ def test_every_top_level_command_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     top = {path[0] for path in _commands() if len(path) == 1}
     assert top and not {c for c in top if f"rdvpump {c}" not in readme}
+
+
+def test_bench_tables_fold_long_case_names_instead_of_cutting_them() -> None:
+    from dataclasses import dataclass
+
+    from rich.console import Console
+
+    from rdvpump.cli.bench import _show
+
+    @dataclass
+    class Row:
+        case: str
+        baseline: str
+
+    cases = ["rdvpump-inproc-traced-jsonl-send-many-1024", "rdvpump-inproc-traced-parquet-9"]
+    console = Console(width=80, record=True)
+    _show([Row(c, "trio-memory-channel-awaited") for c in cases], False, "t",
+          ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"),
+          lambda r: [r.case, "1024", "1,000,000", "1,000.0", r.baseline, "900,000", "1.11x"],
+          console=console)
+    text = console.export_text()
+    assert "…" not in text
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines()
+                    if line.count("│") > 2)
+    for case in cases:
+        assert case in cells, (case, text)
