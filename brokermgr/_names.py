@@ -71,7 +71,7 @@ class NameService:
         self.scan_interval = scan_interval
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
-        self._scan_timer = self.pump.call_later(scan_interval, self._scan)
+        self._scan_timer = self.pump.call_later(scan_interval, self._scan, periodic=True)
 
     def accepted(self, queue: MessageQueue) -> None:
         queue.set_listener(_Session(self, queue))
@@ -80,7 +80,7 @@ class NameService:
         for broker_id in self.table.scan(self.pump.now()):
             log.info("broker %s expired: no heartbeat within %s s", broker_id, self.table.expiry)
             self.pump.emit("expire", broker=broker_id)
-        self._scan_timer = self.pump.call_later(self.scan_interval, self._scan)
+        self._scan_timer = self.pump.call_later(self.scan_interval, self._scan, periodic=True)
 
     def close(self) -> None:
         self._scan_timer.cancel()
@@ -236,7 +236,7 @@ class _ManagerLink(ReconnectingLink):
         registrations = self.client.registrations()
         if registrations:
             self.send({"op": "register", "brokers": registrations})
-        self._beat_timer = self.pump.call_later(self.client.heartbeat, self._beat)
+        self._beat_timer = self.pump.call_later(self.client.heartbeat, self._beat, periodic=True)
 
     def lost(self, reason: str) -> None:
         if self._beat_timer is not None:

@@ -216,10 +216,11 @@ class MqServer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._load()
         node.extend(self)
-        self._tick_timer: Timer = self.pump.call_later(TICK, self._tick)
+        self._tick_timer: Timer = self.pump.call_later(TICK, self._tick, periodic=True)
         self._sync_timer: Timer | None = None
         if self.durability.kind == "interval":
-            self._sync_timer = self.pump.call_later(self.durability.interval, self._interval)
+            self._sync_timer = self.pump.call_later(self.durability.interval, self._interval,
+                                                    periodic=True)
 
     # -- topics on disk ----------------------------------------------------------------
 
@@ -718,7 +719,7 @@ class MqServer:
             if state.topic.expire():
                 self._dispatch(state)
             self._save_cursors(state)
-        self._tick_timer = self.pump.call_later(TICK, self._tick)
+        self._tick_timer = self.pump.call_later(TICK, self._tick, periodic=True)
 
     def _retain(self) -> None:
         for state in self.topics.values():
@@ -757,7 +758,8 @@ class MqServer:
                     state.topic.log.durable_offset < state.topic.log.next_offset):
                 state.dirty = True
         self._want_commit()
-        self._sync_timer = self.pump.call_later(self.durability.interval, self._interval)
+        self._sync_timer = self.pump.call_later(self.durability.interval, self._interval,
+                                                periodic=True)
 
     def sync_all(self) -> None:
         for state in self.topics.values():

@@ -5,6 +5,7 @@ from ._core import DEFAULT_SERVE_BATCH as DEFAULT_SERVE_BATCH
 from ._core import Owner as Owner
 from ._core import PumpCore as PumpCore
 from ._core import Timer as Timer
+from ._errors import NeverIdleError as NeverIdleError
 from ._errors import RdvpumpError as RdvpumpError
 from ._recorder import LinkTrace as LinkTrace
 from ._recorder import ListSink as ListSink
@@ -24,6 +25,7 @@ from .schema import TraceEvent as TraceEvent
 TraceSink = TraceRecorder
 
 __all__ = [
+    "NeverIdleError",
     "DEFAULT_SERVE_BATCH",
     "FIELDS",
     "FORMATS",

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._errors import NeverIdleError
 from ._recorder import LinkTrace, TraceRecorder
 
 log = logging.getLogger("rdvpump.pump")
@@ -40,11 +41,12 @@ class Owner(Protocol):
 class Timer:
     """A pending ``call_later``; ``cancel()`` stops it from running."""
 
-    __slots__ = ("when", "kind", "fn", "args", "owner", "cancelled")
+    __slots__ = ("when", "kind", "fn", "args", "owner", "cancelled", "periodic")
 
     def __init__(self, when: float, kind: str, fn: Callable[..., object], args: tuple[Any, ...],
-                 owner: Owner | None) -> None:
+                 owner: Owner | None, periodic: bool = False) -> None:
         self.when = when
+        self.periodic = periodic  # re-armed by its own task: it never lets the pump go idle
         self.kind = kind
         self.fn = fn
         self.args = args
@@ -109,16 +111,24 @@ class PumpCore:
             wake.set()
 
     def call_later(self, delay: float, fn: Callable[..., object], *args: Any,
-                   owner: Owner | None = None, kind: str = "timer") -> Timer:
-        """Run ``fn(*args)`` as a task ``delay`` seconds from now."""
+                   owner: Owner | None = None, kind: str = "timer",
+                   periodic: bool = False) -> Timer:
+        """Run ``fn(*args)`` as a task ``delay`` seconds from now.
+
+        ``periodic`` marks a timer that its own task arms again (a report, a scan, a
+        heartbeat): :meth:`run_until_idle` stops with :class:`NeverIdleError` when
+        nothing else is left.
+        """
         if not delay >= 0:
             raise ValueError(f"delay must be a non-negative number, got {delay!r}")
-        return self.call_at(self.now() + delay, fn, *args, owner=owner, kind=kind)
+        return self.call_at(self.now() + delay, fn, *args, owner=owner, kind=kind,
+                            periodic=periodic)
 
     def call_at(self, when: float, fn: Callable[..., object], *args: Any,
-                owner: Owner | None = None, kind: str = "timer") -> Timer:
+                owner: Owner | None = None, kind: str = "timer",
+                periodic: bool = False) -> Timer:
         """Run ``fn(*args)`` as a task at pump time ``when``."""
-        timer = Timer(when, kind, fn, args, owner)
+        timer = Timer(when, kind, fn, args, owner, periodic)
         heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
         wake = self._wake
         if wake is not None:
@@ -256,8 +266,10 @@ class PumpCore:
     def run_until_idle(self, *, max_steps: int | None = None) -> int:
         """Run tasks and timers on the virtual clock until none is left; return steps run.
 
-        Periodic timers never let a pump go idle: bound the run with
-        ``max_steps`` or use :meth:`run_until`.
+        Periodic timers (tracking reports, name-service scans and heartbeats) never let
+        a pump go idle: when nothing but them is left, this raises
+        :class:`NeverIdleError` instead of running them forever.  Drive such a pump with
+        :meth:`run_for` or :meth:`run_until`, or bound the run with ``max_steps``.
         """
         return self.run_until(math.inf, max_steps=max_steps)
 
@@ -274,6 +286,12 @@ class PumpCore:
                     run_one()
                     continue
                 when = self._next_deadline()
+                if when != math.inf and deadline == math.inf and max_steps is None \
+                        and self._timers[0][2].periodic and self._only_periodic():
+                    raise NeverIdleError(
+                        f"run_until_idle: only periodic timers are left at pump time "
+                        f"{self._time:g} ({self._periodic_kinds()}): the pump never goes "
+                        f"idle; run it for a time instead (run_for(seconds), run_until(t))")
                 if when == math.inf or when > deadline:
                     if deadline != math.inf:
                         self._time = max(self._time, deadline)
@@ -283,6 +301,14 @@ class PumpCore:
             return self.step_number - start
         finally:
             self._running = False
+
+    def _only_periodic(self) -> bool:
+        return all(t.periodic or t.cancelled for _, _, t in self._timers)
+
+    def _periodic_kinds(self) -> str:
+        names = sorted({getattr(t.fn, "__qualname__", t.kind) for _, _, t in self._timers
+                        if not t.cancelled})
+        return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
     def run_for(self, seconds: float, *, max_steps: int | None = None) -> int:
         """Run on the virtual clock for ``seconds`` of pump time."""

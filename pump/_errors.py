@@ -10,3 +10,8 @@ class RdvpumpError(Exception):
     ``BrokenResourceError``, ``WouldBlock``) it is raised as it is, or
     subclassed together with this one.
     """
+
+
+class NeverIdleError(RdvpumpError, RuntimeError):
+    """``run_until_idle`` found nothing left but periodic timers (reports, scans,
+    heartbeats): the pump would never go idle.  Run it for a time instead."""

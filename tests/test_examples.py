@@ -65,3 +65,15 @@ def test_mq_listener_example_runs_and_the_readme_shows_it() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["stored: [0, 1]", "got b'order 1' at offset 0",
                                         "got b'order 2' at offset 1"]
+
+
+def test_readme_tracking_snippet_runs_as_shown() -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("from brokermgr.tracking import ProducerRoute", 1)[0].rsplit(
+        "```python\n", 1)[1] + "from brokermgr.tracking import ProducerRoute" + readme.split(
+        "from brokermgr.tracking import ProducerRoute", 1)[1].split("```", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "['s1:15555']\n['s1:15555']\n"
+    assert proc.stderr == ""  # no warning: every broker has its state_dir

@@ -60,7 +60,7 @@ class ServerRole:
     def start(self) -> None:
         for publisher in self.publishers:
             publisher.connect()
-        self._report_timer = self.pump.call_later(self.report_interval, self._report)
+        self._report_timer = self.pump.call_later(self.report_interval, self._report, periodic=True)
 
     # -- topics and consume groups -----------------------------------------------------
 
@@ -180,7 +180,7 @@ class ServerRole:
     def _report(self) -> None:
         for publisher in self.publishers:
             publisher.publish()
-        self._report_timer = self.pump.call_later(self.report_interval, self._report)
+        self._report_timer = self.pump.call_later(self.report_interval, self._report, periodic=True)
 
     def pause_reports(self) -> None:
         """Stop the periodic reports while the links stay up: what a hung server looks

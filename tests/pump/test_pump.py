@@ -179,3 +179,23 @@ async def test_serve_lets_other_trio_tasks_run_between_batches(autojump_clock: o
         nursery.cancel_scope.cancel()
     assert steps[-1] >= 10 * DEFAULT_SERVE_BATCH  # ... and it keeps running between our turns
     assert max(b - a for a, b in zip(steps, steps[1:], strict=False)) <= 2 * DEFAULT_SERVE_BATCH
+
+
+def test_run_until_idle_stops_loudly_when_only_periodic_timers_are_left() -> None:
+    from pump import NeverIdleError
+
+    pump = Pump()
+    ran: list[float] = []
+
+    def report() -> None:
+        ran.append(pump.now())
+        pump.call_later(1.0, report, periodic=True)
+
+    pump.call_later(1.0, report, periodic=True)
+    pump.call_later(2.5, lambda: ran.append(-1.0))  # one-shot work comes first
+    with pytest.raises(NeverIdleError, match=r"only periodic timers are left at pump time 2\.5 "
+                                             r"\(.*report.*\).*run_for"):
+        pump.run_until_idle()
+    assert ran == [1.0, 2.0, -1.0]
+    assert pump.run_for(2.0) > 0 and ran[-2:] == [3.0, 4.0]  # driven for a time: fine
+    assert pump.run_until_idle(max_steps=3) == 3  # a bounded run is the caller's choice
