@@ -5,6 +5,7 @@ Library errors are caught here only, and become one red line on stderr and exit 
 
 from __future__ import annotations
 
+import errno
 import pathlib
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -54,10 +55,35 @@ _EXPECTED = (RdvpumpError, ValueError, TypeError, RuntimeError, OSError,
              trio.ClosedResourceError)
 
 
-def guard(fn: Callable[[], T]) -> T:
-    """Run library code; turn its errors into one red line and exit status 1."""
+#: How an OS error on a path reads, by errno, after the path (and the option naming it).
+_OS_PHRASES = {
+    errno.EISDIR: "is a directory, not a file",
+    errno.EEXIST: "is in the way: a file where a directory is needed",
+    errno.ENOTDIR: "is under a file, not a directory",
+    errno.ENOENT: "does not exist",
+    errno.EACCES: "cannot be used: permission denied",
+    errno.EPERM: "cannot be used: operation not permitted",
+    errno.ENOSPC: "cannot be written: no space left on the device",
+    errno.EROFS: "cannot be written: read-only file system",
+}
+
+
+def os_message(exc: OSError, arg: str | None = None) -> str:
+    """An OS error on a path in words, naming the option (``arg``) that gave the path:
+    ``--out /tmp is a directory, not a file`` rather than ``[Errno 21] Is a directory``."""
+    phrase = _OS_PHRASES.get(exc.errno or 0)
+    if exc.filename is None or phrase is None:
+        return str(exc)
+    return " ".join(filter(None, (arg, str(exc.filename), phrase)))
+
+
+def guard(fn: Callable[[], T], arg: str | None = None) -> T:
+    """Run library code; turn its errors into one red line and exit status 1.  ``arg``
+    names the option or argument whose path an OS error is about."""
     try:
         return fn()
+    except OSError as exc:
+        raise fail(os_message(exc, arg)) from None
     except _EXPECTED as exc:
         raise fail(str(exc)) from None
     except BaseExceptionGroup as group:  # errors raised inside trio nurseries
@@ -67,10 +93,19 @@ def guard(fn: Callable[[], T]) -> T:
         raise fail(str(leaf)) from None
 
 
+def check_trace_dir(trace: pathlib.Path | None) -> None:
+    """``--trace`` names a directory (made if missing); a file there is one clear error,
+    before anything starts."""
+    if trace is not None and trace.exists() and not trace.is_dir():
+        raise fail(f"--trace {trace} is a file: give a directory (a trace file per pump is "
+                   "written in it)")
+
+
 def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> Any:
     if trace is None:
         return None
-    return guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt))
+    check_trace_dir(trace)
+    return guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt), arg="--trace")
 
 
 def check_format(fmt: str) -> None:

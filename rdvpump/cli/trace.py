@@ -147,5 +147,5 @@ def trace_diagram(
     if output is None:
         print(text, end="")
     else:
-        guard(lambda: output.write_text(text))
+        guard(lambda: output.write_text(text), arg="--out")
         err.print(f"wrote {output}")

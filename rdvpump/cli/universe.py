@@ -19,6 +19,7 @@ from ._common import (
     TraceFormatOption,
     TraceOption,
     check_format,
+    check_trace_dir,
     err,
     fail,
     guard,
@@ -51,8 +52,9 @@ def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOM
                  run: RunOption = None) -> None:
     """Run a universe in this process, every broker on one pump."""
 
-    spec = guard(lambda: load_universe(file))
+    spec = guard(lambda: load_universe(file), arg="universe file")
     guard(lambda: check_format(trace_format))
+    check_trace_dir(trace)
     with err.status(f"running universe {spec.name!r} ..."):
         reports = guard(lambda: trio.run(lambda: run_in_process(
             spec, trace_dir=None if trace is None else str(trace), trace_format=trace_format,
@@ -74,8 +76,9 @@ def universe_up_cmd(
     """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all."""
 
 
-    spec = guard(lambda: load_universe(file))
+    spec = guard(lambda: load_universe(file), arg="universe file")
     guard(lambda: check_format(trace_format))
+    check_trace_dir(trace)
     trace_args: list[str] = []
     if trace is not None:
         run_id = run or f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}"

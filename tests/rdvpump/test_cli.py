@@ -164,3 +164,30 @@ def test_bench_tables_fold_long_case_names_instead_of_cutting_them() -> None:
                     if line.count("│") > 2)
     for case in cases:
         assert case in cells, (case, text)
+
+
+def test_paths_in_the_way_are_one_line_naming_the_argument(tmp_path: pathlib.Path) -> None:
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    echo = str(ROOT / "examples/echo.toml")
+    for command in ("run", "up"):  # up: before any process starts
+        result = runner.invoke(app, ["universe", command, echo, "--trace", str(a_file)])
+        assert result.exit_code == 1, result.output
+        assert " ".join(result.output.split()) == (
+            f"error: --trace {a_file} is a file: give a directory (a trace file per pump is "
+            "written in it)")
+    result = runner.invoke(app, ["universe", "run", str(tmp_path)])
+    assert " ".join(result.output.split()) == \
+        f"error: universe file {tmp_path} is a directory, not a file"
+
+
+def test_os_errors_read_as_words() -> None:
+    import errno
+
+    from rdvpump.cli._common import os_message
+
+    assert os_message(IsADirectoryError(errno.EISDIR, "Is a directory", "/tmp"), "--out") == \
+        "--out /tmp is a directory, not a file"
+    assert os_message(FileExistsError(errno.EEXIST, "File exists", "/x")) == \
+        "/x is in the way: a file where a directory is needed"
+    assert os_message(OSError(errno.EIO, "I/O error")) == "[Errno 5] I/O error"
