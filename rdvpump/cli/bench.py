@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ._common import check_format, err, guard, out
+from ._common import check_format, err, guard, interruptible, out
 
 app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
                   no_args_is_help=True)
@@ -33,7 +33,7 @@ def bench_inproc(
         guard(lambda: check_format(trace))
     results = []
     with err.status("benchmarking ...") as status:
-        for r in guard(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
+        for r in interruptible(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
                                                 trace=trace, progress=status.update))):
             results.append(r)
     _show(results, json_out, f"rdvpump bench inproc (best of {repeat})",
@@ -57,7 +57,7 @@ def bench_replay(
 
     masters = tuple(master or ("local[1]", "local[2]"))
     with err.status("benchmarking the replay ...") as status:
-        results = guard(lambda: list(replay.run(events, masters=masters, jvm=jvm,
+        results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
                                                  progress=status.update)))
     _show(results, json_out, "rdvpump bench replay",
           ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
@@ -76,7 +76,7 @@ def bench_routes(
     from ..bench import routes as bench_routes_mod
 
     with err.status("benchmarking route tables ...") as status:
-        results = guard(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
+        results = interruptible(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
                                                            progress=status.update)))
     _show(results, json_out, "rdvpump bench routes",
           ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"),
@@ -102,7 +102,7 @@ def bench_tcp(
 
     size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
     with err.status("benchmarking ...") as status:
-        results = guard(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
+        results = interruptible(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
                                               placement=placement,
                                               busy_poll=busy_poll_us * 1e-6,
                                               progress=status.update)))
@@ -138,11 +138,11 @@ def bench_mq(
     for policy in policies:
         guard(lambda policy=policy: Durability.parse(policy))  # type: ignore[misc]
     with err.status("benchmarking the MQ ...") as status:
-        results = guard(lambda: list(mq.run(size_list, durabilities=policies, scale=scale,
+        results = interruptible(lambda: list(mq.run(size_list, durabilities=policies, scale=scale,
                                             repeat=repeat, progress=status.update)))
     if recovery_gib > 0:
         with err.status(f"writing and reopening {recovery_gib:g} GiB ..."):
-            recovered = guard(lambda: mq.recovery(recovery_gib))
+            recovered = interruptible(lambda: mq.recovery(recovery_gib))
         if json_out:
             print(json.dumps(recovered.to_dict()))
         else:

@@ -8,7 +8,7 @@ import trio
 import typer
 from rich.table import Table
 
-from ._common import err, fail, guard, out
+from ._common import err, fail, interruptible, out
 
 
 def demo(
@@ -23,7 +23,7 @@ def demo(
     from ..demo import run_echo_demo
 
     with err.status("running the echo universe ..."):
-        report = guard(lambda: trio.run(lambda: run_echo_demo(
+        report = interruptible(lambda: trio.run(lambda: run_echo_demo(
             clients=clients, connects=connects, messages=messages, max_size=max_size,
             ring_capacity=ring, seed=seed)))
     table = Table(title=f"echo universe {report.universe!r} (seed {report.seed}, "

@@ -21,6 +21,7 @@ from ._common import (
     TokenOption,
     UniverseOption,
     guard,
+    interruptible,
     out,
     tls_files,
 )
@@ -61,7 +62,7 @@ def routes(
             live[0].update(_routes_table(snap), refresh=True)
 
     try:
-        guard(lambda: trio.run(lambda: watch_routes(
+        interruptible(lambda: trio.run(lambda: watch_routes(
             universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
             tls_client=None if tls is None else _client_context(tls), once=once,
             timeout=timeout, show=show)))

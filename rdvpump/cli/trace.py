@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pathlib
 import shutil
+import signal
 import sys
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
 import typer
 
@@ -70,14 +72,17 @@ def trace_analyze(
         if verbose:
             err.print(f"{time.perf_counter() - began:6.2f} s  {what}")
 
-    with err.status(f"replaying {traces} on Spark ({master}, {profile} JVM) ...") as status:
+    with err.status(f"replaying {traces} on Spark ({master}, {profile} JVM) ...") as status, \
+            _stopped_by_ctrl_c() as on_interrupt:
         stage(f"starting Spark ({master}, {profile} JVM)")
         with contextlib.nullcontext() if verbose else _jvm_output_to(log):
             spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
+        on_interrupt(spark)
         try:
             summary = guard(lambda: analyze(spark, str(traces), str(target), progress=stage))
         finally:
-            spark.stop()
+            with contextlib.suppress(Exception):  # after Ctrl-C the JVM may be gone
+                spark.stop()
     if verbose:
         err.print(f"{time.perf_counter() - began:6.2f} s  done: "
                   f"{summary['spark_jobs']} Spark jobs")
@@ -88,6 +93,38 @@ def trace_analyze(
         err.print(f"tables, summary.json and plots in {target}/")
     if summary["violation_count"]:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _stopped_by_ctrl_c() -> Iterator[Callable[[Any], None]]:
+    """Ctrl-C ends the command with one line and exit status 130 (stopping the session on
+    the way out cancels Spark's jobs), whatever Spark or py4j raise meanwhile.  Yields a
+    function to call with the session once it exists (pyspark installs its own SIGINT
+    handler when it starts)."""
+    interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        # no call into the JVM here: the main thread may be inside one on the same
+        # connection; stopping the session on the way out cancels the jobs
+        nonlocal interrupted
+        interrupted = True
+        logging.disable(logging.CRITICAL)  # py4j logs the call it was in, with a traceback
+        raise KeyboardInterrupt
+
+    def started(session: Any) -> None:
+        signal.signal(signal.SIGINT, on_sigint)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield started
+    except BaseException as exc:
+        if interrupted or isinstance(exc, KeyboardInterrupt):  # ours, or pyspark's handler
+            err.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

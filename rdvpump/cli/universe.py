@@ -23,6 +23,7 @@ from ._common import (
     err,
     fail,
     guard,
+    interruptible,
     out,
 )
 
@@ -56,7 +57,7 @@ def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOM
     guard(lambda: check_format(trace_format))
     check_trace_dir(trace)
     with err.status(f"running universe {spec.name!r} ..."):
-        reports = guard(lambda: trio.run(lambda: run_in_process(
+        reports = interruptible(lambda: trio.run(lambda: run_in_process(
             spec, trace_dir=None if trace is None else str(trace), trace_format=trace_format,
             run=run)))
     if trace is not None:
