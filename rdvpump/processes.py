@@ -207,6 +207,7 @@ class ChildState:
     stats: dict[str, Any] = field(default_factory=dict)
     reports: list[dict[str, Any]] | None = None
     exit_code: int | None = None
+    error: str | None = None  # why this child stopped before its workloads were done
     rate: tuple[float, float] = (0.0, 0.0)  # messages/s, bytes/s
     _last: tuple[float, int, int] | None = None
 
@@ -237,29 +238,43 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
 
     nursery.start_soon(report)
     reports = []
-    for w in drives:
-        for t in w.targets:  # wait until the targets registered with a manager
-            with trio.fail_after(30):
-                while await manager.resolver.resolve(t, fresh=True) is None:
-                    await trio.sleep(0.05)
-        reports.append((await drive(broker, w, stats)).to_dict())
+    try:
+        for w in drives:
+            for t in w.targets:  # wait until the targets registered with a manager
+                with trio.fail_after(30):
+                    while await manager.resolver.resolve(t, fresh=True) is None:
+                        await trio.sleep(0.05)
+            reports.append((await drive(broker, w, stats)).to_dict())
+    except trio.TooSlowError:
+        emit("error", {"message": "its targets did not register with the manager in 30 s"})
+        raise
+    except Exception as exc:  # the parent stops the universe and says why
+        emit("error", {"message": str(exc) or type(exc).__name__})
+        raise
+    emit("stats", stats.to_dict())  # the last figures, then the reports
     emit("done", {"reports": reports})
 
 
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                       on_change: Callable[[dict[str, ChildState]], None],
-                      timeout: float = 600.0, trace_args: Sequence[str] = ()
-                      ) -> dict[str, ChildState]:
+                      timeout: float = 600.0, trace_args: Sequence[str] = (),
+                      outcome: dict[str, Any] | None = None) -> dict[str, ChildState]:
     """Start the manager and the broker processes, run the workloads, stop everything.
 
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
+    The universe stops when every workload is done, when a child reports an error or
+    exits early (its :attr:`ChildState.error`), on SIGINT or SIGTERM, or after
+    ``timeout``; ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal``
+    or ``timeout``.
     """
+    outcome = {} if outcome is None else outcome
     env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
     children: list[trio.Process] = []
     states = {b: ChildState(b) for b in spec.brokers}
     expected = sink_expectations(spec)
 
-    async def spawn(args: list[str], on_line: Callable[[str], None]) -> tuple[str, int]:
+    async def spawn(args: list[str], on_line: Callable[[str], None],
+                    broker: str | None = None) -> tuple[str, int]:
         proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdout=subprocess.PIPE,
                                                 stderr=subprocess.DEVNULL, env=env)
         children.append(proc)
@@ -273,6 +288,12 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
         async def follow() -> None:
             async for line in lines:
                 on_line(line)
+            if broker is not None:  # its stdout closed: the process is ending
+                code = await proc.wait()
+                state = states[broker]
+                if state.reports is None and state.error is None:
+                    state.error = f"exited with status {code} before its workloads were done"
+                    on_change(states)
 
         nursery.start_soon(follow)
         return Address.parse(first.split()[-1])
@@ -284,6 +305,8 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                 states[broker].update(json.loads(payload))
             elif kind == "done":
                 states[broker].reports = json.loads(payload)["reports"]
+            elif kind == "error":
+                states[broker].error = json.loads(payload)["message"]
             on_change(states)
 
         return on_line
@@ -300,6 +323,7 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
 
                 async def interrupted() -> None:
                     async for _ in signals:
+                        outcome["stopped_by"] = "signal"
                         nursery.cancel_scope.cancel()
                         return
 
@@ -312,10 +336,16 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                     await spawn(["broker", "run", "--id", b, "--universe", spec.name,
                                  "--manager", where, "--heartbeat", "2", "--plan", str(path),
                                  *trace_args],
-                                child_line(b))
+                                child_line(b), b)
+                outcome["stopped_by"] = "timeout"
                 with trio.move_on_after(timeout):
                     while not finished():
+                        if any(st.error for st in states.values()):
+                            outcome["stopped_by"] = "error"
+                            break
                         await trio.sleep(0.05)
+                    else:
+                        outcome["stopped_by"] = "done"
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):

@@ -18,7 +18,7 @@ import trio
 
 from brokermgr import Broker, open_universe
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TrackNode
-from channels import AsyncMessageQueue
+from channels import DEFAULT_MAX_MESSAGE_SIZE, AsyncMessageQueue
 from mq import MqClient, MqServer
 from pump import RdvpumpError
 
@@ -130,11 +130,31 @@ def load_universe(path: str | Path) -> UniverseSpec:
             _int(where, w, "messages", None, 1), _int(where, w, "size", None, 0)))
     if not brokers:
         raise UniverseFileError(f"{path}: a universe needs at least one [[broker]]")
+    _check_runnable(path, workloads)
     ring = _int(f"{path} [universe]", uni, "ring_capacity", 1 << 16, 1)
     if ring & (ring - 1):
         raise UniverseFileError(f"{path} [universe]: ring_capacity must be a power of two")
     return UniverseSpec(name, tuple(brokers), tuple(workloads), ring,
                         _int(f"{path} [universe]", uni, "seed", 0, 0), str(uni.get("token", "")))
+
+
+def _check_runnable(path: Path, workloads: list[WorkloadSpec]) -> None:
+    """What would fail once running, said before anything starts (the same for
+    ``universe run`` and ``universe up``): messages over the queue's maximum size, and
+    one port of a broker serving two kinds of workload."""
+    serving: dict[tuple[str, int], tuple[str, int]] = {}
+    for i, w in enumerate(workloads):
+        where = f"{path} [[workload]] #{i + 1}"
+        if w.size > DEFAULT_MAX_MESSAGE_SIZE:
+            raise UniverseFileError(f"{where}: size {w.size} exceeds the largest message, "
+                                    f"{DEFAULT_MAX_MESSAGE_SIZE} bytes")
+        role = w.kind if w.kind in ("echo", "mq") else "sink"
+        for target in w.targets:
+            other = serving.setdefault((target, w.port), (role, i))
+            if other[0] != role:
+                raise UniverseFileError(
+                    f"{where}: {target}:{w.port} already serves {other[0]} for workload "
+                    f"#{other[1] + 1}; a port serves one kind: give this one another port")
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import trio
 import typer
@@ -99,13 +99,55 @@ def universe_up_cmd(
                           f"{s.rate[1] / 1e6:,.1f}", state)
         return table
 
-    with Live(live_table({b: ChildState(b) for b in spec.brokers}), console=out,
-              refresh_per_second=4, transient=False) as live:
+    outcome: dict[str, Any] = {}
+    title = f"universe {spec.name!r}, one process per broker"
+    if out.is_terminal:
+        with Live(live_table({b: ChildState(b) for b in spec.brokers}), console=out,
+                  refresh_per_second=4, transient=False) as live:
+            states = guard(lambda: trio.run(lambda: universe_up(
+                spec, file, token=token, on_change=lambda st: live.update(live_table(st)),
+                trace_args=trace_args, outcome=outcome)))
+            # the last frame is the results: no stale counts of children that have exited
+            live.update(_reports_table(title, _reports(states)))
+    else:  # a pipe or a file: one plain line per change of a child's state, no live table
+        lines = _StateLines()
         states = guard(lambda: trio.run(lambda: universe_up(
-            spec, file, token=token, on_change=lambda st: live.update(live_table(st)),
-            trace_args=trace_args)))
-    reports = [r for s in states.values() for r in (s.reports or [])]
-    out.print(_reports_table(f"universe {spec.name!r}, one process per broker", reports))
+            spec, file, token=token, on_change=lines.show, trace_args=trace_args,
+            outcome=outcome)))
+        out.print(_reports_table(title, _reports(states)))
+    reports = _reports(states)
+    stopped_by = outcome.get("stopped_by")
+    if stopped_by == "signal":
+        finished = [r["workload"] for r in reports]
+        err.print(f"interrupted; finished before it: {', '.join(finished) or 'no workload'}",
+                  highlight=False)
+        raise typer.Exit(130)
+    failed = [(b, st.error) for b, st in states.items() if st.error]
+    if failed:
+        raise fail("; ".join(f"broker {b}: {e}" for b, e in failed))
+    if stopped_by == "timeout":
+        raise fail("the universe did not finish within 600 s")
     done = all(states[w.source].reports is not None for w in spec.workloads)
     if not done or not all(r["verified"] for r in reports):
         raise fail("the universe stopped before every workload was checked")
+
+
+def _reports(states: dict[str, ChildState]) -> list[dict[str, Any]]:
+    return [r for s in states.values() for r in (s.reports or [])]
+
+
+class _StateLines:
+    """Where no terminal shows a live table: a line each time a child's state changes."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def show(self, states: dict[str, ChildState]) -> None:
+        for b, st in states.items():
+            now = (f"error: {st.error}" if st.error else
+                   f"exited {st.exit_code}" if st.exit_code is not None else
+                   "done" if st.reports is not None else
+                   "running" if st.stats else "")
+            if now and self.seen.get(b) != now:
+                self.seen[b] = now
+                print(f"{b}: {now}", flush=True)

@@ -191,3 +191,24 @@ def test_os_errors_read_as_words() -> None:
     assert os_message(FileExistsError(errno.EEXIST, "File exists", "/x")) == \
         "/x is in the way: a file where a directory is needed"
     assert os_message(OSError(errno.EIO, "I/O error")) == "[Errno 5] I/O error"
+
+
+def test_run_and_up_refuse_an_unrunnable_file_alike_before_starting(
+        tmp_path: pathlib.Path) -> None:
+    base = (ROOT / "examples/echo.toml").read_text()
+    big = tmp_path / "big.toml"
+    big.write_text(base.replace("size = 1024", "size = 20000000"))
+    clash = tmp_path / "clash.toml"
+    clash.write_text(base + '\n[[workload]]\nkind = "stream"\nfrom = "client1"\nto = "server"'
+                            '\nport = 80\nmessages = 10\nsize = 64\n')
+    expected = {
+        big: f"error: {big} [[workload]] #1: size 20000000 exceeds the largest message, "
+             "16777216 bytes",
+        clash: f"error: {clash} [[workload]] #3: server:80 already serves echo for workload "
+               "#1; a port serves one kind: give this one another port",
+    }
+    for path, line in expected.items():
+        for command in ("run", "up"):
+            result = runner.invoke(app, ["universe", command, str(path)])
+            assert result.exit_code == 1
+            assert " ".join(result.output.split()) == line, (command, result.output)

@@ -1,0 +1,89 @@
+"""universe up as a user meets it: in a pipe it prints plain lines; a child that dies stops
+the universe with its name and status; Ctrl-C says what finished and exits 130."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEADLINE = 60.0
+
+
+def long_universe(tmp_path: pathlib.Path) -> pathlib.Path:
+    spec = (ROOT / "examples/echo.toml").read_text()
+    spec = spec.replace('name = "echo"', f'name = "long{os.getpid()}"')
+    spec = spec.replace("messages = 2000\nsize = 64", "messages = 100000000\nsize = 64")
+    path = tmp_path / "long.toml"
+    path.write_text(spec)
+    return path
+
+
+def start_up(path: pathlib.Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "rdvpump", "universe", "up", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "160"})
+
+
+def read_until(proc: subprocess.Popen[bytes], marker: bytes) -> bytes:
+    assert proc.stdout is not None
+    got = b""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + DEADLINE
+    while marker not in got:
+        left = deadline - time.monotonic()
+        assert left > 0 and proc.poll() is None, got.decode()
+        if sel.select(timeout=left):
+            got += os.read(proc.stdout.fileno(), 65536)
+    return got
+
+
+def child_pid(plan: pathlib.Path, broker: str) -> int:
+    """The pid of the broker process playing ``broker`` from ``plan``."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(plan).encode() in argv and broker.encode() in argv and b"--id" in argv:
+                return int(entry.name)
+    raise AssertionError(f"no process for {broker}")
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
+    try:
+        out, errs = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out.decode(), errs.decode()
+
+
+def test_a_child_that_dies_stops_the_universe_with_its_name(tmp_path: pathlib.Path) -> None:
+    plan = long_universe(tmp_path)
+    proc = start_up(plan)
+    seen = read_until(proc, b"client1: running")  # plain lines: stdout is a pipe
+    os.kill(child_pid(plan, "client1"), signal.SIGKILL)
+    out, errs = finish(proc)
+    assert proc.returncode == 1
+    assert errs.strip() == ("error: broker client1: exited with status -9 before its "
+                            "workloads were done")
+    assert "\x1b[" not in seen.decode() + out  # no live-table escapes into the pipe
+
+
+def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None:
+    proc = start_up(long_universe(tmp_path))
+    read_until(proc, b"client1: running")
+    proc.send_signal(signal.SIGINT)
+    out, errs = finish(proc)
+    assert proc.returncode == 130, errs
+    assert errs.strip().splitlines()[-1] == "interrupted; finished before it: no workload"
+    assert "Traceback" not in errs
