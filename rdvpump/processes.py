@@ -47,10 +47,29 @@ ANY_LOCAL = Address("127.0.0.1", 0)
 
 
 
+#: Set by a parent (``universe up``) that holds its children's stdin open: a child ends,
+#: as on SIGTERM, when that pipe closes, so a parent killed with SIGKILL leaves none behind.
+WATCH_PARENT = "RDVPUMP_EXIT_WITH_PARENT"
+
+
 async def _until_signalled() -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            return
+    """Until SIGINT or SIGTERM, or, in a child of ``universe up``, until the parent's end
+    of our stdin closes (the parent is gone, however it ended)."""
+    async with trio.open_nursery() as nursery:
+        if os.environ.get(WATCH_PARENT) == "1":
+            nursery.start_soon(_parent_gone, nursery.cancel_scope)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+
+
+async def _parent_gone(scope: trio.CancelScope) -> None:
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    async with stdin:
+        while await stdin.receive_some(4096):
+            pass  # the parent writes nothing; EOF is the message
+    scope.cancel()
 
 
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
@@ -268,14 +287,15 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     or ``timeout``.
     """
     outcome = {} if outcome is None else outcome
-    env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
+    env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token, WATCH_PARENT: "1"}
     children: list[trio.Process] = []
     states = {b: ChildState(b) for b in spec.brokers}
     expected = sink_expectations(spec)
 
     async def spawn(args: list[str], on_line: Callable[[str], None],
                     broker: str | None = None) -> tuple[str, int]:
-        proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdout=subprocess.PIPE,
+        proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE,
                                                 stderr=subprocess.DEVNULL, env=env)
         children.append(proc)
         assert proc.stdout is not None

@@ -87,3 +87,43 @@ def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None
     assert proc.returncode == 130, errs
     assert errs.strip().splitlines()[-1] == "interrupted; finished before it: no workload"
     assert "Traceback" not in errs
+
+
+def children_of(plan: pathlib.Path, universe: str) -> set[int]:
+    """The pids of the processes started for this universe (brokers and its manager)."""
+    found = set()
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"rdvpump" in argv and (str(plan).encode() in argv
+                                       or (b"serve" in argv and universe.encode() in argv)):
+                found.add(int(entry.name))
+    return found
+
+
+def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None:
+    plan = long_universe(tmp_path)
+    proc = start_up(plan)
+    read_until(proc, b"client1: running")
+    deadline = time.monotonic() + DEADLINE
+    while len(kids := children_of(plan, f"long{os.getpid()}") - {proc.pid}) < 4:
+        assert time.monotonic() < deadline, kids  # the manager, server, client1, client2
+        time.sleep(0.05)  # processes listed by the OS: polled, bounded
+    proc.kill()  # SIGKILL: the parent cannot stop them
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    try:
+        while left := {k for k in kids if pathlib.Path(f"/proc/{k}").exists()
+                       and b"Z" not in (pathlib.Path(f"/proc/{k}/stat").read_bytes()
+                                        .split(b") ")[-1][:1])}:
+            assert time.monotonic() < deadline, f"still running: {left}"
+            time.sleep(0.05)  # processes to exit: polled, bounded
+    finally:
+        for k in kids:
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
