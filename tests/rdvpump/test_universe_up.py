@@ -3,6 +3,7 @@ the universe with its name and status; Ctrl-C says what finished and exits 130."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import selectors
@@ -123,7 +124,5 @@ def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None
             time.sleep(0.05)  # processes to exit: polled, bounded
     finally:
         for k in kids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(k, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
