@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import selectors
 import signal
 import subprocess
 import sys
@@ -12,9 +11,9 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEADLINE = 60.0
+from .procs import DEADLINE, finish, read_until
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def start(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "rdvpump", *args], stdout=subprocess.PIPE,
@@ -23,31 +22,11 @@ def start(*args: str) -> subprocess.Popen[bytes]:
 
 def interrupt_and_check(proc: subprocess.Popen[bytes], seen: bytes = b"") -> None:
     proc.send_signal(signal.SIGINT)
-    try:
-        out, errs = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, errs = finish(proc, timeout=30)
     errs = seen + errs
     assert proc.returncode == 130, (proc.returncode, errs.decode()[-2000:])
     assert errs.decode().strip().splitlines()[-1] == "interrupted"
     assert b"Traceback" not in errs and b"Traceback" not in out
-
-
-def read_until(proc: subprocess.Popen[bytes], marker: bytes) -> bytes:
-    """stderr of ``proc`` up to ``marker`` (waiting on the pipe, bounded)."""
-    assert proc.stderr is not None
-    got = b""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + DEADLINE
-    while marker not in got:
-        left = deadline - time.monotonic()
-        assert left > 0 and proc.poll() is None, got.decode()[-2000:]
-        if sel.select(timeout=left):
-            got += os.read(proc.stderr.fileno(), 65536)
-    return got
 
 
 def test_ctrl_c_ends_universe_run_in_one_line(tmp_path: pathlib.Path) -> None:
@@ -71,5 +50,5 @@ def test_ctrl_c_ends_trace_analyze_in_one_line(tmp_path: pathlib.Path) -> None:
                          capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr
     proc = start("trace", "analyze", str(traces), "--verbose")
-    seen = read_until(proc, b"census of the events")  # Spark is up and working
+    seen = read_until(proc, proc.stderr, b"census of the events")  # Spark is up and working
     interrupt_and_check(proc, seen)

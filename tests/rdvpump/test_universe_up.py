@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import selectors
 import signal
 import subprocess
 import sys
 import time
 
+from .procs import DEADLINE, finish, processes, read_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEADLINE = 60.0
 
 
 def long_universe(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -31,49 +31,25 @@ def start_up(path: pathlib.Path) -> subprocess.Popen[bytes]:
                             env={**os.environ, "COLUMNS": "160"})
 
 
-def read_until(proc: subprocess.Popen[bytes], marker: bytes) -> bytes:
-    assert proc.stdout is not None
-    got = b""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + DEADLINE
-    while marker not in got:
-        left = deadline - time.monotonic()
-        assert left > 0 and proc.poll() is None, got.decode()
-        if sel.select(timeout=left):
-            got += os.read(proc.stdout.fileno(), 65536)
-    return got
-
-
 def child_pid(plan: pathlib.Path, broker: str) -> int:
     """The pid of the broker process playing ``broker`` from ``plan``."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(plan).encode() in argv and broker.encode() in argv and b"--id" in argv:
-                return int(entry.name)
+    for pid, argv in processes().items():
+        if str(plan).encode() in argv and broker.encode() in argv and b"--id" in argv:
+            return pid
     raise AssertionError(f"no process for {broker}")
 
 
-def finish(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
-    try:
-        out, errs = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def finish_text(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
+    out, errs = finish(proc)
     return out.decode(), errs.decode()
 
 
 def test_a_child_that_dies_stops_the_universe_with_its_name(tmp_path: pathlib.Path) -> None:
     plan = long_universe(tmp_path)
     proc = start_up(plan)
-    seen = read_until(proc, b"client1: running")  # plain lines: stdout is a pipe
+    seen = read_until(proc, proc.stdout, b"client1: running")  # plain lines: stdout is a pipe
     os.kill(child_pid(plan, "client1"), signal.SIGKILL)
-    out, errs = finish(proc)
+    out, errs = finish_text(proc)
     assert proc.returncode == 1
     assert errs.strip() == ("error: broker client1: exited with status -9 before its "
                             "workloads were done")
@@ -82,9 +58,9 @@ def test_a_child_that_dies_stops_the_universe_with_its_name(tmp_path: pathlib.Pa
 
 def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None:
     proc = start_up(long_universe(tmp_path))
-    read_until(proc, b"client1: running")
+    read_until(proc, proc.stdout, b"client1: running")
     proc.send_signal(signal.SIGINT)
-    out, errs = finish(proc)
+    out, errs = finish_text(proc)
     assert proc.returncode == 130, errs
     assert errs.strip().splitlines()[-1] == "interrupted; finished before it: no workload"
     assert "Traceback" not in errs
@@ -92,23 +68,14 @@ def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None
 
 def children_of(plan: pathlib.Path, universe: str) -> set[int]:
     """The pids of the processes started for this universe (brokers and its manager)."""
-    found = set()
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rdvpump" in argv and (str(plan).encode() in argv
-                                       or (b"serve" in argv and universe.encode() in argv)):
-                found.add(int(entry.name))
-    return found
+    return {pid for pid, argv in processes().items() if b"rdvpump" in argv and (
+        str(plan).encode() in argv or (b"serve" in argv and universe.encode() in argv))}
 
 
 def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None:
     plan = long_universe(tmp_path)
     proc = start_up(plan)
-    read_until(proc, b"client1: running")
+    read_until(proc, proc.stdout, b"client1: running")
     deadline = time.monotonic() + DEADLINE
     while len(kids := children_of(plan, f"long{os.getpid()}") - {proc.pid}) < 4:
         assert time.monotonic() < deadline, kids  # the manager, server, client1, client2

@@ -1,0 +1,50 @@
+"""Helpers for tests that drive real rdvpump processes: read a pipe up to a marker, and
+list the processes running with their command lines."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import selectors
+import subprocess
+import time
+from typing import IO
+
+DEADLINE = 60.0
+
+
+def read_until(proc: subprocess.Popen[bytes], stream: IO[bytes] | None, marker: bytes) -> bytes:
+    """What ``proc`` wrote on ``stream`` up to ``marker`` (waiting on the pipe, bounded)."""
+    assert stream is not None
+    got = b""
+    sel = selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    deadline = time.monotonic() + DEADLINE
+    while marker not in got:
+        left = deadline - time.monotonic()
+        assert left > 0 and proc.poll() is None, got.decode()[-2000:]
+        if sel.select(timeout=left):
+            got += os.read(stream.fileno(), 65536)
+    return got
+
+
+def processes() -> dict[int, list[bytes]]:
+    """Every process of this machine that can be read, with its argv."""
+    found = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+    return found
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[bytes, bytes]:
+    """stdout and stderr of ``proc`` once it ends; killed and reaped if it does not."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
