@@ -159,7 +159,11 @@ class NameClient:
         self.version = version
         self.topics = topics or (lambda broker_id: ())
         #: The rendezvous the links to managers are dialled from.
-        self.rdv = RdvNode(self.pump, f"@names.{os.getpid()}", manager.channels,
+        # named by the process and its brokers, so a manager's log says whose connect it
+        # refused
+        mine = "+".join(b for b in manager.broker_ids if not b.startswith("@"))[:100]
+        self.rdv = RdvNode(self.pump, f"@names.{os.getpid()}" + (f".{mine}" if mine else ""),
+                           manager.channels,
                            lambda _id: None, owner=_NoOwner(), network=manager.net)
         self.sessions = [_ManagerLink(self, address) for address in managers]
         manager.resolver.add_source(self)

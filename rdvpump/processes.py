@@ -35,7 +35,7 @@ from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
 from mq import MqServer
 from pump import Pump, TraceRecorder
-from rdv import Address, tls_contexts
+from rdv import Address, Refusal, tls_contexts
 
 from .workloads import Stats, UniverseSpec, drive, load_universe, serve_role, sink_expectations
 
@@ -138,6 +138,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
                          ready: Callable[[Address], None]) -> None:
+    refused: list[str] = []  # a manager's final refusal ends the process with it
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         address = await nursery.start(manager.serve_network, *listen)
@@ -146,6 +147,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 await nursery.start(broker.serve_queues, port, echo)
         names = NameClient(manager, managers, heartbeat=heartbeat) if managers else None
         if names is not None:
+            for session in names.sessions:
+                nursery.start_soon(_watch_manager, session, "+".join(broker_ids), refused,
+                                   nursery.cancel_scope)
             names.start()
         nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
         ready(address)
@@ -162,6 +166,35 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             names.close()
             await trio.sleep(0.05)  # let the unregister leave before the links are cut
         nursery.cancel_scope.cancel()
+    if refused:
+        raise RuntimeError(refused[0])
+
+
+async def _watch_manager(session: Any, brokers: str, refused: list[str],
+                         scope: trio.CancelScope) -> None:
+    """Say on stderr how registering with one manager goes: a final refusal
+    (unauthorized: the token or the universe name is not the manager's) ends the process;
+    what may recover (unreachable) is a warning each time the reason changes, while the
+    link keeps dialling."""
+    said: str | None = None
+    while True:
+        await session.attempted()
+        reason = session.last_refusal
+        if reason is None:
+            if said is not None:
+                print(f"broker {brokers}: registered with {session.name}", file=sys.stderr,
+                      flush=True)
+            said = None
+            continue
+        if getattr(reason, "refusal", None) == Refusal.UNAUTHORIZED:
+            refused.append(f"broker {brokers}: {session.name} refused it: {reason} (the "
+                           "token or the universe name is not the manager's)")
+            scope.cancel()
+            return
+        if reason != said:
+            said = reason
+            print(f"warning: broker {brokers}: {session.name}: {reason}; dialling again "
+                  f"every {session.retry:g} s", file=sys.stderr, flush=True)
 
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],
