@@ -26,6 +26,8 @@ from ._rpc import JsonSession
 log = logging.getLogger("rdvpump.names")
 
 MANAGER_ID = "@manager"
+#: A manager's refusal of a second live registration of one broker id.
+DUPLICATE_ID = "duplicate id"
 NAME_PORT = 0
 #: Default TCP port of a manager, as RocketMQ's NameServer.
 DEFAULT_MANAGER_PORT = 9876
@@ -107,17 +109,30 @@ class _Session(JsonSession):
         table, now = self.service.table, self.service.pump.now()
         op = request.get("op")
         if op in ("register", "heartbeat"):
+            refused = []
             for b in request["brokers"]:
                 if not isinstance(b["id"], str) or not b["id"]:
                     raise ValueError("broker id must be a non-empty string")
+                held = table.get(b["id"])
+                if held is not None and held.connection is not self:
+                    # another live registration: its connection is open (a crashed
+                    # process's closed with it, which dropped its brokers at once)
+                    log.warning("refused a second registration of broker %s: it is held "
+                                "by %s", b["id"], held.value.address)
+                    refused.append({"id": b["id"], "held_by": list(held.value.address)})
+                    continue
                 record = BrokerRecord(b["id"], Address.of(b["address"]),
                                       tuple(str(t) for t in b.get("topics", ())))
                 table.report(b["id"], record, now=now, version=int(b.get("version", 0)),
                              connection=self)
+            if refused:
+                return {"ok": False, "refused": DUPLICATE_ID, "brokers": refused}
             return {"ok": True}
         if op == "unregister":
-            for broker_id in request["ids"]:
-                table.remove(broker_id)
+            for broker_id in request["ids"]:  # only what this connection registered
+                held = table.get(broker_id)
+                if held is not None and held.connection is self:
+                    table.remove(broker_id)
             return {"ok": True}
         if op == "lookup":
             entry = table.get(request["id"])
@@ -146,7 +161,8 @@ class NameClient:
     def __init__(self, manager: BrokerManager, managers: list[Address], *,
                  heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_RETRY,
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
-                 topics: Callable[[str], tuple[str, ...]] | None = None) -> None:
+                 topics: Callable[[str], tuple[str, ...]] | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> None:
         if not managers:
             raise ValueError("a name client needs at least one manager address")
         if not heartbeat > 0 or not retry > 0:
@@ -158,6 +174,7 @@ class NameClient:
         self.lookup_timeout = lookup_timeout
         self.version = version
         self.topics = topics or (lambda broker_id: ())
+        self.on_refused = on_refused
         #: The rendezvous the links to managers are dialled from.
         # named by the process and its brokers, so a manager's log says whose connect it
         # refused
@@ -172,6 +189,14 @@ class NameClient:
     def cache(self) -> dict[str, Address]:
         """Addresses learnt from managers (the universe's resolver keeps them)."""
         return self.manager.resolver.cache
+
+    def refused(self, session: Any, reason: str) -> None:
+        """A manager refused a registration for good (``duplicate id``): ``on_refused``
+        decides (``broker run`` ends with the reason), else it is logged."""
+        if self.on_refused is not None:
+            self.on_refused(session.name, reason)
+        else:
+            log.error("%s refused a registration: %s", session.name, reason)
 
     def start(self) -> None:
         """Connect to every manager (the network must be served already)."""
@@ -231,6 +256,8 @@ class _ManagerLink(ReconnectingLink):
                          name=f"manager {address}", retry=client.retry, after_loss=0)
         self.client = client
         self.address = address
+        #: Set when the manager refused a registration for good (a duplicate id).
+        self.refusal: str | None = None
         self._beat_timer: Timer | None = None
 
     def opened(self) -> None:
@@ -239,8 +266,15 @@ class _ManagerLink(ReconnectingLink):
     def _beat(self) -> None:
         registrations = self.client.registrations()
         if registrations:
-            self.send({"op": "register", "brokers": registrations})
+            self.request({"op": "register", "brokers": registrations}, self._registered)
         self._beat_timer = self.pump.call_later(self.client.heartbeat, self._beat, periodic=True)
+
+    def _registered(self, reply: dict[str, Any] | None) -> None:
+        if reply is not None and reply.get("refused") == DUPLICATE_ID and not self.refusal:
+            held = ", ".join(f"{b['id']} (held by {Address.of(b['held_by'])})"
+                             for b in reply.get("brokers", ()))
+            self.refusal = f"{DUPLICATE_ID}: {held}"
+            self.client.refused(self, self.refusal)
 
     def lost(self, reason: str) -> None:
         if self._beat_timer is not None:

@@ -145,7 +145,13 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         for broker in brokers:
             for port in echo_ports:
                 await nursery.start(broker.serve_queues, port, echo)
-        names = NameClient(manager, managers, heartbeat=heartbeat) if managers else None
+        def on_refused(manager_name: str, reason: str) -> None:
+            refused.append(f"broker {'+'.join(broker_ids)}: {manager_name} refused it: "
+                           f"{reason}")
+            nursery.cancel_scope.cancel()
+
+        names = NameClient(manager, managers, heartbeat=heartbeat,
+                           on_refused=on_refused) if managers else None
         if names is not None:
             for session in names.sessions:
                 nursery.start_soon(_watch_manager, session, "+".join(broker_ids), refused,

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from .procs import finish, read_until
 
@@ -54,3 +55,61 @@ def test_an_unreachable_manager_is_a_warning_and_broker_run_goes_on() -> None:
     _, errs = finish(broker, timeout=30)
     assert broker.returncode == 0  # a service stopped by SIGINT: a clean exit
     assert (seen + errs).count(b"warning:") == 1  # said once: the reason did not change
+
+
+def status(port: int) -> str:
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "status", "--universe", "shop",
+                           "--manager", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "RDVPUMP_TOKEN": "secret",
+                                           "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def wait_listed(port: int, broker_address: str) -> None:
+    """Until the manager lists a broker at that address (polled, bounded)."""
+    deadline = time.monotonic() + 30
+    while broker_address not in status(port):
+        assert time.monotonic() < deadline, status(port)
+        time.sleep(0.1)  # registration is asynchronous: polled through the CLI, bounded
+
+
+def test_a_second_live_registration_of_an_id_is_refused_and_a_restart_is_not() -> None:
+    port = free_port()
+    manager = rdvpump("manager", "serve", "--universe", "shop", "--listen",
+                      f"127.0.0.1:{port}", token="secret")
+    brokers = []
+    try:
+        read_until(manager, manager.stdout, b"ready manager")
+
+        def orders() -> tuple[subprocess.Popen[bytes], str]:
+            proc = rdvpump("broker", "run", "--universe", "shop", "--id", "orders",
+                           "--manager", f"127.0.0.1:{port}", "--heartbeat", "0.5",
+                           token="secret")
+            brokers.append(proc)
+            line = read_until(proc, proc.stdout, b"\n").decode()
+            return proc, line.split()[-1]
+
+        first, first_address = orders()
+        wait_listed(port, first_address)
+        second, second_address = orders()
+        _, errs = finish(second, timeout=30)
+        assert second.returncode == 1
+        assert errs.decode().strip() == (
+            f"error: broker orders: manager 127.0.0.1:{port} refused it: duplicate id: "
+            f"orders (held by {first_address})")
+        assert first_address in status(port)  # the first keeps its registration
+        first.kill()  # a crash: its connection closes with it, and so does the registration
+        first.wait()
+        third, third_address = orders()
+        wait_listed(port, third_address)  # a restart registers at once
+        third.send_signal(signal.SIGINT)
+        finish(third, timeout=30)
+        assert third.returncode == 0
+    finally:
+        for proc in brokers:
+            if proc.poll() is None:
+                proc.kill()
+            finish(proc, timeout=30)
+        manager.send_signal(signal.SIGINT)
+        finish(manager, timeout=30)
