@@ -7,6 +7,7 @@ after every change (and once at the start).
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ import trio
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
 from pump import Pump
-from rdv import Address
+from rdv import Address, Refusal
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
@@ -30,8 +31,11 @@ def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
     return broker_id, Address.parse(where)
 
 
-def snapshot(routes: RouteTable, now: float) -> dict[str, Any]:
-    """The route table as plain JSON: servers with versions and votes, topics, trackers."""
+def snapshot(routes: RouteTable, now: float,
+             names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The route table as plain JSON: servers with versions and votes, topics, trackers
+    (named by ``names``: the address each tracker gives itself)."""
+    names = names or {}
     servers = []
     for address, info in sorted(routes.server_table.items()):
         servers.append({
@@ -40,7 +44,7 @@ def snapshot(routes: RouteTable, now: float) -> dict[str, Any]:
             "static": address in routes.static,
             "topics": sorted(info.topic_table)})
     topics = {name: sorted(by_server) for name, by_server in sorted(routes.topic_table.items())}
-    return {"time": round(now, 3), "trackers": {t: v.version for t, v in
+    return {"time": round(now, 3), "trackers": {names.get(t, t): v.version for t, v in
                                                 sorted(routes.votes.items())},
             "servers": servers, "topics": topics}
 
@@ -48,9 +52,12 @@ def snapshot(routes: RouteTable, now: float) -> dict[str, Any]:
 async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                        track_port: int = DEFAULT_TRACK_PORT, token: str = "",
                        vote_factor: float = 0.5, tls_client: ssl.SSLContext | None = None,
-                       once: bool = False, timeout: float = 10.0,
+                       once: bool = False, timeout: float = 10.0, refresh: float = 0.0,
                        show: Callable[[dict[str, Any]], None]) -> None:
-    """Subscribe to ``trackers`` and call ``show(snapshot)`` on every change, until cancelled.
+    """Subscribe to ``trackers`` and call ``show(snapshot)`` once the first tracker has
+    answered, then on every change (and every ``refresh`` seconds, if set), until
+    cancelled.  A tracker's final refusal (``unauthorized``, ``unknown broker``) ends it
+    at once with OSError naming the tracker.
 
     With ``once``: wait until every tracker has answered (or ``timeout``), show
     one snapshot and return; OSError if no tracker answered at all.
@@ -66,6 +73,13 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                              vote_factor=vote_factor)
         for broker_id, _ in trackers:
             client.add_tracker(f"{broker_id}:{track_port}")
+        for where, sub in client.trackers.items():
+            nursery.start_soon(_refusals, where, sub)
+
+        def current() -> dict[str, Any]:
+            names = {a: s.reported for a, s in client.trackers.items() if s.reported}
+            return snapshot(client.routes, manager.pump.now(), names)
+
         if once:
             with trio.move_on_after(timeout):
                 for sub in client.trackers.values():
@@ -78,11 +92,29 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                 why = "; ".join(f"{a}: {s.last_refusal or 'no answer'}"
                                 for a, s in client.trackers.items())
                 raise OSError(f"no tracker answered within {timeout} s ({why})")
-            show(snapshot(client.routes, manager.pump.now()))
+            show(current())
             client.close()
             nursery.cancel_scope.cancel()
             return
-        show(snapshot(client.routes, manager.pump.now()))
-        while True:
+        while not client.routes.votes:  # the first line is the first tracker's answer
             await client.changed()
-            show(snapshot(client.routes, manager.pump.now()))
+        show(current())
+        while True:
+            # a change, or every ``refresh`` seconds: the table's time moves
+            with trio.move_on_after(refresh if refresh else math.inf) as waited:
+                await client.changed()
+            if waited.cancelled_caught and not refresh:
+                continue
+            show(current())
+
+
+#: Refusals after which dialling again cannot help: the watch ends with the reason.
+FINAL = (Refusal.UNAUTHORIZED, Refusal.UNKNOWN_BROKER)
+
+
+async def _refusals(address: object, sub: Any) -> None:
+    while True:
+        await sub.attempted()
+        reason = sub.last_refusal
+        if reason is not None and getattr(reason, "refusal", None) in FINAL:
+            raise OSError(f"tracker {address} refused: {reason}")

@@ -156,6 +156,8 @@ class _Subscription(_ClientLink):
         self.reader = FeedReader()
         #: Full snapshots asked for again after a gap (tests and benchmarks read it).
         self.resyncs = 0
+        #: The tracker's own address (``<broker id>:<port>``), as its snapshots say.
+        self.reported: str | None = None
 
     def opened(self) -> None:
         self.reader = FeedReader()
@@ -183,6 +185,7 @@ class _Subscription(_ClientLink):
                 info = TrackerInfo.from_json(event.tracker_info,
                                              known=None if held is None else held.servers.get)
                 change = routes.update_tracker(tracker, info)
+                self.reported = info.server_address.address
             else:
                 servers = {}
                 for address, value in event.servers.items():

@@ -65,7 +65,7 @@ def routes(
         interruptible(lambda: trio.run(lambda: watch_routes(
             universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
             tls_client=None if tls is None else _client_context(tls), once=once,
-            timeout=timeout, show=show)))
+            timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show)))
     except KeyboardInterrupt:
         pass
     finally:
@@ -85,6 +85,7 @@ def _routes_table(snap: dict[str, Any]) -> Table:
         table.add_column(col, justify="right" if col in ("infoVersion", "votes") else "left")
     for server in snap["servers"]:
         votes = "static" if server["static"] else str(server["votes"])
-        table.add_row(server["address"], "yes" if server["ssl"] else "", str(server["infoVersion"]),
+        table.add_row(server["address"], "yes" if server["ssl"] else "no",
+                      str(server["infoVersion"]),
                       votes, ", ".join(server["topics"]))
     return table

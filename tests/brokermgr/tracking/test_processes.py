@@ -31,6 +31,7 @@ class Lines:
         assert proc.stdout is not None
         self.stream = proc.stdout
         self.buffer = b""
+        self.first: dict[str, Any] | None = None  # the first line the watcher printed
 
     async def next(self) -> dict[str, Any]:
         while b"\n" not in self.buffer:
@@ -39,7 +40,10 @@ class Lines:
                 raise RuntimeError("rdvpump routes exited")
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)  # type: ignore[no-any-return]
+        snap: dict[str, Any] = json.loads(line)
+        if self.first is None:
+            self.first = snap
+        return snap
 
     async def until(self, condition: Any, timeout: float) -> dict[str, Any]:
         with trio.fail_after(timeout):
@@ -82,7 +86,9 @@ async def test_killed_and_hung_servers_leave_the_clients_route_tables() -> None:
                     lambda s: names(s) == everyone and all(v["votes"] == 2
                                                            for v in s["servers"]), 30)
                 assert snap["topics"] == {"orders": sorted(everyone)}
-                assert sorted(snap["trackers"]) == ["@tracker.1:15555", "t2:15555"]
+                # named by the addresses they give themselves, whatever they were dialled as
+                assert sorted(snap["trackers"]) == ["t1:15555", "t2:15555"]
+                assert lines.first is not None and lines.first["trackers"]  # no empty line
 
                 s1.send_signal(signal.SIGKILL)
                 killed = time.monotonic()
@@ -121,3 +127,18 @@ async def test_routes_once_prints_a_table_and_fails_clearly_without_trackers() -
     assert failed.returncode == 1
     err = failed.stderr.decode()
     assert "no tracker answered" in err and len(err.strip().splitlines()) == 1, err
+
+
+async def test_routes_ends_at_once_on_a_final_refusal() -> None:
+    async with spawn("broker", "run", "--id", "t1", "--role", "tracker", "--universe", "z",
+                     "--manager", "127.0.0.1:1") as (_, t1_addr):
+        for extra in ([], ["--once"]):  # live and once: no waiting out the timeout
+            began = time.monotonic()
+            done = await trio.run_process(
+                [*RDVPUMP, "routes", "--universe", "z", *extra, "--tracker",
+                 f"{t1_addr[0]}:{t1_addr[1]}"], capture_stdout=True, capture_stderr=True,
+                check=False, env={**os.environ, "RDVPUMP_TOKEN": "wrong", "COLUMNS": "200"})
+            assert time.monotonic() - began < 8  # the timeout is 10 s
+            assert done.returncode == 1
+            err = " ".join(done.stderr.decode().split())
+            assert err.startswith("error: ") and "refused: unauthorized" in err, err
