@@ -154,10 +154,14 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                            on_refused=on_refused) if managers else None
         if names is not None:
             for session in names.sessions:
-                nursery.start_soon(_watch_manager, session, "+".join(broker_ids), refused,
+                nursery.start_soon(_watch_link, session, "+".join(broker_ids), refused,
                                    nursery.cancel_scope)
             names.start()
         nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
+        for node in nodes:  # a server's links to its trackers (--tracker)
+            for publisher in getattr(getattr(node, "server", None), "publishers", ()):
+                nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
+                                   nursery.cancel_scope)
         ready(address)
         if spec is not None and names is not None:
             def emit(kind: str, payload: dict[str, object]) -> None:
@@ -176,19 +180,20 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RuntimeError(refused[0])
 
 
-async def _watch_manager(session: Any, brokers: str, refused: list[str],
-                         scope: trio.CancelScope) -> None:
-    """Say on stderr how registering with one manager goes: a final refusal
-    (unauthorized: the token or the universe name is not the manager's) ends the process;
-    what may recover (unreachable) is a warning each time the reason changes, while the
-    link keeps dialling."""
+async def _watch_link(session: Any, brokers: str, refused: list[str],
+                      scope: trio.CancelScope) -> None:
+    """Say on stderr how a link the process keeps (to a manager, to a tracker) goes: a
+    final refusal (unauthorized: the token or the universe name is not the other side's)
+    ends the process; what may recover (unreachable, or a tracker not registered yet:
+    unknown broker) is a warning each time the reason changes, while the link keeps
+    dialling."""
     said: str | None = None
     while True:
         await session.attempted()
         reason = session.last_refusal
         if reason is None:
             if said is not None:
-                print(f"broker {brokers}: registered with {session.name}", file=sys.stderr,
+                print(f"broker {brokers}: connected to {session.name}", file=sys.stderr,
                       flush=True)
             said = None
             continue

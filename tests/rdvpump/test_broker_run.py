@@ -113,3 +113,14 @@ def test_a_second_live_registration_of_an_id_is_refused_and_a_restart_is_not() -
             finish(proc, timeout=30)
         manager.send_signal(signal.SIGINT)
         finish(manager, timeout=30)
+
+
+def test_a_tracker_not_found_is_a_warning_naming_it() -> None:
+    broker = rdvpump("broker", "run", "--universe", "shop", "--id", "s1", "--role", "server",
+                     "--tracker", "t9:15555", "--manager", f"127.0.0.1:{free_port()}",
+                     token="secret")
+    read_until(broker, broker.stderr,
+               b"warning: broker s1: tracker t9:15555: unknown broker; dialling again")
+    broker.send_signal(signal.SIGINT)
+    finish(broker, timeout=30)
+    assert broker.returncode == 0
