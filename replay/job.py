@@ -411,20 +411,21 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     found["overall"] = per_seq.where(user).agg(
         F.count("*").alias("n"), quantiles.alias("q"), F.max("latency").alias("max"),
         F.min("delivered_at").alias("first"), F.max("delivered_at").alias("last")).first()
+    def delivered_per(width: float) -> list[Any]:
+        """Messages and bytes delivered per stream and bin of ``width`` seconds."""
+        rows: list[Any] = (per_seq.where(journey).groupBy(
+            *_STREAM, F.floor((F.col("delivered_at") - F.lit(census.start)) / width)
+            .cast("long").alias("bin"))
+            .agg(F.count("*").alias("messages"), F.sum("delivered_size").alias("bytes"))
+            .collect())
+        return rows
+
     width = _bin_width(census.duration)
     found["bin_width"] = width
     jobs.stage("deliveries over time and histograms")
-    found["bins"] = (per_seq.where(journey).groupBy(
-        *_STREAM, F.floor((F.col("delivered_at") - F.lit(census.start)) / width)
-        .cast("long").alias("bin"))
-        .agg(F.count("*").alias("messages"), F.sum("delivered_size").alias("bytes"))
-        .collect())
-    found["per_second"] = None
-    if width > 1.0:
-        found["per_second"] = (per_seq.where(journey).groupBy(
-            *_STREAM, F.floor(F.col("delivered_at") - F.lit(census.start)).cast("long")
-            .alias("bin")).agg(F.count("*").alias("messages"),
-                               F.sum("delivered_size").alias("bytes")).collect())
+    found["bins"] = delivered_per(width)
+    # bins under a second add up to seconds; wider ones do not
+    found["per_second"] = delivered_per(1.0) if width > 1.0 else None
     found["histogram"] = (per_seq.groupBy(
         F.floor(F.log10(F.greatest(F.col("latency"), F.lit(1e-9))) * BUCKETS_PER_DECADE)
         .cast("int").alias("latency_bucket"),
@@ -454,7 +455,6 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
         found["undelivered"], found["undelivered_frame"] = _listed(
             frame, undelivered_count, out, "undelivered")
     return found
-
 
 
 def _listed(frame: Any, count: int, out: str | None, name: str) -> tuple[list[dict[str, Any]],

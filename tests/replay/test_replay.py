@@ -300,3 +300,45 @@ def test_long_listings_are_written_by_spark_and_cut_in_the_summary(
     undelivered = pq.read_table(tmp_path / "out" / "undelivered").to_pylist()
     assert len(undelivered) == 30 and {u["cause"] for u in undelivered} == {
         "link closed with it in flight"}
+
+
+def test_a_long_run_is_binned_wider_and_still_counted_per_second(
+        spark: Any, tmp_path: pathlib.Path) -> None:
+    """A run of 300 virtual seconds: plot bins of 2 s, and the throughput table still has
+    one row per second that saw a delivery."""
+    from brokermgr import BrokerManager
+    from channels import MessageQueue
+    from pump import Pump, open_trace
+
+    traces = tmp_path / "traces"
+    pump = Pump(trace=open_trace(traces, pump="p", run="long"), name="p")
+    universe = BrokerManager("long", pump=pump)
+
+    class Sink:
+        def accepted(self, queue: MessageQueue) -> None:
+            queue.set_listener(self)
+
+        def received(self, message: bytes) -> None:
+            pass
+
+        def closed(self, reason: str) -> None:
+            pass
+
+    class Source(Sink):
+        def connected(self, queue: MessageQueue) -> None:
+            queue.set_listener(self)
+            for at in (0.0, 150.5, 300.25):
+                pump.call_later(at, queue.send, b"x" * 10)
+
+        def refused(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+    universe.add_broker("b").listen(1, Sink())
+    universe.add_broker("a").connect("b", 1, Source())
+    pump.run_until_idle()
+    pump.close_trace()
+    summary = analyze(spark, str(traces), str(tmp_path / "out"))
+    assert summary["messages_matched"] == 3 and summary["bin_width_s"] == 2.0
+    rows = pq.read_table(tmp_path / "out" / "throughput").to_pylist()
+    assert [(r["broker"], r["second"], r["messages"], r["bytes"]) for r in rows] == [
+        ("b", 0, 1, 10), ("b", 150, 1, 10), ("b", 300, 1, 10)]
