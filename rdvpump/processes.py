@@ -138,7 +138,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
                          ready: Callable[[Address], None]) -> None:
-    refused: list[str] = []  # a manager's final refusal ends the process with it
+    refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         address = await nursery.start(manager.serve_network, *listen)
@@ -198,8 +198,9 @@ async def _watch_link(session: Any, brokers: str, refused: list[str],
             said = None
             continue
         if getattr(reason, "refusal", None) == Refusal.UNAUTHORIZED:
+            side = session.name.split()[0]  # "manager" or "tracker"
             refused.append(f"broker {brokers}: {session.name} refused it: {reason} (the "
-                           "token or the universe name is not the manager's)")
+                           f"token or the universe name is not the {side}'s)")
             scope.cancel()
             return
         if reason != said:
