@@ -17,6 +17,11 @@ from mq import MqClient
 from pump import Pump
 from rdv import Address
 
+from .watch import is_final
+
+#: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
+CLI_RETRY = 0.1
+
 
 def parse_server(text: str) -> tuple[str, Address]:
     """``BROKER@HOST:PORT``: the MQ server's broker id and its process's address."""
@@ -38,15 +43,18 @@ async def connect(universe: str, server: str, *, token: str = "",
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)
         client = MqClient(manager.add_broker(f"@mq.{os.getpid()}"),
-                          f"{broker_id}:{track_port}", timeout=timeout)
+                          f"{broker_id}:{track_port}", timeout=timeout, retry=CLI_RETRY)
         link = client.link
+        # a server that is still starting is dialled again until ``timeout``; a refusal
+        # that dialling cannot mend (unauthorized, unknown broker) ends it at once
         with trio.move_on_after(timeout):
             while link.queue is None:
                 await link.attempted()
-                if link.queue is None and link.last_refusal is not None:
+                if link.queue is None and is_final(link.last_refusal):
                     raise OSError(f"{server}: {link.last_refusal}")
         if link.queue is None:
-            raise OSError(f"{server}: no link within {timeout} s")
+            why = f": {link.last_refusal}" if link.last_refusal is not None else ""
+            raise OSError(f"{server}: no link within {timeout} s{why}")
         try:
             yield client
         finally:

@@ -240,29 +240,53 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
 
 
 async def query_status(universe: str, manager_address: Address, *, token: str = "",
-                       timeout: float = 5.0, tls: TLSFiles | None = None
-                       ) -> list[dict[str, object]]:
-    """The broker list of one manager; OSError when it cannot be reached or refuses us."""
+                       timeout: float = 5.0, tls: TLSFiles | None = None,
+                       wait: Sequence[str] = ()) -> list[dict[str, object]]:
+    """The broker list of one manager; OSError when it cannot be reached or refuses us.
+
+    With ``wait`` (broker ids), a manager that is still starting is dialled again and the
+    list asked again until it holds every one of them, for up to ``timeout`` seconds;
+    OSError names those still missing."""
     manager = BrokerManager(universe, token=token)
     _secure(manager, tls)
+    where = f"manager {manager_address[0]}:{manager_address[1]}"
+    brokers: list[dict[str, object]] | None = None
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)
-        names = NameClient(manager, [manager_address], retry=timeout)
+        names = NameClient(manager, [manager_address], retry=_WAIT_POLL if wait else timeout)
         session = names.sessions[0]
         names.start()
         with trio.move_on_after(timeout):
-            while session.queue is None and session.last_refusal is None:
+            while session.queue is None:
+                if session.last_refusal is not None and not (wait and _may_recover(
+                        session.last_refusal)):
+                    break
                 await session.attempted()
-        if session.queue is None:
-            why = session.last_refusal or "timed out"
-            raise OSError(f"manager {manager_address[0]}:{manager_address[1]}: {why}")
-        brokers = await names.list()
+            while session.queue is not None:
+                brokers = await names.list()
+                listed = {str(b["id"]) for b in brokers or ()}
+                if brokers is None or all(w in listed for w in wait):
+                    break
+                await trio.sleep(_WAIT_POLL)
         names.close()
         nursery.cancel_scope.cancel()
+    if session.queue is None and brokers is None:
+        raise OSError(f"{where}: {session.last_refusal or 'timed out'}")
     if brokers is None:
-        raise OSError("the manager did not answer")
+        raise OSError(f"{where} did not answer")
+    missing = [w for w in wait if w not in {str(b["id"]) for b in brokers}]
+    if missing:
+        raise OSError(f"{where}: {', '.join(missing)} not registered within {timeout} s")
     return brokers
+
+
+#: How often ``status --wait`` dials a manager that is starting, and asks its list again.
+_WAIT_POLL = 0.1
+
+
+def _may_recover(reason: object) -> bool:
+    return getattr(reason, "refusal", None) in (Refusal.UNREACHABLE, Refusal.BUSY)
 
 
 @dataclass

@@ -112,9 +112,15 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
 FINAL = (Refusal.UNAUTHORIZED, Refusal.UNKNOWN_BROKER)
 
 
+def is_final(reason: object) -> bool:
+    """Whether a link's last refusal is one that dialling again cannot help (the CLI's
+    clients give up at once on those, and keep dialling through ``unreachable``)."""
+    return getattr(reason, "refusal", None) in FINAL
+
+
 async def _refusals(address: object, sub: Any) -> None:
     while True:
         await sub.attempted()
         reason = sub.last_refusal
-        if reason is not None and getattr(reason, "refusal", None) in FINAL:
+        if reason is not None and is_final(reason):
             raise OSError(f"tracker {address} refused: {reason}")

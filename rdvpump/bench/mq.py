@@ -164,22 +164,36 @@ def _free_port() -> int:
 
 
 class _Proc:
+    """A child of the benchmark: its stdout read as results, its stderr kept in a file
+    for the error if it fails.  Children run without ``RDVPUMP_*`` variables: every
+    process of the benchmark is in the same universe with the same (empty) token,
+    whatever the calling shell exported."""
+
     def __init__(self, args: list[str], *, ready: str | None = None) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RDVPUMP_")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.errors,
+                                     text=True, env=env)
         self.first = ""
         if ready is not None:
             assert self.proc.stdout is not None
             self.first = self.proc.stdout.readline()
             if not self.first.startswith(ready):
                 self.close()
-                raise RuntimeError(f"{args[:4]} did not start: {self.first!r}")
+                raise RuntimeError(f"{' '.join(args[1:5])} did not start: "
+                                   f"{self.stderr_tail() or 'no output'}")
+
+    def stderr_tail(self) -> str:
+        self.errors.seek(0)
+        lines = self.errors.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
 
     def result(self, timeout: float = 600) -> dict[str, float]:
         out, _ = self.proc.communicate(timeout=timeout)
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if self.proc.returncode != 0 or not lines:
-            raise RuntimeError(f"bench child failed (exit {self.proc.returncode})")
+            raise RuntimeError(f"bench child failed (exit {self.proc.returncode}): "
+                               f"{self.stderr_tail() or 'no output'}")
         return json.loads(lines[-1])  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -188,6 +202,7 @@ class _Proc:
         self.proc.wait(timeout=30)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        self.errors.close()
 
 
 CHILD = [sys.executable, "-m", "rdvpump.bench.mq"]

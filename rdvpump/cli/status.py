@@ -30,13 +30,18 @@ def status(
     universe: UniverseOption = "default",
     token: TokenOption = "",
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
+    wait: Annotated[list[str], typer.Option(
+        help="Wait until this broker is registered (repeatable); a manager that is still "
+             "starting is dialled again meanwhile.")] = [],  # noqa: B006
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the manager (and "
+                                                "--wait brokers).")] = 5.0,
 ) -> None:
     """The brokers a manager knows, with their age and last heartbeat."""
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
-    brokers = guard(lambda: trio.run(lambda: query_status(universe, address, token=token,
-                                                           tls=tls)))
+    brokers = guard(lambda: trio.run(lambda: query_status(
+        universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
         table.add_column(col, justify="left" if col in ("broker", "address") else "right")

@@ -124,3 +124,51 @@ def test_a_tracker_not_found_is_a_warning_naming_it() -> None:
     broker.send_signal(signal.SIGINT)
     finish(broker, timeout=30)
     assert broker.returncode == 0
+
+
+async def test_a_tracker_that_refuses_for_good_ends_broker_run_naming_the_tracker() -> None:
+    """A tracker process of another token, found through the manager: s1's link to it is
+    refused as unauthorized, so s1 ends with one line that names the tracker."""
+    import trio
+
+    from brokermgr import BrokerManager, NameClient
+    from rdv import Address
+
+    port = free_port()
+    manager = rdvpump("manager", "serve", "--universe", "shop", "--listen",
+                      f"127.0.0.1:{port}", token="secret")
+    tracker = rdvpump("broker", "run", "--universe", "shop", "--id", "t1", "--role", "tracker",
+                      "--listen", "127.0.0.1:0", "--manager", f"127.0.0.1:{free_port()}",
+                      token="another")
+    try:
+        read_until(manager, manager.stdout, b"ready manager")
+        ready = read_until(tracker, tracker.stdout, b"\n").decode().split()
+        assert ready[0] == "ready", ready
+        # the directory says t1 lives in the tracker's process, whose token differs
+        test = BrokerManager("shop", token="secret")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(test.pump.serve)
+            await nursery.start(test.serve_network, "127.0.0.1", 0)
+            names = NameClient(test, [Address.parse(f"127.0.0.1:{port}")], retry=0.1)
+            session = names.sessions[0]
+            names.start()
+            with trio.fail_after(30):
+                while session.queue is None:
+                    await session.attempted()
+                reply = await session.call({"op": "register", "brokers": [
+                    {"id": "t1", "address": list(Address.parse(ready[-1]))}]}, timeout=10)
+            assert reply is not None and reply["ok"], reply
+            server = rdvpump("broker", "run", "--universe", "shop", "--id", "s1", "--role",
+                             "server", "--tracker", "t1:15555", "--manager",
+                             f"127.0.0.1:{port}", token="secret")
+            _, errs = await trio.to_thread.run_sync(lambda: finish(server, timeout=30))
+            names.close()
+            nursery.cancel_scope.cancel()
+        assert server.returncode == 1, errs
+        assert errs.decode().strip().splitlines()[-1] == (
+            "error: broker s1: tracker t1:15555 refused it: unauthorized (the token or the "
+            "universe name is not the tracker's)")
+    finally:
+        for proc in (tracker, manager):
+            proc.send_signal(signal.SIGINT)
+            finish(proc, timeout=30)

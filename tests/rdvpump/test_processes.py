@@ -121,6 +121,34 @@ def test_manager_cli_errors_are_one_line() -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+async def test_status_wait_dials_a_manager_that_is_starting_and_waits_for_brokers() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = f"127.0.0.1:{port}"
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    status = [*RDVPUMP, "status", "--universe", "w", "--manager", manager]
+    async with trio.open_nursery() as nursery:
+        # started before the manager: it dials again until the manager and the broker are up
+        waiting = await nursery.start(lambda task_status: trio.run_process(
+            [*status, "--wait", "orders", "--timeout", "60"], capture_stdout=True,
+            capture_stderr=True, env=env, check=False, task_status=task_status))
+        async with spawn("manager", "serve", "--universe", "w", "--listen", manager), \
+                spawn("broker", "run", "--id", "orders", "--universe", "w",
+                      "--manager", manager):
+            with trio.fail_after(60):
+                await waiting.wait()
+            assert waiting.returncode == 0
+            missing = await trio.run_process([*status, "--wait", "orders", "--wait", "ghost",
+                                              "--timeout", "0.5"], capture_stdout=True,
+                                             capture_stderr=True, env=env, check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.decode().strip() == (
+        f"error: manager {manager}: ghost not registered within 0.5 s")
+
+
 def test_a_port_in_use_is_one_clear_line() -> None:
     import socket
 
@@ -155,13 +183,10 @@ async def test_manager_and_brokers_over_tls(tmp_path: object) -> None:
                          "--manager", manager, *tls):
             status = [*RDVPUMP, "status", "--universe", "s", "--manager", manager]
             env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
-            with trio.fail_after(30):
-                while True:
-                    ok = await trio.run_process([*status, *tls], capture_stdout=True,
-                                                capture_stderr=True, env=env, check=False)
-                    if b"secure" in ok.stdout:
-                        break
-                    await trio.sleep(0.1)
+            with trio.fail_after(60):
+                ok = await trio.run_process([*status, *tls, "--wait", "secure", "--timeout",
+                                             "30"], capture_stdout=True, env=env)
+            assert b"secure" in ok.stdout
             plain = await trio.run_process(status, capture_stdout=True, capture_stderr=True,
                                            env=env, check=False)
             assert plain.returncode == 1
