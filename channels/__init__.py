@@ -10,6 +10,9 @@ from ._channel import ChannelListener as ChannelListener
 from ._channel import ChannelManager as ChannelManager
 from ._channel import LinkObserver as LinkObserver
 from ._channel import LinkPeer as LinkPeer
+from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
+from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
+from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
 from ._errors import MessageTooLargeError as MessageTooLargeError
@@ -17,6 +20,7 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
 from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
 from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
+from ._queue import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ._queue import MessageQueue as MessageQueue
 from ._queue import ObservedMessageQueue as ObservedMessageQueue
 from ._queue import QueueListener as QueueListener
@@ -28,17 +32,21 @@ from ._ring import RingBuffer as RingBuffer
 from ._stream import StreamLink as StreamLink
 
 __all__ = [
+    "DEFAULT_FRAME_BUDGET",
     "DEFAULT_HIGH_WATER",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_RECEIVE_BUFFER",
     "DEFAULT_RING_CAPACITY",
+    "DEFAULT_STALL_TIMEOUT",
     "HEADER_SIZE",
     "MAX_CAPACITY",
     "MIN_CAPACITY",
+    "PROCESS_FRAME_BUDGET",
     "AsyncMessageQueue",
     "Channel",
     "ChannelListener",
     "ChannelManager",
+    "FrameBudget",
     "CloseCause",
     "FrameDecoder",
     "FrameEncoder",

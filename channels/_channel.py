@@ -115,7 +115,7 @@ class Channel:
             local, remote, port, self.trace_link, self.tx_dir, self.rx_dir)
         self._peer: LinkPeer | None = None
         self._listener: ChannelListener | None = None
-        self._owner: object = self
+        self._owner: object = None  # None: the channel itself (no cycle through it)
         self._read_posted = False
         self._write_posted = False
         self._blocked = False
@@ -156,7 +156,8 @@ class Channel:
         if listener is None:
             return
         if self._closed_posted and not self._closed_delivered:
-            self.pump.post("close", self._run_closed, self._close_reason, owner=self._owner)  # type: ignore[arg-type]
+            owner = self if self._owner is None else self._owner
+            self.pump.post("close", self._run_closed, self._close_reason, owner=owner)  # type: ignore[arg-type]
         elif self.rx_ring.used or self.peer_reason is not None:
             self._post_readable()
 
@@ -262,7 +263,8 @@ class Channel:
         """The peer took bytes from our tx ring: wake our writer if it waits for room."""
         if self._blocked and not self._write_posted:
             self._write_posted = True
-            self.pump.post("write", self._run_writable, owner=self._owner)  # type: ignore[arg-type]
+            owner = self if self._owner is None else self._owner
+            self.pump.post("write", self._run_writable, owner=owner)  # type: ignore[arg-type]
 
     def peer_ended(self, reason: str, cause: CloseCause) -> None:
         """The peer disconnected: we read what is left, then see the close."""
@@ -280,7 +282,8 @@ class Channel:
 
     def _post_readable(self) -> None:
         self._read_posted = True
-        self.pump.post("read", self._run_readable, owner=self._owner)  # type: ignore[arg-type]
+        owner = self if self._owner is None else self._owner
+        self.pump.post("read", self._run_readable, owner=owner)  # type: ignore[arg-type]
 
     def _run_readable(self) -> None:
         self._read_posted = False
@@ -305,7 +308,8 @@ class Channel:
             return
         self._closed_posted = True
         self._close_reason = reason
-        self.pump.post("close", self._run_closed, reason, owner=self._owner)  # type: ignore[arg-type]
+        owner = self if self._owner is None else self._owner
+        self.pump.post("close", self._run_closed, reason, owner=owner)  # type: ignore[arg-type]
 
     def _run_closed(self, reason: str) -> None:
         listener = self._listener
@@ -315,6 +319,10 @@ class Channel:
             if observer is not None and not getattr(listener, "traces_close", False):
                 observer.closed(reason)  # a queue traces its own close, with its reason
             listener.closed(reason)
+            # nothing more is told: let go of the listener, so that a closed link's
+            # objects (and buffers) go as soon as their last reference does
+            self._listener = None
+            self._owner = None
 
     # -- disconnect --------------------------------------------------------------------
 

@@ -26,6 +26,31 @@ PUT_BATCH = 1024
 #: Frames out of the decoder: the bodies joined, and their lengths in order.
 Frames = tuple[bytes, list[int]]
 
+#: Bytes all the unfinished frames of one process may hold (see :class:`FrameBudget`).
+DEFAULT_FRAME_BUDGET = 256 << 20
+
+
+class FrameBudget:
+    """The bytes that frames still arriving in pieces hold, across every link of a process.
+
+    A frame bigger than its link's ring is assembled in a buffer that grows with the
+    bytes that arrive (never with the length the peer declares); the buffers of all links
+    together may hold up to ``limit`` bytes.  The frame whose next piece would pass it
+    ends its link with a protocol error; the others go on.
+    """
+
+    __slots__ = ("limit", "held")
+
+    def __init__(self, limit: int = DEFAULT_FRAME_BUDGET) -> None:
+        if limit < 0:
+            raise ValueError(f"frame budget must not be negative, got {limit}")
+        self.limit = limit
+        self.held = 0
+
+
+#: The budget of this process, shared by every decoder that is not given another.
+PROCESS_FRAME_BUDGET = FrameBudget()
+
 
 class FrameDecoder:
     """Whole messages out of ``ring``, in order.
@@ -36,21 +61,25 @@ class FrameDecoder:
     raises :class:`ProtocolError` if that cut a frame.
     """
 
-    __slots__ = ("ring", "max_message_size", "_capacity", "_hdr", "_hdr_got", "_body",
-                 "_got", "_batch_body")
+    __slots__ = ("ring", "max_message_size", "budget", "_capacity", "_hdr", "_hdr_got",
+                 "_body", "_need", "_got", "_charged", "_batch_body")
 
-    def __init__(self, ring: RingBuffer, *, max_message_size: int) -> None:
+    def __init__(self, ring: RingBuffer, *, max_message_size: int,
+                 budget: FrameBudget | None = None) -> None:
         if not 0 <= max_message_size <= MAX_FRAME_BODY:
             raise ValueError(f"max_message_size must be within 0..{MAX_FRAME_BODY}")
         self.ring = ring
         self.max_message_size = max_message_size
+        self.budget = PROCESS_FRAME_BUDGET if budget is None else budget
         self._capacity = ring.capacity
         # Frames above the limit must reach the length check, not a batch.
         self._batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
         self._body: bytearray | None = None  # set while a body arrives in pieces
-        self._got = 0
+        self._need = 0  # its declared length
+        self._got = 0  # its bytes so far (len(self._body))
+        self._charged = 0  # of them, what the budget counts (a body bigger than the ring)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> int:
         """Feed bytes; return how many the ring took (all, or as many as fit)."""
@@ -60,6 +89,11 @@ class FrameDecoder:
     def in_frame(self) -> bool:
         """Part of a frame was taken out of the ring and waits for the rest."""
         return self._hdr_got >= 0 or self._body is not None
+
+    @property
+    def progress(self) -> int:
+        """Grows with every byte of an unfinished frame taken out of the ring."""
+        return max(self._hdr_got, 0) + self._got
 
     @property
     def partial(self) -> int:
@@ -89,8 +123,7 @@ class FrameDecoder:
                 return None  # the rest of the frame will fit: wait for it
             # complete but wrapping round the ring's end, or bigger than the ring: in pieces
             ring.skip(HEADER_SIZE)
-            self._body = bytearray(length)
-            self._got = 0
+            self._start_body(length, complete=status == FRAME_COMPLETE)
 
     def _check_length(self, length: int) -> None:
         if length > self.max_message_size:
@@ -108,21 +141,49 @@ class FrameDecoder:
             self._hdr_got = -1
             length = int.from_bytes(self._hdr, "big")
             self._check_length(length)
-            self._body = bytearray(length)
-            self._got = 0
+            self._start_body(length, complete=False)
         body = self._body
         assert body is not None
-        if self._got < len(body):
-            self._got += ring.readinto(memoryview(body)[self._got:])
-            if self._got < len(body):
+        got, need = self._got, self._need
+        if got < need:
+            n = min(ring.used, need - got)
+            if len(body) < got + n:
+                # a body bigger than the ring grows with what arrives, within the budget
+                budget = self.budget
+                if budget.held + n > budget.limit:
+                    raise ProtocolError(
+                        f"frame of {need} bytes: {got} arrived, and the next {n} would pass "
+                        f"the process's budget of {budget.limit} bytes for unfinished frames")
+                budget.held += n
+                self._charged += n
+                body += bytes(n)
+            view = memoryview(body)
+            part = view[got:got + n]
+            self._got = got = got + ring.readinto(part)
+            part.release()
+            view.release()
+            if got < need:
                 return None
-        self._body = None
+        self.discard()
         return bytes(body)
+
+    def _start_body(self, length: int, *, complete: bool) -> None:
+        # a frame wholly in the ring is copied out at once; one still arriving grows
+        self._body = bytearray(length) if complete else bytearray()
+        self._need = length
+        self._got = 0
+
+    def discard(self) -> None:
+        """Drop the frame being assembled (done, or its link closed): its bytes leave the
+        budget and its buffer is freed."""
+        self.budget.held -= self._charged
+        self._charged = 0
+        self._body = None
 
     def end_of_stream(self) -> None:
         """The peer is gone and nothing more will arrive: a cut frame is a protocol error."""
         if self._body is not None:
-            raise ProtocolError(f"stream cut mid-frame: {self._got} of {len(self._body)} "
+            raise ProtocolError(f"stream cut mid-frame: {self._got} of {self._need} "
                                 "body bytes arrived before the peer disconnected")
         pending = self.ring.used
         if pending or self._hdr_got >= 0:

@@ -17,6 +17,8 @@ from typing import Any
 
 import trio
 
+from pump import Timer
+
 from ._cause import CloseCause
 from ._channel import Channel
 from ._codec import FrameDecoder, FrameEncoder
@@ -27,6 +29,9 @@ log = logging.getLogger("rdvpump.link")
 
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 DEFAULT_HIGH_WATER = 1 << 20
+#: Seconds a frame may stay unfinished with nothing more of it arriving before its link
+#: is closed (``stalled mid-frame``).
+DEFAULT_STALL_TIMEOUT = 30.0
 
 _CLOSED_ROOM = -(1 << 62)
 _IDLE_ROOM = -1
@@ -102,13 +107,16 @@ class MessageQueue:
         return super().__new__(cls)
 
     def __init__(self, channel: Channel, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-                 high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None) -> None:
+                 high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> None:
         if not 0 <= max_message_size <= MAX_FRAME_BODY:
             raise ValueError(f"max_message_size must be within 0..{MAX_FRAME_BODY}")
         if low_water is None:
             low_water = high_water // 4
         if not 0 <= low_water <= high_water:
             raise ValueError(f"need 0 <= low_water <= high_water, got {low_water}, {high_water}")
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be positive, got {stall_timeout!r}")
         if high_water > max_message_size:
             # keeps the send fast path to one comparison: room <= high_water <= max size
             raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
@@ -118,6 +126,10 @@ class MessageQueue:
         self.max_message_size = max_message_size
         self.high_water = high_water
         self.low_water = low_water
+        self.stall_timeout = stall_timeout
+        self._stall: Timer | None = None  # armed while a frame is unfinished
+        self._stall_progress = -1  # the unfinished frame's progress when last seen
+        self._stall_since = 0.0  # and when that was
         self._tx = channel.tx_ring
         self._rx = channel.rx_ring
         self._observer = channel.observer
@@ -139,9 +151,9 @@ class MessageQueue:
         # Receiving.
         self._paused = False
         self._received = 0
-        self._chan_listener = _ChannelSide(self._on_readable, self._flush,
-                                           self._on_channel_closed)
-        channel.set_listener(self._chan_listener, owner=self)
+        # the channel holds the queue's side (and so the queue) until it has told the
+        # close; the queue does not hold it back, so a closed queue is no cycle
+        channel.set_listener(self._channel_side(), owner=self)
 
     # -- identity ----------------------------------------------------------------------
 
@@ -205,7 +217,10 @@ class MessageQueue:
             raise TypeError(f"queue listener {listener!r} lacks {' and '.join(missing)}(); "
                             "subclass channels.QueueListener")
         self._listener = listener
-        self._channel.set_listener(self._chan_listener, owner=self)
+        self._channel.set_listener(self._channel_side(), owner=self)
+
+    def _channel_side(self) -> _ChannelSide:
+        return _ChannelSide(self._on_readable, self._flush, self._on_channel_closed)
 
     def pause_reading(self) -> None:
         """Stop delivering after the current batch; the ring fills and the sender waits."""
@@ -401,7 +416,13 @@ class MessageQueue:
             self._protocol_error(str(exc))
             return
         # A frame in pieces means its bytes were taken: the decoder drains the ring then.
-        taken = taken or decoder.in_frame
+        if decoder.in_frame:
+            taken = True
+            if decoder.progress != self._stall_progress:
+                self._stall_progress = decoder.progress
+                self._stall_since = self.pump.now()
+            if self._stall is None:
+                self._stall = self.pump.call_later(self.stall_timeout, self._check_stall)
         chan = self._channel
         if observer is not None and taken:
             observer.moved("read", used_before - rx.used, decoder.in_frame)
@@ -411,6 +432,35 @@ class MessageQueue:
                 decoder.end_of_stream()
             except ProtocolError as exc:
                 self._protocol_error(str(exc))
+
+    def _check_stall(self) -> None:
+        """A frame is unfinished: if nothing more of it came for ``stall_timeout`` (and not
+        because this side paused reading), the peer stalled mid-frame: close the link."""
+        self._stall = None
+        decoder = self._decoder
+        if self._state is not _State.OPEN or not decoder.in_frame:
+            self._stall_progress = -1
+            return
+        now = self.pump.now()
+        if self._paused:
+            self._stall_since = now
+        quiet = now - self._stall_since
+        if quiet < self.stall_timeout:
+            self._stall = self.pump.call_later(self.stall_timeout - quiet, self._check_stall)
+            return
+        c = self._channel
+        what = (f"stalled mid-frame: {decoder.partial} bytes of a frame, then nothing for "
+                f"{self.stall_timeout:g} s")
+        log.warning("link %s (%s -> %s): %s", c.link_id, c.remote, c.local, what)
+        self._end_abruptly(what, CloseCause.PROTOCOL_ERROR)
+
+    def _forget_frame(self) -> None:
+        """The link is done: an unfinished frame's buffer and budget go, and its timer."""
+        self._decoder.discard()
+        self._stall_progress = -1
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
     def _protocol_error(self, what: str) -> None:
         c = self._channel
@@ -457,6 +507,7 @@ class MessageQueue:
         self._finish_close(cause)
 
     def _finish_close(self, cause: CloseCause) -> None:
+        self._forget_frame()
         self._state = _State.CLOSED
         self._cause = cause
         self._room = _CLOSED_ROOM
@@ -481,6 +532,7 @@ class MessageQueue:
             self._reason = reason
         self._outq.clear()
         self._qhead = 0
+        self._forget_frame()
         if self._observer is not None:
             self._observer.closed(self._reason or reason)
         listener = self._listener

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from channels import (
+    PROCESS_FRAME_BUDGET,
     ChannelManager,
+    CloseCause,
+    FrameBudget,
     MessageQueue,
     MessageTooLargeError,
     QueueFullError,
@@ -186,7 +191,7 @@ def test_a_stream_cut_mid_frame_is_a_protocol_error(capacity: int) -> None:
     def feed(data: bytes) -> None:
         while data:
             data = data[raw.write(data):]
-            pump.run_until_idle()
+            pump.run_ready()  # no time passes: the peer is not stalling
 
     feed((3).to_bytes(4, "big") + b"one")
     feed((10).to_bytes(4, "big") + b"ab")  # 6 of the promised 14 bytes
@@ -406,3 +411,103 @@ def test_errors_after_close_name_who_ended_the_link() -> None:
         qa.send(b"x")  # we closed it, whatever reason we gave
     with pytest.raises(trio.BrokenResourceError, match="bye now"):
         qb.send(b"x")  # the peer closed it
+
+
+def _raw_pair(capacity: int, **options: object) -> tuple[Pump, object, MessageQueue, Recorder]:
+    pump = Pump()
+    raw, side = ChannelManager(pump, capacity=capacity).open_pair("raw", "q", 1)
+    queue = MessageQueue(side, **options)  # type: ignore[arg-type]
+    rec = Recorder()
+    queue.set_listener(rec)
+    return pump, raw, queue, rec
+
+
+def test_a_peer_that_stalls_mid_frame_is_closed_after_the_stall_timeout() -> None:
+    pump, raw, queue, rec = _raw_pair(64, stall_timeout=5.0)
+    before = PROCESS_FRAME_BUDGET.held
+    raw.write((1000).to_bytes(4, "big") + b"x" * 60)  # type: ignore[attr-defined]
+    pump.run_for(4.0)
+    raw.write(b"y" * 60)  # type: ignore[attr-defined]  # progress: the clock starts again
+    pump.run_for(4.0)
+    assert not queue.closed
+    pump.run_for(1.5)
+    assert queue.closed and queue.close_cause is CloseCause.PROTOCOL_ERROR
+    assert rec.reasons == ["stalled mid-frame: 124 bytes of a frame, then nothing for 5 s"]
+    assert PROCESS_FRAME_BUDGET.held == before  # its buffer left the budget
+
+
+def test_a_paused_reader_is_not_a_stalled_peer() -> None:
+    pump, raw, queue, rec = _raw_pair(64, stall_timeout=5.0)
+    raw.write((1000).to_bytes(4, "big") + b"x" * 60)  # type: ignore[attr-defined]
+    pump.run_ready()
+    queue.pause_reading()
+    pump.run_for(20.0)
+    assert not queue.closed
+    queue.resume_reading()
+    rest = b"y" * 940
+    while rest:
+        rest = rest[raw.write(rest):]  # type: ignore[attr-defined]
+        pump.run_ready()
+    assert rec.messages == [b"x" * 60 + b"y" * 940] and not queue.closed
+
+
+def test_a_frame_buffer_grows_with_the_bytes_that_arrive_not_the_declared_length() -> None:
+    pump, raw, queue, rec = _raw_pair(64)
+    before = PROCESS_FRAME_BUDGET.held
+    raw.write((16 << 20).to_bytes(4, "big") + b"x" * 60)  # type: ignore[attr-defined]
+    pump.run_ready()
+    assert PROCESS_FRAME_BUDGET.held - before == 60  # not 16 MiB
+    queue.close("bye")
+    pump.run_ready()
+    assert PROCESS_FRAME_BUDGET.held == before
+
+
+def test_the_process_budget_closes_only_the_link_that_would_pass_it() -> None:
+    budget = FrameBudget(limit=1000)
+    pump = Pump()
+    manager = ChannelManager(pump, capacity=64)
+    links = []
+    for n in range(3):
+        raw, side = manager.open_pair(f"raw{n}", "q", n + 1)
+        queue = MessageQueue(side)
+        queue._decoder.budget = budget  # noqa: SLF001  # a small budget for this test
+        rec = Recorder()
+        queue.set_listener(rec)
+        links.append((raw, queue, rec))
+    for raw, _, _ in links:  # each declares 10,000 bytes and sends 400 of them
+        with contextlib.suppress(trio.BrokenResourceError):  # the link closed meanwhile
+            raw.write((10_000).to_bytes(4, "big") + b"x" * 60)
+            pump.run_ready()
+            for _ in range(5):
+                raw.write(b"x" * 68)
+                pump.run_ready()
+    closed = [q for _, q, _ in links if q.closed]
+    assert len(closed) == 1 and links[2][1].closed
+    assert "budget of 1000 bytes for unfinished frames" in links[2][2].reasons[0]
+    assert not links[0][1].closed and not links[1][1].closed
+
+
+@pytest.mark.parametrize("how", ["peer disconnects", "close", "abort", "stall"])
+def test_a_closed_queue_is_freed_without_the_cycle_collector(how: str) -> None:
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        pump, raw, queue, rec = _raw_pair(64, stall_timeout=1.0)
+        raw.write((1 << 20).to_bytes(4, "big") + b"x" * 60)  # type: ignore[attr-defined]
+        pump.run_ready()
+        if how == "peer disconnects":
+            raw.disconnect("bye")  # type: ignore[attr-defined]
+        elif how == "close":
+            queue.close()
+        elif how == "abort":
+            queue.abort()
+        pump.run_until_idle()
+        assert queue.closed and len(rec.reasons) == 1
+        gone = weakref.ref(queue)
+        del queue
+        assert gone() is None, "the queue is kept by a reference cycle"
+    finally:
+        gc.enable()
