@@ -15,6 +15,7 @@ from ._liveness import LivenessTable as LivenessTable
 from ._names import DEFAULT_BROKER_EXPIRY as DEFAULT_BROKER_EXPIRY
 from ._names import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
 from ._names import DEFAULT_MANAGER_PORT as DEFAULT_MANAGER_PORT
+from ._names import DEFAULT_NAME_RETRY as DEFAULT_NAME_RETRY
 from ._names import MANAGER_ID as MANAGER_ID
 from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_BROKER_EXPIRY",
     "DEFAULT_HEARTBEAT",
     "DEFAULT_MANAGER_PORT",
+    "DEFAULT_NAME_RETRY",
     "DEFAULT_RETRY",
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",

@@ -19,16 +19,21 @@ from ._rpc import Sent, decode, encode, send
 
 log = logging.getLogger("rdvpump.link")
 
-#: Seconds before dialling again after a refused or failed connect.
+#: The longest wait before dialling again after a refused or failed connect.
 DEFAULT_RETRY = 1.0
+#: The first wait after a refusal; each refusal in a row doubles it, up to ``retry``.
+FIRST_RETRY = 0.02
 
 Reply = dict[str, Any]
 
 
 class ReconnectingLink(QueueListener):
     """Dials with ``dial(self)`` (which must end in ``connected`` or ``refused``) and keeps
-    the link: ``retry`` seconds after a refusal, and ``after_loss`` seconds (default:
-    ``retry``) after an open link closed, it dials again, until :meth:`close`.
+    the link until :meth:`close`: ``after_loss`` seconds (default: ``retry``) after an
+    open link closed it dials again, and after a refusal it backs off: ``FIRST_RETRY``
+    seconds, doubled after each refusal in a row up to ``retry``, each wait drawn
+    between half and all of that from the pump's seeded generator (so that brokers
+    that lost one manager together do not dial it again in step).
 
     Messages are JSON objects.  A reply carrying the ``seq`` of a request made with
     :meth:`request` or :meth:`call` goes to that request; any other message goes to
@@ -44,6 +49,7 @@ class ReconnectingLink(QueueListener):
         self.name = name
         self.retry = retry
         self.after_loss = retry if after_loss is None else after_loss
+        self._refusals = 0  # in a row, since the last connect
         self._dial = dial
         self.queue: MessageQueue | None = None
         self.connects = 0
@@ -72,6 +78,7 @@ class ReconnectingLink(QueueListener):
         self.queue = queue
         self.connects += 1
         self.last_refusal = None
+        self._refusals = 0
         queue.set_listener(self)
         self.opened()
         self._outcome()
@@ -79,7 +86,9 @@ class ReconnectingLink(QueueListener):
     def refused(self, reason: str) -> None:
         self.last_refusal = reason
         self._outcome()
-        self._again(reason, self.retry)
+        backoff = min(self.retry, FIRST_RETRY * 2 ** min(self._refusals, 32))
+        self._refusals += 1
+        self._again(reason, backoff * (0.5 + 0.5 * self.pump.random.random()))
 
     def closed(self, reason: str) -> None:
         self.queue = None
@@ -92,7 +101,7 @@ class ReconnectingLink(QueueListener):
     def _again(self, reason: str, delay: float) -> None:
         if self._closing:
             return
-        log.info("%s: %s; dialling again in %s s", self.name, reason, delay)
+        log.info("%s: %s; dialling again in %.3f s", self.name, reason, delay)
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.pump.call_later(delay, self.connect)

@@ -19,7 +19,7 @@ from pump import Timer
 from rdv import Address, RdvNode
 
 from ._broker import BrokerManager
-from ._link import DEFAULT_RETRY, ReconnectingLink
+from ._link import ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, Entry, LivenessTable
 from ._rpc import JsonSession
 
@@ -148,18 +148,24 @@ class _Session(JsonSession):
             self.service.pump.emit("drop", broker=broker_id, reason=reason)
 
 
+#: The longest back-off between dials of a manager that cannot be reached: a manager
+#: that restarts has its brokers registered again within about this long of listening.
+DEFAULT_NAME_RETRY = 0.2
+
+
 class NameClient:
     """A process's link to one or more managers of its universe.
 
     Registers the process's brokers with every manager, heartbeats, registers
     again at once when a manager's connection drops (a restarted manager
-    relearns us immediately), and answers the universe's resolver: each
+    relearns us immediately: dialling again at once, then backing off up to
+    ``retry``, by default :data:`DEFAULT_NAME_RETRY`), and answers the universe's resolver: each
     manager in turn is asked where a broker lives (managers may disagree; the
     first that knows wins).
     """
 
     def __init__(self, manager: BrokerManager, managers: list[Address], *,
-                 heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_RETRY,
+                 heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_NAME_RETRY,
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
                  topics: Callable[[str], tuple[str, ...]] | None = None,
                  on_refused: Callable[[str, str], None] | None = None) -> None:

@@ -206,7 +206,7 @@ async def _watch_link(session: Any, brokers: str, refused: list[str],
         if reason != said:
             said = reason
             print(f"warning: broker {brokers}: {session.name}: {reason}; dialling again "
-                  f"every {session.retry:g} s", file=sys.stderr, flush=True)
+                  f"(backing off up to {session.retry:g} s)", file=sys.stderr, flush=True)
 
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],

@@ -191,3 +191,41 @@ async def test_manager_and_brokers_over_tls(tmp_path: object) -> None:
                                            env=env, check=False)
             assert plain.returncode == 1
             assert plain.stderr.decode().startswith(f"error: manager {manager}: unreachable")
+
+
+async def test_brokers_register_again_within_250_ms_of_a_restarted_manager() -> None:
+    """Ten restarts of a real manager on one port, each after a different downtime (so
+    that each falls elsewhere in the broker's back-off): every time the broker is listed
+    again within 250 ms of the new manager's ready line."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = f"127.0.0.1:{port}"
+    serve = ("manager", "serve", "--universe", "r", "--listen", manager)
+    delays = []
+    async with spawn(*serve) as (first, _), spawn("broker", "run", "--id", "orders",
+                                                   "--universe", "r", "--manager", manager):
+        first.kill()
+        await first.wait()
+        for restart in range(10):
+            await trio.sleep(0.05 + 0.11 * restart)  # the downtime: a different phase each time
+            async with spawn(*serve) as (proc, _):
+                ready = trio.current_time()
+                u = BrokerManager("r", token=TOKEN)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(u.pump.serve)
+                    await nursery.start(u.serve_network, "127.0.0.1", 0)
+                    names = NameClient(u, [Address.parse(manager)], retry=0.02)
+                    names.start()
+                    with trio.fail_after(10):
+                        while "orders" not in {b["id"] for b in (await names.list() or [])}:
+                            await trio.sleep(0.005)
+                    delays.append(trio.current_time() - ready)
+                    names.close()
+                    nursery.cancel_scope.cancel()
+                proc.kill()
+                await proc.wait()
+    print("re-registered after", [round(d, 3) for d in delays])
+    assert max(delays) < 0.25, [round(d, 3) for d in delays]
