@@ -10,11 +10,14 @@ from ._channel import ChannelListener as ChannelListener
 from ._channel import ChannelManager as ChannelManager
 from ._channel import LinkObserver as LinkObserver
 from ._channel import LinkPeer as LinkPeer
+from ._codec import CLOSE_MARK as CLOSE_MARK
 from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
+from ._codec import MAX_MESSAGE_BODY as MAX_MESSAGE_BODY
 from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
 from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
+from ._codec import close_frame as close_frame
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
@@ -32,6 +35,7 @@ from ._ring import RingBuffer as RingBuffer
 from ._stream import StreamLink as StreamLink
 
 __all__ = [
+    "CLOSE_MARK",
     "DEFAULT_FRAME_BUDGET",
     "DEFAULT_HIGH_WATER",
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -40,6 +44,7 @@ __all__ = [
     "DEFAULT_STALL_TIMEOUT",
     "HEADER_SIZE",
     "MAX_CAPACITY",
+    "MAX_MESSAGE_BODY",
     "MIN_CAPACITY",
     "PROCESS_FRAME_BUDGET",
     "AsyncMessageQueue",
@@ -61,4 +66,5 @@ __all__ = [
     "QueueStatistics",
     "RingBuffer",
     "StreamLink",
+    "close_frame",
 ]

@@ -92,7 +92,7 @@ class Channel:
         "pump", "link_id", "local", "remote", "port", "tx_ring", "rx_ring", "_peer",
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
-        "_owner", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
+        "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -116,6 +116,8 @@ class Channel:
         self._peer: LinkPeer | None = None
         self._listener: ChannelListener | None = None
         self._owner: object = None  # None: the channel itself (no cycle through it)
+        #: Set by :meth:`disconnect`: this side's bytes end on a frame boundary.
+        self.ends_whole = True
         self._read_posted = False
         self._write_posted = False
         self._blocked = False
@@ -327,14 +329,16 @@ class Channel:
     # -- disconnect --------------------------------------------------------------------
 
     def disconnect(self, reason: str = "disconnected", *,
-                   cause: CloseCause = CloseCause.CLEAN) -> None:
+                   cause: CloseCause = CloseCause.CLEAN, whole: bool = True) -> None:
         """End this side.  Idempotent; later own reads and writes raise.
 
-        ``cause`` tells the peer how the link ended.
+        ``cause`` tells the peer how the link ended.  ``whole``: what was written ends
+        on a frame boundary, so a stream may carry a close frame after it.
         """
         if self._disconnected is not None:
             return
         self._disconnected = reason
+        self.ends_whole = whole
         self._blocked = False
         if self.observer is not None:
             self.observer.disconnected(reason, cause.value)

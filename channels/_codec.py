@@ -14,7 +14,7 @@ wraps around its end) is moved in pieces.
 from __future__ import annotations
 
 from ._errors import ProtocolError
-from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, MAX_FRAME_BODY, RingBuffer
+from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, RingBuffer
 
 #: Bodies up to this size are batched (many frames per C call); larger ones move one by one.
 SMALL_BODY = 8192
@@ -25,6 +25,22 @@ PUT_BATCH = 1024
 
 #: Frames out of the decoder: the bodies joined, and their lengths in order.
 Frames = tuple[bytes, list[int]]
+
+#: A header at or above this is a close frame: ``CLOSE_MARK + n``, then ``n`` bytes,
+#: ``"<cause>:<reason>"`` in UTF-8.  Over a byte stream it is the last thing a side sends
+#: before its end of stream, so that the peer can tell a close from a crash.
+CLOSE_MARK = 0xFFFF0000
+#: The longest message a queue may be set to take: the headers above are close frames.
+MAX_MESSAGE_BODY = CLOSE_MARK - 1
+#: Longest body of a close frame (a longer reason is cut).
+MAX_CLOSE_BODY = 1000
+
+
+def close_frame(reason: str, cause: str) -> bytes:
+    """The close frame that says ``cause`` (a :class:`CloseCause` value) and ``reason``."""
+    body = f"{cause}:{reason}".encode()[:MAX_CLOSE_BODY]
+    return (CLOSE_MARK + len(body)).to_bytes(HEADER_SIZE, "big") + body
+
 
 #: Bytes all the unfinished frames of one process may hold (see :class:`FrameBudget`).
 DEFAULT_FRAME_BUDGET = 256 << 20
@@ -61,13 +77,13 @@ class FrameDecoder:
     raises :class:`ProtocolError` if that cut a frame.
     """
 
-    __slots__ = ("ring", "max_message_size", "budget", "_capacity", "_hdr", "_hdr_got",
-                 "_body", "_need", "_got", "_charged", "_batch_body")
+    __slots__ = ("ring", "max_message_size", "budget", "peer_close", "_capacity", "_hdr",
+                 "_hdr_got", "_body", "_need", "_got", "_charged", "_batch_body", "_close_state")
 
     def __init__(self, ring: RingBuffer, *, max_message_size: int,
                  budget: FrameBudget | None = None) -> None:
-        if not 0 <= max_message_size <= MAX_FRAME_BODY:
-            raise ValueError(f"max_message_size must be within 0..{MAX_FRAME_BODY}")
+        if not 0 <= max_message_size <= MAX_MESSAGE_BODY:
+            raise ValueError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
         self.ring = ring
         self.max_message_size = max_message_size
         self.budget = PROCESS_FRAME_BUDGET if budget is None else budget
@@ -80,6 +96,9 @@ class FrameDecoder:
         self._need = 0  # its declared length
         self._got = 0  # its bytes so far (len(self._body))
         self._charged = 0  # of them, what the budget counts (a body bigger than the ring)
+        #: ``(cause, reason)`` from the peer's close frame, once it came (nothing may follow).
+        self.peer_close: tuple[str, str] | None = None
+        self._close_state = 0  # 1: a close frame's body is arriving; 2: it came
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> int:
         """Feed bytes; return how many the ring took (all, or as many as fit)."""
@@ -108,7 +127,17 @@ class FrameDecoder:
         while True:
             if self._hdr_got >= 0 or self._body is not None:
                 message = self._read_piece()
-                return None if message is None else (message, [len(message)])
+                if message is None:
+                    return None
+                if self._close_state != 1:
+                    return message, [len(message)]
+                cause, _, reason = message.decode(errors="replace").partition(":")
+                self.peer_close = (cause, reason)
+                self._close_state = 2
+            if self._close_state == 2:
+                if ring.used:
+                    raise ProtocolError(f"{ring.used} bytes after the close frame")
+                return None
             got = ring.take_next(self._batch_body, self.max_message_size)
             if len(got) == 2:
                 return got  # frames (one call: this is the hot path)
@@ -117,6 +146,10 @@ class FrameDecoder:
                 if self._capacity >= HEADER_SIZE or not ring.used:
                     return None
                 self._hdr_got = 0  # a ring smaller than a header: assemble it
+                continue
+            if length >= CLOSE_MARK:
+                ring.skip(HEADER_SIZE)
+                self._start_close(length)
                 continue
             self._check_length(length)
             if status != FRAME_COMPLETE and length + HEADER_SIZE <= self._capacity:
@@ -140,8 +173,11 @@ class FrameDecoder:
                 return None
             self._hdr_got = -1
             length = int.from_bytes(self._hdr, "big")
-            self._check_length(length)
-            self._start_body(length, complete=False)
+            if length >= CLOSE_MARK:
+                self._start_close(length)
+            else:
+                self._check_length(length)
+                self._start_body(length, complete=False)
         body = self._body
         assert body is not None
         got, need = self._got, self._need
@@ -172,6 +208,13 @@ class FrameDecoder:
         self._body = bytearray(length) if complete else bytearray()
         self._need = length
         self._got = 0
+
+    def _start_close(self, header: int) -> None:
+        if header - CLOSE_MARK > MAX_CLOSE_BODY:
+            raise ProtocolError(f"close frame of {header - CLOSE_MARK} bytes exceeds "
+                                f"{MAX_CLOSE_BODY}")
+        self._close_state = 1
+        self._start_body(header - CLOSE_MARK, complete=False)
 
     def discard(self) -> None:
         """Drop the frame being assembled (done, or its link closed): its bytes leave the

@@ -21,9 +21,8 @@ from pump import Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import FrameDecoder, FrameEncoder
+from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
-from ._ring import MAX_FRAME_BODY
 
 log = logging.getLogger("rdvpump.link")
 
@@ -109,8 +108,8 @@ class MessageQueue:
     def __init__(self, channel: Channel, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
                  stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> None:
-        if not 0 <= max_message_size <= MAX_FRAME_BODY:
-            raise ValueError(f"max_message_size must be within 0..{MAX_FRAME_BODY}")
+        if not 0 <= max_message_size <= MAX_MESSAGE_BODY:
+            raise ValueError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
         if low_water is None:
             low_water = high_water // 4
         if not 0 <= low_water <= high_water:
@@ -511,11 +510,23 @@ class MessageQueue:
         self._state = _State.CLOSED
         self._cause = cause
         self._room = _CLOSED_ROOM
-        self._channel.disconnect(self._reason or "closed", cause=cause)
+        # a frame cut by an abort leaves the stream mid-frame: no close frame can follow
+        self._channel.disconnect(self._reason or "closed", cause=cause,
+                                 whole=not self._encoder.streaming)
 
     def _on_channel_closed(self, reason: str) -> None:
         chan = self._channel
         cause = chan.peer_cause or (CloseCause.ABORTED if chan.disconnected else CloseCause.CLEAN)
+        said = self._decoder.peer_close
+        if said is not None and self._state is _State.OPEN:
+            # over a stream, the peer's close frame says how and why it ended the link
+            try:
+                cause = CloseCause(said[0])
+            except ValueError:
+                cause = CloseCause.ABORTED  # a cause this version does not know
+            reason = f"peer disconnected ({said[1]})"
+        elif cause is CloseCause.LOST and chan.peer_reason is not None:
+            reason = chan.peer_reason  # "connection lost: ..."
         if self._state is _State.OPEN and self._decoder.in_frame:
             reason = (f"protocol error: stream cut mid-frame ({self._decoder.partial} bytes "
                       f"of it arrived); {reason}")

@@ -17,6 +17,7 @@ import trio
 
 from ._cause import CloseCause
 from ._channel import Channel
+from ._codec import close_frame
 
 log = logging.getLogger("rdvpump.link")
 
@@ -54,6 +55,7 @@ class StreamLink:
         self._send_wake = trio.Event()
         self._recv_wake = trio.Event()
         self._local_gone: str | None = None
+        self._local_cause = CloseCause.CLEAN
         self._remote_gone = False
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -88,6 +90,7 @@ class StreamLink:
 
     def peer_ended(self, reason: str, cause: CloseCause) -> None:
         self._local_gone = reason
+        self._local_cause = cause
         self._send_wake.set()
         self._recv_wake.set()
 
@@ -141,6 +144,10 @@ class StreamLink:
             self.channel.room_freed()
         if self._local_gone is not None and not self._remote_gone:
             try:
+                # the close frame: the peer tells this end from a crash, and learns why
+                if self._local_cause is not CloseCause.LOST and self.channel.ends_whole:
+                    await self.stream.send_all(close_frame(self._local_gone,
+                                                           self._local_cause.value))
                 if isinstance(self.stream, trio.abc.HalfCloseableStream):
                     await self.stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -196,7 +203,10 @@ class StreamLink:
             if n == 0:
                 self._remote_gone = True
                 self._send_wake.set()
-                self.channel.peer_ended("connection closed by peer", CloseCause.CLEAN)
+                # a side that closes sends a close frame first (the queue reads it and
+                # says the peer's reason); an end of stream alone is a crash or a cut
+                self.channel.peer_ended("connection lost: the peer's end closed without a "
+                                        "close frame", CloseCause.LOST)
                 return
             rx.commit(n)
             self.bytes_received += n

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels import FrameDecoder, FrameEncoder, ProtocolError, RingBuffer
+from channels import CLOSE_MARK, FrameDecoder, FrameEncoder, ProtocolError, RingBuffer, close_frame
 from pump import RdvpumpError
 
 
@@ -56,7 +56,8 @@ def test_need_more_data_is_a_value_not_an_exception() -> None:
 
 @pytest.mark.parametrize(("stream", "error"), [
     (frame(b"x" * 101), "frame of 101 bytes exceeds max_message_size 100"),
-    ((2**32 - 1).to_bytes(4, "big"), "exceeds max_message_size"),
+    ((CLOSE_MARK - 1).to_bytes(4, "big"), "exceeds max_message_size"),
+    ((CLOSE_MARK + 5000).to_bytes(4, "big"), "close frame of 5000 bytes exceeds 1000"),
 ])
 def test_a_length_above_the_limit_is_the_peers_protocol_error(stream: bytes, error: str) -> None:
     decoder = FrameDecoder(RingBuffer(4096), max_message_size=100)
@@ -107,3 +108,31 @@ def test_encoder_reports_whole_messages_and_bytes() -> None:
     assert (index, done, moved) == (2, 40, True)  # the third does not fit whole yet
     assert ring.used == 48
     assert encoder.write([b"a" * 20, b"b" * 20, b"c" * 20], 2) == (2, 0, False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=st.lists(st.binary(max_size=100), max_size=10),
+       reason=st.text(max_size=1200), cut=st.integers(1, 64),
+       capacity=st.sampled_from([1, 2, 4, 16, 4096]))
+def test_the_close_frame_comes_after_the_messages_in_any_split(
+        messages: list[bytes], reason: str, cut: int, capacity: int) -> None:
+    decoder = FrameDecoder(RingBuffer(capacity), max_message_size=1 << 20)
+    stream = b"".join(frame(m) for m in messages) + close_frame(reason, "aborted")
+    got: list[bytes] = []
+    pos = 0
+    while pos < len(stream):
+        pos += decoder.receive_data(stream[pos:pos + cut])
+        got += drain(decoder)
+    assert got == messages
+    assert decoder.peer_close is not None and decoder.peer_close[0] == "aborted"
+    said = f"aborted:{reason}".encode()[:1000].decode(errors="replace")
+    assert decoder.peer_close[1] == said.partition(":")[2]
+    decoder.end_of_stream()
+
+
+def test_bytes_after_the_close_frame_are_the_peers_protocol_error() -> None:
+    decoder = FrameDecoder(RingBuffer(64), max_message_size=100)
+    decoder.receive_data(close_frame("bye", "clean") + frame(b"late"))
+    with pytest.raises(ProtocolError, match="8 bytes after the close frame"):
+        drain(decoder)
+    assert decoder.peer_close == ("clean", "bye")

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from brokermgr import BrokerManager
-from channels import AsyncMessageQueue, CloseCause
+from channels import AsyncMessageQueue, CloseCause, close_frame
 from pump import Pump
 from rdv import Hello, RefusedError
 
@@ -142,7 +142,12 @@ async def test_a_bad_frame_on_an_established_tcp_link_closes_only_that_link() ->
         reply = await evil.receive_some(100)
         assert b'"accepted":true' in reply
         await evil.send_all((1 << 30).to_bytes(4, "big"))  # a length past the maximum
-        assert await evil.receive_some(100) == b""  # the server ended that link
+        said = b""
+        with trio.fail_after(5):
+            while chunk := await evil.receive_some(1000):
+                said += chunk  # up to the end of stream: the server ended that link
+        why = "protocol error: frame of 1073741824 bytes exceeds max_message_size 16777216"
+        assert said == close_frame(why, "protocol error")  # and said why, on the wire
         await evil.aclose()
         await good.send(b"fine")
         assert await good.receive() == b"fine"
@@ -151,8 +156,9 @@ async def test_a_bad_frame_on_an_established_tcp_link_closes_only_that_link() ->
 
 
 async def test_a_reset_connection_is_lost_not_a_clean_end() -> None:
-    """A peer whose connection is reset (as when its process dies mid-stream) breaks the
-    link with CloseCause.LOST; one that closes its socket cleanly ends it CLEAN."""
+    """A peer whose connection is reset, or ends without a close frame (as when its process
+    dies), breaks the link with CloseCause.LOST; one that sends a close frame first ends
+    it with the cause and the reason the frame says."""
     async with two_processes_worth() as (ua, ub, nursery):
         server = ub.add_broker("server")
         ended: dict[str, tuple[CloseCause | None, str]] = {}
@@ -165,23 +171,27 @@ async def test_a_reset_connection_is_lost_not_a_clean_end() -> None:
                 ended[q.remote_id] = (q.close_cause, "end of channel")
             except trio.BrokenResourceError as exc:
                 ended[q.remote_id] = (q.close_cause, str(exc))
-            if len(ended) == 2:
+            if len(ended) == 3:
                 done.set()
 
         await nursery.start(server.serve_queues, 80, keep)
         host, port = ua.directory["server"]
-        for who, reset in (("reset", True), ("clean", False)):
+        for who in ("reset", "eof", "clean"):
             peer = await trio.open_tcp_stream(host, port)
             await peer.send_all(Hello("u", "s3cret", who, "server", 80).encode())
             assert b'"accepted":true' in await peer.receive_some(100)
             await peer.send_all(b"\x00\x00\x00\x02hi")
-            if reset:  # SO_LINGER 0: close() sends a reset
+            if who == "reset":  # SO_LINGER 0: close() sends a reset
                 peer.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                        struct.pack("ii", 1, 0))
+            if who == "clean":
+                await peer.send_all(close_frame("done for today", "clean"))
             await peer.aclose()
         with trio.fail_after(5):
             await done.wait()
         assert ended["reset"][0] is CloseCause.LOST and "connection lost" in ended["reset"][1]
+        assert ended["eof"] == (CloseCause.LOST, "connection lost: the peer's end closed "
+                                                 "without a close frame")
         assert ended["clean"] == (CloseCause.CLEAN, "end of channel")
 
 
@@ -269,3 +279,39 @@ async def test_busy_polling_links_lose_nothing_close_cleanly_and_let_timers_run(
         nursery.cancel_scope.cancel()
     with pytest.raises(ValueError, match="busy_poll"):
         BrokerManager("u", busy_poll=-1)
+
+
+@pytest.mark.parametrize("how", ["close", "abort"])
+async def test_the_reason_of_a_close_crosses_tcp(how: str) -> None:
+    """close(reason) and abort(reason) on one side: the peer across TCP gets that reason
+    and cause, after every message sent before a close."""
+    async with two_processes_worth() as (ua, ub, nursery):
+        server = ub.add_broker("server")
+        heard: list[object] = []
+        done = trio.Event()
+
+        async def keep(q: AsyncMessageQueue) -> None:
+            try:
+                async for message in q:
+                    heard.append(message)
+            except trio.BrokenResourceError:
+                heard.append("broken")
+            heard.append((q.close_cause, q.close_reason))
+            done.set()
+
+        await nursery.start(server.serve_queues, 80, keep)
+        queue = await ua.add_broker("client").connect_queue("server", 80)
+        for n in range(100):
+            await queue.send(b"%d" % n)
+        if how == "close":
+            queue.queue.close("shutting down for maintenance")
+        else:
+            queue.queue.abort("gave up")
+        with trio.fail_after(5):
+            await done.wait()
+    if how == "close":
+        assert heard == [b"%d" % n for n in range(100)] + [
+            (CloseCause.CLEAN, "peer disconnected (shutting down for maintenance)")]
+    else:
+        assert heard[-2] == "broken" and heard[-1][0] is CloseCause.ABORTED  # type: ignore[index]
+        assert heard[-1][1].startswith("peer disconnected (gave up")  # type: ignore[index]

@@ -81,3 +81,44 @@ def test_links_that_declare_16_mib_and_stall_do_not_grow_the_broker_by_it() -> N
         proc.send_signal(signal.SIGINT)
         finish(proc, timeout=30)
     assert proc.returncode == 0
+
+
+async def test_a_sigkilled_peer_breaks_the_link_and_never_looks_like_a_clean_close() -> None:
+    """20 runs: a broker process with an open link to this one is SIGKILLed; the async face
+    here raises BrokenResourceError (CloseCause.LOST), never EndOfChannel."""
+    import trio
+
+    from brokermgr import BrokerManager
+    from channels import CloseCause
+
+    outcomes = []
+    for run in range(20):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "abuse", "--id",
+             "b", "--manager", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--echo", "80"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        try:
+            where = Address.parse(read_until(proc, proc.stdout, b"\n").decode().split()[-1])
+            u = BrokerManager("abuse", token=TOKEN)
+            u.directory["b"] = where
+            async with trio.open_nursery() as nursery:
+                await nursery.start(u.pump.serve)
+                await nursery.start(u.serve_network, "127.0.0.1", 0)
+                queue = await u.add_broker(f"me{run}").connect_queue("b", 80)
+                await queue.send(b"ping")
+                assert await queue.receive() == b"ping"
+                proc.kill()
+                with trio.fail_after(10):
+                    try:
+                        await queue.receive()
+                        outcomes.append("a message")
+                    except trio.EndOfChannel:
+                        outcomes.append("EndOfChannel")
+                    except trio.BrokenResourceError:
+                        outcomes.append(f"broken, {queue.close_cause}")
+                nursery.cancel_scope.cancel()
+        finally:
+            proc.kill()
+            finish(proc, timeout=30)
+    assert outcomes == [f"broken, {CloseCause.LOST}"] * 20
