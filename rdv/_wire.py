@@ -15,7 +15,9 @@ from channels import ProtocolError
 
 from ._core import MAX_PORT
 
-PROTOCOL_VERSION = 1
+#: 2: a side that ends a link sends a close frame before its end of stream (version 1
+#: peers did not, and would take one for an oversized frame).
+PROTOCOL_VERSION = 2
 #: Largest handshake frame accepted; anything longer is garbage.
 MAX_HANDSHAKE_SIZE = 4096
 

@@ -57,13 +57,13 @@ def test_garbage_frames_are_handshake_errors(data: bytes, message: str) -> None:
 
 
 @pytest.mark.parametrize(("obj", "message"), [
-    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 1},
-     "unsupported protocol version 2"),
-    ({"rdvpump": 1, "universe": 5, "token": "t", "src": "a", "dst": "b", "port": 1},
+    ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 1},
+     "unsupported protocol version 1"),
+    ({"rdvpump": 2, "universe": 5, "token": "t", "src": "a", "dst": "b", "port": 1},
      "'universe' must be a string"),
-    ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 70000},
+    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 70000},
      "port must be an int"),
-    ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": True},
+    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": True},
      "port must be an int"),
 ])
 def test_malformed_hellos_are_refused_with_the_field(obj: dict[str, object],
