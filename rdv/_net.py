@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,8 +30,12 @@ from ._wire import HandshakeError, Hello, Reply
 log = logging.getLogger("rdvpump.net")
 
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
-#: Connections still in their handshake at once; more wait in the kernel's backlog.
-DEFAULT_MAX_PENDING = 64
+#: Connections in their handshake at once: at the cap, a new connection evicts (closes)
+#: the oldest pending one.  A legitimate handshake takes milliseconds, so it is never
+#: the oldest for long, while silent or trickling connections churn among themselves.
+DEFAULT_MAX_PENDING = 256
+#: Warnings of one kind from one source: one line, then a count every this many seconds.
+LOG_WINDOW = 10.0
 #: Reason given when the address of a broker cannot be reached.
 UNREACHABLE = Refusal.UNREACHABLE
 
@@ -45,15 +50,54 @@ async def _handshake_event(stream: trio.abc.Stream, handshake: Handshake) -> Hel
         handshake.receive_data(await stream.receive_some(4096))
 
 
-def _failure(exc: BaseException) -> str:
+def _failure(exc: BaseException, *, tls: bool = True) -> str:
     """What went wrong with a connection, in words: one mapping for both directions."""
     if isinstance(exc, trio.TooSlowError):
         return "timed out"
-    if isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__, ssl.SSLError):
+    if tls and isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__,
+                                                                         ssl.SSLError):
         return f"tls handshake failed: {exc.__cause__}"
     if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
         return f"connection lost: {exc.__cause__}"
     return str(exc)
+
+
+def _peer_host(stream: trio.abc.Stream) -> str:
+    """``HOST:PORT`` of the peer of a socket stream (``?`` for other streams)."""
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return "?"
+    return f"{host}:{port}"
+
+
+class CollapsingLog:
+    """Warnings that a flood cannot multiply: the first of a kind (per key) is logged, the
+    ones that follow within ``window`` seconds are counted, and the count is logged once
+    the window ends ("N more like this in the last 10 s"), on the pump's clock."""
+
+    def __init__(self, logger: logging.Logger, pump: Pump, *, window: float) -> None:
+        self.logger = logger
+        self.pump = pump
+        self.window = window
+        # keys within a window: the warnings not logged, and the last of them
+        self._held: dict[object, tuple[int, str]] = {}
+
+    def warn(self, key: object, line: str) -> None:
+        held = self._held.get(key)
+        if held is not None:
+            self._held[key] = (held[0] + 1, line)
+            return
+        self.logger.warning("%s", line)
+        self._held[key] = (0, line)
+        self.pump.call_later(self.window, self._end_window, key)
+
+    def _end_window(self, key: object) -> None:
+        more, last = self._held.pop(key, (0, ""))
+        if more:
+            self.logger.warning("%d more like this in the last %g s (the last: %s)", more,
+                                self.window, last)
 
 
 #: What goes wrong while connecting: the peer, the network, or the clock.
@@ -79,7 +123,10 @@ class NetNode:
         self.resolve_local = resolve_local
         self.resolver = resolver
         self.handshake_timeout = handshake_timeout
-        self._pending = trio.Semaphore(max_pending)
+        self.max_pending = max_pending
+        self._pending: OrderedDict[int, trio.CancelScope] = OrderedDict()
+        self._pending_seq = 0
+        self._warnings = CollapsingLog(log, pump, window=LOG_WINDOW)
         self._nursery: trio.Nursery | None = None
         self.address: Address | None = None
         #: TLS for inbound and outbound links (see :func:`tls_contexts`); None: plain TCP.
@@ -138,21 +185,35 @@ class NetNode:
 
     async def _inbound(self, stream: trio.abc.Stream) -> None:
         handshake = Handshake(Role.ACCEPTOR)
-        async with self._pending:
-            try:
-                with trio.fail_after(self.handshake_timeout):
-                    if self.tls_server is not None:
-                        stream = trio.SSLStream(stream, self.tls_server, server_side=True)
-                        await stream.do_handshake()
-                    hello = await _handshake_event(stream, handshake)
-            except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                reason = _failure(exc)
-                self._reject("handshake timed out" if reason == "timed out" else reason)
-                await trio.aclose_forcefully(stream)
-                return
-        assert isinstance(hello, Hello)
+        source = _peer_host(stream)
+        if len(self._pending) >= self.max_pending:
+            _, oldest = self._pending.popitem(last=False)
+            oldest.cancel()  # its task closes it and says why
+        self._pending_seq += 1
+        key = self._pending_seq
+        scope = self._pending[key] = trio.CancelScope()
+        hello: Hello | None = None
+        failed: str | None = None
+        try:
+            with scope, trio.fail_after(self.handshake_timeout):
+                if self.tls_server is not None:
+                    stream = trio.SSLStream(stream, self.tls_server, server_side=True)
+                    await stream.do_handshake()
+                hello = await _handshake_event(stream, handshake)  # type: ignore[assignment]
+        except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            failed = _failure(exc, tls=self.tls_server is not None)
+            failed = "handshake timed out" if failed == "timed out" else failed
+        finally:
+            self._pending.pop(key, None)
+        if hello is None:
+            if failed is None:
+                failed = (f"evicted before its handshake: {self.max_pending} newer "
+                          "connections were pending")
+            self._reject(failed, source)
+            await trio.aclose_forcefully(stream)
+            return
         if not hello.authorized(self.universe, self.token):
-            self._reject(f"unauthorized connect from {hello.src!r}")
+            self._reject(f"unauthorized connect from {hello.src!r} to {hello.dst!r}", source)
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await stream.send_all(handshake.send(Reply(False, reason=Refusal.UNAUTHORIZED)))
             await trio.aclose_forcefully(stream)
@@ -178,8 +239,11 @@ class NetNode:
             return
         await StreamLink(result, stream, busy_poll=self.busy_poll).run(handshake.trailing_data)
 
-    def _reject(self, reason: str) -> None:
-        log.warning("closed a connection: %s", reason)
+    def _reject(self, reason: str, source: str) -> None:
+        # one kind of failure from one host: collapsed, so that a flood is a few lines
+        kind = reason.split(":")[0].split(" from ")[0]
+        host = source.rsplit(":", 1)[0]
+        self._warnings.warn((kind, host), f"closed a connection from {source}: {reason}")
         self.rejected.append(reason)
         del self.rejected[:-100]
 

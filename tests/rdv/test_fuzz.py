@@ -18,32 +18,44 @@ from hypothesis import strategies as st
 from brokermgr import BrokerManager
 from channels import AsyncMessageQueue
 from pump import Pump
-from rdv import Hello
+from rdv import AcceptListener, Hello
 from rdv._wire import MAX_HANDSHAKE_SIZE
 
 from .test_net import echo, two_processes_worth
 
 
-async def test_pending_handshakes_are_capped(autojump_clock: object) -> None:
+async def test_at_the_cap_a_new_connection_evicts_the_oldest_pending_handshake(
+        autojump_clock: object) -> None:
     ub = BrokerManager("u", pump=Pump(), token="t")
+    ub.add_broker("server").bind(80, AcceptListener())
     ub.net.handshake_timeout = 5.0
-    ub.net._pending = trio.Semaphore(2)
+    ub.net.max_pending = 2
     async with trio.open_nursery() as nursery:
         await nursery.start(ub.pump.serve)
         start = trio.current_time()
-        ends: list[float] = []
+        ends: dict[int, float] = {}
 
-        async def silent() -> None:
+        async def silent(n: int, task_status: trio.TaskStatus[None]) -> None:
             ours, theirs = trio.testing.memory_stream_pair()
             nursery.start_soon(ub.net.run_stream, ours)
+            task_status.started()
             assert await theirs.receive_some(10) == b""
-            ends.append(trio.current_time() - start)
+            ends[n] = trio.current_time() - start
 
         async with trio.open_nursery() as peers:
-            for _ in range(3):
-                peers.start_soon(silent)
-        # two held a handshake slot each; the third waited for a slot, then timed out
-        assert sorted(ends) == [pytest.approx(5.0), pytest.approx(5.0), pytest.approx(10.0)]
+            for n in range(3):
+                await peers.start(silent, n)
+                await trio.testing.wait_all_tasks_blocked()
+            # the cap is full of silent connections: a handshake still goes through, at once
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(ub.net.run_stream, ours)
+            await theirs.send_all(Hello("u", "t", "legit", "server", 80).encode())
+            assert b'"accepted":true' in await theirs.receive_some(100)
+            assert trio.current_time() == start
+        # the third evicted the first at once, the legit one the second; the third timed out
+        assert ends == {0: 0.0, 1: 0.0, 2: pytest.approx(5.0)}
+        assert ub.net.rejected == ["evicted before its handshake: 2 newer connections were "
+                                   "pending"] * 2 + ["handshake timed out"]
         nursery.cancel_scope.cancel()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -93,7 +94,7 @@ async def test_wrong_token_or_universe_is_unauthorized_and_nothing_else(
         with pytest.raises(RefusedError) as info:
             await ua.add_broker("client").connect_queue("server", 80)
         assert info.value.reason == "unauthorized"  # not "busy", "not bound", ...
-        assert ub.net.rejected[-1] == "unauthorized connect from 'client'"
+        assert ub.net.rejected[-1] == "unauthorized connect from 'client' to 'server'"
 
 
 async def test_an_address_nobody_listens_on_is_unreachable() -> None:
@@ -315,3 +316,39 @@ async def test_the_reason_of_a_close_crosses_tcp(how: str) -> None:
     else:
         assert heard[-2] == "broken" and heard[-1][0] is CloseCause.ABORTED  # type: ignore[index]
         assert heard[-1][1].startswith("peer disconnected (gave up")  # type: ignore[index]
+
+
+def test_a_flood_of_one_warning_is_one_line_then_a_count(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    from rdv import CollapsingLog
+
+    pump = Pump()
+    logger = logging.getLogger("rdvpump.test-collapse")
+    warnings = CollapsingLog(logger, pump, window=10.0)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        for n in range(1000):
+            warnings.warn(("garbage", "10.0.0.9"), f"closed a connection from 10.0.0.9:{n}")
+        warnings.warn(("garbage", "10.0.0.7"), "closed a connection from 10.0.0.7:1")
+        pump.run_until_idle()  # the window ends on the pump's clock
+        warnings.warn(("garbage", "10.0.0.9"), "closed a connection from 10.0.0.9:5000")
+    assert [r.getMessage() for r in caplog.records] == [
+        "closed a connection from 10.0.0.9:0",
+        "closed a connection from 10.0.0.7:1",
+        "999 more like this in the last 10 s (the last: closed a connection from "
+        "10.0.0.9:999)",
+        "closed a connection from 10.0.0.9:5000",  # a new window
+    ]
+
+
+async def test_a_reset_during_a_plain_handshake_says_nothing_of_tls() -> None:
+    async with two_processes_worth() as (ua, ub, nursery):
+        host, port = ua.directory["server"]
+        peer = await trio.open_tcp_stream(host, port)
+        await peer.send_all(Hello("u", "s3cret", "x", "server", 80).encode()[:10])
+        peer.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await peer.aclose()
+        with trio.fail_after(5):
+            while not ub.net.rejected:
+                await trio.sleep(0.01)
+        assert ub.net.rejected[-1].startswith("connection lost: ")
+        assert "tls" not in ub.net.rejected[-1].lower()

@@ -3,6 +3,7 @@ links that declare huge frames and stall do not grow its memory by what they dec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -10,12 +11,20 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from rdv import Address, Hello
 
 from .procs import finish, read_until
 
 TOKEN = "tok"
 MiB = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def rss(pid: int) -> int:
@@ -122,3 +131,94 @@ async def test_a_sigkilled_peer_breaks_the_link_and_never_looks_like_a_clean_clo
             proc.kill()
             finish(proc, timeout=30)
     assert outcomes == [f"broken, {CloseCause.LOST}"] * 20
+
+
+def _flood(where: tuple[str, int], silent: int, garbage: int) -> list[socket.socket]:
+    """Connections held open: ``silent`` that send nothing, ``garbage`` that send bytes that
+    are no handshake (half an HTTP request: an impossible length; or a frame cut short)."""
+    held = []
+    for n in range(silent + garbage):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(where)  # completes in the kernel: the server accepts it
+        held.append(sock)
+        if n >= silent:
+            junk = b"GET / HTTP/1.1\r\n" if n % 2 else b"\x00\x00\x01\x00{\"rdvp"
+            with contextlib.suppress(OSError):
+                sock.send(junk)
+    return held
+
+
+async def test_a_flood_of_silent_and_garbage_connections_locks_out_no_one() -> None:
+    """1,000 silent and 1,000 garbage connections held open, half against a manager and
+    half against a broker process: a broker still registers, and a link still connects
+    and answers, each within 1 s; both processes stay within 64 MiB of their start and
+    write a few log lines, not one per connection."""
+    import resource
+    import time
+
+    import trio
+
+    from brokermgr import BrokerManager, NameClient
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2500:
+        pytest.skip(f"2,000 sockets need more than the {hard} files this process may open")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2500) if hard == resource.RLIM_INFINITY
+                                                else min(hard, max(soft, 2500)), hard))
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    port = _free_port()
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "manager", "serve", "--universe", "abuse",
+         "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env)
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "abuse", "--id", "b",
+         "--manager", f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--echo", "80"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    held: list[socket.socket] = []
+    try:
+        read_until(manager, manager.stdout, b"ready")
+        where = Address.parse(read_until(broker, broker.stdout, b"\n").decode().split()[-1])
+        echo_round_trip(where, "warm-up")
+        start = {p.pid: rss(p.pid) for p in (manager, broker)}
+        held += _flood(("127.0.0.1", port), 500, 500)
+        held += _flood(where, 500, 500)
+        echo_round_trip(where, "flooded")  # both have seen the flood by now
+        u = BrokerManager("abuse", token=TOKEN)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            await nursery.start(u.serve_network, "127.0.0.1", 0)
+            me = u.add_broker("legit")
+            began = time.monotonic()
+            names = NameClient(u, [Address("127.0.0.1", port)], retry=0.05)
+            names.start()
+            with trio.fail_after(10):
+                while "legit" not in {b["id"] for b in (await names.list() or [])}:
+                    await trio.sleep(0.01)
+            registered = time.monotonic() - began
+            began = time.monotonic()
+            with trio.fail_after(10):
+                queue = await me.connect_queue("b", 80)  # found through the manager
+                await queue.send(b"hello")
+                assert await queue.receive() == b"hello"
+            linked = time.monotonic() - began
+            await queue.aclose()
+            names.close()
+            nursery.cancel_scope.cancel()
+        grown = {pid: (rss(pid) - before) / MiB for pid, before in start.items()}
+    finally:
+        for sock in held:
+            sock.close()
+        logs = []
+        for proc in (broker, manager):
+            proc.send_signal(signal.SIGINT)
+            logs.append(finish(proc, timeout=30)[1].decode())
+    print(f"registered in {registered:.3f} s, linked in {linked:.3f} s, RSS grew "
+          f"{grown} MiB, log lines {[len(log.splitlines()) for log in logs]}")
+    assert registered < 1.0 and linked < 1.0
+    assert all(g < 64 for g in grown.values()), grown
+    for log in logs:
+        assert len(log.splitlines()) < 20, log[-3000:]
+        assert "tls" not in log.lower()
