@@ -450,7 +450,8 @@ class MessageQueue:
         c = self._channel
         what = (f"stalled mid-frame: {decoder.partial} bytes of a frame, then nothing for "
                 f"{self.stall_timeout:g} s")
-        log.warning("link %s (%s -> %s): %s", c.link_id, c.remote, c.local, what)
+        self.pump.warn_collapsed(log, ("stalled", c.remote),
+                                 f"link {c.link_id} ({c.remote} -> {c.local}): {what}")
         self._end_abruptly(what, CloseCause.PROTOCOL_ERROR)
 
     def _forget_frame(self) -> None:
@@ -463,8 +464,9 @@ class MessageQueue:
 
     def _protocol_error(self, what: str) -> None:
         c = self._channel
-        log.warning("link %s (%s -> %s): protocol error: %s", c.link_id, c.remote, c.local,
-                    what)
+        self.pump.warn_collapsed(log, ("protocol error", c.remote),
+                                 f"link {c.link_id} ({c.remote} -> {c.local}): protocol error: "
+                                 f"{what}")
         if self._observer is not None:
             self._observer.protocol_error(what)
         self._end_abruptly(f"protocol error: {what}", CloseCause.PROTOCOL_ERROR)
@@ -532,7 +534,8 @@ class MessageQueue:
                       f"of it arrived); {reason}")
             cause = CloseCause.PROTOCOL_ERROR
             c = self._channel
-            log.warning("link %s (%s -> %s): %s", c.link_id, c.remote, c.local, reason)
+            self.pump.warn_collapsed(log, ("cut mid-frame", c.remote),
+                                     f"link {c.link_id} ({c.remote} -> {c.local}): {reason}")
         if self._state is not _State.CLOSED:
             unsent = len(self._outq) - self._qhead
             if unsent:

@@ -7,6 +7,8 @@ from ._core import PumpCore as PumpCore
 from ._core import Timer as Timer
 from ._errors import NeverIdleError as NeverIdleError
 from ._errors import RdvpumpError as RdvpumpError
+from ._log import LOG_WINDOW as LOG_WINDOW
+from ._log import CollapsingLog as CollapsingLog
 from ._recorder import LinkTrace as LinkTrace
 from ._recorder import ListSink as ListSink
 from ._recorder import MessageLog as MessageLog
@@ -25,6 +27,8 @@ from .schema import TraceEvent as TraceEvent
 TraceSink = TraceRecorder
 
 __all__ = [
+    "LOG_WINDOW",
+    "CollapsingLog",
     "NeverIdleError",
     "DEFAULT_SERVE_BATCH",
     "FIELDS",

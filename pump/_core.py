@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._errors import NeverIdleError
+from ._log import CollapsingLog
 from ._recorder import LinkTrace, TraceRecorder
 
 log = logging.getLogger("rdvpump.pump")
@@ -92,6 +93,16 @@ class PumpCore:
         #: Set by a driver while it waits for work: ``post`` and ``call_at`` wake it.
         self._wake: Any = None
         self.failures = 0
+        self._collapsing: dict[str, CollapsingLog] = {}
+
+    def warn_collapsed(self, logger: logging.Logger, key: object, line: str) -> None:
+        """``logger.warning(line)``, collapsed per ``key`` on this pump's clock: the
+        first of a kind is logged, the ones that follow within :data:`LOG_WINDOW` are
+        counted in one line when the window ends (see :class:`CollapsingLog`)."""
+        target = self._collapsing.get(logger.name)
+        if target is None:
+            target = self._collapsing[logger.name] = CollapsingLog(logger, self)
+        target.warn(key, line)
 
     # -- time --------------------------------------------------------------------------
 

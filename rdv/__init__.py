@@ -27,9 +27,7 @@ from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
 from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
 from ._net import DEFAULT_MAX_PENDING as DEFAULT_MAX_PENDING
-from ._net import LOG_WINDOW as LOG_WINDOW
 from ._net import UNREACHABLE as UNREACHABLE
-from ._net import CollapsingLog as CollapsingLog
 from ._net import NetNode as NetNode
 from ._net import tls_contexts as tls_contexts
 from ._node import RdvNode as RdvNode
@@ -46,7 +44,6 @@ __all__ = [
     "BUSY",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
-    "LOG_WINDOW",
     "MAX_HANDSHAKE_SIZE",
     "PROTOCOL_VERSION",
     "UNREACHABLE",
@@ -64,7 +61,6 @@ __all__ = [
     "UNAUTHORIZED",
     "UNKNOWN_BROKER",
     "AcceptListener",
-    "CollapsingLog",
     "Action",
     "ConnectListener",
     "PortState",

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from channels import Channel, ChannelManager, CloseCause, StreamLink
-from pump import Pump
+from pump import CollapsingLog, Pump
 
 from ._address import Address
 from ._core import Refusal, RefusalReason
@@ -34,8 +34,6 @@ DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: the oldest pending one.  A legitimate handshake takes milliseconds, so it is never
 #: the oldest for long, while silent or trickling connections churn among themselves.
 DEFAULT_MAX_PENDING = 256
-#: Warnings of one kind from one source: one line, then a count every this many seconds.
-LOG_WINDOW = 10.0
 #: Reason given when the address of a broker cannot be reached.
 UNREACHABLE = Refusal.UNREACHABLE
 
@@ -72,34 +70,6 @@ def _peer_host(stream: trio.abc.Stream) -> str:
     return f"{host}:{port}"
 
 
-class CollapsingLog:
-    """Warnings that a flood cannot multiply: the first of a kind (per key) is logged, the
-    ones that follow within ``window`` seconds are counted, and the count is logged once
-    the window ends ("N more like this in the last 10 s"), on the pump's clock."""
-
-    def __init__(self, logger: logging.Logger, pump: Pump, *, window: float) -> None:
-        self.logger = logger
-        self.pump = pump
-        self.window = window
-        # keys within a window: the warnings not logged, and the last of them
-        self._held: dict[object, tuple[int, str]] = {}
-
-    def warn(self, key: object, line: str) -> None:
-        held = self._held.get(key)
-        if held is not None:
-            self._held[key] = (held[0] + 1, line)
-            return
-        self.logger.warning("%s", line)
-        self._held[key] = (0, line)
-        self.pump.call_later(self.window, self._end_window, key)
-
-    def _end_window(self, key: object) -> None:
-        more, last = self._held.pop(key, (0, ""))
-        if more:
-            self.logger.warning("%d more like this in the last %g s (the last: %s)", more,
-                                self.window, last)
-
-
 #: What goes wrong while connecting: the peer, the network, or the clock.
 _CONNECT_ERRORS = (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError)
 
@@ -126,7 +96,7 @@ class NetNode:
         self.max_pending = max_pending
         self._pending: OrderedDict[int, trio.CancelScope] = OrderedDict()
         self._pending_seq = 0
-        self._warnings = CollapsingLog(log, pump, window=LOG_WINDOW)
+        self._warnings = CollapsingLog(log, pump)
         self._nursery: trio.Nursery | None = None
         self.address: Address | None = None
         #: TLS for inbound and outbound links (see :func:`tls_contexts`); None: plain TCP.

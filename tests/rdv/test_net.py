@@ -320,7 +320,7 @@ async def test_the_reason_of_a_close_crosses_tcp(how: str) -> None:
 
 def test_a_flood_of_one_warning_is_one_line_then_a_count(caplog: pytest.LogCaptureFixture
                                                         ) -> None:
-    from rdv import CollapsingLog
+    from pump import CollapsingLog
 
     pump = Pump()
     logger = logging.getLogger("rdvpump.test-collapse")
