@@ -94,6 +94,7 @@ class PumpCore:
         self._wake: Any = None
         self.failures = 0
         self._collapsing: dict[str, CollapsingLog] = {}
+        self._holding = False  # between hold() and run_held(): posts do not wake the driver
 
     def warn_collapsed(self, logger: logging.Logger, key: object, line: str) -> None:
         """``logger.warning(line)``, collapsed per ``key`` on this pump's clock: the
@@ -118,7 +119,7 @@ class PumpCore:
         """Queue ``fn(*args)`` to run as a task of the given kind."""
         self._ready.append((kind, fn, args, owner))
         wake = self._wake
-        if wake is not None:
+        if wake is not None and not self._holding:
             wake.set()
 
     def call_later(self, delay: float, fn: Callable[..., object], *args: Any,
@@ -246,6 +247,23 @@ class PumpCore:
             self._run_one()
             ran += 1
         return ran
+
+    def hold(self) -> None:
+        """From a trio task of a served pump, before it posts work it will run itself: the
+        posts do not wake the pump's own task.  Always follow with :meth:`run_held`."""
+        self._holding = True
+
+    def run_held(self, limit: int = DEFAULT_SERVE_BATCH) -> None:
+        """End :meth:`hold`: run what is ready now (as :meth:`run_ready`) and wake the
+        pump's own task only if work is left, so that a hop costs no task switch."""
+        try:
+            self.run_ready(limit)  # what these tasks post runs here too, unless past limit
+        finally:
+            self._holding = False
+        if self._ready:
+            wake = self._wake
+            if wake is not None:
+                wake.set()
 
     def _enter(self) -> None:
         if self._running:

@@ -16,7 +16,7 @@ from functools import partial
 import trio
 
 from brokermgr import BrokerManager
-from channels import MessageQueue, QueueFullError
+from channels import AsyncMessageQueue, MessageQueue, QueueFullError
 from pump import ListSink, Pump, TraceRecorder, open_trace
 
 from ._result import Result
@@ -125,6 +125,54 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
     return elapsed
 
 
+def rdvpump_async(size: int, count: int, *, batch: int = 0) -> float:
+    """Seconds to move ``count`` messages through the async face between two brokers of a
+    universe served by trio: ``await send`` / ``async for`` per message, or with ``batch``
+    ``await send_many`` of that many and ``await receive_many``."""
+    from brokermgr import open_universe
+
+    msg = b"x" * size
+
+    async def main() -> float:
+        async with open_universe("bench", ring_capacity=1 << 18, high_water=1 << 20,
+                                 max_message_size=max(1 << 20, size)) as universe:
+            producer, consumer = universe.add_broker("producer"), universe.add_broker("consumer")
+            got = [0]
+            done = trio.Event()
+
+            async def drain(queue: AsyncMessageQueue) -> None:
+                if batch:
+                    while got[0] < count:
+                        got[0] += len(await queue.receive_many())
+                else:
+                    async for _ in queue:
+                        got[0] += 1
+                        if got[0] == count:
+                            break
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.serve_queues, 1, drain)
+                queue = await producer.connect_queue("consumer", 1)
+                start = time.perf_counter()
+                if batch:
+                    chunk = [msg] * batch
+                    for _ in range(count // batch):
+                        await queue.send_many(chunk)
+                    await queue.send_many(chunk[:count % batch])
+                else:
+                    for _ in range(count):
+                        await queue.send(msg)
+                await done.wait()
+                elapsed = time.perf_counter() - start
+                nursery.cancel_scope.cancel()
+        if got[0] != count:
+            raise RuntimeError(f"async face delivered {got[0]} of {count}")
+        return elapsed
+
+    return trio.run(main)
+
+
 def trio_memory_channel(size: int, count: int) -> float:
     """Seconds to move ``count`` messages through a trio memory channel, awaited both ways."""
     msg = b"x" * size
@@ -218,6 +266,9 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
         else:
             runs["rdvpump-inproc-send-many"] = (
                 count, partial(rdvpump_inproc, size, count, batch=BATCH))
+            runs["rdvpump-async-await-each"] = (tcount, partial(rdvpump_async, size, tcount))
+            runs["rdvpump-async-send-many"] = (
+                count // 2, partial(rdvpump_async, size, count // 2, batch=BATCH))
             runs["trio-memory-channel"] = (tcount, partial(trio_memory_channel, size, tcount))
             baselines.append("trio-memory-channel")
             if have_zmq:

@@ -155,3 +155,75 @@ async def test_receive_nowait_would_block(autojump_clock: object) -> None:
 
 async def _noop(q: AsyncMessageQueue) -> None:
     await trio.sleep_forever()
+
+
+async def test_send_many_and_receive_many_move_batches_in_order_through_backpressure(
+        autojump_clock: object) -> None:
+    async with open_universe("u", ring_capacity=256, high_water=2048) as u, \
+            trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        got: list[bytes] = []
+        batches: list[int] = []
+        done = trio.Event()
+
+        async def drain(q: AsyncMessageQueue) -> None:
+            try:
+                while True:
+                    batch = await q.receive_many(100)
+                    assert 1 <= len(batch) <= 100
+                    batches.append(len(batch))
+                    got.extend(batch)
+            except trio.EndOfChannel:
+                done.set()
+
+        await nursery.start(partial(server.serve_queues, 80, drain, receive_buffer=64))
+        q = await client.connect_queue("server", 80)
+        sent = [b"%05d" % i + b"." * (i % 70) for i in range(10_000)]
+        for start in range(0, len(sent), 1000):  # far past the high-water mark each time
+            await q.send_many(sent[start:start + 1000])
+        await q.aclose()
+        await done.wait()
+        assert got == sent
+        assert max(batches) > 1  # batches, not one message per await
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_send_many_queued_a_whole_prefix_and_says_how_long(
+        autojump_clock: object) -> None:
+    async with open_universe("u", ring_capacity=256, high_water=2048) as u, \
+            trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        server_side: list[AsyncMessageQueue] = []
+
+        async def hold(q: AsyncMessageQueue) -> None:
+            server_side.append(q)
+            await trio.sleep_forever()
+
+        await nursery.start(partial(server.serve_queues, 80, hold, receive_buffer=4))
+        q = await client.connect_queue("server", 80)
+        messages = [b"%04d" % i + b"." * 60 for i in range(1000)]
+        sent = -1
+        with trio.CancelScope() as scope:
+            nursery.start_soon(_cancel_after, scope, 1.0)
+            try:
+                await q.send_many(messages)  # stuck behind backpressure
+            except trio.Cancelled as exc:
+                sent = exc.sent  # type: ignore[attr-defined]
+                raise
+        assert scope.cancelled_caught and 0 < sent < 1000
+        with trio.CancelScope() as cancelled:  # a cancelled receive_many takes nothing
+            cancelled.cancel()
+            await server_side[0].receive_many()
+        got = []
+        while len(got) < sent:
+            got += await server_side[0].receive_many()
+        assert got == messages[:sent]
+        with trio.move_on_after(1):
+            got += await server_side[0].receive_many()
+        assert got == messages[:sent]  # and nothing after the prefix
+        nursery.cancel_scope.cancel()
+
+
+async def _cancel_after(scope: trio.CancelScope, seconds: float) -> None:
+    await trio.sleep(seconds)
+    scope.cancel()
