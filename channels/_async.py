@@ -120,19 +120,18 @@ class AsyncMessageQueue:
         pump = queue.pump
         while True:
             wakes = self._send_wakes
-            pump.hold()  # the hop to the peer runs here, not in the pump's own task
-            try:
+            full = False
+            try:  # hold() inside: a Ctrl-C anywhere here still reaches run_held()
+                pump.hold()  # the hop to the peer runs here, not in the pump's own task
                 queue.send(message)
             except QueueFullError:
+                full = True
+            finally:
                 pump.run_held()
-                if self._send_wakes == wakes:
-                    await self._send_lot.park()
-                continue
-            except BaseException:
-                pump.run_held()
-                raise
-            pump.run_held()
-            break
+            if not full:
+                break
+            if self._send_wakes == wakes:
+                await self._send_lot.park()
         await trio.lowlevel.cancel_shielded_checkpoint()
 
     def send_nowait(self, message: bytes) -> None:
@@ -156,8 +155,8 @@ class AsyncMessageQueue:
         try:
             while done < len(msgs):
                 wakes = self._send_wakes
-                pump.hold()
                 try:
+                    pump.hold()
                     with contextlib.suppress(QueueFullError):  # not even the first fitted
                         done += queue.send_many(msgs[done:] if done else msgs)
                 finally:

@@ -15,6 +15,12 @@ import trio.testing
 from ._core import DEFAULT_SERVE_BATCH, PumpCore
 
 
+# A Ctrl-C is not raised in the middle of the pump tasks that a trio task runs itself
+# (held hops, the I/O tasks' deliveries): trio defers it to the next checkpoint.
+trio.lowlevel.enable_ki_protection(PumpCore.run_held)
+trio.lowlevel.enable_ki_protection(PumpCore.run_ready)
+
+
 class Pump(PumpCore):
     """The event pump with its trio driver: everything :class:`PumpCore` does, plus
     :meth:`serve`."""
