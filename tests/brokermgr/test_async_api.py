@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
@@ -86,8 +88,12 @@ async def test_serve_queues_echo_and_end_of_channel(autojump_clock: object) -> N
     assert server.ports == []
 
 
-async def test_send_waits_behind_a_slow_receiver_with_bounded_memory(
-        autojump_clock: object) -> None:
+@asynccontextmanager
+async def slow_receiver() -> AsyncIterator[
+        tuple[AsyncMessageQueue, list[AsyncMessageQueue], trio.Nursery]]:
+    """A client queue to a server whose handler never reads (ring 256 B, high-water mark
+    2 KiB, receive buffer 4): a sender soon waits behind backpressure.  Yields the client
+    queue, the server's queue (once accepted) in a list, and a nursery."""
     async with open_universe("u", ring_capacity=256, high_water=2048) as u, \
             trio.open_nursery() as nursery:
         server, client = u.add_broker("server"), u.add_broker("client")
@@ -98,7 +104,13 @@ async def test_send_waits_behind_a_slow_receiver_with_bounded_memory(
             await trio.sleep_forever()
 
         await nursery.start(partial(server.serve_queues, 80, hold, receive_buffer=4))
-        q = await client.connect_queue("server", 80)
+        yield await client.connect_queue("server", 80), server_side, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_waits_behind_a_slow_receiver_with_bounded_memory(
+        autojump_clock: object) -> None:
+    async with slow_receiver() as (q, server_side, nursery):
         sent = 0
 
         async def flood() -> None:
@@ -190,17 +202,7 @@ async def test_send_many_and_receive_many_move_batches_in_order_through_backpres
 
 async def test_a_cancelled_send_many_queued_a_whole_prefix_and_says_how_long(
         autojump_clock: object) -> None:
-    async with open_universe("u", ring_capacity=256, high_water=2048) as u, \
-            trio.open_nursery() as nursery:
-        server, client = u.add_broker("server"), u.add_broker("client")
-        server_side: list[AsyncMessageQueue] = []
-
-        async def hold(q: AsyncMessageQueue) -> None:
-            server_side.append(q)
-            await trio.sleep_forever()
-
-        await nursery.start(partial(server.serve_queues, 80, hold, receive_buffer=4))
-        q = await client.connect_queue("server", 80)
+    async with slow_receiver() as (q, server_side, nursery):
         messages = [b"%04d" % i + b"." * 60 for i in range(1000)]
         sent = -1
         with trio.CancelScope() as scope:
