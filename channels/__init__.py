@@ -8,6 +8,7 @@ from ._channel import DEFAULT_RING_CAPACITY as DEFAULT_RING_CAPACITY
 from ._channel import Channel as Channel
 from ._channel import ChannelListener as ChannelListener
 from ._channel import ChannelManager as ChannelManager
+from ._channel import LinkGate as LinkGate
 from ._channel import LinkObserver as LinkObserver
 from ._channel import LinkPeer as LinkPeer
 from ._codec import CLOSE_MARK as CLOSE_MARK
@@ -28,6 +29,8 @@ from ._queue import MessageQueue as MessageQueue
 from ._queue import ObservedMessageQueue as ObservedMessageQueue
 from ._queue import QueueListener as QueueListener
 from ._queue import QueueStatistics as QueueStatistics
+from ._relay import Direction as Direction
+from ._relay import RelayedLink as RelayedLink
 from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_RECEIVE_BUFFER",
     "DEFAULT_RING_CAPACITY",
     "DEFAULT_STALL_TIMEOUT",
+    "Direction",
     "HEADER_SIZE",
     "MAX_CAPACITY",
     "MAX_MESSAGE_BODY",
@@ -55,6 +59,7 @@ __all__ = [
     "CloseCause",
     "FrameDecoder",
     "FrameEncoder",
+    "LinkGate",
     "LinkObserver",
     "LinkPeer",
     "MessageQueue",
@@ -64,6 +69,7 @@ __all__ = [
     "QueueFullError",
     "QueueListener",
     "QueueStatistics",
+    "RelayedLink",
     "RingBuffer",
     "StreamLink",
     "close_frame",

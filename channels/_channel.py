@@ -349,11 +349,26 @@ class Channel:
         self._post_closed(reason)
 
 
+class LinkGate(Protocol):
+    """What :attr:`ChannelManager.gate` is: a simulation's say over in-memory links.
+
+    ``refusal(src, dst)`` is why ``src`` cannot reach ``dst`` now (a partition, a
+    crashed broker), or None; ``join(a, b)`` gets the two ends of every new link
+    (``a`` connected, ``b`` accepted), each with its own rings, and must join them
+    (through a :class:`~channels.RelayedLink`).
+    """
+
+    def refusal(self, src: str, dst: str) -> str | None: ...
+
+    def join(self, a: Channel, b: Channel) -> None: ...
+
+
 class ChannelManager:
     """Creates the two rings of each link and hands back the two connected channels.
 
     Link ids are numbered from 1 in creation order, so a program replayed with
-    the same seed numbers its links the same way.
+    the same seed numbers its links the same way.  With a :attr:`gate` set, new
+    in-memory links are relayed (four rings) and the gate joins their ends.
     """
 
     def __init__(self, pump: Pump, *, capacity: int = DEFAULT_RING_CAPACITY) -> None:
@@ -361,6 +376,8 @@ class ChannelManager:
         self.pump = pump
         self.capacity = capacity
         self._link_ids = itertools.count(1)
+        #: A simulation's gate over in-memory links (:class:`LinkGate`); None: direct links.
+        self.gate: LinkGate | None = None
 
     def open_end(self, local: str, remote: str, port: int, *,
                  link_id: int | None = None, accepting: bool = False) -> Channel:
@@ -381,6 +398,13 @@ class ChannelManager:
     def open_pair(self, a: str, b: str, port: int) -> tuple[Channel, Channel]:
         """Return ``(a_side, b_side)`` of a new link: ``a`` connected, ``b`` accepted."""
         link_id = next(self._link_ids)
+        gate = self.gate
+        if gate is not None:
+            ca, cb = (Channel(self.pump, RingBuffer(self.capacity), RingBuffer(self.capacity),
+                              link_id=link_id, local=x, remote=y, port=port, accepting=acc)
+                      for x, y, acc in ((a, b, False), (b, a, True)))
+            gate.join(ca, cb)
+            return ca, cb
         a_to_b = RingBuffer(self.capacity)
         b_to_a = RingBuffer(self.capacity)
         ca = Channel(self.pump, a_to_b, b_to_a, link_id=link_id, local=a, remote=b, port=port)

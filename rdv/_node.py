@@ -7,6 +7,7 @@ memory) and from another (over the wire, :mod:`._net`).
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -50,7 +51,11 @@ class RdvNode:
         self._resolve = resolve
         self._queue_options = dict(queue_options or {})
         self._acceptors: dict[int, Any] = {}
-        self.queues: weakref.WeakSet[MessageQueue] = weakref.WeakSet()
+        #: This node's open queues, weakly held, in a dict: closing the node aborts them
+        #: in the order they opened (a set would go by ``id()``, different every run).
+        self.queues: weakref.WeakValueDictionary[int, MessageQueue] = (
+            weakref.WeakValueDictionary())
+        self._opened = itertools.count()  # not the link id: remote links number their own
         self.closed = False
 
     # -- ports -------------------------------------------------------------------------
@@ -98,7 +103,7 @@ class RdvNode:
     def open_queue(self, channel: Channel) -> MessageQueue:
         """Our end of a new link, as a message queue with this node's options."""
         queue = MessageQueue(channel, **self._queue_options)
-        self.queues.add(queue)
+        self.queues[next(self._opened)] = queue
         return queue
 
     # -- connect -----------------------------------------------------------------------
@@ -115,6 +120,11 @@ class RdvNode:
     def _run_connect(self, broker_id: str, port: int, listener: Any) -> None:
         if self.closed:
             self.refuse(broker_id, port, listener, RefusalReason(Refusal.CLOSED))
+            return
+        gate = self._channels.gate
+        why = None if gate is None else gate.refusal(self.id, broker_id)
+        if why is not None:  # a simulation says so: a partition, a crashed broker
+            self.refuse(broker_id, port, listener, RefusalReason(Refusal.UNREACHABLE, why))
             return
         target = self._resolve(broker_id)
         if target is None and self.network is not None and self.network.can_reach(broker_id):
@@ -155,5 +165,5 @@ class RdvNode:
         self.closed = True
         for port in self.core.bound_ports():
             self.unbind(port)
-        for queue in list(self.queues):
+        for queue in list(self.queues.values()):
             queue.abort(reason)

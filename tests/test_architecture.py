@@ -57,9 +57,10 @@ def _reach_ins(source: str) -> list[str]:
     """``x._name`` where ``x`` is not ``self``, ``cls`` or ``super()``: another object's
     private attribute."""
     found = []
+    excused = {i + 1 for i, line in enumerate(source.splitlines()) if "# reach-in:" in line}
     for node in ast.walk(ast.parse(source)):
         if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+                and not node.attr.startswith("__") and node.lineno not in excused):
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
                 continue
@@ -79,6 +80,16 @@ def test_no_module_touches_another_objects_private_attributes() -> None:
 
 def test_the_reach_in_check_sees_a_reach_in() -> None:
     assert _reach_ins("self._a = other._b\nsuper()._c()\ncls._d\n") == ["1: other._b"]
+    assert _reach_ins("x = other._b  # reach-in: why\n") == []
+
+
+def test_excused_reach_ins_are_the_reviewed_ones() -> None:
+    """A line marked ``# reach-in: why`` is excused; which files have one is reviewed
+    here: only the simulation's seeded trio scheduling (trio has no public hook)."""
+    excused = {str(path.relative_to(ROOT)) for name in PACKAGES
+               for path in sorted((ROOT / name).rglob("*.py"))
+               if "# reach-in:" in path.read_text()}
+    assert excused == {"rdvpump/testing.py"}
 
 
 _CITED = re.compile(r"(?<![\w./-])((?:\.\./)?(?:[\w.-]+/)+[\w.-]+\.(?:py|md|mmd|toml|c|h))")
