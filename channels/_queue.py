@@ -429,8 +429,8 @@ class MessageQueue:
         if chan.peer_reason is not None and self._state is _State.OPEN and not self._paused:
             try:
                 decoder.end_of_stream()
-            except ProtocolError as exc:
-                self._protocol_error(str(exc))
+            except ProtocolError as exc:  # with how the peer ended: it may have died
+                self._protocol_error(f"{exc} ({chan.peer_reason})")
 
     def _check_stall(self) -> None:
         """A frame is unfinished: if nothing more of it came for ``stall_timeout`` (and not

@@ -14,7 +14,6 @@ import trio.testing
 
 from ._core import DEFAULT_SERVE_BATCH, PumpCore
 
-
 # A Ctrl-C is not raised in the middle of the pump tasks that a trio task runs itself
 # (held hops, the I/O tasks' deliveries): trio defers it to the next checkpoint.
 trio.lowlevel.enable_ki_protection(PumpCore.run_held)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import trio
 import trio.testing
@@ -213,9 +213,8 @@ class Faults:
             self._cut.pop((y, x), None)
         for link in self.live_links():
             x, y = link.brokers
-            if (x, y) in pairs or (y, x) in pairs:
-                if not self.partitioned(x, y):
-                    self._unstall(link)
+            if ((x, y) in pairs or (y, x) in pairs) and not self.partitioned(x, y):
+                self._unstall(link)
         self._emit("heal", _name(a), _name(b))
 
     def _stall(self, link: RelayedLink) -> None:
@@ -343,7 +342,7 @@ class Faults:
                        port=None if link is None else link.a.port)
 
 
-def _is_pair(ref: object) -> bool:
+def _is_pair(ref: object) -> TypeGuard[tuple[str, str]]:
     return (isinstance(ref, tuple) and len(ref) == 2
             and all(isinstance(x, str) for x in ref))
 

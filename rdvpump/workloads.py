@@ -8,7 +8,8 @@ OpenAMQ notes: one faucet switching every message into Q sink queues.
 
 from __future__ import annotations
 
-import time
+import math
+import random
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +23,21 @@ from channels import DEFAULT_MAX_MESSAGE_SIZE, AsyncMessageQueue
 from mq import MqClient, MqServer
 from pump import RdvpumpError
 
+from .testing import ACTIONS, Faults, SimulationError
+
 KINDS = ("echo", "stream", "fanout", "mq")
 _UNIVERSE_KEYS = {"name", "ring_capacity", "seed", "token"}
 _BROKER_KEYS = {"id"}
 _WORKLOAD_KEYS = {"kind", "from", "to", "port", "messages", "size"}
+#: What each fault action takes, besides ``at`` (virtual seconds) and ``action``.
+FAULT_ARGS: dict[str, tuple[str, ...]] = {
+    "partition": ("a", "b"), "heal": ("a", "b"), "hold": ("link",), "release": ("link",),
+    "delay": ("link", "seconds", "jitter"), "drop": ("link", "probability"),
+    "crash": ("broker",), "restart": ("broker",),
+}
+_EXPLORE_KEYS = {"faults", "within", "lasting", "actions"}
+#: The most (virtual) seconds a universe run may take before it is stopped and says so.
+RUN_LIMIT = 600.0
 
 
 class UniverseFileError(RdvpumpError, ValueError):
@@ -47,6 +59,34 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class FaultSpec:
+    """One ``[[fault]]``: an action of :class:`rdvpump.testing.Faults` at a virtual time."""
+
+    at: float
+    action: str
+    args: tuple[tuple[str, Any], ...]
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+    @property
+    def label(self) -> str:
+        what = " ".join(f"{k}={'-'.join(v) if isinstance(v, list | tuple) else v}"
+                        for k, v in self.args)
+        return f"{self.at:g}s {self.action} {what}"
+
+
+@dataclass(frozen=True)
+class ExploreSpec:
+    """The ``[explore]`` table: the fault budget of ``universe explore``, per seed."""
+
+    faults: int = 2
+    within: float = 0.05
+    lasting: float = 0.5
+    actions: tuple[str, ...] = ("partition", "hold", "delay")
+
+
+@dataclass(frozen=True)
 class UniverseSpec:
     name: str
     brokers: tuple[str, ...]
@@ -54,6 +94,16 @@ class UniverseSpec:
     ring_capacity: int = 1 << 16
     seed: int = 0
     token: str = ""
+    faults: tuple[FaultSpec, ...] = ()
+    #: The ``[explore]`` table, if the file has one: random faults drawn from the seed
+    #: join the file's own in every run of it.
+    explore: ExploreSpec | None = None
+
+    def all_faults(self) -> tuple[FaultSpec, ...]:
+        """The file's faults and, with an ``[explore]`` table, those drawn from the seed."""
+        if self.explore is None:
+            return self.faults
+        return tuple(sorted(self.faults + random_faults(self, self.seed), key=lambda f: f.at))
 
     def roles(self, broker_id: str) -> tuple[list[tuple[str, int]], list[WorkloadSpec]]:
         """What ``broker_id`` serves (kind, port) and which workloads it drives."""
@@ -88,7 +138,7 @@ def load_universe(path: str | Path) -> UniverseSpec:
         raise UniverseFileError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UniverseFileError(f"{path}: not valid TOML: {exc}") from None
-    _check_keys(str(path), data, {"universe", "broker", "workload"})
+    _check_keys(str(path), data, {"universe", "broker", "workload", "fault", "explore"})
     uni = data.get("universe", {})
     _check_keys(f"{path} [universe]", uni, _UNIVERSE_KEYS)
     name = uni.get("name")
@@ -134,8 +184,112 @@ def load_universe(path: str | Path) -> UniverseSpec:
     ring = _int(f"{path} [universe]", uni, "ring_capacity", 1 << 16, 1)
     if ring & (ring - 1):
         raise UniverseFileError(f"{path} [universe]: ring_capacity must be a power of two")
+    faults = tuple(_fault(f"{path} [[fault]] #{i + 1}", f, brokers)
+                   for i, f in enumerate(data.get("fault", [])))
     return UniverseSpec(name, tuple(brokers), tuple(workloads), ring,
-                        _int(f"{path} [universe]", uni, "seed", 0, 0), str(uni.get("token", "")))
+                        _int(f"{path} [universe]", uni, "seed", 0, 0), str(uni.get("token", "")),
+                        faults, None if "explore" not in data else
+                        _explore(f"{path} [explore]", data["explore"]))
+
+
+def _seconds(where: str, value: object, what: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0 \
+            or not math.isfinite(value):
+        raise UniverseFileError(f"{where}: {what} must be a number of seconds >= 0, "
+                                f"got {value!r}")
+    return float(value)
+
+
+def _fault(where: str, table: dict[str, Any], brokers: list[str]) -> FaultSpec:
+    action = table.get("action")
+    if action not in FAULT_ARGS:
+        raise UniverseFileError(f"{where}: action must be one of {', '.join(ACTIONS)}, "
+                                f"got {action!r}")
+    _check_keys(where, table, {"at", "action", *FAULT_ARGS[action]})
+    at = _seconds(where, table.get("at"), "at")
+    args: list[tuple[str, Any]] = []
+    for key in FAULT_ARGS[action]:
+        value = table.get(key)
+        if key == "jitter" and value is None:
+            value = 0.0
+        if value is None:
+            raise UniverseFileError(f"{where}: {action} needs {key!r}")
+        if key in ("a", "b", "broker", "link"):
+            ids = [value] if isinstance(value, str) else value
+            if not isinstance(ids, list) or not ids or not all(isinstance(x, str) for x in ids):
+                raise UniverseFileError(f"{where}: {key} must be a broker id or a list of them")
+            if key == "link" and len(ids) != 2:
+                raise UniverseFileError(f"{where}: link must name two brokers, "
+                                        f"[\"from\", \"to\"]")
+            if key == "broker" and len(ids) != 1:
+                raise UniverseFileError(f"{where}: broker must be one broker id")
+            for who in ids:
+                if who not in brokers:
+                    raise UniverseFileError(f"{where}: unknown broker {who!r}")
+            value = ids[0] if key == "broker" else tuple(ids)
+        elif key == "probability":
+            if not isinstance(value, int | float) or isinstance(value, bool) \
+                    or not 0 <= value <= 1:
+                raise UniverseFileError(f"{where}: probability must be within 0..1, "
+                                        f"got {value!r}")
+            value = float(value)
+        else:
+            value = _seconds(where, value, key)
+        args.append((key, value))
+    return FaultSpec(at, action, tuple(args))
+
+
+def _explore(where: str, table: dict[str, Any]) -> ExploreSpec:
+    _check_keys(where, table, _EXPLORE_KEYS)
+    default = ExploreSpec()
+    actions = table.get("actions", list(default.actions))
+    if not isinstance(actions, list) or not actions or any(
+            a not in FAULT_ARGS or a in ("heal", "release", "restart") for a in actions):
+        raise UniverseFileError(f"{where}: actions must be a list of partition, hold, delay, "
+                                f"drop or crash, got {actions!r}")
+    return ExploreSpec(_int(where, table, "faults", default.faults, 0),
+                       _seconds(where, table.get("within", default.within), "within"),
+                       _seconds(where, table.get("lasting", default.lasting), "lasting"),
+                       tuple(actions))
+
+
+def random_faults(spec: UniverseSpec, seed: int) -> tuple[FaultSpec, ...]:
+    """The faults ``universe explore`` adds for ``seed``, from the file's ``[explore]``
+    budget: each starts within ``within`` seconds and is undone (heal, release, delay
+    0, drop 0, restart) within ``lasting`` seconds more.  A pure function of the file
+    and the seed."""
+    rng = random.Random(f"rdvpump explore {seed}")
+    budget = spec.explore or ExploreSpec(faults=0)
+    pairs = sorted({(w.source, t) for w in spec.workloads for t in w.targets})
+    faults: list[FaultSpec] = []
+    for _ in range(budget.faults):
+        action = rng.choice(budget.actions)
+        start = round(rng.uniform(0, budget.within), 6)
+        end = round(start + rng.uniform(0, budget.lasting), 6)
+        if action == "crash":
+            who = rng.choice(spec.brokers)
+            faults += [FaultSpec(start, "crash", (("broker", who),)),
+                       FaultSpec(end, "restart", (("broker", who),))]
+            continue
+        if not pairs:
+            continue
+        pair = rng.choice(pairs)
+        if action == "partition":
+            faults += [FaultSpec(start, "partition", (("a", (pair[0],)), ("b", (pair[1],)))),
+                       FaultSpec(end, "heal", (("a", (pair[0],)), ("b", (pair[1],))))]
+        elif action == "hold":
+            faults += [FaultSpec(start, "hold", (("link", pair),)),
+                       FaultSpec(end, "release", (("link", pair),))]
+        elif action == "delay":
+            seconds = round(rng.uniform(0, budget.lasting / 10), 6)
+            faults += [FaultSpec(start, "delay", (("link", pair), ("seconds", seconds),
+                                                  ("jitter", seconds))),
+                       FaultSpec(end, "delay", (("link", pair), ("seconds", 0.0),
+                                                ("jitter", 0.0)))]
+        elif action == "drop":
+            faults += [FaultSpec(start, "drop", (("link", pair), ("probability", 0.01))),
+                       FaultSpec(end, "drop", (("link", pair), ("probability", 0.0)))]
+    return tuple(sorted(faults, key=lambda f: f.at))
 
 
 def _check_runnable(path: Path, workloads: list[WorkloadSpec]) -> None:
@@ -178,20 +332,51 @@ class WorkloadReport:
     bytes: int
     seconds: float
     verified: bool
+    #: Why the workload did not complete (a link lost, a connect refused, ...).
+    error: str | None = None
 
     @property
     def msgs_per_s(self) -> float:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.label, "messages": self.messages, "bytes": self.bytes,
-                "seconds": round(self.seconds, 4), "verified": self.verified}
+        found = {"workload": self.label, "messages": self.messages, "bytes": self.bytes,
+                 "seconds": round(self.seconds, 4), "verified": self.verified}
+        if self.error is not None:
+            found["error"] = self.error
+        return found
 
 
-async def serve_role(broker: Broker, kind: str, port: int, stats: Stats, *,
+def payloads(spec: UniverseSpec, w: WorkloadSpec) -> list[bytes]:
+    """The messages workload ``w`` sends in turn: a function of the file's seed and the
+    workload, so that a sink, in this process or another, compares every byte."""
+    rng = random.Random(f"rdvpump payloads {spec.seed} {w.label}")
+    return [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
+
+
+def sink_payloads(spec: UniverseSpec, broker_id: str) -> dict[tuple[str, int], list[bytes]]:
+    """What the sinks of ``broker_id`` expect, by (sending broker, port): each message in
+    order.  Where two one-way workloads share a sender and a port, they are counted only."""
+    found: dict[tuple[str, int], list[bytes]] = {}
+    shared: set[tuple[str, int]] = set()
+    for w in spec.workloads:
+        if w.kind in ("stream", "fanout") and broker_id in w.targets:
+            key = (w.source, w.port)
+            if key in found:
+                shared.add(key)
+            found[key] = payloads(spec, w)
+    return {k: v for k, v in found.items() if k not in shared}
+
+
+_LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, RdvpumpError)
+
+
+async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
+                     expected: dict[tuple[str, int], list[bytes]] | None = None, *,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Echo every message back, count them (a sink), or run a memory-only MQ server
-    (``mq``), on ``port`` until cancelled."""
+    """Echo every message back, count and compare them (a sink: ``expected`` holds what
+    each sender sends, in order), or run a memory-only MQ server (``mq``), on ``port``
+    until cancelled."""
     if kind == "mq":
         node = TrackNode(broker, role="server", port=port)
         server = MqServer(node, None)
@@ -205,8 +390,15 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats, *,
 
     async def handle(queue: AsyncMessageQueue) -> None:
         stats.links += 1
+        expect = (expected or {}).get((queue.remote_id, port)) if kind == "sink" else None
+        n = 0
         try:
             async for message in queue:
+                if expect is not None and message != expect[n % len(expect)]:
+                    stats.errors.append(f"message {n + 1} from {queue.remote_id} on port "
+                                        f"{port} is not the one sent")
+                    expect = None
+                n += 1
                 stats.messages += 1
                 stats.bytes += len(message)
                 if kind == "echo":
@@ -217,51 +409,78 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats, *,
     await broker.serve_queues(port, handle, task_status=task_status)
 
 
-async def drive(broker: Broker, w: WorkloadSpec, stats: Stats) -> WorkloadReport:
-    """Play one workload from ``broker``; every echo is compared, every sink send counted,
-    every message through an MQ server consumed, compared and acknowledged."""
-    rng = broker.pump.random
-    if w.kind == "mq":
-        return await _drive_mq(broker, w, stats, rng)
+async def drive(broker: Broker, w: WorkloadSpec, stats: Stats,
+                messages: list[bytes] | None = None) -> WorkloadReport:
+    """Play one workload from ``broker`` with ``messages`` (:func:`payloads`); every echo
+    is compared, every sink send counted, every message through an MQ server consumed,
+    compared and acknowledged.  A link that breaks ends the workload with the reason."""
+    if messages is None:
+        rng = broker.pump.random
+        messages = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
+    done = [0]
+    start = trio.current_time()
+    try:
+        if w.kind == "mq":
+            return await _drive_mq(broker, w, stats, messages, done)
+        return await _drive_links(broker, w, stats, messages, done)
+    except _LINK_ERRORS as exc:
+        error: BaseException = exc
+    except BaseExceptionGroup as group:  # from the nursery of an echo
+        found, rest = group.split(_LINK_ERRORS)
+        if found is None or rest is not None:
+            raise
+        error = _first(found)
+    return WorkloadReport(w.label, done[0], done[0] * w.size, trio.current_time() - start,
+                          False, str(error) or repr(error))
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def _drive_links(broker: Broker, w: WorkloadSpec, stats: Stats, payload: list[bytes],
+                       done: list[int]) -> WorkloadReport:
     queues = [await broker.connect_queue(t, w.port) for t in w.targets]
     stats.links += len(queues)
-    payloads = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
     verified = True
-    start = time.perf_counter()
+    start = trio.current_time()
     if w.kind == "echo":
         (q,) = queues
 
         async def send_all() -> None:
             for i in range(w.messages):
-                await q.send(payloads[i % len(payloads)])
+                await q.send(payload[i % len(payload)])
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send_all)
             for i in range(w.messages):
                 got = await q.receive()
-                verified &= got == payloads[i % len(payloads)]
+                verified &= got == payload[i % len(payload)]
+                done[0] += 1
                 stats.messages += 1
                 stats.bytes += len(got)
     else:
         for i in range(w.messages):
-            message = payloads[i % len(payloads)]
+            message = payload[i % len(payload)]
             for q in queues:
                 await q.send(message)
+                done[0] += 1
                 stats.messages += 1
                 stats.bytes += len(message)
     for q in queues:
         await q.aclose()  # flushes: every message is in the link before it ends
-    seconds = time.perf_counter() - start
+    seconds = trio.current_time() - start
     switched = w.messages * len(queues)
-    return WorkloadReport(w.label, switched, switched * w.size, seconds, verified)
+    return WorkloadReport(w.label, switched, switched * w.size, seconds, verified,
+                          None if verified else "an echoed message differs from the one sent")
 
 
-async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, rng: Any
-                    ) -> WorkloadReport:
+async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, payload: list[bytes],
+                    done: list[int]) -> WorkloadReport:
     """Publish ``messages`` to the server's topic ``workload.<source>`` in batches and
     consume them back through it, each compared with what was sent, then acknowledged."""
     (target,) = w.targets
-    payloads = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
     client = MqClient(broker, f"{target}:{w.port}")
     topic = f"workload.{w.source}"
     verified = True
@@ -270,69 +489,138 @@ async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, rng: Any
         await client.declare(topic, flags=["memory"])
         subscription = await client.subscribe(topic, window=1000)
         stats.links += 1
-        start = time.perf_counter()
+        start = trio.current_time()
         batch = max(1, min(200, (256 << 10) // max(w.size, 1)))
 
         async def publish_all() -> None:
             for first in range(0, w.messages, batch):
                 n = min(batch, w.messages - first)
                 await client.publish_many(
-                    topic, [payloads[(first + i) % len(payloads)] for i in range(n)])
+                    topic, [payload[(first + i) % len(payload)] for i in range(n)])
 
-        got = 0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(publish_all)
-            while got < w.messages:
+            while done[0] < w.messages:
                 messages = await subscription.receive_many()
                 for m in messages:
-                    verified &= m.body == payloads[m.offset % len(payloads)]
-                got += len(messages)
+                    verified &= m.body == payload[m.offset % len(payload)]
+                done[0] += len(messages)
                 stats.messages += len(messages)
                 stats.bytes += sum(len(m.body) for m in messages)
                 await subscription.ack([m.offset for m in messages])
-        seconds = time.perf_counter() - start
+        seconds = trio.current_time() - start
     finally:
         client.close()
-    return WorkloadReport(w.label, w.messages, w.messages * w.size, seconds,
-                          verified and got == w.messages)
+    ok = verified and done[0] == w.messages
+    return WorkloadReport(w.label, w.messages, w.messages * w.size, seconds, ok,
+                          None if ok else "a consumed message differs from the one published")
+
+
+@dataclass
+class RunResult:
+    """What :func:`run_universe` found: one report per workload (in file order), and
+    notes on faults that could not be applied when their time came."""
+
+    reports: list[WorkloadReport]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return all(r.verified for r in self.reports)
+
+
+async def run_universe(spec: UniverseSpec, *, trace: Any = None, trace_dir: str | None = None,
+                       trace_format: str = "jsonl", run: str | None = None,
+                       faults: tuple[FaultSpec, ...] | None = None,
+                       limit: float = RUN_LIMIT) -> RunResult:
+    """Every broker of ``spec`` on one pump in this process; run its workloads to the end.
+
+    ``faults`` (default: :meth:`UniverseSpec.all_faults`) are applied at their pump times
+    through :class:`rdvpump.testing.Faults`; with none, links are not relayed.  A run that
+    takes longer than ``limit`` seconds (of the clock it runs on) is stopped, and the
+    unfinished workloads say so.  With ``trace_dir`` the pump writes its trace there
+    (see :func:`open_universe`).
+    """
+    faults = spec.all_faults() if faults is None else faults
+    done: dict[str, WorkloadReport] = {}
+    notes: list[str] = []
+    async with open_universe(spec.name, seed=spec.seed, trace=trace, trace_dir=trace_dir,
+                             trace_format=trace_format, run=run,
+                             ring_capacity=spec.ring_capacity) as universe:
+        sim = Faults(universe) if faults else None
+        brokers = {b: universe.add_broker(b) for b in spec.brokers}
+        stats = {b: Stats() for b in spec.brokers}
+        start = trio.current_time()
+        async with trio.open_nursery() as servers:
+            scopes: dict[str, trio.CancelScope] = {}
+
+            async def serve_broker(broker: Broker, *, task_status: trio.TaskStatus[None]
+                                   = trio.TASK_STATUS_IGNORED) -> None:
+                with trio.CancelScope() as scopes[broker.id]:
+                    async with trio.open_nursery() as roles:
+                        for kind, port in spec.roles(broker.id)[0]:
+                            await roles.start(serve_role, broker, kind, port,
+                                              stats[broker.id], sink_payloads(spec, broker.id))
+                        task_status.started()
+
+            for b in spec.brokers:
+                await servers.start(serve_broker, brokers[b])
+            if sim is not None:
+                sim.on_crash.append(lambda b: scopes[b].cancel())
+                sim.on_restart.append(lambda broker: servers.start_soon(serve_broker, broker))
+
+                def apply(f: FaultSpec) -> None:
+                    try:
+                        sim.apply(f.action, **f.kwargs())
+                    except SimulationError as exc:
+                        notes.append(f"fault at {f.label}: {exc}")
+
+                for f in faults:
+                    universe.pump.call_at(f.at, apply, f, kind="fault")
+
+            async def play(w: WorkloadSpec) -> None:
+                done[w.label] = await drive(brokers[w.source], w, stats[w.source],
+                                            payloads(spec, w))
+
+            with trio.move_on_at(start + limit):
+                async with trio.open_nursery() as clients:
+                    for w in spec.workloads:
+                        clients.start_soon(play, w)
+                # One-way workloads are checked at the sinks: every message, in order.
+                expected = sink_expectations(spec)
+                while any(stats[b].messages < n and not stats[b].errors
+                          for b, n in expected.items()):
+                    await trio.sleep(0.01)
+            for w in spec.workloads:
+                report = done.get(w.label)
+                if report is None:
+                    done[w.label] = WorkloadReport(w.label, 0, 0, limit, False,
+                                                   f"did not finish within {limit:g} s")
+                elif report.verified and w.kind in ("stream", "fanout"):
+                    _check_sinks(report, w, stats, expected)
+            servers.cancel_scope.cancel()
+    return RunResult([done[w.label] for w in spec.workloads], notes)
+
+
+def _check_sinks(report: WorkloadReport, w: WorkloadSpec, stats: dict[str, Stats],
+                 expected: dict[str, int]) -> None:
+    for t in w.targets:
+        if stats[t].errors:
+            report.verified, report.error = False, f"at {t}: {stats[t].errors[0]}"
+            return
+        if stats[t].messages < expected[t]:
+            report.verified = False
+            report.error = f"{t} received {stats[t].messages} of {expected[t]} messages"
+            return
 
 
 async def run_in_process(spec: UniverseSpec, *, trace: Any = None, trace_dir: str | None = None,
                          trace_format: str = "jsonl", run: str | None = None
                          ) -> list[WorkloadReport]:
-    """Every broker of ``spec`` on one pump in this process; run its workloads to the end.
-
-    With ``trace_dir`` the pump writes its trace there (see :func:`open_universe`).
-    """
-    reports: list[WorkloadReport] = []
-    async with open_universe(spec.name, seed=spec.seed, trace=trace, trace_dir=trace_dir,
-                             trace_format=trace_format, run=run,
-                             ring_capacity=spec.ring_capacity) as universe:
-        brokers = {b: universe.add_broker(b) for b in spec.brokers}
-        stats = {b: Stats() for b in spec.brokers}
-        async with trio.open_nursery() as servers:
-            for b in spec.brokers:
-                for kind, port in spec.roles(b)[0]:
-                    await servers.start(serve_role, brokers[b], kind, port, stats[b])
-
-            async def play(w: WorkloadSpec) -> None:
-                reports.append(await drive(brokers[w.source], w, stats[w.source]))
-
-            async with trio.open_nursery() as clients:
-                for w in spec.workloads:
-                    clients.start_soon(play, w)
-            # One-way workloads are verified at the sinks: every message must arrive.
-            expected = sink_expectations(spec)
-            with trio.move_on_after(60):
-                while any(stats[b].messages < n for b, n in expected.items()):
-                    await trio.sleep(0.001)
-            arrived = all(stats[b].messages >= n for b, n in expected.items())
-            for r in reports:
-                if r.label.startswith(("stream", "fanout")):
-                    r.verified = arrived
-            servers.cancel_scope.cancel()
-    order = {w.label: i for i, w in enumerate(spec.workloads)}
-    return sorted(reports, key=lambda r: order[r.label])
+    """:func:`run_universe`'s reports (the file's faults applied)."""
+    result = await run_universe(spec, trace=trace, trace_dir=trace_dir,
+                                trace_format=trace_format, run=run)
+    return result.reports
 
 
 def sink_expectations(spec: UniverseSpec) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import pathlib
 import time
 from typing import Annotated, Any
@@ -9,10 +11,19 @@ from typing import Annotated, Any
 import trio
 import typer
 from rich.live import Live
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from ..processes import ChildState, universe_up
-from ..workloads import load_universe, run_in_process
+from ..testing import run_simulation
+from ..workloads import RunResult, load_universe, run_universe
 from ._common import (
     RunOption,
     TokenOption,
@@ -27,45 +38,121 @@ from ._common import (
     out,
 )
 
-app = typer.Typer(help="Universes from TOML files: echo, stream and fanout workloads.",
+app = typer.Typer(help="Universes from TOML files: echo, stream, fanout and mq workloads, "
+                  "simulated with faults or run for real.",
                   no_args_is_help=True)
 
 
-def _reports_table(title: str, reports: list[dict[str, object]]) -> Table:
+def _reports_table(title: str, reports: list[dict[str, object]],
+                   seconds_label: str = "seconds") -> Table:
     table = Table(title=title)
     table.add_column("workload", no_wrap=True)
-    for col in ("messages", "MB", "seconds", "msgs/s", "MB/s", "checked"):
+    for col in ("messages", "MB", seconds_label, "msgs/s", "MB/s", "checked"):
         table.add_column(col, justify="right")
     for r in reports:
         seconds = float(r["seconds"])  # type: ignore[arg-type]
         msgs, nbytes = int(r["messages"]), int(r["bytes"])  # type: ignore[call-overload]
-        rate = msgs / seconds if seconds else 0.0
         table.add_row(str(r["workload"]), f"{msgs:,}", f"{nbytes / 1e6:,.1f}",
-                      f"{seconds:.3f}", f"{rate:,.0f}",
-                      f"{nbytes / 1e6 / seconds if seconds else 0:,.1f}",
+                      f"{seconds:.3f}", f"{msgs / seconds:,.0f}" if seconds else "-",
+                      f"{nbytes / 1e6 / seconds:,.1f}" if seconds else "-",
                       "[green]ok[/green]" if r["verified"] else "[red]FAILED[/red]")
     return table
+
+
+ClockOption = Annotated[str, typer.Option(
+    "--clock", help="virtual: a simulation, the same file and seed give the same run and "
+    "trace, byte for byte; real: trio's clock, for throughput figures.")]
+SeedOption = Annotated[int | None, typer.Option(
+    "--seed", min=0, help="The seed of the run (default: the file's).")]
+
+
+def _check_clock(clock: str) -> None:
+    if clock not in ("virtual", "real"):
+        raise ValueError(f"--clock must be virtual or real, got {clock!r}")
+
+
+def _show_problems(result: RunResult) -> None:
+    for note in result.notes:
+        err.print(f"[yellow]{escape(note)}[/yellow]")
+    for r in result.reports:
+        if r.error:
+            err.print(f"[red]{escape(r.label)}: {escape(r.error)}[/red]")
 
 
 @app.command("run")
 def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
                  trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl",
-                 run: RunOption = None) -> None:
-    """Run a universe in this process, every broker on one pump."""
+                 run: RunOption = None, clock: ClockOption = "virtual",
+                 seed: SeedOption = None) -> None:
+    """Run a universe in this process, every broker on one pump: a simulation on the
+    virtual clock by default, with the file's [[fault]] tables applied."""
 
     spec = guard(lambda: load_universe(file), arg="universe file")
     guard(lambda: check_format(trace_format))
+    guard(lambda: _check_clock(clock))
     check_trace_dir(trace)
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
     with err.status(f"running universe {spec.name!r} ..."):
-        reports = interruptible(lambda: trio.run(lambda: run_in_process(
+        result = interruptible(lambda: run_simulation(lambda: run_universe(
             spec, trace_dir=None if trace is None else str(trace), trace_format=trace_format,
-            run=run)))
+            run=run), seed=spec.seed, clock=clock))
     if trace is not None:
         err.print(f"trace written to {trace}/")
-    out.print(_reports_table(f"universe {spec.name!r}, one process",
-                             [r.to_dict() for r in reports]))
-    if not all(r.verified for r in reports):
-        raise fail("a workload lost or changed messages")
+    how = (f"virtual clock, seed {spec.seed}" if clock == "virtual" else "real clock")
+    out.print(_reports_table(f"universe {spec.name!r}, one process, {how}",
+                             [r.to_dict() for r in result.reports],
+                             "virtual s" if clock == "virtual" else "seconds"))
+    _show_problems(result)
+    if not result.verified:
+        raise fail("a workload lost or changed messages, or did not finish")
+
+
+@app.command("explore")
+def universe_explore(
+    file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="How many seeds to run.")] = 100,
+    first: Annotated[int, typer.Option("--first", min=0, help="The first seed.")] = 0,
+    limit: Annotated[float, typer.Option(
+        "--limit", min=0.001, help="Virtual seconds a run may take before it fails.")] = 60.0,
+) -> None:
+    """Run the universe under many seeds on the virtual clock, each with the random faults
+    of the file's [explore] table, and print the seeds that break a workload."""
+    spec = guard(lambda: load_universe(file), arg="universe file")
+    if spec.explore is None:
+        raise fail(f"{file}: no [explore] table: nothing random to explore (add one with "
+                   "faults, within, lasting and actions)")
+    failing: list[tuple[int, str]] = []
+    columns = (TextColumn("exploring {task.description}"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[failing]} failing"),
+               TimeElapsedColumn())
+
+    def search() -> None:
+        with Progress(*columns, console=err, transient=not err.is_terminal) as progress:
+            task = progress.add_task(spec.name, total=seeds, failing=0)
+            for seed in range(first, first + seeds):
+                seeded = dataclasses.replace(spec, seed=seed)
+                result = run_simulation(functools.partial(run_universe, seeded, limit=limit),
+                                        seed=seed)
+                if not result.verified:
+                    why = next(f"{r.label}: {r.error}" for r in result.reports
+                               if not r.verified)
+                    failing.append((seed, why))
+                progress.update(task, advance=1, failing=len(failing))
+
+    interruptible(search)
+    if not failing:
+        out.print(f"{seeds} seeds from {first}: every workload complete and checked")
+        return
+    table = Table(title=f"universe {spec.name!r}: {len(failing)} of {seeds} seeds failed")
+    table.add_column("seed", justify="right")
+    table.add_column("why")
+    for seed, why in failing:
+        table.add_row(str(seed), escape(why))
+    out.print(table)
+    out.print(f"replay one: rdvpump universe run {file} --seed {failing[0][0]} --trace DIR",
+              highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 @app.command("up")

@@ -10,10 +10,10 @@ import sys
 import time
 
 import pytest
-import trio
 from typer.testing import CliRunner
 
 from rdvpump.cli import app
+from rdvpump.testing import run_simulation
 from rdvpump.workloads import UniverseFileError, load_universe, run_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -28,7 +28,9 @@ def test_there_are_examples() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_runs_in_one_process_and_checks_out(path: pathlib.Path) -> None:
     spec = load_universe(path)
-    reports = trio.run(run_in_process, spec)
+    simulated = bool(spec.faults or spec.explore)  # faults act on virtual time
+    reports = run_simulation(run_in_process, spec, seed=spec.seed,
+                             clock="virtual" if simulated else "real")
     assert [r.label for r in reports] == [w.label for w in spec.workloads]
     for r, w in zip(reports, spec.workloads, strict=True):
         assert r.verified
@@ -54,6 +56,21 @@ BAD = [
      'to = "a"\nsize = 1\n', "missing field 'messages'"),
     ('[universe]\nname = "u"\nring_capacity = 1000\n[[broker]]\nid = "a"\n', "power of two"),
     ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[broker]]\nid = "a"\n', "duplicate"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = 1\naction = "melt"\n',
+     "[[fault]] #1: action must be one of partition, heal, hold, release, delay, drop, crash, "
+     "restart, got 'melt'"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = -1\naction = "crash"\n'
+     'broker = "a"\n', "at must be a number of seconds >= 0, got -1"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = 0\naction = "crash"\n'
+     'broker = "b"\n', "[[fault]] #1: unknown broker 'b'"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = 0\naction = "hold"\n'
+     'link = ["a"]\n', 'link must name two brokers, ["from", "to"]'),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = 0\naction = "drop"\n'
+     'link = ["a", "a"]\n', "drop needs 'probability'"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[[fault]]\nat = 0\naction = "crash"\n'
+     'broker = "a"\nlink = ["a", "a"]\n', "[[fault]] #1: unknown field 'link'"),
+    ('[universe]\nname = "u"\n[[broker]]\nid = "a"\n[explore]\nactions = ["heal"]\n',
+     "[explore]: actions must be a list of partition, hold, delay, drop or crash"),
 ]
 
 
