@@ -24,6 +24,13 @@ def test_readme_shows_the_example_verbatim() -> None:
     assert body in readme
 
 
+def test_readme_shows_the_simulation_test_example_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples/test_partition.py").read_text()
+    body = example.split('"""', 2)[2].strip()
+    assert body in readme.split("## Testing your brokers", 1)[1]
+
+
 def test_readme_listener_example_runs_as_shown() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Listener style", 1)[1]

@@ -165,6 +165,9 @@ def universe_up_cmd(
 
 
     spec = guard(lambda: load_universe(file), arg="universe file")
+    if spec.faults or spec.explore:
+        err.print("note: faults are simulated in one process (universe run); up runs this "
+                  "universe without them, over real TCP", highlight=False)
     guard(lambda: check_format(trace_format))
     check_trace_dir(trace)
     trace_args: list[str] = []

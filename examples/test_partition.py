@@ -1,0 +1,51 @@
+"""Testing your brokers: a client and an echo server, cut apart by a partition.
+
+Run it with ``pytest examples/test_partition.py``; ``--sim-seed N`` runs it with
+another seed, and a failing test says which seed to replay.
+"""
+
+import pytest
+import trio
+
+from brokermgr import echo  # sends every message back until the link ends
+from rdvpump.testing import open_simulation
+
+
+def test_a_short_partition_delays_but_loses_nothing(simulate, sim_seed):
+    async def main():
+        async with open_simulation("demo", seed=sim_seed) as faults:
+            universe = faults.universe
+            server, client = universe.add_broker("server"), universe.add_broker("client")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve_queues, 80, echo)
+                queue = await client.connect_queue("server", 80)
+                faults.partition("client", "server")
+                universe.pump.call_later(2.0, faults.heal, "client", "server")
+                start = trio.current_time()
+                for i in range(100):
+                    await queue.send(b"message %d" % i)
+                replies = [await queue.receive() for _ in range(100)]
+                took = trio.current_time() - start
+                nursery.cancel_scope.cancel()
+        return replies, took
+
+    replies, took = simulate(main)
+    assert replies == [b"message %d" % i for i in range(100)]
+    assert took == pytest.approx(2.0)  # the partition's two seconds, on the virtual clock
+
+
+def test_a_long_partition_closes_the_link_with_a_reason(simulate, sim_seed):
+    async def main():
+        async with open_simulation("demo", seed=sim_seed, partition_timeout=5) as faults:
+            universe = faults.universe
+            server, client = universe.add_broker("server"), universe.add_broker("client")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve_queues, 80, echo)
+                queue = await client.connect_queue("server", 80)
+                faults.partition("client", "server")
+                with pytest.raises(trio.BrokenResourceError):
+                    await queue.receive()
+                nursery.cancel_scope.cancel()
+        return queue.close_reason
+
+    assert simulate(main) == "partitioned"
