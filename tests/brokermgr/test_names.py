@@ -201,3 +201,31 @@ async def test_clean_shutdown_unregisters(autojump_clock: object) -> None:
         names.close()
         took = await wait_until(lambda: "b1" not in service.table, step=0.001)
         assert took < 0.01
+
+
+async def test_a_partition_between_the_manager_and_a_process(autojump_clock: object) -> None:
+    """Partitioned from the manager, a process's heartbeats hang (TCP notices nothing):
+    the manager expires its brokers, others cannot find them, and no new connection gets
+    through; healed, the waiting heartbeat arrives and its brokers are found again."""
+    async with world() as w:
+        service, _ = await w.manager(MANAGER, expiry=60, scan_interval=5)
+        a, b = await w.process("A"), await w.process("B")
+        NameClient(a.u, [MANAGER], heartbeat=10, retry=1).start()
+        NameClient(b.u, [MANAGER], heartbeat=10, retry=1).start()
+        await w.nursery.start(a.u.add_broker("server").serve_queues, 80, echo)
+        client = b.u.add_broker("client")
+        await wait_until(lambda: "server" in service.table and "client" in service.table)
+        w.net.partition(MANAGER[0], "10.0.1.1")  # A's host
+        took = await wait_until(lambda: "server" not in service.table)
+        assert 60 - 10 <= took <= 60 + 5 + 0.2  # the expiry, seen by a scan
+        assert "client" in service.table  # B's heartbeats go on
+        with pytest.raises(RefusedError, match="unknown broker"):
+            await client.connect_queue("server", 80)
+        with pytest.raises(OSError, match="partitioned"):
+            w.net.open_stream(MANAGER, source="10.0.1.1")
+        w.net.heal(MANAGER[0], "10.0.1.1")
+        took = await wait_until(lambda: "server" in service.table, step=0.01)
+        assert took <= 10  # the next heartbeat at the latest
+        q = await client.connect_queue("server", 80)
+        await q.send(b"found again")
+        assert await q.receive() == b"found again"
