@@ -85,6 +85,32 @@ def bench_routes(
                      "n/a" if r.ratio is None else f"{r.ratio:.2f}x"])
 
 
+@app.command("sim")
+def bench_sim(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    brokers: Annotated[int, typer.Option(min=2, help="Brokers (a fifth are servers).")] = 100,
+    links: Annotated[int, typer.Option(min=1, help="Links, spread over the brokers.")] = 1000,
+    interval: Annotated[float, typer.Option(
+        min=0.0001, help="Seconds between two messages of a link.")] = 0.1,
+    duration: Annotated[float, typer.Option(
+        min=0.01, help="Seconds of pump time the links send for.")] = 5.0,
+) -> None:
+    """Simulated pump steps and messages per second of wall time on the virtual clock,
+    beside the same universe served on trio's real clock."""
+    from ..bench import sim
+
+    with err.status("benchmarking the simulation ...") as status:
+        results = interruptible(lambda: list(sim.run(
+            brokers=brokers, links=links, interval=interval, duration=duration,
+            progress=status.update)))
+    _show(results, json_out, f"rdvpump bench sim ({brokers} brokers, {links} links)",
+          ("case", "pump seconds", "wall s", "steps/s", "msgs/s", "baseline",
+           "baseline msgs/s", "ratio"),
+          lambda r: [r.case, f"{r.simulated_seconds:g}", f"{r.wall_seconds:.2f}",
+                     f"{r.steps_per_s:,.0f}", f"{r.msgs_per_s:,.0f}", r.baseline,
+                     f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x"])
+
+
 @app.command("tcp")
 def bench_tcp(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
