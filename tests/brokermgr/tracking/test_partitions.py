@@ -4,6 +4,8 @@ client's route table right throughout, and healing brings every vote back."""
 
 from __future__ import annotations
 
+import pathlib
+
 from brokermgr.tracking import TrackNode
 from rdvpump.testing import Faults
 
@@ -73,4 +75,31 @@ def test_a_short_partition_changes_nothing_a_client_sees() -> None:
     assert servers(client) == ["s1"]
     assert [what for _, what, _ in world.log] == ["c join"]
     assert all(link.cut_reason is None for link in faults.links)
+    world.universe.close()
+
+
+def test_a_crashed_server_restarts_with_its_state_dir(tmp_path: pathlib.Path) -> None:
+    """crash() loses the server's links as a kill does (every client sees it leave at
+    once); restart() brings a new broker with the same id, whose TrackNode reopens the
+    same state_dir, so its InfoVersions go on increasing."""
+    world = World()
+    faults = Faults(world.universe)
+    world.node("t1", role="tracker")
+    world.node("s1", role="server", trackers=("t1",), state_dir=tmp_path)
+    client = world.client("c", "t1")
+    faults.on_restart.append(lambda broker: world.nodes.__setitem__(broker.id, TrackNode(
+        broker, role="server", trackers=["t1:15555"], state_dir=tmp_path,
+        **{k: v for k, v in TIMING.items() if k != "scan_interval"})))
+    world.run(1)
+    old_version = client.routes.server_table["s1:15555"].info_version
+    faults.crash("s1")
+    world.run(0.01)
+    assert servers(client) == []
+    assert [link.cut_reason for link in faults.links if "s1" in link.brokers] == ["s1 crashed"]
+    assert list(tmp_path.iterdir())  # what it kept on disk is there
+    world.run(5)
+    faults.restart("s1")
+    world.run(1)
+    assert servers(client) == ["s1"]
+    assert client.routes.server_table["s1:15555"].info_version > old_version
     world.universe.close()
