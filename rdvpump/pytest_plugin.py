@@ -14,7 +14,7 @@ Inside the program, :func:`rdvpump.testing.open_simulation` gives a universe wit
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -57,7 +57,7 @@ def sim_clock(sim_seed: int) -> Iterator[trio.testing.MockClock]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Iterator[None]:
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     seed = item.stash.get(_SEED, None)
     if seed is not None and report.failed:
