@@ -3,6 +3,7 @@ zbus-style tracking (:mod:`brokermgr.tracking`)."""
 
 from ._broker import Broker as Broker
 from ._broker import BrokerManager as BrokerManager
+from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
@@ -38,6 +39,7 @@ __all__ = [
     "BrokerManager",
     "BrokerLink",
     "BrokerRecord",
+    "EchoListener",
     "Entry",
     "JsonSession",
     "LivenessTable",

@@ -6,6 +6,7 @@ their trio twins for embedding.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,6 +21,7 @@ from channels import (
     AsyncMessageQueue,
     ChannelManager,
     MessageQueue,
+    QueueFullError,
 )
 from pump import Pump, TraceRecorder, open_trace
 from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
@@ -307,6 +309,34 @@ async def open_universe(name: str, *, seed: int = 0, trace: TraceRecorder | None
             nursery.cancel_scope.cancel()
     if trace_dir is not None:
         manager.pump.close_trace()
+
+
+class EchoListener:
+    """The listener-style echo: install it on a queue (``queue.set_listener(
+    EchoListener(queue))``) and every message goes back, in order; while the queue is
+    full it stops reading, so the peer's sends meet backpressure, not a growing list."""
+
+    def __init__(self, queue: MessageQueue) -> None:
+        self.queue = queue
+        self.backlog: deque[bytes] = deque()
+
+    def received(self, message: bytes) -> None:
+        self.backlog.append(message)
+        self.drained()
+
+    def drained(self) -> None:
+        queue = self.queue
+        try:
+            while self.backlog:
+                queue.send(self.backlog[0])
+                self.backlog.popleft()
+        except QueueFullError:
+            queue.pause_reading()
+            return
+        queue.resume_reading()
+
+    def closed(self, reason: str) -> None:
+        pass
 
 
 async def echo(queue: AsyncMessageQueue) -> None:

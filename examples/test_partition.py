@@ -4,6 +4,8 @@ Run it with ``pytest examples/test_partition.py``; ``--sim-seed N`` runs it with
 another seed, and a failing test says which seed to replay.
 """
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 
@@ -11,23 +13,27 @@ from brokermgr import echo  # sends every message back until the link ends
 from rdvpump.testing import open_simulation
 
 
+@asynccontextmanager
+async def echo_link(faults):
+    """A "client" broker's link to an echo server on broker "server", port 80."""
+    server = faults.universe.add_broker("server")
+    client = faults.universe.add_broker("client")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve_queues, 80, echo)
+        yield await client.connect_queue("server", 80)
+        nursery.cancel_scope.cancel()
+
+
 def test_a_short_partition_delays_but_loses_nothing(simulate, sim_seed):
     async def main():
-        async with open_simulation("demo", seed=sim_seed) as faults:
-            universe = faults.universe
-            server, client = universe.add_broker("server"), universe.add_broker("client")
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve_queues, 80, echo)
-                queue = await client.connect_queue("server", 80)
-                faults.partition("client", "server")
-                universe.pump.call_later(2.0, faults.heal, "client", "server")
-                start = trio.current_time()
-                for i in range(100):
-                    await queue.send(b"message %d" % i)
-                replies = [await queue.receive() for _ in range(100)]
-                took = trio.current_time() - start
-                nursery.cancel_scope.cancel()
-        return replies, took
+        async with open_simulation(seed=sim_seed) as faults, echo_link(faults) as queue:
+            faults.partition("client", "server")
+            faults.pump.call_later(2.0, faults.heal, "client", "server")
+            start = trio.current_time()
+            for i in range(100):
+                await queue.send(b"message %d" % i)
+            replies = [await queue.receive() for _ in range(100)]
+            return replies, trio.current_time() - start
 
     replies, took = simulate(main)
     assert replies == [b"message %d" % i for i in range(100)]
@@ -36,16 +42,11 @@ def test_a_short_partition_delays_but_loses_nothing(simulate, sim_seed):
 
 def test_a_long_partition_closes_the_link_with_a_reason(simulate, sim_seed):
     async def main():
-        async with open_simulation("demo", seed=sim_seed, partition_timeout=5) as faults:
-            universe = faults.universe
-            server, client = universe.add_broker("server"), universe.add_broker("client")
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve_queues, 80, echo)
-                queue = await client.connect_queue("server", 80)
-                faults.partition("client", "server")
-                with pytest.raises(trio.BrokenResourceError):
-                    await queue.receive()
-                nursery.cancel_scope.cancel()
-        return queue.close_reason
+        async with open_simulation(seed=sim_seed, partition_timeout=5) as faults, \
+                echo_link(faults) as queue:
+            faults.partition("client", "server")
+            with pytest.raises(trio.BrokenResourceError):
+                await queue.receive()
+            return queue.close_reason
 
     assert simulate(main) == "partitioned"

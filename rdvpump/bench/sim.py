@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from brokermgr import BrokerManager
+from brokermgr import BrokerManager, EchoListener
 from channels import MessageQueue, QueueFullError
 from pump import Pump
 
@@ -67,34 +67,9 @@ class SimResult:
                 "ratio": round(self.ratio, 3)}
 
 
-class _Echo:
-    """A server's end of one link: every message back, in order, with backpressure."""
-
-    def __init__(self, queue: MessageQueue) -> None:
-        self.queue = queue
-        self.backlog: deque[bytes] = deque()
-
-    def received(self, message: bytes) -> None:
-        self.backlog.append(message)
-        self.drained()
-
-    def drained(self) -> None:
-        try:
-            while self.backlog:
-                self.queue.send(self.backlog[0])
-                self.backlog.popleft()
-        except QueueFullError:
-            self.queue.pause_reading()
-            return
-        self.queue.resume_reading()
-
-    def closed(self, reason: str) -> None:
-        pass
-
-
 class _Server:
     def accepted(self, queue: MessageQueue) -> None:
-        queue.set_listener(_Echo(queue))
+        queue.set_listener(EchoListener(queue))
 
 
 class _Ticker:

@@ -11,33 +11,10 @@ from collections import deque
 
 import pytest
 
-from brokermgr import Broker, BrokerManager
+from brokermgr import Broker, BrokerManager, EchoListener
 from channels import MessageQueue, QueueFullError, QueueListener
 from pump import Pump
 from rdv import AcceptListener, ConnectListener
-
-
-class EchoConnection(QueueListener):
-    """Server side of one link: send back what arrives, in order, with backpressure."""
-
-    def __init__(self, queue: MessageQueue) -> None:
-        self.queue = queue
-        self.backlog: deque[bytes] = deque()
-
-    def received(self, message: bytes) -> None:
-        self.backlog.append(message)
-        self.drained()
-
-    def drained(self) -> None:
-        q = self.queue
-        try:
-            while self.backlog:
-                q.send(self.backlog[0])
-                self.backlog.popleft()
-        except QueueFullError:
-            q.pause_reading()
-            return
-        q.resume_reading()
 
 
 class EchoServer(AcceptListener):
@@ -46,7 +23,7 @@ class EchoServer(AcceptListener):
 
     def accepted(self, queue: MessageQueue) -> None:
         self.links += 1
-        queue.set_listener(EchoConnection(queue))
+        queue.set_listener(EchoListener(queue))
 
 
 class EchoClient(ConnectListener, QueueListener):

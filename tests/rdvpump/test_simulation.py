@@ -3,6 +3,9 @@ crash and restart; and runs that are a pure function of their seed."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 import trio
 
@@ -22,32 +25,38 @@ async def _collect(q: AsyncMessageQueue, into: list[bytes]) -> None:
         pass
 
 
+@contextlib.asynccontextmanager
+async def collected(faults: Faults) -> AsyncIterator[tuple[AsyncMessageQueue, list[bytes]]]:
+    """Broker "client" linked to broker "server", which collects what arrives."""
+    u = faults.universe
+    server, client = u.add_broker("server"), u.add_broker("client")
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve_queues, 80, lambda q: _collect(q, got))
+        yield await client.connect_queue("server", 80), got
+        nursery.cancel_scope.cancel()
+
+
 def test_a_partition_refuses_connects_and_stalls_links_until_healed() -> None:
     async def main() -> tuple[list[bytes], float, str, list[bytes], bool]:
-        async with open_simulation("p", seed=1, ring_capacity=64) as faults:
-            u = faults.universe
-            server, client = u.add_broker("server"), u.add_broker("client")
-            got: list[bytes] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve_queues, 80,
-                                    lambda q: _collect(q, got))
-                q = await client.connect_queue("server", 80)
-                await q.send_many(MESSAGES[:10])
-                await trio.sleep(0.1)
-                before = list(got)
-                faults.partition("client", "server")
-                with pytest.raises(RefusedError) as refused:
-                    await client.connect_queue("server", 80)
-                await q.send_many(MESSAGES[10:])  # the sender has room: rings and the line
-                await trio.sleep(5)
-                stalled = list(got)
-                faults.heal("client", "server")
-                t0 = trio.current_time()
-                while len(got) < len(MESSAGES):
-                    await trio.sleep(0.01)
-                took = trio.current_time() - t0
-                closed = q.close_reason is not None
-                nursery.cancel_scope.cancel()
+        async with open_simulation("p", seed=1, ring_capacity=64) as faults, \
+                collected(faults) as (q, got):
+            client = faults.universe.broker("client")
+            await q.send_many(MESSAGES[:10])
+            await trio.sleep(0.1)
+            before = list(got)
+            faults.partition("client", "server")
+            with pytest.raises(RefusedError) as refused:
+                await client.connect_queue("server", 80)
+            await q.send_many(MESSAGES[10:])  # the sender has room: rings and the line
+            await trio.sleep(5)
+            stalled = list(got)
+            faults.heal("client", "server")
+            t0 = trio.current_time()
+            while len(got) < len(MESSAGES):
+                await trio.sleep(0.01)
+            took = trio.current_time() - t0
+            closed = q.close_reason is not None
             return before, took, str(refused.value.reason), stalled, closed
 
     before, took, reason, stalled, closed = run_simulation(main, seed=1)
@@ -79,13 +88,9 @@ def test_a_link_across_a_partition_closes_as_partitioned_after_the_timeout() -> 
 
 def test_hold_and_release_with_rings_of_four_bytes_lose_and_reorder_nothing() -> None:
     async def main() -> tuple[list[bytes], list[bytes]]:
-        async with open_simulation("h", seed=3, ring_capacity=4) as faults:
-            u = faults.universe
-            server, client = u.add_broker("server"), u.add_broker("client")
-            got: list[bytes] = []
+        async with open_simulation("h", seed=3, ring_capacity=4) as faults, \
+                collected(faults) as (q, got):
             async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve_queues, 80, lambda q: _collect(q, got))
-                q = await client.connect_queue("server", 80)
                 faults.hold(q)
 
                 async def send_all() -> None:
@@ -139,19 +144,12 @@ def test_delay_with_jitter_keeps_order_and_takes_the_time() -> None:
 
 def test_a_lossy_link_breaks_with_a_reason_and_delivers_a_prefix_in_order() -> None:
     async def main() -> tuple[list[bytes], str | None, CloseCause | None]:
-        async with open_simulation("l", seed=5) as faults:
-            u = faults.universe
-            server, client = u.add_broker("server"), u.add_broker("client")
-            got: list[bytes] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve_queues, 80, lambda q: _collect(q, got))
-                q = await client.connect_queue("server", 80)
-                faults.drop(q, 0.2)
-                with pytest.raises(trio.BrokenResourceError):
-                    for m in MESSAGES * 10:
-                        await q.send(m)
-                        await trio.sleep(0.001)
-                nursery.cancel_scope.cancel()
+        async with open_simulation("l", seed=5) as faults, collected(faults) as (q, got):
+            faults.drop(q, 0.2)
+            with pytest.raises(trio.BrokenResourceError):
+                for m in MESSAGES * 10:
+                    await q.send(m)
+                    await trio.sleep(0.001)
             return got, q.close_reason, q.close_cause
 
     got, reason, cause = run_simulation(main, seed=5)
