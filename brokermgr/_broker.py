@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from channels import (
+    DEFAULT_ADAPTIVE_POLL,
     DEFAULT_HIGH_WATER,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_RECEIVE_BUFFER,
@@ -193,6 +194,8 @@ class BrokerManager:
     brokers of another ("unknown broker").  ``busy_poll`` (seconds, default
     0) lets links to other processes poll a quiet socket that long before
     sleeping: lower latency for a busy core (see :class:`channels.StreamLink`).
+    ``adaptive_poll`` (seconds, default 100 us; 0: off) polls only while a link's
+    bytes keep coming back within it, and backs off when polls come up empty.
     """
 
     def __init__(self, name: str, *, pump: Pump | None = None,
@@ -200,7 +203,8 @@ class BrokerManager:
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
                  token: str = "", directory: Mapping[str, tuple[str, int]] | None = None,
-                 busy_poll: float = 0.0) -> None:
+                 busy_poll: float = 0.0,
+                 adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("a universe needs a non-empty name")
         self.name = name
@@ -229,6 +233,10 @@ class BrokerManager:
             raise ValueError(f"busy_poll must be a non-negative number of seconds, "
                              f"got {busy_poll!r}")
         self.net.busy_poll = busy_poll
+        if not adaptive_poll >= 0:
+            raise ValueError(f"adaptive_poll must be a non-negative number of seconds, "
+                             f"got {adaptive_poll!r}")
+        self.net.adaptive_poll = adaptive_poll
 
     async def serve_network(self, host: str = "127.0.0.1", port: int = 0, *,
                             task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED

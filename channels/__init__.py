@@ -35,9 +35,11 @@ from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
 from ._ring import RingBuffer as RingBuffer
+from ._stream import DEFAULT_ADAPTIVE_POLL as DEFAULT_ADAPTIVE_POLL
 from ._stream import StreamLink as StreamLink
 
 __all__ = [
+    "DEFAULT_ADAPTIVE_POLL",
     "CLOSE_MARK",
     "DEFAULT_FRAME_BUDGET",
     "DEFAULT_HIGH_WATER",

@@ -23,6 +23,34 @@ log = logging.getLogger("rdvpump.link")
 
 #: How long a link that ended on our side waits for the peer's end of stream.
 DEFAULT_LINGER = 5.0
+#: Adaptive polling, on by default: a link whose bytes keep coming back quickly polls
+#: its socket up to this long before it sleeps (see :class:`StreamLink`).
+DEFAULT_ADAPTIVE_POLL = 100e-6
+#: A wait longer than this means the link went quiet: it sleeps without polling.
+ADAPTIVE_QUIET = 1e-3
+#: After a poll that came up empty, the waits that sleep before the next poll: doubled at
+#: each empty poll up to this, reset by a poll that got bytes.
+ADAPTIVE_MAX_SKIP = 64
+
+#: When each link of this process last received bytes (links quiet for longer than
+#: ADAPTIVE_QUIET are dropped as they are met): adaptive polling spins only while no
+#: other link is busy, since a spin keeps every other link of the process (one thread)
+#: waiting.
+_recent: dict[StreamLink, float] = {}
+
+
+def _another_busy(link: StreamLink, now: float) -> bool:
+    stale = []
+    busy = False
+    for other, when in _recent.items():
+        if now - when > ADAPTIVE_QUIET:
+            stale.append(other)
+        elif other is not link:
+            busy = True
+            break
+    for other in stale:
+        del _recent[other]
+    return busy
 
 
 class StreamLink:
@@ -41,10 +69,22 @@ class StreamLink:
     is a core kept busy for that long and timers up to that late.  Use it only
     when each process has a core of its own: on a shared core the spinning
     keeps the other side from running.
+
+    ``adaptive_poll`` (seconds, plain TCP only, on by default): the same poll, but
+    only while the link is busy -- its last wait for bytes was under
+    :data:`ADAPTIVE_QUIET` -- and the only busy link of its process (a poll keeps
+    the process's other links waiting), and only while polls pay: a poll that comes
+    up empty
+    makes the link sleep without polling for the next 1, 2, 4 ... up to
+    :data:`ADAPTIVE_MAX_SKIP` waits.  A request/reply exchange gets its replies
+    without a sleep and wake-up; a quiet link never spins; a link whose peer
+    answers slowly soon stops trying.  The poll yields the core between reads
+    (``sched_yield``), so a peer on the same core gets to run and answer.
     """
 
     def __init__(self, channel: Channel, stream: trio.abc.Stream, *,
-                 linger: float = DEFAULT_LINGER, busy_poll: float = 0.0) -> None:
+                 linger: float = DEFAULT_LINGER, busy_poll: float = 0.0,
+                 adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
         self.channel = channel
         self.stream = stream
         self.linger = linger
@@ -60,6 +100,13 @@ class StreamLink:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.busy_poll = busy_poll
+        self.adaptive_poll = adaptive_poll
+        self._last_wait = math.inf  # seconds the last wait for bytes took
+        self._skip = 0  # waits left that sleep without polling
+        self._backoff = 0
+        #: Adaptive polls tried, and those that got bytes.
+        self.polls = 0
+        self.poll_hits = 0
         channel.attach_peer(self)
 
     # -- the peer interface the channel calls (from pump tasks) -------------------------
@@ -113,6 +160,7 @@ class StreamLink:
                         self._recv_wake = trio.Event()
                 nursery.cancel_scope.cancel()
         finally:
+            self._forget()
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
 
@@ -184,12 +232,14 @@ class StreamLink:
                 self._recv_wake = trio.Event()
                 await self._recv_wake.wait()
                 continue
-            polled = self._spin(view) if self.busy_poll > 0 and self._fd >= 0 else None
+            polled = self._poll(view) if self._fd >= 0 else None
             try:
                 if polled is not None:
                     n = polled
                 elif self._sock is not None:
+                    started = time.perf_counter()
                     n = await self._sock.recv_into(view, room)
+                    self._last_wait = time.perf_counter() - started
                 else:
                     data = await self.stream.receive_some(room)
                     n = len(data)
@@ -209,6 +259,8 @@ class StreamLink:
                 return
             rx.commit(n)
             self.bytes_received += n
+            if self._fd >= 0:
+                _recent[self] = time.perf_counter()
             self._deliver()
             if polled is not None:
                 await trio.lowlevel.checkpoint()  # a poll does not yield: let others run
@@ -223,20 +275,52 @@ class StreamLink:
         finally:
             pump.run_held()
 
-    def _spin(self, view: memoryview) -> int | None:
-        """Poll the socket for up to ``busy_poll`` seconds while nothing else is runnable."""
+    def _poll(self, view: memoryview) -> int | None:
+        """Bytes read by polling (busy or adaptive), or None: wait in the I/O loop."""
+        if self.busy_poll > 0:
+            return self._spin(view, self.busy_poll, yielding=False)[0]
+        if self.adaptive_poll <= 0 or self._last_wait > ADAPTIVE_QUIET:
+            return None
+        if self._skip:
+            self._skip -= 1
+            return None
+        started = time.perf_counter()
+        if _another_busy(self, started):
+            return None
+        self.polls += 1
+        n, empty = self._spin(view, self.adaptive_poll, yielding=True)
+        if n is not None:
+            self.poll_hits += 1
+            self._backoff = 0
+            self._last_wait = time.perf_counter() - started
+        elif empty:  # nothing came within the window: poll less often
+            self._backoff = min(2 * self._backoff or 1, ADAPTIVE_MAX_SKIP)
+            self._skip = self._backoff
+        return n
+
+    def _spin(self, view: memoryview, seconds: float, *, yielding: bool
+              ) -> tuple[int | None, bool]:
+        """Poll the socket for up to ``seconds`` while nothing else is runnable: the bytes
+        read, or None and whether the window passed empty (not cut short by other work)."""
         fd, pump = self._fd, self.channel.pump
-        deadline = time.perf_counter() + self.busy_poll
+        deadline = time.perf_counter() + seconds
         stats = trio.lowlevel.current_statistics
         while True:
             try:
-                return os.readv(fd, (view,))
+                return os.readv(fd, (view,)), False
             except BlockingIOError:
                 pass
             except OSError:
-                return None  # the regular path meets the error and reports it
-            if pump.has_ready() or time.perf_counter() > deadline or stats().tasks_runnable:
-                return None
+                return None, False  # the regular path meets the error and reports it
+            if pump.has_ready() or stats().tasks_runnable:
+                return None, False
+            if time.perf_counter() > deadline:
+                return None, True
+            if yielding:
+                os.sched_yield()
+
+    def _forget(self) -> None:
+        _recent.pop(self, None)
 
     def _lost(self, reason: str) -> None:
         self._remote_gone = True

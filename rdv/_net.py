@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from channels import Channel, ChannelManager, CloseCause, StreamLink
+from channels import DEFAULT_ADAPTIVE_POLL, Channel, ChannelManager, CloseCause, StreamLink
 from pump import CollapsingLog, Pump
 
 from ._address import Address
@@ -107,6 +107,8 @@ class NetNode:
         #: Seconds a link's receiver polls a quiet socket before it sleeps (0: never);
         #: trades a busy core for lower latency, see :class:`channels.StreamLink`.
         self.busy_poll = 0.0
+        #: The links' adaptive polling (see :class:`channels.StreamLink`); 0: off.
+        self.adaptive_poll = DEFAULT_ADAPTIVE_POLL
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
@@ -207,7 +209,8 @@ class NetNode:
         if isinstance(result, Refusal):
             await stream.aclose()
             return
-        await StreamLink(result, stream, busy_poll=self.busy_poll).run(handshake.trailing_data)
+        await StreamLink(result, stream, busy_poll=self.busy_poll,
+                         adaptive_poll=self.adaptive_poll).run(handshake.trailing_data)
 
     def _reject(self, reason: str, source: str) -> None:
         # one kind of failure from one host: collapsed, so that a flood is a few lines
@@ -283,7 +286,8 @@ class NetNode:
         assert reply.link is not None
         channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
         node.connected(channel, listener)
-        await StreamLink(channel, stream, busy_poll=self.busy_poll).run(rest)
+        await StreamLink(channel, stream, busy_poll=self.busy_poll,
+                         adaptive_poll=self.adaptive_poll).run(rest)
 
     async def _attempt(self, node: RdvNode, dst: str, address: Address, port: int
                        ) -> RefusalReason | tuple[trio.abc.Stream, Reply, bytes]:

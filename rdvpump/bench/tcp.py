@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from brokermgr import BrokerManager
-from channels import MessageQueue, QueueFullError
+from channels import DEFAULT_ADAPTIVE_POLL, MessageQueue, QueueFullError
 
 from ._result import Result
 
@@ -35,18 +35,33 @@ DONE = b"done"
 # -- the receiving side, in a child process ------------------------------------------------
 
 def peer_main(argv: list[str] | None = None) -> None:
-    """``python -m rdvpump.bench.tcp KIND COUNT CPU [POLL]``."""
+    """``python -m rdvpump.bench.tcp KIND COUNT CPU [POLL]``: POLL is ``adaptive`` (the
+    default), ``off``, or seconds of busy polling."""
     args = argv or sys.argv[1:]
     kind, count, cpu = args[:3]
-    global _BUSY_POLL
-    _BUSY_POLL = float(args[3]) if len(args) > 3 else 0.0
+    global _POLL
+    mode = args[3] if len(args) > 3 else ADAPTIVE
+    _POLL = mode if mode in (ADAPTIVE, OFF) else float(mode)
     if int(cpu) >= 0:
         os.sched_setaffinity(0, {int(cpu)})
     {"rdv-sink": _rdv_peer, "rdv-echo": _rdv_peer, "zmq-sink": _zmq_sink,
      "zmq-echo": _zmq_echo, "trio-sink": _trio_sink}[kind](kind, int(count))
 
 
-_BUSY_POLL = 0.0  # the peer's, from its command line
+#: Round-trip polling modes: the default (adaptive polling), none at all, or a float:
+#: seconds of busy polling.
+ADAPTIVE, OFF = "adaptive", "off"
+
+
+def _universe(mode: str | float, **options: Any) -> BrokerManager:
+    """The bench's universe with a polling mode."""
+    busy = 0.0 if mode in (ADAPTIVE, OFF) else float(mode)
+    adaptive = 0.0 if mode == OFF else DEFAULT_ADAPTIVE_POLL
+    return BrokerManager("bench", token=TOKEN, busy_poll=busy, adaptive_poll=adaptive,
+                         **options)
+
+
+_POLL: str | float = ADAPTIVE  # the peer's, from its command line
 
 
 def _ready(*ports: int) -> None:
@@ -55,7 +70,7 @@ def _ready(*ports: int) -> None:
 
 def _rdv_peer(kind: str, count: int) -> None:
     async def main() -> None:
-        u = BrokerManager("bench", token=TOKEN, busy_poll=_BUSY_POLL)
+        u = _universe(_POLL)
         peer = u.add_broker("peer")
 
         class Conn:
@@ -149,10 +164,10 @@ def _trio_sink(kind: str, count: int) -> None:
 class Peer:
     """A child process running one receiving side; ``ports`` from its ready line."""
 
-    def __init__(self, kind: str, count: int, cpu: int, busy_poll: float = 0.0) -> None:
+    def __init__(self, kind: str, count: int, cpu: int, poll: str | float = ADAPTIVE) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rdvpump.bench.tcp", kind,
-             str(count), str(cpu), str(busy_poll)], stdout=subprocess.PIPE,
+             str(count), str(cpu), str(poll)], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
@@ -223,13 +238,12 @@ def rdv_stream(port: int, size: int, count: int) -> float:
     return trio.run(main)
 
 
-def rdv_ping(port: int, pings: int, busy_poll: float = 0.0) -> list[float]:
+def rdv_ping(port: int, pings: int, poll: str | float = ADAPTIVE) -> list[float]:
     """Round-trip times (s) of 64 B messages, one at a time, chained in listener callbacks."""
     msg = b"p" * 64
 
     async def main() -> list[float]:
-        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)},
-                          busy_poll=busy_poll)
+        u = _universe(poll, directory={"peer": ("127.0.0.1", port)})
         me = u.add_broker("src")
         done = trio.Event()
         rtts: list[float] = []
@@ -348,8 +362,9 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
         progress: Callable[[str], None] | None = None) -> Iterator[Result]:
     """Yield one Result per (size, baseline), then the round-trip results.
 
-    The round trip is measured with default settings and, with ``split``
-    placement and ``busy_poll`` > 0, again with both sides busy-polling.
+    The round trip is measured with default settings (adaptive polling), with no
+    polling at all and, with ``split`` placement and ``busy_poll`` > 0, with both sides
+    busy-polling.
     """
     if placement not in ("split", "same"):
         raise ValueError("placement must be 'split' or 'same'")
@@ -380,8 +395,10 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
         pings = max(200, int(PINGS * scale))
         if progress:
             progress(f"64 B ping-pong x {pings}")
-        polls = [0.0] + ([busy_poll] if busy_poll > 0 and me_cpu != peer_cpu else [])
-        rtts: dict[float, list[float]] = {}
+        polls: list[str | float] = [ADAPTIVE, OFF]
+        if busy_poll > 0 and me_cpu != peer_cpu:
+            polls.append(busy_poll)
+        rtts: dict[str | float, list[float]] = {}
         with Peer("zmq-echo", 0, peer_cpu) as peer:
             theirs_rtt = zmq_ping(peer.ports[0], pings)
         for poll in polls:
@@ -391,7 +408,9 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
         for poll in polls:
             ours_rtt = rtts[poll]
             ours_med = statistics.median(ours_rtt)
-            case = "rdvpump-tcp-round-trip" + (f"-busy-poll-{poll * 1e6:.0f}us" if poll else "")
+            case = "rdvpump-tcp-round-trip" + (
+                "" if poll == ADAPTIVE else "-no-polling" if poll == OFF
+                else f"-busy-poll-{float(poll) * 1e6:.0f}us")
             yield Result(case, 64, 1 / ours_med, 64 / ours_med / 1e6,
                          "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
                          median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
