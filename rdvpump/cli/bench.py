@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ._common import check_format, err, guard, interruptible, out
+from ._common import check_format, err, fail, guard, interruptible, out
 
 app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
                   no_args_is_help=True)
@@ -83,6 +83,36 @@ def bench_routes(
           lambda r: [r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
                      r.baseline, f"{r.baseline_value:.6g} {r.unit}",
                      "n/a" if r.ratio is None else f"{r.ratio:.2f}x"])
+
+
+@app.command("fanout")
+def bench_fanout(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    sinks: Annotated[str, typer.Option(help="Sink counts (Q), comma-separated.")] = "1,4,16",
+    messages: Annotated[int, typer.Option(min=1, help="Messages from the faucet.")] = 100_000,
+    size: Annotated[int, typer.Option(min=0, help="Message size in bytes.")] = 1000,
+    repeat: Annotated[int, typer.Option(min=1, help="Runs per figure; the best is kept.")] = 3,
+) -> None:
+    """One faucet switching every message into Q sinks: the universe workload and the
+    listener API, beside the OpenAMQ notes' 25,000 msg/s per broker."""
+    from ..bench import fanout
+
+    try:
+        counts = [int(q) for q in sinks.split(",") if q.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise fail(f"--sinks must be positive integers separated by commas, got {sinks!r}")
+    with err.status("benchmarking fanout ...") as status:
+        results = interruptible(lambda: list(fanout.run(
+            tuple(counts), messages=messages, size=size, repeat=repeat,
+            progress=status.update)))
+    _show(results, json_out, f"rdvpump bench fanout ({messages:,} messages of {size} B, "
+          f"best of {repeat})",
+          ("case", "Q", "seconds", "deliveries/s", "baseline", "baseline deliveries/s",
+           "ratio"),
+          lambda r: [r.case, str(r.sinks), f"{r.seconds:.3f}", f"{r.deliveries_per_s:,.0f}",
+                     r.baseline, f"{r.baseline_deliveries_per_s:,.0f}", f"{r.ratio:.2f}x"])
 
 
 @app.command("sim")

@@ -39,7 +39,7 @@ def test_universe_run_twice_writes_byte_identical_traces(tmp_path: pathlib.Path,
         assert proc.returncode == 0, proc.stderr
         (path,) = (tmp_path / str(i)).iterdir()
         traces.append(path.read_bytes())
-    assert len(traces[0]) > 100_000
+    assert len(traces[0]) > 10_000
     assert traces[0] == traces[1]
     assert traces[2] != traces[0]  # --seed 2: another run (and another run id)
 

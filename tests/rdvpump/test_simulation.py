@@ -306,3 +306,25 @@ def test_bench_sim_runs_the_same_universe_three_ways() -> None:
     assert pump["messages"] == served["messages"] == 20 * 10 * 2
     assert rows["real clock (trio)"]["messages"] > 0
     assert all(r["baseline"] == "real clock (trio)" and r["links"] == 20 for r in rows.values())
+
+
+def test_bench_fanout_switches_every_message_into_every_sink() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from rdvpump.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "fanout", "--json", "--sinks", "1,3",
+                                      "--messages", "3000", "--size", "100", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["case"], r["sinks"], r["baseline"]) for r in rows] == [
+        (case, q, base) for q in (1, 3) for case, base in (
+            ("universe-workload", "openamq-notes-25k-msg-s"),
+            ("listener", "openamq-notes-25k-msg-s"),
+            ("universe-workload", "listener"))]
+    assert all(r["messages"] == 3000 and r["deliveries_per_s"] > 0 for r in rows)
+    bad = CliRunner().invoke(app, ["bench", "fanout", "--sinks", "0"])
+    assert bad.exit_code == 1
+    assert "--sinks must be positive integers" in bad.output
