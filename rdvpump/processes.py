@@ -37,7 +37,16 @@ from mq import MqServer
 from pump import Pump, TraceRecorder
 from rdv import Address, Refusal, tls_contexts
 
-from .workloads import Stats, UniverseSpec, drive, load_universe, serve_role, sink_expectations
+from .workloads import (
+    Stats,
+    UniverseSpec,
+    drive,
+    load_universe,
+    payloads,
+    serve_role,
+    sink_expectations,
+    sink_payloads,
+)
 
 #: How a parent starts a child: the public ``rdvpump`` command of this interpreter.
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
@@ -317,7 +326,8 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
     stats = Stats()
     serves, drives = spec.roles(broker_id)
     for kind, port in serves:
-        await nursery.start(serve_role, broker, kind, port, stats)
+        await nursery.start(serve_role, broker, kind, port, stats,
+                            sink_payloads(spec, broker_id))
 
     async def report() -> None:
         while True:
@@ -332,7 +342,7 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
                 with trio.fail_after(30):
                     while await manager.resolver.resolve(t, fresh=True) is None:
                         await trio.sleep(0.05)
-            reports.append((await drive(broker, w, stats)).to_dict())
+            reports.append((await drive(broker, w, stats, payloads(spec, w))).to_dict())
     except trio.TooSlowError:
         emit("error", {"message": "its targets did not register with the manager in 30 s"})
         raise
@@ -401,6 +411,10 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
         return on_line
 
     def finished() -> bool:
+        for b in expected:  # a sink compares every message: a mismatch stops the universe
+            errors = states[b].stats.get("errors") or []
+            if errors and states[b].error is None:
+                states[b].error = f"sink check failed: {errors[0]}"
         drivers_done = all(states[w.source].reports is not None for w in spec.workloads)
         sinks_full = all(states[b].stats.get("messages", 0) >= n for b, n in expected.items())
         return drivers_done and sinks_full

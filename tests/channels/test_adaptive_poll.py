@@ -5,6 +5,9 @@ by the test, and its pauses are the scenario (a peer that answers slowly or not 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import trio
 
 from channels import ChannelManager, MessageQueue, StreamLink
@@ -42,16 +45,26 @@ class Counter:
         pass
 
 
-async def linked(pump: Pump, nursery: trio.Nursery
-                 ) -> tuple[StreamLink, trio.SocketStream, Counter]:
-    """A StreamLink whose far end is a raw socket the test writes frames into."""
-    ours, theirs = await tcp_pair()
-    channel = ChannelManager(pump).open_end("me", "peer", 1)
-    counter = Counter()
-    MessageQueue(channel).set_listener(counter)
-    link = StreamLink(channel, ours)
-    nursery.start_soon(link.run)
-    return link, theirs, counter
+@contextlib.asynccontextmanager
+async def links(n: int) -> AsyncIterator[list[tuple[StreamLink, trio.SocketStream, Counter]]]:
+    """``n`` StreamLinks on one served pump, each with the raw socket of its far end (the
+    test writes frames into it) and the counter of what its queue received."""
+    pump = Pump()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        made = []
+        for _ in range(n):
+            ours, theirs = await tcp_pair()
+            channel = ChannelManager(pump).open_end("me", "peer", 1)
+            counter = Counter()
+            MessageQueue(channel).set_listener(counter)
+            link = StreamLink(channel, ours)
+            nursery.start_soon(link.run)
+            made.append((link, theirs, counter))
+        yield made
+        for _, raw, _ in made:
+            await raw.aclose()
+        nursery.cancel_scope.cancel()
 
 
 async def feed(raw: trio.SocketStream, counter: Counter, n: int, gap: float) -> None:
@@ -63,37 +76,23 @@ async def feed(raw: trio.SocketStream, counter: Counter, n: int, gap: float) -> 
 
 
 async def test_a_slow_peer_makes_polls_back_off() -> None:
-    pump = Pump()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pump.serve)
-        link, raw, counter = await linked(pump, nursery)
+    async with links(1) as [(link, raw, counter)]:
         await feed(raw, counter, 200, 0.0005)  # busy (under 1 ms), but never within 100 us
         assert counter.count == 200
         assert link.poll_hits == 0
         assert 1 <= link.polls <= 12  # 1, 2, 4 ... 64 waits apart, not 199 spins
-        await raw.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_quiet_link_never_polls() -> None:
-    pump = Pump()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pump.serve)
-        link, raw, counter = await linked(pump, nursery)
+    async with links(1) as [(link, raw, counter)]:
         await feed(raw, counter, 1, 0.005)
         first = link.polls  # the first message came at once: at most one poll after it
         await feed(raw, counter, 20, 0.005)  # then a message every 5 ms: quiet
         assert counter.count == 21 and first <= 1 and link.polls == first
-        await raw.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_two_busy_links_in_one_process_do_not_poll() -> None:
-    pump = Pump()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pump.serve)
-        one, raw1, counter1 = await linked(pump, nursery)
-        two, raw2, counter2 = await linked(pump, nursery)
+    async with links(2) as [(one, raw1, counter1), (two, raw2, counter2)]:
         await feed(raw1, counter1, 1, 0.0002)
         await feed(raw2, counter2, 1, 0.0002)
         before = one.polls + two.polls  # before both were busy, one may have polled once
@@ -102,6 +101,3 @@ async def test_two_busy_links_in_one_process_do_not_poll() -> None:
             await feed(raw2, counter2, 1, 0.0002)
         assert counter1.count == counter2.count == 101
         assert before <= 1 and one.polls + two.polls == before
-        await raw1.aclose()
-        await raw2.aclose()
-        nursery.cancel_scope.cancel()
