@@ -28,6 +28,8 @@ from ._result import Result
 
 DEFAULT_COUNTS = {64: 500_000, 1024: 300_000, 65536: 20_000}
 PINGS = 5_000
+#: Messages per ``send_many`` of the async face's batched case.
+ASYNC_BATCH = 256
 TOKEN = "bench"
 DONE = b"done"
 
@@ -179,6 +181,8 @@ class Peer:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def __enter__(self) -> Peer:
         return self
@@ -232,6 +236,35 @@ def rdv_stream(port: int, size: int, count: int) -> float:
             me.connect("peer", 1, Producer())
             await done.wait()
             elapsed = time.perf_counter() - start[0]
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    return trio.run(main)
+
+
+def rdv_async_stream(port: int, size: int, count: int, *, batch: int = 0) -> float:
+    """Seconds for ``count`` messages from the async face to the peer's listener: ``await
+    send`` per message, or ``send_many`` with lists of ``batch`` messages."""
+    msg = b"x" * size
+
+    async def main() -> float:
+        u = BrokerManager("bench", token=TOKEN, directory={"peer": ("127.0.0.1", port)})
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            await nursery.start(u.serve_network)
+            queue = await u.add_broker("src").connect_queue("peer", 1)
+            start = time.perf_counter()
+            if batch:
+                chunk = [msg] * batch
+                for first in range(0, count, batch):
+                    await queue.send_many(chunk if first + batch <= count
+                                          else chunk[:count - first])
+            else:
+                for _ in range(count):
+                    await queue.send(msg)
+            if await queue.receive() != DONE:
+                raise RuntimeError("bench tcp: the peer did not answer done")
+            elapsed = time.perf_counter() - start
             nursery.cancel_scope.cancel()
         return elapsed
 
@@ -378,6 +411,10 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
             best: dict[str, float] = {}
             cases: list[tuple[str, str, Callable[[Peer], float]]] = [
                 ("rdvpump-tcp", "rdv-sink", partial(_on_port, rdv_stream, size, count)),
+                ("rdvpump-tcp-async-await-each", "rdv-sink",
+                 partial(_on_port, rdv_async_stream, size, count)),
+                ("rdvpump-tcp-async-send-many", "rdv-sink",
+                 partial(_on_port, partial(rdv_async_stream, batch=ASYNC_BATCH), size, count)),
                 ("pyzmq-tcp-push-pull", "zmq-sink", partial(_on_ports, zmq_stream, size, count)),
                 ("trio-batched-framing", "trio-sink",
                  partial(_on_port, trio_stream, size, count)),
@@ -388,10 +425,12 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
                         progress(f"{size} B x {count}: {name} ({round_ + 1}/{repeat})")
                     with Peer(kind, count, peer_cpu) as peer:
                         best[name] = max(best.get(name, 0.0), count / fn(peer))
-            ours = best["rdvpump-tcp"]
-            for name in ("pyzmq-tcp-push-pull", "trio-batched-framing"):
-                yield Result("rdvpump-tcp", size, ours, ours * size / 1e6, name, best[name],
-                             ours / best[name], placement=placement)
+            for case in ("rdvpump-tcp", "rdvpump-tcp-async-await-each",
+                         "rdvpump-tcp-async-send-many"):
+                ours = best[case]
+                for name in ("pyzmq-tcp-push-pull", "trio-batched-framing"):
+                    yield Result(case, size, ours, ours * size / 1e6, name, best[name],
+                                 ours / best[name], placement=placement)
         pings = max(200, int(PINGS * scale))
         if progress:
             progress(f"64 B ping-pong x {pings}")

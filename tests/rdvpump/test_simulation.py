@@ -328,3 +328,23 @@ def test_bench_fanout_switches_every_message_into_every_sink() -> None:
     bad = CliRunner().invoke(app, ["bench", "fanout", "--sinks", "0"])
     assert bad.exit_code == 1
     assert "--sinks must be positive integers" in bad.output
+
+
+def test_bench_tcp_has_the_async_face_rows_beside_the_listener_rows() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from rdvpump.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "tcp", "--json", "--sizes", "64",
+                                      "--scale", "0.002", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    cases = {(r["case"], r["baseline"]) for r in rows}
+    for case in ("rdvpump-tcp", "rdvpump-tcp-async-await-each", "rdvpump-tcp-async-send-many"):
+        assert (case, "pyzmq-tcp-push-pull") in cases
+        assert (case, "trio-batched-framing") in cases
+    round_trips = {r["case"] for r in rows if r["baseline"] == "pyzmq-tcp-req-rep"}
+    assert round_trips >= {"rdvpump-tcp-round-trip", "rdvpump-tcp-round-trip-no-polling"}
+    assert all(r["msgs_per_s"] > 0 for r in rows)
