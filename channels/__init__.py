@@ -39,8 +39,8 @@ from ._stream import DEFAULT_ADAPTIVE_POLL as DEFAULT_ADAPTIVE_POLL
 from ._stream import StreamLink as StreamLink
 
 __all__ = [
-    "DEFAULT_ADAPTIVE_POLL",
     "CLOSE_MARK",
+    "DEFAULT_ADAPTIVE_POLL",
     "DEFAULT_FRAME_BUDGET",
     "DEFAULT_HIGH_WATER",
     "DEFAULT_MAX_MESSAGE_SIZE",

@@ -114,16 +114,8 @@ class Direction:
         self._posted = False
         self._timer: Timer | None = None
         self._src_end: tuple[str, CloseCause] | None = None
-        self._dst_gone = False
         #: Every byte written was moved and the end passed on (or the reader left).
         self.finished = False
-        #: Bytes this direction moved into the reader's ring.
-        self.moved = 0
-
-    @property
-    def in_flight(self) -> int:
-        """Bytes taken from the writer that the reader's ring has not got yet."""
-        return self._line_bytes
 
     def release(self) -> None:
         if self.held:
@@ -144,7 +136,6 @@ class Direction:
     def dst_ended(self) -> None:
         """The reader left: what it did not read is gone (as when a process closes a
         socket with unread bytes)."""
-        self._dst_gone = True
         self.drop_staged()
         self.finished = True
 
@@ -187,7 +178,6 @@ class Direction:
                 n = dst_ring.write(data)
                 if not n:
                     break
-                self.moved += n
                 self._line_bytes -= n
                 if n < len(data):
                     line[0] = (due, data[n:])

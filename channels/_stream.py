@@ -74,8 +74,7 @@ class StreamLink:
     only while the link is busy -- its last wait for bytes was under
     :data:`ADAPTIVE_QUIET` -- and the only busy link of its process (a poll keeps
     the process's other links waiting), and only while polls pay: a poll that comes
-    up empty
-    makes the link sleep without polling for the next 1, 2, 4 ... up to
+    up empty makes the link sleep without polling for the next 1, 2, 4 ... up to
     :data:`ADAPTIVE_MAX_SKIP` waits.  A request/reply exchange gets its replies
     without a sleep and wake-up; a quiet link never spins; a link whose peer
     answers slowly soon stops trying.  The poll yields the core between reads
@@ -240,6 +239,7 @@ class StreamLink:
                     started = time.perf_counter()
                     n = await self._sock.recv_into(view, room)
                     self._last_wait = time.perf_counter() - started
+                    _recent[self] = started + self._last_wait
                 else:
                     data = await self.stream.receive_some(room)
                     n = len(data)
@@ -259,8 +259,6 @@ class StreamLink:
                 return
             rx.commit(n)
             self.bytes_received += n
-            if self._fd >= 0:
-                _recent[self] = time.perf_counter()
             self._deliver()
             if polled is not None:
                 await trio.lowlevel.checkpoint()  # a poll does not yield: let others run
@@ -293,6 +291,7 @@ class StreamLink:
             self.poll_hits += 1
             self._backoff = 0
             self._last_wait = time.perf_counter() - started
+            _recent[self] = started + self._last_wait
         elif empty:  # nothing came within the window: poll less often
             self._backoff = min(2 * self._backoff or 1, ADAPTIVE_MAX_SKIP)
             self._skip = self._backoff

@@ -434,13 +434,10 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
 
 
 async def drive(broker: Broker, w: WorkloadSpec, stats: Stats,
-                messages: list[bytes] | None = None) -> WorkloadReport:
+                messages: list[bytes]) -> WorkloadReport:
     """Play one workload from ``broker`` with ``messages`` (:func:`payloads`); every echo
     is compared, every sink send counted, every message through an MQ server consumed,
     compared and acknowledged.  A link that breaks ends the workload with the reason."""
-    if messages is None:
-        rng = broker.pump.random
-        messages = [rng.randbytes(w.size) for _ in range(min(w.messages, 16))]
     done = [0]
     start = trio.current_time()
     try:
