@@ -12,6 +12,7 @@ see duplicates drop them by ``(producer, sequence)``.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -24,6 +25,7 @@ from channels import QueueFullError
 from pump import RdvpumpError
 
 from ._topic import DEFAULT_WINDOW
+from ._wire import pack_column, unpack_column
 
 #: Seconds a request waits for its reply by default.
 DEFAULT_TIMEOUT = 10.0
@@ -45,9 +47,11 @@ class Stored(NamedTuple):
     offset: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Message:
-    """A consumed message; ``deliveries`` > 1 means it was delivered before."""
+    """A consumed message; ``deliveries`` > 1 means it was delivered before (read-only by
+    convention: one is made per message, and a slotted class is several times cheaper
+    to make than a frozen one)."""
 
     topic: str
     group: str
@@ -120,19 +124,34 @@ class _Link(BrokerLink):
             return  # unsubscribed meanwhile: the server delivers them again to others
         try:
             topic, group, body = obj["topic"], obj["group"], obj.get("body", b"")
-            columns = (obj["offsets"], obj["sizes"], obj["tags"], obj["producers"],
-                       obj["sequences"], obj["deliveries"], obj["timestamps"])
-            if len({len(c) for c in columns}) != 1 or sum(obj["sizes"]) != len(body):
-                raise ValueError("columns of different lengths, or sizes that do not add up")
+            count = obj["count"]
+            if type(count) is not int or count < 1:
+                raise ValueError(f"count {count!r}")
+            columns = [unpack_column(obj[name], count, counting=counting) for name, counting in
+                       _COLUMNS]
+            if sum(columns[1]) != len(body):
+                raise ValueError("sizes that do not add up to the body")
             at = 0
-            send = subscription.on_message or subscription.inbox.send_nowait
+            messages = []
             for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
                     *columns, strict=True):
-                send(Message(topic, group, offset, tag, producer, sequence, deliveries,
-                             timestamp, body[at:at + size], subscription))
+                messages.append(Message(topic, group, offset, tag, producer, sequence,
+                                        deliveries, timestamp, body[at:at + size],
+                                        subscription))
                 at += size
         except (KeyError, ValueError, TypeError) as exc:
             self.abort(f"protocol error: a bad messages frame: {exc}")
+            return
+        if subscription.on_message is None:
+            subscription.inbox.send_nowait(messages)
+        else:
+            for message in messages:
+                subscription.on_message(message)
+
+
+#: The columns of a ``messages`` frame, in Message's order, and which of them count.
+_COLUMNS = (("offsets", True), ("sizes", False), ("tags", False), ("producers", False),
+            ("sequences", True), ("deliveries", False), ("timestamps", False))
 
 
 class MqClient:
@@ -381,37 +400,59 @@ class Subscription:
         self.on_message = on_message
         #: Its first consume was answered (until then a reconnect does not repeat it).
         self.active = False
-        # bounded by the window: the server pushes at most that many unacknowledged
-        self.inbox, self._out = trio.open_memory_channel[Message](math.inf)
+        # the messages of each frame, as one list (bounded by the window: the server
+        # pushes at most that many unacknowledged); _ready holds what is left of one
+        self.inbox, self._frames = trio.open_memory_channel[list[Message]](math.inf)
+        self._ready: deque[Message] = deque()
 
     def resume(self) -> None:
         """After a reconnect: consume again (fire and forget; errors come back logged)."""
         self.client.link.send({"cmd": "consume", "topic": self.topic, "group": self.group,
                                "window": self.window})
 
-    def __aiter__(self) -> AsyncIterator[Message]:
-        return self._out.__aiter__()
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
     async def receive(self) -> Message:
-        return await self._out.receive()
+        """The next message (``trio.EndOfChannel`` once the subscription is closed).  A
+        cancelled receive loses nothing."""
+        ready = self._ready
+        if ready:
+            await trio.lowlevel.checkpoint()
+        while not ready:  # (another task may have taken them meanwhile)
+            ready.extend(await self._frames.receive())
+        return ready.popleft()
 
     async def receive_many(self, max_count: int = 1000) -> list[Message]:
         """Wait for a message, then take every one already here (at most ``max_count``):
         one await for a whole frame of them."""
-        messages = [await self._out.receive()]
-        while len(messages) < max_count:
+        ready = self._ready
+        if ready:
+            await trio.lowlevel.checkpoint()
+        while not ready:  # (another task may have taken them meanwhile)
+            ready.extend(await self._frames.receive())
+        while len(ready) < max_count:
             try:
-                messages.append(self._out.receive_nowait())
-            except trio.WouldBlock:
+                ready.extend(self._frames.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        return messages
+        if len(ready) <= max_count:
+            messages = list(ready)
+            ready.clear()
+            return messages
+        return [ready.popleft() for _ in range(max_count)]
 
     async def ack(self, offsets: Sequence[int]) -> None:
         """Acknowledge offsets of this subscription (any number at once).  An ack lost
         with its link means those messages are delivered again."""
         link = self.client.link
-        message = {"cmd": "ack", "topic": self.topic, "group": self.group,
-                   "offsets": list(offsets)}
+        message = self._ack_request(offsets)
         while link.send(message) is Sent.FULL:
             await link.room.wait()  # past the high-water mark: wait, do not drop it
         await trio.lowlevel.checkpoint()
@@ -419,10 +460,15 @@ class Subscription:
     def ack_nowait(self, offsets: Sequence[int]) -> None:
         """The listener face's ack; :class:`~channels.QueueFullError` if the link is past
         its high-water mark (nothing sent: ack again from ``on_drained``)."""
-        outcome = self.client.link.send({"cmd": "ack", "topic": self.topic,
-                                         "group": self.group, "offsets": list(offsets)})
-        if outcome is Sent.FULL:
+        if self.client.link.send(self._ack_request(offsets)) is Sent.FULL:
             raise QueueFullError("the link is past its high-water mark; ack again later")
+
+    def _ack_request(self, offsets: Sequence[int]) -> dict[str, Any]:
+        offsets = list(offsets)
+        first = pack_column(offsets, counting=True) if offsets else offsets
+        return {"cmd": "ack", "topic": self.topic, "group": self.group,
+                **({"offsets": first, "count": len(offsets)} if type(first) is int
+                   else {"offsets": offsets})}
 
     async def close(self) -> None:
         self.client.subscriptions.pop((self.topic, self.group), None)

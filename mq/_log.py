@@ -29,7 +29,6 @@ import os
 import struct
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,8 @@ from ._record import (
     Record,
     StoreError,
     decode,
-    encode,
+    encode_into,
+    names,
     read_segment_header,
     segment_header,
 )
@@ -126,9 +126,13 @@ class TopicLog:
         self.max_body = max_body
         self.clock = clock
         self.segments: list[_Segment] = []
-        #: The newest records, as appended (offsets consecutive up to next_offset).
-        self._tail: deque[Record] = deque()
-        self._tail_bytes = 0
+        #: The newest records, as appended (offsets consecutive up to next_offset), from
+        #: ``_tail_start`` on; ``_tail_ends[i]`` counts body bytes up to record i, and
+        #: ``_tail_floor`` those before the first one kept.
+        self._tail: list[Record] = []
+        self._tail_ends: list[int] = []
+        self._tail_start = 0
+        self._tail_floor = 0
         self.tail_limit = tail_bytes
         #: Corrupt stretches found when opening, in order.
         self.corruptions: list[Corruption] = []
@@ -299,48 +303,82 @@ class TopicLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def append(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int:
+    def append(self, messages: Sequence[tuple[str | None, str, int, bytes | memoryview]]
+               ) -> int:
         """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
         the first.  The bytes reach the OS in one write; call :meth:`sync` for disk.
         :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
         if self.failed is not None:
             raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        if not messages:
+            return self.next_offset
         segment = self.segments[-1]
         now = max(int(self.clock() * 1000), segment.max_ts)
         first = segment.next_offset
-        chunks = []
-        for i, (tag, producer, sequence, body) in enumerate(messages):
-            if len(body) > self.max_body:
-                raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum "
-                                 f"of {self.max_body}")
-            chunks.append(encode(first + i, now, sequence, tag, producer, body))
-        if not chunks:
-            return first
-        data = b"".join(chunks)
-        try:
-            _write_all(segment.fd, data, segment.size)
-        except OSError as exc:
-            self._undo(segment, exc)
+        max_body = self.max_body
+        chunks: list[bytes | memoryview] = []
+        index = segment.index
+        indexed = len(index)
         pos = segment.size
-        for i, chunk in enumerate(chunks):
-            if pos - segment.last_indexed >= INDEX_INTERVAL:
-                segment.index.append((first + i - segment.base, pos, now))
-                segment.last_indexed = pos
-            pos += len(chunk)
+        last_indexed = segment.last_indexed
+        tag_was: object = ()  # matches no tag: the first message computes its names
+        producer_was = ""
+        stored = names(None, "")
+        offset = first
+        for tag, producer, sequence, body in messages:
+            if len(body) > max_body:
+                raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum "
+                                 f"of {max_body}")
+            if tag is not tag_was or producer is not producer_was:
+                stored = names(tag, producer)  # once per run of one tag and producer
+                tag_was, producer_was = tag, producer
+            if pos - last_indexed >= INDEX_INTERVAL:
+                index.append((offset - segment.base, pos, now))
+                last_indexed = pos
+            pos += encode_into(chunks, offset, now, sequence, stored, body)
+            offset += 1
+        try:
+            _write_all(segment.fd, b"".join(chunks), segment.size)
+        except OSError as exc:
+            del index[indexed:]
+            self._undo(segment, exc)
+        segment.last_indexed = last_indexed
         segment.size = pos
-        segment.next_offset = first + len(chunks)
+        segment.next_offset = offset
         segment.max_ts = now
         if self.tail_limit > 0:
-            tail = self._tail
-            for i, (tag, producer, sequence, body) in enumerate(messages):
-                tail.append(Record(first + i, now, sequence, tag or None, producer,
-                                   bytes(body)))
-                self._tail_bytes += len(body)
-            while self._tail_bytes > self.tail_limit and len(tail) > 1:
-                self._tail_bytes -= len(tail.popleft().body)
+            self._keep(first, now, messages)
         if segment.size >= self.segment_bytes:
             self._roll()
         return first
+
+    def _keep(self, first: int, now: int,
+              messages: Sequence[tuple[str | None, str, int, bytes | memoryview]]) -> None:
+        """Keep the newest records in memory, for readers that keep up: a list read from
+        ``_tail_start`` on, with the running total of body bytes after each record."""
+        tail, ends = self._tail, self._tail_ends
+        if len(tail) > self._tail_start and tail[-1].offset + 1 != first:
+            self._tail_start = len(tail)  # not contiguous (cannot happen): start afresh
+            self._tail_floor = ends[-1]
+        total = ends[-1] if ends else 0
+        offset = first
+        for tag, producer, sequence, body in messages:
+            kept = bytes(body)
+            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
+            total += len(kept)
+            ends.append(total)
+            offset += 1
+        excess = total - self._tail_floor - self.tail_limit
+        if excess > 0:
+            # drop the oldest records whose bodies add up to the excess, keeping one
+            cut = min(bisect.bisect_left(ends, self._tail_floor + excess) + 1, len(tail) - 1)
+            if cut > self._tail_start:
+                self._tail_start = cut
+                self._tail_floor = ends[cut - 1]
+        if self._tail_start > 1024 and self._tail_start * 2 > len(tail):
+            del tail[:self._tail_start]
+            del ends[:self._tail_start]
+            self._tail_start = 0
 
     def _undo(self, segment: _Segment, exc: OSError) -> None:
         reason = exc.strerror or str(exc)
@@ -402,17 +440,18 @@ class TopicLog:
         ``max_count`` and about ``max_bytes`` of bodies (at least one record); offsets lost
         to corruption are skipped."""
         offset = max(offset, self.start_offset)
-        tail = self._tail
+        tail, start = self._tail, self._tail_start
+        if len(tail) > start and tail[start].offset <= offset:
+            first = start + offset - tail[start].offset
+            if first >= len(tail):
+                return []
+            last = min(first + max_count, len(tail))
+            ends = self._tail_ends
+            before = ends[first - 1] if first > 0 else self._tail_floor
+            # about max_bytes of bodies, and at least one record
+            last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
+            return tail[first:last]
         out: list[Record] = []
-        if tail and tail[0].offset <= offset:
-            size = 0
-            for i in range(offset - tail[0].offset, len(tail)):
-                if len(out) >= max_count or (out and size >= max_bytes):
-                    break
-                record = tail[i]
-                out.append(record)
-                size += len(record.body)
-            return out
         budget = [max_count, max_bytes]
         i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
         for segment in self.segments[i:]:

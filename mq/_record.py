@@ -38,9 +38,11 @@ class FormatError(StoreError):
     """A file of another format or version."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Record:
-    """One stored message."""
+    """One stored message (read-only by convention: a plain slotted class is several
+    times cheaper to create than a frozen dataclass, and the log creates one per
+    message)."""
 
     offset: int
     timestamp: int  # ms since the epoch, never lower than the record before
@@ -75,17 +77,42 @@ def read_segment_header(data: bytes, where: str) -> tuple[int, int]:
     return base, created
 
 
-def encode(offset: int, timestamp: int, sequence: int, tag: str | None, producer: str,
-           body: bytes) -> bytes:
-    """One record; ValueError for a tag or producer id over 255 bytes."""
+#: A record's length and CRC, then the fields the CRC covers before the tag.
+_LENGTH_CRC = struct.Struct("<II")
+_FIELDS = struct.Struct("<QQQBBBB")
+
+
+def names(tag: str | None, producer: str) -> tuple[bytes, int, int]:
+    """A record's tag and producer id as stored (``tag bytes + producer bytes``) and their
+    lengths; ValueError for either over 255 bytes."""
     tag_bytes = tag.encode() if tag else b""
     producer_bytes = producer.encode()
     if len(tag_bytes) > 255 or len(producer_bytes) > 255:
         raise ValueError("a tag and a producer id are at most 255 bytes each")
-    length = RECORD_OVERHEAD + len(tag_bytes) + len(producer_bytes) + len(body)
-    rest = struct.pack("<QQQBBBB", offset, timestamp, sequence, 0, len(tag_bytes),
-                       len(producer_bytes), 0) + tag_bytes + producer_bytes + body
-    return struct.pack("<II", length, zlib.crc32(rest)) + rest
+    return tag_bytes + producer_bytes, len(tag_bytes), len(producer_bytes)
+
+
+def encode_into(chunks: list[bytes | memoryview], offset: int, timestamp: int,
+                sequence: int, stored_names: tuple[bytes, int, int],
+                body: bytes | memoryview) -> int:
+    """Append one record to ``chunks`` as three pieces (length and CRC, the fields with the
+    tag and producer id, the body: the body is not copied) and return its length.
+    ``stored_names`` comes from :func:`names` (once for a batch of one producer)."""
+    packed, tag_len, producer_len = stored_names
+    head = _FIELDS.pack(offset, timestamp, sequence, 0, tag_len, producer_len, 0) + packed
+    length = 8 + len(head) + len(body)
+    chunks.append(_LENGTH_CRC.pack(length, zlib.crc32(body, zlib.crc32(head))))
+    chunks.append(head)
+    chunks.append(body)
+    return length
+
+
+def encode(offset: int, timestamp: int, sequence: int, tag: str | None, producer: str,
+           body: bytes) -> bytes:
+    """One record; ValueError for a tag or producer id over 255 bytes."""
+    chunks: list[bytes | memoryview] = []
+    encode_into(chunks, offset, timestamp, sequence, names(tag, producer), body)
+    return b"".join(chunks)
 
 
 class Bad(RdvpumpError):

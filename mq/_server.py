@@ -13,10 +13,12 @@ request may carry a ``seq`` that its reply echoes):
 * ``consume {topic, group?, window?}`` -- this link becomes a consumer of the
   group, with ``window`` credits; messages come while credits last, as
   ``messages {topic, group, offsets, sizes, tags, producers, sequences,
-  deliveries, timestamps}`` (one list entry a message) + their bodies back to
-  back, one frame for what one dispatch sends the link.  ``unconsume`` ends
-  it.
-* ``ack {topic, group, offsets}`` -- any number of offsets at once.
+  deliveries, timestamps}`` + their bodies back to back, one frame for what
+  one dispatch sends the link.  Each field is a column: a list with one entry
+  a message, or one value for all of them (offsets and sequences: the first
+  of consecutive values; :mod:`._wire`).  ``unconsume`` ends it.
+* ``ack {topic, group, offsets}`` -- any number of offsets at once: a list,
+  or ``offsets`` the first of ``count`` consecutive ones.
 * ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
 * RPC (zbus's produce + route): a produce on an ``rpc`` topic is a request;
   the server stamps it with the caller link's session id (as its producer
@@ -47,6 +49,7 @@ under a virtual clock, but the pump waits for the disk.)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -86,6 +89,7 @@ from ._topic import (
     Topic,
     UnknownGroupError,
 )
+from ._wire import pack_column
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -99,6 +103,8 @@ COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "quer
 TICK = 1.0
 #: Largest window a consumer may ask for.
 MAX_WINDOW = 10_000
+#: Most consecutive offsets one ack may name by its first and count.
+MAX_ACK_RANGE = 1 << 20
 
 
 class MqError(RdvpumpError):
@@ -365,14 +371,14 @@ class MqServer:
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
         else:
-            if (not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
+            if (not isinstance(sizes, list) or not _ints(sizes) or (sizes and min(sizes) < 0)
                     or sum(sizes) != len(body)):
                 raise MqError(400, f"sizes must be non-negative integers adding up to the "
                                    f"body's {len(body)} bytes")
-            messages, at = [], 0
-            for i, n in enumerate(sizes):
-                messages.append((tag, producer, sequence + i, body[at:at + n]))
-                at += n
+            view = memoryview(body)  # the messages are cut without copying
+            ends = list(itertools.accumulate(sizes))
+            messages = [(tag, producer, sequence + i, view[end - size:end])
+                        for i, (size, end) in enumerate(zip(sizes, ends, strict=True))]
         first = state.topic.publish(messages)
         self.counts["stored"] += len(messages)
         reply = {"cmd": "stored", "offset": first, "count": len(messages),
@@ -485,7 +491,7 @@ class MqServer:
             raise MqError(409, f"topic {state.topic.name!r} is exclusive: group {group!r} "
                                f"has a consumer already")
         consumer = Consumer(f"{queue.remote_id}#{id(queue) % 100000}", group,
-                            lambda d: self._deliver(link, d), window=window)
+                            link.batch.append, window=window)
         link.consumers[(state.topic.name, group)] = consumer
         state.topic.attach(consumer)
         self._consumers_changed(state, group)
@@ -507,8 +513,13 @@ class MqServer:
         state = self._state(request)
         group = request.get("group") or state.topic.name
         offsets = request.get("offsets")
-        if not isinstance(offsets, list) or not all(type(o) is int for o in offsets):
-            raise MqError(400, "offsets must be a list of integers")
+        count = request.get("count")
+        if type(offsets) is int and type(count) is int and offsets >= 0 and 0 < count <= (
+                MAX_ACK_RANGE):
+            offsets = range(offsets, offsets + count)  # consecutive: offsets from the first
+        elif not isinstance(offsets, list) or not _ints(offsets):
+            raise MqError(400, f"offsets must be a list of integers, or the first of count "
+                               f"consecutive ones (count within 1..{MAX_ACK_RANGE})")
         consumer = self._link(queue).consumers.get((state.topic.name, group))
         done = state.topic.ack(group, offsets, consumer)
         self.counts["acked"] += done
@@ -615,27 +626,34 @@ class MqServer:
 
     # -- delivery ----------------------------------------------------------------------
 
-    def _deliver(self, link: _Link, delivery: Delivery) -> None:
-        link.batch.append(delivery)  # sent when the dispatch is over (_flush_batch)
-
     def _flush_batch(self, link: _Link) -> None:
-        """The deliveries of one dispatch to one link, one ``messages`` frame per group:
-        the records' fields as lists, their bodies back to back."""
-        batch, link.batch = link.batch, []
+        """The deliveries of one dispatch to one link (its consumers append them to
+        ``link.batch``), one ``messages`` frame per group: the records' fields as lists,
+        their bodies back to back."""
+        batch = link.batch[:]
+        link.batch.clear()
+        first = batch[0]
+        if all(d.group == first.group and d.topic == first.topic for d in batch):
+            self._send_messages(link, first.topic, first.group, batch)
+            return
         by_group: dict[tuple[str, str], list[Delivery]] = {}
         for delivery in batch:
             by_group.setdefault((delivery.topic, delivery.group), []).append(delivery)
         for (topic, group), deliveries in by_group.items():
-            records = [d.record for d in deliveries]
-            header = {"cmd": "messages", "topic": topic, "group": group,
-                      "offsets": [r.offset for r in records],
-                      "sizes": [len(r.body) for r in records],
-                      "tags": [r.tag for r in records],
-                      "producers": [r.producer for r in records],
-                      "sequences": [r.sequence for r in records],
-                      "deliveries": [d.deliveries for d in deliveries],
-                      "timestamps": [r.timestamp for r in records]}
-            self._send_to(link, encode(header, b"".join(r.body for r in records)))
+            self._send_messages(link, topic, group, deliveries)
+
+    def _send_messages(self, link: _Link, topic: str, group: str,
+                       deliveries: list[Delivery]) -> None:
+        records = [d.record for d in deliveries]
+        header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
+                  "offsets": pack_column([r.offset for r in records], counting=True),
+                  "sizes": pack_column([len(r.body) for r in records]),
+                  "tags": pack_column([r.tag for r in records]),
+                  "producers": pack_column([r.producer for r in records]),
+                  "sequences": pack_column([r.sequence for r in records], counting=True),
+                  "deliveries": pack_column([d.deliveries for d in deliveries]),
+                  "timestamps": pack_column([r.timestamp for r in records])}
+        self._send_to(link, encode(header, b"".join([r.body for r in records])))
 
     def _send_to(self, link: _Link, message: bytes) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
@@ -784,6 +802,11 @@ class MqServer:
 
     def topic_names(self) -> Iterable[str]:
         return sorted(self.topics)
+
+
+def _ints(values: list[Any]) -> bool:
+    """Every value is an int (not a bool); one pass in C, not a loop of Python checks."""
+    return set(map(type, values)) <= {int}
 
 
 def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:

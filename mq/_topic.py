@@ -27,7 +27,7 @@ from typing import Protocol
 
 from pump import RdvpumpError
 
-from ._filter import TagFilter, matches
+from ._filter import TagFilter
 from ._record import Record
 
 #: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
@@ -88,14 +88,26 @@ class Start:
         return self.kind if self.value is None else f"{self.kind}:{self.value}"
 
 
-@dataclass(frozen=True)
 class Delivery:
-    """A message on its way to a consumer; ``deliveries`` counts this one."""
+    """A message on its way to a consumer, and then in flight until acknowledged:
+    ``deliveries`` counts this one; ``consumer`` holds it until ``deadline`` (the pump's
+    clock).  One is made per delivery, so it is a plain slotted class; read-only by
+    convention, like :class:`~._record.Record`."""
 
-    topic: str
-    group: str
-    record: Record
-    deliveries: int
+    __slots__ = ("topic", "group", "record", "deliveries", "consumer", "deadline")
+
+    def __init__(self, topic: str, group: str, record: Record, deliveries: int,
+                 consumer: Consumer, deadline: float) -> None:
+        self.topic = topic
+        self.group = group
+        self.record = record
+        self.deliveries = deliveries
+        self.consumer = consumer
+        self.deadline = deadline
+
+    def __repr__(self) -> str:
+        return (f"<Delivery {self.topic}/{self.group} offset {self.record.offset} "
+                f"#{self.deliveries} to {self.consumer.name}>")
 
 
 class Consumer:
@@ -121,19 +133,11 @@ class Consumer:
 
 
 @dataclass
-class _Pending:
-    record: Record
-    consumer: Consumer
-    deadline: float
-    deliveries: int
-
-
-@dataclass
 class Group:
     name: str
     filter: TagFilter | None
     next_read: int
-    in_flight: dict[int, _Pending] = field(default_factory=dict)
+    in_flight: dict[int, Delivery] = field(default_factory=dict)
     #: (record, deliveries so far) waiting for a consumer with credits
     redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
     consumers: list[Consumer] = field(default_factory=list)
@@ -298,26 +302,61 @@ class Topic:
             records = self.log.read(group.next_read, max_count=min(credits, 1024))
             if not records:
                 return sent
-            for record in records:
-                if record.offset >= limit:
-                    return sent
-                if not matches(group.filter, record.tag):
-                    group.next_read = record.offset + 1
-                    group.dirty = True
-                    continue
-                consumer = group.pick()
-                if consumer is None:
-                    return sent
-                group.next_read = record.offset + 1
-                self._send(group, consumer, record, 1, deadline)
-                sent += 1
+            handed, more = self._hand_out(group, records, limit, deadline)
+            sent += handed
+            if not more:
+                return sent
         return sent
+
+    def _hand_out(self, group: Group, records: list[Record], limit: int, deadline: float
+                  ) -> tuple[int, bool]:
+        """First deliveries of ``records`` (in offset order, from ``group.next_read``) to the
+        group's consumers with credits, round robin from the group's turn, as
+        :meth:`Group.pick` would choose them one by one; how many went, and whether every
+        record was handled (False: a record at ``limit``, or no credits left)."""
+        consumers = group.consumers
+        n = len(consumers)
+        ready = [c for k in range(n) if (c := consumers[(group._turn + k) % n]).credits > 0]
+        left = [c.window - len(c.in_flight) for c in ready]
+        filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
+        j = sent = 0
+        last: Consumer | None = None
+        done = True
+        for record in records:
+            offset = record.offset
+            if offset >= limit:
+                done = False
+                break
+            if filter_ is not None and not filter_.matches(record.tag):
+                group.next_read = offset + 1
+                group.dirty = True
+                continue
+            if not ready:
+                done = False
+                break
+            last = consumer = ready[j]
+            group.next_read = offset + 1
+            in_flight[offset] = delivery = Delivery(topic, name, record, 1, consumer, deadline)
+            consumer.in_flight.add(offset)
+            consumer.deliver(delivery)
+            sent += 1
+            left[j] -= 1
+            if left[j]:
+                j += 1
+            else:
+                del ready[j], left[j]
+            if j >= len(ready):
+                j = 0
+        if last is not None:
+            group._turn = (consumers.index(last) + 1) % n
+        return sent, done
 
     def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int,
               deadline: float) -> None:
-        group.in_flight[record.offset] = _Pending(record, consumer, deadline, deliveries)
+        delivery = Delivery(self.name, group.name, record, deliveries, consumer, deadline)
+        group.in_flight[record.offset] = delivery
         consumer.in_flight.add(record.offset)
-        consumer.deliver(Delivery(self.name, group.name, record, deliveries))
+        consumer.deliver(delivery)
 
     def ack(self, group_name: str, offsets: Iterable[int], consumer: Consumer | None = None
             ) -> int:

@@ -69,6 +69,33 @@ def test_segments_roll_and_the_index_finds_any_offset(tmp_path: pathlib.Path) ->
     again.close()
 
 
+def test_the_tail_in_memory_reads_what_the_files_hold(tmp_path: pathlib.Path) -> None:
+    """Readers that keep up are served from memory (the newest bodies up to
+    ``tail_bytes``); whatever it holds, a read gives what a cold read of the files gives,
+    with the same count and byte budgets."""
+    log = TopicLog(tmp_path, tail_bytes=5_000, segment_bytes=20_000)
+    for n in range(600):  # batches of 1..7 records of 10..400 bytes, mixed tags
+        log.append([("t" if i % 3 else None, f"p{n % 2}", n * 10 + i,
+                     bytes([n % 256]) * (10 + (n * 37 + i * 11) % 390))
+                    for i in range(1 + n % 7)])
+    cold = TopicLog(tmp_path, tail_bytes=0, segment_bytes=20_000)
+    assert cold.next_offset == log.next_offset > 2_000 and len(log.segments) > 2
+    in_memory = {id(r) for r in log._tail[log._tail_start:]}  # noqa: SLF001
+    served_from_memory = 0
+    end = log.next_offset
+    for offset in sorted({*range(0, end, 7), *range(end - 60, end + 2)}):
+        for max_count, max_bytes in ((1, 1 << 20), (5, 1 << 20), (1000, 700), (1000, 1)):
+            got = log.read(offset, max_count=max_count, max_bytes=max_bytes)
+            assert got == cold.read(offset, max_count=max_count, max_bytes=max_bytes), (
+                offset, max_count, max_bytes)  # every field of every record
+            served_from_memory += bool(got) and id(got[0]) in in_memory
+    assert served_from_memory > 20
+    held = sum(len(r.body) for r in log._tail[log._tail_start:])  # noqa: SLF001
+    assert 5_000 - 400 < held <= 5_000  # bounded; the oldest go first, a body at a time
+    log.close()
+    cold.close()
+
+
 def test_seek_by_time(tmp_path: pathlib.Path) -> None:
     now, clock = clock_at()
     log = TopicLog(tmp_path, segment_bytes=20_000, clock=clock)  # type: ignore[arg-type]

@@ -90,6 +90,37 @@ async def test_unknown_topic_group_and_bad_requests_get_a_reason(
             await client.declare("t2", flags=["persistent"])
         with pytest.raises(MqRequestError, match="window must be an integer"):
             await client.subscribe("orders", window=0)
+        for bad in ({"offsets": [1, True]}, {"offsets": 0, "count": 0},
+                    {"offsets": 0, "count": (1 << 20) + 1}, {"offsets": -1, "count": 1}):
+            with pytest.raises(MqRequestError, match="offsets must be a list of integers, "
+                                                     "or the first of count") as info:
+                await client.request({"cmd": "ack", "topic": "orders", **bad})
+            assert info.value.status == 400
+
+
+async def test_frames_and_acks_name_consecutive_offsets_by_the_first(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A frame of one producer's batch sends each column as one value, and an ack of
+    consecutive offsets names the first and the count; what the consumer sees and what
+    the server frees is the same as with lists."""
+    async with site(tmp_path) as s:
+        producer, consumer = s.client("p"), s.client("c")
+        await producer.declare("orders")
+        sub = await consumer.subscribe("orders", window=6)
+        await producer.publish_many("orders", [b"a", b"bb", b"", b"dddd"], tag="t")
+        await producer.publish("orders", b"e")
+        got = await sub.receive_many()
+        while len(got) < 5:
+            got += await sub.receive_many()
+        assert [(m.offset, m.body, m.tag, m.sequence) for m in got] == [
+            (0, b"a", "t", 1), (1, b"bb", "t", 2), (2, b"", "t", 3), (3, b"dddd", "t", 4),
+            (4, b"e", None, 5)]
+        assert sub._ack_request([2, 3, 4])["offsets"] == 2  # noqa: SLF001
+        await sub.ack([0, 1, 2, 3, 4])
+        await producer.publish_many("orders", [b"f"] * 6)  # credits came back: all six
+        assert [m.offset for m in await sub.receive_many()] == [5, 6, 7, 8, 9, 10]
+        groups = (await consumer.query("orders"))["orders"]["groups"]
+        assert groups["orders"]["inFlight"] == 6 and groups["orders"]["lag"] == 6
 
 
 async def test_server_info_follows_declares_and_consumers(
