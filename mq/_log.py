@@ -42,8 +42,7 @@ from ._record import (
     Record,
     StoreError,
     decode,
-    encode_into,
-    names,
+    encode_batch,
     read_segment_header,
     segment_header,
 )
@@ -315,33 +314,19 @@ class TopicLog:
         segment = self.segments[-1]
         now = max(int(self.clock() * 1000), segment.max_ts)
         first = segment.next_offset
-        max_body = self.max_body
-        chunks: list[bytes | memoryview] = []
-        index = segment.index
-        indexed = len(index)
-        pos = segment.size
-        last_indexed = segment.last_indexed
-        tag_was: object = ()  # matches no tag: the first message computes its names
-        producer_was = ""
-        stored = names(None, "")
-        offset = first
-        for tag, producer, sequence, body in messages:
-            if len(body) > max_body:
-                raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum "
-                                 f"of {max_body}")
-            if tag is not tag_was or producer is not producer_was:
-                stored = names(tag, producer)  # once per run of one tag and producer
-                tag_was, producer_was = tag, producer
-            if pos - last_indexed >= INDEX_INTERVAL:
-                index.append((offset - segment.base, pos, now))
-                last_indexed = pos
-            pos += encode_into(chunks, offset, now, sequence, stored, body)
-            offset += 1
+        chunks, lengths = encode_batch(first, now, messages, self.max_body)
         try:
             _write_all(segment.fd, b"".join(chunks), segment.size)
         except OSError as exc:
-            del index[indexed:]
             self._undo(segment, exc)
+        index, base = segment.index, segment.base
+        pos, last_indexed, offset = segment.size, segment.last_indexed, first
+        for length in lengths:
+            if pos - last_indexed >= INDEX_INTERVAL:
+                index.append((offset - base, pos, now))
+                last_indexed = pos
+            pos += length
+            offset += 1
         segment.last_indexed = last_indexed
         segment.size = pos
         segment.next_offset = offset

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pump import RdvpumpError
@@ -92,27 +93,35 @@ def names(tag: str | None, producer: str) -> tuple[bytes, int, int]:
     return tag_bytes + producer_bytes, len(tag_bytes), len(producer_bytes)
 
 
-def encode_into(chunks: list[bytes | memoryview], offset: int, timestamp: int,
-                sequence: int, stored_names: tuple[bytes, int, int],
-                body: bytes | memoryview) -> int:
-    """Append one record to ``chunks`` as three pieces (length and CRC, the fields with the
-    tag and producer id, the body: the body is not copied) and return its length.
-    ``stored_names`` comes from :func:`names` (once for a batch of one producer)."""
-    packed, tag_len, producer_len = stored_names
-    head = _FIELDS.pack(offset, timestamp, sequence, 0, tag_len, producer_len, 0) + packed
-    length = 8 + len(head) + len(body)
-    chunks.append(_LENGTH_CRC.pack(length, zlib.crc32(body, zlib.crc32(head))))
-    chunks.append(head)
-    chunks.append(body)
-    return length
-
-
-def encode(offset: int, timestamp: int, sequence: int, tag: str | None, producer: str,
-           body: bytes) -> bytes:
-    """One record; ValueError for a tag or producer id over 255 bytes."""
+def encode_batch(first: int, timestamp: int,
+                 messages: Sequence[tuple[str | None, str, int, bytes | memoryview]],
+                 max_body: int) -> tuple[list[bytes | memoryview], list[int]]:
+    """Records for ``(tag, producer id, sequence, body)`` messages from offset ``first``:
+    the pieces to write back to back (bodies are not copied) and each record's length.
+    ValueError for a body over ``max_body`` or a tag or producer id over 255 bytes."""
     chunks: list[bytes | memoryview] = []
-    encode_into(chunks, offset, timestamp, sequence, names(tag, producer), body)
-    return b"".join(chunks)
+    lengths: list[int] = []
+    add, pack_fields, pack_length_crc, crc32 = (
+        chunks.append, _FIELDS.pack, _LENGTH_CRC.pack, zlib.crc32)
+    tag_was: object = ()  # matches no tag: the first message encodes its names
+    producer_was = ""
+    packed, tag_len, producer_len = b"", 0, 0
+    offset = first
+    for tag, producer, sequence, body in messages:
+        if len(body) > max_body:
+            raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum of "
+                             f"{max_body}")
+        if tag is not tag_was or producer is not producer_was:
+            packed, tag_len, producer_len = names(tag, producer)  # once per run of them
+            tag_was, producer_was = tag, producer
+        head = pack_fields(offset, timestamp, sequence, 0, tag_len, producer_len, 0) + packed
+        length = 8 + len(head) + len(body)
+        add(pack_length_crc(length, crc32(body, crc32(head))))
+        add(head)
+        add(body)
+        lengths.append(length)
+        offset += 1
+    return chunks, lengths
 
 
 class Bad(RdvpumpError):
