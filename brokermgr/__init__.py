@@ -21,6 +21,7 @@ from ._names import MANAGER_ID as MANAGER_ID
 from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
 from ._names import NameService as NameService
+from ._rpc import Body as Body
 from ._rpc import JsonSession as JsonSession
 from ._rpc import Sent as Sent
 from ._rpc import decode as decode
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",
+    "Body",
     "Broker",
     "BrokerManager",
     "BrokerLink",

@@ -15,7 +15,7 @@ from channels import MessageQueue, ProtocolError, QueueListener
 from pump import Pump, Timer
 
 from ._broker import Broker
-from ._rpc import Sent, decode, encode, send
+from ._rpc import Body, Sent, decode, encode, send
 
 log = logging.getLogger("rdvpump.link")
 
@@ -136,7 +136,7 @@ class ReconnectingLink(QueueListener):
         return send(self.queue, obj, what=self.name)
 
     def request(self, obj: dict[str, Any], on_reply: Callable[[Reply | None], None], *,
-                body: bytes | None = None) -> bool:
+                body: Body | None = None) -> bool:
         """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply(reply)`` runs
         when its reply comes, or ``on_reply(None)`` if the link closes first.  False if it
         could not be sent (not connected, or past the high-water mark)."""

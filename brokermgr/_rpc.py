@@ -24,13 +24,20 @@ log = logging.getLogger("rdvpump.rpc")
 
 #: Between a message's JSON object and its binary body.
 BODY_SEPARATOR = b"\x00"
+#: A binary body: bytes, or a list of pieces that go back to back.
+Body = bytes | memoryview | list[bytes | memoryview]
 
 
-def encode(obj: dict[str, Any], body: bytes | None = None) -> bytes:
+def encode(obj: dict[str, Any], body: Body | None = None) -> bytes:
     """One JSON object as a message: compact, keys sorted (the same object, the same bytes),
-    followed by ``body`` behind a NUL byte if one is given."""
+    followed by ``body`` behind a NUL byte if one is given.  ``body`` may be a list of
+    pieces, which go back to back (copied once, into the message)."""
     head = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-    return head if body is None else head + BODY_SEPARATOR + body
+    if body is None:
+        return head
+    if isinstance(body, list):
+        return b"".join([head, BODY_SEPARATOR, *body])
+    return b"".join((head, BODY_SEPARATOR, body))
 
 
 def decode(message: bytes) -> dict[str, Any]:

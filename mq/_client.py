@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Reply, Sent, encode
+from brokermgr import DEFAULT_RETRY, Body, Broker, BrokerLink, Reply, Sent, encode
 from brokermgr.tracking import ServerAddress
 from channels import QueueFullError
 from pump import RdvpumpError
@@ -71,6 +71,12 @@ class Message:
     def ack_nowait(self) -> None:
         """The listener face's ack (:meth:`Subscription.ack_nowait`)."""
         self.subscription.ack_nowait([self.offset])
+
+
+def _stored(reply: Reply, count: int) -> list[Stored]:
+    """Where ``count`` messages stored by one request went (consecutive offsets)."""
+    server, first, new = str(reply["server"]), int(reply["offset"]), tuple.__new__
+    return [new(Stored, (server, offset)) for offset in range(first, first + count)]
 
 
 class _Link(BrokerLink):
@@ -180,7 +186,7 @@ class MqClient:
         with trio.fail_after(self.timeout):
             await self.link.up.wait()
 
-    async def request(self, obj: dict[str, Any], body: bytes | None = None) -> Reply:
+    async def request(self, obj: dict[str, Any], body: Body | None = None) -> Reply:
         """One request and its reply; :class:`MqRequestError` for an error reply or none."""
         deadline = trio.current_time() + self.timeout
         while True:
@@ -245,9 +251,8 @@ class MqClient:
                                "sequence": first_sequence, "sizes": [len(b) for b in bodies]}
         if tag is not None:
             obj["tag"] = tag
-        reply = await self.request(obj, b"".join(bodies))
-        first = int(reply["offset"])
-        return [Stored(str(reply["server"]), first + i) for i in range(len(bodies))]
+        reply = await self.request(obj, list(bodies))
+        return _stored(reply, len(bodies))
 
     async def subscribe(self, topic: str, *, group: str | None = None,
                         window: int = DEFAULT_WINDOW) -> Subscription:
@@ -309,10 +314,9 @@ class MqClient:
                 on_stored(MqRequestError(int(reply.get("status", 500)),
                                          str(reply.get("error"))))
             else:
-                first = int(reply["offset"])
-                on_stored([Stored(str(reply["server"]), first + i) for i in range(len(bodies))])
+                on_stored(_stored(reply, len(bodies)))
 
-        if not self.link.request(obj, answered, body=b"".join(bodies)):
+        if not self.link.request(obj, answered, body=list(bodies)):
             if self.link.queue is None:
                 raise MqRequestError(0, f"{self.server.address}: not connected")
             raise QueueFullError(f"{self.server.address}: the link is past its high-water "

@@ -48,7 +48,6 @@ under a virtual clock, but the pump waits for the disk.)
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
@@ -56,9 +55,10 @@ import os
 import shutil
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 from urllib.parse import quote
 
@@ -210,6 +210,7 @@ class MqServer:
         self._closed = False
         #: fsyncs run in a thread and report back through trio (when trio runs this pump)
         self._token: trio.lowlevel.TrioToken | None = None
+        self._syncer: _Syncer | None = None
         if fsync_thread:
             try:
                 self._token = trio.lowlevel.current_trio_token()
@@ -427,15 +428,10 @@ class MqServer:
             self._committed(points, errors, failed, waiting)
             return
         self._committing = True
-        token = self._token
-
-        def job() -> None:
-            errors = _run_syncs(points)
-            with contextlib.suppress(trio.RunFinishedError):  # ending: nothing is acked
-                token.run_sync_soon(self.pump.post, "mq committed", self._committed, points,
-                                    errors, failed, waiting)
-
-        threading.Thread(target=job, name="mq fsync", daemon=True).start()
+        if self._syncer is None:
+            self._syncer = _Syncer(self._token)
+        self._syncer.submit(points, lambda errors: self.pump.post(
+            "mq committed", self._committed, points, errors, failed, waiting))
 
     def _committed(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
                    failed: dict[str, str],
@@ -653,7 +649,7 @@ class MqServer:
                   "sequences": pack_column([r.sequence for r in records], counting=True),
                   "deliveries": pack_column([d.deliveries for d in deliveries]),
                   "timestamps": pack_column([r.timestamp for r in records])}
-        self._send_to(link, encode(header, b"".join([r.body for r in records])))
+        self._send_to(link, encode(header, [r.body for r in records]))
 
     def _send_to(self, link: _Link, message: bytes) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
@@ -795,6 +791,8 @@ class MqServer:
         self._tick_timer.cancel()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
+        if self._syncer is not None:
+            self._syncer.stop()
         self.sync_all()
         for state in self.topics.values():
             self._save_cursors(state)
@@ -807,6 +805,37 @@ class MqServer:
 def _ints(values: list[Any]) -> bool:
     """Every value is an int (not a bool); one pass in C, not a loop of Python checks."""
     return set(map(type, values)) <= {int}
+
+
+class _Syncer:
+    """One thread that runs the commits' fsyncs, one commit at a time, and reports each
+    back on the pump's trio loop (a thread started per commit cost more than many
+    fsyncs of a small commit)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._jobs: SimpleQueue[
+            tuple[dict[str, SyncPoint], Callable[[dict[str, OSError]], object]] | None
+        ] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mq fsync", daemon=True)
+        self._thread.start()
+
+    def submit(self, points: dict[str, SyncPoint],
+               done: Callable[[dict[str, OSError]], object]) -> None:
+        self._jobs.put((points, done))
+
+    def stop(self) -> None:
+        """No more commits: the thread ends after the one under way (not waited for)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            points, done = job
+            errors = _run_syncs(points)
+            try:
+                self._token.run_sync_soon(done, errors)
+            except trio.RunFinishedError:  # ending: nothing is acknowledged
+                return
 
 
 def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:
