@@ -103,6 +103,8 @@ COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "quer
 TICK = 1.0
 #: Largest window a consumer may ask for.
 MAX_WINDOW = 10_000
+#: Bytes of bodies after which a ``messages`` frame ends (one more message may pass it).
+FRAME_BYTES = 1 << 20
 #: Most consecutive offsets one ack may name by its first and count.
 MAX_ACK_RANGE = 1 << 20
 
@@ -640,6 +642,19 @@ class MqServer:
 
     def _send_messages(self, link: _Link, topic: str, group: str,
                        deliveries: list[Delivery]) -> None:
+        """``messages`` frames of about :data:`FRAME_BYTES` of bodies each (a wide window
+        behind a deep backlog would make one frame larger than a link carries)."""
+        start = size = 0
+        for i, delivery in enumerate(deliveries):
+            size += len(delivery.record.body)
+            if size >= FRAME_BYTES:
+                self._send_frame(link, topic, group, deliveries[start:i + 1])
+                start, size = i + 1, 0
+        if start < len(deliveries):
+            self._send_frame(link, topic, group, deliveries[start:])
+
+    def _send_frame(self, link: _Link, topic: str, group: str,
+                    deliveries: list[Delivery]) -> None:
         records = [d.record for d in deliveries]
         header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
                   "offsets": pack_column([r.offset for r in records], counting=True),

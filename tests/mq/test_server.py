@@ -379,3 +379,20 @@ async def test_a_delete_on_exit_topic_goes_with_the_link_that_declared_it(
         assert not (tmp_path / "scratch").exists()
         with pytest.raises(MqRequestError, match="no topic 'scratch'"):
             await other.publish("scratch", b"y")
+
+
+async def test_a_backlog_larger_than_a_message_reaches_a_new_consumer_in_several_frames(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A consumer with a wide window subscribing behind a deep backlog gets it all: one
+    dispatch's deliveries are cut into frames the link can carry."""
+    async with site(tmp_path) as s:
+        producer, consumer = s.client("p"), s.client("c")
+        await producer.declare("orders")
+        body = b"x" * (64 << 10)
+        for _ in range(10):
+            await producer.publish_many("orders", [body] * 30)  # 300 x 64 KiB: 19 MiB
+        sub = await consumer.subscribe("orders", window=1000)
+        got: list[int] = []
+        while len(got) < 300:
+            got += [m.offset for m in await sub.receive_many() if m.body == body]
+        assert got == list(range(300))
