@@ -141,7 +141,8 @@ class Group:
     #: (record, deliveries so far) waiting for a consumer with credits
     redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
     consumers: list[Consumer] = field(default_factory=list)
-    _turn: int = 0
+    #: where the round robin of consumers starts next
+    turn: int = 0
     #: the floor changed since it was last saved
     dirty: bool = True
     dead_letters: int = 0
@@ -160,9 +161,9 @@ class Group:
         """The next consumer with credits, round robin."""
         n = len(self.consumers)
         for k in range(n):
-            consumer = self.consumers[(self._turn + k) % n]
+            consumer = self.consumers[(self.turn + k) % n]
             if consumer.credits > 0:
-                self._turn = (self._turn + k + 1) % n
+                self.turn = (self.turn + k + 1) % n
                 return consumer
         return None
 
@@ -316,7 +317,7 @@ class Topic:
         record was handled (False: a record at ``limit``, or no credits left)."""
         consumers = group.consumers
         n = len(consumers)
-        ready = [c for k in range(n) if (c := consumers[(group._turn + k) % n]).credits > 0]
+        ready = [c for k in range(n) if (c := consumers[(group.turn + k) % n]).credits > 0]
         left = [c.window - len(c.in_flight) for c in ready]
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
         j = sent = 0
@@ -348,7 +349,7 @@ class Topic:
             if j >= len(ready):
                 j = 0
         if last is not None:
-            group._turn = (consumers.index(last) + 1) % n
+            group.turn = (consumers.index(last) + 1) % n
         return sent, done
 
     def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int,

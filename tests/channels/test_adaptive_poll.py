@@ -100,4 +100,7 @@ async def test_two_busy_links_in_one_process_do_not_poll() -> None:
             await feed(raw1, counter1, 1, 0.0002)
             await feed(raw2, counter2, 1, 0.0002)
         assert counter1.count == counter2.count == 101
-        assert before <= 1 and one.polls + two.polls == before
+        # Without the rule, each of the 200 messages would be followed by a poll.  A
+        # hiccup of the machine over 1 ms makes one link look like the only busy one for
+        # a message or two, so a handful is allowed (seen once in a full run, not alone).
+        assert before <= 1 and one.polls + two.polls - before <= 6
