@@ -92,9 +92,9 @@ class FrameDecoder:
         self._batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
-        self._body: bytearray | None = None  # set while a body arrives in pieces
+        self._body: list[bytearray] | None = None  # set while a body arrives in pieces
         self._need = 0  # its declared length
-        self._got = 0  # its bytes so far (len(self._body))
+        self._got = 0  # its bytes so far
         self._charged = 0  # of them, what the budget counts (a body bigger than the ring)
         #: ``(cause, reason)`` from the peer's close frame, once it came (nothing may follow).
         self.peer_close: tuple[str, str] | None = None
@@ -183,7 +183,9 @@ class FrameDecoder:
         got, need = self._got, self._need
         if got < need:
             n = min(ring.used, need - got)
-            if len(body) < got + n:
+            if not n:
+                return None
+            if not body or len(body[0]) < need:
                 # a body bigger than the ring grows with what arrives, within the budget
                 budget = self.budget
                 if budget.held + n > budget.limit:
@@ -192,20 +194,21 @@ class FrameDecoder:
                         f"the process's budget of {budget.limit} bytes for unfinished frames")
                 budget.held += n
                 self._charged += n
-                body += bytes(n)
-            view = memoryview(body)
-            part = view[got:got + n]
-            self._got = got = got + ring.readinto(part)
-            part.release()
-            view.release()
+                body.append(bytearray(n))
+                piece = memoryview(body[-1])
+            else:  # a complete frame round the ring's end: its one piece, made at the start
+                piece = memoryview(body[0])[got:got + n]
+            self._got = got = got + ring.readinto(piece)
             if got < need:
                 return None
         self.discard()
-        return bytes(body)
+        # the pieces are joined once (growing one buffer copied it again and again)
+        return bytes(body[0]) if len(body) == 1 else b"".join(body)
 
     def _start_body(self, length: int, *, complete: bool) -> None:
-        # a frame wholly in the ring is copied out at once; one still arriving grows
-        self._body = bytearray(length) if complete else bytearray()
+        # a frame wholly in the ring is copied out at once; one still arriving comes in
+        # pieces of what arrived
+        self._body = [bytearray(length)] if complete else []
         self._need = length
         self._got = 0
 
