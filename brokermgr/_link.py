@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from channels import MessageQueue, ProtocolError, QueueListener
+from channels import MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
 from pump import Pump, Timer
 
 from ._broker import Broker
@@ -139,11 +139,18 @@ class ReconnectingLink(QueueListener):
                 body: Body | None = None) -> bool:
         """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply(reply)`` runs
         when its reply comes, or ``on_reply(None)`` if the link closes first.  False if it
-        could not be sent (not connected, or past the high-water mark)."""
+        could not be sent (not connected, or past the high-water mark);
+        :class:`~channels.MessageTooLargeError` (nothing sent) if it can never be."""
         self._seq += 1
         seq = self._seq
         message = {**obj, "seq": seq}
-        if self.send(message if body is None else encode(message, body)) is not Sent.SENT:
+        data = encode(message, body)
+        if self.queue is not None and len(data) > self.queue.max_message_size:
+            # sent, it would close the link; refused here, nothing is lost
+            raise MessageTooLargeError(
+                f"{self.name}: a request of {len(data)} bytes exceeds the link's maximum "
+                f"message size of {self.queue.max_message_size} bytes; nothing was sent")
+        if self.send(data) is not Sent.SENT:
             return False
         self._waiting[seq] = on_reply
         return True

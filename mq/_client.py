@@ -242,7 +242,9 @@ class MqClient:
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
                            tag: str | None = None) -> list[Stored]:
-        """Store several messages in one request (one fsync under ``sync``)."""
+        """Store several messages in one request (one fsync under ``sync``);
+        :class:`~channels.MessageTooLargeError` (nothing sent) if the request is larger
+        than the link carries."""
         if not bodies:
             return []
         first_sequence = self.sequence + 1
@@ -297,7 +299,9 @@ class MqClient:
         """Publish ``bodies`` in one request without waiting; ``on_stored(stored)`` runs
         once they are stored (or with the :class:`MqRequestError`).  Raises
         :class:`~channels.QueueFullError` when the link is past its high-water mark:
-        nothing was sent; try again from :attr:`on_drained`."""
+        nothing was sent; try again from :attr:`on_drained`; and
+        :class:`~channels.MessageTooLargeError` (nothing sent) for a request larger than
+        the link carries: publish fewer at a time."""
         obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
                                "sequence": self.sequence + 1,
                                "sizes": [len(b) for b in bodies]}

@@ -108,6 +108,9 @@ MAX_WINDOW = 10_000
 #: put together piece by piece (with 1 MiB frames the 64 KiB stream of ``bench mq`` ran
 #: at 2.1-2.3 K msgs/s, with these at 2.8-3.1 K, two runs each).
 FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
+#: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
+#: most the link's maximum message size less this.
+FRAME_ROOM = 64 << 10
 #: Most consecutive offsets one ack may name by its first and count.
 MAX_ACK_RANGE = 1 << 20
 
@@ -196,6 +199,8 @@ class MqServer:
                            else Durability.parse(durability))
         self.ack_timeout = ack_timeout
         self.max_deliveries = max_deliveries
+        #: Largest body a produce may carry: what a delivery of it can carry.
+        self.max_body = node.broker.manager.queue_options["max_message_size"] - FRAME_ROOM
         self.segment_bytes = segment_bytes
         #: Retention per disk topic: whole segments go once the topic is larger than
         #: ``retain_bytes`` or their newest message is older than ``retain_age`` seconds,
@@ -385,6 +390,11 @@ class MqServer:
             ends = list(itertools.accumulate(sizes))
             messages = [(tag, producer, sequence + i, view[end - size:end])
                         for i, (size, end) in enumerate(zip(sizes, ends, strict=True))]
+        if len(body) > self.max_body and (len(body) if sizes is None else max(sizes)) > (
+                self.max_body):
+            raise MqError(413, f"a message over {self.max_body} bytes: this server's links "
+                               f"carry frames of at most {self.max_body + FRAME_ROOM} bytes, "
+                               f"a delivery's header included")
         first = state.topic.publish(messages)
         self.counts["stored"] += len(messages)
         reply = {"cmd": "stored", "offset": first, "count": len(messages),

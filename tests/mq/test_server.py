@@ -15,6 +15,7 @@ import trio
 
 from brokermgr import BrokerManager, open_universe
 from brokermgr.tracking import TrackNode
+from channels import MessageTooLargeError
 from mq import MqClient, MqRequestError, MqServer
 
 TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
@@ -396,3 +397,28 @@ async def test_a_backlog_larger_than_a_message_reaches_a_new_consumer_in_several
         while len(got) < 300:
             got += [m.offset for m in await sub.receive_many() if m.body == body]
         assert got == list(range(300))
+
+
+async def test_a_message_too_large_for_a_link_is_refused_before_it_is_sent(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A publish that no link could carry raises at once and closes nothing; one the
+    link carries but a delivery could not (its header would not fit) gets a 413."""
+    with trio.fail_after(600):
+        async with open_universe("mq", max_message_size=256 << 10,
+                                 high_water=128 << 10) as universe:
+            s = Site(universe, tmp_path)
+            try:
+                client = s.client("c")
+                await client.declare("orders")
+                with pytest.raises(MessageTooLargeError, match="exceeds the link's maximum "
+                                   "message size of 262144 bytes; nothing was sent"):
+                    await client.publish("orders", b"x" * (300 << 10))
+                with pytest.raises(MqRequestError, match="a message over 196608 bytes") as info:
+                    await client.publish_many("orders", [b"y", b"x" * (200 << 10)])
+                assert info.value.status == 413
+                assert (await client.publish("orders", b"z" * (190 << 10))).offset == 0
+                sub = await client.subscribe("orders")
+                assert (await sub.receive()).body == b"z" * (190 << 10)
+                assert client.link.connects == 1  # the link was never closed
+            finally:
+                s.server.close()
