@@ -430,21 +430,12 @@ class Subscription:
     async def receive(self) -> Message:
         """The next message (``trio.EndOfChannel`` once the subscription is closed).  A
         cancelled receive loses nothing."""
-        ready = self._ready
-        if ready:
-            await trio.lowlevel.checkpoint()
-        while not ready:  # (another task may have taken them meanwhile)
-            ready.extend(await self._frames.receive())
-        return ready.popleft()
+        return (await self._wait_ready()).popleft()
 
     async def receive_many(self, max_count: int = 1000) -> list[Message]:
         """Wait for a message, then take every one already here (at most ``max_count``):
         one await for a whole frame of them."""
-        ready = self._ready
-        if ready:
-            await trio.lowlevel.checkpoint()
-        while not ready:  # (another task may have taken them meanwhile)
-            ready.extend(await self._frames.receive())
+        ready = await self._wait_ready()
         while len(ready) < max_count:
             try:
                 ready.extend(self._frames.receive_nowait())
@@ -455,6 +446,16 @@ class Subscription:
             ready.clear()
             return messages
         return [ready.popleft() for _ in range(max_count)]
+
+    async def _wait_ready(self) -> deque[Message]:
+        """The messages here, at least one, after a checkpoint (waiting for a frame when
+        none is here)."""
+        ready = self._ready
+        if ready:
+            await trio.lowlevel.checkpoint()
+        while not ready:  # (another task may have taken them meanwhile)
+            ready.extend(await self._frames.receive())
+        return ready
 
     async def ack(self, offsets: Sequence[int]) -> None:
         """Acknowledge offsets of this subscription (any number at once).  An ack lost
@@ -473,10 +474,11 @@ class Subscription:
 
     def _ack_request(self, offsets: Sequence[int]) -> dict[str, Any]:
         offsets = list(offsets)
-        first = pack_column(offsets, counting=True) if offsets else offsets
-        return {"cmd": "ack", "topic": self.topic, "group": self.group,
-                **({"offsets": first, "count": len(offsets)} if type(first) is int
-                   else {"offsets": offsets})}
+        request: dict[str, Any] = {"cmd": "ack", "topic": self.topic, "group": self.group,
+                                   "offsets": offsets}
+        if offsets and type(first := pack_column(offsets, counting=True)) is int:
+            request.update(offsets=first, count=len(offsets))  # consecutive: the first
+        return request
 
     async def close(self) -> None:
         self.client.subscriptions.pop((self.topic, self.group), None)
