@@ -26,8 +26,9 @@ class AsyncMessageQueue:
 
     ``send`` waits while the send backlog is past the high-water mark;
     ``receive`` waits for the next message.  Memory is bounded on both sides:
-    at most ``receive_buffer`` messages wait for ``receive`` before reading
-    pauses and backpressure reaches the sender.
+    once ``receive_buffer`` messages wait for ``receive``, reading pauses (after
+    the read under way, which takes at most what the link's ring holds) and
+    backpressure reaches the sender.
 
     End of the link: ``receive`` raises ``trio.EndOfChannel`` after the peer
     closed cleanly and every message it sent was received,
@@ -57,6 +58,14 @@ class AsyncMessageQueue:
     def received(self, message: bytes) -> None:
         inbox = self._inbox
         inbox.append(message)
+        if len(inbox) >= self._limit:
+            self._queue.pause_reading()
+        if self._recv_lot:
+            self._recv_lot.unpark()
+
+    def received_many(self, messages: list[bytes]) -> None:
+        inbox = self._inbox
+        inbox.extend(messages)
         if len(inbox) >= self._limit:
             self._queue.pause_reading()
         if self._recv_lot:

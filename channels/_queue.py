@@ -12,7 +12,7 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any
 
 import trio
@@ -42,6 +42,11 @@ class QueueListener:
 
     Subclass and override what you need (the base methods do nothing), or pass
     any object with ``received`` and ``closed``; ``drained`` is optional.
+
+    A listener may also have ``received_many(messages)``: the queue then calls it
+    instead of ``received``, once per read, with every whole message that read found
+    (a list, in order; never empty).  ``pause_reading`` from it takes effect at the
+    next read.
     """
 
     def received(self, message: bytes) -> None:
@@ -392,10 +397,28 @@ class MessageQueue:
         decoder = self._decoder
         observer = self._observer
         used_before = rx.used if observer is not None else 0
-        recv = listener.received
+        many: list[bytes] | None = None
+        if getattr(listener, "received_many", None) is not None:
+            many = []
+            recv = many.append
+        else:
+            recv = listener.received
         taken = False
         try:
-            while not self._paused and self._state is _State.OPEN:
+            while many is not None and self._state is _State.OPEN:
+                frames = decoder.next_frames()
+                if frames is None:
+                    break
+                taken = True
+                data, lens = frames
+                self._received += len(lens)
+                if observer is not None:
+                    observer.delivered(lens)
+                if len(lens) == 1:
+                    recv(data)
+                else:
+                    many += [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
+            while many is None and not self._paused and self._state is _State.OPEN:
                 frames = decoder.next_frames()
                 if frames is None:
                     break
@@ -412,8 +435,12 @@ class MessageQueue:
                     recv(data[off:end])
                     off = end
         except ProtocolError as exc:
+            if many:  # what came whole before the bad frame is delivered first
+                listener.received_many(many)
             self._protocol_error(str(exc))
             return
+        if many:
+            listener.received_many(many)
         # A frame in pieces means its bytes were taken: the decoder drains the ring then.
         if decoder.in_frame:
             taken = True

@@ -47,6 +47,58 @@ def test_messages_arrive_whole_in_order_for_every_ring_size(
     assert qa.statistics().messages_sent == len(messages)
 
 
+class BatchRecorder(Recorder):
+    """A listener with ``received_many``: the queue hands it lists, never one message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[bytes]] = []
+
+    def received(self, message: bytes) -> None:
+        raise AssertionError("received() called on a listener with received_many()")
+
+    def received_many(self, messages: list[bytes]) -> None:
+        assert type(messages) is list and messages
+        assert all(type(m) is bytes for m in messages)
+        self.calls.append(messages)
+        self.messages.extend(messages)
+
+
+@pytest.mark.parametrize("capacity", RING_SIZES)
+@settings(max_examples=25, deadline=None)
+@given(messages=st.lists(st.binary(max_size=300), max_size=30),
+       big=st.sampled_from([0, 70_000]))
+def test_a_batch_listener_gets_every_message_whole_in_order_in_lists(
+        capacity: int, messages: list[bytes], big: int) -> None:
+    if big:
+        messages = [b"first", bytes(range(256)) * (big // 256), *messages]
+    pump = Pump()
+    qa, qb = queue_pair(pump, capacity)
+    rec = BatchRecorder()
+    qb.set_listener(rec)
+    qa.set_listener(QueueListener())
+    for m in messages:
+        qa.send(m)
+    pump.run_until_idle()
+    assert rec.messages == messages
+    assert qb.statistics().messages_received == len(messages)
+    if messages and capacity == 65536 and not big:
+        assert len(rec.calls) == 1  # what one read found: one call
+
+
+def test_a_batch_listener_gets_the_whole_messages_before_a_bad_frame_then_the_close() -> None:
+    pump = Pump()
+    raw, side = ChannelManager(pump, capacity=4096).open_pair("evil", "victim", 1)
+    queue = MessageQueue(side, max_message_size=1000, high_water=1000)
+    rec = BatchRecorder()
+    queue.set_listener(rec)
+    good = b"".join(len(m).to_bytes(4, "big") + m for m in (b"one", b"two", b""))
+    raw.write(good + (5000).to_bytes(4, "big") + b"junk")  # one read: good, then bad
+    pump.run_until_idle()
+    assert rec.calls == [[b"one", b"two", b""]]
+    assert rec.reasons == ["protocol error: frame of 5000 bytes exceeds max_message_size 1000"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(messages=st.lists(st.binary(max_size=200), min_size=1, max_size=20),
        cuts=st.lists(st.integers(1, 50), min_size=1, max_size=40),
