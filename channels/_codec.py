@@ -13,6 +13,10 @@ wraps around its end) is moved in pieces.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable, Sequence
+from itertools import accumulate, pairwise
+
 from ._errors import ProtocolError
 from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, RingBuffer
 
@@ -34,6 +38,26 @@ CLOSE_MARK = 0xFFFF0000
 MAX_MESSAGE_BODY = CLOSE_MARK - 1
 #: Longest body of a close frame (a longer reason is cut).
 MAX_CLOSE_BODY = 1000
+
+
+#: Unpackers that split a batch of equal-sized bodies, by (size, count); cleared when
+#: full (a Struct costs about a microsecond to make).
+_SPLITTERS: dict[tuple[int, int], Callable[[bytes], tuple[bytes, ...]]] = {}
+_MAX_SPLITTERS = 256
+
+
+def split_bodies(data: bytes, lens: list[int]) -> Sequence[bytes]:
+    """The bodies of a batch of frames (:data:`Frames`), in order.  Bodies of one size
+    are cut by one ``struct`` unpack in C (2-5x faster than slicing in Python)."""
+    first, count = lens[0], len(lens)
+    if lens.count(first) == count:
+        unpack = _SPLITTERS.get((first, count))
+        if unpack is None:
+            if len(_SPLITTERS) >= _MAX_SPLITTERS:
+                _SPLITTERS.clear()
+            unpack = _SPLITTERS[first, count] = struct.Struct(f"{first}s" * count).unpack
+        return unpack(data)
+    return [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
 
 
 def close_frame(reason: str, cause: str) -> bytes:

@@ -12,7 +12,6 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise
 from typing import Any
 
 import trio
@@ -21,7 +20,7 @@ from pump import Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
+from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder, split_bodies
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 
 log = logging.getLogger("rdvpump.link")
@@ -140,6 +139,7 @@ class MessageQueue:
         self._encoder = FrameEncoder(channel.tx_ring)
         self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
         self._listener: Any = None
+        self._received_many: Callable[[list[bytes]], object] | None = None
         self._state = _State.OPEN
         self._reason: str | None = None
         self._cause: CloseCause | None = None
@@ -221,6 +221,7 @@ class MessageQueue:
             raise TypeError(f"queue listener {listener!r} lacks {' and '.join(missing)}(); "
                             "subclass channels.QueueListener")
         self._listener = listener
+        self._received_many = getattr(listener, "received_many", None)
         self._channel.set_listener(self._channel_side(), owner=self)
 
     def _channel_side(self) -> _ChannelSide:
@@ -397,8 +398,9 @@ class MessageQueue:
         decoder = self._decoder
         observer = self._observer
         used_before = rx.used if observer is not None else 0
+        received_many = self._received_many
         many: list[bytes] | None = None
-        if getattr(listener, "received_many", None) is not None:
+        if received_many is not None:
             many = []
             recv = many.append
         else:
@@ -417,7 +419,7 @@ class MessageQueue:
                 if len(lens) == 1:
                     recv(data)
                 else:
-                    many += [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
+                    many += split_bodies(data, lens)
             while many is None and not self._paused and self._state is _State.OPEN:
                 frames = decoder.next_frames()
                 if frames is None:
@@ -430,17 +432,15 @@ class MessageQueue:
                 if len(lens) == 1:
                     recv(data)
                     continue
-                off = 0
-                for end in accumulate(lens):
-                    recv(data[off:end])
-                    off = end
+                for message in split_bodies(data, lens):
+                    recv(message)
         except ProtocolError as exc:
-            if many:  # what came whole before the bad frame is delivered first
-                listener.received_many(many)
+            if many and received_many is not None:  # the whole ones before it go first
+                received_many(many)
             self._protocol_error(str(exc))
             return
-        if many:
-            listener.received_many(many)
+        if many and received_many is not None:
+            received_many(many)
         # A frame in pieces means its bytes were taken: the decoder drains the ring then.
         if decoder.in_frame:
             taken = True

@@ -289,7 +289,10 @@ class RingBuffer:
         bytes put)``.  Only as many lengths are measured as could fit, judged by the first
         body's size: measuring a thousand lengths to move sixty costs more than the move."""
         room = _rb_free_space(self._rb)
-        fit = (room if room < max_bytes else max_bytes) // (len(bodies[start]) + HEADER_SIZE) + 1
+        first = len(bodies[start]) + HEADER_SIZE
+        if first > room:
+            return 0, 0  # not even the first frame fits whole
+        fit = (room if room < max_bytes else max_bytes) // first + 1
         bodies = bodies[start:start + (fit if fit < max_count else max_count)]
         lens = _ffi_from_buffer("uint32_t[]", array("I", map(len, bodies)))
         k = _frames_fit(self._rb, lens, len(bodies), max_bytes)

@@ -381,6 +381,9 @@ class _Cycle:
     def __init__(self, payloads: list[bytes]) -> None:
         self.k = len(payloads)
         self.ring = payloads * ((BATCH + self.k - 1) // self.k + 1)
+        sizes = set(map(len, payloads))
+        #: The payloads' one size (a batch that matches has len(batch) * size bytes).
+        self.size = sizes.pop() if len(sizes) == 1 else None
 
     def slice(self, first: int, n: int) -> list[bytes]:
         start = first % self.k
@@ -424,7 +427,10 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
                     cycle = None
                 n += len(batch)
                 stats.messages += len(batch)
-                stats.bytes += sum(map(len, batch))
+                if cycle is not None and cycle.size is not None:  # matched: sizes known
+                    stats.bytes += len(batch) * cycle.size
+                else:
+                    stats.bytes += sum(map(len, batch))
                 if kind == "echo":
                     await queue.send_many(batch)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -136,3 +136,25 @@ def test_bytes_after_the_close_frame_are_the_peers_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="8 bytes after the close frame"):
         drain(decoder)
     assert decoder.peer_close == ("clean", "bye")
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=50),
+       same=st.sampled_from([None, 0, 1, 1000]))
+def test_split_bodies_gives_back_each_body_whatever_their_sizes(
+        bodies: list[bytes], same: int | None) -> None:
+    from channels._codec import split_bodies
+
+    if same is not None:  # one size: the struct path
+        bodies = [bytes([i % 256]) * same for i in range(len(bodies))]
+    out = split_bodies(b"".join(bodies), [len(b) for b in bodies])
+    assert list(out) == bodies
+    assert all(type(b) is bytes for b in out)
+
+
+def test_split_bodies_keeps_a_bounded_cache_of_unpackers() -> None:
+    from channels import _codec
+
+    for count in range(1, 2 * _codec._MAX_SPLITTERS + 1):
+        assert list(_codec.split_bodies(b"ab" * count, [2] * count)) == [b"ab"] * count
+        assert len(_codec._SPLITTERS) <= _codec._MAX_SPLITTERS
