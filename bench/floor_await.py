@@ -1,0 +1,107 @@
+"""The least one ``await`` per message can cost on trio, beside trio's memory channel.
+
+``python bench/floor_await.py [MESSAGES] [ROUNDS]``: a queue that only appends,
+pops and keeps trio's conventions (``send`` and ``receive`` each check for
+cancellation and yield once; a parked receiver is rescheduled by the sender),
+moving 64 B messages between two tasks, against ``trio.open_memory_channel``
+with buffers of 0 and of infinity.  Figures in bench/RESULTS.md (issue 13).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import time
+
+import trio
+
+MSG = b"x" * 64
+
+
+async def memory_channel(count: int, buffer: float) -> float:
+    send, receive = trio.open_memory_channel[bytes](buffer)
+
+    async def produce() -> None:
+        async with send:
+            for _ in range(count):
+                await send.send(MSG)
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        async with receive:
+            async for _ in receive:
+                pass
+    return time.perf_counter() - start
+
+
+class Floor:
+    """A deque with a checkpoint per await: what any conforming queue must at least do."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque[bytes] = collections.deque()
+        self.waiter: trio.lowlevel.Task | None = None
+        self.done = False
+
+    def _wake(self) -> None:
+        if self.waiter is not None:
+            task, self.waiter = self.waiter, None
+            trio.lowlevel.reschedule(task)
+
+    async def send(self, message: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.items.append(message)
+        self._wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def end(self) -> None:
+        self.done = True
+        self._wake()
+
+    async def receive(self) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self.items:
+            if self.done:
+                raise trio.EndOfChannel
+            self.waiter = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(
+                lambda _: trio.lowlevel.Abort.SUCCEEDED)
+        message = self.items.popleft()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+
+async def floor(count: int) -> float:
+    queue = Floor()
+
+    async def produce() -> None:
+        for _ in range(count):
+            await queue.send(MSG)
+        queue.end()
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        try:
+            while True:
+                await queue.receive()
+        except trio.EndOfChannel:
+            pass
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    for _ in range(rounds):
+        zero = trio.run(memory_channel, count, 0)
+        inf = trio.run(memory_channel, count, math.inf)
+        least = trio.run(floor, count)
+        print(f"trio channel(0) {count / zero:,.0f}/s  channel(inf) {count / inf:,.0f}/s  "
+              f"floor {count / least:,.0f}/s  floor/channel(0) {zero / least:.2f}x  "
+              f"floor/channel(inf) {inf / least:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
