@@ -13,9 +13,7 @@ wraps around its end) is moved in pieces.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Sequence
-from itertools import accumulate, pairwise
+from collections.abc import Sequence
 
 from ._errors import ProtocolError
 from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, RingBuffer
@@ -27,8 +25,8 @@ JOIN_MAX = 1 << 16
 #: Most frames judged for one batched put.
 PUT_BATCH = 1024
 
-#: Frames out of the decoder: the bodies joined, and their lengths in order.
-Frames = tuple[bytes, list[int]]
+#: Frames out of the decoder: the bodies, and their lengths, in order.
+Frames = tuple[Sequence[bytes], list[int]]
 
 #: A header at or above this is a close frame: ``CLOSE_MARK + n``, then ``n`` bytes,
 #: ``"<cause>:<reason>"`` in UTF-8.  Over a byte stream it is the last thing a side sends
@@ -38,26 +36,6 @@ CLOSE_MARK = 0xFFFF0000
 MAX_MESSAGE_BODY = CLOSE_MARK - 1
 #: Longest body of a close frame (a longer reason is cut).
 MAX_CLOSE_BODY = 1000
-
-
-#: Unpackers that split a batch of equal-sized bodies, by (size, count); cleared when
-#: full (a Struct costs about a microsecond to make).
-_SPLITTERS: dict[tuple[int, int], Callable[[bytes], tuple[bytes, ...]]] = {}
-_MAX_SPLITTERS = 256
-
-
-def split_bodies(data: bytes, lens: list[int]) -> Sequence[bytes]:
-    """The bodies of a batch of frames (:data:`Frames`), in order.  Bodies of one size
-    are cut by one ``struct`` unpack in C (2-5x faster than slicing in Python)."""
-    first, count = lens[0], len(lens)
-    if lens.count(first) == count:
-        unpack = _SPLITTERS.get((first, count))
-        if unpack is None:
-            if len(_SPLITTERS) >= _MAX_SPLITTERS:
-                _SPLITTERS.clear()
-            unpack = _SPLITTERS[first, count] = struct.Struct(f"{first}s" * count).unpack
-        return unpack(data)
-    return [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
 
 
 def close_frame(reason: str, cause: str) -> bytes:
@@ -95,8 +73,8 @@ PROCESS_FRAME_BUDGET = FrameBudget()
 class FrameDecoder:
     """Whole messages out of ``ring``, in order.
 
-    ``next_frames()`` returns the messages complete now as ``(data, lengths)``
-    (``data`` is the bodies joined), or ``None`` when more bytes are needed;
+    ``next_frames()`` returns the messages complete now as ``(bodies, lengths)``,
+    or ``None`` when more bytes are needed;
     call it until ``None``.  ``end_of_stream()`` says the peer is gone: it
     raises :class:`ProtocolError` if that cut a frame.
     """
@@ -154,7 +132,7 @@ class FrameDecoder:
                 if message is None:
                     return None
                 if self._close_state != 1:
-                    return message, [len(message)]
+                    return [message], [len(message)]
                 cause, _, reason = message.decode(errors="replace").partition(":")
                 self.peer_close = (cause, reason)
                 self._close_state = 2

@@ -20,7 +20,7 @@ from pump import Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder, split_bodies
+from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 
 log = logging.getLogger("rdvpump.link")
@@ -412,27 +412,21 @@ class MessageQueue:
                 if frames is None:
                     break
                 taken = True
-                data, lens = frames
+                bodies, lens = frames
                 self._received += len(lens)
                 if observer is not None:
                     observer.delivered(lens)
-                if len(lens) == 1:
-                    recv(data)
-                else:
-                    many += split_bodies(data, lens)
+                many += bodies
             while many is None and not self._paused and self._state is _State.OPEN:
                 frames = decoder.next_frames()
                 if frames is None:
                     break
                 taken = True
-                data, lens = frames
+                bodies, lens = frames
                 self._received += len(lens)
                 if observer is not None:
                     observer.delivered(lens)
-                if len(lens) == 1:
-                    recv(data)
-                    continue
-                for message in split_bodies(data, lens):
+                for message in bodies:
                     recv(message)
         except ProtocolError as exc:
             if many and received_many is not None:  # the whole ones before it go first

@@ -7,9 +7,12 @@ move many small frames per C call for the frame codec.
 
 from __future__ import annotations
 
+import struct
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import accumulate, pairwise
+from typing import Any
 
 from ._ringbuf import ffi, lib
 
@@ -39,6 +42,30 @@ _rb_free_space = lib.rb_free_space
 _rb_put_frame = lib.rb_put_frame
 _rb_readable_region = lib.rb_readable_region
 _rb_skip = lib.rb_skip
+
+
+#: Bytes, or a cffi buffer (``ffi.buffer``): sliced, either gives bytes.
+Buffer = Any
+
+#: Unpackers that split a batch of equal-sized bodies, by (size, count); cleared when
+#: full (a Struct costs about a microsecond to make).
+_SPLITTERS: dict[tuple[int, int], Callable[[bytes], tuple[bytes, ...]]] = {}
+_MAX_SPLITTERS = 256
+
+
+def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
+    """``data`` (bodies joined: bytes, or a cffi buffer, whose slices are bytes) cut into
+    bytes of the lengths ``lens``, in order.  Bodies of one size are cut by one
+    ``struct`` unpack in C (2-5x faster than slicing in Python)."""
+    first, count = lens[0], len(lens)
+    if lens.count(first) == count:
+        unpack = _SPLITTERS.get((first, count))
+        if unpack is None:
+            if len(_SPLITTERS) >= _MAX_SPLITTERS:
+                _SPLITTERS.clear()
+            unpack = _SPLITTERS[first, count] = struct.Struct(f"{first}s" * count).unpack
+        return unpack(data)
+    return [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
 
 
 class _Scratch(threading.local):
@@ -228,16 +255,19 @@ class RingBuffer:
         return _ffi_buffer(s.out, s.used[0])[:], _unpack(s.lens, count)
 
     def take_next(self, batch_body: int, max_body: int
-                  ) -> tuple[bytes, list[int]] | tuple[None, int, int]:
-        """The codec's hot path, one call per batch or big frame: the complete frames at the
-        head of at most ``batch_body`` bytes each (as :meth:`take_batch`), else the next
+                  ) -> tuple[Sequence[bytes], list[int]] | tuple[None, int, int]:
+        """The codec's hot path, one call per batch or big frame: the bodies and lengths of
+        the complete frames at the head of at most ``batch_body`` bytes each, else the next
         frame if it is complete, at most ``max_body`` long and in one run (taken), else
         ``(None, status, body_length)`` of the frame at the head (nothing taken)."""
         s = _scratch
         rb = self._rb
         count = _take_frames(rb, s.out, BATCH_BYTES, s.lens, BATCH_FRAMES, batch_body, s.used)
-        if count:
-            return _ffi_buffer(s.out, s.used[0])[:], _unpack(s.lens, count)
+        if count:  # cut straight out of the scratch buffer: one copy per body
+            lens: list[int] = _unpack(s.lens, count)
+            if count == 1:
+                return [_ffi_buffer(s.out, lens[0])[:]], lens
+            return split_bodies(_ffi_buffer(s.out, s.used[0]), lens), lens
         status = _frame_status(rb, s.len32)
         if status == FRAME_NONE:
             return None, status, -1
@@ -246,7 +276,7 @@ class RingBuffer:
                 and _rb_readable_region(rb, s.ptr) >= length + HEADER_SIZE):
             body: bytes = _ffi_buffer(s.ptr[0] + HEADER_SIZE, length)[:]
             _rb_skip(rb, length + HEADER_SIZE)
-            return body, [length]
+            return [body], [length]
         return None, status, length
 
     def put_each(self, bodies: list[bytes], start: int, min_body: int) -> tuple[int, int]:

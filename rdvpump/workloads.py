@@ -19,7 +19,7 @@ import trio
 
 from brokermgr import Broker, open_universe
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TrackNode
-from channels import DEFAULT_MAX_MESSAGE_SIZE, AsyncMessageQueue
+from channels import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_RING_CAPACITY, AsyncMessageQueue
 from mq import MqClient, MqServer
 from pump import RdvpumpError
 
@@ -91,7 +91,7 @@ class UniverseSpec:
     name: str
     brokers: tuple[str, ...]
     workloads: tuple[WorkloadSpec, ...]
-    ring_capacity: int = 1 << 16
+    ring_capacity: int = DEFAULT_RING_CAPACITY
     seed: int = 0
     token: str = ""
     faults: tuple[FaultSpec, ...] = ()
@@ -181,7 +181,7 @@ def load_universe(path: str | Path) -> UniverseSpec:
     if not brokers:
         raise UniverseFileError(f"{path}: a universe needs at least one [[broker]]")
     _check_runnable(path, workloads)
-    ring = _int(f"{path} [universe]", uni, "ring_capacity", 1 << 16, 1)
+    ring = _int(f"{path} [universe]", uni, "ring_capacity", DEFAULT_RING_CAPACITY, 1)
     if ring & (ring - 1):
         raise UniverseFileError(f"{path} [universe]: ring_capacity must be a power of two")
     faults = tuple(_fault(f"{path} [[fault]] #{i + 1}", f, brokers)
