@@ -3,37 +3,21 @@
 ``python bench/floor_await.py [MESSAGES] [ROUNDS]``: a queue that only appends,
 pops and keeps trio's conventions (``send`` and ``receive`` each check for
 cancellation and yield once; a parked receiver is rescheduled by the sender),
-moving 64 B messages between two tasks, against ``trio.open_memory_channel``
-with buffers of 0 and of infinity.  Figures in bench/RESULTS.md (issue 13).
+moving 64 B messages between two tasks, against the awaited trio memory channel
+that ``rdvpump bench inproc`` compares with.  Figures in bench/RESULTS.md (issue 13).
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import sys
 import time
 
 import trio
 
+from rdvpump.bench.inproc import trio_memory_channel
+
 MSG = b"x" * 64
-
-
-async def memory_channel(count: int, buffer: float) -> float:
-    send, receive = trio.open_memory_channel[bytes](buffer)
-
-    async def produce() -> None:
-        async with send:
-            for _ in range(count):
-                await send.send(MSG)
-
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(produce)
-        async with receive:
-            async for _ in receive:
-                pass
-    return time.perf_counter() - start
 
 
 class Floor:
@@ -95,12 +79,10 @@ def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     for _ in range(rounds):
-        zero = trio.run(memory_channel, count, 0)
-        inf = trio.run(memory_channel, count, math.inf)
+        channel = trio_memory_channel(len(MSG), count)
         least = trio.run(floor, count)
-        print(f"trio channel(0) {count / zero:,.0f}/s  channel(inf) {count / inf:,.0f}/s  "
-              f"floor {count / least:,.0f}/s  floor/channel(0) {zero / least:.2f}x  "
-              f"floor/channel(inf) {inf / least:.2f}x", flush=True)
+        print(f"trio memory channel {count / channel:,.0f}/s  floor {count / least:,.0f}/s  "
+              f"floor / channel {channel / least:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -56,12 +56,7 @@ class AsyncMessageQueue:
     # -- listener side: runs as pump tasks ------------------------------------------
 
     def received(self, message: bytes) -> None:
-        inbox = self._inbox
-        inbox.append(message)
-        if len(inbox) >= self._limit:
-            self._queue.pause_reading()
-        if self._recv_lot:
-            self._recv_lot.unpark()
+        self.received_many([message])  # the queue calls received_many; this is the contract
 
     def received_many(self, messages: list[bytes]) -> None:
         inbox = self._inbox

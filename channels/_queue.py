@@ -399,15 +399,12 @@ class MessageQueue:
         observer = self._observer
         used_before = rx.used if observer is not None else 0
         received_many = self._received_many
-        many: list[bytes] | None = None
-        if received_many is not None:
-            many = []
-            recv = many.append
-        else:
-            recv = listener.received
+        # a batch listener gets the whole read at the end; pausing applies to the next
+        many: list[bytes] | None = [] if received_many is not None else None
+        recv = listener.received
         taken = False
         try:
-            while many is not None and self._state is _State.OPEN:
+            while self._state is _State.OPEN and (many is not None or not self._paused):
                 frames = decoder.next_frames()
                 if frames is None:
                     break
@@ -416,18 +413,11 @@ class MessageQueue:
                 self._received += len(lens)
                 if observer is not None:
                     observer.delivered(lens)
-                many += bodies
-            while many is None and not self._paused and self._state is _State.OPEN:
-                frames = decoder.next_frames()
-                if frames is None:
-                    break
-                taken = True
-                bodies, lens = frames
-                self._received += len(lens)
-                if observer is not None:
-                    observer.delivered(lens)
-                for message in bodies:
-                    recv(message)
+                if many is not None:
+                    many += bodies
+                else:
+                    for message in bodies:
+                        recv(message)
         except ProtocolError as exc:
             if many and received_many is not None:  # the whole ones before it go first
                 received_many(many)
