@@ -1,7 +1,7 @@
 """The C ring buffer behind a small Python class; the only module that touches cffi.
 
 Return codes become exceptions here and nowhere else; sizes come from C.  The
-batched calls (:meth:`RingBuffer.take_batch`, :meth:`RingBuffer.put_batch`)
+batched calls (:meth:`RingBuffer.take_next`, :meth:`RingBuffer.put_batch`)
 move many small frames per C call for the frame codec.
 """
 
@@ -243,16 +243,6 @@ class RingBuffer:
         return frames
 
     # -- batches, for the frame codec --------------------------------------------------
-
-    def take_batch(self, max_body: int) -> tuple[bytes, list[int]] | None:
-        """Take the complete frames at the head whose bodies are at most ``max_body``
-        bytes, up to a batch: ``(bodies joined, their lengths)``; None when there is none."""
-        s = _scratch
-        count = _take_frames(self._rb, s.out, BATCH_BYTES, s.lens, BATCH_FRAMES, max_body,
-                             s.used)
-        if not count:
-            return None
-        return _ffi_buffer(s.out, s.used[0])[:], _unpack(s.lens, count)
 
     def take_next(self, batch_body: int, max_body: int
                   ) -> tuple[Sequence[bytes], list[int]] | tuple[None, int, int]:
