@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import zlib
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ._log import _write_file
-from ._record import FormatError
+from ._record import FormatError, crc32
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -57,7 +56,7 @@ class CursorStore:
 
 def encode_cursor(offset: int) -> bytes:
     head = struct.pack("<8sIQ", CURSOR_MAGIC, 1, offset)
-    return head + struct.pack("<I", zlib.crc32(head))
+    return head + struct.pack("<I", crc32(head))
 
 
 def decode_cursor(data: bytes, where: str) -> int:
@@ -68,6 +67,6 @@ def decode_cursor(data: bytes, where: str) -> int:
         raise FormatError(f"{where}: not an rdvpump cursor")
     if version != 1:
         raise FormatError(f"{where}: cursor format version {version}; this rdvpump reads 1")
-    if zlib.crc32(data[:-4]) != crc:
+    if crc32(data[:-4]) != crc:
         raise FormatError(f"{where}: cursor checksum mismatch")
     return int(offset)

@@ -28,7 +28,6 @@ import logging
 import os
 import struct
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from ._record import (
     FormatError,
     Record,
     StoreError,
+    crc32,
     decode,
     encode_batch,
     read_segment_header,
@@ -224,7 +224,7 @@ class TopicLog:
         magic, version, base, next_offset, size, max_ts, crc = INDEX_FOOTER.unpack_from(
             data, len(data) - INDEX_FOOTER.size)
         if (magic != INDEX_MAGIC or version != 1 or base != segment.base
-                or size != segment.size or zlib.crc32(data[:-4]) != crc):
+                or size != segment.size or crc32(data[:-4]) != crc):
             return False
         segment.index = [INDEX_ENTRY.unpack_from(data, i)
                          for i in range(0, len(data) - INDEX_FOOTER.size, INDEX_ENTRY.size)]
@@ -411,7 +411,7 @@ class TopicLog:
         footer = INDEX_FOOTER.pack(INDEX_MAGIC, 1, segment.base, segment.next_offset,
                                    segment.size, segment.max_ts, 0)
         body = entries + footer[:-4]
-        _write_file(segment.index_path, body + struct.pack("<I", zlib.crc32(body)))
+        _write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
