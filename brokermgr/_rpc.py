@@ -3,9 +3,10 @@
 Requests and replies of the name service and of tracking are JSON objects,
 one per message.  A message may carry a binary body after its JSON object,
 behind one NUL byte (JSON text never holds a raw NUL): :func:`decode` puts it
-in the object under ``"body"`` (bytes).  A message that is not a JSON object
-is a protocol error and closes its link; a request of the wrong shape gets an
-error reply.
+in the object under ``"body"``, as a read-only memoryview of the message (a body
+is not copied to be read: an MQ server stores and forwards it as it came).  A
+message that is not a JSON object is a protocol error and closes its link; a
+request of the wrong shape gets an error reply.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def encode(obj: dict[str, Any], body: Body | None = None) -> bytes:
 
 
 def decode(message: bytes) -> dict[str, Any]:
-    """A message as a JSON object (its body, if any, under ``"body"``);
-    :class:`ProtocolError` saying what is wrong otherwise."""
+    """A message as a JSON object (its body, if any, under ``"body"``, a memoryview of
+    ``message``); :class:`ProtocolError` saying what is wrong otherwise."""
     cut = message.find(BODY_SEPARATOR)
     head = message if cut < 0 else message[:cut]
     try:
@@ -56,7 +57,7 @@ def decode(message: bytes) -> dict[str, Any]:
     if cut >= 0:
         if "body" in obj:
             raise ProtocolError("a message with a binary body has a 'body' field too")
-        obj["body"] = message[cut + 1:]
+        obj["body"] = memoryview(message)[cut + 1:]
     return obj
 
 

@@ -142,7 +142,7 @@ class _Link(BrokerLink):
             for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
                     *columns, strict=True):
                 messages.append(Message(topic, group, offset, tag, producer, sequence,
-                                        deliveries, timestamp, body[at:at + size],
+                                        deliveries, timestamp, bytes(body[at:at + size]),
                                         subscription))
                 at += size
         except (KeyError, ValueError, TypeError) as exc:

@@ -37,6 +37,7 @@ from ._record import (
     RECORD_OVERHEAD,
     SEGMENT_HEADER,
     Bad,
+    Entry,
     FormatError,
     Record,
     StoreError,
@@ -302,10 +303,10 @@ class TopicLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def append(self, messages: Sequence[tuple[str | None, str, int, bytes | memoryview]]
-               ) -> int:
+    def append(self, messages: Sequence[Entry]) -> int:
         """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
-        the first.  The bytes reach the OS in one write; call :meth:`sync` for disk.
+        the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
+        disk.
         :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
         if self.failed is not None:
             raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
@@ -316,7 +317,7 @@ class TopicLog:
         first = segment.next_offset
         chunks, lengths = encode_batch(first, now, messages, self.max_body)
         try:
-            _write_all(segment.fd, b"".join(chunks), segment.size)
+            _write_chunks(segment.fd, chunks, segment.size)
         except OSError as exc:
             self._undo(segment, exc)
         index, base = segment.index, segment.base
@@ -337,8 +338,7 @@ class TopicLog:
             self._roll()
         return first
 
-    def _keep(self, first: int, now: int,
-              messages: Sequence[tuple[str | None, str, int, bytes | memoryview]]) -> None:
+    def _keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
         """Keep the newest records in memory, for readers that keep up: a list read from
         ``_tail_start`` on, with the running total of body bytes after each record."""
         tail, ends = self._tail, self._tail_ends
@@ -348,9 +348,10 @@ class TopicLog:
         total = ends[-1] if ends else 0
         offset = first
         for tag, producer, sequence, body in messages:
-            kept = bytes(body)
-            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
-            total += len(kept)
+            # kept as given: a view of the produce request is not copied (it holds that
+            # request, at most one batch, beyond the budget)
+            tail.append(Record(offset, now, sequence, tag or None, producer, body))
+            total += len(body)
             ends.append(total)
             offset += 1
         excess = total - self._tail_floor - self.tail_limit
@@ -548,12 +549,27 @@ def run_sync(point: SyncPoint) -> None:
         fsync_dir(point.directory)
 
 
-def _write_all(fd: int, data: bytes, at: int) -> None:
+def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, at)
         view = view[n:]
         at += n
+
+
+def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> None:
+    """Write ``chunks`` back to back at ``at``, gathered by the kernel (no joined copy)."""
+    for start in range(0, len(chunks), _IOV_MAX):
+        part = chunks[start:start + _IOV_MAX]
+        n = os.pwritev(fd, part, at)
+        size = sum(map(len, part))
+        if n < size:  # a short write (a full disk, say): the rest one piece at a time
+            _write_all(fd, b"".join(part)[n:], at + n)
+        at += size
+
+
+#: Pieces one pwritev takes (the kernel's UIO_MAXIOV).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _write_file(path: Path, data: bytes) -> None:

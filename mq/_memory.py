@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from ._record import Record
+from ._record import Entry, Record
 
 #: Messages a memory-only topic keeps by default (the oldest go first).
 DEFAULT_RING_COUNT = 100_000
@@ -46,7 +46,7 @@ class MemoryLog:
     def durable_offset(self) -> int:
         return self._next  # nothing more durable is promised for memory
 
-    def append(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int:
+    def append(self, messages: Sequence[Entry]) -> int:
         first = self._next
         now = max(int(self.clock() * 1000), self._last_ts)
         self._last_ts = now

@@ -36,6 +36,10 @@ RECORD_OVERHEAD = RECORD_HEADER.size
 DEFAULT_MAX_BODY = 16 << 20
 
 
+#: A message to store: ``(tag, producer id, sequence, body)``.
+Entry = tuple[str | None, str, int, bytes | memoryview]
+
+
 class StoreError(RdvpumpError, OSError):
     """A queue's files cannot be read or written as they should; the message says why."""
 
@@ -55,7 +59,7 @@ class Record:
     sequence: int  # the producer's
     tag: str | None
     producer: str
-    body: bytes
+    body: bytes | memoryview  # a view of the produce request while the log's tail holds it
 
     @property
     def size(self) -> int:
@@ -99,8 +103,8 @@ def names(tag: str | None, producer: str) -> tuple[bytes, int, int]:
 
 
 def encode_batch(first: int, timestamp: int,
-                 messages: Sequence[tuple[str | None, str, int, bytes | memoryview]],
-                 max_body: int) -> tuple[list[bytes | memoryview], list[int]]:
+                 messages: Sequence[Entry], max_body: int
+                 ) -> tuple[list[bytes | memoryview], list[int]]:
     """Records for ``(tag, producer id, sequence, body)`` messages from offset ``first``:
     the pieces to write back to back (bodies are not copied) and each record's length.
     ValueError for a body over ``max_body`` or a tag or producer id over 255 bytes."""

@@ -57,7 +57,7 @@ class Caller:
         reply = box[0]
         status = int(reply.get("status", 200))
         if status != 200:
-            raise MqRequestError(status, reply.get("body", b"").decode(errors="replace"))
+            raise MqRequestError(status, bytes(reply.get("body", b"")).decode(errors="replace"))
         return bytes(reply.get("body", b""))
 
 

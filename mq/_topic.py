@@ -28,7 +28,7 @@ from typing import Protocol
 from pump import RdvpumpError
 
 from ._filter import TagFilter
-from ._record import Record
+from ._record import Entry, Record
 
 #: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
 DEFAULT_ACK_TIMEOUT = 30.0
@@ -53,7 +53,7 @@ class Log(Protocol):
     @property
     def next_offset(self) -> int: ...
 
-    def append(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int: ...
+    def append(self, messages: Sequence[Entry]) -> int: ...
     def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
              ) -> list[Record]: ...
     def offset_for_time(self, timestamp_ms: int) -> int: ...
@@ -261,7 +261,7 @@ class Topic:
 
     # -- messages ----------------------------------------------------------------------
 
-    def publish(self, messages: Sequence[tuple[str | None, str, int, bytes]]) -> int:
+    def publish(self, messages: Sequence[Entry]) -> int:
         """Store messages; the first one's offset.  Nothing is delivered until
         :meth:`dispatch` (the server calls it once they are visible)."""
         return self.log.append(messages)

@@ -177,21 +177,44 @@ def test_a_failed_write_stores_nothing_and_the_log_goes_on(
     log = TopicLog(tmp_path)
     fill(log, 5)
     log.sync()
-    real = os.pwrite
+    real = os.pwritev
 
-    def full_after_some(fd: int, data: bytes | memoryview, at: int) -> int:
-        real(fd, bytes(data[:len(data) // 2]), at)  # half of it reaches the file
+    def full_after_some(fd: int, chunks: list[bytes | memoryview], at: int) -> int:
+        data = b"".join(chunks)
+        os.pwrite(fd, data[:len(data) // 2], at)  # half of it reaches the file
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full_after_some)
+    monkeypatch.setattr(os, "pwritev", full_after_some)
     with pytest.raises(StoreError, match="write failed, nothing stored: No space left"):
         log.append([(None, "p", 9, b"y" * 1000)])
-    monkeypatch.setattr(os, "pwrite", real)
+    monkeypatch.setattr(os, "pwritev", real)
     assert log.next_offset == 5 and len(log.read(0)) == 5
     assert log.append([(None, "p", 9, b"after")]) == 5  # space again: it goes on
     log.close()
     again = TopicLog(tmp_path)
     assert again.cut_bytes == 0 and [r.body for r in again.read(5)] == [b"after"]
+    again.close()
+
+
+def test_a_batch_of_more_pieces_than_one_gathered_write_takes_and_short_writes(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch is written as its pieces (three a record): more than the kernel takes in
+    one pwritev go in several, and a short one (a nearly full disk) finishes the rest."""
+    real, calls = os.pwritev, []
+
+    def short(fd: int, chunks: list[bytes | memoryview], at: int) -> int:
+        calls.append(len(chunks))
+        return real(fd, chunks[:len(chunks) // 2 + 1], at) - 3  # not even those whole
+
+    monkeypatch.setattr(os, "pwritev", short)
+    log = TopicLog(tmp_path)
+    batch = [(None, "p", i, bytes([i % 256]) * (i % 50)) for i in range(1500)]
+    assert log.append(batch) == 0
+    monkeypatch.setattr(os, "pwritev", real)
+    log.close()
+    assert len(calls) == 5 and max(calls) <= os.sysconf("SC_IOV_MAX")  # 4,500 pieces
+    again = TopicLog(tmp_path)
+    assert again.cut_bytes == 0 and bodies(again) == [body for *_, body in batch]
     again.close()
 
 

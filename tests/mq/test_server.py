@@ -221,12 +221,12 @@ async def test_a_failed_write_fails_the_publish_and_loses_nothing_acknowledged(
         def disk_full(fd: int, data: object, at: int) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        real = os.pwrite
-        monkeypatch.setattr(os, "pwrite", disk_full)
+        real = os.pwritev
+        monkeypatch.setattr(os, "pwritev", disk_full)
         with pytest.raises(MqRequestError, match="nothing stored: No space left") as info:
             await client.publish("orders", b"lost")
         assert info.value.status == 500
-        monkeypatch.setattr(os, "pwrite", real)
+        monkeypatch.setattr(os, "pwritev", real)
         assert (await client.publish("orders", b"after")).offset == 1
         sub = await client.subscribe("orders")
         assert [(await sub.receive()).body for _ in range(2)] == [b"kept", b"after"]
