@@ -150,7 +150,7 @@ def decode(buf: bytes | memoryview, pos: int, max_record: int) -> tuple[Record, 
         raise Bad(f"record length {length} out of range")
     if end - pos < length:
         return None
-    if crc32(buf[pos + 8:pos + length]) != crc:
+    if crc32(memoryview(buf)[pos + 8:pos + length]) != crc:  # checked where it lies
         raise Bad("checksum mismatch")
     if flags != 0:
         raise Bad(f"unknown flags {flags:#x}")
