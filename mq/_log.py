@@ -59,6 +59,8 @@ INDEX_FOOTER = struct.Struct("<8sIQQQQI")  # magic, version, base, next offset, 
 INDEX_MAGIC = b"RDVPQIDX"
 #: Records a corrupt stretch may hide before reading gives up looking past it.
 RESYNC_SPAN = 4096
+#: Bodies this large are written and kept as views of their produce request, not copied.
+VIEW_BODY = 4096
 #: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
 #: served without reading the file back (and checking each record again).
 DEFAULT_TAIL_BYTES = 8 << 20
@@ -348,10 +350,12 @@ class TopicLog:
         total = ends[-1] if ends else 0
         offset = first
         for tag, producer, sequence, body in messages:
-            # kept as given: a view of the produce request is not copied (it holds that
-            # request, at most one batch, beyond the budget)
-            tail.append(Record(offset, now, sequence, tag or None, producer, body))
-            total += len(body)
+            # A large body is kept as given, a view of the produce request, not copied (it
+            # holds that request, one batch, beyond the budget); a small one is copied,
+            # which costs less than the view object and frees the request.
+            kept = body if len(body) >= VIEW_BODY else bytes(body)
+            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
+            total += len(kept)
             ends.append(total)
             offset += 1
         excess = total - self._tail_floor - self.tail_limit
@@ -558,9 +562,23 @@ def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
 
 
 def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> None:
-    """Write ``chunks`` back to back at ``at``, gathered by the kernel (no joined copy)."""
-    for start in range(0, len(chunks), _IOV_MAX):
-        part = chunks[start:start + _IOV_MAX]
+    """Write ``chunks`` back to back at ``at``: large pieces gathered by the kernel as they
+    are (not copied here), runs of small ones joined first (a piece costs the kernel more
+    than its copy)."""
+    pieces: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for chunk in chunks:
+        if len(chunk) < VIEW_BODY:
+            small.append(chunk)
+            continue
+        if small:
+            pieces.append(b"".join(small))
+            small = []
+        pieces.append(chunk)
+    if small:
+        pieces.append(b"".join(small))
+    for start in range(0, len(pieces), _IOV_MAX):
+        part = pieces[start:start + _IOV_MAX]
         n = os.pwritev(fd, part, at)
         size = sum(map(len, part))
         if n < size:  # a short write (a full disk, say): the rest one piece at a time
