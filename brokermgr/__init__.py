@@ -6,6 +6,7 @@ from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
+from ._link import DEFAULT_CLOSE_TIMEOUT as DEFAULT_CLOSE_TIMEOUT
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
 from ._link import ReconnectingLink as ReconnectingLink
@@ -30,6 +31,7 @@ from ._rpc import send as send
 
 __all__ = [
     "DEFAULT_BROKER_EXPIRY",
+    "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_HEARTBEAT",
     "DEFAULT_MANAGER_PORT",
     "DEFAULT_NAME_RETRY",

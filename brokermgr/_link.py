@@ -21,6 +21,8 @@ log = logging.getLogger("rdvpump.link")
 
 #: The longest wait before dialling again after a refused or failed connect.
 DEFAULT_RETRY = 1.0
+#: How long :meth:`ReconnectingLink.aclose` waits for what was sent to leave.
+DEFAULT_CLOSE_TIMEOUT = 2.0
 #: The first wait after a refusal; each refusal in a row doubles it, up to ``retry``.
 FIRST_RETRY = 0.02
 
@@ -122,6 +124,19 @@ class ReconnectingLink(QueueListener):
         if self.queue is not None:
             self.goodbye()
             self.queue.close()
+
+    async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> bool:
+        """:meth:`close`, then wait until everything sent on the link (the goodbye too) has
+        left this process, so that it may end; False if ``timeout`` passed first (a peer
+        that stops reading holds the last bytes)."""
+        queue = self.queue
+        self.close()
+        if queue is None:
+            return True
+        with trio.move_on_after(timeout):
+            await queue.wait_sent()
+            return True
+        return False
 
     @property
     def closing(self) -> bool:

@@ -246,11 +246,14 @@ class AsyncMessageQueue:
     # -- closing -----------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Flush what was sent, then close; if cancelled meanwhile, abort the link."""
+        """Flush what was sent, then close; returns once every byte sent has left this end
+        (over TCP: handed to the kernel), so the process may end.  If cancelled meanwhile,
+        abort the link."""
         self._local_close = self._reason is None
         self._queue.close()
         try:
             await self._closed_event.wait()
+            await self._queue.wait_sent()
         except trio.Cancelled:
             self._queue.abort("cancelled while closing")
             raise

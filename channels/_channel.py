@@ -93,6 +93,7 @@ class Channel:
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
+        "_carried", "_carried_off", "_sent_event",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -129,13 +130,47 @@ class Channel:
         self._closed_posted = False
         self._closed_delivered = False
         self._close_reason: str | None = None
+        self._carried = False  # a transport (a socket) takes the bytes away from the ring
+        self._carried_off = False  # and it has sent the last it will
+        self._sent_event: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"
 
-    def attach_peer(self, peer: LinkPeer) -> None:
-        """Connect this end to the other end of its link (done once, when the link forms)."""
+    def attach_peer(self, peer: LinkPeer, *, transport: bool = False) -> None:
+        """Connect this end to the other end of its link (done once, when the link forms).
+
+        ``transport``: the peer carries this end's bytes away from the ring on its own (a
+        socket), and calls :meth:`transport_ended` once it has sent the last of them;
+        otherwise a byte in the ring is already within the other end's reach.
+        """
         self._peer = peer
+        self._carried = transport
+
+    def transport_ended(self) -> None:
+        """The transport sent every byte it will send for this end (or can send no more)."""
+        self._carried_off = True
+        self._wake_sent()
+
+    @property
+    def sent_out(self) -> bool:
+        """This end has disconnected and every byte it wrote has left it (over a socket:
+        handed to the kernel, or the connection was lost)."""
+        return self._disconnected is not None and (not self._carried or self._carried_off)
+
+    async def wait_sent(self) -> None:
+        """Wait for :attr:`sent_out`: a process that ends after this loses nothing it
+        wrote before its disconnect.  Bound it with a timeout: a peer that does not read
+        holds it."""
+        while not self.sent_out:
+            if self._sent_event is None:
+                self._sent_event = trio.Event()
+            await self._sent_event.wait()
+
+    def _wake_sent(self) -> None:
+        if self._sent_event is not None and self.sent_out:
+            self._sent_event.set()
+            self._sent_event = None
 
     # -- pump owner protocol -----------------------------------------------------------
 
@@ -346,6 +381,7 @@ class Channel:
         if peer is not None:
             peer.peer_ended(reason, cause)
             self._peer = None
+        self._wake_sent()
         self._post_closed(reason)
 
 

@@ -503,6 +503,13 @@ class MessageQueue:
         else:
             self._on_readable()  # drops what already arrived; delivery has stopped
 
+    async def wait_sent(self) -> None:
+        """Wait until this queue has closed and every byte it wrote has left this end of
+        the link (over TCP: handed to the kernel).  After :meth:`close`, a process may end
+        once this returns without losing what it sent; bound it with a timeout, since a
+        peer that stops reading holds it."""
+        await self._channel.wait_sent()
+
     def abort(self, reason: str = "aborted") -> None:
         """Close at once; messages not yet written into the link are dropped (and counted)."""
         if self._state is not _State.CLOSED:

@@ -106,7 +106,7 @@ class StreamLink:
         #: Adaptive polls tried, and those that got bytes.
         self.polls = 0
         self.poll_hits = 0
-        channel.attach_peer(self)
+        channel.attach_peer(self, transport=True)
 
     # -- the peer interface the channel calls (from pump tasks) -------------------------
 
@@ -148,6 +148,7 @@ class StreamLink:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._receive_loop, initial)
                 await self._send_loop()
+                self.channel.transport_ended()  # what this end wrote has left
                 if not isinstance(self.stream, trio.abc.HalfCloseableStream):
                     # No half-close (TLS): everything was sent; closing tells the peer.
                     nursery.cancel_scope.cancel()
@@ -160,6 +161,7 @@ class StreamLink:
                 nursery.cancel_scope.cancel()
         finally:
             self._forget()
+            self.channel.transport_ended()  # nothing more leaves, however the link ended
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
 

@@ -19,7 +19,16 @@ from typing import Any, NamedTuple
 
 import trio
 
-from brokermgr import DEFAULT_RETRY, Body, Broker, BrokerLink, Reply, Sent, encode
+from brokermgr import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_RETRY,
+    Body,
+    Broker,
+    BrokerLink,
+    Reply,
+    Sent,
+    encode,
+)
 from brokermgr.tracking import ServerAddress
 from channels import QueueFullError
 from pump import RdvpumpError
@@ -371,6 +380,14 @@ class MqClient:
             subscription.inbox.close()
         self.subscriptions.clear()
         self.link.close()
+
+    async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> bool:
+        """:meth:`close`, then wait until what was sent (acks too) has left this process,
+        so that it may end; False if ``timeout`` passed first."""
+        for subscription in list(self.subscriptions.values()):
+            subscription.inbox.close()
+        self.subscriptions.clear()
+        return await self.link.aclose(timeout)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ async def connect(universe: str, server: str, *, token: str = "",
         try:
             yield client
         finally:
-            client.close()
-            await trio.sleep(0.05)  # let the last acks leave
+            await client.aclose()  # the last acks leave before the links are cut
             nursery.cancel_scope.cancel()
 
 

@@ -182,8 +182,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         for node in nodes:  # MQ servers first: positions saved, files synced
             node.close()
         if names is not None:
-            names.close()
-            await trio.sleep(0.05)  # let the unregister leave before the links are cut
+            await names.aclose()  # the unregisters leave before the links are cut
         nursery.cancel_scope.cancel()
     if refused:
         raise RuntimeError(refused[0])

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
-from channels import AsyncMessageQueue, ChannelManager, CloseCause, MessageQueue, QueueListener
+from channels import (
+    AsyncMessageQueue,
+    ChannelManager,
+    CloseCause,
+    MessageQueue,
+    QueueListener,
+    StreamLink,
+    close_frame,
+)
 from pump import Pump
 
 from .helpers import Recorder, queue_pair
@@ -85,4 +94,41 @@ async def test_the_async_face_tells_a_clean_end_from_a_broken_one() -> None:
         with pytest.raises(trio.ClosedResourceError):
             await a.receive()
         del c
+        nursery.cancel_scope.cancel()
+
+
+async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_byte() -> None:
+    """Over a stream, a queue's close completes when its last bytes reach the ring; the
+    process may end only once the transport has sent them: ``wait_sent`` (and the async
+    face's ``aclose``) wait for that.  A lockstep stream moves bytes only as the test
+    reads them, so nothing here depends on timing."""
+    pump = Pump()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        ours, theirs = trio.testing.lockstep_stream_pair()
+        channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
+        queue = AsyncMessageQueue(MessageQueue(channel))
+        nursery.start_soon(StreamLink(channel, ours).run)
+        for i in range(4):
+            await queue.send(bytes([i]) * 300)  # 1,216 bytes: more than the ring holds
+        closed = trio.Event()
+
+        async def close() -> None:
+            await queue.aclose()
+            closed.set()
+
+        nursery.start_soon(close)
+        received = b""
+        while not channel.disconnected:  # the queue's close completes (bytes in the ring)
+            received += await theirs.receive_some(100)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not channel.sent_out and not closed.is_set()  # the ring still holds some
+        while not closed.is_set():
+            received += await theirs.receive_some(100)
+            await trio.testing.wait_all_tasks_blocked()
+        assert channel.sent_out
+        await queue._queue.wait_sent()  # noqa: SLF001 (the listener face's twin returns too)
+        frames = [received[i * 304 + 4:(i + 1) * 304] for i in range(4)]
+        assert frames == [bytes([i]) * 300 for i in range(4)]
+        assert received[4 * 304:].startswith(close_frame("closed", "clean")[:4])
         nursery.cancel_scope.cancel()

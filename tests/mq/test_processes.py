@@ -239,3 +239,36 @@ async def test_ctrl_c_on_mq_consume_is_one_line_and_exit_130(tmp_path: pathlib.P
             consumer.kill()
             with trio.move_on_after(10):
                 await consumer.wait()
+
+
+async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.Path) -> None:
+    """``rdvpump mq consume --count N`` acknowledges what it printed and ends once those
+    acks have left the process: the group owes nothing afterwards, so nothing it printed
+    is delivered again."""
+    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), spawn(*server_args(manager, tmp_path)) as (
+            _, address), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        universe.directory["s1"] = address
+        client = MqClient(universe.add_broker("client"), "s1:15555", timeout=5)
+        await client.connected()
+        await client.publish_many("orders", [b"%d" % i for i in range(300)])
+        done = await trio.run_process(
+            [*RDVPUMP, "mq", "consume", "orders", "--server", f"s1@{address[0]}:{address[1]}",
+             "--universe", "q", "--count", "300", "--window", "1000", "--json"],
+            capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        assert done.returncode == 0, done.stderr.decode()
+        assert [json.loads(line)["offset"] for line in done.stdout.splitlines()] == list(
+            range(300))
+        with trio.fail_after(10):
+            while True:  # until the server has seen that consumer's link end (after its acks)
+                group = (await client.query("orders"))["orders"]["groups"]["orders"]
+                if group["consumers"] == 0:
+                    break
+                await trio.sleep(0.01)
+        assert (group["lag"], group["inFlight"]) == (0, 0)
+        client.close()
+        nursery.cancel_scope.cancel()
