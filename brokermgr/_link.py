@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from channels import MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
+from channels import Gather, MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
 from pump import Pump, Timer
 
 from ._broker import Broker
@@ -144,7 +144,7 @@ class ReconnectingLink(QueueListener):
 
     # -- messages ----------------------------------------------------------------------
 
-    def send(self, obj: dict[str, Any] | bytes) -> Sent:
+    def send(self, obj: dict[str, Any] | bytes | Gather) -> Sent:
         """One JSON message (or one already encoded); GONE while not connected."""
         if self.queue is None:
             return Sent.GONE

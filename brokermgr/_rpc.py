@@ -14,11 +14,18 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from typing import Any
+from typing import Any, overload
 
 import trio
 
-from channels import MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
+from channels import (
+    Gather,
+    MessageQueue,
+    MessageTooLargeError,
+    ProtocolError,
+    QueueListener,
+    gather,
+)
 
 log = logging.getLogger("rdvpump.rpc")
 
@@ -29,16 +36,26 @@ BODY_SEPARATOR = b"\x00"
 Body = bytes | memoryview | list[bytes | memoryview]
 
 
-def encode(obj: dict[str, Any], body: Body | None = None) -> bytes:
+@overload
+def encode(obj: dict[str, Any]) -> bytes: ...
+
+
+@overload
+def encode(obj: dict[str, Any], body: Body | None) -> bytes | Gather: ...
+
+
+def encode(obj: dict[str, Any], body: Body | None = None) -> bytes | Gather:
     """One JSON object as a message: compact, keys sorted (the same object, the same bytes),
     followed by ``body`` behind a NUL byte if one is given.  ``body`` may be a list of
-    pieces, which go back to back (copied once, into the message)."""
+    pieces, which go back to back.  A large message is a :class:`~channels.Gather`: its
+    pieces are copied only into the link, never joined first (they must not change
+    until it is sent); a small one is joined into bytes."""
     head = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
     if body is None:
         return head
     if isinstance(body, list):
-        return b"".join([head, BODY_SEPARATOR, *body])
-    return b"".join((head, BODY_SEPARATOR, body))
+        return gather([head, BODY_SEPARATOR, *body])
+    return gather((head, BODY_SEPARATOR, body))
 
 
 def decode(message: bytes) -> dict[str, Any]:
@@ -69,9 +86,9 @@ class Sent(enum.Enum):
     GONE = "gone"  # the link is closed, or was closed here because the message can never fit
 
 
-def send(queue: MessageQueue, obj: dict[str, Any] | bytes, *, what: str) -> Sent:
+def send(queue: MessageQueue, obj: dict[str, Any] | bytes | Gather, *, what: str) -> Sent:
     """Queue one JSON message (or one already encoded) on ``queue``, never raising."""
-    data = obj if isinstance(obj, bytes) else encode(obj)
+    data = obj if isinstance(obj, (bytes, Gather)) else encode(obj)
     try:
         queue.send(data)
         return Sent.SENT

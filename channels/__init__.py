@@ -18,7 +18,9 @@ from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
 from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
+from ._codec import Gather as Gather
 from ._codec import close_frame as close_frame
+from ._codec import gather as gather
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
@@ -61,6 +63,7 @@ __all__ = [
     "CloseCause",
     "FrameDecoder",
     "FrameEncoder",
+    "Gather",
     "LinkGate",
     "LinkObserver",
     "LinkPeer",
@@ -75,4 +78,5 @@ __all__ = [
     "RingBuffer",
     "StreamLink",
     "close_frame",
+    "gather",
 ]

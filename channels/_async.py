@@ -14,6 +14,7 @@ from types import TracebackType
 import trio
 
 from ._cause import CloseCause
+from ._codec import Gather
 from ._errors import QueueFullError
 from ._queue import MessageQueue, QueueStatistics
 
@@ -117,7 +118,7 @@ class AsyncMessageQueue:
 
     # -- sending -----------------------------------------------------------------------
 
-    async def send(self, message: bytes) -> None:
+    async def send(self, message: bytes | Gather) -> None:
         """Queue one message, waiting while the send backlog is past the high-water mark."""
         await trio.lowlevel.checkpoint_if_cancelled()
         queue = self._queue
@@ -138,11 +139,11 @@ class AsyncMessageQueue:
                 await self._send_lot.park()
         await trio.lowlevel.cancel_shielded_checkpoint()
 
-    def send_nowait(self, message: bytes) -> None:
+    def send_nowait(self, message: bytes | Gather) -> None:
         """Queue one message or raise :class:`QueueFullError` (a ``trio.WouldBlock``)."""
         self._queue.send(message)
 
-    async def send_many(self, messages: Sequence[bytes]) -> None:
+    async def send_many(self, messages: Sequence[bytes | Gather]) -> None:
         """Queue ``messages`` in order, waiting while the send backlog is past the
         high-water mark; one checkpoint for the batch (and one per wait), so it costs far
         less per message than :meth:`send`.

@@ -28,6 +28,43 @@ PUT_BATCH = 1024
 #: Frames out of the decoder: the bodies, and their lengths, in order.
 Frames = tuple[Sequence[bytes], list[int]]
 
+#: A message of pieces is kept as pieces from this many bytes on: below, joining them
+#: costs less than moving each; above :data:`JOIN_MAX`, no batch of frames holds one.
+GATHER_MIN = JOIN_MAX + 1
+
+
+class Gather:
+    """One message given as pieces that go back to back: the encoder copies each piece
+    into the ring, so a large message (a header before bodies held elsewhere) is never
+    joined into one bytes object first.  The pieces must not change until it is sent.
+    Build one with :func:`gather`, which joins what is too small to gain from it."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = list(pieces)
+        self.size = sum(map(len, self.pieces))
+        if self.size < GATHER_MIN:
+            raise ValueError(f"a Gather holds at least {GATHER_MIN} bytes, not {self.size}: "
+                             f"join smaller messages (gather() does)")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+    def __repr__(self) -> str:
+        return f"<Gather of {len(self.pieces)} pieces, {self.size} bytes>"
+
+
+def gather(pieces: Sequence[bytes | memoryview]) -> bytes | Gather:
+    """A message of ``pieces`` back to back: a :class:`Gather` when it is large, else
+    the pieces joined."""
+    if sum(map(len, pieces)) >= GATHER_MIN:
+        return Gather(pieces)
+    return b"".join(pieces)
+
 #: A header at or above this is a close frame: ``CLOSE_MARK + n``, then ``n`` bytes,
 #: ``"<cause>:<reason>"`` in UTF-8.  Over a byte stream it is the last thing a side sends
 #: before its end of stream, so that the peer can tell a close from a crash.
@@ -249,20 +286,21 @@ class FrameEncoder:
     pieces over several calls (:attr:`streaming` meanwhile).
     """
 
-    __slots__ = ("ring", "_capacity", "_off", "_hdr", "_body")
+    __slots__ = ("ring", "_capacity", "_off", "_hdr", "_body", "_rest")
 
     def __init__(self, ring: RingBuffer) -> None:
         self.ring = ring
         self._capacity = ring.capacity
         self._off = -1  # >= 0 while the message at the index streams in pieces
         self._hdr = b""  # its header
-        self._body = memoryview(b"")  # and its body, not copied
+        self._body = memoryview(b"")  # and what is left of its body (piece), not copied
+        self._rest: list[bytes | memoryview] = []  # a Gather's pieces after it, reversed
 
     @property
     def streaming(self) -> bool:
         return self._off >= 0
 
-    def write(self, messages: list[bytes], start: int) -> tuple[int, int, bool]:
+    def write(self, messages: list[bytes | Gather], start: int) -> tuple[int, int, bool]:
         ring = self.ring
         cap = self._capacity
         i = start
@@ -286,10 +324,10 @@ class FrameEncoder:
                     i = j
                     done += nbytes
                     moved = True
-                    if j < n and len(messages[j]) > SMALL_BODY:
+                    if j < n and len(messages[j]) > SMALL_BODY and type(messages[j]) is bytes:
                         break  # put_each stopped for want of room: so do we
                     continue
-                if ln + HEADER_SIZE > cap:
+                if ln + HEADER_SIZE > cap or type(msg) is Gather:
                     self._start_piecewise(msg)
                     continue
                 break
@@ -304,10 +342,14 @@ class FrameEncoder:
             moved = True
         return i, done, moved
 
-    def _start_piecewise(self, msg: bytes) -> None:
+    def _start_piecewise(self, msg: bytes | Gather) -> None:
         self._off = 0
         self._hdr = len(msg).to_bytes(HEADER_SIZE, "big")
-        self._body = memoryview(msg)
+        if type(msg) is Gather:
+            self._rest = msg.pieces[::-1]
+            self._body = memoryview(self._rest.pop() if self._rest else b"")
+        else:
+            self._body = memoryview(msg)  # type: ignore[arg-type]
 
     def _write_piece(self) -> tuple[bool, bool]:
         """Stream the current message; return (wrote anything, finished)."""
@@ -315,12 +357,21 @@ class FrameEncoder:
         off = before = self._off
         if off < HEADER_SIZE:
             off += ring.write(self._hdr[off:])
-        total = HEADER_SIZE + len(self._body)
-        if HEADER_SIZE <= off < total:
-            off += ring.write(self._body[off - HEADER_SIZE:])
-        if off == total:
-            self._off = -1
-            self._body = memoryview(b"")
-            return True, True
-        self._off = off
-        return off > before, False
+            if off < HEADER_SIZE:
+                self._off = off
+                return off > before, False
+        while True:
+            body = self._body
+            if body:
+                n = ring.write(body)
+                off += n
+                if n < len(body):
+                    self._body = body[n:]
+                    self._off = off
+                    return off > before, False
+            if not self._rest:
+                break
+            self._body = memoryview(self._rest.pop())
+        self._off = -1
+        self._body = memoryview(b"")
+        return True, True

@@ -20,7 +20,7 @@ from pump import Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
+from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder, Gather
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 
 log = logging.getLogger("rdvpump.link")
@@ -145,7 +145,7 @@ class MessageQueue:
         self._cause: CloseCause | None = None
         self._closed_here = False  # close() or abort() was called on this side
         # Sending: messages not yet in the ring are _outq[_qhead:]; _room = high_water - queued.
-        self._outq: list[bytes] = []
+        self._outq: list[bytes | Gather] = []
         self._push = self._outq.append
         self._qhead = 0
         self._idle = True  # nothing queued: _room is _IDLE_ROOM and no write task is posted
@@ -238,11 +238,13 @@ class MessageQueue:
 
     # -- sending -----------------------------------------------------------------------
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: bytes | Gather) -> None:
         """Queue one whole message; it is written into the link in FIFO order.
 
         Raises :class:`QueueFullError` past the high-water mark (nothing queued),
-        :class:`MessageTooLargeError`, ``TypeError`` for a non-bytes message,
+        :class:`MessageTooLargeError`, ``TypeError`` for a message that is not bytes, a
+        bytes-like object (copied) or a :class:`Gather` (its pieces are not copied:
+        they must not change until it is sent),
         ``trio.ClosedResourceError`` after ``close()``, ``trio.BrokenResourceError``
         when the link is gone.
         """
@@ -257,7 +259,7 @@ class MessageQueue:
                 return
         self._send_slow(message)
 
-    def send_many(self, messages: Sequence[bytes]) -> int:
+    def send_many(self, messages: Sequence[bytes | Gather]) -> int:
         """Queue several messages in order; return how many were queued.
 
         Stops at the high-water mark: the messages after the returned count were
@@ -298,7 +300,7 @@ class MessageQueue:
                 return start + i
         return count
 
-    def send_nowait(self, message: bytes) -> None:
+    def send_nowait(self, message: bytes | Gather) -> None:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
         self.send(message)
 
@@ -307,9 +309,9 @@ class MessageQueue:
             if self._closed_here:
                 raise trio.ClosedResourceError("message queue was closed")
             raise trio.BrokenResourceError(f"link is closed: {self._reason}")
-        if type(message) is not bytes:
+        if type(message) is not bytes and type(message) is not Gather:
             if not isinstance(message, (bytearray, memoryview)):
-                raise TypeError(f"message must be bytes, bytearray or memoryview, "
+                raise TypeError(f"message must be bytes, bytearray, memoryview or Gather, "
                                 f"not {type(message).__name__}")
             message = bytes(message)  # the queue keeps it: take an immutable copy
         n = len(message)
@@ -597,7 +599,7 @@ class ObservedMessageQueue(MessageQueue):
         assert channel.observer is not None
         self._on_sent = channel.observer.sent
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: bytes | Gather) -> None:
         if type(message) is bytes and len(message) <= self._room:  # send's fast path
             self._room -= len(message)
             self._push(message)

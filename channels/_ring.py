@@ -269,9 +269,10 @@ class RingBuffer:
             return [body], [length]
         return None, status, length
 
-    def put_each(self, bodies: list[bytes], start: int, min_body: int) -> tuple[int, int]:
-        """Put ``bodies[start:]`` one frame per C call while each is longer than
-        ``min_body`` and fits whole: ``(index of the first not put, body bytes put)``."""
+    def put_each(self, bodies: Sequence[Any], start: int, min_body: int) -> tuple[int, int]:
+        """Put ``bodies[start:]`` one frame per C call while each is a ``bytes`` longer
+        than ``min_body`` that fits whole: ``(index of the first not put, body bytes
+        put)``."""
         rb = self._rb
         i = start
         n = len(bodies)
@@ -279,8 +280,8 @@ class RingBuffer:
         while i < n:
             body = bodies[i]
             ln = len(body)
-            if ln <= min_body or not _rb_put_frame(rb, body, ln):
-                break
+            if ln <= min_body or type(body) is not bytes or not _rb_put_frame(rb, body, ln):
+                break  # a small one, a Gather (moved in pieces), or no room
             done += ln
             i += 1
         return i, done
@@ -302,12 +303,14 @@ class RingBuffer:
         _rb_skip(self._rb, total)
         return body
 
-    def put_batch(self, bodies: list[bytes], start: int, max_bytes: int,
+    def put_batch(self, bodies: Sequence[Any], start: int, max_bytes: int,
                   max_count: int) -> tuple[int, int]:
         """Put frames of ``bodies[start:]`` in order while they fit whole (at most
         ``max_bytes`` of bodies, ``max_count`` frames), in one C call: ``(frames put, body
         bytes put)``.  Only as many lengths are measured as could fit, judged by the first
-        body's size: measuring a thousand lengths to move sixty costs more than the move."""
+        body's size: measuring a thousand lengths to move sixty costs more than the move.
+        A :class:`~channels.Gather` is never among the frames put: it is longer than the
+        codec's ``max_bytes``."""
         room = _rb_free_space(self._rb)
         first = len(bodies[start]) + HEADER_SIZE
         if first > room:

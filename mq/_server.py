@@ -72,7 +72,7 @@ from brokermgr.tracking.info import (
     MASK_MEMORY,
     MASK_RPC,
 )
-from channels import DEFAULT_RING_CAPACITY, MessageQueue
+from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
 from pump import RdvpumpError, Timer
 
 from ._cursor import CursorStore
@@ -168,7 +168,7 @@ class _Link:
     #: receiver names this link answers to (``receive``)
     names: set[str] = field(default_factory=set)
     consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
-    outbox: deque[bytes] = field(default_factory=deque)
+    outbox: deque[bytes | Gather] = field(default_factory=deque)
     #: deliveries of the dispatch under way, sent as one ``messages`` frame each
     batch: list[Delivery] = field(default_factory=list)
 
@@ -679,7 +679,7 @@ class MqServer:
                   "timestamps": pack_column([r.timestamp for r in records])}
         self._send_to(link, encode(header, [r.body for r in records]))
 
-    def _send_to(self, link: _Link, message: bytes) -> None:
+    def _send_to(self, link: _Link, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
         if link.outbox:
             link.outbox.append(message)

@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels import CLOSE_MARK, FrameDecoder, FrameEncoder, ProtocolError, RingBuffer, close_frame
+from channels import (
+    CLOSE_MARK,
+    FrameDecoder,
+    FrameEncoder,
+    Gather,
+    ProtocolError,
+    RingBuffer,
+    close_frame,
+    gather,
+)
+from channels._codec import GATHER_MIN
 from pump import RdvpumpError
 
 
@@ -97,6 +107,45 @@ def test_the_encoder_and_decoder_agree_through_one_ring(messages: list[bytes],
         got += drain(decoder)
     got += drain(decoder)
     assert got == messages
+
+
+@settings(max_examples=100, deadline=None)
+@given(plan=st.lists(st.one_of(
+           st.binary(max_size=9_000),  # bytes: small (batched) and large (one by one)
+           st.lists(st.binary(max_size=30_000), min_size=1, max_size=6)),  # pieces
+           max_size=10),
+       capacity=st.sampled_from([1, 16, 1024, 65536, 1 << 18]),
+       data=st.data())
+def test_messages_of_pieces_arrive_whole_among_the_others(
+        plan: list[bytes | list[bytes]], capacity: int, data: st.DataObject) -> None:
+    """A Gather moves its pieces back to back, unjoined, in order with the bytes messages
+    around it, through any ring and any interleaving of writes and reads."""
+    messages: list[bytes | Gather] = []
+    for item in plan:
+        if isinstance(item, list):
+            item = [*item, b"z" * (GATHER_MIN - sum(map(len, item)))]  # a Gather's least
+            messages.append(Gather([memoryview(p) if i % 2 else p for i, p in enumerate(item)]))
+        else:
+            messages.append(item)
+    ring = RingBuffer(capacity)
+    encoder = FrameEncoder(ring)
+    decoder = FrameDecoder(ring, max_message_size=1 << 20)
+    got: list[bytes] = []
+    index = 0
+    while index < len(messages) or encoder.streaming:
+        index, _, moved = encoder.write(messages, index)
+        if not moved or data.draw(st.booleans()):  # the reader may lag behind the writer
+            got += drain(decoder)
+    got += drain(decoder)
+    assert got == [bytes(m) for m in messages]
+
+
+def test_a_gather_is_large_and_gather_joins_small_pieces() -> None:
+    assert gather([b"a" * 10, memoryview(b"b" * 10)]) == b"a" * 10 + b"b" * 10
+    big = gather([b"a" * GATHER_MIN, b"b"])
+    assert isinstance(big, Gather) and len(big) == GATHER_MIN + 1
+    with pytest.raises(ValueError, match="at least"):
+        Gather([b"small"])
 
 
 def test_encoder_reports_whole_messages_and_bytes() -> None:
