@@ -131,7 +131,7 @@ class FrameDecoder:
         self._batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
-        self._body: list[bytearray] | None = None  # set while a body arrives in pieces
+        self._body: list[bytes | bytearray] | None = None  # set while a body arrives in pieces
         self._need = 0  # its declared length
         self._got = 0  # its bytes so far
         self._charged = 0  # of them, what the budget counts (a body bigger than the ring)
@@ -225,7 +225,8 @@ class FrameDecoder:
             if not n:
                 return None
             if not body or len(body[0]) < need:
-                # a body bigger than the ring grows with what arrives, within the budget
+                # a body bigger than the ring grows with what arrives, within the budget,
+                # in pieces taken as they lie in the ring (each copied once)
                 budget = self.budget
                 if budget.held + n > budget.limit:
                     raise ProtocolError(
@@ -233,11 +234,14 @@ class FrameDecoder:
                         f"the process's budget of {budget.limit} bytes for unfinished frames")
                 budget.held += n
                 self._charged += n
-                body.append(bytearray(n))
-                piece = memoryview(body[-1])
+                while n:  # the bytes may wrap round the ring's end: two runs
+                    piece = ring.take_run(n)
+                    body.append(piece)
+                    got += len(piece)
+                    n -= len(piece)
+                self._got = got
             else:  # a complete frame round the ring's end: its one piece, made at the start
-                piece = memoryview(body[0])[got:got + n]
-            self._got = got = got + ring.readinto(piece)
+                self._got = got = got + ring.readinto(memoryview(body[0])[got:got + n])
             if got < need:
                 return None
         self.discard()

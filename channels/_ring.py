@@ -187,6 +187,18 @@ class RingBuffer:
         n = lib.rb_readable_region(self._rb, self._ptr)
         return memoryview(_ffi_buffer(self._ptr[0], n))
 
+    def take_run(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the first contiguous readable run, taken as ``bytes`` (one
+        copy, no zeroed buffer first)."""
+        avail = lib.rb_readable_region(self._rb, self._ptr)
+        if n > avail:
+            n = avail
+        if n <= 0:
+            return b""
+        data: bytes = _ffi_buffer(self._ptr[0], n)[:]
+        lib.rb_skip(self._rb, n)
+        return data
+
     def writable_view(self) -> memoryview:
         """The first contiguous free run, as a writable view into the ring (no copy).
 
