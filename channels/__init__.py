@@ -15,11 +15,13 @@ from ._codec import CLOSE_MARK as CLOSE_MARK
 from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
 from ._codec import MAX_MESSAGE_BODY as MAX_MESSAGE_BODY
 from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
+from ._codec import SMALL_PIECE as SMALL_PIECE
 from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
 from ._codec import Gather as Gather
 from ._codec import close_frame as close_frame
+from ._codec import coalesce as coalesce
 from ._codec import gather as gather
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
@@ -55,6 +57,7 @@ __all__ = [
     "MAX_MESSAGE_BODY",
     "MIN_CAPACITY",
     "PROCESS_FRAME_BUDGET",
+    "SMALL_PIECE",
     "AsyncMessageQueue",
     "Channel",
     "ChannelListener",
@@ -78,5 +81,6 @@ __all__ = [
     "RingBuffer",
     "StreamLink",
     "close_frame",
+    "coalesce",
     "gather",
 ]

@@ -58,11 +58,40 @@ class Gather:
         return f"<Gather of {len(self.pieces)} pieces, {self.size} bytes>"
 
 
+#: Pieces shorter than this are joined with their neighbours by :func:`coalesce`.
+SMALL_PIECE = 4096
+
+
+def coalesce(pieces: Sequence[bytes | memoryview], small: int = SMALL_PIECE
+             ) -> list[bytes | memoryview]:
+    """``pieces`` with every run of pieces shorter than ``small`` joined into one: a
+    large piece stays as it is (not copied), while moving many small ones one by one
+    costs more than copying them together."""
+    if max(map(len, pieces), default=0) < small:  # all small (the common case): one join
+        return [b"".join(pieces)]
+    out: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    for piece in pieces:
+        if len(piece) < small:
+            run.append(piece)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(piece)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
 def gather(pieces: Sequence[bytes | memoryview]) -> bytes | Gather:
-    """A message of ``pieces`` back to back: a :class:`Gather` when it is large, else
-    the pieces joined."""
+    """A message of ``pieces`` back to back: a :class:`Gather` of its large pieces (and
+    of its runs of small ones, joined) when it is large and has any, else the pieces
+    joined."""
     if sum(map(len, pieces)) >= GATHER_MIN:
-        return Gather(pieces)
+        kept = coalesce(pieces)
+        if len(kept) > 1:
+            return Gather(kept)
     return b"".join(pieces)
 
 #: A header at or above this is a close frame: ``CLOSE_MARK + n``, then ``n`` bytes,

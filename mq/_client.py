@@ -30,7 +30,7 @@ from brokermgr import (
     encode,
 )
 from brokermgr.tracking import ServerAddress
-from channels import QueueFullError
+from channels import SMALL_PIECE, QueueFullError
 from pump import RdvpumpError
 
 from ._topic import DEFAULT_WINDOW
@@ -146,6 +146,8 @@ class _Link(BrokerLink):
                        _COLUMNS]
             if sum(columns[1]) != len(body):
                 raise ValueError("sizes that do not add up to the body")
+            if len(body) < count * SMALL_PIECE:
+                body = bytes(body)  # small bodies: one copy, then cheap slices of bytes
             at = 0
             messages = []
             for offset, size, tag, producer, sequence, deliveries, timestamp in zip(

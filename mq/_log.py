@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from channels import SMALL_PIECE, coalesce
+
 from ._record import (
     DEFAULT_MAX_BODY,
     RECORD_OVERHEAD,
@@ -60,7 +62,7 @@ INDEX_MAGIC = b"RDVPQIDX"
 #: Records a corrupt stretch may hide before reading gives up looking past it.
 RESYNC_SPAN = 4096
 #: Bodies this large are written and kept as views of their produce request, not copied.
-VIEW_BODY = 4096
+VIEW_BODY = SMALL_PIECE
 #: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
 #: served without reading the file back (and checking each record again).
 DEFAULT_TAIL_BYTES = 8 << 20
@@ -565,18 +567,7 @@ def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> Non
     """Write ``chunks`` back to back at ``at``: large pieces gathered by the kernel as they
     are (not copied here), runs of small ones joined first (a piece costs the kernel more
     than its copy)."""
-    pieces: list[bytes | memoryview] = []
-    small: list[bytes | memoryview] = []
-    for chunk in chunks:
-        if len(chunk) < VIEW_BODY:
-            small.append(chunk)
-            continue
-        if small:
-            pieces.append(b"".join(small))
-            small = []
-        pieces.append(chunk)
-    if small:
-        pieces.append(b"".join(small))
+    pieces = coalesce(chunks, VIEW_BODY)
     for start in range(0, len(pieces), _IOV_MAX):
         part = pieces[start:start + _IOV_MAX]
         n = os.pwritev(fd, part, at)

@@ -140,10 +140,15 @@ def test_messages_of_pieces_arrive_whole_among_the_others(
     assert got == [bytes(m) for m in messages]
 
 
-def test_a_gather_is_large_and_gather_joins_small_pieces() -> None:
+def test_a_gather_keeps_large_pieces_and_joins_the_rest() -> None:
     assert gather([b"a" * 10, memoryview(b"b" * 10)]) == b"a" * 10 + b"b" * 10
-    big = gather([b"a" * GATHER_MIN, b"b"])
-    assert isinstance(big, Gather) and len(big) == GATHER_MIN + 1
+    body = memoryview(b"x" * GATHER_MIN)
+    big = gather([b"head", b"\0", body, b"c" * 100, b"d" * 100])
+    assert isinstance(big, Gather) and len(big) == GATHER_MIN + 205
+    assert big.pieces[0] == b"head\0" and big.pieces[1] is body
+    assert big.pieces[2] == b"c" * 100 + b"d" * 100
+    many_small = gather([b"y" * 64] * (GATHER_MIN // 64 + 1))  # no piece worth keeping
+    assert type(many_small) is bytes and len(many_small) == GATHER_MIN + 63
     with pytest.raises(ValueError, match="at least"):
         Gather([b"small"])
 
