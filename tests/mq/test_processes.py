@@ -8,6 +8,8 @@ import os
 import pathlib
 import signal
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -24,6 +26,26 @@ def server_args(manager: tuple[str, int], directory: pathlib.Path) -> list[str]:
     return ["broker", "run", "--id", "s1", "--universe", "q", "--manager",
             f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir", str(directory),
             "--topic", "orders", "--durability", "sync"]
+
+
+@asynccontextmanager
+async def a_server_and_a_client(tmp_path: pathlib.Path, messages: int
+                                ) -> AsyncIterator[tuple[MqClient, str]]:
+    """A manager and an MQ server process, and a client here that has published
+    ``messages`` to ``orders``: the client, and the server as ``rdvpump mq`` names it."""
+    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), spawn(*server_args(manager, tmp_path)) as (
+            _, address), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        universe.directory["s1"] = address
+        client = MqClient(universe.add_broker("client"), "s1:15555", timeout=5)
+        await client.connected()
+        await client.publish_many("orders", [b"%d" % i for i in range(messages)])
+        yield client, f"s1@{address[0]}:{address[1]}"
+        client.close()
+        nursery.cancel_scope.cancel()
 
 
 async def test_sigkill_of_the_server_loses_nothing_acknowledged(tmp_path: pathlib.Path) -> None:
@@ -85,17 +107,7 @@ async def test_sigkill_of_the_server_loses_nothing_acknowledged(tmp_path: pathli
 
 
 async def test_a_killed_consumer_s_messages_reach_the_other(tmp_path: pathlib.Path) -> None:
-    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
-    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
-            _, manager), spawn(*server_args(manager, tmp_path)) as (
-            _, address), trio.open_nursery() as nursery:
-        await nursery.start(universe.pump.serve)
-        await nursery.start(universe.serve_network, "127.0.0.1", 0)
-        universe.directory["s1"] = address
-        client = MqClient(universe.add_broker("client"), "s1:15555", timeout=5)
-        await client.connected()
-        await client.publish_many("orders", [b"%d" % i for i in range(200)])
-        where = f"s1@{address[0]}:{address[1]}"
+    async with a_server_and_a_client(tmp_path, 200) as (client, where):
         killed = await trio.lowlevel.open_process(
             [*RDVPUMP, "mq", "consume", "orders", "--server", where, "--universe", "q",
              "--window", "1000", "--idle", "30", "--json"],  # acks every 500: none here
@@ -129,8 +141,6 @@ async def test_a_killed_consumer_s_messages_reach_the_other(tmp_path: pathlib.Pa
                 await message.ack()
         # it held all 200 unacknowledged when it was killed: they all came here
         assert got == set(range(200)) and len(printed) >= 50
-        client.close()
-        nursery.cancel_scope.cancel()
 
 
 async def test_two_servers_a_server_killed_and_restarted_every_acked_message_arrives(
@@ -245,18 +255,9 @@ async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.P
     """``rdvpump mq consume --count N`` acknowledges what it printed and ends once those
     acks have left the process: the group owes nothing afterwards, so nothing it printed
     is delivered again."""
-    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
-    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
-            _, manager), spawn(*server_args(manager, tmp_path)) as (
-            _, address), trio.open_nursery() as nursery:
-        await nursery.start(universe.pump.serve)
-        await nursery.start(universe.serve_network, "127.0.0.1", 0)
-        universe.directory["s1"] = address
-        client = MqClient(universe.add_broker("client"), "s1:15555", timeout=5)
-        await client.connected()
-        await client.publish_many("orders", [b"%d" % i for i in range(300)])
+    async with a_server_and_a_client(tmp_path, 300) as (client, where):
         done = await trio.run_process(
-            [*RDVPUMP, "mq", "consume", "orders", "--server", f"s1@{address[0]}:{address[1]}",
+            [*RDVPUMP, "mq", "consume", "orders", "--server", where,
              "--universe", "q", "--count", "300", "--window", "1000", "--json"],
             capture_stdout=True, capture_stderr=True, check=False,
             env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
@@ -270,5 +271,3 @@ async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.P
                     break
                 await trio.sleep(0.01)
         assert (group["lag"], group["inFlight"]) == (0, 0)
-        client.close()
-        nursery.cancel_scope.cancel()
