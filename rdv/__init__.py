@@ -16,6 +16,7 @@ from ._core import Refusal as Refusal
 from ._core import RefusalReason as RefusalReason
 from ._core import Rendezvous as Rendezvous
 from ._core import Transition as Transition
+from ._core import is_final as is_final
 from ._core import state_diagram as state_diagram
 from ._handshake import NEED_DATA as NEED_DATA
 from ._handshake import Handshake as Handshake
@@ -76,6 +77,7 @@ __all__ = [
     "Role",
     "Transition",
     "handshake_diagram",
+    "is_final",
     "state_diagram",
     "tls_contexts",
 ]

@@ -46,6 +46,25 @@ class Refusal(enum.StrEnum):
     #: A reason this version does not know (from a newer peer); the text says it.
     OTHER = "refused"
 
+    @property
+    def transient(self) -> bool:
+        """Whether a later connect may pass with nothing changed by hand: the peer is out
+        of reach, busy, or not bound yet (a server still starting).  The others stand:
+        an unknown broker, a wrong token or universe, a closed broker, a newer peer's
+        reason."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset({Refusal.UNREACHABLE, Refusal.BUSY, Refusal.NOT_BOUND})
+
+
+def is_final(reason: object) -> bool:
+    """Whether ``reason`` (a :class:`RefusalReason`) is a refusal that dialling again
+    cannot mend (see :attr:`Refusal.transient`); False for None or plain text.  Clients
+    give up at once on these and keep dialling through the others."""
+    refusal = getattr(reason, "refusal", None)
+    return isinstance(refusal, Refusal) and not refusal.transient
+
 
 class RefusalReason(str):
     """A refusal as listeners get it: the text (``"unreachable: timed out"``), whose

@@ -15,9 +15,7 @@ from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
 from pump import Pump
-from rdv import Address
-
-from .watch import is_final
+from rdv import Address, is_final
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
 CLI_RETRY = 0.1

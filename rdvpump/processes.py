@@ -35,7 +35,7 @@ from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
 from mq import MqServer
 from pump import Pump, TraceRecorder
-from rdv import Address, Refusal, tls_contexts
+from rdv import Address, Refusal, is_final, tls_contexts
 
 from .workloads import (
     Stats,
@@ -267,7 +267,7 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
         names.start()
         with trio.move_on_after(timeout):
             while session.queue is None:
-                if session.last_refusal is not None and not (wait and _may_recover(
+                if session.last_refusal is not None and (not wait or is_final(
                         session.last_refusal)):
                     break
                 await session.attempted()
@@ -291,10 +291,6 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
 
 #: How often ``status --wait`` dials a manager that is starting, and asks its list again.
 _WAIT_POLL = 0.1
-
-
-def _may_recover(reason: object) -> bool:
-    return getattr(reason, "refusal", None) in (Refusal.UNREACHABLE, Refusal.BUSY)
 
 
 @dataclass

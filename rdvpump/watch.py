@@ -17,7 +17,7 @@ import trio
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
 from pump import Pump
-from rdv import Address, Refusal
+from rdv import Address, is_final
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
@@ -106,16 +106,6 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
             if waited.cancelled_caught and not refresh:
                 continue
             show(current())
-
-
-#: Refusals after which dialling again cannot help: the watch ends with the reason.
-FINAL = (Refusal.UNAUTHORIZED, Refusal.UNKNOWN_BROKER)
-
-
-def is_final(reason: object) -> bool:
-    """Whether a link's last refusal is one that dialling again cannot help (the CLI's
-    clients give up at once on those, and keep dialling through ``unreachable``)."""
-    return getattr(reason, "refusal", None) in FINAL
 
 
 async def _refusals(address: object, sub: Any) -> None:

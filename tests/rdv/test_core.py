@@ -14,7 +14,10 @@ from rdv import (
     PortState,
     RdvEvent,
     RdvUsageError,
+    Refusal,
+    RefusalReason,
     Rendezvous,
+    is_final,
     state_diagram,
 )
 
@@ -89,3 +92,22 @@ def test_the_state_diagram_in_docs_is_generated_from_the_table() -> None:
     path = pathlib.Path(__file__).resolve().parents[2] / "docs/diagrams/rendezvous-states.mmd"
     assert path.read_text() == state_diagram(), (
         "docs/diagrams/rendezvous-states.mmd is stale: run `rdvpump diagram states`")
+
+
+@pytest.mark.parametrize(("refusal", "final"), [
+    (Refusal.UNREACHABLE, False),  # a process starting, or a network that comes back
+    (Refusal.BUSY, False),  # the bind takes the next connect
+    (Refusal.NOT_BOUND, False),  # a server still starting
+    (Refusal.UNKNOWN_BROKER, True),
+    (Refusal.UNAUTHORIZED, True),
+    (Refusal.CLOSED, True),
+    (Refusal.OTHER, True),  # a newer peer's reason: its text is shown, not waited out
+])
+def test_which_refusals_dialling_again_may_mend(refusal: Refusal, final: bool) -> None:
+    assert refusal.transient is not final
+    assert is_final(RefusalReason(refusal, "detail")) is final
+    assert is_final(RefusalReason.parse(f"{refusal.value}: detail")) is final
+
+
+def test_no_refusal_or_plain_text_is_not_final() -> None:
+    assert not is_final(None) and not is_final("unauthorized")
