@@ -88,11 +88,10 @@ def gather(pieces: Sequence[bytes | memoryview]) -> bytes | Gather:
     """A message of ``pieces`` back to back: a :class:`Gather` of its large pieces (and
     of its runs of small ones, joined) when it is large and has any, else the pieces
     joined."""
-    if sum(map(len, pieces)) >= GATHER_MIN:
-        kept = coalesce(pieces)
-        if len(kept) > 1:
-            return Gather(kept)
-    return b"".join(pieces)
+    if sum(map(len, pieces)) < GATHER_MIN:
+        return b"".join(pieces)
+    kept = coalesce(pieces)
+    return Gather(kept) if len(kept) > 1 else bytes(kept[0])  # joined once, by coalesce
 
 #: A header at or above this is a close frame: ``CLOSE_MARK + n``, then ``n`` bytes,
 #: ``"<cause>:<reason>"`` in UTF-8.  Over a byte stream it is the last thing a side sends

@@ -378,18 +378,19 @@ class MqClient:
         await self.request({"cmd": "empty", "topic": topic})
 
     def close(self) -> None:
-        for subscription in list(self.subscriptions.values()):
-            subscription.inbox.close()
-        self.subscriptions.clear()
+        self._end_subscriptions()
         self.link.close()
 
     async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> bool:
         """:meth:`close`, then wait until what was sent (acks too) has left this process,
         so that it may end; False if ``timeout`` passed first."""
+        self._end_subscriptions()
+        return await self.link.aclose(timeout)
+
+    def _end_subscriptions(self) -> None:
         for subscription in list(self.subscriptions.values()):
             subscription.inbox.close()
         self.subscriptions.clear()
-        return await self.link.aclose(timeout)
 
 
 @dataclass(frozen=True)
