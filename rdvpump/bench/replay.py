@@ -7,6 +7,12 @@ mode, ``local[1]`` and ``local[2]``) and a single-process Python loop
 run: every invariant, undelivered messages with causes, latency percentiles per link,
 throughput per broker and second, refusals and sizes; the run fails if they disagree.
 Both report events per second.
+
+Beside each Spark run, the floor of a Spark job on the same file and master, in a fresh
+JVM like the job's: only the latency of each message, from one shuffle by (run, link,
+dir, seq) and the first send and delivery times (:func:`latency_floor`).  Any job that
+pairs sends with deliveries does at least this; the ratio says how close the whole job
+comes to it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class ReplayResult:
     events: int
     seconds: float
     events_per_s: float
-    violations: int
+    violations: int | None  # None: not looked for (the floor)
     baseline: str
     baseline_seconds: float
     baseline_events_per_s: float
@@ -224,10 +230,28 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
     return figures, time.perf_counter() - start
 
 
+def latency_floor(spark: Any, traces: str) -> int:
+    """The least a Spark job that pairs sends with deliveries does: one shuffle by (run,
+    link, dir, seq), each message's first send and first delivery time, their difference
+    counted.  Returns the messages with a latency."""
+    from pyspark.sql import functions as F
+
+    from replay.job import MESSAGE_KINDS, load
+
+    events, _ = load(spark, traces)
+    send, at = F.col("kind") == "send", F.col("time")
+    latency = F.min(F.when(~send, at)) - F.min(F.when(send, at))
+    per_message = (events.where(~F.col("bad") & F.col("kind").isin(*MESSAGE_KINDS))
+                   .groupBy("run", "link", "dir", "seq").agg(latency.alias("latency")))
+    row = per_message.agg(F.count("latency").alias("n")).first()
+    return int(row["n"])
+
+
 def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "local[2]"),
-        jvm: str = "production",
+        jvm: str = "production", floor: bool = True,
         progress: Callable[[str], None] | None = None) -> Iterator[ReplayResult]:
-    """One trace, the Python baseline once, then the Spark job on each master in turn."""
+    """One trace, the Python baseline once, then the Spark job on each master in turn,
+    each followed by the floor on that master (``floor``) in a fresh JVM."""
     from replay import analyze, session
 
     with tempfile.TemporaryDirectory(prefix="rdvpump-replay-bench-") as tmp:
@@ -264,3 +288,21 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
                                summary["violation_count"], "python-same-outputs",
                                py_seconds, py_rate, figures["violations"],
                                spark_rate / py_rate, mb)
+            if not floor:
+                continue
+            if progress:
+                progress(f"the floor: one shuffle for each message's latency, {master} ...")
+            spark = session(master, jvm=jvm, driver_memory="6g")
+            try:
+                start = time.perf_counter()
+                paired = latency_floor(spark, str(traces))
+                floor_seconds = time.perf_counter() - start
+            finally:
+                spark.stop()
+            if paired != summary["messages_matched"]:
+                raise RuntimeError(f"the floor paired {paired} messages, the job "
+                                   f"{summary['messages_matched']}")
+            floor_rate = rows / floor_seconds
+            yield ReplayResult(f"replay-floor-{master}", rows, floor_seconds, floor_rate, None,
+                               f"replay-spark-{master}", seconds, spark_rate,
+                               summary["violation_count"], floor_rate / spark_rate, mb)

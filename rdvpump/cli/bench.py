@@ -50,6 +50,9 @@ def bench_replay(
         help="Spark master, once per run (default: local[1], then local[2]).")] = None,
     jvm: Annotated[str, typer.Option(help="JVM profile: production or quick.")] =
         "production",
+    floor: Annotated[bool, typer.Option(
+        help="After each Spark run, time the least job that pairs sends with deliveries "
+             "(each message's latency, one shuffle) on the same master.")] = True,
 ) -> None:
     """The replay job on a real trace of EVENTS events, beside plain Python computing the
     same figures from the same file."""
@@ -58,7 +61,7 @@ def bench_replay(
     masters = tuple(master or ("local[1]", "local[2]"))
     with err.status("benchmarking the replay ...") as status:
         results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
-                                                 progress=status.update)))
+                                                 floor=floor, progress=status.update)))
     _show(results, json_out, "rdvpump bench replay",
           ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
           lambda r: [r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",

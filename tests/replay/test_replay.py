@@ -100,6 +100,16 @@ def _found(summary: dict[str, Any]) -> set[tuple[str, str, str, int]]:
     return {(v["violation"], v["link"], v["dir"], v["seq"]) for v in summary["violations"]}
 
 
+def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
+        spark: Any, clean_jsonl: pathlib.Path) -> None:
+    """`bench replay`'s floor (one shuffle, each message's latency) counts the messages
+    the job matched, so its time is a like-for-like lower bound."""
+    from rdvpump.bench.replay import latency_floor
+
+    traces = str(clean_jsonl.parent)
+    assert latency_floor(spark, traces) == analyze(spark, traces)["messages_matched"] == 8000
+
+
 def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
                                          tmp_path: pathlib.Path) -> None:
     rows = _rows(clean_jsonl)
