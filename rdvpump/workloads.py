@@ -537,8 +537,10 @@ async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, payload: list
                 stats.bytes += sum(len(m.body) for m in messages)
                 await subscription.ack([m.offset for m in messages])
         seconds = trio.current_time() - start
+        await client.aclose()  # the last acks leave before the link ends
     finally:
-        client.close()
+        if not client.link.closing:  # failed or cancelled: no waiting
+            client.close()
     ok = verified and done[0] == w.messages
     return WorkloadReport(w.label, w.messages, w.messages * w.size, seconds, ok,
                           None if ok else "a consumed message differs from the one published")

@@ -229,3 +229,43 @@ async def test_a_cancelled_send_many_queued_a_whole_prefix_and_says_how_long(
 async def _cancel_after(scope: trio.CancelScope, seconds: float) -> None:
     await trio.sleep(seconds)
     scope.cancel()
+
+
+@pytest.mark.parametrize("reader", ["reads", "stops reading"])
+async def test_a_links_aclose_waits_for_its_last_bytes_or_says_it_gave_up(
+        reader: str, autojump_clock: trio.testing.MockClock) -> None:
+    """``ReconnectingLink.aclose`` returns True once every byte sent (the goodbye too) has
+    left; a peer that stops reading holds the last bytes, and after ``timeout`` seconds
+    it returns False instead of waiting for ever."""
+    from brokermgr import ReconnectingLink
+    from channels import ChannelManager, MessageQueue, StreamLink
+    from pump import Pump
+
+    pump = Pump()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        ours, theirs = trio.testing.lockstep_stream_pair()
+        channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
+        nursery.start_soon(StreamLink(channel, ours).run)
+        link = ReconnectingLink(pump, lambda link: link.connected(MessageQueue(channel)),
+                                name="peer")
+        link.connect()
+        link.send({"say": "x" * 3000})  # more than the ring and the stream hold at once
+        received = bytearray()
+
+        async def read() -> None:
+            while data := await theirs.receive_some(500):
+                received.extend(data)
+
+        if reader == "reads":
+            nursery.start_soon(read)
+        start = trio.current_time()
+        sent = await link.aclose(timeout=5)
+        assert sent is (reader == "reads")
+        assert trio.current_time() - start == (pytest.approx(5) if reader == "stops reading"
+                                              else pytest.approx(0, abs=0.5))
+        if reader == "reads":
+            assert b"x" * 3000 in received and channel.sent_out
+        else:
+            assert not channel.sent_out
+        nursery.cancel_scope.cancel()
