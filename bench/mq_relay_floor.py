@@ -4,8 +4,9 @@
 A producer streams 4,000 records of 64 KiB + 36 B (no framing, no replies); a server
 appends what each ``recv_into`` brings to a file, fsyncs it and forwards it to a
 consumer, which reads until it has every byte.  Its rate against the plain append of
-``rdvpump bench mq`` (256 KiB writes, each fsynced) in the same run says how much of
-the plain append three processes and two TCP hops leave.
+``rdvpump bench mq`` (:func:`rdvpump.bench.mq.plain_append`: 256 KiB writes, each
+fsynced) in the same run says how much of the plain append three processes and two
+TCP hops leave.
 
 ``python bench/mq_relay_floor.py [RUNS]``: one line per run.  Figures in bench/RESULTS.md.
 """
@@ -18,8 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-SIZE, COUNT, BATCH = 65536, 4000, 4
+from rdvpump.bench.mq import batch_for, plain_append
+
+SIZE, COUNT = 65536, 4000
+BATCH = batch_for(SIZE)  # what the bench's producer sends at once
 RECORD = SIZE + 36  # a record header's worth more per message, as the plain append
 TIMEOUT = 60.0
 
@@ -73,19 +78,6 @@ def server(path: str) -> None:
         inp.close()
 
 
-def plain_append(path: str) -> float:
-    """``rdvpump bench mq``'s baseline at 64 KiB ``sync``: msgs/s."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    chunk = b"x" * (RECORD * BATCH)
-    start = time.perf_counter()
-    for _ in range(COUNT // BATCH):
-        os.write(fd, chunk)
-        os.fsync(fd)
-    elapsed = time.perf_counter() - start
-    os.close(fd)
-    return COUNT / elapsed
-
-
 def one_run(directory: str) -> tuple[float, float]:
     me = [sys.executable, __file__]
     procs: list[tuple[str, subprocess.Popen[str]]] = []
@@ -111,7 +103,7 @@ def one_run(directory: str) -> tuple[float, float]:
                 p.wait(timeout=TIMEOUT)
             if p.stdout is not None:
                 p.stdout.close()
-    return COUNT / (end - start), plain_append(f"{directory}/plain")
+    return COUNT / (end - start), plain_append(SIZE, COUNT, "sync", Path(directory))
 
 
 def main() -> None:

@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
 from pump import Pump, TraceRecorder, open_trace
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -247,12 +249,26 @@ def latency_floor(spark: Any, traces: str) -> int:
     return int(row["n"])
 
 
+def _timed_in_a_fresh_jvm(master: str, jvm: str, work: Callable[[Any], T]) -> tuple[T, float]:
+    """``work(spark)`` on a new SparkSession (its JVM started first, not timed), its
+    result and its seconds; the session is stopped after."""
+    from replay import session
+
+    spark = session(master, jvm=jvm, driver_memory="6g")
+    try:
+        start = time.perf_counter()
+        result = work(spark)
+        return result, time.perf_counter() - start
+    finally:
+        spark.stop()
+
+
 def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "local[2]"),
         jvm: str = "production", floor: bool = True,
         progress: Callable[[str], None] | None = None) -> Iterator[ReplayResult]:
     """One trace, the Python baseline once, then the Spark job on each master in turn,
     each followed by the floor on that master (``floor``) in a fresh JVM."""
-    from replay import analyze, session
+    from replay import analyze
 
     with tempfile.TemporaryDirectory(prefix="rdvpump-replay-bench-") as tmp:
         traces = Path(tmp) / "traces"
@@ -268,13 +284,8 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
         for master in masters:
             if progress:
                 progress(f"Spark {master} over {rows:,} events ...")
-            spark = session(master, jvm=jvm, driver_memory="6g")
-            try:
-                start = time.perf_counter()
-                summary = analyze(spark, str(traces), str(Path(tmp) / "out"))
-                seconds = time.perf_counter() - start
-            finally:
-                spark.stop()
+            summary, seconds = _timed_in_a_fresh_jvm(
+                master, jvm, lambda spark: analyze(spark, str(traces), str(Path(tmp) / "out")))
             same = (summary["events"] == figures["events"] == rows
                     and summary["violation_count"] == figures["violations"]
                     and summary["messages_matched"] == figures["matched"]
@@ -292,13 +303,8 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
                 continue
             if progress:
                 progress(f"the floor: one shuffle for each message's latency, {master} ...")
-            spark = session(master, jvm=jvm, driver_memory="6g")
-            try:
-                start = time.perf_counter()
-                paired = latency_floor(spark, str(traces))
-                floor_seconds = time.perf_counter() - start
-            finally:
-                spark.stop()
+            paired, floor_seconds = _timed_in_a_fresh_jvm(
+                master, jvm, lambda spark: latency_floor(spark, str(traces)))
             if paired != summary["messages_matched"]:
                 raise RuntimeError(f"the floor paired {paired} messages, the job "
                                    f"{summary['messages_matched']}")
