@@ -233,12 +233,13 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
 
     The Spark work is one scan that takes a census of the events (small: one row per
     pump, kind, stream and link event), then one shuffle keyed by (run, link, dir) that
-    folds every message into one row per sequence number; every per-link figure,
-    violation and undelivered message comes from that table.  The table is kept as a
-    local checkpoint (rows in the executors' block stores, memory then disk): building
-    Spark's columnar cache of it cost as much again as computing it.  A local
-    checkpoint does not survive the loss of an executor; the job then fails and is run
-    again.  The small results are collected once and written by the driver.
+    folds every message into one row per sequence number and, in the same job, one
+    aggregation of those rows into every per-link figure, bin, latency bucket and
+    listed message (:func:`_measure`).  Only that aggregation's result is kept (a local
+    checkpoint: rows in the executors' block stores, memory then disk; small unless
+    the trace breaks many invariants).  A local checkpoint does not survive the loss
+    of an executor; the job then fails and is run again.  The small results are
+    collected and written by the driver.
     ``progress`` is told each stage; ``summary["spark_jobs"]`` counts the Spark jobs.
     """
     jobs = _Jobs(spark, progress)
@@ -255,9 +256,7 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
             jobs.stage("locating corrupt lines")
             corrupt = _locate_lines(spark, jsonl_files)
         jobs.stage("matching sends and deliveries (one shuffle by link and direction)")
-        per_seq = _per_seq(events, census.offsets).localCheckpoint(eager=False)
-        found = _measure(spark, per_seq, census, jobs, out)
-        del per_seq  # its blocks go when the JVM collects the plan (Spark's ContextCleaner)
+        found = _measure(spark, _per_seq(events, census.offsets), census, jobs, out)
         summary = _summary(traces, census, corrupt, found)
         if out is not None:
             jobs.stage("writing tables and plots")
@@ -307,12 +306,14 @@ def _census_rows(events: Any) -> list[Any]:
 def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
     """One row per (run, link, dir, seq): its sends and deliveries, folded.
 
-    The messages are shuffled once by (run, link, dir) and sorted by seq within each
-    stream; the aggregation by seq and the FIFO check run on that order without another
-    shuffle or sort.  FIFO holds on a stream when the deliveries, taken in seq order,
-    come in pump order (step, then place in the file): each delivered seq is compared
-    with the delivered seq before it, and a pair out of pump order is one violation,
-    named by the lower seq ("late": delivered after the higher one).
+    The messages are shuffled once by (run, link, dir); the aggregation by seq and the
+    FIFO check run within each stream's partition without another shuffle.  Every
+    aggregate is a plain number, so Spark keeps the aggregation hashed.  FIFO holds on a
+    stream when the deliveries, taken in seq order, come in pump order (step, then place
+    in the file): each delivered seq is compared with the delivered seq before it, and a
+    pair out of pump order is one violation, named by the lower seq ("late": delivered
+    after the higher one).  A seq delivered more than once (itself a violation) is placed
+    at the least step and the least place of its deliveries.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -326,7 +327,7 @@ def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
             .select(*_KEY, (F.col("kind") == "send").alias("is_send"), at.alias("at"), "size",
                     "step", "ord"))
     send, deliver = F.col("is_send"), ~F.col("is_send")
-    per_seq = (msgs.repartition(*_STREAM).sortWithinPartitions(*_KEY).groupBy(*_KEY).agg(
+    per_seq = msgs.repartition(*_STREAM).groupBy(*_KEY).agg(
         F.sum(send.cast("int")).alias("sends"),
         F.sum(deliver.cast("int")).alias("deliveries"),
         F.min(F.when(send, F.col("at"))).alias("sent_at"),
@@ -335,19 +336,19 @@ def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
         F.max(F.when(send, F.col("size"))).alias("size_max"),
         F.min(F.when(deliver, F.col("size"))).alias("delivered_size"),
         F.max(F.when(deliver, F.col("size"))).alias("delivered_size_max"),
-        F.min(F.when(deliver, F.struct("step", "ord"))).alias("pos")))
+        F.min(F.when(deliver, F.col("step"))).alias("step"),
+        F.min(F.when(deliver, F.col("ord"))).alias("ord"))
     seq_order = Window.partitionBy(*_STREAM).orderBy("seq").rowsBetween(
         Window.unboundedPreceding, -1)
-    before = F.last(F.when(F.col("pos").isNotNull(), F.struct(
-        F.col("pos.step").alias("step"), F.col("pos.ord").alias("ord"),
-        F.col("seq").alias("seq"))), ignorenulls=True).over(seq_order)
-    late = F.when((F.col("before.step") > F.col("pos.step"))
-                  | ((F.col("before.step") == F.col("pos.step"))
-                     & (F.col("before.ord") > F.col("pos.ord"))), F.col("before.seq"))
+    before = F.last(F.when(F.col("step").isNotNull(), F.struct("step", "ord", "seq")),
+                    ignorenulls=True).over(seq_order)
+    late = F.when((F.col("before.step") > F.col("step"))
+                  | ((F.col("before.step") == F.col("step"))
+                     & (F.col("before.ord") > F.col("ord"))), F.col("before.seq"))
     return (per_seq.withColumn("before", before)
             .withColumn("late", late)
             .withColumn("latency", F.col("delivered_at") - F.col("sent_at"))
-            .drop("before", "pos"))
+            .drop("before", "step", "ord"))
 
 
 def _violations(per_seq: Any) -> Any:
@@ -387,66 +388,108 @@ _VIOLATION_FLAGS = {
 }
 
 
+#: Latency buckets per decade for the percentiles: each is within 0.23 % of its value.
+FINE_PER_DECADE = 1000
+#: The percentiles reported, per link and direction and over the run.
+QUANTILES = (0.5, 0.9, 0.99)
+# the parts of the one aggregation of per_seq (_measure)
+_BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = range(5)
+
+
 def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
              out: str | None) -> dict[str, Any]:
-    """Every figure that needs the messages: a few small aggregations of ``per_seq``."""
+    """Every figure that needs the messages, from one aggregation of ``per_seq``.
+
+    Each message row counts in a few groups at once, told apart by ``part``: its stream
+    and time bin (the per-link figures and the plots), its stream and second (when bins
+    are wider than a second), its stream and fine latency bucket (the percentiles), its
+    latency and size bucket (the histograms), and, for a message that broke an invariant
+    or was never delivered, its own row (the listings).  The result is small but for the
+    listings, and is kept as a local checkpoint; the percentiles come from its latency
+    buckets, each an observed latency within 0.23 % of the exact percentile.
+    """
     from pyspark.sql import functions as F
 
     journey = F.col("latency").isNotNull()
-    quantiles = F.percentile_approx("latency", [0.5, 0.9, 0.99], 10000)
-    flags = [F.sum(F.expr(cond).cast("int")).alias(name)
-             for name, cond in _VIOLATION_FLAGS.items()]
-    jobs.stage("latency and violations per link and direction")
-    streams = (per_seq.groupBy(*_STREAM).agg(
-        F.count("latency").alias("messages"), quantiles.alias("q"),
-        F.max("latency").alias("max"),
-        F.sum(((F.col("sends") > 0) & (F.col("deliveries") == 0)).cast("int"))
-        .alias("undelivered"), *flags).collect())
-    found: dict[str, Any] = {"streams": streams}
-    jobs.stage("latency over every message")
-    user = journey
-    if census.service_links:
-        user = journey & ~F.concat_ws("\0", "run", "link").isin(
-            [f"{run}\0{link}" for run, link in sorted(census.service_links)])
-    found["overall"] = per_seq.where(user).agg(
-        F.count("*").alias("n"), quantiles.alias("q"), F.max("latency").alias("max"),
-        F.min("delivered_at").alias("first"), F.max("delivered_at").alias("last")).first()
-    def delivered_per(width: float) -> list[Any]:
-        """Messages and bytes delivered per stream and bin of ``width`` seconds."""
-        rows: list[Any] = (per_seq.where(journey).groupBy(
-            *_STREAM, F.floor((F.col("delivered_at") - F.lit(census.start)) / width)
-            .cast("long").alias("bin"))
-            .agg(F.count("*").alias("messages"), F.sum("delivered_size").alias("bytes"))
-            .collect())
-        return rows
-
     width = _bin_width(census.duration)
-    found["bin_width"] = width
-    jobs.stage("deliveries over time and histograms")
-    found["bins"] = delivered_per(width)
-    # bins under a second add up to seconds; wider ones do not
-    found["per_second"] = delivered_per(1.0) if width > 1.0 else None
-    found["histogram"] = (per_seq.groupBy(
-        F.floor(F.log10(F.greatest(F.col("latency"), F.lit(1e-9))) * BUCKETS_PER_DECADE)
-        .cast("int").alias("latency_bucket"),
-        F.when(F.col("size") <= 0, F.lit(0)).otherwise(
-            F.pow(F.lit(2), F.ceil(F.log2(F.col("size"))))).cast("long").alias("size_bucket"))
-        .agg(F.count("latency").alias("journeys"), F.count("size").alias("messages"),
-             F.sum("size").alias("bytes")).collect())
+    since = F.col("delivered_at") - F.lit(census.start)
+    undelivered = (F.col("sends") > 0) & (F.col("deliveries") == 0)
+    flagged = [F.expr(cond) for cond in _VIOLATION_FLAGS.values()]
+    listed = undelivered
+    for flag in flagged:
+        listed = listed | flag
+
+    def part(tag: int, k1: Any = None, k2: Any = None, row: Any = None, *,
+             stream: bool = True) -> Any:
+        return F.struct(F.lit(tag).alias("part"), F.lit(stream).alias("stream"),
+                        F.lit(None).cast("long").alias("k1") if k1 is None else
+                        k1.cast("long").alias("k1"),
+                        F.lit(None).cast("long").alias("k2") if k2 is None else
+                        k2.cast("long").alias("k2"),
+                        (F.lit(None) if row is None else row).alias("row"))
+
+    row = F.struct("seq", "sends", "deliveries", "late", "size", "size_max",
+                   "delivered_size", "delivered_size_max", "sent_at")
+    log_latency = F.log10(F.greatest(F.col("latency"), F.lit(1e-9)))
+    size_bucket = F.when(F.col("size") <= 0, F.lit(0)).otherwise(
+        F.pow(F.lit(2), F.ceil(F.log2(F.col("size")))))
+    parts = [part(_BIN, F.when(journey, F.floor(since / width))),
+             F.when(journey, part(_LATENCY, F.floor(log_latency * FINE_PER_DECADE))),
+             part(_HISTOGRAM, F.floor(log_latency * BUCKETS_PER_DECADE), size_bucket,
+                  stream=False),
+             F.when(listed, part(_LISTED, row=row.cast(_LISTED_ROW)))]
+    if width > 1.0:  # bins under a second add up to seconds; wider ones do not
+        parts.append(F.when(journey, part(_SECOND, F.floor(since))))
+    keyed = per_seq.select("*", F.explode(F.filter(F.array(*parts), lambda p: p.isNotNull()))
+                           .alias("p"))
+    stream_keys = [F.when(F.col("p.stream"), F.col(k)).alias(k) for k in _STREAM]
+    jobs.stage("every figure of every link and direction (one aggregation)")
+    table = (keyed.groupBy(*stream_keys, "p.part", "p.k1", "p.k2", "p.row").agg(
+        F.count("latency").alias("journeys"),
+        F.count("size").alias("messages"),
+        F.sum("size").alias("bytes"),
+        F.sum(F.when(journey, F.col("delivered_size"))).alias("delivered_bytes"),
+        F.max("latency").alias("max"),
+        F.min(F.when(journey, F.col("delivered_at"))).alias("first"),
+        F.max(F.when(journey, F.col("delivered_at"))).alias("last"),
+        F.sum(undelivered.cast("int")).alias("undelivered"),
+        *[F.sum(flag.cast("int")).alias(name) for name, flag in zip(_VIOLATION_FLAGS, flagged,
+                                                                    strict=True)])
+        .localCheckpoint())
+    found: dict[str, Any] = {"bin_width": width}
+    small = table.where(F.col("part") != _LISTED).drop("row").collect()
+    by_part: dict[int, list[Any]] = {p: [] for p in (_BIN, _SECOND, _LATENCY, _HISTOGRAM)}
+    for r in small:
+        by_part[r["part"]].append(r)
+    jobs.stage("latency percentiles")
+    quantiles = _quantiles(spark, table, census)
+    found["streams"] = _stream_rows(by_part[_BIN], quantiles)
+    found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
+    found["bins"] = [{"run": r["run"], "link": r["link"], "dir": r["dir"], "bin": r["k1"],
+                      "messages": r["journeys"], "bytes": r["delivered_bytes"]}
+                     for r in by_part[_BIN] if r["k1"] is not None]
+    found["per_second"] = None if width <= 1.0 else [
+        {"run": r["run"], "link": r["link"], "dir": r["dir"], "bin": r["k1"],
+         "messages": r["journeys"], "bytes": r["delivered_bytes"]} for r in by_part[_SECOND]]
+    found["histogram"] = [{"latency_bucket": r["k1"], "size_bucket": r["k2"],
+                           "journeys": r["journeys"], "messages": r["messages"],
+                           "bytes": r["bytes"]} for r in by_part[_HISTOGRAM]]
+    streams = found["streams"]
     violation_count = sum(sum(r[name] for name in _VIOLATION_FLAGS) for r in streams)
     undelivered_count = sum(r["undelivered"] for r in streams)
     found["violation_count"], found["undelivered_count"] = violation_count, undelivered_count
     found["violations"] = found["undelivered"] = []
     found["violations_frame"] = found["undelivered_frame"] = False
+    flagged_rows = table.where(F.col("part") == _LISTED).select(*_STREAM, "row.*")
     if violation_count:
         jobs.stage("listing the violations")
         found["violations"], found["violations_frame"] = _listed(
-            _violations(per_seq).orderBy(*_KEY, "violation"), violation_count, out,
+            _violations(flagged_rows).orderBy(*_KEY, "violation"), violation_count, out,
             "violations")
     if undelivered_count:
         jobs.stage("listing undelivered messages and their causes")
         ends = spark.createDataFrame(census.stream_ends(), _STREAM_ENDS)
-        frame = (per_seq.where((F.col("sends") > 0) & (F.col("deliveries") == 0))
+        frame = (flagged_rows.where((F.col("sends") > 0) & (F.col("deliveries") == 0))
                  .join(F.broadcast(ends), _STREAM, "left")
                  .select(*_KEY, "sender", "sent_at", "size",
                          F.coalesce("cause", F.lit("run ended")).alias("cause"), "end_reason",
@@ -455,6 +498,72 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
         found["undelivered"], found["undelivered_frame"] = _listed(
             frame, undelivered_count, out, "undelivered")
     return found
+
+
+_LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint, size:bigint, "
+               "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, sent_at:double>")
+
+
+def _quantiles(spark: Any, table: Any, census: _Census
+               ) -> dict[tuple[str, str, str] | None, list[float]]:
+    """The percentiles of each stream's latency, and (key None) of every latency but the
+    name service's, from the fine latency buckets: the largest latency of the bucket
+    where each percentile's rank falls (ranks counted from 1, the rank of q being
+    ceil(q n))."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    buckets = table.where(F.col("part") == _LATENCY).select(
+        F.lit(False).alias("overall"), *_STREAM, "k1", "journeys", "max")
+    user = F.lit(True)
+    if census.service_links:
+        user = ~F.concat_ws("\\0", "run", "link").isin(
+            [f"{run}\\0{link}" for run, link in sorted(census.service_links)])
+    overall = (buckets.where(user).groupBy("k1")
+               .agg(F.sum("journeys").alias("journeys"), F.max("max").alias("max"))
+               .select(F.lit(True).alias("overall"), *[F.lit(None).cast("string").alias(k)
+                                                       for k in _STREAM],
+                       "k1", "journeys", "max"))
+    keys = ["overall", *_STREAM]
+    ranked = buckets.unionByName(overall).select(
+        *keys, "max",
+        F.sum("journeys").over(Window.partitionBy(*keys).orderBy("k1").rowsBetween(
+            Window.unboundedPreceding, Window.currentRow)).alias("below"),
+        F.sum("journeys").over(Window.partitionBy(*keys)).alias("n"))
+    rows = ranked.groupBy(*keys).agg(*[
+        F.min(F.when(F.col("below") >= F.greatest(F.ceil(F.col("n") * q), F.lit(1)),
+                     F.col("max"))).alias(f"q{i}") for i, q in enumerate(QUANTILES)]).collect()
+    return {None if r["overall"] else (r["run"], r["link"], r["dir"]):
+            [r[f"q{i}"] for i in range(len(QUANTILES))] for r in rows}
+
+
+def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]]) -> list[dict[str, Any]]:
+    """Per stream: messages matched, latency percentiles and max, undelivered messages
+    and the count of each violation."""
+    sums: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in bins:
+        key = (r["run"], r["link"], r["dir"])
+        s = sums.setdefault(key, {"run": key[0], "link": key[1], "dir": key[2],
+                                  "messages": 0, "max": None, "undelivered": 0,
+                                  **{name: 0 for name in _VIOLATION_FLAGS}})
+        s["messages"] += r["journeys"]
+        if r["max"] is not None:
+            s["max"] = r["max"] if s["max"] is None else max(s["max"], r["max"])
+        for name in ("undelivered", *_VIOLATION_FLAGS):
+            s[name] += r[name]
+    for key, s in sums.items():
+        s["q"] = quantiles.get(key)
+    return list(sums.values())
+
+
+def _overall_row(bins: list[Any], q: list[float] | None, census: _Census) -> dict[str, Any]:
+    """Every latency but the name service's: count, percentiles, max, first and last."""
+    mine = [r for r in bins if r["journeys"]
+            and (r["run"], r["link"]) not in census.service_links]
+    return {"n": sum(r["journeys"] for r in mine), "q": q,
+            "max": max((r["max"] for r in mine), default=None),
+            "first": min((r["first"] for r in mine), default=None),
+            "last": max((r["last"] for r in mine), default=None)}
 
 
 def _listed(frame: Any, count: int, out: str | None, name: str) -> tuple[list[dict[str, Any]],

@@ -132,7 +132,7 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
     refusals: dict[str, int] = {}
     sizes: dict[int, int] = {}
     # per message: sends, deliveries, sent_at, delivered_at, size, size_max,
-    # delivered_size, delivered_size_max, (step, row) of the first delivery
+    # delivered_size, delivered_size_max, (least step, least row) of the deliveries
     messages: dict[tuple[Any, ...], list[Any]] = {}
     senders: dict[tuple[str, str, str], str] = {}
     receivers: dict[tuple[str, str, str], str] = {}
@@ -170,7 +170,8 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
                     m[3] = at if m[3] is None else min(m[3], at)
                     m[6] = size if m[6] is None else min(m[6], size)
                     m[7] = size if m[7] is None else max(m[7], size)
-                    m[8] = (step, row) if m[8] is None else min(m[8], (step, row))
+                    m[8] = (step, row) if m[8] is None else (min(m[8][0], step),
+                                                             min(m[8][1], row))
             elif kind in ("disconnect", "close", "fail", "protocol_error") and link:
                 at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
                 end = ends.setdefault((run, link), [None, False])
