@@ -206,6 +206,12 @@ _STREAM = ["run", "link", "dir"]
 _KEY = [*_STREAM, "seq"]
 
 
+def _stream_id() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*_STREAM)
+
+
 class _Jobs:
     """Counts the Spark jobs of one analysis (a job group) and reports its stages."""
 
@@ -256,7 +262,7 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
             jobs.stage("locating corrupt lines")
             corrupt = _locate_lines(spark, jsonl_files)
         jobs.stage("matching sends and deliveries (one shuffle by link and direction)")
-        found = _measure(spark, _per_seq(events, census.offsets), census, jobs, out)
+        found = _measure(spark, _per_seq(events, census), census, jobs, out)
         summary = _summary(traces, census, corrupt, found)
         if out is not None:
             jobs.stage("writing tables and plots")
@@ -291,6 +297,7 @@ def _census_rows(events: Any) -> list[Any]:
     rows: list[Any] = (events.groupBy(
         "bad", "v", "run", "pump", "kind",
         only("broker", msg | life | refuse), only("link", msg | life), only("dir", msg),
+        F.when(msg, _stream_id()).alias("sid"),
         only("peer", kind.isin("accept", "connect", "refuse")),
         only("port", kind.isin("accept", "connect")),
         F.when(kind == "connect", F.col("time")).alias("connect_time"),
@@ -303,31 +310,35 @@ def _census_rows(events: Any) -> list[Any]:
     return rows
 
 
-def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
+def _per_seq(events: Any, census: _Census) -> Any:
     """One row per (run, link, dir, seq): its sends and deliveries, folded.
 
-    The messages are shuffled once by (run, link, dir); the aggregation by seq and the
-    FIFO check run within each stream's partition without another shuffle.  Every
-    aggregate is a plain number, so Spark keeps the aggregation hashed.  FIFO holds on a
-    stream when the deliveries, taken in seq order, come in pump order (step, then place
-    in the file): each delivered seq is compared with the delivered seq before it, and a
-    pair out of pump order is one violation, named by the lower seq ("late": delivered
-    after the higher one).  A seq delivered more than once (itself a violation) is placed
-    at the least step and the least place of its deliveries.
+    A stream (run, link, dir) is named by :attr:`_Census.stream_columns`: a 64-bit hash
+    of the three when it tells every stream of the traces apart (the census checks),
+    else the three strings.  The messages are shuffled once by stream; the aggregation
+    by seq and the FIFO check run within each stream's partition without another
+    shuffle.  Every aggregate is a plain number, so Spark keeps the aggregation hashed.
+    FIFO holds on a stream when the deliveries, taken in seq order, come in pump order
+    (step, then place in the file): each delivered seq is compared with the delivered
+    seq before it, and a pair out of pump order is one violation, named by the lower seq
+    ("late": delivered after the higher one).  A seq delivered more than once (itself a
+    violation) is placed at the least step and the least place of its deliveries.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    offsets, names = census.offsets, census.stream_columns
+    streams = [_stream_id().alias("sid")] if names == ["sid"] else _STREAM
     at = F.col("time")
     if offsets:
         shift = F.create_map(*[F.lit(x) for (run, pump), off in sorted(offsets.items())
                                for x in (f"{run}\0{pump}", off)])
         at = at + F.coalesce(shift[F.concat_ws("\0", "run", "pump")], F.lit(0.0))
     msgs = (events.where(~F.col("bad") & F.col("kind").isin(*MESSAGE_KINDS))
-            .select(*_KEY, (F.col("kind") == "send").alias("is_send"), at.alias("at"), "size",
-                    "step", "ord"))
+            .select(*streams, "seq", (F.col("kind") == "send").alias("is_send"),
+                    at.alias("at"), "size", "step", "ord"))
     send, deliver = F.col("is_send"), ~F.col("is_send")
-    per_seq = msgs.repartition(*_STREAM).groupBy(*_KEY).agg(
+    per_seq = msgs.repartition(*names).groupBy(*names, "seq").agg(
         F.sum(send.cast("int")).alias("sends"),
         F.sum(deliver.cast("int")).alias("deliveries"),
         F.min(F.when(send, F.col("at"))).alias("sent_at"),
@@ -338,7 +349,7 @@ def _per_seq(events: Any, offsets: dict[tuple[str, str], float]) -> Any:
         F.max(F.when(deliver, F.col("size"))).alias("delivered_size_max"),
         F.min(F.when(deliver, F.col("step"))).alias("step"),
         F.min(F.when(deliver, F.col("ord"))).alias("ord"))
-    seq_order = Window.partitionBy(*_STREAM).orderBy("seq").rowsBetween(
+    seq_order = Window.partitionBy(*names).orderBy("seq").rowsBetween(
         Window.unboundedPreceding, -1)
     before = F.last(F.when(F.col("step").isNotNull(), F.struct("step", "ord", "seq")),
                     ignorenulls=True).over(seq_order)
@@ -442,7 +453,8 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
         parts.append(F.when(journey, part(_SECOND, F.floor(since))))
     keyed = per_seq.select("*", F.explode(F.filter(F.array(*parts), lambda p: p.isNotNull()))
                            .alias("p"))
-    stream_keys = [F.when(F.col("p.stream"), F.col(k)).alias(k) for k in _STREAM]
+    names = census.stream_columns
+    stream_keys = [F.when(F.col("p.stream"), F.col(k)).alias(k) for k in names]
     jobs.stage("every figure of every link and direction (one aggregation)")
     table = (keyed.groupBy(*stream_keys, "p.part", "p.k1", "p.k2", "p.row").agg(
         F.count("latency").alias("journeys"),
@@ -462,15 +474,17 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     for r in small:
         by_part[r["part"]].append(r)
     jobs.stage("latency percentiles")
-    quantiles = _quantiles(spark, table, census)
-    found["streams"] = _stream_rows(by_part[_BIN], quantiles)
+    quantiles = _quantiles(table, census)
+    found["streams"] = _stream_rows(by_part[_BIN], quantiles, census)
     found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
-    found["bins"] = [{"run": r["run"], "link": r["link"], "dir": r["dir"], "bin": r["k1"],
-                      "messages": r["journeys"], "bytes": r["delivered_bytes"]}
-                     for r in by_part[_BIN] if r["k1"] is not None]
-    found["per_second"] = None if width <= 1.0 else [
-        {"run": r["run"], "link": r["link"], "dir": r["dir"], "bin": r["k1"],
-         "messages": r["journeys"], "bytes": r["delivered_bytes"]} for r in by_part[_SECOND]]
+
+    def binned(rows: list[Any]) -> list[dict[str, Any]]:
+        return [{**dict(zip(_STREAM, census.stream_of(r), strict=True)), "bin": r["k1"],
+                 "messages": r["journeys"], "bytes": r["delivered_bytes"]}
+                for r in rows if r["k1"] is not None]
+
+    found["bins"] = binned(by_part[_BIN])
+    found["per_second"] = None if width <= 1.0 else binned(by_part[_SECOND])
     found["histogram"] = [{"latency_bucket": r["k1"], "size_bucket": r["k2"],
                            "journeys": r["journeys"], "messages": r["messages"],
                            "bytes": r["bytes"]} for r in by_part[_HISTOGRAM]]
@@ -480,7 +494,8 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     found["violation_count"], found["undelivered_count"] = violation_count, undelivered_count
     found["violations"] = found["undelivered"] = []
     found["violations_frame"] = found["undelivered_frame"] = False
-    flagged_rows = table.where(F.col("part") == _LISTED).select(*_STREAM, "row.*")
+    flagged_rows = census.named(spark, table.where(F.col("part") == _LISTED)).select(
+        *_STREAM, "row.*")
     if violation_count:
         jobs.stage("listing the violations")
         found["violations"], found["violations_frame"] = _listed(
@@ -504,8 +519,7 @@ _LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint,
                "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, sent_at:double>")
 
 
-def _quantiles(spark: Any, table: Any, census: _Census
-               ) -> dict[tuple[str, str, str] | None, list[float]]:
+def _quantiles(table: Any, census: _Census) -> dict[tuple[str, str, str] | None, list[float]]:
     """The percentiles of each stream's latency, and (key None) of every latency but the
     name service's, from the fine latency buckets: the largest latency of the bucket
     where each percentile's rank falls (ranks counted from 1, the rank of q being
@@ -513,18 +527,21 @@ def _quantiles(spark: Any, table: Any, census: _Census
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    names = census.stream_columns
     buckets = table.where(F.col("part") == _LATENCY).select(
-        F.lit(False).alias("overall"), *_STREAM, "k1", "journeys", "max")
+        F.lit(False).alias("overall"), *names, "k1", "journeys", "max")
     user = F.lit(True)
-    if census.service_links:
-        user = ~F.concat_ws("\\0", "run", "link").isin(
-            [f"{run}\\0{link}" for run, link in sorted(census.service_links)])
+    if census.service_links and names == ["sid"]:
+        user = ~F.col("sid").isin(sorted(census.service_ids()))
+    elif census.service_links:
+        user = ~F.concat_ws("\0", "run", "link").isin(
+            [f"{run}\0{link}" for run, link in sorted(census.service_links)])
     overall = (buckets.where(user).groupBy("k1")
                .agg(F.sum("journeys").alias("journeys"), F.max("max").alias("max"))
-               .select(F.lit(True).alias("overall"), *[F.lit(None).cast("string").alias(k)
-                                                       for k in _STREAM],
-                       "k1", "journeys", "max"))
-    keys = ["overall", *_STREAM]
+               .select(F.lit(True).alias("overall"), *[
+                   F.lit(None).cast(buckets.schema[k].dataType).alias(k) for k in names],
+                   "k1", "journeys", "max"))
+    keys = ["overall", *names]
     ranked = buckets.unionByName(overall).select(
         *keys, "max",
         F.sum("journeys").over(Window.partitionBy(*keys).orderBy("k1").rowsBetween(
@@ -533,16 +550,17 @@ def _quantiles(spark: Any, table: Any, census: _Census
     rows = ranked.groupBy(*keys).agg(*[
         F.min(F.when(F.col("below") >= F.greatest(F.ceil(F.col("n") * q), F.lit(1)),
                      F.col("max"))).alias(f"q{i}") for i, q in enumerate(QUANTILES)]).collect()
-    return {None if r["overall"] else (r["run"], r["link"], r["dir"]):
+    return {None if r["overall"] else census.stream_of(r):
             [r[f"q{i}"] for i in range(len(QUANTILES))] for r in rows}
 
 
-def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]]) -> list[dict[str, Any]]:
+def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]], census: _Census
+                 ) -> list[dict[str, Any]]:
     """Per stream: messages matched, latency percentiles and max, undelivered messages
     and the count of each violation."""
     sums: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in bins:
-        key = (r["run"], r["link"], r["dir"])
+        key = census.stream_of(r)
         s = sums.setdefault(key, {"run": key[0], "link": key[1], "dir": key[2],
                                   "messages": 0, "max": None, "undelivered": 0,
                                   **{name: 0 for name in _VIOLATION_FLAGS}})
@@ -559,7 +577,7 @@ def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]]) -> list[dic
 def _overall_row(bins: list[Any], q: list[float] | None, census: _Census) -> dict[str, Any]:
     """Every latency but the name service's: count, percentiles, max, first and last."""
     mine = [r for r in bins if r["journeys"]
-            and (r["run"], r["link"]) not in census.service_links]
+            and census.stream_of(r)[:2] not in census.service_links]
     return {"n": sum(r["journeys"] for r in mine), "q": q,
             "max": max((r["max"] for r in mine), default=None),
             "first": min((r["first"] for r in mine), default=None),
@@ -635,6 +653,14 @@ class _Census:
                     else self.refusals
                 into[reason] = into.get(reason, 0) + r["n"]
         self.streams: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: Each stream's 64-bit id (``sid``), and whether two streams share one.
+        self.sids: dict[int, tuple[str, str, str]] = {}
+        self.sid_clash = False
+        for r in good:
+            if r["kind"] in MESSAGE_KINDS:
+                stream = (r["run"], r["link"], r["dir"])
+                if self.sids.setdefault(r["sid"], stream) != stream:
+                    self.sid_clash = True
         self.links: dict[tuple[str, str], dict[str, Any]] = {}
         for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
             if r["link"] is None:
@@ -654,6 +680,32 @@ class _Census:
             "mean": sum(r["bytes"] for r in sends) / sum(r["n"] for r in sends),
             "max": max(r["max_size"] for r in sends)}
 
+    @property
+    def stream_columns(self) -> list[str]:
+        """The columns that name a stream in the fold: its id, unless two share one."""
+        return _STREAM if self.sid_clash else ["sid"]
+
+    def stream_of(self, row: Any) -> tuple[str, str, str]:
+        """(run, link, dir) of a row keyed by :attr:`stream_columns`."""
+        if self.sid_clash:
+            return (row["run"], row["link"], row["dir"])
+        return self.sids[row["sid"]]
+
+    def named(self, spark: Any, frame: Any) -> Any:
+        """``frame`` keyed by :attr:`stream_columns`, with run, link and dir."""
+        if self.sid_clash:
+            return frame
+        from pyspark.sql import functions as F
+
+        names = spark.createDataFrame(
+            [(sid, *stream) for sid, stream in sorted(self.sids.items())],
+            "sid long, run string, link string, dir string")
+        return frame.join(F.broadcast(names), "sid").drop("sid")
+
+    def service_ids(self) -> set[int]:
+        return {sid for sid, (run, link, _) in self.sids.items()
+                if (run, link) in self.service_links}
+
     def offset(self, row: Any) -> float:
         return self.offsets.get((row["run"], row["pump"]), 0.0)
 
@@ -665,7 +717,8 @@ class _Census:
         if r["kind"] == "send":
             stream["sender"] = min(filter(None, (stream["sender"], r["broker"])), default=None)
             stream["send_pumps"].add(r["pump"])
-            link["sent_" + str(r["dir"])] += r["n"]
+            if r["dir"] in ("ca", "ac"):  # the links table counts the two directions
+                link["sent_" + r["dir"]] += r["n"]
         else:
             stream["receiver"] = min(filter(None, (stream["receiver"], r["broker"])),
                                      default=None)
