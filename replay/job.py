@@ -399,7 +399,9 @@ _VIOLATION_FLAGS = {
 }
 
 
-#: Latency buckets per decade for the percentiles: each is within 0.23 % of its value.
+#: Latency buckets per decade for the percentiles: a bucket's largest latency is at most
+#: 0.23 % above its smallest.  Latencies of 1 ns or less (zero and negative ones, from
+#: clocks out of line, included) share one bucket.
 FINE_PER_DECADE = 1000
 #: The percentiles reported, per link and direction and over the run.
 QUANTILES = (0.5, 0.9, 0.99)
@@ -417,7 +419,8 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     latency and size bucket (the histograms), and, for a message that broke an invariant
     or was never delivered, its own row (the listings).  The result is small but for the
     listings, and is kept as a local checkpoint; the percentiles come from its latency
-    buckets, each an observed latency within 0.23 % of the exact percentile.
+    buckets: each the largest latency of the bucket the percentile falls in, at most
+    0.23 % above the exact percentile (see :data:`FINE_PER_DECADE`).
     """
     from pyspark.sql import functions as F
 

@@ -53,6 +53,9 @@ def bench_replay(
     floor: Annotated[bool, typer.Option(
         help="After each Spark run, time the least job that pairs sends with deliveries "
              "(each message's latency, one shuffle) on the same master.")] = True,
+    warm: Annotated[bool, typer.Option(
+        help="Time each Spark run on its second pass in its JVM (JIT warm), not its "
+             "first.")] = False,
 ) -> None:
     """The replay job on a real trace of EVENTS events, beside plain Python computing the
     same figures from the same file."""
@@ -61,7 +64,8 @@ def bench_replay(
     masters = tuple(master or ("local[1]", "local[2]"))
     with err.status("benchmarking the replay ...") as status:
         results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
-                                                 floor=floor, progress=status.update)))
+                                                 floor=floor, warm=warm,
+                                                 progress=status.update)))
     _show(results, json_out, "rdvpump bench replay",
           ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
           lambda r: [r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",

@@ -160,6 +160,42 @@ def test_a_send_recorded_twice_and_a_resized_delivery_are_flagged(
         ("duplicate send", rows[send]["seq"]), ("size mismatch", rows[deliver]["seq"])}
 
 
+def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
+        spark: Any, tmp_path: pathlib.Path) -> None:
+    """Each link's p50/p90/p99, and the run's, are the latency of rank ceil(q n) when no
+    two latencies share a bucket (here each is 1 % above the one below)."""
+    import math
+
+    from replay.job import QUANTILES, SCHEMA_VERSION
+
+    rng = random.Random(3)
+    streams = {"ca": [1e-5 * 1.01 ** i for i in range(1000)],
+               "ac": [2e-3 * 1.01 ** i for i in range(401)]}
+    rows = []
+    for dir_, latencies in streams.items():
+        shuffled = rng.sample(latencies, len(latencies))
+        for seq, latency in enumerate(shuffled):
+            base = {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "broker": "b",
+                    "link": "b/1", "dir": dir_, "seq": seq, "size": 8}
+            rows.append({**base, "step": seq, "time": float(seq), "kind": "send"})
+            rows.append({**base, "step": 10**6 + seq, "time": seq + latency,
+                         "kind": "deliver"})
+    rows.sort(key=lambda r: r["step"])
+    summary = _analyze_rows(spark, rows, tmp_path / "spread", out=str(tmp_path / "out"))
+    assert summary["violation_count"] == 0 and summary["messages_matched"] == 1401
+
+    def exact(latencies: list[float]) -> list[float]:
+        values = sorted(latencies)
+        return [values[math.ceil(q * len(values)) - 1] for q in QUANTILES]
+
+    found = {r["dir"]: r for r in pq.read_table(tmp_path / "out" / "latency").to_pylist()}
+    for dir_, latencies in streams.items():
+        assert [found[dir_][p] for p in ("p50", "p90", "p99")] == pytest.approx(
+            exact(latencies), rel=1e-6)
+    assert [summary["latency_s"][p] for p in ("p50", "p90", "p99")] == pytest.approx(
+        exact([x for values in streams.values() for x in values]), rel=1e-6)
+
+
 def test_streams_whose_ids_clash_are_still_told_apart(spark: Any,
                                                      tmp_path: pathlib.Path) -> None:
     """The fold names a stream by a 64-bit hash of (run, link, dir) when no two streams
