@@ -18,10 +18,12 @@ comes to it.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import select
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -261,28 +263,90 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
     A process of its own, because pyspark keeps its JVM for the life of the Python
     process: a second SparkSession there runs in the first one's JVM, its classes
     loaded and its code compiled, and would be timed warm.
+
+    The child ignores SIGINT: on Ctrl-C this process stops it (its JVM ends with it),
+    so an interrupted run leaves neither processes nor Spark's tracebacks behind.
     """
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        result: tuple[Any, float] = pool.submit(_in_this_process, master, jvm, work, traces,
-                                                out, warm).result()
-        return result
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_in_this_process,
+                            args=(send, master, jvm, work, traces, out, warm))
+    child.start()
+    send.close()
+    try:
+        failed, outcome = receive.recv()
+    except EOFError:
+        failed, outcome = True, None
+    finally:
+        receive.close()
+        if child.is_alive():  # interrupted: the child ignores SIGINT, so stop it
+            jvms = _children(child.pid) if child.pid is not None else []
+            child.terminate()
+            child.join()
+            # its JVM exits once its parent is gone: wait, so that it is not still
+            # reading the traces when they are deleted
+            _wait_gone(jvms, timeout=10.0)
+        child.join()
+    if failed:
+        raise RuntimeError(outcome or f"the Spark run ({work}, {master}) ended without a "
+                                      f"result (exit code {child.exitcode})")
+    result: tuple[Any, float] = outcome
+    return result
 
 
-def _in_this_process(master: str, jvm: str, work: str, traces: str,
-                     out: str | None, warm: bool) -> tuple[Any, float]:
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux's /proc; none where it cannot say)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _wait_gone(pids: list[int], *, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for each process to exit; kill those that do not."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already
+            continue
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
+                     out: str | None, warm: bool) -> None:
+    """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds))
+    or (True, why it failed)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from replay import analyze, session
 
-    spark = session(master, jvm=jvm, driver_memory="6g")
     try:
-        for _ in range(2 if warm else 1):  # the last pass is the one timed
-            start = time.perf_counter()
-            result = analyze(spark, traces, out) if work == "job" \
-                else latency_floor(spark, traces)
-            seconds = time.perf_counter() - start
-        return result, seconds
+        spark = session(master, jvm=jvm, driver_memory="6g")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
+        try:
+            for _ in range(2 if warm else 1):  # the last pass is the one timed
+                start = time.perf_counter()
+                result = analyze(spark, traces, out) if work == "job" \
+                    else latency_floor(spark, traces)
+                seconds = time.perf_counter() - start
+        finally:
+            spark.stop()
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"))
+    else:
+        send.send((False, (result, seconds)))
     finally:
-        spark.stop()
+        send.close()
 
 
 def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "local[2]"),
