@@ -42,6 +42,8 @@ _rb_free_space = lib.rb_free_space
 _rb_put_frame = lib.rb_put_frame
 _rb_readable_region = lib.rb_readable_region
 _rb_skip = lib.rb_skip
+_rb_recv_fd = lib.rb_recv_fd
+_rb_send_fd = lib.rb_send_fd
 
 
 #: Bytes, or a cffi buffer (``ffi.buffer``): sliced, either gives bytes.
@@ -212,6 +214,20 @@ class RingBuffer:
         if n < 0:
             raise ValueError("cannot commit a negative count")
         return int(lib.rb_commit(self._rb, n))
+
+    # -- a descriptor ------------------------------------------------------------------
+
+    def recv_from(self, fd: int) -> int:
+        """Read from ``fd`` (a non-blocking socket) into the free space, both runs in one
+        ``readv``, and publish what came: the count (> 0), 0 at end of stream, or a
+        negative errno (``-EAGAIN``: nothing ready; ``-ENOBUFS``: the ring is full)."""
+        return int(_rb_recv_fd(self._rb, fd))
+
+    def send_to(self, fd: int) -> int:
+        """Write the readable bytes to ``fd`` (a non-blocking socket), both runs in one
+        ``writev``, and drop what left: the count (0 when empty), or a negative errno
+        (``-EAGAIN``: the descriptor takes nothing now)."""
+        return int(_rb_send_fd(self._rb, fd))
 
     # -- frames ------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ itself is handed to ``send`` and ``recv_into``: no copy of the stream in Python.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import trio
 from ._cause import CloseCause
 from ._channel import Channel
 from ._codec import close_frame
+from ._ring import RingBuffer
 
 log = logging.getLogger("rdvpump.link")
 
@@ -31,6 +33,14 @@ ADAPTIVE_QUIET = 1e-3
 #: After a poll that came up empty, the waits that sleep before the next poll: doubled at
 #: each empty poll up to this, reset by a poll that got bytes.
 ADAPTIVE_MAX_SKIP = 64
+
+#: While polls keep getting bytes, the receive loop yields to trio's scheduler at least
+#: this often (so tasks waiting for I/O or timers run; a runnable task cuts a poll short).
+POLL_YIELD = 1e-3
+
+#: While polls keep getting bytes, the receive loop yields to trio's scheduler only this
+#: often (so tasks waiting for I/O or a timer run; a runnable task cuts a poll short).
+POLL_YIELD = 1e-3
 
 #: When each link of this process last received bytes (links quiet for longer than
 #: ADAPTIVE_QUIET are dropped as they are met): adaptive polling spins only while no
@@ -101,6 +111,10 @@ class StreamLink:
         self.busy_poll = busy_poll
         self.adaptive_poll = adaptive_poll
         self._last_wait = math.inf  # seconds the last wait for bytes took
+        self._yielded = 0.0  # when the receive loop last yielded after a poll
+        self._yield = False  # the receive loop yields after delivering
+        self._yielded = 0.0  # when the receive loop last yielded after a poll
+        self._polled_at = 0.0  # when the last poll got something
         self._skip = 0  # waits left that sleep without polling
         self._backoff = 0
         #: Adaptive polls tried, and those that got bytes.
@@ -113,21 +127,14 @@ class StreamLink:
     def data_arrived(self) -> None:
         if self._send_idle and self._fd >= 0:
             # Fast path: the send loop is parked and the socket is plain TCP; send now,
-            # from this pump task, without waking the loop (what is left, it sends).
-            view = self.channel.tx_ring.readable_view()
-            try:
-                n = os.write(self._fd, view)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError:
-                n = 0  # the send loop meets the error and reports it
-            finally:
-                view.release()
-            if n:
-                self.channel.tx_ring.skip(n)
+            # from this pump task, without waking the loop (what is left, it sends; an
+            # error, it meets and reports).
+            tx = self.channel.tx_ring
+            n = tx.send_to(self._fd)
+            if n > 0:
                 self.bytes_sent += n
                 self.channel.room_freed()
-                if not self.channel.tx_ring.used:
+                if not tx.used:
                     return
         self._send_wake.set()
 
@@ -226,32 +233,14 @@ class StreamLink:
                     self._recv_wake.set()
                     return
                 continue
-            view = rx.writable_view()
-            room = len(view)
-            if room == 0:
-                view.release()
-                self._recv_wake = trio.Event()
-                await self._recv_wake.wait()
-                continue
-            polled = self._poll(view) if self._fd >= 0 else None
             try:
-                if polled is not None:
-                    n = polled
-                elif self._sock is not None:
-                    started = time.perf_counter()
-                    n = await self._sock.recv_into(view, room)
-                    self._last_wait = time.perf_counter() - started
-                    _recent[self] = started + self._last_wait
-                else:
-                    data = await self.stream.receive_some(room)
-                    n = len(data)
-                    view[:n] = data
+                got = await (self._read_socket(rx) if self._fd >= 0 else self._read_stream(rx))
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                view.release()
                 self._lost(f"connection lost: {exc.__cause__ or exc}")
                 return
-            view.release()
-            if n == 0:
+            if got is None:
+                continue  # the ring was full; room came, or our side ended
+            if got == 0:
                 self._remote_gone = True
                 self._send_wake.set()
                 # a side that closes sends a close frame first (the queue reads it and
@@ -259,11 +248,61 @@ class StreamLink:
                 self.channel.peer_ended("connection lost: the peer's end closed without a "
                                         "close frame", CloseCause.LOST)
                 return
-            rx.commit(n)
-            self.bytes_received += n
+            self.bytes_received += got
             self._deliver()
-            if polled is not None:
-                await trio.lowlevel.checkpoint()  # a poll does not yield: let others run
+            if self._yield:
+                self._yield = False
+                await trio.lowlevel.checkpoint()
+
+    async def _read_socket(self, rx: RingBuffer) -> int | None:
+        """Bytes read from the socket into ``rx`` (0: end of stream), or None when ``rx``
+        was full and the loop waited.  Polls first when :meth:`_poll` says so, else waits
+        in trio's I/O loop.  Sets ``_yield`` when the loop must yield after delivering: a
+        read that did not wait yields as trio's own ``recv`` does, but a run of polls that
+        keep getting bytes yields only every :data:`POLL_YIELD` seconds."""
+        polled = self._poll(rx)
+        if polled is None:
+            started = time.perf_counter()
+            n = rx.recv_from(self._fd)
+            if n == -errno.EAGAIN:
+                while n == -errno.EAGAIN:
+                    await trio.lowlevel.wait_readable(self._sock)
+                    n = rx.recv_from(self._fd)
+            else:
+                self._yield = True
+            self._last_wait = time.perf_counter() - started
+            _recent[self] = started + self._last_wait
+        else:
+            n = polled
+            if self._polled_at - self._yielded > POLL_YIELD:
+                self._yielded = self._polled_at
+                self._yield = True
+        if n >= 0:
+            return n
+        if n == -errno.ENOBUFS:
+            await self._wait_room()
+            return None
+        raise OSError(-n, os.strerror(-n))
+
+    async def _read_stream(self, rx: RingBuffer) -> int | None:
+        """:meth:`_read_socket` for other streams (TLS, memory): one ``receive_some``."""
+        view = rx.writable_view()
+        room = len(view)
+        try:
+            if room == 0:
+                await self._wait_room()
+                return None
+            data = await self.stream.receive_some(room)
+            n = len(data)
+            view[:n] = data
+        finally:
+            view.release()
+        rx.commit(n)
+        return n
+
+    async def _wait_room(self) -> None:
+        self._recv_wake = trio.Event()
+        await self._recv_wake.wait()
 
     def _deliver(self) -> None:
         """Bytes went into the rx ring: deliver them now, from this task, without waking
@@ -275,10 +314,14 @@ class StreamLink:
         finally:
             pump.run_held()
 
-    def _poll(self, view: memoryview) -> int | None:
-        """Bytes read by polling (busy or adaptive), or None: wait in the I/O loop."""
+    def _poll(self, rx: RingBuffer) -> int | None:
+        """What a poll (busy or adaptive) read, as :meth:`RingBuffer.recv_from` says it
+        (bytes, end of stream, a full ring or an error), or None: wait in the I/O loop."""
         if self.busy_poll > 0:
-            return self._spin(view, self.busy_poll, yielding=False)[0]
+            n = self._spin(rx, self.busy_poll, yielding=False)[0]
+            if n is not None:
+                self._polled_at = time.perf_counter()
+            return n
         if self.adaptive_poll <= 0 or self._last_wait > ADAPTIVE_QUIET:
             return None
         if self._skip:
@@ -288,37 +331,40 @@ class StreamLink:
         if _another_busy(self, started):
             return None
         self.polls += 1
-        n, empty = self._spin(view, self.adaptive_poll, yielding=True)
+        n, empty = self._spin(rx, self.adaptive_poll, yielding=True)
         if n is not None:
-            self.poll_hits += 1
+            if n != -errno.ENOBUFS:
+                self.poll_hits += 1
             self._backoff = 0
-            self._last_wait = time.perf_counter() - started
-            _recent[self] = started + self._last_wait
+            self._polled_at = time.perf_counter()
+            self._last_wait = self._polled_at - started
+            _recent[self] = self._polled_at
         elif empty:  # nothing came within the window: poll less often
             self._backoff = min(2 * self._backoff or 1, ADAPTIVE_MAX_SKIP)
             self._skip = self._backoff
         return n
 
-    def _spin(self, view: memoryview, seconds: float, *, yielding: bool
+    def _spin(self, rx: RingBuffer, seconds: float, *, yielding: bool
               ) -> tuple[int | None, bool]:
-        """Poll the socket for up to ``seconds`` while nothing else is runnable: the bytes
-        read, or None and whether the window passed empty (not cut short by other work)."""
+        """Poll the socket for up to ``seconds`` while nothing else is runnable: what a
+        read returned, or None and whether the window passed empty (not cut short by
+        other work)."""
         fd, pump = self._fd, self.channel.pump
+        n = rx.recv_from(fd)
+        if n != -errno.EAGAIN:
+            return n, False
         deadline = time.perf_counter() + seconds
         stats = trio.lowlevel.current_statistics
         while True:
-            try:
-                return os.readv(fd, (view,)), False
-            except BlockingIOError:
-                pass
-            except OSError:
-                return None, False  # the regular path meets the error and reports it
             if pump.has_ready() or stats().tasks_runnable:
                 return None, False
             if time.perf_counter() > deadline:
                 return None, True
             if yielding:
                 os.sched_yield()
+            n = rx.recv_from(fd)
+            if n != -errno.EAGAIN:
+                return n, False
 
     def _forget(self) -> None:
         _recent.pop(self, None)

@@ -1,9 +1,12 @@
 /* rdvpump ring buffer: a single-producer single-consumer byte ring with frame helpers.
  * See ringbuf.h for the contract of every function. */
+#define _POSIX_C_SOURCE 200809L
 #include "ringbuf.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 struct rb_ring {
     size_t capacity;
@@ -127,6 +130,51 @@ size_t rb_commit(rb_ring *rb, size_t n) {
     size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
     if (n > room) n = room;
     if (n) STORE_REL(&rb->head, head + n);
+    return n;
+}
+
+/* The runs of n bytes from absolute index pos: one or two iovecs (wrapping). */
+static int runs(const rb_ring *rb, size_t pos, size_t n, struct iovec iov[2]) {
+    size_t off = pos & rb->mask;
+    size_t first = rb->capacity - off;
+    iov[0].iov_base = rb->data + off;
+    if (first >= n) {
+        iov[0].iov_len = n;
+        return 1;
+    }
+    iov[0].iov_len = first;
+    iov[1].iov_base = rb->data;
+    iov[1].iov_len = n - first;
+    return 2;
+}
+
+ssize_t rb_recv_fd(rb_ring *rb, int fd) {
+    size_t head = LOAD_OWN(&rb->head);
+    size_t room = rb->capacity - (head - LOAD_ACQ(&rb->tail));
+    if (room == 0) return -ENOBUFS;
+    struct iovec iov[2];
+    int count = runs(rb, head, room, iov);
+    ssize_t n;
+    do {
+        n = readv(fd, iov, count);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return -errno;
+    if (n) STORE_REL(&rb->head, head + (size_t)n);
+    return n;
+}
+
+ssize_t rb_send_fd(rb_ring *rb, int fd) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    if (avail == 0) return 0;
+    struct iovec iov[2];
+    int count = runs(rb, tail, avail, iov);
+    ssize_t n;
+    do {
+        n = writev(fd, iov, count);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return -errno;
+    if (n) STORE_REL(&rb->tail, tail + (size_t)n);
     return n;
 }
 

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* CDEF-BEGIN */
 #define RB_MIN_CAPACITY 1
@@ -49,6 +50,15 @@ size_t rb_skip(rb_ring *rb, size_t n);
 size_t rb_readable_region(const rb_ring *rb, char **ptr);
 size_t rb_writable_region(const rb_ring *rb, char **ptr);
 size_t rb_commit(rb_ring *rb, size_t n);
+
+/* A descriptor (a non-blocking socket): one readv / writev over both runs, no copy.
+ * rb_recv_fd reads into the free space and publishes what came: the count (> 0), 0 at
+ * end of stream, -EAGAIN (or -EWOULDBLOCK) when nothing is ready, -ENOBUFS when the
+ * ring is full (nothing is read), else -errno.  rb_send_fd writes the readable bytes
+ * and drops what left: the count (0 when the ring is empty), -EAGAIN when the
+ * descriptor takes nothing now, else -errno.  Both retry on EINTR. */
+ssize_t rb_recv_fd(rb_ring *rb, int fd);
+ssize_t rb_send_fd(rb_ring *rb, int fd);
 
 /* Frames.  Put one frame whole or not at all: 1 if put, 0 if it does not fit. */
 int rb_put_frame(rb_ring *rb, const char *body, uint32_t n);

@@ -1,13 +1,18 @@
 /* Exercises every function of native/ringbuf.c against a flat model, for valgrind / ASan.
  * Exit status 0 when every result matched the model. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ringbuf.h"
 
 #define MODEL_MAX (1 << 16)
 static unsigned char model[MODEL_MAX];
+static unsigned char out_buf[MODEL_MAX];
 static size_t model_len;
 static unsigned long long rng_state = 88172645463325252ULL;
 
@@ -26,16 +31,27 @@ static unsigned rnd(unsigned n) {
         }                                                             \
     } while (0)
 
+/* A pipe whose ends do not block. */
+static int nonblocking_pipe(int fds[2]) {
+    if (pipe(fds) != 0) return -1;
+    for (int i = 0; i < 2; i++) {
+        if (fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK) != 0) return -1;
+    }
+    return 0;
+}
+
 static int run(size_t cap, int steps) {
     rb_ring *rb = rb_new(cap);
     CHECK(rb != NULL);
+    int in[2], to[2]; /* bytes go in -> ring (rb_recv_fd), ring -> to (rb_send_fd) */
+    CHECK(nonblocking_pipe(in) == 0 && nonblocking_pipe(to) == 0);
     model_len = 0;
     char buf[4096], out[4096];
     uint32_t lens[16];
     for (int s = 0; s < steps; s++) {
         size_t n = rnd(300);
         for (size_t i = 0; i < n; i++) buf[i] = (char)rnd(256);
-        switch (rnd(8)) {
+        switch (rnd(10)) {
         case 0: { /* write */
             size_t w = rb_write(rb, buf, n);
             size_t room = cap - model_len;
@@ -127,6 +143,35 @@ static int run(size_t cap, int steps) {
             CHECK(off == used);
             break;
         }
+        case 7: { /* from a descriptor: what is ready, up to the free space */
+            size_t room = cap - model_len;
+            size_t k = n < room ? n : room;
+            if (k) CHECK(write(in[1], buf, k) == (ssize_t)k);
+            ssize_t got = rb_recv_fd(rb, in[0]);
+            if (room == 0) {
+                CHECK(got == -ENOBUFS);
+            } else if (k == 0) {
+                CHECK(got == -EAGAIN || got == -EWOULDBLOCK);
+            } else {
+                CHECK(got == (ssize_t)k);
+            }
+            if (k) memcpy(model + model_len, buf, k);
+            model_len += k;
+            break;
+        }
+        case 8: { /* to a descriptor: every readable byte, both runs */
+            ssize_t sent = rb_send_fd(rb, to[1]);
+            CHECK(sent == (ssize_t)model_len);
+            size_t off = 0;
+            while (off < model_len) {
+                ssize_t r = read(to[0], out_buf + off, model_len - off);
+                CHECK(r > 0);
+                off += (size_t)r;
+            }
+            CHECK(memcmp(out_buf, model, model_len) == 0);
+            model_len = 0;
+            break;
+        }
         default: { /* status */
             uint32_t len = 0;
             int st = rb_frame_status(rb, &len);
@@ -143,6 +188,17 @@ static int run(size_t cap, int steps) {
         CHECK(rb_used(rb) == model_len);
         CHECK(rb_free_space(rb) == cap - model_len);
     }
+    if (model_len < cap) { /* the end of the stream reads as 0 */
+        CHECK(close(in[1]) == 0);
+        CHECK(rb_recv_fd(rb, in[0]) == 0);
+    } else {
+        CHECK(close(in[1]) == 0);
+        CHECK(rb_recv_fd(rb, in[0]) == -ENOBUFS);
+    }
+    CHECK(rb_send_fd(rb, -1) == (model_len ? -EBADF : 0)); /* errors come back as -errno */
+    close(in[0]);
+    close(to[0]);
+    close(to[1]);
     rb_free(rb);
     return 0;
 }

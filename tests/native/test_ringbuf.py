@@ -188,3 +188,33 @@ def test_frame_that_can_never_fit_is_refused_whole() -> None:
     assert ring.used == 0
     assert ring.put_frame(b"1234")
     assert ring.frame_status() == (FRAME_COMPLETE, 4)
+
+
+def test_a_socket_is_read_and_written_across_the_wrap_in_one_call() -> None:
+    import errno
+    import socket
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    try:
+        ring = RingBuffer(8)
+        assert ring.recv_from(a.fileno()) == -errno.EAGAIN  # nothing ready
+        ring.write(b"xxxxx")
+        ring.skip(5)  # the free space now wraps: 3 bytes at the end, 5 at the start
+        b.send(b"abcdefghij")
+        assert ring.recv_from(a.fileno()) == 8  # both runs, one call
+        assert ring.recv_from(a.fileno()) == -errno.ENOBUFS  # full: nothing read
+        assert ring.read(2) == b"ab"
+        assert ring.recv_from(a.fileno()) == 2
+        assert ring.send_to(a.fileno()) == 8  # both runs again
+        assert ring.used == 0 and ring.send_to(a.fileno()) == 0
+        assert b.recv(100) == b"cdefghij"
+        b.close()
+        assert ring.recv_from(a.fileno()) == 0  # end of stream
+        ring.write(b"z")
+        assert ring.send_to(a.fileno()) in (-errno.EPIPE, -errno.ECONNRESET)
+        assert ring.used == 1  # nothing left, nothing dropped
+    finally:
+        a.close()
+        b.close()
