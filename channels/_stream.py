@@ -350,21 +350,18 @@ class StreamLink:
         read returned, or None and whether the window passed empty (not cut short by
         other work)."""
         fd, pump = self._fd, self.channel.pump
-        n = rx.recv_from(fd)
-        if n != -errno.EAGAIN:
-            return n, False
         deadline = time.perf_counter() + seconds
         stats = trio.lowlevel.current_statistics
         while True:
             if pump.has_ready() or stats().tasks_runnable:
                 return None, False
-            if time.perf_counter() > deadline:
-                return None, True
             if yielding:
-                os.sched_yield()
+                os.sched_yield()  # a peer on this core runs (and answers) first
             n = rx.recv_from(fd)
             if n != -errno.EAGAIN:
                 return n, False
+            if time.perf_counter() > deadline:
+                return None, True
 
     def _forget(self) -> None:
         _recent.pop(self, None)
