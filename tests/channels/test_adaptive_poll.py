@@ -6,7 +6,9 @@ by the test, and its pauses are the scenario (a peer that answers slowly or not 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
+from functools import partial
 
 import trio
 
@@ -104,3 +106,65 @@ async def test_two_busy_links_in_one_process_do_not_poll() -> None:
         # hiccup of the machine over 1 ms makes one link look like the only busy one for
         # a message or two, so a handful is allowed (seen once in a full run, not alone).
         assert before <= 1 and one.polls + two.polls - before <= 6
+
+
+#: The flooding peer: connects, writes its frames with one blocking sendall, and exits.
+FLOOD = """
+import socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+sock = socket.create_connection(("127.0.0.1", port))
+sock.sendall(((3).to_bytes(4, "big") + b"abc") * count)
+sock.close()
+"""
+
+
+class Upto(Counter):
+    """Counts, and sets its event only at ``target`` (no task wakes per message)."""
+
+    def __init__(self, target: int) -> None:
+        super().__init__()
+        self.target = target
+
+    def received(self, message: bytes) -> None:
+        self.count += 1
+        if self.count == self.target:
+            self.event.set()
+
+
+async def test_a_link_whose_polls_keep_paying_still_lets_timers_run() -> None:
+    # A peer process floods the link, so every poll of the receive loop gets bytes; the
+    # loop still yields at least every POLL_YIELD, and a timer of this process fires
+    # while the flood lasts instead of after it.
+    count = 100_000
+    pump = Pump()
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        proc = await nursery.start(partial(trio.run_process, [
+            sys.executable, "-c", FLOOD, str(port), str(count)], check=False))
+        with trio.fail_after(30):
+            ours = await listener.accept()
+        await listener.aclose()
+        # a small ring: each read takes a few frames, so the flood takes many polls
+        channel = ChannelManager(pump, capacity=64).open_end("me", "peer", 1)
+        counter = Upto(count)
+        MessageQueue(channel).set_listener(counter)
+        link = StreamLink(channel, ours)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while 0 < counter.count < count or counter.count == 0:
+                await trio.sleep(0.001)
+                if 0 < counter.count < count:
+                    ticks += 1
+
+        nursery.start_soon(tick)
+        nursery.start_soon(link.run)
+        with trio.fail_after(30):
+            await counter.event.wait()
+        assert proc.returncode == 0 or await proc.wait() == 0
+        assert link.poll_hits >= 1000  # the scenario: polls that pay, one after another
+        assert ticks >= 5  # about 60 on this machine; none if polls never yield
+        nursery.cancel_scope.cancel()
