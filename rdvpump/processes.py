@@ -277,7 +277,7 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
                 if brokers is None or all(w in listed for w in wait):
                     break
                 await trio.sleep(_WAIT_POLL)
-        names.close()
+        await names.aclose()  # a clean close: the manager hears why, not a lost connection
         nursery.cancel_scope.cancel()
     if session.queue is None and brokers is None:
         raise OSError(f"{where}: {session.last_refusal or 'timed out'}")

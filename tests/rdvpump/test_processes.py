@@ -149,6 +149,29 @@ async def test_status_wait_dials_a_manager_that_is_starting_and_waits_for_broker
         f"error: manager {manager}: ghost not registered within 0.5 s")
 
 
+async def test_status_closes_its_connection_cleanly(tmp_path: object) -> None:
+    # The manager's trace tells a client that closed from one that crashed: a status
+    # query must read as a close, not as "connection lost".
+    import json
+    import pathlib
+
+    traces = pathlib.Path(str(tmp_path))
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    async with spawn("manager", "serve", "--universe", "c", "--listen", "127.0.0.1:0",
+                     "--trace", str(traces)) as (manager, address):
+        status = await trio.run_process(
+            [*RDVPUMP, "status", "--universe", "c", "--manager", f"{address[0]}:{address[1]}"],
+            capture_stdout=True, capture_stderr=True, env=env, check=False)
+        assert status.returncode == 0, status.stderr
+        manager.send_signal(signal.SIGINT)  # the manager ends its trace as it exits
+        with trio.fail_after(30):
+            assert await manager.wait() == 0
+    rows = [json.loads(line) for file in traces.iterdir()
+            for line in file.read_text().splitlines()]
+    closes = [r for r in rows if r["kind"] == "close" and str(r.get("peer")).startswith("@names")]
+    assert [r["reason"] for r in closes] == ["peer disconnected (closed)"]
+
+
 def test_a_port_in_use_is_one_clear_line() -> None:
     import socket
 
