@@ -93,7 +93,7 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                                 for a, s in client.trackers.items())
                 raise OSError(f"no tracker answered within {timeout} s ({why})")
             show(current())
-            client.close()
+            await client.aclose()  # a clean close: trackers hear why, not a lost connection
             nursery.cancel_scope.cancel()
             return
         while not client.routes.votes:  # the first line is the first tracker's answer

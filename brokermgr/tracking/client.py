@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from .._broker import Broker
-from .._link import DEFAULT_RETRY, BrokerLink
+from .._link import DEFAULT_CLOSE_TIMEOUT, DEFAULT_RETRY, BrokerLink
 from .feed import FeedReader, Resync, Snapshot
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
 from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable
@@ -123,6 +123,17 @@ class RouteClient:
             sub.close()
         for query in self.servers.values():
             query.close()
+
+    async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """:meth:`close`, then wait (up to ``timeout`` in all) until every link's last bytes
+        and its close have left this process, so that it may end without its trackers and
+        servers taking the close for a lost connection."""
+        links = [*self.trackers.values(), *self.servers.values()]
+        queues = [link.queue for link in links if link.queue is not None]
+        self.close()
+        with trio.move_on_after(timeout):
+            for queue in queues:
+                await queue.wait_sent()
 
     def apply(self, change: RouteChange, *, notify: bool = False) -> None:
         """Run the callbacks if the table changed; wake ``changed()`` waiters if it did

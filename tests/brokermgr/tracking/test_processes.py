@@ -108,15 +108,26 @@ async def test_killed_and_hung_servers_leave_the_clients_route_tables() -> None:
                     await watcher.wait()
 
 
-async def test_routes_once_prints_a_table_and_fails_clearly_without_trackers() -> None:
+async def test_routes_once_prints_a_table_and_fails_clearly_without_trackers(
+        tmp_path: Any) -> None:
     async with spawn("broker", "run", "--id", "t1", "--role", "both", "--universe", "z",
-                     "--manager", "127.0.0.1:1", "--topic", "orders") as (_, t1_addr):
+                     "--manager", "127.0.0.1:1", "--topic", "orders",
+                     "--trace", str(tmp_path)) as (t1, t1_addr):
         done = await trio.run_process(
             [*RDVPUMP, "routes", "--universe", "z", "--once",
              "--tracker", f"{t1_addr[0]}:{t1_addr[1]}"], capture_stdout=True,
             capture_stderr=True, env={**os.environ, "RDVPUMP_TOKEN": TOKEN, "COLUMNS": "200"})
         out = done.stdout.decode()
         assert "t1:15555" in out and "orders" in out, out
+        t1.send_signal(signal.SIGINT)  # the broker ends its trace as it exits
+        with trio.fail_after(30):
+            await t1.wait()
+    # the tracker's trace tells the routes client's close from a crash
+    rows = [json.loads(line) for file in tmp_path.iterdir()
+            for line in file.read_text().splitlines()]
+    closes = [r["reason"] for r in rows
+              if r["kind"] == "close" and str(r.get("peer")).startswith("@routes")]
+    assert closes == ["peer disconnected (closed)"]
     with trio.socket.socket() as sock:  # a free port nobody listens on
         await sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
