@@ -7,10 +7,10 @@ trio task that made work ready may run it at once (:meth:`PumpCore.run_ready`).
 
 from __future__ import annotations
 
+import sys
 import time
 
 import trio
-import trio.testing
 
 from ._core import DEFAULT_SERVE_BATCH, PumpCore
 
@@ -18,6 +18,14 @@ from ._core import DEFAULT_SERVE_BATCH, PumpCore
 # (held hops, the I/O tasks' deliveries): trio defers it to the next checkpoint.
 trio.lowlevel.enable_ki_protection(PumpCore.run_held)
 trio.lowlevel.enable_ki_protection(PumpCore.run_ready)
+
+
+def _mock_clock() -> bool:
+    """Whether trio runs on ``trio.testing.MockClock`` (not imported here: trio.testing
+    imports pytest, which a process that is not a test should not pay for at start)."""
+    testing = sys.modules.get("trio.testing")
+    return testing is not None and isinstance(trio.lowlevel.current_clock(),
+                                              testing.MockClock)
 
 
 class Pump(PumpCore):
@@ -36,8 +44,7 @@ class Pump(PumpCore):
         self._serving = True
         offset = trio.current_time() - self._time
         self._clock = lambda: trio.current_time() - offset
-        if self.trace is not None and not isinstance(trio.lowlevel.current_clock(),
-                                                     trio.testing.MockClock):
+        if self.trace is not None and not _mock_clock():
             # Pump time <-> the machine's monotonic clock, shared by all its processes:
             # the replay aligns pumps of different processes with it.
             self.emit("clock", monotonic=time.monotonic())

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import Any, TypeGuard, TypeVar
 
 import trio
-import trio.testing
 
 from brokermgr import Broker, BrokerManager, open_universe
 from channels import Channel, RelayedLink
@@ -84,8 +83,10 @@ def run_simulation(async_fn: Callable[..., Awaitable[T]], *args: Any, seed: int 
         return trio.run(async_fn, *args)
     if clock != "virtual":
         raise SimulationError(f"clock must be 'virtual' or 'real', got {clock!r}")
+    from trio.testing import MockClock  # here: it imports pytest, which a CLI start need not
+
     with seeded_scheduling(seed):
-        return trio.run(async_fn, *args, clock=trio.testing.MockClock(autojump_threshold=0))
+        return trio.run(async_fn, *args, clock=MockClock(autojump_threshold=0))
 
 
 # -- faults -----------------------------------------------------------------------------

@@ -110,3 +110,13 @@ def test_the_architecture_page_shows_the_generated_layers() -> None:
     generated = (ROOT / "docs" / "diagrams" / "layers.mmd").read_text()
     assert block == "".join(line + "\n" for line in generated.splitlines()
                             if not line.lstrip().startswith("%%"))
+
+
+def test_the_cli_and_a_broker_process_start_without_pytest() -> None:
+    # trio.testing imports pytest (about 60 ms on this machine): only simulations and
+    # tests load it, not every start of the CLI or of a broker process.
+    code = ("import sys, rdvpump.cli, rdvpump.processes; "
+            "print(sorted(m for m in ('pytest', 'trio.testing') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"
