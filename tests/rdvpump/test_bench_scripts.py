@@ -1,0 +1,32 @@
+"""The scripts in bench/ that bench/RESULTS.md quotes still run and print their figure
+(small counts: a smoke test, not a measurement)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("client", "server"), [("trio", "trio"), ("block", "trio")])
+def test_trio_ping_prints_its_median(client: str, server: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "trio_ping.py"), client,
+                           server, "200"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(rf"{client} -> {server}: median \d+\.\d us\n", done.stdout)
+
+
+def test_mq_relay_floor_prints_its_ratio() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "mq_relay_floor.py"), "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = re.fullmatch(r"raw relay ([\d,]+) msgs/s, plain append ([\d,]+) msgs/s, "
+                        r"ratio (\d+\.\d\d)\n", done.stdout)
+    assert line is not None, done.stdout
+    relay, append, ratio = (float(x.replace(",", "")) for x in line.groups())
+    assert relay > 0 and append > 0 and abs(ratio - relay / append) < 0.01
