@@ -420,6 +420,9 @@ class MessageQueue:
                 else:
                     for message in bodies:
                         recv(message)
+                if not rx.used:
+                    break  # the next look would find nothing (and bytes that come later
+                    # post another readable): one C call instead of a take that finds none
         except ProtocolError as exc:
             if many and received_many is not None:  # the whole ones before it go first
                 received_many(many)

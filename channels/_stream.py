@@ -234,7 +234,20 @@ class StreamLink:
                     return
                 continue
             try:
-                got = await (self._read_socket(rx) if self._fd >= 0 else self._read_stream(rx))
+                if self._fd < 0:
+                    got = await self._read_stream(rx)
+                else:
+                    got = self._poll(rx)  # the hot path: no await when a poll got bytes
+                    if got is None:
+                        got = await self._read_socket(rx)
+                    elif self._polled_at - self._yielded > POLL_YIELD:
+                        self._yielded = self._polled_at
+                        self._yield = True
+                    if got < 0:
+                        if got != -errno.ENOBUFS:
+                            raise OSError(-got, os.strerror(-got))
+                        got = None
+                        await self._wait_room()
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._lost(f"connection lost: {exc.__cause__ or exc}")
                 return
@@ -254,35 +267,23 @@ class StreamLink:
                 self._yield = False
                 await trio.lowlevel.checkpoint()
 
-    async def _read_socket(self, rx: RingBuffer) -> int | None:
-        """Bytes read from the socket into ``rx`` (0: end of stream), or None when ``rx``
-        was full and the loop waited.  Polls first when :meth:`_poll` says so, else waits
-        in trio's I/O loop.  Sets ``_yield`` when the loop must yield after delivering: a
-        read that did not wait yields as trio's own ``recv`` does, but a run of polls that
-        keep getting bytes yields only every :data:`POLL_YIELD` seconds."""
-        polled = self._poll(rx)
-        if polled is None:
-            started = time.perf_counter()
-            n = rx.recv_from(self._fd)
-            if n == -errno.EAGAIN:
-                while n == -errno.EAGAIN:
-                    await trio.lowlevel.wait_readable(self._sock)
-                    n = rx.recv_from(self._fd)
-            else:
-                self._yield = True
-            self._last_wait = time.perf_counter() - started
-            _recent[self] = started + self._last_wait
+    async def _read_socket(self, rx: RingBuffer) -> int:
+        """Read the socket into ``rx`` through trio's I/O loop (no poll, or a poll that came
+        up empty): what :meth:`RingBuffer.recv_from` returned.  A read that did not wait
+        sets ``_yield``: the receive loop yields after delivering, as trio's own ``recv``
+        does (a run of polls that keep getting bytes yields only every
+        :data:`POLL_YIELD` seconds)."""
+        started = time.perf_counter()
+        n = rx.recv_from(self._fd)
+        if n == -errno.EAGAIN:
+            while n == -errno.EAGAIN:
+                await trio.lowlevel.wait_readable(self._sock)
+                n = rx.recv_from(self._fd)
         else:
-            n = polled
-            if self._polled_at - self._yielded > POLL_YIELD:
-                self._yielded = self._polled_at
-                self._yield = True
-        if n >= 0:
-            return n
-        if n == -errno.ENOBUFS:
-            await self._wait_room()
-            return None
-        raise OSError(-n, os.strerror(-n))
+            self._yield = True
+        self._last_wait = time.perf_counter() - started
+        _recent[self] = started + self._last_wait
+        return n
 
     async def _read_stream(self, rx: RingBuffer) -> int | None:
         """:meth:`_read_socket` for other streams (TLS, memory): one ``receive_some``."""
