@@ -87,8 +87,14 @@ class StreamLink:
     up empty makes the link sleep without polling for the next 1, 2, 4 ... up to
     :data:`ADAPTIVE_MAX_SKIP` waits.  A request/reply exchange gets its replies
     without a sleep and wake-up; a quiet link never spins; a link whose peer
-    answers slowly soon stops trying.  The poll yields the core between reads
+    answers slowly soon stops trying.  The poll yields the core before each read
     (``sched_yield``), so a peer on the same core gets to run and answer.
+
+    Over plain TCP the bytes go straight between the socket and the rings, one
+    ``readv`` / ``writev`` in C over both runs of a ring (:meth:`RingBuffer.recv_from`,
+    :meth:`RingBuffer.send_to`).  While polls keep getting bytes, the receive loop
+    yields to trio only every :data:`POLL_YIELD` seconds (a runnable task cuts a poll
+    short; tasks waiting for I/O or a timer wait at most that long).
     """
 
     def __init__(self, channel: Channel, stream: trio.abc.Stream, *,
