@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 struct rb_ring {
@@ -168,10 +169,14 @@ ssize_t rb_send_fd(rb_ring *rb, int fd) {
     size_t avail = LOAD_ACQ(&rb->head) - tail;
     if (avail == 0) return 0;
     struct iovec iov[2];
-    int count = runs(rb, tail, avail, iov);
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)runs(rb, tail, avail, iov);
     ssize_t n;
-    do {
-        n = writev(fd, iov, count);
+    do { /* a socket: no SIGPIPE when the peer is gone (EPIPE instead); else writev */
+        n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n < 0 && errno == ENOTSOCK) n = writev(fd, iov, (int)msg.msg_iovlen);
     } while (n < 0 && errno == EINTR);
     if (n < 0) return -errno;
     if (n) STORE_REL(&rb->tail, tail + (size_t)n);

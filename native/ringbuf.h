@@ -51,12 +51,14 @@ size_t rb_readable_region(const rb_ring *rb, char **ptr);
 size_t rb_writable_region(const rb_ring *rb, char **ptr);
 size_t rb_commit(rb_ring *rb, size_t n);
 
-/* A descriptor (a non-blocking socket): one readv / writev over both runs, no copy.
- * rb_recv_fd reads into the free space and publishes what came: the count (> 0), 0 at
- * end of stream, -EAGAIN (or -EWOULDBLOCK) when nothing is ready, -ENOBUFS when the
- * ring is full (nothing is read), else -errno.  rb_send_fd writes the readable bytes
- * and drops what left: the count (0 when the ring is empty), -EAGAIN when the
- * descriptor takes nothing now, else -errno.  Both retry on EINTR. */
+/* A descriptor (a non-blocking socket): one call over both runs, no copy.
+ * rb_recv_fd reads (readv) into the free space and publishes what came: the count
+ * (> 0), 0 at end of stream, -EAGAIN (or -EWOULDBLOCK) when nothing is ready, -ENOBUFS
+ * when the ring is full (nothing is read), else -errno.  rb_send_fd writes the
+ * readable bytes (sendmsg with MSG_NOSIGNAL; writev when fd is not a socket) and drops
+ * what left: the count (0 when the ring is empty), -EAGAIN when the descriptor takes
+ * nothing now, else -errno (-EPIPE, not SIGPIPE, when a socket's peer is gone).  Both
+ * retry on EINTR. */
 ssize_t rb_recv_fd(rb_ring *rb, int fd);
 ssize_t rb_send_fd(rb_ring *rb, int fd);
 

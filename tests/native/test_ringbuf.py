@@ -218,3 +218,27 @@ def test_a_socket_is_read_and_written_across_the_wrap_in_one_call() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_writing_to_a_socket_whose_peer_is_gone_is_epipe_not_a_signal() -> None:
+    # A process that restored SIGPIPE's default action (many CLI tools do) would die of
+    # a plain write to a socket whose peer is gone; send_to reports -EPIPE instead.
+    import subprocess
+    import sys
+
+    code = """if True:
+        import errno, signal, socket
+        from channels import RingBuffer
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        a, b = socket.socketpair()
+        b.close()
+        ring = RingBuffer(64)
+        ring.write(b"x" * 10)
+        first = ring.send_to(a.fileno())  # may still be taken, or already refused
+        ring.write(b"y")
+        second = ring.send_to(a.fileno())
+        print(first in (10, -errno.EPIPE), second == -errno.EPIPE)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
