@@ -132,3 +132,58 @@ async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_by
         assert frames == [bytes([i]) * 300 for i in range(4)]
         assert received[4 * 304:].startswith(close_frame("closed", "clean")[:4])
         nursery.cancel_scope.cancel()
+
+
+#: A link over real TCP whose peer is gone, in a process with SIGPIPE at its default
+#: action: the link must end as lost, and the process live on.
+_SIGPIPE_DFL = """if True:
+    import signal, socket
+    import trio
+    from channels import ChannelManager, MessageQueue, StreamLink
+    from pump import Pump
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+    class Ends:
+        reason = None
+
+        def received(self, message): pass
+        def drained(self): pass
+        def closed(self, reason): self.reason = reason
+
+    async def main():
+        pump = Pump()
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+        ours = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
+        theirs = await listener.accept()
+        theirs.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\\1\\0\\0\\0\\0\\0\\0\\0")
+        await theirs.aclose()  # a reset: the peer is gone
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pump.serve)
+            channel = ChannelManager(pump).open_end("me", "peer", 1)
+            queue = MessageQueue(channel)
+            ends = Ends()
+            queue.set_listener(ends)
+            link = StreamLink(channel, ours)
+            nursery.start_soon(link.run)
+            with trio.fail_after(10):
+                while ends.reason is None:
+                    try:
+                        queue.send(b"x" * 1000)
+                    except Exception:
+                        pass
+                    await trio.sleep(0.001)
+            print("connection lost" in ends.reason)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+"""
+
+
+def test_a_lost_peer_is_a_lost_link_not_a_signal_even_with_sigpipe_at_its_default() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SIGPIPE_DFL], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
