@@ -225,8 +225,9 @@ class RingBuffer:
 
     def send_to(self, fd: int) -> int:
         """Write the readable bytes to ``fd`` (a non-blocking socket), both runs in one
-        ``writev``, and drop what left: the count (0 when empty), or a negative errno
-        (``-EAGAIN``: the descriptor takes nothing now)."""
+        ``sendmsg`` (``MSG_NOSIGNAL``; ``writev`` for other descriptors), and drop what
+        left: the count (0 when empty), or a negative errno (``-EAGAIN``: the descriptor
+        takes nothing now; ``-EPIPE``, not SIGPIPE, when a socket's peer is gone)."""
         return int(_rb_send_fd(self._rb, fd))
 
     # -- frames ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 It is the channel's peer: bytes the channel writes leave from its tx ring,
 bytes that arrive go into its rx ring.  Over a plain socket the ring memory
-itself is handed to ``send`` and ``recv_into``: no copy of the stream in Python.
+itself is handed to ``readv`` and ``sendmsg``, in C: no copy of the stream in Python.
 """
 
 from __future__ import annotations
@@ -34,10 +34,6 @@ ADAPTIVE_QUIET = 1e-3
 #: After a poll that came up empty, the waits that sleep before the next poll: doubled at
 #: each empty poll up to this, reset by a poll that got bytes.
 ADAPTIVE_MAX_SKIP = 64
-
-#: While polls keep getting bytes, the receive loop yields to trio's scheduler at least
-#: this often (so tasks waiting for I/O or timers run; a runnable task cuts a poll short).
-POLL_YIELD = 1e-3
 
 #: While polls keep getting bytes, the receive loop yields to trio's scheduler only this
 #: often (so tasks waiting for I/O or a timer run; a runnable task cuts a poll short).
@@ -92,7 +88,7 @@ class StreamLink:
     (``sched_yield``), so a peer on the same core gets to run and answer.
 
     Over plain TCP the bytes go straight between the socket and the rings, one
-    ``readv`` / ``writev`` in C over both runs of a ring (:meth:`RingBuffer.recv_from`,
+    ``readv`` / ``sendmsg`` in C over both runs of a ring (:meth:`RingBuffer.recv_from`,
     :meth:`RingBuffer.send_to`).  While polls keep getting bytes, the receive loop
     yields to trio only every :data:`POLL_YIELD` seconds (a runnable task cuts a poll
     short; tasks waiting for I/O or a timer wait at most that long).
@@ -118,7 +114,6 @@ class StreamLink:
         self.busy_poll = busy_poll
         self.adaptive_poll = adaptive_poll
         self._last_wait = math.inf  # seconds the last wait for bytes took
-        self._yielded = 0.0  # when the receive loop last yielded after a poll
         self._yield = False  # the receive loop yields after delivering
         self._yielded = 0.0  # when the receive loop last yielded after a poll
         self._polled_at = 0.0  # when the last poll got something
