@@ -1,12 +1,12 @@
 """Brokers and universes (BrokerManager), the name service with its liveness table, and
 zbus-style tracking (:mod:`brokermgr.tracking`)."""
 
+from ._broker import DEFAULT_CLOSE_TIMEOUT as DEFAULT_CLOSE_TIMEOUT
 from ._broker import Broker as Broker
 from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
-from ._link import DEFAULT_CLOSE_TIMEOUT as DEFAULT_CLOSE_TIMEOUT
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
 from ._link import ReconnectingLink as ReconnectingLink

@@ -27,6 +27,10 @@ from channels import (
 from pump import Pump, TraceRecorder, open_trace
 from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 
+#: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
+#: what was sent, and the link's end, to leave this process.
+DEFAULT_CLOSE_TIMEOUT = 2.0
+
 
 class Broker:
     """An actor with a unique id in its universe.
@@ -104,6 +108,23 @@ class Broker:
         self._closed = True
         self.rdv.close(reason)
         self.manager.forget(self.id)
+
+    async def aclose(self, reason: str = "broker closed", *,
+                     timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """Close every link gracefully (what was sent on it goes first, then its close
+        with ``reason``); wait up to ``timeout`` in all until that has left this process
+        (over TCP: handed to the kernel), then :meth:`close` (a link still open then is
+        aborted).  A process may end after this without its peers taking it for a crash
+        or losing what it sent.  Its ports are unbound first: no link opens meanwhile."""
+        for port in self.ports:
+            self.unbind(port)
+        queues = list(self.rdv.queues.values())
+        for queue in queues:
+            queue.close(reason)
+        with trio.move_on_after(timeout):
+            for queue in queues:
+                await queue.wait_sent()
+        self.close(reason)
 
     # -- async face --------------------------------------------------------------------
 

@@ -14,15 +14,13 @@ import trio
 from channels import Gather, MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
 from pump import Pump, Timer
 
-from ._broker import Broker
+from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker
 from ._rpc import Body, Sent, decode, encode, send
 
 log = logging.getLogger("rdvpump.link")
 
 #: The longest wait before dialling again after a refused or failed connect.
 DEFAULT_RETRY = 1.0
-#: How long :meth:`ReconnectingLink.aclose` waits for what was sent to leave.
-DEFAULT_CLOSE_TIMEOUT = 2.0
 #: The first wait after a refusal; each refusal in a row doubles it, up to ``retry``.
 FIRST_RETRY = 0.02
 

@@ -20,8 +20,8 @@ from channels import MessageQueue
 from pump import Timer
 from rdv import Address, RdvNode
 
-from ._broker import BrokerManager
-from ._link import DEFAULT_CLOSE_TIMEOUT, ReconnectingLink
+from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
+from ._link import ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, Entry, LivenessTable
 from ._rpc import JsonSession
 
@@ -89,6 +89,13 @@ class NameService:
     def close(self) -> None:
         self._scan_timer.cancel()
         self.broker.close("name service closed")
+
+    async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """:meth:`close`, then wait (up to ``timeout``) until every client's link has ended
+        here, so that the manager's process may end without its brokers taking it for a
+        crash."""
+        self._scan_timer.cancel()
+        await self.broker.aclose("name service closed", timeout=timeout)
 
 
 class _Session(JsonSession):

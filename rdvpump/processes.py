@@ -103,7 +103,7 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
             address = await nursery.start(manager.serve_network, *listen)
             ready(address)
             await _until_signalled()
-            service.close()
+            await service.aclose()  # the brokers hear a close, not a lost connection
             nursery.cancel_scope.cancel()
     finally:
         manager.pump.close_trace()
@@ -183,6 +183,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             node.close()
         if names is not None:
             await names.aclose()  # the unregisters leave before the links are cut
+        for broker in brokers:  # its other links end with a close frame, not a cut
+            await broker.aclose("broker process stopped")
         nursery.cancel_scope.cancel()
     if refused:
         raise RuntimeError(refused[0])

@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from .._broker import Broker
-from .._link import DEFAULT_CLOSE_TIMEOUT, DEFAULT_RETRY, BrokerLink
+from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker
+from .._link import DEFAULT_RETRY, BrokerLink
 from .feed import FeedReader, Resync, Snapshot
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
 from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable

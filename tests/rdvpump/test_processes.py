@@ -172,6 +172,64 @@ async def test_status_closes_its_connection_cleanly(tmp_path: object) -> None:
     assert [r["reason"] for r in closes] == ["peer disconnected (closed)"]
 
 
+async def test_a_manager_stopped_by_ctrl_c_closes_its_brokers_links_cleanly(
+        tmp_path: object) -> None:
+    # The brokers' traces tell a manager that stopped from one that crashed.
+    import json
+    import pathlib
+
+    traces = pathlib.Path(str(tmp_path))
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    async with spawn("manager", "serve", "--universe", "s", "--listen",
+                     "127.0.0.1:0") as (manager, address):
+        where = f"{address[0]}:{address[1]}"
+        async with spawn("broker", "run", "--id", "b1", "--universe", "s", "--manager",
+                         where, "--trace", str(traces)) as (broker, _):
+            listed = await trio.run_process(
+                [*RDVPUMP, "status", "--universe", "s", "--manager", where, "--wait", "b1"],
+                capture_stdout=True, capture_stderr=True, env=env, check=False)
+            assert listed.returncode == 0, listed.stderr
+            manager.send_signal(signal.SIGINT)
+            with trio.fail_after(30):
+                assert await manager.wait() == 0
+            broker.send_signal(signal.SIGINT)  # the broker ends its trace as it exits
+            with trio.fail_after(30):
+                await broker.wait()
+    rows = [json.loads(line) for file in traces.iterdir()
+            for line in file.read_text().splitlines()]
+    closes = [r["reason"] for r in rows if r["kind"] == "close" and r.get("peer") == "@manager"]
+    assert closes == ["peer disconnected (name service closed)"]
+
+
+async def test_a_broker_process_stopped_by_ctrl_c_closes_its_links_cleanly() -> None:
+    # A peer of a broker process that stopped hears a close with its reason, not a cut.
+    async with spawn("manager", "serve", "--universe", "q", "--listen",
+                     "127.0.0.1:0") as (_, manager_addr):
+        where = f"{manager_addr[0]}:{manager_addr[1]}"
+        async with spawn("broker", "run", "--id", "b2", "--universe", "q", "--manager",
+                         where) as (broker, _):
+            u = BrokerManager("q", token=TOKEN)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(u.pump.serve)
+                await nursery.start(u.serve_network)
+                names = NameClient(u, [manager_addr])
+                names.start()
+                with trio.fail_after(30):
+                    while "b2" not in {b["id"] for b in (await names.list() or [])}:
+                        await trio.sleep(0.05)
+                    queue = await u.add_broker("tester").connect_queue("b2", 80)
+                    await queue.send(b"ping")
+                    assert await queue.receive() == b"ping"
+                broker.send_signal(signal.SIGINT)
+                with trio.fail_after(30):
+                    with pytest.raises(trio.EndOfChannel):  # clean: not BrokenResourceError
+                        await queue.receive()
+                    assert await broker.wait() == 0
+                assert queue.close_reason == "peer disconnected (broker process stopped)"
+                names.close()
+                nursery.cancel_scope.cancel()
+
+
 def test_a_port_in_use_is_one_clear_line() -> None:
     import socket
 
