@@ -7,26 +7,37 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from .procs import DEADLINE, finish, read_until
+from .procs import DEADLINE, finish, processes, read_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-def start(*args: str) -> subprocess.Popen[bytes]:
+def start(*args: str, group: bool = False) -> subprocess.Popen[bytes]:
+    """``rdvpump ARGS``; ``group``: in a process group of its own, as a terminal runs a
+    command (a Ctrl-C then reaches every process of the group)."""
     return subprocess.Popen([sys.executable, "-m", "rdvpump", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
+                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"},
+                            start_new_session=group)
 
 
-def interrupt_and_check(proc: subprocess.Popen[bytes], seen: bytes = b"") -> None:
-    proc.send_signal(signal.SIGINT)
+def interrupt_and_check(proc: subprocess.Popen[bytes], seen: bytes = b"", *,
+                        group: bool = False) -> bytes:
+    """SIGINT (to the process group of a ``start(..., group=True)``, as Ctrl-C does),
+    then: exit 130, "interrupted" last, no traceback; returns stderr."""
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
     out, errs = finish(proc, timeout=30)
     errs = seen + errs
     assert proc.returncode == 130, (proc.returncode, errs.decode()[-2000:])
     assert errs.decode().strip().splitlines()[-1] == "interrupted"
     assert b"Traceback" not in errs and b"Traceback" not in out
+    return errs
 
 
 def test_ctrl_c_ends_universe_run_in_one_line(tmp_path: pathlib.Path) -> None:
@@ -52,3 +63,47 @@ def test_ctrl_c_ends_trace_analyze_in_one_line(tmp_path: pathlib.Path) -> None:
     proc = start("trace", "analyze", str(traces), "--verbose")
     seen = read_until(proc, proc.stderr, b"census of the events")  # Spark is up and working
     interrupt_and_check(proc, seen)
+
+
+def _descendants(pid: int) -> dict[int, list[bytes]]:
+    """The processes below ``pid`` (children, theirs, ...), with their argv."""
+    parents: dict[int, int] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    running = processes()
+    return {p: running[p] for p in found if p in running}
+
+
+@pytest.mark.spark
+def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm() -> None:
+    # Each Spark run of the bench has a process and a JVM of its own; Ctrl-C must stop
+    # both before the trace they read is deleted: no traceback, no JVM error, nothing left.
+    tmp = pathlib.Path(tempfile.gettempdir())  # Spark's local dir: blockmgr-* in it
+    before = set(tmp.glob("blockmgr-*"))
+    proc = start("bench", "replay", "--events", "200000", "--master", "local[1]",
+                 "--jvm", "quick", "--no-floor", group=True)
+    seen = read_until(proc, proc.stderr, b"Setting default log level")  # the JVM is up
+    deadline = time.monotonic() + DEADLINE
+    while True:  # the job is running: its first shuffle has written a file
+        ours = set(tmp.glob("blockmgr-*")) - before
+        if any(d.glob("*/shuffle_*") for d in ours):
+            break
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)  # a file to appear: polled, bounded
+    below = _descendants(proc.pid)
+    assert any(b"java" in argv[0] for argv in below.values()), below  # the scenario
+    errs = interrupt_and_check(proc, seen, group=True)
+    assert b"ERROR" not in errs, errs.decode()[-2000:]
+    running = processes()
+    assert [argv for p, argv in below.items() if running.get(p) == argv] == []
+    assert [d for d in ours if d.exists()] == []  # Spark's shutdown removed its files
