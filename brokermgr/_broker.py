@@ -7,7 +7,7 @@ their trio twins for embedding.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,6 +30,17 @@ from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
 #: what was sent, and the link's end, to leave this process.
 DEFAULT_CLOSE_TIMEOUT = 2.0
+
+
+async def wait_all_sent(queues: Iterable[MessageQueue], timeout: float) -> bool:
+    """Wait, up to ``timeout`` in all, until each of ``queues`` (closed or closing) has
+    sent everything, its close too, out of this process; False if the time ran out first
+    (a peer that stops reading holds the last bytes)."""
+    with trio.move_on_after(timeout):
+        for queue in queues:
+            await queue.wait_sent()
+        return True
+    return False
 
 
 class Broker:
@@ -121,9 +132,7 @@ class Broker:
         queues = list(self.rdv.queues.values())
         for queue in queues:
             queue.close(reason)
-        with trio.move_on_after(timeout):
-            for queue in queues:
-                await queue.wait_sent()
+        await wait_all_sent(queues, timeout)
         self.close(reason)
 
     # -- async face --------------------------------------------------------------------

@@ -14,7 +14,7 @@ import trio
 from channels import Gather, MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
 from pump import Pump, Timer
 
-from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker
+from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
 
 log = logging.getLogger("rdvpump.link")
@@ -129,12 +129,7 @@ class ReconnectingLink(QueueListener):
         that stops reading holds the last bytes)."""
         queue = self.queue
         self.close()
-        if queue is None:
-            return True
-        with trio.move_on_after(timeout):
-            await queue.wait_sent()
-            return True
-        return False
+        return await wait_all_sent([] if queue is None else [queue], timeout)
 
     @property
     def closing(self) -> bool:

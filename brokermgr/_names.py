@@ -14,13 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from channels import MessageQueue
 from pump import Timer
 from rdv import Address, RdvNode
 
-from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
+from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
 from ._link import ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, Entry, LivenessTable
 from ._rpc import JsonSession
@@ -249,13 +247,11 @@ class NameClient:
             session.close()
 
     async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
-        """:meth:`close`, then wait (each link up to ``timeout``) until the unregisters
-        have left this process: it may end without the managers waiting out its expiry."""
+        """:meth:`close`, then wait (up to ``timeout`` in all) until the unregisters have
+        left this process: it may end without the managers waiting out its expiry."""
         queues = [session.queue for session in self.sessions if session.queue is not None]
         self.close()
-        with trio.move_on_after(timeout):
-            for queue in queues:
-                await queue.wait_sent()
+        await wait_all_sent(queues, timeout)
 
 
 class _NoOwner:

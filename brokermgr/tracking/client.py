@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker
+from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from .._link import DEFAULT_RETRY, BrokerLink
 from .feed import FeedReader, Resync, Snapshot
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
@@ -131,9 +131,7 @@ class RouteClient:
         links = [*self.trackers.values(), *self.servers.values()]
         queues = [link.queue for link in links if link.queue is not None]
         self.close()
-        with trio.move_on_after(timeout):
-            for queue in queues:
-                await queue.wait_sent()
+        await wait_all_sent(queues, timeout)
 
     def apply(self, change: RouteChange, *, notify: bool = False) -> None:
         """Run the callbacks if the table changed; wake ``changed()`` waiters if it did
