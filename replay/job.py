@@ -44,6 +44,7 @@ def _sibling(module: str, path: str) -> Any:
         module, Path(__file__).resolve().parents[1] / path)
     assert spec is not None and spec.loader is not None
     loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded  # so that it can be pickled by value for the workers
     spec.loader.exec_module(loaded)
     return loaded
 
@@ -61,6 +62,10 @@ try:
     from replay import plots as _plots
 except ImportError:
     _plots = _sibling("rdvpump_replay_plots", "replay/plots.py")
+try:
+    from replay import fold as _fold
+except ImportError:
+    _fold = _sibling("rdvpump_replay_fold", "replay/fold.py")
 
 #: The trace schema version this job reads (pump/schema.py is the one definition).
 SCHEMA_VERSION: int = _schema.SCHEMA_VERSION
@@ -101,10 +106,10 @@ def find_traces(traces: str) -> tuple[list[str], list[str]]:
 
 
 def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
-    """All rows of the traces, with ``file``, ``ord`` (order within the file) and ``bad``
-    (a corrupt line, or a row without kind or version), and the JSON Lines files.
-
-    Nothing is computed here: the analysis does one pass over it.
+    """All rows of the traces as one Spark DataFrame, with ``file``, ``ord`` (order within
+    the file) and ``bad`` (a corrupt line, or a row without kind or version), and the
+    JSON Lines files.  The analysis reads Parquet with :class:`_Source` instead; this is
+    for ad hoc queries (and the benchmark's floor).  Nothing is computed here.
     """
     from pyspark.sql import functions as F
 
@@ -113,30 +118,118 @@ def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
     names = [f.name for f in schema.fields]
     frames = []
     if jsonl:
-        raw = (spark.read.schema(_with_corrupt(schema)).option("mode", "PERMISSIVE")
-               .option("columnNameOfCorruptRecord", "_corrupt_record").json(jsonl))
-        bad = (F.col("_corrupt_record").isNotNull() | F.col("kind").isNull()
-               | F.col("v").isNull())
-        frames.append(raw.select(*names, F.input_file_name().alias("file"),
-                                 F.monotonically_increasing_id().alias("ord"),
-                                 bad.alias("bad")))
+        frames.append(_jsonl_events(spark, jsonl).withColumn("file", F.input_file_name()))
     if parquet:
         pq = spark.read.parquet(*parquet)
         missing = [n for n in names if n not in pq.columns]
         if missing:
             found = [r["v"] for r in pq.select("v").distinct().collect()] if "v" in pq.columns \
                 else []
-            raise TraceError(f"Parquet traces lack the columns {', '.join(missing)}: trace "
-                             f"schema version {SCHEMA_VERSION} expected, found "
-                             f"{', '.join(map(str, sorted(found))) or 'none'}{_OLDER}")
+            raise TraceError(_lacking(missing, found))
         frames.append(pq.select(*[F.col(n).cast(schema[n].dataType) for n in names],
-                                F.input_file_name().alias("file"),
                                 F.monotonically_increasing_id().alias("ord"),
-                                (F.col("kind").isNull() | F.col("v").isNull()).alias("bad")))
+                                (F.col("kind").isNull() | F.col("v").isNull()).alias("bad"),
+                                F.input_file_name().alias("file")))
     events = frames[0]
     for frame in frames[1:]:
         events = events.unionByName(frame)
     return events, jsonl
+
+
+def _jsonl_events(spark: Any, jsonl: list[str]) -> Any:
+    """The rows of JSON Lines traces, with ``ord`` and ``bad`` (Spark's reader keeps a
+    corrupt line as a row of nulls)."""
+    from pyspark.sql import functions as F
+
+    schema = trace_schema()
+    raw = (spark.read.schema(_with_corrupt(schema)).option("mode", "PERMISSIVE")
+           .option("columnNameOfCorruptRecord", "_corrupt_record").json(jsonl))
+    bad = (F.col("_corrupt_record").isNotNull() | F.col("kind").isNull()
+           | F.col("v").isNull())
+    return raw.select(*[f.name for f in schema.fields],
+                      F.monotonically_increasing_id().alias("ord"), bad.alias("bad"))
+
+
+def _lacking(missing: list[str], found: list[Any]) -> str:
+    return (f"Parquet traces lack the columns {', '.join(missing)}: trace schema version "
+            f"{SCHEMA_VERSION} expected, found "
+            f"{', '.join(map(str, sorted(found))) or 'none'}{_OLDER}")
+
+
+class _Source:
+    """The traces as Arrow tables inside Spark tasks (:meth:`map`).
+
+    A Parquet trace is read by pyarrow in the tasks, a row group to a task: its strings
+    stay dictionary codes (Spark's reader would make a Java string of each).  JSON Lines
+    go through Spark's reader, which keeps a corrupt line as a bad row.
+    """
+
+    def __init__(self, spark: Any, traces: str) -> None:
+        import pyarrow.parquet as pq
+
+        self.spark = spark
+        self.jsonl, parquet = find_traces(traces)
+        self.units: list[tuple[str, int, int, int]] = []
+        names = [name for name, _ in _schema.COLUMNS]
+        for index, path in enumerate(parquet):
+            try:
+                meta = pq.ParquetFile(path).metadata
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+                raise TraceError(f"cannot read the Parquet trace {path}: {exc}") from None
+            have = set(meta.schema.names)
+            missing = [n for n in names if n not in have]
+            if missing:
+                import pyarrow.compute as pc
+
+                found = [] if "v" not in have else pc.unique(
+                    pq.read_table(path, columns=["v"]).column("v")).drop_null().to_pylist()
+                raise TraceError(_lacking(missing, found))
+            offset = 0
+            for group in range(meta.num_row_groups):
+                self.units.append((path, group, index, offset))
+                offset += meta.row_group(group).num_rows
+        self.events = _jsonl_events(spark, self.jsonl) if self.jsonl else None
+
+    def map(self, work: Callable[[Any], Any], schema: str, columns: Sequence[str]) -> Any:
+        """A DataFrame of ``work(table)`` (record batches of ``schema``) over every table
+        of trace rows: ``columns`` of the trace (Parquet is read for these only), with
+        ``bad`` and ``ord``."""
+        _ship_by_value()
+        frames = []
+        if self.units:
+            units = self.units
+            kinds = dict(_schema.COLUMNS)
+            typed = [(name, kinds[name]) for name in columns]
+            read = _fold.read_unit
+
+            def each_unit(batches: Any) -> Any:
+                for batch in batches:
+                    for i in batch.column(0).to_pylist():
+                        path, group, index, offset = units[i]
+                        yield from work(read(path, group, index, offset, typed))
+
+            frames.append(self.spark.range(0, len(units), 1, len(units))
+                          .mapInArrow(each_unit, schema))
+        if self.events is not None:
+            def each_batch(batches: Any) -> Any:
+                import pyarrow as pa
+
+                for batch in batches:
+                    yield from work(pa.Table.from_batches([batch]))
+
+            frames.append(self.events.mapInArrow(each_batch, schema))
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.unionByName(other)
+        return frame
+
+
+def _ship_by_value() -> None:
+    """The workers get :mod:`replay.fold` with the functions, not by import: they need
+    neither rdvpump nor this checkout."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(_fold)  # type: ignore[no-untyped-call]
 
 
 def _with_corrupt(schema: Any) -> Any:
@@ -206,12 +299,6 @@ _STREAM = ["run", "link", "dir"]
 _KEY = [*_STREAM, "seq"]
 
 
-def _stream_id() -> Any:
-    from pyspark.sql import functions as F
-
-    return F.xxhash64(*_STREAM)
-
-
 class _Jobs:
     """Counts the Spark jobs of one analysis (a job group) and reports its stages."""
 
@@ -237,15 +324,21 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Check and measure the traces; write the tables and plots to ``out`` if given.
 
-    The Spark work is one scan that takes a census of the events (small: one row per
-    pump, kind, stream and link event), then one shuffle keyed by (run, link, dir) that
-    folds every message into one row per sequence number and, in the same job, one
-    aggregation of those rows into every per-link figure, bin, latency bucket and
-    listed message (:func:`_measure`).  Only that aggregation's result is kept (a local
-    checkpoint: rows in the executors' block stores, memory then disk; small unless
-    the trace breaks many invariants).  A local checkpoint does not survive the loss
-    of an executor; the job then fails and is run again.  The small results are
-    collected and written by the driver.
+    Two passes over the traces, the work of each task done on Arrow tables by
+    :mod:`replay.fold` (pyarrow and numpy in Spark's Python workers):
+
+    1. a census of the events (counts and times per pump, kind, stream and link event;
+       small), added up by the driver;
+    2. one shuffle keyed by stream (run, link, dir): the map side cuts each task's
+       message rows into a block per reduce partition, the reduce side folds whole
+       streams into one row per sequence number, checks FIFO in seq order, and counts
+       every message in its groups (per-link figures, time bins, latency buckets,
+       histograms, and the messages to list: :func:`_measure`).
+
+    Only that result is kept (a local checkpoint: rows in the executors' block stores,
+    memory then disk; small unless the trace breaks many invariants).  A local
+    checkpoint does not survive the loss of an executor; the job then fails and is run
+    again.  The small results are collected and written by the driver.
     ``progress`` is told each stage; ``summary["spark_jobs"]`` counts the Spark jobs.
     """
     jobs = _Jobs(spark, progress)
@@ -253,16 +346,16 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
         threading.Thread(target=_import_writers, daemon=True).start()
     try:
         jobs.stage("reading the traces")
-        events, jsonl_files = load(spark, traces)
+        source = _Source(spark, traces)
         jobs.stage("census of the events")
-        census = _Census(_census_rows(events))
-        census.check(traces, events)
+        census = _Census(_census_rows(source))
+        census.check(spark, traces)
         corrupt: list[dict[str, Any]] = []
         if census.corrupt:
             jobs.stage("locating corrupt lines")
-            corrupt = _locate_lines(spark, jsonl_files)
+            corrupt = _locate_lines(spark, source.jsonl)
         jobs.stage("matching sends and deliveries (one shuffle by link and direction)")
-        found = _measure(spark, _per_seq(events, census), census, jobs, out)
+        found = _measure(spark, source, census, jobs, out)
         summary = _summary(traces, census, corrupt, found)
         if out is not None:
             jobs.stage("writing tables and plots")
@@ -282,84 +375,21 @@ def _import_writers() -> None:
     import pyarrow.parquet  # noqa: F401
 
 
-def _census_rows(events: Any) -> list[Any]:
-    """One aggregation over every event: counts and times per pump and kind, per stream
-    (run, link, dir) for messages, per link, reason and outcome for a link's life."""
-    from pyspark.sql import functions as F
-
-    kind = F.col("kind")
-    msg, life = kind.isin(*MESSAGE_KINDS), kind.isin(*LIFE_KINDS)
-    refuse = kind == "refuse"
-
-    def only(name: str, where: Any) -> Any:
-        return F.when(where, F.col(name)).alias(name)
-
-    rows: list[Any] = (events.groupBy(
-        "bad", "v", "run", "pump", "kind",
-        only("broker", msg | life | refuse), only("link", msg | life), only("dir", msg),
-        F.when(msg, _stream_id()).alias("sid"),
-        only("peer", kind.isin("accept", "connect", "refuse")),
-        only("port", kind.isin("accept", "connect")),
-        F.when(kind == "connect", F.col("time")).alias("connect_time"),
-        only("reason", life | refuse), only("outcome", (kind == "disconnect") | refuse))
-        .agg(F.count("*").alias("n"), F.min("time").alias("t0"), F.max("time").alias("t1"),
-             F.sum("size").alias("bytes"), F.min("size").alias("min_size"),
-             F.max("size").alias("max_size"),
-             F.max_by(F.col("monotonic") - F.col("time"), "time").alias("clock"))
-        .collect())
-    return rows
+_CENSUS = ("bad boolean, v int, run string, pump string, kind string, broker string, "
+           "link string, dir string, peer string, port bigint, connect_time double, "
+           "reason string, outcome string, n bigint, t0 double, t1 double, bytes bigint, "
+           "min_size bigint, max_size bigint, clock_at double, clock double")
 
 
-def _per_seq(events: Any, census: _Census) -> Any:
-    """One row per (run, link, dir, seq): its sends and deliveries, folded.
+def _census_rows(source: _Source) -> list[dict[str, Any]]:
+    """The census (:func:`replay.fold.census`) of every table, added up."""
+    census = _fold.census
 
-    A stream (run, link, dir) is named by :attr:`_Census.stream_columns`: a 64-bit hash
-    of the three when it tells every stream of the traces apart (the census checks),
-    else the three strings.  The messages are shuffled once by stream; the aggregation
-    by seq and the FIFO check run within each stream's partition without another
-    shuffle.  Every aggregate is a plain number, so Spark keeps the aggregation hashed.
-    FIFO holds on a stream when the deliveries, taken in seq order, come in pump order
-    (step, then place in the file): each delivered seq is compared with the delivered
-    seq before it, and a pair out of pump order is one violation, named by the lower seq
-    ("late": delivered after the higher one).  A seq delivered more than once (itself a
-    violation) is placed at the least step and the least place of its deliveries.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    def partial(table: Any) -> Any:
+        return census(table).to_batches()
 
-    offsets, names = census.offsets, census.stream_columns
-    streams = [_stream_id().alias("sid")] if names == ["sid"] else _STREAM
-    at = F.col("time")
-    if offsets:
-        shift = F.create_map(*[F.lit(x) for (run, pump), off in sorted(offsets.items())
-                               for x in (f"{run}\0{pump}", off)])
-        at = at + F.coalesce(shift[F.concat_ws("\0", "run", "pump")], F.lit(0.0))
-    msgs = (events.where(~F.col("bad") & F.col("kind").isin(*MESSAGE_KINDS))
-            .select(*streams, "seq", (F.col("kind") == "send").alias("is_send"),
-                    at.alias("at"), "size", "step", "ord"))
-    send, deliver = F.col("is_send"), ~F.col("is_send")
-    per_seq = msgs.repartition(*names).groupBy(*names, "seq").agg(
-        F.sum(send.cast("int")).alias("sends"),
-        F.sum(deliver.cast("int")).alias("deliveries"),
-        F.min(F.when(send, F.col("at"))).alias("sent_at"),
-        F.min(F.when(deliver, F.col("at"))).alias("delivered_at"),
-        F.min(F.when(send, F.col("size"))).alias("size"),
-        F.max(F.when(send, F.col("size"))).alias("size_max"),
-        F.min(F.when(deliver, F.col("size"))).alias("delivered_size"),
-        F.max(F.when(deliver, F.col("size"))).alias("delivered_size_max"),
-        F.min(F.when(deliver, F.col("step"))).alias("step"),
-        F.min(F.when(deliver, F.col("ord"))).alias("ord"))
-    seq_order = Window.partitionBy(*names).orderBy("seq").rowsBetween(
-        Window.unboundedPreceding, -1)
-    before = F.last(F.when(F.col("step").isNotNull(), F.struct("step", "ord", "seq")),
-                    ignorenulls=True).over(seq_order)
-    late = F.when((F.col("before.step") > F.col("step"))
-                  | ((F.col("before.step") == F.col("step"))
-                     & (F.col("before.ord") > F.col("ord"))), F.col("before.seq"))
-    return (per_seq.withColumn("before", before)
-            .withColumn("late", late)
-            .withColumn("latency", F.col("delivered_at") - F.col("sent_at"))
-            .drop("before", "step", "ord"))
+    return _fold.merge_census(r.asDict() for r in source.map(
+        partial, _CENSUS, _fold.CENSUS_COLUMNS).collect())
 
 
 def _violations(per_seq: Any) -> Any:
@@ -405,79 +435,70 @@ _VIOLATION_FLAGS = {
 FINE_PER_DECADE = 1000
 #: The percentiles reported, per link and direction and over the run.
 QUANTILES = (0.5, 0.9, 0.99)
-# the parts of the one aggregation of per_seq (_measure)
-_BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = range(5)
+# the parts of the fold's result (_measure)
+_BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = (_fold.BIN, _fold.SECOND, _fold.LATENCY,
+                                                 _fold.HISTOGRAM, _fold.LISTED)
+_LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint, size:bigint, "
+               "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, "
+               "sent_at:double>")
+_FOLDED = ", ".join([
+    "sid bigint", "part int", "k1 bigint", "k2 bigint", f"row {_LISTED_ROW}",
+    *[f"`{name}` bigint" for name in ("journeys", "messages", "bytes", "delivered_bytes")],
+    *[f"`{name}` double" for name in ("max", "first", "last")], "undelivered bigint",
+    *[f"`{name}` bigint" for name in _fold.VIOLATIONS]])
 
 
-def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
+def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
              out: str | None) -> dict[str, Any]:
-    """Every figure that needs the messages, from one aggregation of ``per_seq``.
+    """Every figure that needs the messages, from the job's one shuffle by stream.
 
-    Each message row counts in a few groups at once, told apart by ``part``: its stream
-    and time bin (the per-link figures and the plots), its stream and second (when bins
-    are wider than a second), its stream and fine latency bucket (the percentiles), its
-    latency and size bucket (the histograms), and, for a message that broke an invariant
-    or was never delivered, its own row (the listings).  The result is small but for the
-    listings, and is kept as a local checkpoint; the percentiles come from its latency
-    buckets: each the largest latency of the bucket the percentile falls in, at most
-    0.23 % above the exact percentile (see :data:`FINE_PER_DECADE`).
+    Each stream goes to one reduce partition (the largest streams first, each to the
+    partition with the fewest messages so far), so that a task folds whole streams
+    (:func:`replay.fold.fold`).  Each message counts in a few groups at once, told apart
+    by ``part``: its stream and time bin (the per-link figures and the plots), its
+    stream and second (when bins are wider than a second), its stream and fine latency
+    bucket (the percentiles), its latency and size bucket (the histograms), and, for a
+    message that broke an invariant or was never delivered, its own row (the listings).
+    The result is small but for the listings, and is kept as a local checkpoint; the
+    percentiles come from its latency buckets: each the largest latency of the bucket
+    the percentile falls in, at most 0.23 % above the exact percentile (see
+    :data:`FINE_PER_DECADE`).
     """
     from pyspark.sql import functions as F
 
-    journey = F.col("latency").isNotNull()
     width = _bin_width(census.duration)
-    since = F.col("delivered_at") - F.lit(census.start)
-    undelivered = (F.col("sends") > 0) & (F.col("deliveries") == 0)
-    flagged = [F.expr(cond) for cond in _VIOLATION_FLAGS.values()]
-    listed = undelivered
-    for flag in flagged:
-        listed = listed | flag
+    partitions = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions")),
+                            len(census.sids)))
+    keys = _fold.partition_keys(partitions)
+    to = _fold.assign(census.loads, partitions)
+    sids, offsets, route, fold = census.sid_of, census.offsets, _fold.route, _fold.fold
+    start = census.start
 
-    def part(tag: int, k1: Any = None, k2: Any = None, row: Any = None, *,
-             stream: bool = True) -> Any:
-        return F.struct(F.lit(tag).alias("part"), F.lit(stream).alias("stream"),
-                        F.lit(None).cast("long").alias("k1") if k1 is None else
-                        k1.cast("long").alias("k1"),
-                        F.lit(None).cast("long").alias("k2") if k2 is None else
-                        k2.cast("long").alias("k2"),
-                        (F.lit(None) if row is None else row).alias("row"))
+    def routed(table: Any) -> Any:
+        import pyarrow as pa
 
-    row = F.struct("seq", "sends", "deliveries", "late", "size", "size_max",
-                   "delivered_size", "delivered_size_max", "sent_at")
-    log_latency = F.log10(F.greatest(F.col("latency"), F.lit(1e-9)))
-    size_bucket = F.when(F.col("size") <= 0, F.lit(0)).otherwise(
-        F.pow(F.lit(2), F.ceil(F.log2(F.col("size")))))
-    parts = [part(_BIN, F.when(journey, F.floor(since / width))),
-             F.when(journey, part(_LATENCY, F.floor(log_latency * FINE_PER_DECADE))),
-             part(_HISTOGRAM, F.floor(log_latency * BUCKETS_PER_DECADE), size_bucket,
-                  stream=False),
-             F.when(listed, part(_LISTED, row=row.cast(_LISTED_ROW)))]
-    if width > 1.0:  # bins under a second add up to seconds; wider ones do not
-        parts.append(F.when(journey, part(_SECOND, F.floor(since))))
-    keyed = per_seq.select("*", F.explode(F.filter(F.array(*parts), lambda p: p.isNotNull()))
-                           .alias("p"))
-    names = census.stream_columns
-    stream_keys = [F.when(F.col("p.stream"), F.col(k)).alias(k) for k in names]
+        blocks = route(table, sids, offsets, to, keys)
+        if blocks:
+            yield pa.record_batch([pa.array([k for k, _ in blocks], pa.int32()),
+                                   pa.array([b for _, b in blocks], pa.binary())],
+                                  names=["key", "block"])
+
+    def folded(batches: Any) -> Any:
+        blocks = (block for batch in batches for block in batch.column(1).to_pylist())
+        yield from fold(blocks, start=start, width=width, per_second=width > 1.0,
+                        fine_per_decade=FINE_PER_DECADE,
+                        buckets_per_decade=BUCKETS_PER_DECADE).to_batches()
+
     jobs.stage("every figure of every link and direction (one aggregation)")
-    table = (keyed.groupBy(*stream_keys, "p.part", "p.k1", "p.k2", "p.row").agg(
-        F.count("latency").alias("journeys"),
-        F.count("size").alias("messages"),
-        F.sum("size").alias("bytes"),
-        F.sum(F.when(journey, F.col("delivered_size"))).alias("delivered_bytes"),
-        F.max("latency").alias("max"),
-        F.min(F.when(journey, F.col("delivered_at"))).alias("first"),
-        F.max(F.when(journey, F.col("delivered_at"))).alias("last"),
-        F.sum(undelivered.cast("int")).alias("undelivered"),
-        *[F.sum(flag.cast("int")).alias(name) for name, flag in zip(_VIOLATION_FLAGS, flagged,
-                                                                    strict=True)])
-        .localCheckpoint())
+    table = (source.map(routed, "key int, block binary", _fold.ROUTE_COLUMNS)
+             .repartition(partitions, "key")
+             .mapInArrow(folded, _FOLDED).localCheckpoint())
     found: dict[str, Any] = {"bin_width": width}
     small = table.where(F.col("part") != _LISTED).drop("row").collect()
     by_part: dict[int, list[Any]] = {p: [] for p in (_BIN, _SECOND, _LATENCY, _HISTOGRAM)}
     for r in small:
         by_part[r["part"]].append(r)
-    jobs.stage("latency percentiles")
-    quantiles = _quantiles(table, census)
+    quantiles = _quantiles(by_part[_LATENCY], census)
     found["streams"] = _stream_rows(by_part[_BIN], quantiles, census)
     found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
 
@@ -518,43 +539,28 @@ def _measure(spark: Any, per_seq: Any, census: _Census, jobs: _Jobs,
     return found
 
 
-_LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint, size:bigint, "
-               "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, sent_at:double>")
 
-
-def _quantiles(table: Any, census: _Census) -> dict[tuple[str, str, str] | None, list[float]]:
+def _quantiles(latency: list[Any], census: _Census
+               ) -> dict[tuple[str, str, str] | None, list[float]]:
     """The percentiles of each stream's latency, and (key None) of every latency but the
     name service's, from the fine latency buckets: the largest latency of the bucket
     where each percentile's rank falls (ranks counted from 1, the rank of q being
     ceil(q n))."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    names = census.stream_columns
-    buckets = table.where(F.col("part") == _LATENCY).select(
-        F.lit(False).alias("overall"), *names, "k1", "journeys", "max")
-    user = F.lit(True)
-    if census.service_links and names == ["sid"]:
-        user = ~F.col("sid").isin(sorted(census.service_ids()))
-    elif census.service_links:
-        user = ~F.concat_ws("\0", "run", "link").isin(
-            [f"{run}\0{link}" for run, link in sorted(census.service_links)])
-    overall = (buckets.where(user).groupBy("k1")
-               .agg(F.sum("journeys").alias("journeys"), F.max("max").alias("max"))
-               .select(F.lit(True).alias("overall"), *[
-                   F.lit(None).cast(buckets.schema[k].dataType).alias(k) for k in names],
-                   "k1", "journeys", "max"))
-    keys = ["overall", *names]
-    ranked = buckets.unionByName(overall).select(
-        *keys, "max",
-        F.sum("journeys").over(Window.partitionBy(*keys).orderBy("k1").rowsBetween(
-            Window.unboundedPreceding, Window.currentRow)).alias("below"),
-        F.sum("journeys").over(Window.partitionBy(*keys)).alias("n"))
-    rows = ranked.groupBy(*keys).agg(*[
-        F.min(F.when(F.col("below") >= F.greatest(F.ceil(F.col("n") * q), F.lit(1)),
-                     F.col("max"))).alias(f"q{i}") for i, q in enumerate(QUANTILES)]).collect()
-    return {None if r["overall"] else census.stream_of(r):
-            [r[f"q{i}"] for i in range(len(QUANTILES))] for r in rows}
+    per: dict[tuple[str, str, str], list[tuple[int, int, float]]] = {}
+    overall: dict[int, list[Any]] = {}
+    for r in latency:
+        stream = census.stream_of(r)
+        per.setdefault(stream, []).append((r["k1"], r["journeys"], r["max"]))
+        if stream[:2] not in census.service_links:
+            cell = overall.setdefault(r["k1"], [0, r["max"]])
+            cell[0] += r["journeys"]
+            cell[1] = max(cell[1], r["max"])
+    found: dict[tuple[str, str, str] | None, list[float]] = {
+        stream: _fold.quantile_of(buckets, QUANTILES) for stream, buckets in per.items()}
+    if overall:
+        found[None] = _fold.quantile_of([(k, n, m) for k, (n, m) in overall.items()],
+                                        QUANTILES)
+    return found
 
 
 def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]], census: _Census
@@ -656,14 +662,17 @@ class _Census:
                     else self.refusals
                 into[reason] = into.get(reason, 0) + r["n"]
         self.streams: dict[tuple[str, str, str], dict[str, Any]] = {}
-        #: Each stream's 64-bit id (``sid``), and whether two streams share one.
-        self.sids: dict[int, tuple[str, str, str]] = {}
-        self.sid_clash = False
+        #: Each stream (run, link, dir) of the messages by its number (``sid``), and its
+        #: messages (rows), for the fold's partitions.
+        loads: dict[tuple[str, str, str], int] = {}
         for r in good:
             if r["kind"] in MESSAGE_KINDS:
                 stream = (r["run"], r["link"], r["dir"])
-                if self.sids.setdefault(r["sid"], stream) != stream:
-                    self.sid_clash = True
+                loads[stream] = loads.get(stream, 0) + r["n"]
+        ordered = sorted(loads, key=lambda s: tuple((x is not None, x or "") for x in s))
+        self.sids: dict[int, tuple[str, str, str]] = dict(enumerate(ordered))
+        self.sid_of = {stream: sid for sid, stream in self.sids.items()}
+        self.loads = [loads[stream] for stream in ordered]
         self.links: dict[tuple[str, str], dict[str, Any]] = {}
         for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
             if r["link"] is None:
@@ -683,21 +692,12 @@ class _Census:
             "mean": sum(r["bytes"] for r in sends) / sum(r["n"] for r in sends),
             "max": max(r["max_size"] for r in sends)}
 
-    @property
-    def stream_columns(self) -> list[str]:
-        """The columns that name a stream in the fold: its id, unless two share one."""
-        return _STREAM if self.sid_clash else ["sid"]
-
     def stream_of(self, row: Any) -> tuple[str, str, str]:
-        """(run, link, dir) of a row keyed by :attr:`stream_columns`."""
-        if self.sid_clash:
-            return (row["run"], row["link"], row["dir"])
+        """(run, link, dir) of a row of the fold, keyed by ``sid``."""
         return self.sids[row["sid"]]
 
     def named(self, spark: Any, frame: Any) -> Any:
-        """``frame`` keyed by :attr:`stream_columns`, with run, link and dir."""
-        if self.sid_clash:
-            return frame
+        """``frame`` keyed by ``sid``, with run, link and dir instead."""
         from pyspark.sql import functions as F
 
         names = spark.createDataFrame(
@@ -763,12 +763,13 @@ class _Census:
                     kind == "disconnect" and r["outcome"] != "clean"):
                 link["failed"] = True
 
-    def check(self, traces: str, events: Any) -> None:
+    def check(self, spark: Any, traces: str) -> None:
         """Raise :class:`TraceError` for rows of another schema version (naming their
         files: a second, small job, only then) or for no events at all."""
         from pyspark.sql import functions as F
 
         if any(v != SCHEMA_VERSION for v in self.versions):
+            events, _ = load(spark, traces)
             other = sorted((r["file"], r["v"]) for r in events.where(
                 ~F.col("bad") & (F.col("v") != SCHEMA_VERSION)).select("file", "v")
                 .distinct().limit(100).collect())
@@ -1059,6 +1060,11 @@ def jvm_for(traces: str) -> str:
     return "quick" if share < 1 else "production"
 
 
+#: Bumped when the job comes to load other classes (a new kind of Spark work): a new
+#: archive is then written, since an old one lacks them.  2: the Python workers' Arrow.
+_ARCHIVED_CLASSES = 2
+
+
 def class_archive(profile: str) -> tuple[str, str | None]:
     """JVM options for a class-data-sharing archive of Spark's classes, and the path the
     archive is written to when this JVM exits (None when it is already there).
@@ -1066,20 +1072,22 @@ def class_archive(profile: str) -> tuple[str, str | None]:
     Loading Spark's classes from an archive instead of its jars saves about two
     seconds of every start on this machine.  The first run writes the archive (about
     170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
-    pyspark version and the profile; a run that finds a finished one promotes it.  Set
-    ``RDVPUMP_SPARK_CDS=0`` to go without.
+    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`; a run that finds a
+    finished one promotes it, and removes the archives of older generations of the same
+    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
-    import hashlib
     import shutil as _shutil
 
     import pyspark
 
     java = os.path.realpath(_shutil.which("java") or "java")
-    tag = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{profile}".encode()).hexdigest()[:12]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
-    final = cache / f"spark-{pyspark.__version__}-{tag}.jsa"
+    final = cache / _archive_name(java, profile)
+    for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa"):  # older generations
+        if other.name not in {_archive_name(java, p) for p in JVM_PROFILES}:
+            other.unlink(missing_ok=True)
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
     for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited
         pid = done.suffix[1:]
@@ -1096,6 +1104,16 @@ def class_archive(profile: str) -> tuple[str, str | None]:
         return "", None
     pending = f"{final}.{os.getpid()}"
     return f"{quiet} -XX:ArchiveClassesAtExit={pending}", pending
+
+
+def _archive_name(java: str, profile: str) -> str:
+    import hashlib
+
+    import pyspark
+
+    tag = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{profile}\0{_ARCHIVED_CLASSES}"
+                         .encode()).hexdigest()[:12]
+    return f"spark-{pyspark.__version__}-{tag}.jsa"
 
 
 def _alive(pid: int) -> bool:

@@ -43,3 +43,36 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     extra.write_bytes(b"jsa")
     job.class_archive("quick")
     assert not extra.exists()
+    # an archive of an older generation of the job (which loaded other classes) is
+    # removed; the other profile's archive stays
+    import os
+    import shutil
+
+    import pyspark
+
+    archive = pathlib.Path(options.split("SharedArchiveFile=")[1])
+    older = archive.with_name(f"spark-{pyspark.__version__}-000000000000.jsa")
+    java = os.path.realpath(shutil.which("java") or "java")
+    production = archive.with_name(job._archive_name(java, "production"))
+    for path in (older, production):
+        path.write_bytes(b"jsa")
+    job.class_archive("quick")
+    assert not older.exists() and archive.exists() and production.exists()
+
+
+def test_size_buckets_are_the_least_power_of_two_at_or_above() -> None:
+    import numpy as np
+
+    from replay.fold import _size_buckets
+
+    sizes = [-3, 0, 1, 2, 3, 63, 64, 65, 1 << 29, (1 << 29) + 1, (1 << 40) - 1]
+    assert _size_buckets(np.array(sizes)).tolist() == [
+        0, 0, 1, 2, 4, 64, 64, 128, 1 << 29, 1 << 30, 1 << 40]
+
+
+def test_streams_are_spread_over_partitions_by_their_messages() -> None:
+    from replay.fold import assign
+
+    assert assign([10, 10, 10, 10], 2).tolist() == [0, 1, 0, 1]
+    assert assign([100, 1, 1, 1, 1], 2).tolist() == [0, 1, 1, 1, 1]
+    assert assign([5], 3).tolist() == [0]

@@ -100,6 +100,22 @@ def _found(summary: dict[str, Any]) -> set[tuple[str, str, str, int]]:
     return {(v["violation"], v["link"], v["dir"], v["seq"]) for v in summary["violations"]}
 
 
+def test_the_shuffle_keys_land_each_in_its_own_partition(spark: Any) -> None:
+    """The fold sends each stream's block to the reduce partition it was given: its key
+    is one that Spark's hash partitioning sends there."""
+    from pyspark.sql import functions as F
+
+    from replay.fold import partition_keys
+
+    for partitions in (1, 2, 3, 4, 7, 200):
+        keys = partition_keys(partitions)
+        frame = spark.createDataFrame([(k,) for k in keys], "key int")
+        landed = frame.repartition(partitions, "key").select(
+            "key", F.spark_partition_id().alias("p")).collect()
+        assert sorted((keys.index(r["key"]), r["p"]) for r in landed) == [
+            (p, p) for p in range(partitions)]
+
+
 def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
         spark: Any, clean_jsonl: pathlib.Path) -> None:
     """`bench replay`'s floor (one shuffle, each message's latency) counts the messages
@@ -196,11 +212,10 @@ def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
         exact([x for values in streams.values() for x in values]), rel=1e-6)
 
 
-def test_streams_whose_ids_clash_are_still_told_apart(spark: Any,
-                                                     tmp_path: pathlib.Path) -> None:
-    """The fold names a stream by a 64-bit hash of (run, link, dir) when no two streams
-    share one.  A hash skips nulls, so a stream with no link and one with no direction
-    can share one: the census sees it, and the fold keys by the strings instead."""
+def test_a_stream_without_a_link_and_one_without_a_direction_are_told_apart(
+        spark: Any, tmp_path: pathlib.Path) -> None:
+    """Streams are told apart by (run, link, dir) with their nulls: here (r, None, ca)
+    and (r, ca, None), which a hash that skips nulls (as Spark's does) would confuse."""
     from replay.job import SCHEMA_VERSION
 
     def row(step: int, kind: str, link: str | None, dir_: str | None) -> dict[str, Any]:
