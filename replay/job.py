@@ -170,6 +170,7 @@ class _Source:
         self.spark = spark
         self.jsonl, parquet = find_traces(traces)
         self.units: list[tuple[str, int, int, int]] = []
+        sizes: list[int] = []
         names = [name for name, _ in _schema.COLUMNS]
         for index, path in enumerate(parquet):
             try:
@@ -188,6 +189,11 @@ class _Source:
             for group in range(meta.num_row_groups):
                 self.units.append((path, group, index, offset))
                 offset += meta.row_group(group).num_rows
+                rows = meta.row_group(group)
+                sizes.append(sum(rows.column(c).total_compressed_size
+                                 for c in range(rows.num_columns)))
+        #: The row groups each task reads, packed as Spark packs a file scan's splits.
+        self.tasks = _pack(sizes, spark)
         self.events = _jsonl_events(spark, self.jsonl) if self.jsonl else None
 
     def map(self, work: Callable[[Any], Any], schema: str, columns: Sequence[str]) -> Any:
@@ -204,11 +210,13 @@ class _Source:
 
             def each_unit(batches: Any) -> Any:
                 for batch in batches:
-                    for i in batch.column(0).to_pylist():
-                        path, group, index, offset = units[i]
-                        yield from work(read(path, group, index, offset, typed))
+                    for task in batch.column(0).to_pylist():
+                        for i in tasks[task]:
+                            path, group, index, offset = units[i]
+                            yield from work(read(path, group, index, offset, typed))
 
-            frames.append(self.spark.range(0, len(units), 1, len(units))
+            tasks = self.tasks
+            frames.append(self.spark.range(0, len(tasks), 1, len(tasks))
                           .mapInArrow(each_unit, schema))
         if self.events is not None:
             def each_batch(batches: Any) -> Any:
@@ -222,6 +230,32 @@ class _Source:
         for other in frames[1:]:
             frame = frame.unionByName(other)
         return frame
+
+
+def _pack(sizes: list[int], spark: Any) -> list[list[int]]:
+    """Row groups (bytes on disk each) cut into tasks of contiguous row groups and near
+    equal bytes: as many tasks as cores (Spark's default parallelism), more where a task
+    would read over ``spark.sql.files.maxPartitionBytes``, never more than row groups.
+    One task per row group would cost a task's fixed overhead (tens of ms) for each."""
+    most = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    total = sum(sizes)
+    count = max(1, min(len(sizes), max(cores, math.ceil(total / max(most, 1)))))
+    tasks: list[list[int]] = [[] for _ in range(count)]
+    before = 0
+    for i, size in enumerate(sizes):  # each row group to the task its middle byte is in
+        tasks[min(count - 1, int((before + size / 2) * count / max(total, 1)))].append(i)
+        before += size
+    return [task for task in tasks if task]
+
+
+def _bytes(text: str) -> int:
+    """A Spark size ("128m", "4194304", "1g") in bytes."""
+    text = text.strip().lower().rstrip("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
 
 
 def _ship_by_value() -> None:
@@ -1152,7 +1186,6 @@ def session(master: str | None = None, *, app: str = "rdvpump-replay",
                    .config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")
                    .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-                   .config("spark.default.parallelism", "2")
                    .config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.driver.memory", driver_memory)

@@ -76,3 +76,21 @@ def test_streams_are_spread_over_partitions_by_their_messages() -> None:
     assert assign([10, 10, 10, 10], 2).tolist() == [0, 1, 0, 1]
     assert assign([100, 1, 1, 1, 1], 2).tolist() == [0, 1, 1, 1, 1]
     assert assign([5], 3).tolist() == [0]
+
+
+def test_row_groups_are_packed_one_run_per_core_unless_a_run_is_too_big() -> None:
+    """As many tasks as cores, each a run of row groups of near equal bytes; more where a
+    task would read over spark.sql.files.maxPartitionBytes; never more than row groups."""
+    from types import SimpleNamespace
+
+    def spark(cores: int, most: str = "128m") -> object:
+        conf = {"spark.sql.files.maxPartitionBytes": most}
+        return SimpleNamespace(conf=SimpleNamespace(get=lambda k, d=None: conf.get(k, d)),
+                               sparkContext=SimpleNamespace(defaultParallelism=cores))
+
+    mb = 1 << 20
+    assert job._pack([2 * mb] * 13, spark(1)) == [list(range(13))]
+    assert job._pack([2 * mb] * 12, spark(2)) == [list(range(6)), list(range(6, 12))]
+    assert job._pack([2 * mb] * 3, spark(8)) == [[0], [1], [2]]
+    assert [len(t) for t in job._pack([2 * mb] * 12, spark(1, "8m"))] == [4, 4, 4]
+    assert job._bytes("128m") == 128 * mb and job._bytes("4194304") == 4 * mb
