@@ -129,8 +129,11 @@ def _numbers(column: Any, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     """A numeric column as values (nulls as 0) and validity."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if column.null_count == 0:
+        values = column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+        return values, np.ones(len(values), dtype=bool)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    values = column.fill_null(0).to_numpy(zero_copy_only=False).astype(dtype)
+    values = column.fill_null(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     return values, valid
 
 
@@ -271,7 +274,7 @@ def route(table: pa.Table, sids: Mapping[tuple[Any, ...], int],
                        pa.array(at, mask=~at_ok[rows]), column("size"), column("step"),
                        pa.array(table.column("ord").to_numpy()[rows])], schema=ROUTED)
     to = partition[sid]
-    order = np.argsort(to, kind="stable")
+    order = np.lexsort((routed.column("seq").fill_null(-1).to_numpy(), sid, to))
     bounds = np.searchsorted(to[order], np.arange(len(keys) + 1))
     blocks = []
     options = pa.ipc.IpcWriteOptions(compression="lz4")  # a third of the bytes to shuffle
@@ -331,7 +334,7 @@ def _per_seq(rows: pa.Table) -> dict[str, Any]:
     size, size_ok = _numbers(rows.column("size"), np.int64)
     step, step_ok = _numbers(rows.column("step"), np.int64)
     ord_ = rows.column("ord").to_numpy()
-    order = np.lexsort((seq, seq_ok, sid))
+    order = _seq_order(sid, seq, seq_ok)
     sid, seq, seq_ok, send = sid[order], seq[order], seq_ok[order], send[order]
     at, at_ok, size, size_ok = at[order], at_ok[order], size[order], size_ok[order]
     step, step_ok, ord_ = step[order], step_ok[order], ord_[order]
@@ -380,6 +383,18 @@ def _per_seq(rows: pa.Table) -> dict[str, Any]:
     return out
 
 
+def _seq_order(sid: np.ndarray, seq: np.ndarray, seq_ok: np.ndarray) -> np.ndarray:
+    """The rows in (sid, seq) order, a null seq first.  Each block comes sorted from
+    :func:`route`, so the rows are a few sorted runs: one stable sort of a packed key
+    (timsort merges runs) where the numbers fit 63 bits, else a sort on three keys."""
+    if len(seq) and sid.max() < 1 << 20 and seq.min() >= 0 and seq.max() < 1 << 42:
+        key = (sid << 43) | (seq_ok.astype(np.int64) << 42) | seq
+        order: np.ndarray = np.argsort(key, kind="stable")
+        return order
+    order = np.lexsort((seq, seq_ok, sid))
+    return order
+
+
 def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
            fine_per_decade: int, buckets_per_decade: int) -> pa.Table:
     journey = s["latency_ok"]
@@ -421,17 +436,19 @@ def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
     sid = pa.array(s["sid"])
     out = []
 
-    def grouped(part: int, where: np.ndarray | None, k1: pa.Array | None,
-                k2: pa.Array | None, stream: bool = True) -> None:
+    def grouped(part: int, k1: pa.Array | None, k2: pa.Array | None, *,
+                stream: bool = True, keyed_only: bool = False) -> None:
+        """One part: the rows grouped by (sid, k1, k2); ``keyed_only``: the rows whose k1
+        is null (not journeys) are grouped too, cheaper than a filter, then dropped."""
         keys = {"sid": sid if stream else pa.nulls(n, pa.int64()),
                 "k1": k1 if k1 is not None else pa.nulls(n, pa.int64()),
                 "k2": k2 if k2 is not None else pa.nulls(n, pa.int64())}
-        table = pa.table({**keys, **values})
-        if where is not None:
-            table = table.filter(pa.array(where))
-        if not table.num_rows:
+        if not n:
             return
-        g = table.group_by(["sid", "k1", "k2"], use_threads=False).aggregate(aggregates)
+        g = pa.table({**keys, **values}).group_by(["sid", "k1", "k2"], use_threads=False
+                                                  ).aggregate(aggregates)
+        if keyed_only:
+            g = g.filter(pc.is_valid(g.column("k1")))
         columns = {"sid": g.column("sid"), "part": pa.array(np.full(g.num_rows, part,
                                                                     dtype=np.int32)),
                    "k1": g.column("k1"), "k2": g.column("k2"),
@@ -440,13 +457,14 @@ def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
             columns[name] = g.column(f"{column}_{how}")
         out.append(pa.table([columns[f.name].cast(f.type) for f in FOLDED], schema=FOLDED))
 
-    grouped(BIN, None, nullable(np.floor(since / width).astype(np.int64), journey), None)
+    grouped(BIN, nullable(np.floor(since / width).astype(np.int64), journey), None)
     if per_second:
-        grouped(SECOND, journey, pa.array(np.floor(since).astype(np.int64)), None)
-    grouped(LATENCY, journey, pa.array(np.floor(log_latency * fine_per_decade)
-                                       .astype(np.int64)), None)
-    grouped(HISTOGRAM, None, nullable(np.floor(log_latency * buckets_per_decade)
-                                      .astype(np.int64), journey),
+        grouped(SECOND, nullable(np.floor(since).astype(np.int64), journey), None,
+                keyed_only=True)
+    grouped(LATENCY, nullable(np.floor(log_latency * fine_per_decade).astype(np.int64),
+                              journey), None, keyed_only=True)
+    grouped(HISTOGRAM, nullable(np.floor(log_latency * buckets_per_decade)
+                                .astype(np.int64), journey),
             nullable(size_bucket, s["size_ok"]), stream=False)
     chosen = np.nonzero(listed)[0]
     if len(chosen):

@@ -94,3 +94,21 @@ def test_row_groups_are_packed_one_run_per_core_unless_a_run_is_too_big() -> Non
     assert job._pack([2 * mb] * 3, spark(8)) == [[0], [1], [2]]
     assert [len(t) for t in job._pack([2 * mb] * 12, spark(1, "8m"))] == [4, 4, 4]
     assert job._bytes("128m") == 128 * mb and job._bytes("4194304") == 4 * mb
+
+
+def test_rows_are_put_in_stream_and_seq_order_null_first_whatever_the_numbers() -> None:
+    """The packed sort key and the three-key sort (for numbers that do not pack) agree."""
+    import numpy as np
+
+    from replay.fold import _seq_order
+
+    rng = np.random.default_rng(5)
+    sid = rng.integers(0, 3, 500)
+    seq = rng.integers(0, 50, 500)
+    seq_ok = rng.random(500) > 0.1
+    seq[~seq_ok] = 0
+    packed = _seq_order(sid, seq, seq_ok)
+    wide = _seq_order(sid, seq + (1 << 50), seq_ok)  # too wide to pack
+    assert packed.tolist() == wide.tolist() == np.lexsort((seq, seq_ok, sid)).tolist()
+    first = packed[0]
+    assert sid[first] == sid.min() and (not seq_ok[first] or seq_ok.all())
