@@ -4,22 +4,23 @@ Runs unchanged under ``spark-submit replay/job.py --traces DIR --out DIR`` on an
 cluster (it needs pyspark, and the trace schema: ``pump.schema`` when rdvpump is
 installed, else ``pump/schema.py`` beside this file, which needs only the
 standard library; ``rich`` is used when present), and as ``rdvpump trace
-analyze DIR`` in local mode.
+analyze DIR`` in local mode.  The tasks' work is :mod:`replay.fold`, shipped to the
+executors with the tasks; their Python needs pyarrow and numpy.
 
 Input: the trace files of one or many pumps in DIR (``*.jsonl`` and ``*.parquet``,
 schema version :data:`SCHEMA_VERSION`, defined in ``pump/schema.py``).  Output in OUT:
 
 - Parquet tables: ``links``, ``violations``, ``undelivered``, ``latency``,
-  ``throughput``, ``refusals``, ``sizes``;
+  ``throughput``, ``refusals``, ``sizes``, ``latency_histogram``;
 - ``summary.json`` (counts, the violations and undelivered messages, up to a limit);
-- ``throughput.png`` (messages delivered per second) and ``latency.png``
-  (a histogram of delivery latency).
+- ``throughput.png`` (messages delivered per broker over the run), ``latency.png``
+  (a histogram of delivery latency) and ``links.png`` (the life of the first links).
 
 Checks: every delivered message was sent; FIFO per link and direction (a
-delivery with a lower sequence number than the one before it); no duplicate
-delivery.  Each sent message that was never delivered is listed with its cause:
-``peer failed`` (a task of the link failed, or it ended on an error),
-``link closed with it in flight``, or ``run ended``.
+delivery with a lower sequence number than the one before it); no duplicate send
+or delivery; every delivery has its send's size.  Each sent message that was never
+delivered is listed with its cause: ``peer failed`` (a task of the link failed, or it
+ended on an error), ``link closed with it in flight``, or ``run ended``.
 """
 
 from __future__ import annotations

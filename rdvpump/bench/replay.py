@@ -8,11 +8,12 @@ run: every invariant, undelivered messages with causes, latency percentiles per 
 throughput per broker and second, refusals and sizes; the run fails if they disagree.
 Both report events per second.  Each Spark run has a process and a JVM of its own.
 
-Beside each Spark run, the floor of a Spark job on the same file and master, in a fresh
-process and JVM like the job's: only the latency of each message, from one shuffle by (run, link,
-dir, seq) and the first send and delivery times (:func:`latency_floor`).  Any job that
-pairs sends with deliveries does at least this; the ratio says how close the whole job
-comes to it.
+Beside each Spark run, the floor of a Spark SQL job on the same file and master, in a
+fresh process and JVM like the job's: only the latency of each message, from one shuffle
+by (run, link, dir, seq) and the first send and delivery times (:func:`latency_floor`).
+A job in Spark SQL that pairs sends with deliveries does at least this.  The job itself
+no longer runs in Spark SQL (its tasks work on Arrow tables in Python workers), so it
+can be faster than this floor; the ratio says by how much it is slower or faster.
 """
 
 from __future__ import annotations
