@@ -7,10 +7,14 @@ this module to the workers by value, so that they need neither rdvpump nor this 
   strings stay codes, nothing is decoded row by row.
 - :func:`census` takes the census of one table of trace rows (counts and times per pump,
   kind, stream and link event), a partial that the driver adds up (:func:`merge_census`).
-- :func:`route` cuts the message rows of one table into one Arrow block per reduce
-  partition: the map side of the job's one shuffle, keyed by stream (run, link, dir).
-- :func:`fold` folds the blocks of one reduce partition: one row per (stream, seq), the
-  FIFO check in seq order, then every figure that needs the messages, grouped.
+- :func:`route` cuts the message rows of one table into one Arrow block per piece of a
+  stream: the map side of the job's one shuffle, keyed by stream (run, link, dir).  A
+  piece is a stream's whole, or, for a long stream, a range of its sequence numbers
+  (:func:`pieces`), so that a task holds at most :data:`PIECE_ROWS` rows at once.
+- :func:`fold` folds one reduce partition's pieces, one at a time: one row per
+  (stream, seq), the FIFO check in seq order, then every figure that needs the
+  messages, grouped; and each piece's first and last delivery, for the driver to check
+  FIFO across the pieces of a stream (:func:`across_pieces`).
 
 Null semantics are those of the SQL the job used before (a minimum skips nulls and is
 null when every value is; a count counts values; a comparison with a null is not a hit).
@@ -45,11 +49,11 @@ CENSUS_SCHEMA = pa.schema([
     ("connect_time", pa.float64()), ("reason", pa.string()), ("outcome", pa.string()),
     ("n", pa.int64()), ("t0", pa.float64()), ("t1", pa.float64()), ("bytes", pa.int64()),
     ("min_size", pa.int64()), ("max_size", pa.int64()), ("clock_at", pa.float64()),
-    ("clock", pa.float64())])
+    ("clock", pa.float64()), ("min_seq", pa.int64()), ("max_seq", pa.int64())])
 
 #: The columns each pass reads (``bad`` needs kind and v).
 CENSUS_COLUMNS = ("v", "run", "pump", "kind", "broker", "link", "dir", "peer", "port", "time",
-                  "reason", "outcome", "size", "monotonic")
+                  "reason", "outcome", "size", "monotonic", "seq")
 ROUTE_COLUMNS = ("v", "run", "pump", "kind", "link", "dir", "time", "seq", "size", "step")
 
 #: One message row on its way through the shuffle.
@@ -57,8 +61,13 @@ ROUTED = pa.schema([("sid", pa.int32()), ("seq", pa.int64()), ("send", pa.bool_(
                     ("at", pa.float64()), ("size", pa.int64()), ("step", pa.int64()),
                     ("ord", pa.int64())])
 
-# The parts of the one aggregation (the rows of :func:`fold`'s result), by ``part``.
-BIN, SECOND, LATENCY, HISTOGRAM, LISTED = range(5)
+# The parts of the one aggregation (the rows of :func:`fold`'s result), by ``part``;
+# FIRST and LAST: a piece's first and last delivery in seq order (k1 the piece, k2 the
+# seq, with step and ord).
+BIN, SECOND, LATENCY, HISTOGRAM, LISTED, FIRST, LAST = range(7)
+#: The most rows of a stream folded at once: a longer stream is cut into pieces by seq
+#: (a fold holds about 250 bytes a row).
+PIECE_ROWS = 1_000_000
 #: The violations, in the order of the result's columns.
 VIOLATIONS = ("duplicate send", "duplicate delivery", "delivered but never sent",
               "out of order", "size mismatch")
@@ -72,7 +81,7 @@ FOLDED = pa.schema([
     ("row", LISTED_ROW), ("journeys", pa.int64()), ("messages", pa.int64()),
     ("bytes", pa.int64()), ("delivered_bytes", pa.int64()), ("max", pa.float64()),
     ("first", pa.float64()), ("last", pa.float64()), ("undelivered", pa.int64()),
-    *[(name, pa.int64()) for name in VIOLATIONS]])
+    *[(name, pa.int64()) for name in VIOLATIONS], ("step", pa.int64()), ("ord", pa.int64())])
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -169,10 +178,11 @@ def census(table: pa.Table) -> pa.Table:
         "port": pa.array(port, mask=~(port_ok & kind.has("accept", "connect") & good)),
         "connect_time": pa.array(time, mask=~(time_ok & connect)),
         "reason": codes["reason"], "outcome": codes["outcome"],
-        "time": table.column("time"), "size": table.column("size")})
+        "time": table.column("time"), "size": table.column("size"),
+        "seq": table.column("seq")})
     grouped = keyed.group_by(list(CENSUS_KEYS), use_threads=False).aggregate([
         ("time", "count", pc.CountOptions(mode="all")), ("time", "min"), ("time", "max"),
-        ("size", "sum"), ("size", "min"), ("size", "max")])
+        ("size", "sum"), ("size", "min"), ("size", "max"), ("seq", "min"), ("seq", "max")])
     # each clock group's offset at its last row (the latest time, then the largest offset)
     clocks: dict[tuple[int, int, int], tuple[float, float]] = {}
     clock_rows = np.nonzero(kind.has("clock") & good & time_ok)[0]
@@ -206,7 +216,8 @@ def census(table: pa.Table) -> pa.Table:
         "t1": grouped.column("time_max"), "bytes": grouped.column("size_sum"),
         "min_size": grouped.column("size_min"), "max_size": grouped.column("size_max"),
         "clock_at": pa.array([a for a, _ in at], pa.float64()),
-        "clock": pa.array([c for _, c in at], pa.float64())}
+        "clock": pa.array([c for _, c in at], pa.float64()),
+        "min_seq": grouped.column("seq_min"), "max_seq": grouped.column("seq_max")}
     return pa.table([columns[f.name].cast(f.type) for f in CENSUS_SCHEMA],
                     schema=CENSUS_SCHEMA)
 
@@ -227,6 +238,8 @@ def merge_census(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             m["bytes"] + (r["bytes"] or 0)
         m["min_size"] = _least(m["min_size"], r["min_size"])
         m["max_size"] = _most(m["max_size"], r["max_size"])
+        m["min_seq"] = _least(m["min_seq"], r["min_seq"])
+        m["max_seq"] = _most(m["max_seq"], r["max_seq"])
         if r["clock_at"] is not None and (m["clock_at"] is None or (
                 r["clock_at"], r["clock"]) > (m["clock_at"], m["clock"])):
             m["clock_at"], m["clock"] = r["clock_at"], r["clock"]
@@ -244,47 +257,83 @@ def _most(a: Any, b: Any) -> Any:
 # -- the shuffle's map side ---------------------------------------------------------------
 
 
-def route(table: pa.Table, sids: Mapping[tuple[Any, ...], int],
-          offsets: Mapping[tuple[Any, ...], float], partition: np.ndarray,
-          keys: Sequence[int]) -> list[tuple[int, bytes]]:
-    """The message rows of ``table`` as (key, block): one Arrow IPC block (LZ4) per reduce
-    partition they go to, ``key`` being the shuffle key that sends a block there.
+class Pieces:
+    """Each stream cut into pieces of at most about :data:`PIECE_ROWS` rows by ranges of
+    seq of equal width (a null seq in the stream's first piece); pieces are numbered in
+    stream order, each stream's in seq order."""
 
-    ``sids`` numbers every stream (run, link, dir) of the census; ``partition`` gives each
-    stream's reduce partition; ``offsets`` shifts each (run, pump)'s times onto the
-    machine's monotonic clock."""
+    def __init__(self, rows: Sequence[int], lows: Sequence[int | None],
+                 highs: Sequence[int | None], most: int = PIECE_ROWS) -> None:
+        count, low, width = [], [], []
+        for n, lo, hi in zip(rows, lows, highs, strict=True):
+            span = 1 if lo is None or hi is None else hi - lo + 1
+            c = max(1, min(math.ceil(n / max(most, 1)), span))
+            count.append(c)
+            low.append(0 if lo is None else lo)
+            width.append(math.ceil(span / c))
+        self.count = np.array(count, dtype=np.int64)
+        self.low = np.array(low, dtype=np.int64)
+        self.width = np.array(width, dtype=np.int64)
+        self.base = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
+        #: each piece's stream, and its rows as the census counted them (spread evenly)
+        self.sid = np.repeat(np.arange(len(count)), self.count)
+        self.rows = np.concatenate([[n / c] * c for n, c in zip(rows, count, strict=True)]
+                                   ) if count else np.zeros(0)
+
+    def __len__(self) -> int:
+        return int(self.count.sum())
+
+    def of(self, sid: np.ndarray, seq: np.ndarray, seq_ok: np.ndarray) -> np.ndarray:
+        """The piece of each row."""
+        at = (seq - self.low[sid]) // self.width[sid]
+        at = np.where(seq_ok, np.clip(at, 0, self.count[sid] - 1), 0)
+        piece: np.ndarray = self.base[sid] + at
+        return piece
+
+
+def route(table: pa.Table, sids: Mapping[tuple[Any, ...], int],
+          offsets: Mapping[tuple[Any, ...], float], pieces: Pieces, partition: np.ndarray,
+          keys: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    """The message rows of ``table`` as (key, piece, block): one Arrow IPC block (LZ4) per
+    piece of a stream (:class:`Pieces`), sorted by seq, ``key`` being the shuffle key that
+    sends it to the piece's reduce partition (``partition``, by piece).
+
+    ``sids`` numbers every stream (run, link, dir) of the census; ``offsets`` shifts each
+    (run, pump)'s times onto the machine's monotonic clock."""
     kind = _Strings(table.column("kind"))
     good = ~table.column("bad").to_numpy(zero_copy_only=False)
     rows = np.nonzero(good & kind.has(*MESSAGE_KINDS))[0]
     if not len(rows):
         return []
     run, link, dir_, pump = (_Strings(table.column(n)) for n in ("run", "link", "dir", "pump"))
-    sid = _lookup(rows, (run, link, dir_), lambda words: sids[words]).astype(np.int32)
+    sid = _lookup(rows, (run, link, dir_), lambda words: sids[words]).astype(np.int64)
     at, at_ok = _numbers(table.column("time"), np.float64)
     at = at[rows]
     if offsets:
         at = at + _lookup(rows, (run, pump), lambda words: offsets.get(words, 0.0))
     send = kind.has("send")[rows]
+    seq, seq_ok = _numbers(table.column("seq"), np.int64)
+    seq, seq_ok = seq[rows], seq_ok[rows]
 
     def column(name: str) -> pa.Array:
         values, ok = _numbers(table.column(name), np.int64)
         return pa.array(values[rows], mask=~ok[rows])
 
-    routed = pa.table([pa.array(sid), column("seq"), pa.array(send),
-                       pa.array(at, mask=~at_ok[rows]), column("size"), column("step"),
-                       pa.array(table.column("ord").to_numpy()[rows])], schema=ROUTED)
-    to = partition[sid]
-    order = np.lexsort((routed.column("seq").fill_null(-1).to_numpy(), sid, to))
-    bounds = np.searchsorted(to[order], np.arange(len(keys) + 1))
+    routed = pa.table([pa.array(sid.astype(np.int32)), pa.array(seq, mask=~seq_ok),
+                       pa.array(send), pa.array(at, mask=~at_ok[rows]), column("size"),
+                       column("step"), pa.array(table.column("ord").to_numpy()[rows])],
+                      schema=ROUTED)
+    piece = pieces.of(sid, seq, seq_ok)
+    order = np.lexsort((np.where(seq_ok, seq, -1), piece))
+    bounds = np.flatnonzero(np.diff(piece[order])) + 1
     blocks = []
     options = pa.ipc.IpcWriteOptions(compression="lz4")  # a third of the bytes to shuffle
-    for p in range(len(keys)):
-        if bounds[p] == bounds[p + 1]:
-            continue
+    for run_ in np.split(order, bounds):
+        p = int(piece[run_[0]])
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, ROUTED, options=options) as writer:
-            writer.write_table(routed.take(order[bounds[p]:bounds[p + 1]]))
-        blocks.append((keys[p], sink.getvalue()))
+            writer.write_table(routed.take(run_))
+        blocks.append((keys[int(partition[p])], p, sink.getvalue()))
     return blocks
 
 
@@ -308,17 +357,65 @@ def _lookup(rows: np.ndarray, columns: Sequence[_Strings], value: Any) -> np.nda
 # -- the shuffle's reduce side ------------------------------------------------------------
 
 
-def fold(blocks: Iterable[bytes], *, start: float, width: float, per_second: bool,
-         fine_per_decade: int, buckets_per_decade: int) -> pa.Table:
-    """Every figure of the message rows in ``blocks`` (whole streams): each (stream, seq)
-    folded, FIFO checked in seq order, then counted in its groups (:data:`FOLDED`)."""
-    tables = [pa.ipc.open_stream(b).read_all() for b in blocks]
-    if not tables:
+def fold(blocks: Iterable[tuple[int, bytes]], *, start: float, width: float,
+         per_second: bool, fine_per_decade: int, buckets_per_decade: int) -> pa.Table:
+    """Every figure of the message rows in ``blocks`` ((piece, block) pairs, each piece
+    whole), folded a piece at a time: each (stream, seq) folded, FIFO checked in seq
+    order within the piece, then counted in its groups, and the piece's first and last
+    delivery (:data:`FOLDED`)."""
+    by_piece: dict[int, list[bytes]] = {}
+    for piece, block in blocks:
+        by_piece.setdefault(piece, []).append(block)
+    out = []
+    for piece in sorted(by_piece):
+        tables = [pa.ipc.open_stream(b).read_all() for b in by_piece.pop(piece)]
+        s = _per_seq(pa.concat_tables(tables).combine_chunks())
+        out.append(_parts(s, start=start, width=width, per_second=per_second,
+                          fine_per_decade=fine_per_decade,
+                          buckets_per_decade=buckets_per_decade))
+        out.append(_ends(s, piece))
+    return pa.concat_tables(out) if out else FOLDED.empty_table()
+
+
+def _ends(s: dict[str, Any], piece: int) -> pa.Table:
+    """The piece's first and last delivered seq (in seq order), with their place."""
+    placed = np.flatnonzero(s["placed"])
+    if not len(placed):
         return FOLDED.empty_table()
-    rows = pa.concat_tables(tables).combine_chunks()
-    s = _per_seq(rows)
-    return _parts(s, start=start, width=width, per_second=per_second,
-                  fine_per_decade=fine_per_decade, buckets_per_decade=buckets_per_decade)
+    ends = np.array([placed[0], placed[-1]])
+    columns: dict[str, Any] = {
+        "sid": pa.array(s["sid"][ends]), "part": pa.array([FIRST, LAST], pa.int32()),
+        "k1": pa.array([piece, piece], pa.int64()),
+        "k2": pa.array(s["seq"][ends], mask=~s["seq_ok"][ends]),
+        "step": pa.array(s["step"][ends]), "ord": pa.array(s["ord"][ends])}
+    return _folded(columns, 2)
+
+
+def _folded(columns: Mapping[str, Any], n: int) -> pa.Table:
+    """A table of :data:`FOLDED`, the columns not given null."""
+    return pa.table([columns[f.name].cast(f.type) if f.name in columns
+                     else pa.nulls(n, f.type) for f in FOLDED], schema=FOLDED)
+
+
+def across_pieces(ends: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, int | None]]:
+    """FIFO across the pieces of each stream, from their :func:`_ends` rows: each
+    piece's first delivery against the last delivery of the pieces before it.  Returns
+    (sid, late seq, seq) for each pair out of pump order (step, then place), as the
+    fold names a violation inside a piece."""
+    first: dict[tuple[int, int], Mapping[str, Any]] = {}
+    last: dict[tuple[int, int], Mapping[str, Any]] = {}
+    for r in ends:
+        (first if r["part"] == FIRST else last)[(r["sid"], r["k1"])] = r
+    found = []
+    before: dict[int, Mapping[str, Any]] = {}
+    for sid, piece in sorted(set(first) | set(last)):
+        f, b = first.get((sid, piece)), before.get(sid)
+        if f is not None and b is not None and b["k2"] is not None and (
+                (b["step"], b["ord"]) > (f["step"], f["ord"])):
+            found.append((sid, b["k2"], f["k2"]))
+        if (sid, piece) in last:
+            before[sid] = last[(sid, piece)]
+    return found
 
 
 _BIG = np.iinfo(np.int64).max
@@ -378,6 +475,7 @@ def _per_seq(rows: pa.Table) -> dict[str, Any]:
     late = same & placed & ((step_min[b] > step_min)
                             | ((step_min[b] == step_min) & (ord_min[b] > ord_min)))
     out["late"], out["late_ok"] = out["seq"][b], late & out["seq_ok"][b]
+    out["placed"], out["step"], out["ord"] = placed, step_min, ord_min
     out["latency_ok"] = out["sent_at_ok"] & out["delivered_at_ok"]
     out["latency"] = np.where(out["latency_ok"], out["delivered_at"] - out["sent_at"], 0.0)
     return out
@@ -455,7 +553,7 @@ def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
                    "row": pa.nulls(g.num_rows, LISTED_ROW)}
         for name, (column, how) in zip(names, aggregates, strict=True):
             columns[name] = g.column(f"{column}_{how}")
-        out.append(pa.table([columns[f.name].cast(f.type) for f in FOLDED], schema=FOLDED))
+        out.append(_folded(columns, g.num_rows))
 
     grouped(BIN, nullable(np.floor(since / width).astype(np.int64), journey), None)
     if per_second:
@@ -491,7 +589,7 @@ def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
             "last": values["delivered_at"].take(chosen),
             "undelivered": values["undelivered"].take(chosen),
             **{name: values[name].take(chosen) for name in VIOLATIONS}}
-        out.append(pa.table([columns[f.name].cast(f.type) for f in FOLDED], schema=FOLDED))
+        out.append(_folded(columns, len(chosen)))
     return pa.concat_tables(out) if out else FOLDED.empty_table()
 
 

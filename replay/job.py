@@ -413,7 +413,8 @@ def _import_writers() -> None:
 _CENSUS = ("bad boolean, v int, run string, pump string, kind string, broker string, "
            "link string, dir string, peer string, port bigint, connect_time double, "
            "reason string, outcome string, n bigint, t0 double, t1 double, bytes bigint, "
-           "min_size bigint, max_size bigint, clock_at double, clock double")
+           "min_size bigint, max_size bigint, clock_at double, clock double, "
+           "min_seq bigint, max_seq bigint")
 
 
 def _census_rows(source: _Source) -> list[dict[str, Any]]:
@@ -473,6 +474,9 @@ QUANTILES = (0.5, 0.9, 0.99)
 # the parts of the fold's result (_measure)
 _BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = (_fold.BIN, _fold.SECOND, _fold.LATENCY,
                                                  _fold.HISTOGRAM, _fold.LISTED)
+_FIRST, _LAST = _fold.FIRST, _fold.LAST
+#: The most rows of a stream folded at once (see :data:`replay.fold.PIECE_ROWS`).
+PIECE_ROWS = _fold.PIECE_ROWS
 _LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint, size:bigint, "
                "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, "
                "sent_at:double>")
@@ -480,7 +484,7 @@ _FOLDED = ", ".join([
     "sid bigint", "part int", "k1 bigint", "k2 bigint", f"row {_LISTED_ROW}",
     *[f"`{name}` bigint" for name in ("journeys", "messages", "bytes", "delivered_bytes")],
     *[f"`{name}` double" for name in ("max", "first", "last")], "undelivered bigint",
-    *[f"`{name}` bigint" for name in _fold.VIOLATIONS]])
+    *[f"`{name}` bigint" for name in _fold.VIOLATIONS], "step bigint", "ord bigint"])
 
 
 def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
@@ -502,39 +506,48 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
     from pyspark.sql import functions as F
 
     width = _bin_width(census.duration)
+    pieces = _fold.Pieces(census.loads, census.lows, census.highs, PIECE_ROWS)
     partitions = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions")),
-                            len(census.sids)))
+                            len(pieces)))
     keys = _fold.partition_keys(partitions)
-    to = _fold.assign(census.loads, partitions)
+    to = _fold.assign(pieces.rows.tolist(), partitions)
     sids, offsets, route, fold = census.sid_of, census.offsets, _fold.route, _fold.fold
     start = census.start
 
     def routed(table: Any) -> Any:
         import pyarrow as pa
 
-        blocks = route(table, sids, offsets, to, keys)
+        blocks = route(table, sids, offsets, pieces, to, keys)
         if blocks:
-            yield pa.record_batch([pa.array([k for k, _ in blocks], pa.int32()),
-                                   pa.array([b for _, b in blocks], pa.binary())],
-                                  names=["key", "block"])
+            yield pa.record_batch([pa.array([k for k, _, _ in blocks], pa.int32()),
+                                   pa.array([p for _, p, _ in blocks], pa.int32()),
+                                   pa.array([b for _, _, b in blocks], pa.binary())],
+                                  names=["key", "piece", "block"])
 
     def folded(batches: Any) -> Any:
-        blocks = (block for batch in batches for block in batch.column(1).to_pylist())
+        blocks = (pair for batch in batches for pair in zip(
+            batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True))
         yield from fold(blocks, start=start, width=width, per_second=width > 1.0,
                         fine_per_decade=FINE_PER_DECADE,
                         buckets_per_decade=BUCKETS_PER_DECADE).to_batches()
 
     jobs.stage("every figure of every link and direction (one aggregation)")
-    table = (source.map(routed, "key int, block binary", _fold.ROUTE_COLUMNS)
+    table = (source.map(routed, "key int, piece int, block binary", _fold.ROUTE_COLUMNS)
              .repartition(partitions, "key")
              .mapInArrow(folded, _FOLDED).localCheckpoint())
     found: dict[str, Any] = {"bin_width": width}
     small = table.where(F.col("part") != _LISTED).drop("row").collect()
-    by_part: dict[int, list[Any]] = {p: [] for p in (_BIN, _SECOND, _LATENCY, _HISTOGRAM)}
+    by_part: dict[int, list[Any]] = {p: [] for p in (_BIN, _SECOND, _LATENCY, _HISTOGRAM,
+                                                     _FIRST, _LAST)}
     for r in small:
         by_part[r["part"]].append(r)
     quantiles = _quantiles(by_part[_LATENCY], census)
     found["streams"] = _stream_rows(by_part[_BIN], quantiles, census)
+    # FIFO across the pieces of long streams: one violation for each pair out of order
+    across = [(*census.sids[sid], late, "out of order", f"delivered after seq {seq}")
+              for sid, late, seq in _fold.across_pieces(by_part[_FIRST] + by_part[_LAST])]
+    for r in found["streams"]:
+        r["out of order"] += sum(1 for a in across if a[:3] == (r["run"], r["link"], r["dir"]))
     found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
 
     def binned(rows: list[Any]) -> list[dict[str, Any]]:
@@ -557,9 +570,13 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
         *_STREAM, "row.*")
     if violation_count:
         jobs.stage("listing the violations")
+        listing = _violations(flagged_rows)
+        if across:
+            listing = listing.unionByName(spark.createDataFrame(
+                across, "run string, link string, dir string, seq bigint, "
+                        "violation string, detail string"))
         found["violations"], found["violations_frame"] = _listed(
-            _violations(flagged_rows).orderBy(*_KEY, "violation"), violation_count, out,
-            "violations")
+            listing.orderBy(*_KEY, "violation"), violation_count, out, "violations")
     if undelivered_count:
         jobs.stage("listing undelivered messages and their causes")
         ends = spark.createDataFrame(census.stream_ends(), _STREAM_ENDS)
@@ -585,17 +602,29 @@ def _quantiles(latency: list[Any], census: _Census
     overall: dict[int, list[Any]] = {}
     for r in latency:
         stream = census.stream_of(r)
-        per.setdefault(stream, []).append((r["k1"], r["journeys"], r["max"]))
+        per.setdefault(stream, []).append((r["k1"], r["journeys"], r["max"]))  # merged below
         if stream[:2] not in census.service_links:
             cell = overall.setdefault(r["k1"], [0, r["max"]])
             cell[0] += r["journeys"]
             cell[1] = max(cell[1], r["max"])
     found: dict[tuple[str, str, str] | None, list[float]] = {
-        stream: _fold.quantile_of(buckets, QUANTILES) for stream, buckets in per.items()}
+        stream: _fold.quantile_of(_merged(buckets), QUANTILES)
+        for stream, buckets in per.items()}
     if overall:
         found[None] = _fold.quantile_of([(k, n, m) for k, (n, m) in overall.items()],
                                         QUANTILES)
     return found
+
+
+def _merged(buckets: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """Latency buckets of one stream, those of the same bucket from several pieces as one:
+    counts added, the largest latency kept."""
+    cells: dict[int, list[Any]] = {}
+    for k, n, m in buckets:
+        cell = cells.setdefault(k, [0, m])
+        cell[0] += n
+        cell[1] = max(cell[1], m)
+    return [(k, n, m) for k, (n, m) in cells.items()]
 
 
 def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]], census: _Census
@@ -708,6 +737,15 @@ class _Census:
         self.sids: dict[int, tuple[str, str, str]] = dict(enumerate(ordered))
         self.sid_of = {stream: sid for sid, stream in self.sids.items()}
         self.loads = [loads[stream] for stream in ordered]
+        seqs: dict[tuple[str, str, str], list[Any]] = {}
+        for r in good:
+            if r["kind"] in MESSAGE_KINDS:
+                cell = seqs.setdefault((r["run"], r["link"], r["dir"]), [None, None])
+                cell[0] = _fold._least(cell[0], r["min_seq"])
+                cell[1] = _fold._most(cell[1], r["max_seq"])
+        #: each stream's least and greatest seq, for its pieces
+        self.lows = [seqs[stream][0] for stream in ordered]
+        self.highs = [seqs[stream][1] for stream in ordered]
         self.links: dict[tuple[str, str], dict[str, Any]] = {}
         for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
             if r["link"] is None:
