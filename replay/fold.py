@@ -232,25 +232,27 @@ def merge_census(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             merged[key] = dict(r)
             continue
         m["n"] += r["n"]
-        m["t0"] = _least(m["t0"], r["t0"])
-        m["t1"] = _most(m["t1"], r["t1"])
+        m["t0"] = smaller(m["t0"], r["t0"])
+        m["t1"] = larger(m["t1"], r["t1"])
         m["bytes"] = r["bytes"] if m["bytes"] is None else \
             m["bytes"] + (r["bytes"] or 0)
-        m["min_size"] = _least(m["min_size"], r["min_size"])
-        m["max_size"] = _most(m["max_size"], r["max_size"])
-        m["min_seq"] = _least(m["min_seq"], r["min_seq"])
-        m["max_seq"] = _most(m["max_seq"], r["max_seq"])
+        m["min_size"] = smaller(m["min_size"], r["min_size"])
+        m["max_size"] = larger(m["max_size"], r["max_size"])
+        m["min_seq"] = smaller(m["min_seq"], r["min_seq"])
+        m["max_seq"] = larger(m["max_seq"], r["max_seq"])
         if r["clock_at"] is not None and (m["clock_at"] is None or (
                 r["clock_at"], r["clock"]) > (m["clock_at"], m["clock"])):
             m["clock_at"], m["clock"] = r["clock_at"], r["clock"]
     return list(merged.values())
 
 
-def _least(a: Any, b: Any) -> Any:
+def smaller(a: Any, b: Any) -> Any:
+    """The smaller of two values, a None being no value."""
     return b if a is None else a if b is None else min(a, b)
 
 
-def _most(a: Any, b: Any) -> Any:
+def larger(a: Any, b: Any) -> Any:
+    """The larger of two values, a None being no value."""
     return b if a is None else a if b is None else max(a, b)
 
 

@@ -741,8 +741,8 @@ class _Census:
         for r in good:
             if r["kind"] in MESSAGE_KINDS:
                 cell = seqs.setdefault((r["run"], r["link"], r["dir"]), [None, None])
-                cell[0] = _fold._least(cell[0], r["min_seq"])
-                cell[1] = _fold._most(cell[1], r["max_seq"])
+                cell[0] = _fold.smaller(cell[0], r["min_seq"])
+                cell[1] = _fold.larger(cell[1], r["max_seq"])
         #: each stream's least and greatest seq, for its pieces
         self.lows = [seqs[stream][0] for stream in ordered]
         self.highs = [seqs[stream][1] for stream in ordered]

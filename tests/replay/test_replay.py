@@ -269,12 +269,17 @@ def test_results_do_not_depend_on_the_order_of_rows(
     shuffled = [r for step in order for r in steps[step]]
     first = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "a"))
     second = _analyze_rows(spark, shuffled, tmp_path / "shuffled", out=str(tmp_path / "b"))
+    assert_same_results(first, second, tmp_path / "a", tmp_path / "b")
+
+
+def assert_same_results(first: dict[str, Any], second: dict[str, Any], a: pathlib.Path,
+                        b: pathlib.Path) -> None:
+    """Two analyses gave the same summary (but where and how) and the same tables."""
     same = ("traces", "out", "spark_jobs")
     assert {k: v for k, v in first.items() if k not in same} == \
         {k: v for k, v in second.items() if k not in same}
     for table in ("links", "latency", "throughput", "sizes", "latency_histogram"):
-        assert pq.read_table(tmp_path / "a" / table).equals(
-            pq.read_table(tmp_path / "b" / table)), table
+        assert pq.read_table(a / table).equals(pq.read_table(b / table)), table
 
 
 @pytest.mark.parametrize("piece_rows", [3, 5, 7])  # pieces of 1, 2 and 3 seqs
@@ -317,12 +322,7 @@ def test_long_streams_folded_in_pieces_give_the_same_results(
     whole = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "whole"))
     monkeypatch.setattr(job, "PIECE_ROWS", 333)
     cut = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "cut"))
-    same = ("traces", "out", "spark_jobs")
-    assert {k: v for k, v in whole.items() if k not in same} == \
-        {k: v for k, v in cut.items() if k not in same}
-    for table in ("links", "latency", "throughput", "sizes", "latency_histogram"):
-        assert pq.read_table(tmp_path / "whole" / table).equals(
-            pq.read_table(tmp_path / "cut" / table)), table
+    assert_same_results(whole, cut, tmp_path / "whole", tmp_path / "cut")
 
 
 def test_a_corrupt_line_is_reported_and_the_rest_analysed(
