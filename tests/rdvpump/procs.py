@@ -29,13 +29,17 @@ def read_until(proc: subprocess.Popen[bytes], stream: IO[bytes] | None, marker: 
 
 
 def processes() -> dict[int, list[bytes]]:
-    """Every process of this machine that can be read, with its argv."""
+    """Every live process of this machine that can be read, with its argv.  Zombies
+    (dead, not yet reaped) are left out: they run nothing, and an orphan's lingers where
+    init does not reap (this VM's PID 1 does not)."""
     found = {}
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
                 found[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+            except (OSError, IndexError):
                 continue
     return found
 
