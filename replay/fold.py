@@ -425,7 +425,13 @@ _BIG = np.iinfo(np.int64).max
 
 def _per_seq(rows: pa.Table) -> dict[str, Any]:
     """One row per (sid, seq), in (sid, seq) order, nulls first (numpy arrays, with
-    ``*_ok`` validity where a value may be null)."""
+    ``*_ok`` validity where a value may be null).
+
+    FIFO holds on a stream when its deliveries, taken in seq order, come in pump order
+    (step, then place in the file): each delivered seq is compared with the delivered
+    seq before it, and a pair out of pump order is one violation, named by the lower seq
+    (``late``: delivered after the higher one).  A seq delivered more than once (itself
+    a violation) is placed at the least step and the least place of its deliveries."""
     sid = rows.column("sid").to_numpy().astype(np.int64)
     seq, seq_ok = _numbers(rows.column("seq"), np.int64)
     send = rows.column("send").to_numpy(zero_copy_only=False)

@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,9 +161,10 @@ def _lacking(missing: list[str], found: list[Any]) -> str:
 class _Source:
     """The traces as Arrow tables inside Spark tasks (:meth:`map`).
 
-    A Parquet trace is read by pyarrow in the tasks, a row group to a task: its strings
-    stay dictionary codes (Spark's reader would make a Java string of each).  JSON Lines
-    go through Spark's reader, which keeps a corrupt line as a bad row.
+    A Parquet trace is read by pyarrow in the tasks, its row groups packed into one task
+    per core (:func:`_pack`): its strings stay dictionary codes (Spark's reader would make
+    a Java string of each).  JSON Lines go through Spark's reader, which keeps a corrupt
+    line as a bad row.
     """
 
     def __init__(self, spark: Any, traces: str) -> None:
@@ -188,16 +190,16 @@ class _Source:
                 raise TraceError(_lacking(missing, found))
             offset = 0
             for group in range(meta.num_row_groups):
-                self.units.append((path, group, index, offset))
-                offset += meta.row_group(group).num_rows
                 rows = meta.row_group(group)
+                self.units.append((path, group, index, offset))
+                offset += rows.num_rows
                 sizes.append(sum(rows.column(c).total_compressed_size
                                  for c in range(rows.num_columns)))
         #: The row groups each task reads, packed as Spark packs a file scan's splits.
         self.tasks = _pack(sizes, spark)
         self.events = _jsonl_events(spark, self.jsonl) if self.jsonl else None
 
-    def map(self, work: Callable[[Any], Any], schema: str, columns: Sequence[str]) -> Any:
+    def map(self, work: Callable[[Any], Any], schema: Any, columns: Sequence[str]) -> Any:
         """A DataFrame of ``work(table)`` (record batches of ``schema``) over every table
         of trace rows: ``columns`` of the trace (Parquet is read for these only), with
         ``bad`` and ``ord``."""
@@ -318,10 +320,10 @@ def _locate_lines(spark: Any, jsonl: list[str]) -> list[dict[str, Any]]:
 # -- analysis -----------------------------------------------------------------------------
 
 #: The kinds that tell a link's life; they carry the link id.
-LIFE_KINDS = ("connect", "accept", "disconnect", "close", "fail", "protocol_error")
+LIFE_KINDS = _fold.LIFE_KINDS
 #: The kinds that end a link.
 END_KINDS = ("disconnect", "close", "fail", "protocol_error")
-MESSAGE_KINDS = ("send", "deliver")
+MESSAGE_KINDS = _fold.MESSAGE_KINDS
 #: Violations and undelivered messages up to this many are collected and written by the
 #: driver; beyond it Spark writes them (and summary.json lists the first SUMMARY_LIMIT).
 COLLECT_LIMIT = 100_000
@@ -365,10 +367,11 @@ def analyze(spark: Any, traces: str, out: str | None = None, *,
     1. a census of the events (counts and times per pump, kind, stream and link event;
        small), added up by the driver;
     2. one shuffle keyed by stream (run, link, dir): the map side cuts each task's
-       message rows into a block per reduce partition, the reduce side folds whole
-       streams into one row per sequence number, checks FIFO in seq order, and counts
-       every message in its groups (per-link figures, time bins, latency buckets,
-       histograms, and the messages to list: :func:`_measure`).
+       message rows into a block per piece of a stream (the whole stream, or a range of
+       seqs of a long one), the reduce side folds each piece into one row per sequence
+       number, checks FIFO in seq order, and counts every message in its groups
+       (per-link figures, time bins, latency buckets, histograms, and the messages to
+       list: :func:`_measure`); the driver checks FIFO where pieces meet.
 
     Only that result is kept (a local checkpoint: rows in the executors' block stores,
     memory then disk; small unless the trace breaks many invariants).  A local
@@ -410,13 +413,6 @@ def _import_writers() -> None:
     import pyarrow.parquet  # noqa: F401
 
 
-_CENSUS = ("bad boolean, v int, run string, pump string, kind string, broker string, "
-           "link string, dir string, peer string, port bigint, connect_time double, "
-           "reason string, outcome string, n bigint, t0 double, t1 double, bytes bigint, "
-           "min_size bigint, max_size bigint, clock_at double, clock double, "
-           "min_seq bigint, max_seq bigint")
-
-
 def _census_rows(source: _Source) -> list[dict[str, Any]]:
     """The census (:func:`replay.fold.census`) of every table, added up."""
     census = _fold.census
@@ -425,7 +421,14 @@ def _census_rows(source: _Source) -> list[dict[str, Any]]:
         return census(table).to_batches()
 
     return _fold.merge_census(r.asDict() for r in source.map(
-        partial, _CENSUS, _fold.CENSUS_COLUMNS).collect())
+        partial, _spark_schema(_fold.CENSUS_SCHEMA), _fold.CENSUS_COLUMNS).collect())
+
+
+def _spark_schema(arrow: Any) -> Any:
+    """The Spark schema of an Arrow schema of :mod:`replay.fold` (written there once)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow)
 
 
 def _violations(per_seq: Any) -> Any:
@@ -477,23 +480,16 @@ _BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = (_fold.BIN, _fold.SECOND, _fold.L
 _FIRST, _LAST = _fold.FIRST, _fold.LAST
 #: The most rows of a stream folded at once (see :data:`replay.fold.PIECE_ROWS`).
 PIECE_ROWS = _fold.PIECE_ROWS
-_LISTED_ROW = ("struct<seq:bigint, sends:bigint, deliveries:bigint, late:bigint, size:bigint, "
-               "size_max:bigint, delivered_size:bigint, delivered_size_max:bigint, "
-               "sent_at:double>")
-_FOLDED = ", ".join([
-    "sid bigint", "part int", "k1 bigint", "k2 bigint", f"row {_LISTED_ROW}",
-    *[f"`{name}` bigint" for name in ("journeys", "messages", "bytes", "delivered_bytes")],
-    *[f"`{name}` double" for name in ("max", "first", "last")], "undelivered bigint",
-    *[f"`{name}` bigint" for name in _fold.VIOLATIONS], "step bigint", "ord bigint"])
-
 
 def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
              out: str | None) -> dict[str, Any]:
     """Every figure that needs the messages, from the job's one shuffle by stream.
 
-    Each stream goes to one reduce partition (the largest streams first, each to the
-    partition with the fewest messages so far), so that a task folds whole streams
-    (:func:`replay.fold.fold`).  Each message counts in a few groups at once, told apart
+    Each piece of a stream (:class:`replay.fold.Pieces`: the whole stream, or a range of
+    seqs of one over :data:`PIECE_ROWS` rows) goes to one reduce partition (the largest
+    first, each to the partition with the fewest rows so far), where it is folded whole
+    (:func:`replay.fold.fold`); FIFO where two pieces meet is checked here
+    (:func:`replay.fold.across_pieces`).  Each message counts in a few groups at once, told apart
     by ``part``: its stream and time bin (the per-link figures and the plots), its
     stream and second (when bins are wider than a second), its stream and fine latency
     bucket (the percentiles), its latency and size bucket (the histograms), and, for a
@@ -534,7 +530,7 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
     jobs.stage("every figure of every link and direction (one aggregation)")
     table = (source.map(routed, "key int, piece int, block binary", _fold.ROUTE_COLUMNS)
              .repartition(partitions, "key")
-             .mapInArrow(folded, _FOLDED).localCheckpoint())
+             .mapInArrow(folded, _spark_schema(_fold.FOLDED)).localCheckpoint())
     found: dict[str, Any] = {"bin_width": width}
     small = table.where(F.col("part") != _LISTED).drop("row").collect()
     by_part: dict[int, list[Any]] = {p: [] for p in (_BIN, _SECOND, _LATENCY, _HISTOGRAM,
@@ -546,8 +542,9 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
     # FIFO across the pieces of long streams: one violation for each pair out of order
     across = [(*census.sids[sid], late, "out of order", f"delivered after seq {seq}")
               for sid, late, seq in _fold.across_pieces(by_part[_FIRST] + by_part[_LAST])]
+    late = Counter(a[:3] for a in across)
     for r in found["streams"]:
-        r["out of order"] += sum(1 for a in across if a[:3] == (r["run"], r["link"], r["dir"]))
+        r["out of order"] += late[(r["run"], r["link"], r["dir"])]
     found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
 
     def binned(rows: list[Any]) -> list[dict[str, Any]]:
@@ -598,33 +595,17 @@ def _quantiles(latency: list[Any], census: _Census
     name service's, from the fine latency buckets: the largest latency of the bucket
     where each percentile's rank falls (ranks counted from 1, the rank of q being
     ceil(q n))."""
-    per: dict[tuple[str, str, str], list[tuple[int, int, float]]] = {}
-    overall: dict[int, list[Any]] = {}
+    # per stream, and over the run: each bucket's count and largest latency (a stream's
+    # bucket comes in a row from each of its pieces)
+    cells: dict[tuple[str, str, str] | None, dict[int, list[Any]]] = {}
     for r in latency:
         stream = census.stream_of(r)
-        per.setdefault(stream, []).append((r["k1"], r["journeys"], r["max"]))  # merged below
-        if stream[:2] not in census.service_links:
-            cell = overall.setdefault(r["k1"], [0, r["max"]])
+        for key in (stream, None) if stream[:2] not in census.service_links else (stream,):
+            cell = cells.setdefault(key, {}).setdefault(r["k1"], [0, r["max"]])
             cell[0] += r["journeys"]
             cell[1] = max(cell[1], r["max"])
-    found: dict[tuple[str, str, str] | None, list[float]] = {
-        stream: _fold.quantile_of(_merged(buckets), QUANTILES)
-        for stream, buckets in per.items()}
-    if overall:
-        found[None] = _fold.quantile_of([(k, n, m) for k, (n, m) in overall.items()],
-                                        QUANTILES)
-    return found
-
-
-def _merged(buckets: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
-    """Latency buckets of one stream, those of the same bucket from several pieces as one:
-    counts added, the largest latency kept."""
-    cells: dict[int, list[Any]] = {}
-    for k, n, m in buckets:
-        cell = cells.setdefault(k, [0, m])
-        cell[0] += n
-        cell[1] = max(cell[1], m)
-    return [(k, n, m) for k, (n, m) in cells.items()]
+    return {key: _fold.quantile_of([(k, n, m) for k, (n, m) in buckets.items()], QUANTILES)
+            for key, buckets in cells.items()}
 
 
 def _stream_rows(bins: list[Any], quantiles: dict[Any, list[float]], census: _Census
@@ -727,25 +708,19 @@ class _Census:
                 into[reason] = into.get(reason, 0) + r["n"]
         self.streams: dict[tuple[str, str, str], dict[str, Any]] = {}
         #: Each stream (run, link, dir) of the messages by its number (``sid``), and its
-        #: messages (rows), for the fold's partitions.
-        loads: dict[tuple[str, str, str], int] = {}
+        #: messages (rows) and least and greatest seq, for the fold's pieces.
+        seen: dict[tuple[str, str, str], list[Any]] = {}
         for r in good:
             if r["kind"] in MESSAGE_KINDS:
-                stream = (r["run"], r["link"], r["dir"])
-                loads[stream] = loads.get(stream, 0) + r["n"]
-        ordered = sorted(loads, key=lambda s: tuple((x is not None, x or "") for x in s))
+                cell = seen.setdefault((r["run"], r["link"], r["dir"]), [0, None, None])
+                cell[0] += r["n"]
+                cell[1] = _fold.smaller(cell[1], r["min_seq"])
+                cell[2] = _fold.larger(cell[2], r["max_seq"])
+        ordered = sorted(seen, key=lambda s: tuple((x is not None, x or "") for x in s))
         self.sids: dict[int, tuple[str, str, str]] = dict(enumerate(ordered))
         self.sid_of = {stream: sid for sid, stream in self.sids.items()}
-        self.loads = [loads[stream] for stream in ordered]
-        seqs: dict[tuple[str, str, str], list[Any]] = {}
-        for r in good:
-            if r["kind"] in MESSAGE_KINDS:
-                cell = seqs.setdefault((r["run"], r["link"], r["dir"]), [None, None])
-                cell[0] = _fold.smaller(cell[0], r["min_seq"])
-                cell[1] = _fold.larger(cell[1], r["max_seq"])
-        #: each stream's least and greatest seq, for its pieces
-        self.lows = [seqs[stream][0] for stream in ordered]
-        self.highs = [seqs[stream][1] for stream in ordered]
+        self.loads, self.lows, self.highs = ([seen[stream][i] for stream in ordered]
+                                             for i in range(3))
         self.links: dict[tuple[str, str], dict[str, Any]] = {}
         for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
             if r["link"] is None:
@@ -777,10 +752,6 @@ class _Census:
             [(sid, *stream) for sid, stream in sorted(self.sids.items())],
             "sid long, run string, link string, dir string")
         return frame.join(F.broadcast(names), "sid").drop("sid")
-
-    def service_ids(self) -> set[int]:
-        return {sid for sid, (run, link, _) in self.sids.items()
-                if (run, link) in self.service_links}
 
     def offset(self, row: Any) -> float:
         return self.offsets.get((row["run"], row["pump"]), 0.0)

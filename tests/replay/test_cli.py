@@ -58,6 +58,31 @@ def test_a_file_that_is_not_a_trace_is_named_so(tmp_path: pathlib.Path) -> None:
                            "trace row")
 
 
+@pytest.mark.spark
+def test_a_parquet_file_that_is_no_trace_is_one_clear_line(tmp_path: pathlib.Path) -> None:
+    """pyarrow reads the Parquet traces: a file it cannot read, and a Parquet file
+    without the trace's columns (an older schema), are each one line, exit 1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.p.parquet").write_bytes(b"PAR1 this is not Parquet")
+    old = tmp_path / "old"
+    old.mkdir()
+    pq.write_table(pa.table({"v": pa.array([2], pa.int32()), "step": [0], "time": [0.0],
+                             "kind": ["clock"]}), old / "o.p.parquet")
+    line = ""
+    for traces, start in ((broken, f"error: cannot read the Parquet trace {broken}/a.p.parquet"),
+                          (old, "error: Parquet traces lack the columns run, pump, ")):
+        proc = rdvpump("trace", "analyze", str(traces), "--out", str(tmp_path / "out"))
+        assert proc.returncode == 1, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(start), line
+        assert "Traceback" not in proc.stderr
+    assert "found 2; traces of an older schema are not read" in line
+
+
 def test_without_java_analyze_says_so_before_starting(tmp_path: pathlib.Path) -> None:
     (tmp_path / "t.p.jsonl").write_text("{}\n")
     bare = {**os.environ, "PATH": str(pathlib.Path(sys.executable).parent)}
