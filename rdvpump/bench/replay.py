@@ -14,12 +14,19 @@ by (run, link, dir, seq) and the first send and delivery times (:func:`latency_f
 A job in Spark SQL that pairs sends with deliveries does at least this.  The job itself
 no longer runs in Spark SQL (its tasks work on Arrow tables in Python workers), so it
 can be faster than this floor; the ratio says by how much it is slower or faster.
+
+Cores: ``local[N]`` gives Spark N task slots, not N cores.  Unpinned, a ``local[1]`` run
+also uses the machine's other cores: its JIT compiler and GC threads, and the JVM threads
+that feed the Python worker while it works.  ``pin`` runs each ``local[N]`` on N CPUs
+only (its process, JVM and Python workers), so that ``local[1]`` against ``local[2]``
+measures scaling with cores.  Each result says how many CPUs its JVM saw (``cpus``).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import select
 import signal
 import tempfile
@@ -47,6 +54,7 @@ class ReplayResult:
     baseline_violations: int
     ratio: float
     trace_mb: float
+    cpus: int  # the CPUs the Spark run's JVM saw (fewer than the machine's when pinned)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -254,12 +262,14 @@ def latency_floor(spark: Any, traces: str) -> int:
 
 
 def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
-                          out: str | None = None, *, warm: bool = False) -> tuple[Any, float]:
+                          out: str | None = None, *, warm: bool = False,
+                          cpus: set[int] | None = None) -> tuple[Any, float, int]:
     """``work`` ("job": :func:`replay.analyze` into ``out``; "floor":
     :func:`latency_floor`) on ``traces``, in a new process with a new JVM (started
     first, not timed): its result and its seconds.  ``warm``: the same work once
     before, not timed, so that the timed run finds Spark's classes loaded and its code
-    compiled by the JIT.
+    compiled by the JIT.  ``cpus``: the process (its JVM and Python workers with it) runs
+    on these CPUs only.  Also returns the CPUs the JVM saw.
 
     A process of its own, because pyspark keeps its JVM for the life of the Python
     process: a second SparkSession there runs in the first one's JVM, its classes
@@ -271,7 +281,7 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_in_this_process,
-                            args=(send, master, jvm, work, traces, out, warm))
+                            args=(send, master, jvm, work, traces, out, warm, cpus))
     child.start()
     send.close()
     try:
@@ -291,7 +301,7 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
     if failed:
         raise RuntimeError(outcome or f"the Spark run ({work}, {master}) ended without a "
                                       f"result (exit code {child.exitcode})")
-    result: tuple[Any, float] = outcome
+    result: tuple[Any, float, int] = outcome
     return result
 
 
@@ -325,14 +335,17 @@ def _wait_gone(pids: list[int], *, timeout: float) -> None:
 
 
 def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
-                     out: str | None, warm: bool) -> None:
-    """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds))
-    or (True, why it failed)."""
+                     out: str | None, warm: bool, cpus: set[int] | None) -> None:
+    """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds,
+    the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from replay import analyze, session
 
     try:
+        if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
+            os.sched_setaffinity(0, cpus)
         spark = session(master, jvm=jvm, driver_memory="6g")
+        seen = int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().availableProcessors())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
         try:
             for _ in range(2 if warm else 1):  # the last pass is the one timed
@@ -345,18 +358,33 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
         send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"))
     else:
-        send.send((False, (result, seconds)))
+        send.send((False, (result, seconds, seen)))
     finally:
         send.close()
 
 
+def pinned_cpus(master: str) -> set[int]:
+    """The CPUs a pinned run on ``master`` (``local[N]``) gets: the first N this process
+    may use.  A ValueError for another master, or for more CPUs than there are."""
+    match = re.fullmatch(r"local\[(\d+)\]", master)
+    if match is None:
+        raise ValueError(f"pinning needs local[N] masters, got {master!r}")
+    n, mine = int(match.group(1)), sorted(os.sched_getaffinity(0))
+    if not 1 <= n <= len(mine):
+        raise ValueError(f"cannot pin {master} to {n} CPUs: this process may use "
+                         f"{len(mine)}")
+    return set(mine[:n])
+
+
 def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "local[2]"),
-        jvm: str = "production", floor: bool = True, warm: bool = False,
+        jvm: str = "production", floor: bool = True, warm: bool = False, pin: bool = False,
         progress: Callable[[str], None] | None = None) -> Iterator[ReplayResult]:
     """One trace, the Python baseline once, then the Spark job on each master in turn,
     each followed by the floor on that master (``floor``), each in a fresh process and
-    JVM; ``warm``: each timed on its second run in its JVM (cases named ``-warm``)."""
-    tag = "-warm" if warm else ""
+    JVM; ``warm``: each timed on its second run in its JVM (cases named ``-warm``);
+    ``pin``: each ``local[N]`` on N CPUs (:func:`pinned_cpus`; cases named ``-pinned``)."""
+    tag = ("-warm" if warm else "") + ("-pinned" if pin else "")
+    cpus = {master: pinned_cpus(master) if pin else None for master in masters}
 
     with tempfile.TemporaryDirectory(prefix="rdvpump-replay-bench-") as tmp:
         traces = Path(tmp) / "traces"
@@ -372,8 +400,9 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
         for master in masters:
             if progress:
                 progress(f"Spark {master} over {rows:,} events ...")
-            summary, seconds = _timed_in_a_fresh_jvm(master, jvm, "job", str(traces),
-                                                     str(Path(tmp) / "out"), warm=warm)
+            summary, seconds, seen = _timed_in_a_fresh_jvm(
+                master, jvm, "job", str(traces), str(Path(tmp) / "out"), warm=warm,
+                cpus=cpus[master])
             same = (summary["events"] == figures["events"] == rows
                     and summary["violation_count"] == figures["violations"]
                     and summary["messages_matched"] == figures["matched"]
@@ -386,17 +415,17 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
             yield ReplayResult(f"replay-spark-{master}{tag}", rows, seconds, spark_rate,
                                summary["violation_count"], "python-same-outputs",
                                py_seconds, py_rate, figures["violations"],
-                               spark_rate / py_rate, mb)
+                               spark_rate / py_rate, mb, seen)
             if not floor:
                 continue
             if progress:
                 progress(f"the floor: one shuffle for each message's latency, {master} ...")
-            paired, floor_seconds = _timed_in_a_fresh_jvm(master, jvm, "floor", str(traces),
-                                                          warm=warm)
+            paired, floor_seconds, seen = _timed_in_a_fresh_jvm(
+                master, jvm, "floor", str(traces), warm=warm, cpus=cpus[master])
             if paired != summary["messages_matched"]:
                 raise RuntimeError(f"the floor paired {paired} messages, the job "
                                    f"{summary['messages_matched']}")
             floor_rate = rows / floor_seconds
             yield ReplayResult(f"replay-floor-{master}{tag}", rows, floor_seconds, floor_rate,
                                None, f"replay-spark-{master}{tag}", seconds, spark_rate,
-                               summary["violation_count"], floor_rate / spark_rate, mb)
+                               summary["violation_count"], floor_rate / spark_rate, mb, seen)

@@ -56,19 +56,27 @@ def bench_replay(
     warm: Annotated[bool, typer.Option(
         help="Time each Spark run on its second pass in its JVM (JIT warm), not its "
              "first.")] = False,
+    pin: Annotated[bool, typer.Option(
+        help="Run each local[N] master on N CPUs only, so that local[1] measures one core "
+             "(unpinned, its JIT, GC and Arrow threads use the others).")] = False,
 ) -> None:
     """The replay job on a real trace of EVENTS events, beside plain Python computing the
     same figures from the same file."""
     from ..bench import replay
 
     masters = tuple(master or ("local[1]", "local[2]"))
+    if pin:
+        for m in masters:
+            guard(lambda m=m: replay.pinned_cpus(m))
     with err.status("benchmarking the replay ...") as status:
         results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
-                                                 floor=floor, warm=warm,
+                                                 floor=floor, warm=warm, pin=pin,
                                                  progress=status.update)))
     _show(results, json_out, "rdvpump bench replay",
-          ("case", "events", "seconds", "events/s", "baseline", "baseline events/s", "ratio"),
-          lambda r: [r.case, f"{r.events:,}", f"{r.seconds:.1f}", f"{r.events_per_s:,.0f}",
+          ("case", "events", "CPUs", "seconds", "events/s", "baseline", "baseline events/s",
+           "ratio"),
+          lambda r: [r.case, f"{r.events:,}", str(r.cpus), f"{r.seconds:.1f}",
+                     f"{r.events_per_s:,.0f}",
                      r.baseline, f"{r.baseline_events_per_s:,.0f}", f"{r.ratio:.2f}x"])
 
 

@@ -126,6 +126,26 @@ def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
     assert latency_floor(spark, traces) == analyze(spark, traces)["messages_matched"] == 8000
 
 
+def test_a_pinned_bench_run_gives_local_1_one_cpu() -> None:
+    """`bench replay --pin` runs local[N] on N CPUs: the JVM of a local[1] run sees one
+    (unpinned it sees them all); masters it cannot pin are one line and exit 1."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs to tell a pinned run from an unpinned one")
+    bench = [sys.executable, "-m", "rdvpump", "bench", "replay"]
+    proc = subprocess.run([*bench, "--pin", "--master", "local[1]", "--events", "20000",
+                           "--no-floor", "--jvm", "quick", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (result["case"], result["cpus"]) == ("replay-spark-local[1]-pinned", 1)
+    for master, why in (("local[*]", "pinning needs local[N] masters, got 'local[*]'"),
+                        ("local[4096]", "cannot pin local[4096] to 4096 CPUs")):
+        bad = subprocess.run([*bench, "--pin", "--master", master], capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode == 1 and bad.stdout == ""
+        assert why in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
                                          tmp_path: pathlib.Path) -> None:
     rows = _rows(clean_jsonl)
