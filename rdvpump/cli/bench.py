@@ -66,8 +66,7 @@ def bench_replay(
 
     masters = tuple(master or ("local[1]", "local[2]"))
     if pin:
-        for m in masters:
-            guard(lambda m=m: replay.pinned_cpus(m))
+        guard(lambda: [replay.pinned_cpus(m) for m in masters])
     with err.status("benchmarking the replay ...") as status:
         results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
                                                  floor=floor, warm=warm, pin=pin,
