@@ -14,7 +14,8 @@ this module to the workers by value, so that they need neither rdvpump nor this 
 - :func:`fold` folds one reduce partition's pieces, one at a time: one row per
   (stream, seq), the FIFO check in seq order, then every figure that needs the
   messages, grouped; and each piece's first and last delivery, for the driver to check
-  FIFO across the pieces of a stream (:func:`across_pieces`).
+  FIFO across the pieces of a stream (:func:`across_pieces`).  The blocks wait for
+  their piece's turn in memory up to :data:`HELD_BYTES`, then in a file.
 
 Null semantics are those of the SQL the job used before (a minimum skips nulls and is
 null when every value is; a count counts values; a comparison with a null is not a hit).
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -68,6 +71,9 @@ BIN, SECOND, LATENCY, HISTOGRAM, LISTED, FIRST, LAST = range(7)
 #: The most rows of a stream folded at once: a longer stream is cut into pieces by seq
 #: (a fold holds about 250 bytes a row).
 PIECE_ROWS = 1_000_000
+#: The most bytes of shuffled blocks a reduce task holds in memory while it waits for
+#: all of them; past that, they wait in a temporary file (:class:`_Held`).
+HELD_BYTES = 64 << 20
 #: The violations, in the order of the result's columns.
 VIOLATIONS = ("duplicate send", "duplicate delivery", "delivered but never sent",
               "out of order", "size mismatch")
@@ -360,23 +366,78 @@ def _lookup(rows: np.ndarray, columns: Sequence[_Strings], value: Any) -> np.nda
 
 
 def fold(blocks: Iterable[tuple[int, bytes]], *, start: float, width: float,
-         per_second: bool, fine_per_decade: int, buckets_per_decade: int) -> pa.Table:
+         per_second: bool, fine_per_decade: int, buckets_per_decade: int,
+         held_bytes: int = HELD_BYTES) -> pa.Table:
     """Every figure of the message rows in ``blocks`` ((piece, block) pairs, each piece
     whole), folded a piece at a time: each (stream, seq) folded, FIFO checked in seq
     order within the piece, then counted in its groups, and the piece's first and last
-    delivery (:data:`FOLDED`)."""
-    by_piece: dict[int, list[bytes]] = {}
-    for piece, block in blocks:
-        by_piece.setdefault(piece, []).append(block)
+    delivery (:data:`FOLDED`).  The blocks wait in memory up to ``held_bytes``, then in
+    a temporary file (:class:`_Held`)."""
     out = []
-    for piece in sorted(by_piece):
-        tables = [pa.ipc.open_stream(b).read_all() for b in by_piece.pop(piece)]
-        s = _per_seq(pa.concat_tables(tables).combine_chunks())
-        out.append(_parts(s, start=start, width=width, per_second=per_second,
-                          fine_per_decade=fine_per_decade,
-                          buckets_per_decade=buckets_per_decade))
-        out.append(_ends(s, piece))
+    with _Held(held_bytes) as held:
+        for piece, block in blocks:
+            held.add(piece, block)
+        for piece in held.pieces():
+            tables = [pa.ipc.open_stream(b).read_all() for b in held.pop(piece)]
+            s = _per_seq(pa.concat_tables(tables).combine_chunks())
+            out.append(_parts(s, start=start, width=width, per_second=per_second,
+                              fine_per_decade=fine_per_decade,
+                              buckets_per_decade=buckets_per_decade))
+            out.append(_ends(s, piece))
     return pa.concat_tables(out) if out else FOLDED.empty_table()
+
+
+class _Held:
+    """A reduce task's blocks, by piece, until the last has come and each piece is
+    folded: in memory up to ``most`` bytes, then all of them in a temporary file (in
+    Spark's first local directory, ``SPARK_LOCAL_DIRS``, where Spark sets it), so that
+    a task holds at most that much, plus the piece it folds, however large its
+    partition."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.bytes = most, 0
+        #: each piece's blocks: bytes, or once in the file, (offset, length)
+        self.blocks: dict[int, list[Any]] = {}
+        self.file: Any = None
+        self.spilled = False  # whether any block went to the file
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()  # created unlinked: closing it frees its disk
+
+    def add(self, piece: int, block: bytes) -> None:
+        if self.file is None and self.bytes + len(block) > self.most:
+            local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
+            self.file = tempfile.TemporaryFile(dir=local)
+            self.spilled = True
+            for held in self.blocks.values():
+                held[:] = [self._write(b) for b in held]
+        self.blocks.setdefault(piece, []).append(
+            block if self.file is None else self._write(block))
+        self.bytes += len(block)
+
+    def _write(self, block: bytes) -> tuple[int, int]:
+        at = self.file.tell()
+        self.file.write(block)
+        return at, len(block)
+
+    def pieces(self) -> list[int]:
+        if self.file is not None:
+            self.file.flush()
+        return sorted(self.blocks)
+
+    def pop(self, piece: int) -> list[bytes]:
+        held = self.blocks.pop(piece)
+        if self.file is None:
+            return held
+        blocks = [os.pread(self.file.fileno(), n, at) for at, n in held]
+        if any(len(b) != n for b, (_, n) in zip(blocks, held, strict=True)):
+            raise OSError(f"a held block of piece {piece} came back short from "
+                          f"{self.file.name}")
+        return blocks
 
 
 def _ends(s: dict[str, Any], piece: int) -> pa.Table:

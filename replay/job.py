@@ -480,6 +480,9 @@ _BIN, _SECOND, _LATENCY, _HISTOGRAM, _LISTED = (_fold.BIN, _fold.SECOND, _fold.L
 _FIRST, _LAST = _fold.FIRST, _fold.LAST
 #: The most rows of a stream folded at once (see :data:`replay.fold.PIECE_ROWS`).
 PIECE_ROWS = _fold.PIECE_ROWS
+#: The most bytes of blocks a reduce task holds in memory (see
+#: :data:`replay.fold.HELD_BYTES`).
+HELD_BYTES = _fold.HELD_BYTES
 
 def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
              out: str | None) -> dict[str, Any]:
@@ -508,7 +511,7 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
     keys = _fold.partition_keys(partitions)
     to = _fold.assign(pieces.rows.tolist(), partitions)
     sids, offsets, route, fold = census.sid_of, census.offsets, _fold.route, _fold.fold
-    start = census.start
+    start, held = census.start, HELD_BYTES
 
     def routed(table: Any) -> Any:
         import pyarrow as pa
@@ -525,7 +528,8 @@ def _measure(spark: Any, source: _Source, census: _Census, jobs: _Jobs,
             batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True))
         yield from fold(blocks, start=start, width=width, per_second=width > 1.0,
                         fine_per_decade=FINE_PER_DECADE,
-                        buckets_per_decade=BUCKETS_PER_DECADE).to_batches()
+                        buckets_per_decade=BUCKETS_PER_DECADE,
+                        held_bytes=held).to_batches()
 
     jobs.stage("every figure of every link and direction (one aggregation)")
     table = (source.map(routed, "key int, piece int, block binary", _fold.ROUTE_COLUMNS)

@@ -112,3 +112,49 @@ def test_rows_are_put_in_stream_and_seq_order_null_first_whatever_the_numbers() 
     assert packed.tolist() == wide.tolist() == np.lexsort((seq, seq_ok, sid)).tolist()
     first = packed[0]
     assert sid[first] == sid.min() and (not seq_ok[first] or seq_ok.all())
+
+
+def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    """Blocks past HELD_BYTES wait in a temporary file (in SPARK_LOCAL_DIRS) and come
+    back whole: the fold's result is the same as when all are held in memory."""
+    pa = pytest.importorskip("pyarrow")
+    from replay import fold
+
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    rows: dict[str, list[object]] = {n: [] for n in (
+        "kind", "run", "pump", "link", "dir", "time", "seq", "size", "step")}
+    for link in ("a/1", "a/2"):
+        for seq in range(200):
+            late = 0.5 if seq == 77 else 0.0  # one message past its successor
+            for kind, at in (("send", seq / 100), ("deliver", 1 + seq / 100 + late)):
+                for name, value in (("kind", kind), ("run", "r"), ("pump", "p"),
+                                    ("link", link), ("dir", "ab"), ("time", at),
+                                    ("seq", seq), ("size", 8 + seq % 3),
+                                    ("step", len(rows["step"]))):
+                    rows[name].append(value)
+    table = pa.table(rows)
+    table = table.append_column("bad", pa.array([False] * len(table))).append_column(
+        "ord", pa.array(range(len(table)), pa.int64()))
+    sids = {("r", "a/1", "ab"): 0, ("r", "a/2", "ab"): 1}
+    pieces = fold.Pieces([400, 400], [0, 0], [199, 199], most=100)
+    to, keys = fold.assign(pieces.rows.tolist(), 1), fold.partition_keys(1)
+    blocks = [(p, b) for half in (table.slice(0, 400), table.slice(400))
+              for _, p, b in fold.route(half, sids, {}, pieces, to, keys)]
+    assert len(blocks) == 8  # two map tasks' blocks of the same pieces
+
+    def folded(held_bytes: int) -> object:
+        return fold.fold(blocks, start=0.0, width=0.5, per_second=False,
+                         fine_per_decade=job.FINE_PER_DECADE,
+                         buckets_per_decade=job.BUCKETS_PER_DECADE,
+                         held_bytes=held_bytes).sort_by([("sid", "ascending")])
+
+    in_memory, in_a_file = folded(fold.HELD_BYTES), folded(0)
+    assert in_a_file.equals(in_memory) and in_memory.num_rows > 0
+    with fold._Held(sum(len(b) for _, b in blocks[:3])) as held:
+        for piece, block in blocks:
+            held.add(piece, block)
+        assert held.spilled and all(isinstance(b, tuple) for bs in held.blocks.values()
+                                    for b in bs)
+        assert [b for p in held.pieces() for b in held.pop(p)] == [
+            b for _, b in sorted(blocks, key=lambda pb: pb[0])]

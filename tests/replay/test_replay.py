@@ -332,15 +332,17 @@ def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
         f"delivered after seq {low + 1}" for low in (4, 7, 10)]
 
 
-def test_long_streams_folded_in_pieces_give_the_same_results(
+def test_long_streams_folded_in_pieces_and_held_in_files_give_the_same_results(
         spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A stream longer than PIECE_ROWS is folded a range of seqs at a time, FIFO checked
-    across the ranges by the driver: the summary and the tables are the same."""
+    across the ranges by the driver, and blocks past HELD_BYTES wait in a file: the
+    summary and the tables are the same."""
     from replay import job
 
     whole = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "whole"))
     monkeypatch.setattr(job, "PIECE_ROWS", 333)
+    monkeypatch.setattr(job, "HELD_BYTES", 0)
     cut = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "cut"))
     assert_same_results(whole, cut, tmp_path / "whole", tmp_path / "cut")
 
