@@ -411,7 +411,7 @@ class _Held:
     def add(self, piece: int, block: bytes) -> None:
         if self.file is None and self.bytes + len(block) > self.most:
             local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
-            self.file = tempfile.TemporaryFile(dir=local)
+            self.file = tempfile.TemporaryFile(dir=local)  # noqa: SIM115 - closed on exit
             self.spilled = True
             for held in self.blocks.values():
                 held[:] = [self._write(b) for b in held]
