@@ -1028,7 +1028,8 @@ def _write(target: Path, census: _Census, found: dict[str, Any],
         cells = per_link.setdefault((r["run"], r["link"]), {})
         cells[r["bin"]] = cells.get(r["bin"], 0) + r["messages"]
     _plots.throughput(target / "throughput.png", per_broker, width=width,
-                      bins=math.ceil(census.duration / width) + 1, title=title)
+                      bins=math.ceil(census.duration / width) + 1,
+                      duration=census.duration, title=title)
     _plots.latency(target / "latency.png", _latency_histogram(found),
                    summary["latency_s"], title=title)
     lives = [{"link": f"{link}" if len(census.runs) == 1 else f"{run}:{link}",

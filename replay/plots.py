@@ -25,17 +25,35 @@ def _figure(height: float = 4.5) -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
+#: Said of a run whose events all share one time (a simulated run where no virtual time
+#: passed): rates per second and times along the run mean nothing there.
+AT_ONE_INSTANT = "no time passed on the run's clock"
+
+
 def _time_unit(duration: float) -> tuple[str, float]:
     """Seconds, or milliseconds for runs under two seconds."""
     return ("ms", 1e3) if duration < 2 else ("s", 1.0)
 
 
 def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width: float,
-               bins: int, title: str) -> None:
-    """Messages delivered per second into each broker, over the run, in bins of ``width``."""
+               bins: int, duration: float, title: str) -> Any:
+    """Messages delivered per second into each broker, over the run, in bins of ``width``;
+    for a run of no duration (``duration`` 0), the messages delivered into each broker.
+    Returns the figure, saved."""
     fig, ax = _figure()
     unit, scale = _time_unit(bins * width)
     totals = sorted(per_broker, key=lambda b: (-sum(per_broker[b].values()), b))
+    if duration <= 0 and totals:
+        counts = [sum(per_broker[b].values()) for b in totals]
+        ax.bar(range(len(totals)), counts, color="#4c72b0")
+        ax.set_xticks(range(len(totals)), totals)
+        ax.set_xlabel("receiving broker")
+        ax.set_ylabel("messages delivered")
+        ax.set_title(f"Delivered messages per broker, {title}: all at one instant "
+                     f"({AT_ONE_INSTANT})")
+        ax.grid(alpha=0.3, axis="y")
+        fig.savefig(path)
+        return fig
     shown = totals if len(totals) <= TOP_BROKERS + 1 else totals[:TOP_BROKERS]
     series = {b: per_broker[b] for b in shown}
     rest = [b for b in totals if b not in series]
@@ -61,11 +79,19 @@ def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width
         ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     fig.savefig(path)
+    return fig
+
+
+#: The latency histogram's lowest bucket starts here: it holds every latency below its
+#: top (about 1.1 ns), zero and negative ones (clocks out of line) included.
+LEAST_LATENCY_S = 1e-9
 
 
 def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
-            quantiles: Mapping[str, float] | None, *, title: str) -> None:
-    """A histogram of delivery latency on a log axis, with p50, p90 and p99 marked."""
+            quantiles: Mapping[str, float] | None, *, title: str) -> Any:
+    """A histogram of delivery latency on a log axis, with p50, p90 and p99 marked, and
+    the bucket of 1 ns or less (zero included) labelled as such.  Returns the figure,
+    saved."""
     fig, ax = _figure()
     lows = [b["low_s"] * 1e6 for b in buckets]
     highs = [b["high_s"] * 1e6 for b in buckets]
@@ -75,6 +101,11 @@ def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
                align="edge", color="#4c72b0", edgecolor="white", linewidth=0.3)
         ax.set_xscale("log")
         ax.set_xlim(min(lows) / 1.5, max(highs) * 1.5)
+        if buckets[0]["low_s"] <= LEAST_LATENCY_S * 1.001:
+            ax.annotate(f"{counts[0]:,} below {highs[0] * 1e3:.2f} ns (zero included)",
+                        xy=(lows[0], counts[0]), xytext=(0, 4), textcoords="offset points",
+                        ha="left", va="bottom", fontsize="small")
+            ax.set_ylim(top=max(counts) * 1.12)
     else:
         ax.text(0.5, 0.5, "no message was delivered", ha="center", transform=ax.transAxes)
     marked = False
@@ -91,12 +122,13 @@ def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
         ax.legend(loc="upper right")
     ax.grid(alpha=0.3, which="both")
     fig.savefig(path)
+    return fig
 
 
 def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
-             duration: float, title: str) -> None:
+             duration: float, title: str) -> Any:
     """The life of the first links: connect (o), accepted (>), messages delivered (shaded
-    by count per bin), ended (X)."""
+    by count per bin), ended (X).  Returns the figure, saved."""
     from matplotlib import colormaps, colors
 
     chosen = sorted(links, key=lambda x: (x["start"] is None, x["start"] or 0.0,
@@ -133,13 +165,15 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
     ax.set_xlim(-0.01 * span, 1.01 * span)  # room for the markers at both ends
     ax.set_xlabel(f"time since the start of the run ({unit})")
     more = f", first {len(chosen)} of {len(links)}" if len(links) > len(chosen) else ""
+    instant = f"\nall at one instant: {AT_ONE_INSTANT}" if duration <= 0 else ""
     ax.set_title(f"Links over time, {title}{more}: connect (o), accepted (>), messages "
-                 f"delivered (darker: more per {_seconds(width)}), ended (X)",
+                 f"delivered (darker: more per {_seconds(width)}), ended (X){instant}",
                  fontsize="medium")
     if not chosen:
         ax.text(0.5, 0.5, "no link", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, axis="x")
     fig.savefig(path)
+    return fig
 
 
 def _seconds(width: float) -> str:

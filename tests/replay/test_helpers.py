@@ -158,3 +158,36 @@ def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same
                                     for b in bs)
         assert [b for p in held.pieces() for b in held.pop(p)] == [
             b for _, b in sorted(blocks, key=lambda pb: pb[0])]
+
+
+def test_plots_of_a_run_where_no_time_passed_say_so_instead_of_a_rate(
+        tmp_path: pathlib.Path) -> None:
+    """A simulated run whose events share one instant: the throughput plot shows the
+    messages each broker received, not a rate per second over a 1 µs bin; the latency
+    bucket that holds zero says so; the timeline says no time passed."""
+    pytest.importorskip("matplotlib")
+    from replay import plots
+
+    per_broker = {"client1": {0: 2500}, "server": {0: 5000}, "client2": {0: 2500}}
+    fig = plots.throughput(tmp_path / "t.png", per_broker, width=1e-6, bins=1, duration=0.0,
+                           title="run r")
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "messages delivered" and "one instant" in ax.get_title()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["server", "client1", "client2"]
+    assert [p.get_height() for p in ax.patches] == [5000, 2500, 2500]
+    (ax,) = plots.throughput(tmp_path / "t.png", per_broker, width=1e-6, bins=2,
+                             duration=1e-6, title="run r").axes
+    assert ax.get_ylabel() == "messages delivered per second"
+
+    def notes(low_s: float) -> list[str]:
+        fig = plots.latency(tmp_path / "l.png", [{"low_s": low_s, "high_s": low_s * 1.122,
+                                                  "messages": 10_000}], None, title="run r")
+        return [t.get_text() for t in fig.axes[0].texts]
+
+    assert notes(10 ** (-180 / 20)) == ["10,000 below 1.12 ns (zero included)"]
+    assert notes(1e-6) == []
+    links = [{"link": "s/1", "start": 0.0, "end": 0.0, "connect": 0.0, "bins": {0: 9}}]
+    for duration, said in ((0.0, True), (0.5, False)):
+        fig = plots.timeline(tmp_path / "x.png", links, width=1e-6 if said else 0.005,
+                             duration=duration, title="run r")
+        assert ("no time passed" in fig.axes[0].get_title()) is said
