@@ -19,7 +19,8 @@ Cores: ``local[N]`` gives Spark N task slots, not N cores.  Unpinned, a ``local[
 also uses the machine's other cores: its JIT compiler and GC threads, and the JVM threads
 that feed the Python worker while it works.  ``pin`` runs each ``local[N]`` on N CPUs
 only (its process, JVM and Python workers), so that ``local[1]`` against ``local[2]``
-measures scaling with cores.  Each result says how many CPUs its JVM saw (``cpus``).
+measures scaling with cores.  Each result says how many CPUs its JVM could run on
+(``cpus``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class ReplayResult:
     baseline_violations: int
     ratio: float
     trace_mb: float
-    cpus: int  # the CPUs the Spark run's JVM saw (fewer than the machine's when pinned)
+    cpus: int  # the CPUs the Spark run's JVM could run on (fewer than the machine's: pinned)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -269,7 +270,7 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
     first, not timed): its result and its seconds.  ``warm``: the same work once
     before, not timed, so that the timed run finds Spark's classes loaded and its code
     compiled by the JIT.  ``cpus``: the process (its JVM and Python workers with it) runs
-    on these CPUs only.  Also returns the CPUs the JVM saw.
+    on these CPUs only.  Also returns how many CPUs the JVM could run on.
 
     A process of its own, because pyspark keeps its JVM for the life of the Python
     process: a second SparkSession there runs in the first one's JVM, its classes
@@ -345,7 +346,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
         if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
             os.sched_setaffinity(0, cpus)
         spark = session(master, jvm=jvm, driver_memory="6g")
-        seen = int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().availableProcessors())
+        seen = _jvm_cpus()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
         try:
             for _ in range(2 if warm else 1):  # the last pass is the one timed
@@ -361,6 +362,19 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
         send.send((False, (result, seconds, seen)))
     finally:
         send.close()
+
+
+def _jvm_cpus() -> int:
+    """How many CPUs the JVM this process started may run on (the kernel's affinity of
+    the ``java`` child; this process's own when there is none)."""
+    for pid in _children(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "java":
+                    return len(os.sched_getaffinity(pid))
+        except OSError:
+            continue
+    return len(os.sched_getaffinity(0))
 
 
 def pinned_cpus(master: str) -> set[int]:

@@ -127,8 +127,8 @@ def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
 
 
 def test_a_pinned_bench_run_gives_local_1_one_cpu() -> None:
-    """`bench replay --pin` runs local[N] on N CPUs: the JVM of a local[1] run sees one
-    (unpinned it sees them all); masters it cannot pin are one line and exit 1."""
+    """`bench replay --pin` runs local[N] on N CPUs: the JVM of a local[1] run may run on
+    one (unpinned, on them all); masters it cannot pin are one line and exit 1."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs to tell a pinned run from an unpinned one")
     bench = [sys.executable, "-m", "rdvpump", "bench", "replay"]
