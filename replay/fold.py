@@ -71,6 +71,9 @@ BIN, SECOND, LATENCY, HISTOGRAM, LISTED, FIRST, LAST = range(7)
 #: The most rows of a stream folded at once: a longer stream is cut into pieces by seq
 #: (a fold holds about 250 bytes a row).
 PIECE_ROWS = 1_000_000
+#: The least latency the buckets tell apart: less (zero and negative ones, from clocks
+#: out of line, included) counts as this.
+LEAST_LATENCY_S = 1e-9
 #: The most bytes of shuffled blocks a reduce task holds in memory while it waits for
 #: all of them; past that, they wait in a temporary file (:class:`_Held`).
 HELD_BYTES = 64 << 20
@@ -398,8 +401,7 @@ class _Held:
         self.most, self.bytes = most, 0
         #: each piece's blocks: bytes, or once in the file, (offset, length)
         self.blocks: dict[int, list[Any]] = {}
-        self.file: Any = None
-        self.spilled = False  # whether any block went to the file
+        self.file: Any = None  # once blocks go to a file
 
     def __enter__(self) -> _Held:
         return self
@@ -412,7 +414,6 @@ class _Held:
         if self.file is None and self.bytes + len(block) > self.most:
             local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
             self.file = tempfile.TemporaryFile(dir=local)  # noqa: SIM115 - closed on exit
-            self.spilled = True
             for held in self.blocks.values():
                 held[:] = [self._write(b) for b in held]
         self.blocks.setdefault(piece, []).append(
@@ -584,7 +585,7 @@ def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
     latency = nullable(s["latency"], journey)
     since = np.where(journey, s["delivered_at"] - start, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_latency = np.log10(np.maximum(s["latency"], 1e-9))
+        log_latency = np.log10(np.maximum(s["latency"], LEAST_LATENCY_S))
     size_bucket = _size_buckets(s["size"])
     values = {
         "latency": latency,

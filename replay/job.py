@@ -1031,7 +1031,7 @@ def _write(target: Path, census: _Census, found: dict[str, Any],
                       bins=math.ceil(census.duration / width) + 1,
                       duration=census.duration, title=title)
     _plots.latency(target / "latency.png", _latency_histogram(found),
-                   summary["latency_s"], title=title)
+                   summary["latency_s"], least=_fold.LEAST_LATENCY_S, title=title)
     lives = [{"link": f"{link}" if len(census.runs) == 1 else f"{run}:{link}",
               "start": None if life["accepted_at"] is None
               else life["accepted_at"] - census.start,

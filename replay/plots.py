@@ -82,16 +82,11 @@ def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width
     return fig
 
 
-#: The latency histogram's lowest bucket starts here: it holds every latency below its
-#: top (about 1.1 ns), zero and negative ones (clocks out of line) included.
-LEAST_LATENCY_S = 1e-9
-
-
 def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
-            quantiles: Mapping[str, float] | None, *, title: str) -> Any:
+            quantiles: Mapping[str, float] | None, *, least: float, title: str) -> Any:
     """A histogram of delivery latency on a log axis, with p50, p90 and p99 marked, and
-    the bucket of 1 ns or less (zero included) labelled as such.  Returns the figure,
-    saved."""
+    the lowest bucket, starting at ``least`` seconds (where every smaller latency, zero
+    included, is counted), labelled as such.  Returns the figure, saved."""
     fig, ax = _figure()
     lows = [b["low_s"] * 1e6 for b in buckets]
     highs = [b["high_s"] * 1e6 for b in buckets]
@@ -101,7 +96,7 @@ def latency(path: Path, buckets: Sequence[Mapping[str, Any]],
                align="edge", color="#4c72b0", edgecolor="white", linewidth=0.3)
         ax.set_xscale("log")
         ax.set_xlim(min(lows) / 1.5, max(highs) * 1.5)
-        if buckets[0]["low_s"] <= LEAST_LATENCY_S * 1.001:
+        if buckets[0]["low_s"] <= least * 1.001:
             ax.annotate(f"{counts[0]:,} below {highs[0] * 1e3:.2f} ns (zero included)",
                         xy=(lows[0], counts[0]), xytext=(0, 4), textcoords="offset points",
                         ha="left", va="bottom", fontsize="small")

@@ -154,7 +154,7 @@ def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same
     with fold._Held(sum(len(b) for _, b in blocks[:3])) as held:
         for piece, block in blocks:
             held.add(piece, block)
-        assert held.spilled and all(isinstance(b, tuple) for bs in held.blocks.values()
+        assert held.file is not None and all(isinstance(b, tuple) for bs in held.blocks.values()
                                     for b in bs)
         assert [b for p in held.pieces() for b in held.pop(p)] == [
             b for _, b in sorted(blocks, key=lambda pb: pb[0])]
@@ -166,7 +166,7 @@ def test_plots_of_a_run_where_no_time_passed_say_so_instead_of_a_rate(
     messages each broker received, not a rate per second over a 1 µs bin; the latency
     bucket that holds zero says so; the timeline says no time passed."""
     pytest.importorskip("matplotlib")
-    from replay import plots
+    from replay import fold, plots
 
     per_broker = {"client1": {0: 2500}, "server": {0: 5000}, "client2": {0: 2500}}
     fig = plots.throughput(tmp_path / "t.png", per_broker, width=1e-6, bins=1, duration=0.0,
@@ -181,7 +181,8 @@ def test_plots_of_a_run_where_no_time_passed_say_so_instead_of_a_rate(
 
     def notes(low_s: float) -> list[str]:
         fig = plots.latency(tmp_path / "l.png", [{"low_s": low_s, "high_s": low_s * 1.122,
-                                                  "messages": 10_000}], None, title="run r")
+                                                  "messages": 10_000}], None,
+                              least=fold.LEAST_LATENCY_S, title="run r")
         return [t.get_text() for t in fig.axes[0].texts]
 
     assert notes(10 ** (-180 / 20)) == ["10,000 below 1.12 ns (zero included)"]
