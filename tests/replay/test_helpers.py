@@ -192,3 +192,20 @@ def test_plots_of_a_run_where_no_time_passed_say_so_instead_of_a_rate(
         fig = plots.timeline(tmp_path / "x.png", links, width=1e-6 if said else 0.005,
                              duration=duration, title="run r")
         assert ("no time passed" in fig.axes[0].get_title()) is said
+
+
+def test_a_held_block_that_comes_back_short_is_an_error_not_a_silent_loss() -> None:
+    """A block the file no longer holds whole (the disk cut it) is an OSError naming the
+    file, never a shorter block folded as if whole."""
+    pytest.importorskip("pyarrow")
+    import os
+
+    from replay import fold
+
+    with fold._Held(0) as held:
+        held.add(3, b"x" * 100)
+        held.add(3, b"y" * 50)
+        held.pieces()
+        os.ftruncate(held.file.fileno(), 120)
+        with pytest.raises(OSError, match="a held block of piece 3 came back short"):
+            held.pop(3)
