@@ -1,4 +1,4 @@
-"""MQ servers on rdvpump's links (issue 11), built from the disk up.
+"""MQ servers on rdvpump's links, built from the disk up.
 
 The storage and the semantics, sans-network:
 
@@ -26,7 +26,9 @@ from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
 from ._memory import MemoryLog
+from ._names import MAX_NAME_BYTES, check_name, disk_name
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._requests import MqError
 from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._server import FLAGS, Durability, MqServer
@@ -39,6 +41,7 @@ from ._topic import (
     Topic,
     UnknownGroupError,
 )
+from ._verify import Finding, Report, verify
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT", "DEFAULT_MAX_DELIVERIES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_WINDOW",
@@ -47,4 +50,5 @@ __all__ = [
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
     "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
+    "MAX_NAME_BYTES", "check_name", "disk_name", "MqError", "Finding", "Report", "verify",
 ]

@@ -7,10 +7,24 @@ delivered on the old link and not seen acknowledged is delivered again
 link lost) raises :class:`MqRequestError`: the message may or may not be
 stored, so publishing it again can store it twice; consumers that must not
 see duplicates drop them by ``(producer, sequence)``.
+
+Acks (and the consume a reconnect repeats) are sent without waiting for a
+reply, but their errors are not lost: the server answers an error on the
+same link, naming the request's command, topic and group, and the client
+hands it to the subscription's ``on_error`` callback if it has one, or else
+raises it (:class:`MqRequestError`) from that subscription's next call
+(``receive``, ``receive_many``, ``ack``).  An ack of an offset the consumer does
+not hold is such an error (409): acknowledged twice, never delivered to it, or
+redelivered elsewhere after the ack timeout.  Acks of messages that came on a
+link that has since been lost are not sent: the server delivers those again.
+Errors of other fire-and-forget requests go to :attr:`MqClient.on_error`, or
+are logged.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -38,6 +52,8 @@ from ._wire import pack_column, unpack_column
 
 #: Seconds a request waits for its reply by default.
 DEFAULT_TIMEOUT = 10.0
+
+log = logging.getLogger("rdvpump.mq")
 
 
 class MqRequestError(RdvpumpError):
@@ -100,6 +116,7 @@ class _Link(BrokerLink):
     def opened(self) -> None:
         self.up.set()
         for subscription in self.client.subscriptions.values():
+            subscription.link_lost()  # what came on the lost link comes again
             if subscription.active:  # one still being set up sends its own consume
                 subscription.resume()
         for name in self.client.receivers:
@@ -131,8 +148,11 @@ class _Link(BrokerLink):
             if waiting is not None:
                 waiting(obj)
             return  # a reply after its call timed out: dropped
+        if obj.get("cmd") == "error":
+            self.client.failed(obj)
+            return
         if obj.get("cmd") != "messages":
-            return  # an error reply to a fire-and-forget ack, already logged by the server
+            return
         key = (obj.get("topic"), obj.get("group"))
         subscription = self.client.subscriptions.get(key)  # type: ignore[arg-type]
         if subscription is None:
@@ -159,6 +179,12 @@ class _Link(BrokerLink):
         except (KeyError, ValueError, TypeError) as exc:
             self.abort(f"protocol error: a bad messages frame: {exc}")
             return
+        held = subscription.held
+        for message in messages:
+            held[message.offset] = None
+        if len(held) > subscription.max_held:  # never acknowledged: forget the oldest
+            for offset in list(itertools.islice(held, len(held) - subscription.max_held)):
+                del held[offset]
         if subscription.on_message is None:
             subscription.inbox.send_nowait(messages)
         else:
@@ -189,8 +215,25 @@ class MqClient:
         #: The listener face: called when the link takes messages again after a
         #: :class:`~channels.QueueFullError`.
         self.on_drained: Callable[[], object] | None = None
+        #: Called with the error of a fire-and-forget request that no subscription owns
+        #: (a route or push sent without waiting); without it such errors are logged.
+        self.on_error: Callable[[MqRequestError], object] | None = None
         self.link = _Link(self, broker, self.server, retry)
         self.link.connect()
+
+    def failed(self, reply: Reply) -> None:
+        """An error reply that no request waits for: to the subscription whose topic and
+        group it names (its ack or consume), else :attr:`on_error`, else the log."""
+        error = MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
+        topic, group = reply.get("topic"), reply.get("group") or reply.get("topic")
+        subscription = self.subscriptions.get((topic, group))  # type: ignore[arg-type]
+        if subscription is not None and reply.get("for") in ("ack", "consume"):
+            subscription.failed(error)
+        elif self.on_error is not None:
+            self.on_error(error)
+        else:
+            log.warning("%s: an error reply to %s: %s", self.server.address,
+                        reply.get("for", "a request"), error)
 
     async def connected(self) -> None:
         """Wait until the link to the server is up."""
@@ -367,8 +410,14 @@ class MqClient:
         return subscription
 
     async def query(self, topic: str | None = None) -> dict[str, Any]:
+        """The topics (or one) as the server describes them, by name."""
         reply = await self.request({"cmd": "query", **({"topic": topic} if topic else {})})
         return dict(reply["topics"])
+
+    async def query_all(self) -> dict[str, Any]:
+        """The whole ``query`` reply: ``topics``, and ``unavailable`` (the topics found on
+        the server's disk that it cannot open, by directory, with why) when there are."""
+        return dict(await self.request({"cmd": "query"}))
 
     async def remove(self, topic: str, group: str | None = None) -> None:
         await self.request({"cmd": "remove", "topic": topic,
@@ -432,6 +481,36 @@ class Subscription:
         # pushes at most that many unacknowledged); _ready holds what is left of one
         self.inbox, self._frames = trio.open_memory_channel[list[Message]](math.inf)
         self._ready: deque[Message] = deque()
+        #: Called with an error of this subscription's acks (or of a consume a reconnect
+        #: repeated); without it the error is raised by the next call.
+        self.on_error: Callable[[MqRequestError], object] | None = None
+        self._error: MqRequestError | None = None
+        #: Offsets delivered on the current link and not acknowledged yet (in order), and
+        #: those that had come on a lost link: an ack of one of these is not sent.
+        self.held: dict[int, None] = {}
+        self.stale: dict[int, None] = {}
+        self.max_held = 4 * window + 1024
+
+    def link_lost(self) -> None:
+        stale = self.stale
+        stale.update(self.held)
+        self.held = {}
+        if len(stale) > self.max_held:
+            for offset in list(itertools.islice(stale, len(stale) - self.max_held)):
+                del stale[offset]
+
+    def failed(self, error: MqRequestError) -> None:
+        """An error of a request sent without waiting (an ack): to :attr:`on_error`, or
+        kept for the next call to raise."""
+        if self.on_error is not None:
+            self.on_error(error)
+        elif self._error is None:
+            self._error = error
+
+    def _raise_failed(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def resume(self) -> None:
         """After a reconnect: consume again (fire and forget; errors come back logged)."""
@@ -449,12 +528,15 @@ class Subscription:
 
     async def receive(self) -> Message:
         """The next message (``trio.EndOfChannel`` once the subscription is closed).  A
-        cancelled receive loses nothing."""
+        cancelled receive loses nothing.  Raises the error of an earlier ack, if one came
+        (see the module)."""
+        self._raise_failed()
         return (await self._wait_ready()).popleft()
 
     async def receive_many(self, max_count: int = 1000) -> list[Message]:
         """Wait for a message, then take every one already here (at most ``max_count``):
         one await for a whole frame of them."""
+        self._raise_failed()
         ready = await self._wait_ready()
         while len(ready) < max_count:
             try:
@@ -479,21 +561,43 @@ class Subscription:
 
     async def ack(self, offsets: Sequence[int]) -> None:
         """Acknowledge offsets of this subscription (any number at once).  An ack lost
-        with its link means those messages are delivered again."""
+        with its link means those messages are delivered again.  Raises the error of an
+        earlier ack, if one came."""
+        self._raise_failed()
         link = self.client.link
         message = self._ack_request(offsets)
+        if message is None:
+            await trio.lowlevel.checkpoint()
+            return
         while link.send(message) is Sent.FULL:
             await link.room.wait()  # past the high-water mark: wait, do not drop it
         await trio.lowlevel.checkpoint()
 
     def ack_nowait(self, offsets: Sequence[int]) -> None:
         """The listener face's ack; :class:`~channels.QueueFullError` if the link is past
-        its high-water mark (nothing sent: ack again from ``on_drained``)."""
-        if self.client.link.send(self._ack_request(offsets)) is Sent.FULL:
+        its high-water mark (nothing sent: ack again from ``on_drained``).  Raises the
+        error of an earlier ack when there is no ``on_error``."""
+        self._raise_failed()
+        message = self._ack_request(offsets)
+        if message is not None and self.client.link.send(message) is Sent.FULL:
             raise QueueFullError("the link is past its high-water mark; ack again later")
 
-    def _ack_request(self, offsets: Sequence[int]) -> dict[str, Any]:
-        offsets = list(offsets)
+    def _ack_request(self, offsets: Sequence[int]) -> dict[str, Any] | None:
+        """The ack of ``offsets``, less those delivered on a link since lost (None if that
+        leaves none); offsets never delivered stay in it, for the server to refuse."""
+        held, stale = self.held, self.stale
+        kept = []
+        for offset in offsets:
+            if offset in held:
+                del held[offset]
+                kept.append(offset)
+            elif offset in stale:
+                del stale[offset]  # came on a lost link: delivered again, acked then
+            else:
+                kept.append(offset)  # not held: the server says why (409)
+        if not kept:
+            return None
+        offsets = kept
         request: dict[str, Any] = {"cmd": "ack", "topic": self.topic, "group": self.group,
                                    "offsets": offsets}
         if offsets and type(first := pack_column(offsets, counting=True)) is int:

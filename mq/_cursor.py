@@ -1,10 +1,11 @@
 """Consume groups' positions on disk: one small file per group, replaced atomically.
 
-``<dir>/groups/<group, percent-encoded>.cursor``: magic b"RDVPQCUR" (8) |
-version u32 | offset u64 | crc u32 (CRC-32 of what precedes it).  A cursor is
-the group's *ack floor*: every offset below it is acknowledged.  It is written
-to a temporary file, fsynced, renamed over the old one, and the directory is
-fsynced, so a crash leaves the old cursor or the new one, never a mix.
+``<dir>/groups/<the group's file-name form, mq._names.disk_name>.cursor``:
+magic b"RDVPQCUR" (8) | version u32 | offset u64 | crc u32 (CRC-32 of what
+precedes it).  A cursor is the group's *ack floor*: every offset below it is
+acknowledged.  It is written to a temporary file, fsynced, renamed over the
+old one, and the directory is fsynced, so a crash leaves the old cursor or the
+new one, never a mix.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import quote, unquote
 
-from ._log import _write_file
+from ._log import write_file
+from ._names import disk_name
 from ._record import FormatError, crc32
 
 log = logging.getLogger("rdvpump.mq")
@@ -32,15 +34,24 @@ class CursorStore:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def _path(self, group: str) -> Path:
-        return self.directory / f"{quote(group, safe='')}.cursor"
+        return self.path_in(self.directory.parent, group)
 
-    def load(self) -> dict[str, int]:
-        """Every group's cursor; a damaged file is reported and left out (that group
-        starts again by its start rule)."""
+    @staticmethod
+    def path_in(topic_dir: Path, group: str) -> Path:
+        """Where a topic's cursor of ``group`` is."""
+        return topic_dir / "groups" / f"{disk_name(group)}.cursor"
+
+    def load(self, groups: Iterable[str]) -> dict[str, int]:
+        """The cursors of ``groups`` (the topic's, as its ``meta.json`` lists them); a
+        missing or damaged file is reported and left out (that group starts again by its
+        start rule)."""
         cursors = {}
-        for path in sorted(self.directory.glob("*.cursor")):
-            group = unquote(path.name[:-len(".cursor")])
-            data = path.read_bytes()
+        for group in groups:
+            path = self._path(group)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
             try:
                 cursors[group] = decode_cursor(data, str(path))
             except FormatError as exc:
@@ -48,7 +59,7 @@ class CursorStore:
         return cursors
 
     def save(self, group: str, offset: int) -> None:
-        _write_file(self._path(group), encode_cursor(offset))
+        write_file(self._path(group), encode_cursor(offset))
 
     def remove(self, group: str) -> None:
         self._path(group).unlink(missing_ok=True)

@@ -15,9 +15,13 @@ stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
 later write until it is opened again, and recovery reads what really is on
 disk.
 
-Opening recovers: a record torn by a crash at the tail of the last segment is
-cut (the bytes cut are logged); a corrupt record elsewhere is reported with
-its file and position, and reading goes on after it.
+Opening recovers and verifies: a record torn by a crash at the tail of the
+last segment is cut (the bytes cut are logged); a sealed segment is taken on
+its index only if the checksum of the whole segment, kept in the index, still
+matches, and is read whole otherwise; a corrupt record anywhere is reported
+with its file, byte position and the offsets it hides (:class:`Corruption`),
+and reading goes on after it.  Damage that appears while the log is open is
+found when it is read, reported the same way and skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from channels import SMALL_PIECE, coalesce
 
 from ._record import (
     DEFAULT_MAX_BODY,
+    FORMAT_VERSION,
+    MAGIC,
     RECORD_OVERHEAD,
     SEGMENT_HEADER,
     Bad,
@@ -57,8 +63,14 @@ INDEX_INTERVAL = 4096
 #: A segment is sealed and a new one started past this size.
 DEFAULT_SEGMENT_BYTES = 64 << 20
 INDEX_ENTRY = struct.Struct("<IIQ")  # offset - base, position, timestamp
-INDEX_FOOTER = struct.Struct("<8sIQQQQI")  # magic, version, base, next offset, size, max ts, crc
+#: magic, version, base, next offset, size, max ts, CRC-32 of the whole segment, crc
+INDEX_FOOTER = struct.Struct("<8sIQQQQII")
 INDEX_MAGIC = b"RDVPQIDX"
+#: 2: the footer holds the segment's checksum (version 1 indexes are rebuilt from the
+#: segment, which is then verified record by record).
+INDEX_VERSION = 2
+#: Bytes read at a time to check a sealed segment's checksum.
+CHECK_CHUNK = 8 << 20
 #: Records a corrupt stretch may hide before reading gives up looking past it.
 RESYNC_SPAN = 4096
 #: Bodies this large are written and kept as views of their produce request, not copied.
@@ -78,16 +90,122 @@ def fsync_dir(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Corruption:
-    """A stretch of a segment that holds no valid record."""
+    """A stretch of a segment that holds no valid record: where it is, why, and the
+    offsets of the messages it hides (``first`` to ``last``; ``last`` is None when
+    nothing tells where they end)."""
 
     file: str
     position: int
     end: int  # where reading goes on (the file's size if nothing follows)
     reason: str
+    first: int
+    last: int | None
+
+    @property
+    def offsets(self) -> str:
+        if self.last is None:
+            return f"offsets from {self.first} on"
+        if self.last < self.first:
+            return "no offset"
+        return f"offset {self.first}" if self.last == self.first else (
+            f"offsets {self.first} to {self.last}")
 
     def __str__(self) -> str:
         return (f"{self.file}: corrupt data at byte {self.position} ({self.reason}); "
-                f"{self.end - self.position} bytes skipped")
+                f"{self.end - self.position} bytes skipped, hiding {self.offsets}")
+
+
+@dataclass
+class Scan:
+    """What reading a segment whole found (:func:`scan_segment`): its sparse index, its
+    newest timestamp, the offset after its last valid record, the stretches with no
+    valid record in them ``(position, end, reason, first offset hidden, next valid
+    offset or None)``, and where a torn tail starts (the last segment only)."""
+
+    index: list[tuple[int, int, int]]
+    max_ts: int
+    next_offset: int
+    bad: list[tuple[int, int, str, int, int | None]]
+    torn: tuple[int, str] | None = None
+    records: int = 0
+
+
+def scan_segment(buf: bytes, base: int, max_record: int, *, last: bool) -> Scan:
+    """Read the records of a segment's bytes ``buf`` (its header included) one by one,
+    checking each, sans-I/O.  In the last segment a record that no valid one follows
+    is a torn tail (a crash cut it short); anywhere else it is damage."""
+    scan = Scan([], 0, base, [])
+    pos = SEGMENT_HEADER.size
+    expected = base
+    last_indexed = -INDEX_INTERVAL
+    while pos < len(buf):
+        try:
+            found = decode(buf, pos, max_record)
+            if found is not None and found[0].offset < expected:
+                raise Bad(f"offset {found[0].offset} where {expected} or later belongs")
+            if found is None and not last:
+                raise Bad("a sealed segment ends inside a record")
+        except Bad as exc:
+            resume = _resync(buf, pos, expected, max_record)
+            if resume is None and last:
+                scan.torn = (pos, str(exc))
+                break
+            end = len(buf) if resume is None else resume
+            following = None if resume is None else _offset_at(buf, resume)
+            scan.bad.append((pos, end, str(exc), expected, following))
+            if following is not None:
+                expected = following
+            pos = end
+            continue
+        if found is None:  # the last segment ends inside a record
+            scan.torn = (pos, "a record torn at the tail")
+            break
+        record, end = found
+        if pos - last_indexed >= INDEX_INTERVAL:
+            scan.index.append((record.offset - base, pos, record.timestamp))
+            last_indexed = pos
+        scan.max_ts = max(scan.max_ts, record.timestamp)
+        scan.records += 1
+        expected = record.offset + 1
+        pos = end
+    scan.next_offset = expected
+    return scan
+
+
+def header_base(data: bytes, path: Path) -> tuple[int, str | None]:
+    """A segment's base offset, from its header; when the header is damaged, from the
+    file's name, with what is wrong (the records after it can still be read).
+    :class:`FormatError` for a segment of another format version, or a header whose
+    base disagrees with the name."""
+    try:
+        base, _ = read_segment_header(data, str(path))
+    except FormatError as exc:
+        if (len(data) >= SEGMENT_HEADER.size and data[:8] == MAGIC
+                and SEGMENT_HEADER.unpack_from(data)[1] != FORMAT_VERSION):
+            raise
+        if not (path.stem.isdigit() and len(path.stem) == 20):
+            raise
+        return int(path.stem), str(exc).removeprefix(f"{path}: ")
+    if path.stem != f"{base:020d}":
+        raise FormatError(f"{path}: its header says base offset {base}")
+    return base, None
+
+
+def _offset_at(buf: bytes, pos: int) -> int:
+    """The offset of the (valid) record at ``pos``."""
+    return int(struct.unpack_from("<Q", buf, pos + 8)[0])
+
+
+def segment_crc(fd: int, size: int) -> int:
+    """CRC-32 of a segment file's first ``size`` bytes, read a chunk at a time."""
+    crc, pos = 0, 0
+    while pos < size:
+        chunk = os.pread(fd, min(CHECK_CHUNK, size - pos), pos)
+        if not chunk:
+            raise OSError(f"the file ends at byte {pos}, before {size}")
+        crc = crc32(chunk, crc)
+        pos += len(chunk)
+    return crc
 
 
 @dataclass
@@ -138,8 +256,10 @@ class TopicLog:
         self._tail_start = 0
         self._tail_floor = 0
         self.tail_limit = tail_bytes
-        #: Corrupt stretches found when opening, in order.
+        #: Corrupt stretches found when opening, in order, then any found when reading.
         self.corruptions: list[Corruption] = []
+        #: Stretches found by the scans of :meth:`_open`, reported once all are loaded.
+        self._found: list[tuple[_Segment, tuple[int, int, str, int, int | None]]] = []
         #: Bytes cut from the tail when opening (a record torn by a crash).
         self.cut_bytes = 0
         #: Why the log refuses writes (a failed fsync), or None.
@@ -201,15 +321,26 @@ class TopicLog:
             if later.base < earlier.next_offset:
                 raise FormatError(f"{later.path}: starts at offset {later.base}, inside "
                                   f"{earlier.path} (which ends at {earlier.next_offset})")
+        for segment, hidden in self._found:
+            # damage at the end of a sealed segment hides offsets up to the next one's base
+            i = self.segments.index(segment)
+            last = hidden[4]
+            if last is None and i + 1 < len(self.segments):
+                last = self.segments[i + 1].base
+            corruption = Corruption(str(segment.path), hidden[0], hidden[1], hidden[2],
+                                    hidden[3], None if last is None else last - 1)
+            log.error("%s", corruption)
+            self.corruptions.append(corruption)
+        self._found.clear()
 
     def _load(self, path: Path, *, last: bool) -> _Segment:
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            base, _ = read_segment_header(os.pread(fd, SEGMENT_HEADER.size, 0), str(path))
-            if path.stem != f"{base:020d}":
-                raise FormatError(f"{path}: its header says base offset {base}")
+            base, damage = header_base(os.pread(fd, SEGMENT_HEADER.size, 0), path)
             segment = _Segment(path, base, fd, size, base)
+            if damage is not None:  # the records after it are read all the same
+                self._found.append((segment, (0, SEGMENT_HEADER.size, damage, base, base)))
             if not last and self._load_index(segment):
                 return segment
             self._scan(segment, last=last)
@@ -219,60 +350,42 @@ class TopicLog:
             raise
 
     def _load_index(self, segment: _Segment) -> bool:
-        """Trust a sealed segment's index if its footer checks out; False otherwise."""
+        """Take a sealed segment on its index if the index checks out and the segment's
+        checksum still matches the one the index keeps; False: read it whole."""
         try:
             data = segment.index_path.read_bytes()
         except FileNotFoundError:
             return False
         if len(data) < INDEX_FOOTER.size or (len(data) - INDEX_FOOTER.size) % INDEX_ENTRY.size:
             return False
-        magic, version, base, next_offset, size, max_ts, crc = INDEX_FOOTER.unpack_from(
-            data, len(data) - INDEX_FOOTER.size)
-        if (magic != INDEX_MAGIC or version != 1 or base != segment.base
+        magic, version, base, next_offset, size, max_ts, seg_crc, crc = (
+            INDEX_FOOTER.unpack_from(data, len(data) - INDEX_FOOTER.size))
+        if (magic != INDEX_MAGIC or version != INDEX_VERSION or base != segment.base
                 or size != segment.size or crc32(data[:-4]) != crc):
             return False
+        if segment_crc(segment.fd, segment.size) != seg_crc:
+            return False  # damaged since it was sealed: reading it whole says where
         segment.index = [INDEX_ENTRY.unpack_from(data, i)
                          for i in range(0, len(data) - INDEX_FOOTER.size, INDEX_ENTRY.size)]
         segment.next_offset, segment.max_ts = next_offset, max_ts
         return True
 
     def _scan(self, segment: _Segment, *, last: bool) -> None:
-        """Read a segment whole: rebuild its index, find corrupt stretches, cut a torn tail."""
+        """Read a segment whole: rebuild its index, find corrupt stretches, cut a torn tail;
+        a sealed segment found whole gets its index (with its checksum) written again."""
         buf = os.pread(segment.fd, segment.size, 0)
-        pos = SEGMENT_HEADER.size
-        expected = segment.base
-        while pos < len(buf):
-            try:
-                found = decode(buf, pos, self.max_record)
-                if found is not None and found[0].offset < expected:
-                    raise Bad(f"offset {found[0].offset} where {expected} or later belongs")
-            except Bad as exc:
-                resume = _resync(buf, pos, expected, self.max_record)
-                if resume is None and last:
-                    self._cut(segment, pos, f"{exc}")
-                    break
-                end = len(buf) if resume is None else resume
-                corruption = Corruption(str(segment.path), pos, end, str(exc))
-                log.error("%s", corruption)
-                self.corruptions.append(corruption)
-                segment.bad.append((pos, end))
-                pos = end
-                continue
-            if found is None:  # the buffer ends inside a record
-                if last:
-                    self._cut(segment, pos, "a record torn at the tail")
-                else:
-                    corruption = Corruption(str(segment.path), pos, len(buf),
-                                            "a sealed segment ends inside a record")
-                    log.error("%s", corruption)
-                    self.corruptions.append(corruption)
-                    segment.bad.append((pos, len(buf)))
-                break
-            record, end = found
-            self._indexed(segment, record, pos)
-            expected = record.offset + 1
-            pos = end
-        segment.next_offset = expected
+        scan = scan_segment(buf, segment.base, self.max_record, last=last)
+        segment.index = scan.index
+        segment.last_indexed = scan.index[-1][1] if scan.index else -INDEX_INTERVAL
+        segment.max_ts = scan.max_ts
+        segment.next_offset = scan.next_offset
+        for pos, end, reason, first, following in scan.bad:
+            segment.bad.append((pos, end))
+            self._found.append((segment, (pos, end, reason, first, following)))
+        if scan.torn is not None:
+            self._cut(segment, scan.torn[0], scan.torn[1])
+        if not last and not scan.bad:
+            self._write_index(segment, crc32(buf))
 
     def _cut(self, segment: _Segment, pos: int, why: str) -> None:
         cut = segment.size - pos
@@ -280,15 +393,8 @@ class TopicLog:
         os.fsync(segment.fd)
         segment.size = pos
         self.cut_bytes += cut
-        log.warning("%s: cut %d bytes at the tail (%s); every record before them is kept",
-                    segment.path, cut, why)
-
-    def _indexed(self, segment: _Segment, record: Record, pos: int) -> None:
-        if pos - segment.last_indexed >= INDEX_INTERVAL:
-            segment.index.append((record.offset - segment.base, pos, record.timestamp))
-            segment.last_indexed = pos
-        if record.timestamp > segment.max_ts:
-            segment.max_ts = record.timestamp
+        log.warning("%s: cut %d bytes at byte %d, from offset %d on (%s); every record "
+                    "before them is kept", segment.path, cut, pos, segment.next_offset, why)
 
     def _create(self, base: int) -> _Segment:
         path = self._segdir / f"{base:020d}.seg"
@@ -414,15 +520,21 @@ class TopicLog:
         """Seal the last segment (fsynced, its index written) and start a new one."""
         segment = self.segments[-1]
         os.fsync(segment.fd)
-        entries = b"".join(INDEX_ENTRY.pack(*e) for e in segment.index)
-        footer = INDEX_FOOTER.pack(INDEX_MAGIC, 1, segment.base, segment.next_offset,
-                                   segment.size, segment.max_ts, 0)
-        body = entries + footer[:-4]
-        _write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
+        self._write_index(segment, segment_crc(segment.fd, segment.size))
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
         self._dir_dirty = False
+
+    def _write_index(self, segment: _Segment, seg_crc: int) -> None:
+        """A sealed segment's index file: its entries, then a footer with the segment's
+        size, next offset, newest timestamp and checksum, and the index's own CRC."""
+        entries = b"".join(INDEX_ENTRY.pack(*e) for e in segment.index)
+        footer = INDEX_FOOTER.pack(INDEX_MAGIC, INDEX_VERSION, segment.base,
+                                   segment.next_offset, segment.size, segment.max_ts,
+                                   seg_crc, 0)
+        body = entries + footer[:-4]
+        write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -467,10 +579,9 @@ class TopicLog:
             while at < len(buf) and budget[0] > 0 and budget[1] > 0:
                 try:
                     found = decode(buf, at, self.max_record)
-                except Bad:
+                except Bad as exc:
                     if not any(start <= pos + at < end for start, end in segment.bad):
-                        raise StoreError(f"{segment.path}: corrupt record at byte "
-                                         f"{pos + at}") from None
+                        self._damaged(segment, pos + at, str(exc))
                     break
                 if found is None:
                     break
@@ -482,10 +593,28 @@ class TopicLog:
                 at = end
             if at == 0 and not any(start <= pos < end for start, end in segment.bad):
                 if len(buf) >= segment.size - pos:
-                    raise StoreError(f"{segment.path}: a record at byte {pos} runs past the "
-                                     f"end of the segment")
+                    self._damaged(segment, pos, "a record runs past the end of the segment")
+                    continue
                 want = len(buf) * 2  # one record larger than what was read
             pos += at
+
+    def _damaged(self, segment: _Segment, pos: int, reason: str) -> None:
+        """Damage found while reading (it came after the log was opened): reported like
+        damage found at open, and skipped from now on."""
+        buf = os.pread(segment.fd, segment.size, 0)
+        expected = segment.base
+        if pos > SEGMENT_HEADER.size:  # the offset the bad record should have had
+            before = scan_segment(buf[:pos], segment.base, self.max_record, last=True)
+            expected = before.next_offset
+        resume = _resync(buf, pos, expected, self.max_record)
+        end = segment.size if resume is None else resume
+        last = (_offset_at(buf, resume) - 1 if resume is not None
+                else segment.next_offset - 1)
+        corruption = Corruption(str(segment.path), pos, end, reason, expected, last)
+        log.error("%s (found while reading)", corruption)
+        self.corruptions.append(corruption)
+        segment.bad.append((pos, end))
+        segment.bad.sort()
 
     def _position(self, segment: _Segment, offset: int) -> int:
         i = bisect.bisect_right(segment.index, (offset - segment.base, 1 << 64, 0)) - 1
@@ -581,7 +710,7 @@ def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> Non
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def write_file(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -48,8 +48,8 @@ under a virtual clock, but the pump waits for the disk.)
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
-from urllib.parse import quote
 
 import trio
 
@@ -73,17 +72,38 @@ from brokermgr.tracking.info import (
     MASK_RPC,
 )
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
-from pump import RdvpumpError, Timer
+from pump import Timer
 
 from ._cursor import CursorStore
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES, SyncPoint, TopicLog, _write_file, run_sync
+from ._log import DEFAULT_SEGMENT_BYTES, Corruption, SyncPoint, TopicLog, run_sync, write_file
 from ._memory import MemoryLog
+from ._meta import META, encode_meta, read_meta
+from ._names import check_name, dead_letter_topic, disk_name
 from ._record import Record, StoreError
+from ._requests import (
+    FLAG_NAMES,
+    MAX_ACK_RANGE,
+    MAX_WINDOW,
+    Ack,
+    Consume,
+    Declare,
+    Empty,
+    MqError,
+    Produce,
+    Push,
+    Query,
+    Receive,
+    Remove,
+    Request,
+    Route,
+    Unconsume,
+    parse,
+    request_seq,
+)
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
-    DEFAULT_WINDOW,
     Consumer,
     Delivery,
     Topic,
@@ -94,15 +114,13 @@ from ._wire import pack_column
 log = logging.getLogger("rdvpump.mq")
 
 #: Topic flags by their stable names, with zbus 0.9's mask bits for its ServerInfo JSON.
-FLAGS = {"memory": MASK_MEMORY, "rpc": MASK_RPC, "exclusive": MASK_EXCLUSIVE,
-         "delete-on-exit": MASK_DELETE_ON_EXIT}
+FLAGS = dict(zip(FLAG_NAMES, (MASK_MEMORY, MASK_RPC, MASK_EXCLUSIVE, MASK_DELETE_ON_EXIT),
+                 strict=True))
 COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "query", "remove",
                       "route", "receive", "push",
                       "empty"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
-#: Largest window a consumer may ask for.
-MAX_WINDOW = 10_000
 #: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
 #: the last): frames that fit a link's ring are taken out of it whole, larger ones are
 #: put together piece by piece (with 1 MiB frames the 64 KiB stream of ``bench mq`` ran
@@ -111,16 +129,7 @@ FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.
 FRAME_ROOM = 64 << 10
-#: Most consecutive offsets one ack may name by its first and count.
-MAX_ACK_RANGE = 1 << 20
-
-
-class MqError(RdvpumpError):
-    """A request that gets an error reply: ``status`` and the reason."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
+__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "Durability", "MqError", "MqServer"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,10 @@ class _Topic:
     dirty: bool = False
     #: the group filters, as declared (saved in meta.json)
     filters: dict[str, str | None] = field(default_factory=dict)
+    #: why the topic's own work (dispatch, commit) failed last, until it works again
+    error: str | None = None
+    #: why a group's position could not be saved, until it is saved again
+    group_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,7 +227,11 @@ class MqServer:
         #: links by receiver name, for ``push``
         self.receivers: dict[str, list[_Link]] = {}
         self._sessions = 0
-        self._waiting: list[tuple[MessageQueue, dict[str, Any], str]] = []
+        self._waiting: list[_Waiting] = []
+        #: topics found on disk that cannot be opened, by directory name: why
+        self.unavailable: dict[str, str] = {}
+        #: damage found in the topics' files when they were opened: (topic, what)
+        self.corruptions: list[tuple[str, Corruption]] = []
         self._commit_posted = False
         self._committing = False
         self._closed = False
@@ -242,32 +259,47 @@ class MqServer:
     # -- topics on disk ----------------------------------------------------------------
 
     def _load(self) -> None:
+        """Open every topic found under the directory; one that cannot be opened is
+        reported with its file and reason and left out (:attr:`unavailable`), and the
+        others are served."""
         assert self.directory is not None
-        for meta_path in sorted(self.directory.glob("*/meta.json")):
-            meta = json.loads(meta_path.read_text())
-            name = meta["topic"]
-            if meta.get("version") != 1:
-                raise StoreError(f"{meta_path}: topic format version {meta.get('version')}; "
-                                 f"this rdvpump reads 1")
-            state = self._open(name, frozenset(meta["flags"]))
-            for group, filter in meta["groups"].items():
-                # a group with no saved position starts where nothing can be missed
-                state.topic.declare_group(group, filter=filter, start="beginning")
+        for meta_path in sorted(self.directory.glob(f"*/{META}")):
+            try:
+                name, flags, groups = read_meta(meta_path)
+                state = self._open(name, flags, groups)
+            except (StoreError, OSError) as exc:
+                reason = str(exc) if isinstance(exc, StoreError) else (
+                    f"{meta_path.parent}: cannot be read: {exc.strerror or exc}")
+                self.unavailable[meta_path.parent.name] = reason
+                log.error("%s: a topic is not served: %s", self.address, reason)
+                continue
+            for group, filter in groups.items():
+                try:
+                    # a group with no saved position starts where nothing can be missed
+                    state.topic.declare_group(group, filter=filter, start="beginning")
+                except (FilterError, ValueError) as exc:
+                    log.error("%s: %s: group %r left out: %s", self.address, meta_path, group,
+                              exc)
+                    continue
                 state.filters[group] = filter
             log.info("%s: topic %s: %d messages, groups %s", self.address, name,
                      state.topic.log.next_offset - state.topic.log.start_offset,
-                     sorted(meta["groups"]))
+                     sorted(state.filters))
 
-    def _open(self, name: str, flags: frozenset[str]) -> _Topic:
+    def _open(self, name: str, flags: frozenset[str], groups: Iterable[str] = ()) -> _Topic:
+        """A topic's log, cursors (of ``groups``, the groups its meta lists) and state."""
         topic_dir = cursors = None
         if "memory" in flags or self.directory is None:
             log_: TopicLog | MemoryLog = MemoryLog()
             saved: dict[str, int] = {}
         else:
-            topic_dir = self.directory / quote(name, safe="")
+            # the only place a topic's name reaches the file system: see mq._names
+            topic_dir = self.directory / disk_name(name)
             log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes)
+            for corruption in log_.corruptions:
+                self.corruptions.append((name, corruption))
             cursors = CursorStore(topic_dir)
-            saved = cursors.load()
+            saved = cursors.load(groups)
         topic = Topic(name, log_, clock=self.pump.now, saved=saved,
                       ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
                       dead=self._dead)
@@ -277,49 +309,81 @@ class MqServer:
         return state
 
     def _save_meta(self, state: _Topic) -> None:
-        if state.directory is None:
-            return
-        meta = {"version": 1, "topic": state.topic.name, "flags": sorted(state.flags),
-                "groups": state.filters}
-        _write_file(state.directory / "meta.json", json.dumps(meta, indent=1).encode())
+        if state.directory is not None:
+            write_file(state.directory / META, encode_meta(state.topic.name, state.flags,
+                                                          state.filters))
 
     # -- requests ----------------------------------------------------------------------
 
-    def handle(self, queue: MessageQueue, request: dict[str, Any]) -> None:
-        cmd = request["cmd"]
+    def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None:
+        """A request from a link: parsed and checked whole first (a refused one changes
+        nothing), then handled; every error is replied on the caller's link with the
+        request's ``seq`` when it has one, else with ``for`` (its command), its topic and
+        group, so that a client can tell whose it is."""
+        seq = request_seq(obj)
         if self._closed:
-            self._reply(queue, request, {"cmd": "error", "status": 503,
-                                         "error": f"{self.address}: the MQ server is closed"})
+            self._reply(queue, seq, _error(obj, 503, f"{self.address}: the MQ server is "
+                                                     f"closed"))
             return
         try:
-            reply = getattr(self, f"_{cmd}")(queue, request)
+            request = parse(obj)
+            reply = self._handle(queue, request, seq)
         except MqError as exc:
-            reply = {"cmd": "error", "status": exc.status, "error": str(exc)}
+            reply = _error(obj, exc.status, str(exc))
         except UnknownGroupError as exc:
-            reply = {"cmd": "error", "status": 404, "error": str(exc)}
+            reply = _error(obj, 404, str(exc))
         except StoreError as exc:
-            reply = {"cmd": "error", "status": 500, "error": str(exc)}
-        except (FilterError, ValueError, TypeError) as exc:
-            reply = {"cmd": "error", "status": 400, "error": str(exc)}
-        if reply is not None:
-            self._reply(queue, request, reply)
+            reply = _error(obj, 500, str(exc))
+        except (FilterError, ValueError) as exc:
+            reply = _error(obj, 400, str(exc))
+        if reply is not None and (seq is not None or reply["cmd"] == "error"
+                                  or not isinstance(request, Ack | Route | Push)):
+            self._reply(queue, seq, reply)  # acks, routes and pushes are answered if asked
 
-    def handle_local(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _handle(self, queue: MessageQueue | None, request: Request, seq: int | None
+                ) -> dict[str, Any] | None:
+        """The handler of a typed request: its reply, None for none (or not yet), or an
+        error raised."""
+        if isinstance(request, Produce):
+            return self._produce(queue, request, seq)
+        if isinstance(request, Ack):
+            return self._ack(queue, request)
+        if isinstance(request, Declare):
+            return self._declare(queue, request)
+        if isinstance(request, Consume):
+            return self._consume(queue, request)
+        if isinstance(request, Unconsume):
+            return self._unconsume(queue, request)
+        if isinstance(request, Query):
+            return self._query(request)
+        if isinstance(request, Remove):
+            return self._remove(request)
+        if isinstance(request, Empty):
+            return self._empty(request)
+        if isinstance(request, Route):
+            return self._route(request, asked=seq is not None)
+        if isinstance(request, Receive):
+            return self._receive(queue, request)
+        return self._push(queue, request)
+
+    def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A request from this process (declare at start, say): the reply, or
         :class:`MqError` with its status and reason."""
-        cmd = request.get("cmd")
-        if cmd not in ("declare", "query", "remove", "empty"):
-            raise ValueError(f"{cmd!r} is not a local request")
-        reply: dict[str, Any] = getattr(self, f"_{cmd}")(None, request)
+        request = parse(obj)
+        if not isinstance(request, Declare | Query | Remove | Empty):
+            raise ValueError(f"{obj.get('cmd')!r} is not a local request")
+        reply = self._handle(None, request, None)
+        assert reply is not None
         return reply
 
-    def _reply(self, queue: MessageQueue, request: dict[str, Any], reply: dict[str, Any]
+    def _reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
                ) -> None:
         if reply.get("cmd") == "error":
             self.counts["errors"] += 1
-        if "seq" in request:
-            reply["seq"] = request["seq"]
-        reply.setdefault("topic", request.get("topic"))
+        if queue is None:
+            return
+        if seq is not None:
+            reply["seq"] = seq
         self._send_to(self._link(queue), encode(reply))
 
     def _link(self, queue: MessageQueue) -> _Link:
@@ -330,62 +394,71 @@ class MqServer:
             self.sessions[link.session] = link
         return link
 
-    def _state(self, request: dict[str, Any]) -> _Topic:
-        name = request.get("topic")
-        if not isinstance(name, str) or not name:
-            raise MqError(400, "a request needs a topic (a non-empty string)")
+    def _state(self, name: str) -> _Topic:
         state = self.topics.get(name)
         if state is None:
+            if name in self.unavailable:
+                raise MqError(503, f"topic {name!r} cannot be opened: {self.unavailable[name]}")
             raise MqError(404, f"no topic {name!r} on {self.address}")
         return state
 
-    def _declare(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        name = request.get("topic")
-        if not isinstance(name, str) or not name or "\x00" in name:
-            raise MqError(400, "declare needs a topic (a non-empty string)")
-        flags = request.get("flags", [])
-        if not isinstance(flags, list) or not set(flags) <= set(FLAGS):
-            raise MqError(400, f"flags must be a list of {', '.join(FLAGS)}; got {flags!r}")
+    def _declare(self, queue: MessageQueue | None, request: Declare) -> dict[str, Any]:
+        name = request.topic
+        group = request.group or name
         state = self.topics.get(name)
+        if state is None and disk_name(name) in self.unavailable:
+            raise MqError(503, f"topic {name!r} cannot be opened: "
+                               f"{self.unavailable[disk_name(name)]}")
+        start = request.start
+        if start is not None and start.kind == "copy" and (
+                state is None or start.value not in state.topic.groups):
+            raise MqError(404, f"topic {name!r} has no consume group {start.value!r} to copy")
         created = state is None
         if state is None:
-            state = self._open(name, frozenset(flags))
+            state = self._open(name, request.flags)
             state.creator = queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
-        group = request.get("group") or name
-        filter = request.get("filter")
-        if group not in state.topic.groups or filter is not None:
+        new_group = group not in state.topic.groups
+        old_filter = state.filters.get(group)
+        if new_group or request.filter is not None:
             # a new group, or a new filter; declaring an existing group again keeps it
-            state.topic.declare_group(group, filter=filter, start=request.get("start"))
-            state.filters[group] = filter
-            self.node.declare_group(name, group, filter=filter)
-        self._save_meta(state)
-        self._save_cursors(state)  # a new group's start holds across a crash
-        return {"cmd": "declared", "group": group, "created": created}
+            state.topic.declare_group(group, filter=request.filter, start=start)
+            state.filters[group] = request.filter
+        try:
+            self._save_meta(state)
+            self._save_cursors(state)  # a new group's start holds across a crash
+        except OSError as exc:
+            # not declared after all: what this request changed is undone
+            if created:
+                self._drop_topic(state)
+            elif new_group:
+                state.topic.remove_group(group)
+                state.filters.pop(group, None)
+            else:
+                state.topic.declare_group(group, filter=old_filter)
+                state.filters[group] = old_filter
+            raise StoreError(f"{name}: not declared: {exc.strerror or exc}") from exc
+        if new_group or request.filter is not None:
+            self.node.declare_group(name, group, filter=request.filter)
+        return {"cmd": "declared", "topic": name, "group": group, "created": created}
 
-    def _produce(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
-        state = self._state(request)
-        body = request.get("body", b"")
-        producer = request.get("producer", queue.remote_id)
-        sequence = request.get("sequence", 0)
-        tag = request.get("tag")
-        if not isinstance(producer, str) or type(sequence) is not int or (
-                tag is not None and not isinstance(tag, str)):
-            raise MqError(400, "producer must be a string, sequence an integer, tag a string")
+    def _produce(self, queue: MessageQueue | None, request: Produce, seq: int | None
+                 ) -> dict[str, Any] | None:
+        state = self._state(request.topic)
+        body, sequence, tag = request.body, request.sequence, request.tag
+        producer = request.producer
+        if producer is None:
+            producer = "" if queue is None else queue.remote_id
         if "rpc" in state.flags:
             # a request: replies are routed back to this link by (session, request id)
             if queue is None:
                 raise MqError(400, "an RPC request needs a link to answer")
             producer = self._link(queue).session
-        sizes = request.get("sizes")
+        sizes = request.sizes
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
         else:
-            if (not isinstance(sizes, list) or not _ints(sizes) or (sizes and min(sizes) < 0)
-                    or sum(sizes) != len(body)):
-                raise MqError(400, f"sizes must be non-negative integers adding up to the "
-                                   f"body's {len(body)} bytes")
             view = memoryview(body)  # the messages are cut without copying
             ends = list(itertools.accumulate(sizes))
             messages = [(tag, producer, sequence + i, view[end - size:end])
@@ -397,11 +470,10 @@ class MqServer:
                                f"a delivery's header included")
         first = state.topic.publish(messages)
         self.counts["stored"] += len(messages)
-        reply = {"cmd": "stored", "offset": first, "count": len(messages),
-                 "server": self.address}
+        reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
+                 "count": len(messages), "server": self.address}
         if self._needs_commit(state):
-            self._waiting.append((queue, {**reply, **({"seq": request["seq"]} if "seq" in
-                                                     request else {})}, state.topic.name))
+            self._waiting.append((queue, seq, reply, state.topic.name))
             return None
         self._dispatch(state)
         return reply
@@ -449,8 +521,7 @@ class MqServer:
             "mq committed", self._committed, points, errors, failed, waiting))
 
     def _committed(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
-                   failed: dict[str, str],
-                   waiting: list[tuple[MessageQueue, dict[str, Any], str]]) -> None:
+                   failed: dict[str, str], waiting: list[_Waiting]) -> None:
         self._committing = False
         if self._closed:
             return
@@ -462,14 +533,17 @@ class MqServer:
                 state.topic.log.finish_sync(point, errors.get(name))
             except StoreError as exc:
                 failed[name] = str(exc)
-        for queue, reply, name in waiting:
+        for name, reason in failed.items():
+            state = self.topics.get(name)
+            if state is not None:
+                self._topic_failed(state, "commit", reason)
+        for queue, seq, reply, name in waiting:
             if name in failed:
-                reply = {"cmd": "error", "status": 500, "seq": reply.get("seq"),
+                reply = {"cmd": "error", "status": 500, "for": "produce", "topic": name,
                          "error": f"not acknowledged, it may or may not be stored: "
                                   f"{failed[name]}"}
-            self._reply(queue, {"seq": reply["seq"]} if reply.get("seq") is not None else {},
-                        {**reply, "topic": name})
-        for state in self.topics.values():
+            self._reply(queue, seq, reply)
+        for state in list(self.topics.values()):
             self._dispatch(state)
         if self._waiting or any(s.dirty for s in self.topics.values()):
             self._want_commit()
@@ -481,19 +555,42 @@ class MqServer:
         return topic_log.next_offset
 
     def _dispatch(self, state: _Topic) -> None:
-        sent = state.topic.dispatch(self._visible(state))
+        """Push what a topic's groups may have now; a failure stays with the topic (its
+        error state, logged once), and the broker and the other topics go on."""
+        try:
+            sent = state.topic.dispatch(self._visible(state))
+        except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
+            self._topic_failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
+            sent = 0
+            for link in self.links.values():
+                link.batch.clear()  # in flight already: redelivered by the ack timeout
+        else:
+            if state.error is not None:
+                log.warning("%s: topic %s serves again (it had failed: %s)", self.address,
+                            state.topic.name, state.error)
+                state.error = None
         if sent:
             self.counts["delivered"] += sent
             for link in self.links.values():
                 if link.batch:
                     self._flush_batch(link)
 
-    def _consume(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        state = self._state(request)
-        group = request.get("group") or state.topic.name
-        window = request.get("window", DEFAULT_WINDOW)
-        if type(window) is not int or not 1 <= window <= MAX_WINDOW:
-            raise MqError(400, f"window must be an integer within 1..{MAX_WINDOW}")
+    def _topic_failed(self, state: _Topic, work: str, reason: str,
+                      exc: BaseException | None = None) -> None:
+        """A topic's error state: logged once when it starts (or changes), shown by
+        ``query`` until the topic's work succeeds again."""
+        error = f"{work} failed: {reason}"
+        if state.error != error:
+            log.error("%s: topic %s: %s; the topic shows this error, the other topics go "
+                      "on", self.address, state.topic.name, error, exc_info=exc)
+        state.error = error
+
+    def _consume(self, queue: MessageQueue | None, request: Consume) -> dict[str, Any]:
+        if queue is None:
+            raise MqError(400, "consume needs a link to deliver to")
+        state = self._state(request.topic)
+        group = request.group or state.topic.name
+        window = request.window
         topic_group = state.topic.group(group)
         link = self._link(queue)
         if (state.topic.name, group) in link.consumers:
@@ -507,66 +604,105 @@ class MqServer:
         state.topic.attach(consumer)
         self._consumers_changed(state, group)
         self.pump.post("mq dispatch", lambda: self._dispatch(state), owner=self.node.broker)
-        return {"cmd": "consuming", "group": group, "window": window}
+        return {"cmd": "consuming", "topic": state.topic.name, "group": group,
+                "window": window}
 
-    def _unconsume(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        state = self._state(request)
-        group = request.get("group") or state.topic.name
-        consumer = self._link(queue).consumers.pop((state.topic.name, group), None)
+    def _unconsume(self, queue: MessageQueue | None, request: Unconsume) -> dict[str, Any]:
+        state = self._state(request.topic)
+        group = request.group or state.topic.name
+        consumer = None if queue is None else self._link(queue).consumers.pop(
+            (state.topic.name, group), None)
         if consumer is None:
             raise MqError(404, f"this link does not consume {state.topic.name}/{group}")
         state.topic.detach(consumer)
         self._consumers_changed(state, group)
         self._dispatch(state)
-        return {"cmd": "unconsumed", "group": group}
+        return {"cmd": "unconsumed", "topic": state.topic.name, "group": group}
 
-    def _ack(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
-        state = self._state(request)
-        group = request.get("group") or state.topic.name
-        offsets = request.get("offsets")
-        count = request.get("count")
-        if type(offsets) is int and type(count) is int and offsets >= 0 and 0 < count <= (
-                MAX_ACK_RANGE):
-            offsets = range(offsets, offsets + count)  # consecutive: offsets from the first
-        elif not isinstance(offsets, list) or not _ints(offsets):
-            raise MqError(400, f"offsets must be a list of integers, or the first of count "
-                               f"consecutive ones (count within 1..{MAX_ACK_RANGE})")
-        consumer = self._link(queue).consumers.get((state.topic.name, group))
-        done = state.topic.ack(group, offsets, consumer)
+    def _ack(self, queue: MessageQueue | None, request: Ack) -> dict[str, Any] | None:
+        """Acknowledge offsets this link's consumer of the group holds.  Offsets it does
+        not hold (never delivered to it, acknowledged already, or gone to another
+        consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
+        all the same."""
+        state = self._state(request.topic)
+        group = request.group or state.topic.name
+        state.topic.group(group)  # 404 for an unknown group
+        consumer = None if queue is None else self._link(queue).consumers.get(
+            (state.topic.name, group))
+        if consumer is None:
+            raise MqError(409, f"this link does not consume {state.topic.name}/{group}: "
+                               f"its acks are not taken")
+        done, missed = state.topic.ack(group, request.offsets, consumer)
         self.counts["acked"] += done
-        self._dispatch(state)
-        return {"cmd": "acked", "count": done} if "seq" in request else None
+        if done:
+            self._dispatch(state)
+        if missed:
+            raise MqError(409, f"{len(missed)} offsets of {state.topic.name}/{group} are not "
+                               f"held by this consumer (never delivered to it, acknowledged "
+                               f"already or redelivered after the ack timeout): "
+                               f"{_offsets(missed)}; {done} acknowledged")
+        return {"cmd": "acked", "topic": state.topic.name, "count": done}
 
-    def _query(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        names = [self._state(request).topic.name] if request.get("topic") else sorted(
+    def _query(self, request: Query) -> dict[str, Any]:
+        names = [self._state(request.topic).topic.name] if request.topic else sorted(
             self.topics)
-        return {"cmd": "topics", "server": self.address,
-                "topics": {n: self.describe(n) for n in names}}
+        reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
+                                 "topics": {n: self.describe(n) for n in names}}
+        if self.unavailable and not request.topic:
+            reply["unavailable"] = dict(self.unavailable)
+        return reply
 
     def describe(self, name: str) -> dict[str, Any]:
         state = self.topics[name]
         topic = state.topic
-        return {"flags": sorted(state.flags), "depth": topic.depth,
-                "start": topic.log.start_offset, "next": topic.log.next_offset,
-                "groups": {g.name: {"filter": state.filters.get(g.name), "lag": topic.lag(g.name),
-                                    "consumers": len(g.consumers),
-                                    "inFlight": len(g.in_flight),
-                                    "deadLetters": g.dead_letters}
-                           for g in topic.groups.values()}}
+        groups = {}
+        for g in topic.groups.values():
+            groups[g.name] = {"filter": state.filters.get(g.name), "lag": topic.lag(g.name),
+                              "consumers": len(g.consumers), "inFlight": len(g.in_flight),
+                              "deadLetters": g.dead_letters,
+                              "status": self._group_status(state, g.name)}
+        described: dict[str, Any] = {
+            "flags": sorted(state.flags), "depth": topic.depth,
+            "start": topic.log.start_offset, "next": topic.log.next_offset,
+            "error": state.error, "groups": groups}
+        if isinstance(topic.log, TopicLog):
+            described["corrupt"] = [{"file": c.file, "position": c.position,
+                                     "offsets": [c.first, c.last]}
+                                    for c in topic.log.corruptions]
+        return described
 
-    def _remove(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        state = self._state(request)
-        group = request.get("group")
+    def _group_status(self, state: _Topic, group: str) -> str:
+        """Why a group is where it is, in a few words: ``ok`` when it can advance."""
+        if group in state.group_errors:
+            return f"error: {state.group_errors[group]}"
+        if state.error is not None:
+            return f"error: {state.error}"
+        g = state.topic.groups[group]
+        if state.topic.lag(group) == len(g.in_flight) + len(g.redeliver) == 0:
+            return "ok"
+        if not g.consumers:
+            return "waiting for a consumer"
+        if all(c.credits <= 0 for c in g.consumers):
+            return f"every consumer's window is full ({len(g.in_flight)} unacknowledged)"
+        if g.next_read >= self._visible(state) and not g.redeliver:
+            return "waiting for messages to be stored" if g.next_read < (
+                state.topic.log.next_offset) else "ok"
+        return "ok"
+
+    def _remove(self, request: Remove) -> dict[str, Any]:
+        state = self._state(request.topic)
+        group = request.group
         if group:
             state.topic.remove_group(group)
             state.filters.pop(group, None)
+            state.group_errors.pop(group, None)
             if state.cursors is not None:
                 state.cursors.remove(group)
             self._save_meta(state)
             self.node.remove_group(state.topic.name, group)
-            return {"cmd": "removed", "group": group}
+            return {"cmd": "removed", "topic": state.topic.name, "group": group}
         self._drop_topic(state)
-        return {"cmd": "removed"}
+        return {"cmd": "removed", "topic": state.topic.name}
 
     def _drop_topic(self, state: _Topic) -> None:
         for group in list(state.topic.groups):
@@ -577,63 +713,56 @@ class MqServer:
         state.topic.log.close()
         del self.topics[state.topic.name]
         if state.directory is not None:
+            # a topic's own directory, one level below the server's (mq._names)
+            assert self.directory is not None and state.directory.parent == self.directory
             shutil.rmtree(state.directory, ignore_errors=True)
         self.node.remove_topic(state.topic.name)
 
-    def _route(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _route(self, request: Route, *, asked: bool) -> dict[str, Any] | None:
         """An RPC reply: ``route {recver, id}`` + body goes to the caller's link as
         ``reply {id}`` + body; a caller that has left is counted, and the replier told
-        only if it asked (``seq``)."""
-        recver, request_id = request.get("recver"), request.get("id")
-        if not isinstance(recver, str) or type(request_id) is not int:
-            raise MqError(400, "route needs recver (a string) and id (an integer)")
-        link = self.sessions.get(recver)
+        (a 410) only if it asked (``seq``): callers that time out and leave are normal."""
+        link = self.sessions.get(request.recver)
         if link is None:
             self.counts["unroutable"] += 1
             log.info("%s: a reply to %s (request %d) dropped: the caller has left",
-                     self.address, recver, request_id)
-            if "seq" in request:
-                raise MqError(410, f"caller {recver} has left; the reply is dropped")
+                     self.address, request.recver, request.id)
+            if asked:
+                raise MqError(410, f"caller {request.recver} has left; the reply is dropped")
             return None
         self.counts["routed"] += 1
-        self._send_to(link, encode({"cmd": "reply", "id": request_id,
-                                 "status": request.get("status", 200)},
-                                request.get("body", b"")))
-        return {"cmd": "routed"} if "seq" in request else None
+        self._send_to(link, encode({"cmd": "reply", "id": request.id,
+                                    "status": request.status}, request.body))
+        return {"cmd": "routed"}
 
-    def _receive(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
+    def _receive(self, queue: MessageQueue | None, request: Receive) -> dict[str, Any]:
         """This link answers to a receiver name: pushes to that name come here."""
-        name = request.get("name")
-        if not isinstance(name, str) or not name:
-            raise MqError(400, "receive needs a name (a non-empty string)")
+        if queue is None:
+            raise MqError(400, "receive needs a link to deliver to")
         link = self._link(queue)
-        if name not in link.names:
-            link.names.add(name)
-            self.receivers.setdefault(name, []).append(link)
-        return {"cmd": "receiving", "name": name}
+        if request.name not in link.names:
+            link.names.add(request.name)
+            self.receivers.setdefault(request.name, []).append(link)
+        return {"cmd": "receiving", "name": request.name}
 
-    def _push(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _push(self, queue: MessageQueue | None, request: Push) -> dict[str, Any] | None:
         """``push {to}`` + body: to every link that answers to that name, now (not
         stored); a 404 if none does."""
-        name = request.get("to")
-        if not isinstance(name, str) or not name:
-            raise MqError(400, "push needs to (a receiver name)")
-        links = self.receivers.get(name)
+        links = self.receivers.get(request.to)
         if not links:
             self.counts["unroutable"] += 1
-            raise MqError(404, f"no receiver {name!r} on {self.address}")
+            raise MqError(404, f"no receiver {request.to!r} on {self.address}")
         sender = self._link(queue).session if queue is not None else self.address
-        message = encode({"cmd": "pushed", "to": name, "from": sender},
-                         request.get("body", b""))
+        message = encode({"cmd": "pushed", "to": request.to, "from": sender}, request.body)
         for link in links:
             self._send_to(link, message)
         self.counts["routed"] += len(links)
-        return {"cmd": "pushed-to", "count": len(links)} if "seq" in request else None
+        return {"cmd": "pushed-to", "count": len(links)}
 
-    def _empty(self, queue: MessageQueue, request: dict[str, Any]) -> dict[str, Any]:
-        state = self._state(request)
+    def _empty(self, request: Empty) -> dict[str, Any]:
+        state = self._state(request.topic)
         state.topic.empty()
-        return {"cmd": "emptied"}
+        return {"cmd": "emptied", "topic": state.topic.name}
 
     # -- delivery ----------------------------------------------------------------------
 
@@ -728,9 +857,10 @@ class MqServer:
                 self._drop_topic(state)
 
     def _dead(self, topic: str, group: str, record: Record, deliveries: int) -> None:
-        """A message out of deliveries goes to ``<topic>.<group>.DLQ``."""
+        """A message out of deliveries goes to ``<topic>.<group>.DLQ`` (shortened with a
+        hash when that is too long a name: :func:`~._names.dead_letter_topic`)."""
         self.counts["dead"] += 1
-        name = f"{topic}.{group}.DLQ"
+        name = dead_letter_topic(topic, group)
         state = self.topics.get(name)
         if state is None:
             flags = self.topics[topic].flags & {"memory"}
@@ -758,7 +888,13 @@ class MqServer:
         if self.retain_bytes is not None or self.retain_age is not None:
             self._retain()
         for state in list(self.topics.values()):
-            if state.topic.expire():
+            try:
+                expired = state.topic.expire()
+            except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
+                self._topic_failed(state, "ack timeout scan", f"{type(exc).__name__}: {exc}",
+                                   exc)
+                expired = 0
+            if expired:
                 self._dispatch(state)
             self._save_cursors(state)
         self._tick_timer = self.pump.call_later(TICK, self._tick, periodic=True)
@@ -781,6 +917,9 @@ class MqServer:
                             "handled them", self.address, state.topic.name, group, missed)
 
     def _save_cursors(self, state: _Topic) -> None:
+        """Save the positions that changed.  One that cannot be saved is kept in memory
+        and tried again every tick; its group shows why (``query``), and the failure is
+        logged once when it starts, not at every try."""
         floors = state.topic.floors_to_save()
         if state.cursors is None:
             return
@@ -788,9 +927,16 @@ class MqServer:
             try:
                 state.cursors.save(group, floor)
             except OSError as exc:
-                log.error("%s: %s/%s: cannot save the group's position (%s); it is kept in "
-                          "memory and tried again", self.address, state.topic.name, group, exc)
+                error = f"cannot save the group's position: {exc.strerror or exc}"
+                if state.group_errors.get(group) != error:
+                    log.error("%s: %s/%s: %s; it is kept in memory and tried again every "
+                              "%g s", self.address, state.topic.name, group, error, TICK)
+                state.group_errors[group] = error
                 state.topic.groups[group].dirty = True
+            else:
+                if state.group_errors.pop(group, None) is not None:
+                    log.warning("%s: %s/%s: the group's position is saved again",
+                                self.address, state.topic.name, group)
 
     def _interval(self) -> None:
         """Every topic written since the last interval is fsynced (a commit, in the
@@ -830,9 +976,28 @@ class MqServer:
         return sorted(self.topics)
 
 
-def _ints(values: list[Any]) -> bool:
-    """Every value is an int (not a bool); one pass in C, not a loop of Python checks."""
-    return set(map(type, values)) <= {int}
+#: A produce waiting for its group commit: the caller's link, its seq, the reply, the topic.
+_Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
+
+
+def _error(obj: dict[str, Any], status: int, reason: str) -> dict[str, Any]:
+    """An error reply to the request ``obj``: with its command (``for``), and its topic and
+    group when they are valid names, so that a client can tell whose error it is even
+    when the request had no ``seq`` (an ack); nothing else of the request is echoed."""
+    reply: dict[str, Any] = {"cmd": "error", "status": status, "error": reason}
+    cmd = obj.get("cmd")
+    if isinstance(cmd, str) and cmd in COMMANDS:
+        reply["for"] = cmd
+    for key in ("topic", "group"):
+        with contextlib.suppress(ValueError):
+            reply[key] = check_name(obj.get(key), key)
+    return reply
+
+
+def _offsets(offsets: list[int]) -> str:
+    """Offsets for a message: the first few, and how many more."""
+    shown = ", ".join(map(str, offsets[:5]))
+    return shown if len(offsets) <= 5 else f"{shown} and {len(offsets) - 5} more"
 
 
 class _Syncer:

@@ -360,21 +360,25 @@ class Topic:
         consumer.deliver(delivery)
 
     def ack(self, group_name: str, offsets: Iterable[int], consumer: Consumer | None = None
-            ) -> int:
-        """Acknowledge offsets of a group (from ``consumer``, if given: only what it holds);
-        how many were pending.  Unknown or repeated offsets are ignored."""
+            ) -> tuple[int, list[int]]:
+        """Acknowledge offsets of a group (from ``consumer``, if given: only what it holds):
+        how many were acknowledged, and the offsets that were not pending (for that
+        consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
         done = 0
+        missed: list[int] = []
+        in_flight = group.in_flight
         for offset in offsets:
-            pending = group.in_flight.get(offset)
+            pending = in_flight.get(offset)
             if pending is None or (consumer is not None and pending.consumer is not consumer):
+                missed.append(offset)
                 continue
-            del group.in_flight[offset]
+            del in_flight[offset]
             pending.consumer.in_flight.discard(offset)
             done += 1
         if done:
             group.dirty = True
-        return done
+        return done, missed
 
     def expire(self) -> int:
         """Messages past their ack timeout go back to their group; how many."""

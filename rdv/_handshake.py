@@ -19,7 +19,15 @@ import enum
 from typing import Final
 
 from ._core import RdvUsageError
-from ._wire import FrameReader, HandshakeError, Hello, Reply, parse_hello, parse_reply
+from ._wire import (
+    FrameReader,
+    HandshakeError,
+    HandshakeFault,
+    Hello,
+    Reply,
+    parse_hello,
+    parse_reply,
+)
 
 
 class Role(enum.Enum):
@@ -85,7 +93,7 @@ class Handshake:
                                 f"{self.state.value}")
         if not data:
             self.state = S.FAILED
-            raise HandshakeError("connection closed during the handshake")
+            raise HandshakeError("connection closed during the handshake", HandshakeFault.CLOSED)
         try:
             self._event = self._reader.feed(data)
         except HandshakeError:

@@ -48,6 +48,19 @@ async def _handshake_event(stream: trio.abc.Stream, handshake: Handshake) -> Hel
         handshake.receive_data(await stream.receive_some(4096))
 
 
+def _failure_kind(exc: BaseException, *, tls: bool = True) -> object:
+    """The cause of a failed inbound handshake, as a value that carries no numbers: what
+    a flood of them from one host is collapsed by."""
+    if isinstance(exc, HandshakeError):
+        return exc.fault
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    if tls and isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__,
+                                                                         ssl.SSLError):
+        return "tls handshake failed"
+    return type(exc).__name__
+
+
 def _failure(exc: BaseException, *, tls: bool = True) -> str:
     """What went wrong with a connection, in words: one mapping for both directions."""
     if isinstance(exc, trio.TooSlowError):
@@ -166,6 +179,7 @@ class NetNode:
         scope = self._pending[key] = trio.CancelScope()
         hello: Hello | None = None
         failed: str | None = None
+        kind: object = "evicted"
         try:
             with scope, trio.fail_after(self.handshake_timeout):
                 if self.tls_server is not None:
@@ -175,17 +189,19 @@ class NetNode:
         except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             failed = _failure(exc, tls=self.tls_server is not None)
             failed = "handshake timed out" if failed == "timed out" else failed
+            kind = _failure_kind(exc, tls=self.tls_server is not None)
         finally:
             self._pending.pop(key, None)
         if hello is None:
             if failed is None:
                 failed = (f"evicted before its handshake: {self.max_pending} newer "
                           "connections were pending")
-            self._reject(failed, source)
+            self._reject(kind, failed, source)
             await trio.aclose_forcefully(stream)
             return
         if not hello.authorized(self.universe, self.token):
-            self._reject(f"unauthorized connect from {hello.src!r} to {hello.dst!r}", source)
+            self._reject("unauthorized", f"unauthorized connect from {hello.src!r} to "
+                                         f"{hello.dst!r}", source)
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await stream.send_all(handshake.send(Reply(False, reason=Refusal.UNAUTHORIZED)))
             await trio.aclose_forcefully(stream)
@@ -212,9 +228,9 @@ class NetNode:
         await StreamLink(result, stream, busy_poll=self.busy_poll,
                          adaptive_poll=self.adaptive_poll).run(handshake.trailing_data)
 
-    def _reject(self, reason: str, source: str) -> None:
-        # one kind of failure from one host: collapsed, so that a flood is a few lines
-        kind = reason.split(":")[0].split(" from ")[0]
+    def _reject(self, kind: object, reason: str, source: str) -> None:
+        # one kind of failure from one host: collapsed by its cause (never by its text,
+        # which carries sizes, ids and ports), so that a flood is a few lines
         host = source.rsplit(":", 1)[0]
         self._warnings.warn((kind, host), f"closed a connection from {source}: {reason}")
         self.rejected.append(reason)

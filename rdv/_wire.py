@@ -7,6 +7,7 @@ stream (message-queue frames) both ways.
 
 from __future__ import annotations
 
+import enum
 import hmac
 import json
 from dataclasses import dataclass
@@ -22,8 +23,24 @@ PROTOCOL_VERSION = 2
 MAX_HANDSHAKE_SIZE = 4096
 
 
+class HandshakeFault(enum.Enum):
+    """What kind of bad handshake a peer sent: the cause, whatever numbers its message
+    carries (what collapses a flood of them in the log)."""
+
+    OVERSIZED = "oversized handshake frame"
+    NOT_JSON = "handshake not JSON"
+    MALFORMED = "malformed handshake"
+    VERSION = "unsupported protocol version"
+    CLOSED = "closed during the handshake"
+
+
 class HandshakeError(ProtocolError):
-    """The peer sent something that is not a valid handshake (the remote's fault)."""
+    """The peer sent something that is not a valid handshake (the remote's fault);
+    ``fault`` says which kind."""
+
+    def __init__(self, message: str, fault: HandshakeFault = HandshakeFault.MALFORMED) -> None:
+        super().__init__(message)
+        self.fault = fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +105,8 @@ class FrameReader:
             return None
         n = int.from_bytes(self._buf[:4], "big")
         if n > MAX_HANDSHAKE_SIZE:
-            raise HandshakeError(f"handshake frame of {n} bytes exceeds {MAX_HANDSHAKE_SIZE}")
+            raise HandshakeError(f"handshake frame of {n} bytes exceeds {MAX_HANDSHAKE_SIZE}",
+                                 HandshakeFault.OVERSIZED)
         if len(self._buf) < 4 + n:
             return None
         body = bytes(self._buf[4:4 + n])
@@ -97,9 +115,11 @@ class FrameReader:
         try:
             obj = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HandshakeError(f"handshake is not JSON: {exc}") from None
+            raise HandshakeError(f"handshake is not JSON: {exc}",
+                                 HandshakeFault.NOT_JSON) from None
         except RecursionError:
-            raise HandshakeError("handshake JSON nested too deeply") from None
+            raise HandshakeError("handshake JSON nested too deeply",
+                                 HandshakeFault.NOT_JSON) from None
         if not isinstance(obj, dict):
             raise HandshakeError("handshake is not a JSON object")
         return obj
@@ -110,7 +130,7 @@ def parse_hello(obj: dict[str, object]) -> Hello:
     version = obj.get("rdvpump")
     if version != PROTOCOL_VERSION:
         raise HandshakeError(f"unsupported protocol version {version!r} "
-                             f"(this side speaks {PROTOCOL_VERSION})")
+                             f"(this side speaks {PROTOCOL_VERSION})", HandshakeFault.VERSION)
     fields = {k: obj.get(k) for k in ("universe", "token", "src", "dst")}
     for key, value in fields.items():
         if not isinstance(value, str):

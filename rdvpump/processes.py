@@ -10,6 +10,7 @@ SIGTERM and then shut down cleanly (brokers unregister).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ from brokermgr import (
 )
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
-from mq import MqServer
+from mq import DEFAULT_SEGMENT_BYTES, MqError, MqServer
 from pump import Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
@@ -228,7 +229,8 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     mq_dir = options.pop("mq_dir", None)
     durability = options.pop("durability", "sync")
     retention = {"retain_bytes": options.pop("retain_bytes", None),
-                 "retain_age": options.pop("retain_age", None)}
+                 "retain_age": options.pop("retain_age", None),
+                 "segment_bytes": options.pop("segment_bytes", DEFAULT_SEGMENT_BYTES)}
     closing: list[Any] = []
     for broker in brokers:
         node = TrackNode(broker, **options)
@@ -240,7 +242,12 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
         if node.is_server:
             for topic in topics:
                 if server is not None:
-                    server.handle_local({"cmd": "declare", "topic": topic})
+                    try:
+                        server.handle_local({"cmd": "declare", "topic": topic})
+                    except MqError as exc:
+                        if exc.status != 503:  # a topic on disk that cannot be opened:
+                            raise  # reported, and the broker serves the others
+                        logging.getLogger("rdvpump.mq").error("%s", exc)
                 else:
                     node.declare_topic(topic)
         if node.is_tracker and TRACKER_ALIAS not in manager.aliases:

@@ -24,7 +24,8 @@ PACKAGES = {
                            "ConsumerRoute",
                            "DEFAULT_SERVER_EXPIRY", "DEFAULT_TRACK_PORT", "TRACKER_ALIAS"},
     "mq": {"TopicLog", "CursorStore", "TagFilter", "Record", "StoreError", "FormatError",
-           "FilterError", "Corruption", "FORMAT_VERSION"},
+           "FilterError", "Corruption", "FORMAT_VERSION", "MAX_NAME_BYTES", "check_name",
+           "disk_name", "MqError", "verify"},
     "rdvpump.cli": {"app", "main"},
 }
 

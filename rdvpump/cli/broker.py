@@ -82,6 +82,9 @@ def broker_run(
              "go, oldest first).")] = None,
     retain_hours: Annotated[float | None, typer.Option(
         help="MQ retention: drop segments whose newest message is older than this.")] = None,
+    segment_mb: Annotated[float, typer.Option(
+        help="MQ segment size in MB: a topic's log starts a new file (and seals the last, "
+             "with its index and checksum) past it.")] = 64 * 1024 * 1024 / 1e6,
     busy_poll_us: Annotated[float, typer.Option(
         help="Links poll a quiet socket this long before sleeping: lower latency for a "
              "busy core (0: off).")] = 0.0,
@@ -100,6 +103,7 @@ def broker_run(
                     "report_interval": report_interval, "expiry": track_expiry,
                     "scan_interval": track_scan, "state_dir": state_dir,
                     "mq_dir": mq_dir, "durability": durability,
+                    "segment_bytes": guard(lambda: _segment_bytes(segment_mb)),
                     "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
                     "retain_age": None if retain_hours is None else retain_hours * 3600}
     elif tracker or topic or mq_dir is not None:
@@ -111,3 +115,10 @@ def broker_run(
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
         ready=ready_line("brokers"))))
+
+
+def _segment_bytes(megabytes: float) -> int:
+    size = int(megabytes * 1e6)
+    if size < 4096:
+        raise ValueError(f"--segment-mb {megabytes:g} is below 0.004096 MB (4,096 bytes)")
+    return size

