@@ -31,10 +31,17 @@ request may carry a ``seq`` that its reply echoes):
   link answering to it at once, as ``pushed {to, from}`` + body -- not stored,
   a 404 if nobody answers to that name.
 
-Every error is replied, with a status and the reason (404 for an unknown
-topic or group), never dropped; a message that is not JSON closes only its
-own link.  Every declare, remove, first and last consumer updates the
-broker's ServerInfo, so trackers and route tables follow.
+Every request is parsed whole first (:mod:`._requests`): a bad field is a 400
+naming it and changes nothing.  Every error is replied, with a status and the
+reason (404 for an unknown topic or group, 409 for an ack of offsets the
+consumer does not hold), never dropped: a request without a ``seq`` (an ack)
+gets its error all the same, with ``for`` (its command), its topic and its
+group, so the client can tell whose it is.  A message that is not JSON closes
+only its own link.  A failure inside one topic's work (dispatch, commit,
+cursor save) is that topic's (or group's) error state, shown by ``query`` and
+logged once; the broker and the other topics go on.  Every declare, remove,
+first and last consumer updates the broker's ServerInfo, so trackers and
+route tables follow.
 
 Durability (per server): ``sync`` -- a produce is acknowledged after fsync,
 and every produce that arrived before the fsync shares it (group commit: the

@@ -391,3 +391,26 @@ async def test_an_ack_of_what_the_consumer_does_not_hold_is_an_error_it_sees(
         await client.query()
         assert [e.status for e in errors] == [409]
         assert (await client.query("orders"))["orders"]["groups"]["orders"]["inFlight"] == 1
+
+
+def test_mq_verify_exits_0_clean_1_damaged_and_one_line_for_a_missing_directory(
+        tmp_path: pathlib.Path) -> None:
+    from typer.testing import CliRunner
+
+    from rdvpump.cli import app
+
+    topic = tmp_path / "s1" / "orders"
+    log = TopicLog(topic, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
+    _fill(log, 25)
+    log.close()
+    (topic / "meta.json").write_bytes(encode_meta("orders", [], {"orders": None}))
+    runner = CliRunner()
+    clean = runner.invoke(app, ["mq", "verify", str(tmp_path)])
+    assert clean.exit_code == 0 and "25 records checked: clean" in clean.output
+    _flip(topic / "segments" / f"{0:020d}.seg", SEGMENT_HEADER.size + 2 * RECORD + 60)
+    damaged = runner.invoke(app, ["mq", "verify", str(tmp_path)])
+    assert damaged.exit_code == 1
+    assert f"{0:020d}.seg at byte {SEGMENT_HEADER.size + 2 * RECORD}" in damaged.output
+    assert "offset 2" in damaged.output and "1 damaged" in damaged.output
+    missing = runner.invoke(app, ["mq", "verify", str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and len(missing.output.strip().splitlines()) == 1
