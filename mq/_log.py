@@ -180,10 +180,11 @@ def header_base(data: bytes, path: Path) -> tuple[int, str | None]:
     try:
         base, _ = read_segment_header(data, str(path))
     except FormatError as exc:
-        if (len(data) >= SEGMENT_HEADER.size and data[:8] == MAGIC
-                and SEGMENT_HEADER.unpack_from(data)[1] != FORMAT_VERSION):
-            raise
-        if not (path.stem.isdigit() and len(path.stem) == 20):
+        # ours (magic and version), with a header checksum that fails: damage; anything
+        # else is no segment of this format, and is refused
+        if not (len(data) >= SEGMENT_HEADER.size and data[:8] == MAGIC
+                and SEGMENT_HEADER.unpack_from(data)[1] == FORMAT_VERSION
+                and path.stem.isdigit() and len(path.stem) == 20):
             raise
         return int(path.stem), str(exc).removeprefix(f"{path}: ")
     if path.stem != f"{base:020d}":

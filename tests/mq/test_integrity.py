@@ -414,3 +414,47 @@ def test_mq_verify_exits_0_clean_1_damaged_and_one_line_for_a_missing_directory(
     assert "offset 2" in damaged.output and "1 damaged" in damaged.output
     missing = runner.invoke(app, ["mq", "verify", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and len(missing.output.strip().splitlines()) == 1
+
+
+def test_an_index_without_the_segment_checksum_is_not_trusted_and_is_written_again(
+        tmp_path: pathlib.Path) -> None:
+    """A version 1 index (written before indexes kept the segment's checksum) is not
+    trusted: its segment is read record by record, damage in it is found, and a clean
+    segment gets a version 2 index."""
+    import struct
+
+    from mq._log import INDEX_FOOTER, INDEX_MAGIC
+    from mq._record import crc32
+
+    log = TopicLog(tmp_path, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
+    _fill(log, 25)
+    log.close()
+    old_footer = struct.Struct("<8sIQQQQI")
+    for base in (0, 10):
+        index = tmp_path / "segments" / f"{base:020d}.idx"
+        raw = index.read_bytes()
+        fields = INDEX_FOOTER.unpack_from(raw, len(raw) - INDEX_FOOTER.size)
+        body = raw[:-INDEX_FOOTER.size] + old_footer.pack(INDEX_MAGIC, 1, *fields[2:6], 0)[:-4]
+        index.write_bytes(body + struct.pack("<I", crc32(body)))
+    _flip(tmp_path / "segments" / f"{10:020d}.seg", SEGMENT_HEADER.size + RECORD + 60)
+    again = TopicLog(tmp_path)
+    assert [(c.first, c.last) for c in again.corruptions] == [(11, 11)]
+    again.close()
+    clean = (tmp_path / "segments" / f"{0:020d}.idx").read_bytes()
+    assert INDEX_FOOTER.unpack_from(clean, len(clean) - INDEX_FOOTER.size)[1] == 2
+    damaged = (tmp_path / "segments" / f"{10:020d}.idx").read_bytes()
+    # the damaged one keeps its old index, and is read whole at every open
+    assert old_footer.unpack_from(damaged, len(damaged) - old_footer.size)[1] == 1
+
+
+def test_a_damaged_segment_header_hides_no_record(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
+    _fill(log, 25)
+    log.close()
+    _flip(tmp_path / "segments" / f"{10:020d}.seg", 20)  # the created-ms field
+    again = TopicLog(tmp_path)
+    (c,) = again.corruptions
+    assert (c.position, c.end) == (0, SEGMENT_HEADER.size) and "header" in c.reason
+    assert c.offsets == "no offset"
+    assert [r.offset for r in again.read(0, max_count=100)] == list(range(25))
+    again.close()
