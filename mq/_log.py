@@ -222,6 +222,9 @@ class _Segment:
     #: (position, end) stretches to skip
     bad: list[tuple[int, int]] = field(default_factory=list)
     last_indexed: int = -INDEX_INTERVAL
+    #: CRC-32 of the file's bytes so far (kept as they are written: a sealed segment's
+    #: index holds it)
+    crc: int = 0
 
     @property
     def index_path(self) -> Path:
@@ -385,8 +388,9 @@ class TopicLog:
             self._found.append((segment, (pos, end, reason, first, following)))
         if scan.torn is not None:
             self._cut(segment, scan.torn[0], scan.torn[1])
+        segment.crc = crc32(memoryview(buf)[:segment.size])
         if not last and not scan.bad:
-            self._write_index(segment, crc32(buf))
+            self._write_index(segment, segment.crc)
 
     def _cut(self, segment: _Segment, pos: int, why: str) -> None:
         cut = segment.size - pos
@@ -410,7 +414,8 @@ class TopicLog:
             raise
         self._dir_dirty = True
         return _Segment(path, base, fd, len(header), base,
-                        max_ts=self.segments[-1].max_ts if self.segments else 0)
+                        max_ts=self.segments[-1].max_ts if self.segments else 0,
+                        crc=crc32(header))
 
     # -- writing -----------------------------------------------------------------------
 
@@ -428,7 +433,7 @@ class TopicLog:
         first = segment.next_offset
         chunks, lengths = encode_batch(first, now, messages, self.max_body)
         try:
-            _write_chunks(segment.fd, chunks, segment.size)
+            crc = _write_chunks(segment.fd, chunks, segment.size, segment.crc)
         except OSError as exc:
             self._undo(segment, exc)
         index, base = segment.index, segment.base
@@ -441,6 +446,7 @@ class TopicLog:
             offset += 1
         segment.last_indexed = last_indexed
         segment.size = pos
+        segment.crc = crc
         segment.next_offset = offset
         segment.max_ts = now
         if self.tail_limit > 0:
@@ -521,7 +527,7 @@ class TopicLog:
         """Seal the last segment (fsynced, its index written) and start a new one."""
         segment = self.segments[-1]
         os.fsync(segment.fd)
-        self._write_index(segment, segment_crc(segment.fd, segment.size))
+        self._write_index(segment, segment.crc)
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
@@ -693,10 +699,10 @@ def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
         at += n
 
 
-def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> None:
+def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int, crc: int) -> int:
     """Write ``chunks`` back to back at ``at``: large pieces gathered by the kernel as they
     are (not copied here), runs of small ones joined first (a piece costs the kernel more
-    than its copy)."""
+    than its copy); the CRC-32 ``crc`` carried on over what was written."""
     pieces = coalesce(chunks, VIEW_BODY)
     for start in range(0, len(pieces), _IOV_MAX):
         part = pieces[start:start + _IOV_MAX]
@@ -705,6 +711,9 @@ def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int) -> Non
         if n < size:  # a short write (a full disk, say): the rest one piece at a time
             _write_all(fd, b"".join(part)[n:], at + n)
         at += size
+    for piece in pieces:
+        crc = crc32(piece, crc)
+    return crc
 
 
 #: Pieces one pwritev takes (the kernel's UIO_MAXIOV).
