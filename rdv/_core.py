@@ -33,7 +33,7 @@ class Action(enum.Enum):
 
 
 class Refusal(enum.StrEnum):
-    """Why a connect was refused; the values are the reasons users see (DESIGN.md)."""
+    """Why a connect was refused; the values are the reasons users see."""
 
     UNKNOWN_BROKER = "unknown broker"
     NOT_BOUND = "not bound"
@@ -91,7 +91,7 @@ class RefusalReason(str):
             return cls(Refusal.OTHER, text=text)
 
 
-#: Refusal reasons of the rendezvous itself, exactly as pinned in DESIGN.md.
+#: Refusal reasons of the rendezvous itself: the words users see, pinned by the tests.
 UNKNOWN_BROKER = Refusal.UNKNOWN_BROKER
 NOT_BOUND = Refusal.NOT_BOUND
 BUSY = Refusal.BUSY

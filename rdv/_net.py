@@ -48,7 +48,7 @@ async def _handshake_event(stream: trio.abc.Stream, handshake: Handshake) -> Hel
         handshake.receive_data(await stream.receive_some(4096))
 
 
-def _failure_kind(exc: BaseException, *, tls: bool = True) -> object:
+def _failure_kind(exc: BaseException, *, tls: bool = True) -> str:
     """The cause of a failed inbound handshake, as a value that carries no numbers: what
     a flood of them from one host is collapsed by."""
     if isinstance(exc, HandshakeError):
@@ -126,6 +126,8 @@ class NetNode:
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
         self.rejected: list[str] = []  # reasons bad connections were closed, newest last
+        #: the cause of each of them (what a flood of them is collapsed by in the log)
+        self.rejected_causes: list[str] = []
 
     # -- serving ----------------------------------------------------------------------
 
@@ -179,7 +181,7 @@ class NetNode:
         scope = self._pending[key] = trio.CancelScope()
         hello: Hello | None = None
         failed: str | None = None
-        kind: object = "evicted"
+        kind: str = "evicted"
         try:
             with scope, trio.fail_after(self.handshake_timeout):
                 if self.tls_server is not None:
@@ -228,13 +230,15 @@ class NetNode:
         await StreamLink(result, stream, busy_poll=self.busy_poll,
                          adaptive_poll=self.adaptive_poll).run(handshake.trailing_data)
 
-    def _reject(self, kind: object, reason: str, source: str) -> None:
+    def _reject(self, kind: str, reason: str, source: str) -> None:
         # one kind of failure from one host: collapsed by its cause (never by its text,
         # which carries sizes, ids and ports), so that a flood is a few lines
         host = source.rsplit(":", 1)[0]
-        self._warnings.warn((kind, host), f"closed a connection from {source}: {reason}")
+        self._warnings.warn((kind, host), f"closed a connection from {source} ({kind}): "
+                                          f"{reason}")
         self.rejected.append(reason)
-        del self.rejected[:-100]
+        self.rejected_causes.append(str(kind))
+        del self.rejected[:-100], self.rejected_causes[:-100]
 
     def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event
                 ) -> None:

@@ -23,12 +23,13 @@ PROTOCOL_VERSION = 2
 MAX_HANDSHAKE_SIZE = 4096
 
 
-class HandshakeFault(enum.Enum):
+class HandshakeFault(enum.StrEnum):
     """What kind of bad handshake a peer sent: the cause, whatever numbers its message
     carries (what collapses a flood of them in the log)."""
 
     OVERSIZED = "oversized handshake frame"
     NOT_JSON = "handshake not JSON"
+    TOO_DEEP = "handshake nested too deeply"
     MALFORMED = "malformed handshake"
     VERSION = "unsupported protocol version"
     CLOSED = "closed during the handshake"
@@ -119,7 +120,7 @@ class FrameReader:
                                  HandshakeFault.NOT_JSON) from None
         except RecursionError:
             raise HandshakeError("handshake JSON nested too deeply",
-                                 HandshakeFault.NOT_JSON) from None
+                                 HandshakeFault.TOO_DEEP) from None
         if not isinstance(obj, dict):
             raise HandshakeError("handshake is not a JSON object")
         return obj
