@@ -4,7 +4,7 @@
 pops and keeps trio's conventions (``send`` and ``receive`` each check for
 cancellation and yield once; a parked receiver is rescheduled by the sender),
 moving 64 B messages between two tasks, against the awaited trio memory channel
-that ``rdvpump bench inproc`` compares with.  Figures in bench/RESULTS.md (issue 13).
+that ``rdvpump bench inproc`` compares with.  Figures in bench/RESULTS.md.
 """
 
 from __future__ import annotations

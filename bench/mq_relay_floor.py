@@ -1,5 +1,5 @@
 """The floor of `bench mq` at 64 KiB `sync`: the same bytes through three processes on
-127.0.0.1 with nothing but blocking sockets, beside the plain append (issue 11, item 9).
+127.0.0.1 with nothing but blocking sockets, beside the plain append.
 
 A producer streams 4,000 records of 64 KiB + 36 B (no framing, no replies); a server
 appends what each ``recv_into`` brings to a file, fsyncs it and forwards it to a

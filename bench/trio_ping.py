@@ -1,5 +1,5 @@
 """Ping-pong of 68 B over 127.0.0.1 with both processes on core 0: plain trio and
-blocking sockets, as the floor for a same-core round trip (issue 15, item 6).
+blocking sockets, as the floor for a same-core round trip.
 
 ``python bench/trio_ping.py CLIENT SERVER [PINGS]``, CLIENT ``trio`` or ``block``,
 SERVER ``trio`` or ``block``: the median round trip.  Figures in bench/RESULTS.md.

@@ -46,8 +46,9 @@ async def wait_all_sent(queues: Iterable[MessageQueue], timeout: float) -> bool:
 class Broker:
     """An actor with a unique id in its universe.
 
-    ``bind``/``listen``/``unbind``/``connect`` follow the rendezvous rules of
-    DESIGN.md; listeners are called as pump tasks.  If one of the broker's own
+    ``bind``/``listen``/``unbind``/``connect`` follow the rendezvous rules (a bind
+    waits for one connect; a connect is refused ``unknown broker``, ``not bound`` or
+    ``busy``, never queued); listeners are called as pump tasks.  If one of the broker's own
     tasks raises, the pump fails the broker: every port is unbound, every link
     aborted, and later calls raise ``trio.BrokenResourceError``.
     """

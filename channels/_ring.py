@@ -58,7 +58,7 @@ _MAX_SPLITTERS = 256
 def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
     """``data`` (bodies joined: bytes, or a cffi buffer, whose slices are bytes) cut into
     bytes of the lengths ``lens``, in order.  Bodies of one size are cut by one
-    ``struct`` unpack in C (2-5x faster than slicing in Python)."""
+    ``struct`` unpack in C (faster than slicing in Python)."""
     first, count = lens[0], len(lens)
     if lens.count(first) == count:
         unpack = _SPLITTERS.get((first, count))

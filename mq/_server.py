@@ -130,8 +130,7 @@ COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "quer
 TICK = 1.0
 #: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
 #: the last): frames that fit a link's ring are taken out of it whole, larger ones are
-#: put together piece by piece (with 1 MiB frames the 64 KiB stream of ``bench mq`` ran
-#: at 2.1-2.3 K msgs/s, with these at 2.8-3.1 K, two runs each).
+#: put together piece by piece, which costs more (``bench mq`` at 64 KiB shows it).
 FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.

@@ -3,7 +3,7 @@
 A workload is played by brokers through the async API, so the same code runs
 a universe in one process (``universe run``) or one process per broker
 (``universe up``).  ``fanout`` is the "internal switching rate" test of the
-OpenAMQ notes: one faucet switching every message into Q sink queues.
+OpenAMQ's clustering design: one faucet switching every message into Q sink queues.
 """
 
 from __future__ import annotations

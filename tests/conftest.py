@@ -1,8 +1,19 @@
-"""Fixtures shared by several test packages."""
+"""Fixtures shared by several test packages, and the hypothesis profiles.
+
+Two profiles, registered once here: ``ci`` (the default: the whole suite, as CI and
+the README's test command run it) and ``quick`` (the quick loop:
+``pytest -m "not slow" --hypothesis-profile quick``).  No test sets its own number
+of examples.
+"""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=100, deadline=None)
+settings.register_profile("quick", max_examples=15, deadline=None)
+settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

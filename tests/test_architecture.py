@@ -1,4 +1,5 @@
-"""The layers of DESIGN.md, enforced: import-linter's contracts hold, and a wrong import fails."""
+"""The framework's layers (docs/architecture.md), enforced: import-linter's contracts hold,
+and a wrong import fails."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class RouteClient:
         self.callbacks: list[Callable[[RouteChange], object]] = []
         self._event = trio.Event()
 
-    # -- the API of the notes ----------------------------------------------------------
+    # -- zbus's client API --------------------------------------------------------------
 
     def add_tracker(self, address: str) -> None:
         """Track the servers ``address`` tracks (dynamic routes)."""

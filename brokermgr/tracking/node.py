@@ -20,8 +20,8 @@ Other commands go to the node's extensions (:meth:`TrackNode.extend`: the
 MQ server adds ``produce``, ``consume``, ``ack`` and the rest on the same
 port, as zbus serves them).  A request that is not JSON closes that link
 with a protocol error; a request of the wrong shape gets
-``{"cmd": "error", "status": 400, "error": ...}`` and the link stays.  The
-rules of the notes hold by construction: a server never
+``{"cmd": "error", "status": 400, "error": ...}`` and the link stays.  Three
+rules hold by construction: a server never
 subscribes (it only publishes), it publishes only its own ServerInfo (a
 tracker refuses a ``track_pub`` whose server is not the broker at the other
 end of the link), and a tracker never forwards a ServerInfo to its own

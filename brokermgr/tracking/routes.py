@@ -3,7 +3,7 @@
 Fed tracker tables (full snapshots and deltas from ``track_sub`` links),
 static servers and tracker losses; never reads a clock, never touches a
 link.  The table is a function of what the client currently holds, not of
-the order things arrived in (seeds 000 and 003, reference section 2):
+the order things arrived in:
 
 * Each tracker's *view*: the servers it lists, each with its ServerInfo, at
   the tracker's InfoVersion.  A snapshot replaces the view, a delta patches

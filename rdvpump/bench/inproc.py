@@ -210,8 +210,8 @@ def pyzmq_inproc(size: int, count: int) -> float:
     push.bind("inproc://bench")
     pull.connect("inproc://bench")
     msg = b"x" * size
-    # Copying sends: on this machine they beat zero-copy even at 64 KiB in one thread
-    # (2.6 us against 11 us per message), and zero-copy stalls with thousands in flight.
+    # Copying sends: they beat zero-copy even at 64 KiB in one thread (bench/RESULTS.md),
+    # and zero-copy stalls with thousands in flight.
     copy = True
     send, recv, again = push.send, pull.recv, zmq.Again
     noblock = zmq.NOBLOCK

@@ -325,8 +325,9 @@ class RecoveryResult:
 
 def recovery(gib: float = 1.0, size: int = 1024, repeat: int = 3) -> RecoveryResult:
     """Seconds to open a queue of ``gib`` GiB after a clean close (sealed segments come
-    back from their indexes, the last one is read whole), beside the same queue with
-    every index lost (every segment read whole).  The files are in the page cache."""
+    back from their indexes once their checksums match, the last one is read whole),
+    beside the same queue with every index lost (every segment read record by record).
+    The files are in the page cache."""
     from mq import TopicLog
 
     with tempfile.TemporaryDirectory(prefix="rdvpump-bench-recovery-") as tmp:

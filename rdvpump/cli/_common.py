@@ -136,7 +136,7 @@ def ready_line(what: str) -> Callable[[Address], None]:
     def ready(address: Address) -> None:
         # What the process made to start (modules, the CLI, its brokers) lives as long as
         # it does: frozen, the collector's full passes stop walking it again and again
-        # (they cost an MQ server a tenth of its time at 100 K msgs/s before).
+        # (a busy MQ server spent a noticeable share of its time in them).
         gc.freeze()
         # One line on stdout, flushed: parents (the CLI, tests) wait for it.
         print(f"ready {what} {address[0]}:{address[1]}", flush=True)

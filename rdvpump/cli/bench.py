@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -11,8 +12,29 @@ from rich.table import Table
 
 from ._common import check_format, err, fail, guard, interruptible, out
 
-app = typer.Typer(help="Benchmarks against the libraries users would pick instead.",
+app = typer.Typer(help="Benchmarks against the libraries users would pick instead. "
+                       "RDVPUMP_BENCH_SCALE=F (0 < F <= 1) runs each at that fraction "
+                       "of its work, once: a smoke run, whose figures are not comparable.",
                   no_args_is_help=True)
+#: The environment variable of a smoke run (the README's test runs every bench command as
+#: printed, at a small size, this way).
+SMOKE_ENV = "RDVPUMP_BENCH_SCALE"
+
+
+def _smoke() -> float:
+    """The fraction of a smoke run (1.0: a real run), said on stderr when it is one."""
+    text = os.environ.get(SMOKE_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise fail(f"{SMOKE_ENV} must be a number within (0, 1], got {text!r}")
+    err.print(f"{SMOKE_ENV}={value:g}: a smoke run at that fraction of the work, once; its "
+              f"figures are not comparable", highlight=False)
+    return value
 
 
 @app.command("inproc")
@@ -28,6 +50,8 @@ def bench_inproc(
     """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
     from ..bench import inproc
 
+    if (smoke := _smoke()) < 1:
+        scale, repeat = scale * smoke, 1
     size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
     if trace is not None and trace != "memory":
         guard(lambda: check_format(trace))
@@ -64,6 +88,8 @@ def bench_replay(
     same figures from the same file."""
     from ..bench import replay
 
+    if (smoke := _smoke()) < 1:
+        events = max(10_000, int(events * smoke))
     masters = tuple(master or ("local[1]", "local[2]"))
     if pin:
         guard(lambda: [replay.pinned_cpus(m) for m in masters])
@@ -89,6 +115,9 @@ def bench_routes(
     """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
     from ..bench import routes as bench_routes_mod
 
+    if (smoke := _smoke()) < 1:
+        servers, ops = max(10, int(servers * smoke)), max(10, int(ops * smoke))
+
     with err.status("benchmarking route tables ...") as status:
         results = interruptible(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
                                                            progress=status.update)))
@@ -108,8 +137,11 @@ def bench_fanout(
     repeat: Annotated[int, typer.Option(min=1, help="Runs per figure; the best is kept.")] = 3,
 ) -> None:
     """One faucet switching every message into Q sinks: the universe workload and the
-    listener API, beside the OpenAMQ notes' 25,000 msg/s per broker."""
+    listener API, beside OpenAMQ's published 25,000 msg/s per broker."""
     from ..bench import fanout
+
+    if (smoke := _smoke()) < 1:
+        messages, repeat = max(100, int(messages * smoke)), 1
 
     try:
         counts = [int(q) for q in sinks.split(",") if q.strip()]
@@ -143,6 +175,10 @@ def bench_sim(
     beside the same universe served on trio's real clock."""
     from ..bench import sim
 
+    if (smoke := _smoke()) < 1:
+        links, duration = max(10, int(links * smoke)), max(0.01, duration * smoke)
+        brokers = min(brokers, max(2, links))
+
     with err.status("benchmarking the simulation ...") as status:
         results = interruptible(lambda: list(sim.run(
             brokers=brokers, links=links, interval=interval, duration=duration,
@@ -170,6 +206,8 @@ def bench_tcp(
     """Two processes on loopback beside pyzmq PUSH/PULL and a batched trio framing loop."""
     from ..bench import tcp
 
+    if (smoke := _smoke()) < 1:
+        scale, repeat = scale * smoke, 1
     size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
     with err.status("benchmarking ...") as status:
         results = interruptible(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
@@ -203,6 +241,8 @@ def bench_mq(
 
     from ..bench import mq
 
+    if (smoke := _smoke()) < 1:
+        scale, repeat, recovery_gib = scale * smoke, 1, recovery_gib * smoke
     size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
     policies = [d.strip() for d in durability.split(",") if d.strip()]
     for policy in policies:

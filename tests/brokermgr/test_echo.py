@@ -1,4 +1,4 @@
-"""The course's echo test: clients connect again and again to "Server" on port 80.
+"""The echo scenario: clients connect again and again to "Server" on port 80.
 
 Each connection sends messages of random sizes (1 B to 10 KiB, from the
 pump's seeded generator), the server echoes them, the client compares every

@@ -179,4 +179,4 @@ class Universe(RuleBasedStateMachine):
 
 
 TestUniverse = Universe.TestCase
-TestUniverse.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestUniverse.settings = settings(stateful_step_count=40)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from channels import (
@@ -33,7 +33,6 @@ def drain(decoder: FrameDecoder) -> list[bytes]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
 @given(messages=st.lists(st.binary(max_size=300), max_size=25),
        cuts=st.lists(st.integers(1, 64), min_size=1, max_size=20),
        capacity=st.sampled_from([1, 2, 4, 16, 256, 4096]))
@@ -90,7 +89,6 @@ def test_a_stream_cut_mid_frame_is_detected(capacity: int, stream: bytes, error:
         decoder.end_of_stream()
 
 
-@settings(max_examples=100, deadline=None)
 @given(messages=st.lists(st.binary(max_size=20_000), max_size=12),
        capacity=st.sampled_from([1, 16, 1024, 65536]))
 def test_the_encoder_and_decoder_agree_through_one_ring(messages: list[bytes],
@@ -109,7 +107,6 @@ def test_the_encoder_and_decoder_agree_through_one_ring(messages: list[bytes],
     assert got == messages
 
 
-@settings(max_examples=100, deadline=None)
 @given(plan=st.lists(st.one_of(
            st.binary(max_size=9_000),  # bytes: small (batched) and large (one by one)
            st.lists(st.binary(max_size=30_000), min_size=1, max_size=6)),  # pieces
@@ -162,7 +159,6 @@ def test_encoder_reports_whole_messages_and_bytes() -> None:
     assert encoder.write([b"a" * 20, b"b" * 20, b"c" * 20], 2) == (2, 0, False)
 
 
-@settings(max_examples=100, deadline=None)
 @given(messages=st.lists(st.binary(max_size=100), max_size=10),
        reason=st.text(max_size=1200), cut=st.integers(1, 64),
        capacity=st.sampled_from([1, 2, 4, 16, 4096]))
@@ -190,7 +186,6 @@ def test_bytes_after_the_close_frame_are_the_peers_protocol_error() -> None:
     assert decoder.peer_close == ("clean", "bye")
 
 
-@settings(max_examples=200, deadline=None)
 @given(bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=50),
        same=st.sampled_from([None, 0, 1, 1000]))
 def test_split_bodies_gives_back_each_body_whatever_their_sizes(

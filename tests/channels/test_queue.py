@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 import trio
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from channels import (
@@ -45,7 +45,6 @@ class BatchRecorder(Recorder):
 
 @pytest.mark.parametrize("batch", [False, True], ids=["received", "received_many"])
 @pytest.mark.parametrize("capacity", RING_SIZES)
-@settings(max_examples=25, deadline=None)
 @given(messages=st.lists(st.binary(max_size=300), max_size=30),
        big=st.sampled_from([0, 70_000]))
 def test_messages_arrive_whole_in_order_for_every_ring_size(
@@ -80,7 +79,6 @@ def test_a_batch_listener_gets_the_whole_messages_before_a_bad_frame_then_the_cl
     assert rec.reasons == ["protocol error: frame of 5000 bytes exceeds max_message_size 1000"]
 
 
-@settings(max_examples=60, deadline=None)
 @given(messages=st.lists(st.binary(max_size=200), min_size=1, max_size=20),
        cuts=st.lists(st.integers(1, 50), min_size=1, max_size=40),
        capacity=st.sampled_from([4, 16, 256, 4096]))

@@ -60,7 +60,7 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(name=NAMES, as_group=st.booleans())
 def test_a_name_touches_nothing_outside_its_own_topic(name: Any, as_group: bool) -> None:
     """A name, as a topic or a group, goes through declare, publish, restart and remove:
@@ -219,7 +219,7 @@ def _scenario(bad: list[dict[str, Any]]) -> tuple[list[bytes], dict[str, Any]]:
     return out[0]
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(bad=st.lists(malformed(), min_size=1, max_size=12))
 def test_malformed_requests_change_nothing_and_break_no_one(bad: list[dict[str, Any]]) -> None:
     """Malformed requests (wrong types, missing fields, unknown commands, huge values)

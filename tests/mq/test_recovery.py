@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import CursorStore, TopicLog
@@ -61,7 +61,6 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(op, min_size=1, max_size=40))
 def test_acknowledged_messages_survive_restarts_and_crashes(steps: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -123,7 +123,7 @@ class RingVsReference(RuleBasedStateMachine):
 
 
 TestRingVsReference = RingVsReference.TestCase
-TestRingVsReference.settings = settings(max_examples=150, stateful_step_count=40,
+TestRingVsReference.settings = settings(stateful_step_count=40,
                                         deadline=None)
 
 

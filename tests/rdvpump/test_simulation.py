@@ -321,8 +321,8 @@ def test_bench_fanout_switches_every_message_into_every_sink() -> None:
     rows = [json.loads(line) for line in result.output.splitlines()]
     assert [(r["case"], r["sinks"], r["baseline"]) for r in rows] == [
         (case, q, base) for q in (1, 3) for case, base in (
-            ("universe-workload", "openamq-notes-25k-msg-s"),
-            ("listener", "openamq-notes-25k-msg-s"),
+            ("universe-workload", "openamq-25k-msg-s"),
+            ("listener", "openamq-25k-msg-s"),
             ("universe-workload", "listener"))]
     assert all(r["messages"] == 3000 and r["deliveries_per_s"] > 0 for r in rows)
     bad = CliRunner().invoke(app, ["bench", "fanout", "--sinks", "0"])

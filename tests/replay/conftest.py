@@ -1,4 +1,5 @@
-"""One local Spark session for all replay tests, with the fast settings of reference/stack.md."""
+"""One local Spark session for all replay tests, with settings that start it fast (a small
+shuffle, no UI, the quick JVM profile)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr import BrokerManager
@@ -99,7 +99,6 @@ class Run:
                     sub.queue.resume_reading()
 
 
-@settings(max_examples=150, deadline=None)
 @given(st.lists(op, min_size=1, max_size=30), st.booleans())
 def test_deltas_give_the_tables_full_snapshots_give(steps: list[tuple[Any, ...]],
                                                      slow_from_the_start: bool) -> None:

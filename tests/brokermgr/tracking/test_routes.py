@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr.tracking import (
@@ -253,7 +253,6 @@ updates = st.lists(st.tuples(
     st.booleans()), max_size=30)
 
 
-@settings(max_examples=150, deadline=None)
 @given(updates)
 def test_incremental_topic_table_equals_a_rebuild_and_votes_hold(ops: list) -> None:
     routes = RouteTable()
