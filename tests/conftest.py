@@ -16,6 +16,14 @@ settings.register_profile("quick", max_examples=15, deadline=None)
 settings.load_profile("ci")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n``, with ``--dist loadgroup``), every Spark test runs in the
+    same worker, so that one JVM serves them all."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     import trustme

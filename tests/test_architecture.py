@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pump", "channels", "rdv", "brokermgr", "mq", "replay", "rdvpump")
 LINT = ("import sys; from importlinter.cli import lint_imports; "
@@ -113,6 +115,7 @@ def test_the_architecture_page_shows_the_generated_layers() -> None:
                             if not line.lstrip().startswith("%%"))
 
 
+@pytest.mark.slow
 def test_the_cli_and_a_broker_process_start_without_pytest() -> None:
     # trio.testing imports pytest (about 60 ms on this machine): only simulations and
     # tests load it, not every start of the CLI or of a broker process.

@@ -47,6 +47,7 @@ def test_the_readme_has_the_blocks_this_test_runs() -> None:
     assert set(fences[0::2]) == {"sh", "python"}, "a block in another language is not run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_block_runs_as_printed(index: int, tmp_path: pathlib.Path) -> None:
     code = blocks("python")[index]

@@ -328,17 +328,20 @@ def one_change(servers: int = 1000, topics: int = 100, subscribers: int = 10,
 
 
 def run(servers: int = 1000, topics: int = 100, *, ops: int = 2000,
+        churn_seconds: float = 1000.0,
         progress: Callable[[str], None] | None = None) -> Iterator[RoutesResult]:
+    """Every figure of ``bench routes``; ``churn_seconds`` of virtual time for the churn."""
     quiet = logging.getLogger("rdvpump.tracking")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the clock warning, drops and expiries: on purpose
     try:
-        yield from _run(servers, topics, ops=ops, progress=progress)
+        yield from _run(servers, topics, ops=ops, churn_seconds=churn_seconds,
+                        progress=progress)
     finally:
         quiet.setLevel(level)
 
 
-def _run(servers: int, topics: int, *, ops: int,
+def _run(servers: int, topics: int, *, ops: int, churn_seconds: float,
          progress: Callable[[str], None] | None) -> Iterator[RoutesResult]:
     if progress:
         progress(f"route table: {servers} servers x {topics} topics ...")
@@ -348,7 +351,7 @@ def _run(servers: int, topics: int, *, ops: int,
     yield from crash_propagation()
     if progress:
         progress("subscriber traffic over a churn, deltas and full snapshots ...")
-    yield from churn_traffic()
+    yield from churn_traffic(seconds=churn_seconds)
     if progress:
         progress(f"one change at {servers} servers x {topics} topics ...")
     yield from one_change(servers, topics)

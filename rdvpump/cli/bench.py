@@ -88,8 +88,8 @@ def bench_replay(
     same figures from the same file."""
     from ..bench import replay
 
-    if (smoke := _smoke()) < 1:
-        events = max(10_000, int(events * smoke))
+    if (smoke := _smoke()) < 1:  # the floor left out, the JVM that starts fastest
+        events, floor, jvm = max(10_000, int(events * smoke)), False, "quick"
     masters = tuple(master or ("local[1]", "local[2]"))
     if pin:
         guard(lambda: [replay.pinned_cpus(m) for m in masters])
@@ -115,12 +115,14 @@ def bench_routes(
     """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
     from ..bench import routes as bench_routes_mod
 
+    churn_seconds = 1000.0
     if (smoke := _smoke()) < 1:
         servers, ops = max(10, int(servers * smoke)), max(10, int(ops * smoke))
+        churn_seconds = max(10.0, churn_seconds * smoke)
 
     with err.status("benchmarking route tables ...") as status:
-        results = interruptible(lambda: list(bench_routes_mod.run(servers, topics, ops=ops,
-                                                           progress=status.update)))
+        results = interruptible(lambda: list(bench_routes_mod.run(
+            servers, topics, ops=ops, churn_seconds=churn_seconds, progress=status.update)))
     _show(results, json_out, "rdvpump bench routes",
           ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"),
           lambda r: [r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",

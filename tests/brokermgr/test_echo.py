@@ -81,7 +81,7 @@ class EchoClient(ConnectListener, QueueListener):
             self.start()
 
 
-@pytest.mark.parametrize("ring", [4, 64, 65536])
+@pytest.mark.parametrize("ring", [pytest.param(4, marks=pytest.mark.slow), 64, 65536])
 def test_echo_every_byte_comes_back(ring: int) -> None:
     pump = Pump(seed=2024)
     universe = BrokerManager("echo", pump=pump, ring_capacity=ring, high_water=32 * 1024)

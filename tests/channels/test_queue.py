@@ -44,7 +44,8 @@ class BatchRecorder(Recorder):
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["received", "received_many"])
-@pytest.mark.parametrize("capacity", RING_SIZES)
+@pytest.mark.parametrize("capacity", [
+    pytest.param(c, marks=pytest.mark.slow) if c < 64 else c for c in RING_SIZES])
 @given(messages=st.lists(st.binary(max_size=300), max_size=30),
        big=st.sampled_from([0, 70_000]))
 def test_messages_arrive_whole_in_order_for_every_ring_size(

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from mq import CursorStore, TopicLog
 from mq._record import SEGMENT_HEADER
 
 
+@pytest.mark.slow  # thousands of reopened logs: CI runs it, the quick loop does not
 def test_a_cut_at_every_byte_of_the_last_segment_keeps_exactly_the_whole_records(
         tmp_path: pathlib.Path) -> None:
     source = tmp_path / "source"

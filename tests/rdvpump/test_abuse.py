@@ -17,6 +17,8 @@ from rdv import Address, Hello
 
 from .procs import finish, read_until
 
+pytestmark = pytest.mark.slow  # real processes
+
 TOKEN = "tok"
 MiB = 1 << 20
 

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -10,7 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from .procs import finish, read_until
+
+pytestmark = pytest.mark.slow  # real processes
 
 
 def free_port() -> int:

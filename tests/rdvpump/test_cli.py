@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from rdv import state_diagram
@@ -77,6 +78,7 @@ def test_diagram_states_writes_the_table_diagram(tmp_path: pathlib.Path) -> None
     assert target.read_text() == state_diagram()
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_for_real() -> None:
     exe = pathlib.Path(sys.executable).with_name("rdvpump")
     proc = subprocess.run([str(exe), "demo", "--clients", "1", "--connects", "1",
@@ -90,6 +92,7 @@ def test_the_installed_command_runs_for_real() -> None:
         "error: ring capacity must be a power of two from 1 to 1073741824, got 6"]
 
 
+@pytest.mark.slow
 def test_mq_and_broker_errors_are_one_line_and_exit_1() -> None:
     cases = [
         (["mq", "topics", "--server", "127.0.0.1:1"], "expected BROKER@HOST:PORT"),
@@ -123,6 +126,7 @@ def _commands() -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_help_shows_no_type_for_flags_and_arguments_as_names() -> None:
     import re
 

@@ -15,6 +15,8 @@ from rdvpump.cli import app
 from rdvpump.testing import run_simulation
 from rdvpump.workloads import load_universe, random_faults, run_universe
 
+pytestmark = pytest.mark.slow  # real processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 runner = CliRunner()
 

@@ -14,6 +14,8 @@ import pytest
 
 from .procs import DEADLINE, finish, processes, read_until
 
+pytestmark = pytest.mark.slow  # real processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def start(*args: str, group: bool = False) -> subprocess.Popen[bytes]:

@@ -7,6 +7,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -330,6 +330,7 @@ def test_bench_fanout_switches_every_message_into_every_sink() -> None:
     assert "--sinks must be positive integers" in bad.output
 
 
+@pytest.mark.slow
 def test_bench_tcp_has_the_async_face_rows_beside_the_listener_rows() -> None:
     import json
 

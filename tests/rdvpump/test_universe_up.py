@@ -11,7 +11,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from .procs import DEADLINE, finish, processes, read_until
+
+pytestmark = pytest.mark.slow  # real processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
