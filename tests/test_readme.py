@@ -6,14 +6,16 @@ promises is in its output.  The shell blocks after the first follow each other i
 shell, as a reader pastes them, so they run in order in one bash (``set -e``: the first
 command that fails stops it), from a scratch directory that holds the checkout's
 ``.venv``, ``examples/`` and ``replay/``, against 127.0.0.1 only, under one deadline;
-everything they start in the background is killed and reaped at the end.  The ports
-the README prints are mapped to free ones (two checkouts can run the suite at once),
-and the benchmark commands run as printed at a smoke size (``RDVPUMP_BENCH_SCALE``):
-what is tested is that they run and report, not their figures.
+everything they start in the background is killed and reaped at the end.  The
+benchmark block needs nothing from the others and runs the same way in a test of its
+own, at a smoke size (``RDVPUMP_BENCH_SCALE``): what is tested is that its commands run
+and report, not their figures.  The ports the README prints are mapped to free ones
+(two checkouts can run the suite at once).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -97,27 +99,49 @@ def _mapped(script: str, ports: dict[int, int]) -> str:
     return script
 
 
-@pytest.mark.slow
-@pytest.mark.spark
-def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
-                                              free_ports: dict[int, int]) -> None:
-    pytest.importorskip("pyspark")
-    if shutil.which("java") is None:
-        pytest.skip("the traces blocks run Spark, which needs Java 17 or 21")
-    if shutil.which("redis-server") is None:
-        pytest.skip("the benchmark block's `bench mq` needs redis-server (CI installs it)")
+def shell_chains() -> tuple[list[str], list[str]]:
+    """The shell blocks after the first, as two chains that share nothing: the blocks
+    that build on each other (a universe, its traces, their analysis), in order, and
+    the benchmark block, whose commands (``.venv/bin/rdvpump bench ...``) need nothing
+    from the others, so it runs in a test of its own, beside them."""
+    chain, bench = [], []
+    for block in blocks("sh")[1:]:
+        commands = [line for line in block.splitlines() if line.strip()]
+        if commands and all(c.startswith(".venv/bin/rdvpump bench ") for c in commands):
+            bench.append(block)
+        else:
+            chain.append(block)
+    return chain, bench
+
+
+def test_the_benchmark_block_needs_nothing_from_the_others() -> None:
+    chain, bench = shell_chains()
+    assert len(bench) == 1 and len(chain) >= 6
+    assert "rdvpump bench" not in "\n".join(chain)
+
+
+#: Every JVM of the README's Spark blocks starts with the options of ``--jvm quick``
+#: (the C1 compiler only, the serial collector): on small traces they spend less CPU
+#: starting than compiling would save.  What is run is unchanged.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Before the Spark cluster's block: keep what local mode wrote, to compare.
+KEEP_LOCAL = "rm -rf local-analysis && cp -r analysis local-analysis"
+
+
+def _run_script(scratch: pathlib.Path, blocks_: list[str], ports: dict[int, int],
+                env: dict[str, str]) -> str:
+    """``blocks_`` in order in one bash (``set -e``), from ``scratch``, under one deadline;
+    everything it started is reaped.  Its output, after checking it succeeded."""
     # bash waits for what it started: on its way out (done, failed, or SIGTERM from the
     # deadline) it stops its background jobs and reaps them
     script = "\n".join(["set -euo pipefail", "trap 'exit 143' TERM",
-                        "trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT",
-                        *blocks("sh")[1:]])
-    script = _mapped(script, free_ports)
+                        "trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT", *blocks_])
+    script = _mapped(script, ports)
     log = scratch / "readme.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(["bash", "-c", script], cwd=scratch, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**_env(), "RDVPUMP_BENCH_SCALE": BENCH_SCALE},
-                                start_new_session=True)
+                                env={**_env(), **env}, start_new_session=True)
         try:
             rc = proc.wait(timeout=SHELL_DEADLINE)
         except subprocess.TimeoutExpired:
@@ -128,12 +152,61 @@ def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
     assert rc is not None, f"not done within {SHELL_DEADLINE} s:\n{text[-4000:]}"
     assert rc == 0, f"exit {rc}:\n{text[-4000:]}"
     assert "Traceback" not in text, text[-4000:]
+    return text
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
+                                              free_ports: dict[int, int]) -> None:
+    """The chain of blocks, in order.  The traces section's ``spark-submit`` runs the job
+    file unchanged in local mode and then on a standalone cluster of one master and two
+    one-core workers: both analyses agree, and the cluster's executors ran on its
+    workers."""
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("the traces blocks run Spark, which needs Java 17 or 21")
+    chain, _ = shell_chains()
+    (cluster,) = [i for i, b in enumerate(chain) if "deploy.master.Master" in b]
+    chain = [*chain[:cluster], KEEP_LOCAL, *chain[cluster:]]
+    text = _run_script(scratch, chain, free_ports,
+                       {"SPARK_WORKER_DIR": str(scratch / "spark-work"),
+                        "JAVA_TOOL_OPTIONS": QUICK_JVM})
     # what each section promises a reader, seen in the one log
     for seen in ("orders", "echo client1->server:80", "declared orders", "topics",
-                 "sequenceDiagram", "analysis"):
+                 "sequenceDiagram", "analysis", "identical"):
         assert seen in text, seen
-    assert (scratch / "analysis" / "summary.json").exists()
     assert list((scratch / "data").iterdir())
+    local = json.loads((scratch / "local-analysis" / "summary.json").read_text())
+    on_cluster = json.loads((scratch / "analysis" / "summary.json").read_text())
+    assert local["violation_count"] == 0
+    assert local["messages_sent"] == local["messages_matched"] > 0
+    differ = ("out", "spark_jobs")
+    assert {k: v for k, v in on_cluster.items() if k not in differ} == \
+        {k: v for k, v in local.items() if k not in differ}
+    for plot in ("throughput.png", "latency.png", "links.png"):
+        assert (scratch / "analysis" / plot).stat().st_size > 10_000
+    # the executors ran on the workers: each worker started one for the application
+    work = [p for p in (scratch / "spark-work").glob("app-*/*") if p.is_dir()]
+    assert len(work) == 2, work
+
+
+@pytest.mark.slow
+def test_the_benchmark_block_runs_as_printed(scratch: pathlib.Path,
+                                             free_ports: dict[int, int]) -> None:
+    """Every benchmark command as printed, at a smoke size (``RDVPUMP_BENCH_SCALE``): what
+    is tested is that each runs and reports (a JSON object per line), not its figures."""
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("`bench replay` runs Spark, which needs Java 17 or 21")
+    if shutil.which("redis-server") is None:
+        pytest.skip("`bench mq` needs redis-server (CI installs it)")
+    _, bench = shell_chains()
+    text = _run_script(scratch, bench, free_ports, {"RDVPUMP_BENCH_SCALE": BENCH_SCALE})
+    json_commands = [line for line in bench[0].splitlines() if "--json" in line]
+    results = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert len(json_commands) >= 6 and len(results) >= len(json_commands), text[-4000:]
+    assert all("case" in r for r in results)
 
 
 def _reap_group(proc: subprocess.Popen[bytes]) -> None:

@@ -409,25 +409,6 @@ def test_a_multi_process_universe_is_joined_across_its_traces(
     assert summary["name_service"]["links"] == 3
 
 
-@pytest.mark.slow
-def test_spark_submit_runs_the_job_file_unchanged(clean_jsonl: pathlib.Path,
-                                                  tmp_path: pathlib.Path) -> None:
-    pyspark = pytest.importorskip("pyspark")
-    submit = pathlib.Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run([str(submit), "--master", "local[2]",
-                           "--conf", "spark.ui.enabled=false",
-                           "--driver-java-options",
-                           f"-Dlog4j.configurationFile=file:{ROOT / 'replay/log4j2.properties'}",
-                           str(ROOT / "replay/job.py"), "--traces", str(clean_jsonl.parent),
-                           "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["violation_count"] == 0 and summary["messages_matched"] == 8000
-
-
 def test_long_listings_are_written_by_spark_and_cut_in_the_summary(
         spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
