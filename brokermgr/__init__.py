@@ -9,6 +9,7 @@ from ._broker import echo as echo
 from ._broker import open_universe as open_universe
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
+from ._link import Outcome as Outcome
 from ._link import ReconnectingLink as ReconnectingLink
 from ._link import Reply as Reply
 from ._liveness import DEFAULT_SCAN_INTERVAL as DEFAULT_SCAN_INTERVAL
@@ -23,11 +24,18 @@ from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
 from ._names import NameService as NameService
 from ._rpc import Body as Body
-from ._rpc import JsonSession as JsonSession
 from ._rpc import Sent as Sent
+from ._rpc import ServiceSession as ServiceSession
 from ._rpc import decode as decode
 from ._rpc import encode as encode
 from ._rpc import send as send
+from ._service import Call as Call
+from ._service import Command as Command
+from ._service import CommandTable as CommandTable
+from ._service import Fields as Fields
+from ._service import ServiceError as ServiceError
+from ._service import Status as Status
+from ._service import raise_for as raise_for
 
 __all__ = [
     "DEFAULT_BROKER_EXPIRY",
@@ -39,22 +47,30 @@ __all__ = [
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",
     "Body",
+    "Call",
+    "Command",
+    "CommandTable",
     "Broker",
     "BrokerManager",
     "BrokerLink",
     "BrokerRecord",
     "EchoListener",
     "Entry",
-    "JsonSession",
+    "Fields",
     "LivenessTable",
     "NameClient",
     "NameService",
+    "Outcome",
     "ReconnectingLink",
     "Reply",
     "Sent",
+    "ServiceError",
+    "ServiceSession",
+    "Status",
     "decode",
     "echo",
     "encode",
     "open_universe",
+    "raise_for",
     "send",
 ]

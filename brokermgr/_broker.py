@@ -24,7 +24,7 @@ from channels import (
     MessageQueue,
     QueueFullError,
 )
-from pump import Pump, TraceRecorder, open_trace
+from pump import Future, Pump, TraceRecorder, open_trace
 from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
@@ -142,28 +142,24 @@ class Broker:
                             receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
         """Connect and return our end of the link; raise :class:`rdv.RefusedError` if refused."""
         self._check()
-        done = trio.Event()
-        outcome: list[AsyncMessageQueue | str] = []
+        outcome: Future[AsyncMessageQueue | str] = Future()
 
         class _Waiter:
             def connected(self, queue: MessageQueue) -> None:
-                if done.is_set():  # the caller was cancelled meanwhile
+                if outcome.done():  # the caller was cancelled meanwhile
                     queue.abort("connect cancelled")
                     return
-                outcome.append(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
-                done.set()
+                outcome.set(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
 
             def refused(self, reason: str) -> None:
-                outcome.append(reason)
-                done.set()
+                outcome.set(reason)
 
         self.rdv.connect(broker_id, port, _Waiter())
         try:
-            await done.wait()
+            result = await outcome.wait()
         except trio.Cancelled:
-            done.set()
+            outcome.set("cancelled")
             raise
-        result = outcome[0]
         if isinstance(result, str):
             raise RefusedError(result, broker_id, port)
         return result
@@ -172,25 +168,24 @@ class Broker:
                            receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
         """Bind ``port``, wait for one connect, unbind, and return our end of the link."""
         self._check()
-        done = trio.Event()
-        outcome: list[AsyncMessageQueue] = []
+        outcome: Future[AsyncMessageQueue | None] = Future()
 
         class _Waiter:
             def accepted(self, queue: MessageQueue) -> None:
-                if done.is_set():
+                if outcome.done():  # the caller was cancelled meanwhile
                     queue.abort("accept cancelled")
                     return
-                outcome.append(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
-                done.set()
+                outcome.set(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
 
         self.rdv.bind(port, _Waiter())
         try:
-            await done.wait()
+            accepted = await outcome.wait()
         finally:
-            done.set()
+            outcome.set(None)
             if port in self.rdv.core.bound_ports():
                 self.rdv.unbind(port)
-        return outcome[0]
+        assert accepted is not None
+        return accepted
 
     async def serve_queues(
         self, port: int, handler: Callable[[AsyncMessageQueue], Awaitable[object]], *,

@@ -1,6 +1,7 @@
-"""A link this side dials and keeps: reconnects after a refusal or a loss, speaks JSON, and
-matches replies to requests.  The name client's links to managers and tracking's links to
-trackers and servers are all this one class.
+"""A link this side dials and keeps: reconnects after a refusal or a loss, speaks the
+service protocol (:mod:`._service`), and matches replies to requests.  The name client's
+links to managers, tracking's links to trackers and servers, and MQ clients' links to
+their servers are all this one class.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 import trio
 
 from channels import Gather, MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
-from pump import Pump, Timer
+from pump import Future, Pump, Timer
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
+from ._service import ServiceError, Status
 
 log = logging.getLogger("rdvpump.link")
 
@@ -25,6 +27,9 @@ DEFAULT_RETRY = 1.0
 FIRST_RETRY = 0.02
 
 Reply = dict[str, Any]
+#: What a request's callback gets: the reply, or the error it carried (the envelope made an
+#: exception again), or :data:`Status.NO_REPLY` if the link closed first.
+Outcome = Reply | ServiceError
 
 
 class ReconnectingLink(QueueListener):
@@ -38,7 +43,7 @@ class ReconnectingLink(QueueListener):
     Messages are JSON objects.  A reply carrying the ``seq`` of a request made with
     :meth:`request` or :meth:`call` goes to that request; any other message goes to
     :meth:`pushed`.  Subclasses override the hooks :meth:`opened`, :meth:`lost`,
-    :meth:`goodbye` and :meth:`pushed`.
+    :meth:`goodbye`, :meth:`pushed` and :meth:`room_again`.
     """
 
     def __init__(self, pump: Pump, dial: Callable[[ReconnectingLink], None], *, name: str,
@@ -58,7 +63,12 @@ class ReconnectingLink(QueueListener):
         self._closing = False
         self._attempted = trio.Event()
         self._seq = 0
-        self._waiting: dict[int, Callable[[Reply | None], None]] = {}
+        self._waiting: dict[int, Callable[[Outcome], object]] = {}
+        #: Set while the link is up.
+        self.up = trio.Event()
+        #: Set (and renewed) each time the link takes messages again after its high-water
+        #: mark, and when it closes.
+        self.room = trio.Event()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} to {self.name}>"
@@ -80,6 +90,7 @@ class ReconnectingLink(QueueListener):
         self.last_refusal = None
         self._refusals = 0
         queue.set_listener(self)
+        self.up.set()
         self.opened()
         self._outcome()
 
@@ -92,11 +103,19 @@ class ReconnectingLink(QueueListener):
 
     def closed(self, reason: str) -> None:
         self.queue = None
+        self.up = trio.Event()
         waiting, self._waiting = self._waiting, {}
         for on_reply in waiting.values():
-            on_reply(None)
+            on_reply(ServiceError(Status.NO_REPLY, f"{self.name}: the link closed before "
+                                                   f"the reply ({reason})"))
         self.lost(reason)
+        self.drained()
         self._again(reason, self.after_loss)
+
+    def drained(self) -> None:
+        self.room.set()
+        self.room = trio.Event()
+        self.room_again()
 
     def _again(self, reason: str, delay: float) -> None:
         if self._closing:
@@ -143,11 +162,12 @@ class ReconnectingLink(QueueListener):
             return Sent.GONE
         return send(self.queue, obj, what=self.name)
 
-    def request(self, obj: dict[str, Any], on_reply: Callable[[Reply | None], None], *,
+    def request(self, obj: dict[str, Any], on_reply: Callable[[Outcome], object], *,
                 body: Body | None = None) -> bool:
-        """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply(reply)`` runs
-        when its reply comes, or ``on_reply(None)`` if the link closes first.  False if it
-        could not be sent (not connected, or past the high-water mark);
+        """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply`` runs with
+        the reply when it comes (a :class:`ServiceError` for an error reply, or status
+        :data:`Status.NO_REPLY` if the link closes first).  False if it could not be sent
+        (not connected, or past the high-water mark);
         :class:`~channels.MessageTooLargeError` (nothing sent) if it can never be."""
         self._seq += 1
         seq = self._seq
@@ -163,23 +183,36 @@ class ReconnectingLink(QueueListener):
         self._waiting[seq] = on_reply
         return True
 
-    async def call(self, obj: dict[str, Any], *, timeout: float, body: bytes | None = None
-                   ) -> Reply | None:
-        """:meth:`request`, awaited: the reply, or None (not connected, closed, timed out)."""
-        done = trio.Event()
-        box: list[Reply | None] = []
-
-        def on_reply(reply: Reply | None) -> None:
-            box.append(reply)
-            done.set()
-
-        if not self.request(obj, on_reply, body=body):
-            return None
-        seq = self._seq
+    async def call(self, obj: dict[str, Any], *, timeout: float, body: Body | None = None
+                   ) -> Reply:
+        """One request and its reply, the one waiter of every service client: waits (all
+        within ``timeout`` seconds) for the link to be up and to have room, then for the
+        reply.  Raises the :class:`ServiceError` of an error reply, or status
+        :data:`Status.NO_REPLY` if none came (then the request may or may not have been
+        carried out); :class:`~channels.MessageTooLargeError` if it can never be sent."""
+        reply: Future[Outcome] = Future()
+        what = obj.get("cmd", "the request")
         with trio.move_on_after(timeout):
-            await done.wait()
-        self._waiting.pop(seq, None)
-        return box[0] if box else None
+            while True:
+                while self.queue is None:
+                    await self.up.wait()
+                if self.request(obj, reply.set, body=body):
+                    seq = self._seq
+                    try:
+                        await reply.wait()
+                    finally:
+                        self._waiting.pop(seq, None)
+                    break
+                await self.room.wait()  # past the high-water mark: wait for room
+        if not reply.done():
+            raise ServiceError(Status.NO_REPLY,
+                               f"{self.name}: no reply to {what} within {timeout} s "
+                               f"({'not connected' if self.queue is None else 'no reply'}); "
+                               f"it may or may not have been carried out")
+        outcome = reply.result()
+        if isinstance(outcome, ServiceError):
+            raise outcome
+        return outcome
 
     def received(self, message: bytes) -> None:
         try:
@@ -190,7 +223,7 @@ class ReconnectingLink(QueueListener):
         seq = obj.get("seq")
         on_reply = self._waiting.pop(seq, None) if isinstance(seq, int) else None
         if on_reply is not None:
-            on_reply(obj)
+            on_reply(ServiceError.of(obj) or obj)
         else:
             self.pushed(obj)
 
@@ -212,6 +245,9 @@ class ReconnectingLink(QueueListener):
 
     def pushed(self, obj: dict[str, Any]) -> None:
         """A message that is not a reply to a request."""
+
+    def room_again(self) -> None:
+        """The link takes messages again (after its high-water mark, or closing)."""
 
 
 class BrokerLink(ReconnectingLink):

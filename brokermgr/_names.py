@@ -2,8 +2,9 @@ r"""The name service: a BrokerManager served to other processes, like RocketMQ's
 
 The service is a broker (``@manager``) listening on rendezvous port 0; clients
 reach it through the same handshake (universe and token) and message queues as
-any link.  Requests and replies are JSON messages (:mod:`._rpc`); the client's
-links to managers are reconnecting links (:mod:`._link`).
+any link.  It speaks the service protocol (:mod:`._service`): ``register`` and
+``heartbeat`` (the same: a list of brokers), ``unregister``, ``lookup`` and
+``list``; the client's links to managers are reconnecting links (:mod:`._link`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pump import Timer
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
-from ._link import ReconnectingLink
+from ._link import Outcome, ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, Entry, LivenessTable
-from ._rpc import JsonSession
+from ._rpc import ServiceSession
+from ._service import Call, Command, CommandTable, Fields, Reply, ServiceError, Status
 
 log = logging.getLogger("rdvpump.names")
 
@@ -45,6 +47,67 @@ class BrokerRecord:
     broker_id: str
     address: Address
     topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One broker of a ``register`` (or ``heartbeat``) request."""
+
+    record: BrokerRecord
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    brokers: tuple[Registration, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unregister:
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListBrokers:
+    pass
+
+
+def _registration(item: Any) -> Registration:
+    broker_id = item["id"]
+    if not isinstance(broker_id, str) or not broker_id:
+        raise ValueError("its id must be a non-empty string")
+    topics = item.get("topics", [])
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise ValueError("its topics must be a list of strings")
+    version = item.get("version", 0)
+    if type(version) is not int or version < 0:
+        raise ValueError("its version must be a non-negative integer")
+    return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics)),
+                        version)
+
+
+def _broker_id(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("not a non-empty string")
+    return value
+
+
+def _register(fields: Fields) -> Register:
+    return Register(tuple(fields.items("brokers", _registration,
+                                       what="a broker's id, address, version and topics")))
+
+
+def _unregister(fields: Fields) -> Unregister:
+    return Unregister(tuple(fields.items("ids", _broker_id, what="a broker id")))
+
+
+def _lookup(fields: Fields) -> Lookup:
+    return Lookup(fields.string("id"))
 
 
 def record_dict(entry: Entry[BrokerRecord], now: float) -> dict[str, object]:
@@ -71,12 +134,65 @@ class NameService:
         self.pump = manager.pump
         self.table: LivenessTable[BrokerRecord] = LivenessTable(expiry=expiry)
         self.scan_interval = scan_interval
+        self.commands = CommandTable("name-service", {
+            "register": Command(_register, self._register),
+            "heartbeat": Command(_register, self._register),
+            "unregister": Command(_unregister, self._unregister),
+            "lookup": Command(_lookup, self._lookup),
+            "list": Command(lambda fields: ListBrokers(), self._list),
+        })
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
         self._scan_timer = self.pump.call_later(scan_interval, self._scan, periodic=True)
 
     def accepted(self, queue: MessageQueue) -> None:
         queue.set_listener(_Session(self, queue))
+
+    # -- the commands: the connection a broker registered over is the link's queue --------
+
+    def _register(self, request: Register, call: Call) -> Reply:
+        refused = []
+        now = self.pump.now()
+        for registration in request.brokers:
+            record = registration.record
+            held = self.table.get(record.broker_id)
+            if held is not None and held.connection is not call.queue:
+                # another live registration: its connection is open (a crashed
+                # process's closed with it, which dropped its brokers at once)
+                log.warning("refused a second registration of broker %s: it is held "
+                            "by %s", record.broker_id, held.value.address)
+                refused.append({"id": record.broker_id, "held_by": list(held.value.address)})
+                continue
+            self.table.report(record.broker_id, record, now=now,
+                                         version=registration.version, connection=call.queue)
+        if refused:
+            held_by = ", ".join(f"{b['id']} (held by {Address.of(b['held_by'])})"
+                                for b in refused)
+            raise ServiceError(Status.CONFLICT, f"{DUPLICATE_ID}: {held_by}",
+                               refused=DUPLICATE_ID, brokers=refused)
+        return {"cmd": "registered", "count": len(request.brokers)}
+
+    def _unregister(self, request: Unregister, call: Call) -> Reply:
+        for broker_id in request.ids:  # only what this connection registered
+            held = self.table.get(broker_id)
+            if held is not None and held.connection is call.queue:
+                self.table.remove(broker_id)
+        return {"cmd": "unregistered"}
+
+    def _lookup(self, request: Lookup, call: Call) -> Reply:
+        entry = self.table.get(request.id)
+        return {"cmd": "address", "id": request.id,
+                "address": None if entry is None else list(entry.value.address)}
+
+    def _list(self, request: ListBrokers, call: Call) -> Reply:
+        now = self.pump.now()
+        return {"cmd": "brokers", "universe": self.manager.name,
+                "brokers": [record_dict(e, now) for e in self.table.entries()]}
+
+    def connection_lost(self, queue: MessageQueue, reason: str) -> None:
+        for broker_id in self.table.connection_lost(queue):
+            log.info("broker %s dropped: its connection closed (%s)", broker_id, reason)
+            self.pump.emit("drop", broker=broker_id, reason=reason)
 
     def _scan(self) -> None:
         for broker_id in self.table.scan(self.pump.now()):
@@ -96,63 +212,17 @@ class NameService:
         await self.broker.aclose("name service closed", timeout=timeout)
 
 
-class _Session(JsonSession):
+class _Session(ServiceSession):
     """One client connection to the name service."""
 
     what = "name-service request"
 
     def __init__(self, service: NameService, queue: MessageQueue) -> None:
-        super().__init__(queue)
+        super().__init__(queue, service.commands)
         self.service = service
 
-    def handle(self, request: dict[str, Any]) -> None:
-        try:
-            reply = self._answer(request)
-        except (KeyError, TypeError, ValueError) as exc:
-            reply = {"ok": False, "error": f"bad {request.get('op')!r} request: {exc}"}
-        self.reply(request, reply)
-
-    def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        table, now = self.service.table, self.service.pump.now()
-        op = request.get("op")
-        if op in ("register", "heartbeat"):
-            refused = []
-            for b in request["brokers"]:
-                if not isinstance(b["id"], str) or not b["id"]:
-                    raise ValueError("broker id must be a non-empty string")
-                held = table.get(b["id"])
-                if held is not None and held.connection is not self:
-                    # another live registration: its connection is open (a crashed
-                    # process's closed with it, which dropped its brokers at once)
-                    log.warning("refused a second registration of broker %s: it is held "
-                                "by %s", b["id"], held.value.address)
-                    refused.append({"id": b["id"], "held_by": list(held.value.address)})
-                    continue
-                record = BrokerRecord(b["id"], Address.of(b["address"]),
-                                      tuple(str(t) for t in b.get("topics", ())))
-                table.report(b["id"], record, now=now, version=int(b.get("version", 0)),
-                             connection=self)
-            if refused:
-                return {"ok": False, "refused": DUPLICATE_ID, "brokers": refused}
-            return {"ok": True}
-        if op == "unregister":
-            for broker_id in request["ids"]:  # only what this connection registered
-                held = table.get(broker_id)
-                if held is not None and held.connection is self:
-                    table.remove(broker_id)
-            return {"ok": True}
-        if op == "lookup":
-            entry = table.get(request["id"])
-            return {"ok": True, "address": None if entry is None else list(entry.value.address)}
-        if op == "list":
-            return {"ok": True, "universe": self.service.manager.name,
-                    "brokers": [record_dict(e, now) for e in table.entries()]}
-        raise ValueError(f"unknown op {op!r}")
-
     def closed(self, reason: str) -> None:
-        for broker_id in self.service.table.connection_lost(self):
-            log.info("broker %s dropped: its connection closed (%s)", broker_id, reason)
-            self.service.pump.emit("drop", broker=broker_id, reason=reason)
+        self.service.connection_lost(self.queue, reason)
 
 
 #: The longest back-off between dials of a manager that cannot be reached: a manager
@@ -227,19 +297,33 @@ class NameClient:
     async def lookup(self, broker_id: str) -> Address | None:
         """Where ``broker_id`` listens, per the first manager that knows it (a resolver
         source: the resolver caches the answer)."""
-        for session in self.sessions:
-            reply = await session.call({"op": "lookup", "id": broker_id},
-                                       timeout=self.lookup_timeout)
-            if reply is not None and reply.get("ok") and reply.get("address") is not None:
+        for reply in await self._ask({"cmd": "lookup", "id": broker_id}):
+            if reply.get("address") is not None:
                 return Address.of(reply["address"])
         return None
 
     async def list(self) -> list[dict[str, Any]] | None:
-        for session in self.sessions:
-            reply = await session.call({"op": "list"}, timeout=self.lookup_timeout)
-            if reply is not None and reply.get("ok"):
-                return list(reply["brokers"])
+        """The brokers registered with the first manager that answers; None if none does."""
+        for reply in await self._ask({"cmd": "list"}, first=True):
+            return list(reply["brokers"])
         return None
+
+    async def _ask(self, request: dict[str, Any], *, first: bool = False
+                   ) -> tuple[Reply, ...]:
+        """The replies of the connected managers, in order (only the first that answers
+        when ``first``); a manager that is not connected, or fails, is skipped (logged)."""
+        replies = []
+        for session in self.sessions:
+            if session.queue is None:
+                continue
+            try:
+                replies.append(await session.call(request, timeout=self.lookup_timeout))
+            except ServiceError as exc:
+                log.info("%s: %s", session.name, exc)
+                continue
+            if first:
+                break
+        return tuple(replies)
 
     def close(self) -> None:
         """Unregister this process's brokers (clean shutdown) and close the links."""
@@ -286,15 +370,18 @@ class _ManagerLink(ReconnectingLink):
     def _beat(self) -> None:
         registrations = self.client.registrations()
         if registrations:
-            self.request({"op": "register", "brokers": registrations}, self._registered)
+            self.request({"cmd": "register", "brokers": registrations}, self._registered)
         self._beat_timer = self.pump.call_later(self.client.heartbeat, self._beat, periodic=True)
 
-    def _registered(self, reply: dict[str, Any] | None) -> None:
-        if reply is not None and reply.get("refused") == DUPLICATE_ID and not self.refusal:
-            held = ", ".join(f"{b['id']} (held by {Address.of(b['held_by'])})"
-                             for b in reply.get("brokers", ()))
-            self.refusal = f"{DUPLICATE_ID}: {held}"
-            self.client.refused(self, self.refusal)
+    def _registered(self, outcome: Outcome) -> None:
+        if not isinstance(outcome, ServiceError) or outcome.status == Status.NO_REPLY:
+            return  # registered; or the link closed, and it registers again when back
+        if outcome.detail.get("refused") == DUPLICATE_ID:
+            if not self.refusal:
+                self.refusal = outcome.reason
+                self.client.refused(self, self.refusal)
+        else:
+            log.error("%s refused a registration: %s", self.name, outcome)
 
     def lost(self, reason: str) -> None:
         if self._beat_timer is not None:
@@ -305,4 +392,4 @@ class _ManagerLink(ReconnectingLink):
             self._beat_timer.cancel()
         ids = [r["id"] for r in self.client.registrations()]
         if ids:
-            self.send({"op": "unregister", "ids": ids})
+            self.send({"cmd": "unregister", "ids": ids})

@@ -6,7 +6,7 @@ behind one NUL byte (JSON text never holds a raw NUL): :func:`decode` puts it
 in the object under ``"body"``, as a read-only memoryview of the message (a body
 is not copied to be read: an MQ server stores and forwards it as it came).  A
 message that is not a JSON object is a protocol error and closes its link; a
-request of the wrong shape gets an error reply.
+request of the wrong shape gets an error reply (:mod:`._service`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from channels import (
     QueueListener,
     gather,
 )
+
+from ._service import CommandTable, request_seq
 
 log = logging.getLogger("rdvpump.rpc")
 
@@ -104,18 +106,19 @@ def send(queue: MessageQueue, obj: dict[str, Any] | bytes | Gather, *, what: str
     return Sent.GONE
 
 
-class JsonSession(QueueListener):
-    """One inbound link that takes JSON requests; subclasses implement :meth:`handle`.
-
-    A reply echoes the request's ``seq`` (when it has one), so the dialling
-    side can match it; a client that does not read its replies is dropped.
-    """
+class ServiceSession(QueueListener):
+    """One inbound link to a service (:mod:`._service`): each request is answered through
+    the service's :class:`~._service.CommandTable`.  A reply echoes the request's ``seq``
+    (when it has one), so that the dialling side can match it; a client that does not
+    read its replies is dropped.  Subclasses add what the service does when the link
+    drains or closes."""
 
     #: What the requests are, for error messages ("name-service request", ...).
     what = "request"
 
-    def __init__(self, queue: MessageQueue) -> None:
+    def __init__(self, queue: MessageQueue, table: CommandTable) -> None:
         self.queue = queue
+        self.table = table
 
     def received(self, message: bytes) -> None:
         try:
@@ -126,13 +129,16 @@ class JsonSession(QueueListener):
         self.handle(request)
 
     def handle(self, request: dict[str, Any]) -> None:
-        raise NotImplementedError
+        reply = self.table.answer(request, self.queue)
+        if reply is not None:
+            self.reply(request, reply)
 
     def reply(self, request: dict[str, Any], obj: dict[str, Any]) -> bool:
         """Send ``obj`` as the reply to ``request``; False if the link is gone (or was
         closed here because the client does not read its replies)."""
-        if "seq" in request:
-            obj["seq"] = request["seq"]
+        seq = request_seq(request)
+        if seq is not None:
+            obj["seq"] = seq
         outcome = send(self.queue, obj, what=f"client {self.queue.remote_id}")
         if outcome is Sent.FULL:
             self.queue.abort("client does not read its replies")

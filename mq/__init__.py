@@ -15,20 +15,22 @@ The storage and the semantics, sans-network:
 Over links:
 
 * :class:`MqServer` -- the server role on a broker's tracking port, and
-  :class:`MqClient` its async client; :class:`Caller` and :class:`Service`,
+  :class:`MqClient` its async client (requests refused, or not answered, raise the
+  service protocol's :class:`ServiceError`); :class:`Caller` and :class:`Service`,
   RPC over ``rpc`` topics; push to named receivers; :class:`Producer` and
   :class:`Consumer`, which follow tracking's route tables.
 """
 
+from brokermgr import ServiceError, Status
+
 from ._client import Message as Message
-from ._client import MqClient, MqRequestError, Pushed, Receiver, Stored, Subscription
+from ._client import MqClient, Pushed, Receiver, Stored, Subscription
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
 from ._memory import MemoryLog
 from ._names import MAX_NAME_BYTES, check_name, disk_name
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
-from ._requests import MqError
 from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._server import FLAGS, Durability, MqServer
@@ -48,7 +50,8 @@ __all__ = [
     "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES", "Consumer", "Corruption",
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
-    "FLAGS", "Durability", "Message", "MqClient", "MqRequestError", "MqServer", "Stored",
+    "FLAGS", "Durability", "Message", "MqClient", "MqServer", "Stored",
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
-    "MAX_NAME_BYTES", "check_name", "disk_name", "MqError", "Finding", "Report", "verify",
+    "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
+    "verify",
 ]

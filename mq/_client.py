@@ -4,7 +4,7 @@ The link reconnects by itself (:class:`brokermgr.BrokerLink`); after a
 reconnect every subscription consumes again, and what the server had
 delivered on the old link and not seen acknowledged is delivered again
 (at least once).  A publish that fails (no reply within the timeout, the
-link lost) raises :class:`MqRequestError`: the message may or may not be
+link lost) raises :class:`ServiceError`: the message may or may not be
 stored, so publishing it again can store it twice; consumers that must not
 see duplicates drop them by ``(producer, sequence)``.
 
@@ -12,7 +12,7 @@ Acks (and the consume a reconnect repeats) are sent without waiting for a
 reply, but their errors are not lost: the server answers an error on the
 same link, naming the request's command, topic and group, and the client
 hands it to the subscription's ``on_error`` callback if it has one, or else
-raises it (:class:`MqRequestError`) from that subscription's next call
+raises it (:class:`ServiceError`) from that subscription's next call
 (``receive``, ``receive_many``, ``ack``).  An ack of an offset the consumer does
 not hold is such an error (409): acknowledged twice, never delivered to it, or
 redelivered elsewhere after the ack timeout.  Acks of messages that came on a
@@ -39,13 +39,15 @@ from brokermgr import (
     Body,
     Broker,
     BrokerLink,
+    Outcome,
     Reply,
     Sent,
+    ServiceError,
+    Status,
     encode,
 )
 from brokermgr.tracking import ServerAddress
 from channels import SMALL_PIECE, QueueFullError
-from pump import RdvpumpError
 
 from ._topic import DEFAULT_WINDOW
 from ._wire import pack_column, unpack_column
@@ -54,15 +56,6 @@ from ._wire import pack_column, unpack_column
 DEFAULT_TIMEOUT = 10.0
 
 log = logging.getLogger("rdvpump.mq")
-
-
-class MqRequestError(RdvpumpError):
-    """A request the server refused (``status`` and its reason) or that got no reply
-    (status 0)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"{reason} (status {status})" if status else reason)
-        self.status = status
 
 
 class Stored(NamedTuple):
@@ -110,11 +103,8 @@ class _Link(BrokerLink):
         super().__init__(broker, server.broker_id, server.port, name=f"mq {server.address}",
                          retry=retry)
         self.client = client
-        self.room = trio.Event()
-        self.up = trio.Event()
 
     def opened(self) -> None:
-        self.up.set()
         for subscription in self.client.subscriptions.values():
             subscription.link_lost()  # what came on the lost link comes again
             if subscription.active:  # one still being set up sends its own consume
@@ -122,13 +112,7 @@ class _Link(BrokerLink):
         for name in self.client.receivers:
             self.send({"cmd": "receive", "name": name})
 
-    def lost(self, reason: str) -> None:
-        self.up = trio.Event()
-        self.drained()
-
-    def drained(self) -> None:
-        self.room.set()
-        self.room = trio.Event()
+    def room_again(self) -> None:
         if self.client.on_drained is not None:
             self.client.on_drained()
 
@@ -209,7 +193,7 @@ class MqClient:
         self.sequence = 0
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         #: RPC calls waiting for their reply, by request id
-        self.calls: dict[int, Callable[[Reply], None]] = {}
+        self.calls: dict[int, Callable[[Reply], object]] = {}
         #: receiver names this client answers to (push)
         self.receivers: dict[str, Receiver] = {}
         #: The listener face: called when the link takes messages again after a
@@ -217,14 +201,15 @@ class MqClient:
         self.on_drained: Callable[[], object] | None = None
         #: Called with the error of a fire-and-forget request that no subscription owns
         #: (a route or push sent without waiting); without it such errors are logged.
-        self.on_error: Callable[[MqRequestError], object] | None = None
+        self.on_error: Callable[[ServiceError], object] | None = None
         self.link = _Link(self, broker, self.server, retry)
         self.link.connect()
 
     def failed(self, reply: Reply) -> None:
         """An error reply that no request waits for: to the subscription whose topic and
         group it names (its ack or consume), else :attr:`on_error`, else the log."""
-        error = MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
+        error = ServiceError.of(reply)
+        assert error is not None
         topic, group = reply.get("topic"), reply.get("group") or reply.get("topic")
         subscription = self.subscriptions.get((topic, group))  # type: ignore[arg-type]
         if subscription is not None and reply.get("for") in ("ack", "consume"):
@@ -241,39 +226,10 @@ class MqClient:
             await self.link.up.wait()
 
     async def request(self, obj: dict[str, Any], body: Body | None = None) -> Reply:
-        """One request and its reply; :class:`MqRequestError` for an error reply or none."""
-        deadline = trio.current_time() + self.timeout
-        while True:
-            if self.link.queue is None:
-                with trio.move_on_at(deadline):
-                    await self.link.up.wait()
-                if self.link.queue is None:
-                    raise MqRequestError(0, f"{self.server.address}: not connected")
-            done = trio.Event()
-            box: list[Reply | None] = []
-
-            def on_reply(reply: Reply | None, box: list[Reply | None] = box,
-                         done: trio.Event = done) -> None:
-                box.append(reply)
-                done.set()
-
-            if self.link.request(obj, on_reply, body=body):
-                break
-            with trio.move_on_at(deadline):  # past the high-water mark: wait for room
-                await self.link.room.wait()
-            if trio.current_time() >= deadline:
-                raise MqRequestError(0, f"{self.server.address}: no room to send within "
-                                        f"{self.timeout} s")
-        with trio.move_on_at(deadline):
-            await done.wait()
-        reply = box[0] if box else None
-        if reply is None:
-            raise MqRequestError(0, f"{self.server.address}: no reply to {obj.get('cmd')} "
-                                    f"(the link closed or {self.timeout} s passed); it may "
-                                    f"or may not have been carried out")
-        if reply.get("cmd") == "error":
-            raise MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
-        return reply
+        """One request and its reply (:meth:`~brokermgr.ReconnectingLink.call`, within
+        :attr:`timeout`); :class:`~brokermgr.ServiceError` for an error reply, or status 0
+        for none."""
+        return await self.link.call(obj, timeout=self.timeout, body=body)
 
     async def declare(self, topic: str, *, flags: Sequence[str] = (), group: str | None = None,
                       filter: str | None = None, start: str | None = None) -> Reply:
@@ -341,17 +297,17 @@ class MqClient:
 
     async def push(self, to: str, body: bytes) -> int:
         """Push ``body`` to every client answering to ``to`` (not stored); how many got
-        it.  :class:`MqRequestError` (404) if none does."""
+        it.  :class:`ServiceError` (404) if none does."""
         reply = await self.request({"cmd": "push", "to": to}, bytes(body))
         return int(reply["count"])
 
     # -- the listener face: no awaits, callbacks on the pump ----------------------------
 
     def publish_nowait(self, topic: str, bodies: Sequence[bytes], *, tag: str | None = None,
-                       on_stored: Callable[[list[Stored] | MqRequestError], object] | None
+                       on_stored: Callable[[list[Stored] | ServiceError], object] | None
                        = None) -> None:
         """Publish ``bodies`` in one request without waiting; ``on_stored(stored)`` runs
-        once they are stored (or with the :class:`MqRequestError`).  Raises
+        once they are stored (or with the :class:`ServiceError`).  Raises
         :class:`~channels.QueueFullError` when the link is past its high-water mark:
         nothing was sent; try again from :attr:`on_drained`; and
         :class:`~channels.MessageTooLargeError` (nothing sent) for a request larger than
@@ -362,28 +318,21 @@ class MqClient:
         if tag is not None:
             obj["tag"] = tag
 
-        def answered(reply: Reply | None) -> None:
-            if on_stored is None:
-                return
-            if reply is None:
-                on_stored(MqRequestError(0, f"{self.server.address}: the link closed before "
-                                            f"the reply; they may or may not be stored"))
-            elif reply.get("cmd") == "error":
-                on_stored(MqRequestError(int(reply.get("status", 500)),
-                                         str(reply.get("error"))))
-            else:
-                on_stored(_stored(reply, len(bodies)))
+        def answered(outcome: Outcome) -> None:
+            if on_stored is not None:
+                on_stored(outcome if isinstance(outcome, ServiceError)
+                          else _stored(outcome, len(bodies)))
 
         if not self.link.request(obj, answered, body=list(bodies)):
             if self.link.queue is None:
-                raise MqRequestError(0, f"{self.server.address}: not connected")
+                raise ServiceError(Status.NO_REPLY, f"{self.server.address}: not connected")
             raise QueueFullError(f"{self.server.address}: the link is past its high-water "
                                  f"mark; publish again from on_drained")
         self.sequence += len(bodies)
 
     def subscribe_nowait(self, topic: str, on_message: Callable[[Message], object], *,
                          group: str | None = None, window: int = DEFAULT_WINDOW,
-                         on_error: Callable[[MqRequestError], object] | None = None
+                         on_error: Callable[[ServiceError], object] | None = None
                          ) -> Subscription:
         """Consume with a callback: ``on_message(message)`` runs on the pump for each
         message; acknowledge with :meth:`Message.ack_nowait`."""
@@ -393,20 +342,19 @@ class MqClient:
         subscription = Subscription(self, key[0], key[1], window, on_message=on_message)
         self.subscriptions[key] = subscription
 
-        def answered(reply: Reply | None) -> None:
-            if reply is not None and reply.get("cmd") != "error":
+        def answered(outcome: Outcome) -> None:
+            if not isinstance(outcome, ServiceError):
                 subscription.active = True
                 return
             self.subscriptions.pop(key, None)
-            error = MqRequestError(0, "the link closed first") if reply is None else \
-                MqRequestError(int(reply.get("status", 500)), str(reply.get("error")))
             if on_error is not None:
-                on_error(error)
+                on_error(outcome)
 
         if not self.link.request({"cmd": "consume", "topic": topic, "group": key[1],
                                   "window": window}, answered):
             self.subscriptions.pop(key, None)
-            raise MqRequestError(0, f"{self.server.address}: not connected or no room")
+            raise ServiceError(Status.NO_REPLY,
+                               f"{self.server.address}: not connected or no room")
         return subscription
 
     async def query(self, topic: str | None = None) -> dict[str, Any]:
@@ -483,8 +431,8 @@ class Subscription:
         self._ready: deque[Message] = deque()
         #: Called with an error of this subscription's acks (or of a consume a reconnect
         #: repeated); without it the error is raised by the next call.
-        self.on_error: Callable[[MqRequestError], object] | None = None
-        self._error: MqRequestError | None = None
+        self.on_error: Callable[[ServiceError], object] | None = None
+        self._error: ServiceError | None = None
         #: Offsets delivered on the current link and not acknowledged yet (in order), and
         #: those that had come on a lost link: an ack of one of these is not sent.
         self.held: dict[int, None] = {}
@@ -499,7 +447,7 @@ class Subscription:
             for offset in list(itertools.islice(stale, len(stale) - self.max_held)):
                 del stale[offset]
 
-    def failed(self, error: MqRequestError) -> None:
+    def failed(self, error: ServiceError) -> None:
         """An error of a request sent without waiting (an ack): to :attr:`on_error`, or
         kept for the next call to raise."""
         if self.on_error is not None:

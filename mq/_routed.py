@@ -19,9 +19,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
+from brokermgr import ServiceError, Status
 from brokermgr.tracking import ProducerRoute, RouteChange, RouteClient, Selector
 
-from ._client import DEFAULT_TIMEOUT, Message, MqClient, MqRequestError, Stored, Subscription
+from ._client import DEFAULT_TIMEOUT, Message, MqClient, Stored, Subscription
 from ._topic import DEFAULT_WINDOW
 
 #: Statuses after which a publish is tried on another server (no answer; server closed).
@@ -68,19 +69,19 @@ class Producer:
         sequence = self.sequence
         self.sequence += len(bodies)
         tried: set[str] = set()
-        last: MqRequestError | None = None
+        last: ServiceError | None = None
         while True:
             candidates = self._candidates(key, tried)
             if not candidates:
                 if last is not None:
                     raise last
-                raise MqRequestError(404, f"no server holds topic {self.topic!r}")
+                raise ServiceError(Status.NOT_FOUND, f"no server holds topic {self.topic!r}")
             address = candidates[0]
             client = self._client(address)
             client.sequence = sequence  # a retry keeps the sequence numbers
             try:
                 return await client.publish_many(self.topic, bodies, tag=tag)
-            except MqRequestError as exc:
+            except ServiceError as exc:
                 if exc.status not in RETRYABLE:
                     raise
                 tried.add(address)
@@ -139,7 +140,7 @@ class Consumer:
             await client.declare(self.topic, group=self.group)  # the group exists there
             subscription: Subscription = await client.subscribe(
                 self.topic, group=self.group, window=self.window)
-        except MqRequestError:
+        except ServiceError:
             if self.clients.get(address) is client:
                 del self.clients[address]  # attached again at the next route change
             client.close()

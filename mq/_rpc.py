@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from brokermgr import Reply
+from brokermgr import Reply, ServiceError, Status
+from pump import Future
 
-from ._client import MqClient, MqRequestError, Subscription
+from ._client import MqClient, Subscription
 
 
-class RpcTimeout(MqRequestError):
+class RpcTimeout(ServiceError):
     """No reply within the call's timeout (status 0)."""
 
 
@@ -32,32 +33,27 @@ class Caller:
 
     async def call(self, topic: str, body: bytes, *, timeout: float = 10.0) -> bytes:
         """Send a request to ``topic`` and return the reply's body; :class:`RpcTimeout`
-        if none comes within ``timeout`` seconds, :class:`MqRequestError` if the service
-        answered with an error status."""
+        if none comes within ``timeout`` seconds, :class:`~brokermgr.ServiceError` if the
+        service answered with an error status."""
         self._next += 1
         request_id = self._next
-        done = trio.Event()
-        box: list[Reply] = []
-
-        def on_reply(reply: Reply) -> None:
-            box.append(reply)
-            done.set()
-
-        self.client.calls[request_id] = on_reply
+        answer: Future[Reply] = Future()
+        self.client.calls[request_id] = answer.set
         try:
             with trio.move_on_after(timeout):
                 await self.client.request({"cmd": "produce", "topic": topic,
                                            "producer": self.client.producer,
                                            "sequence": request_id}, bytes(body))
-                await done.wait()
+                await answer.wait()
         finally:
             self.client.calls.pop(request_id, None)
-        if not box:
-            raise RpcTimeout(0, f"no reply from {topic!r} within {timeout} s")
-        reply = box[0]
-        status = int(reply.get("status", 200))
-        if status != 200:
-            raise MqRequestError(status, bytes(reply.get("body", b"")).decode(errors="replace"))
+        if not answer.done():
+            raise RpcTimeout(Status.NO_REPLY, f"no reply from {topic!r} within {timeout} s")
+        reply = answer.result()
+        status = reply.get("status", Status.OK)
+        if status != Status.OK:
+            raise ServiceError(status if type(status) is int else Status.INTERNAL,
+                               bytes(reply.get("body", b"")).decode(errors="replace"))
         return bytes(reply.get("body", b""))
 
 

@@ -62,7 +62,7 @@ import os
 import shutil
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
@@ -70,7 +70,8 @@ from typing import Any
 
 import trio
 
-from brokermgr import Sent, encode, send
+from brokermgr import Call, Command, CommandTable, Sent, ServiceError, Status, encode, send
+from brokermgr._service import request_seq
 from brokermgr.tracking import TrackNode
 from brokermgr.tracking.info import (
     MASK_DELETE_ON_EXIT,
@@ -92,21 +93,18 @@ from ._requests import (
     FLAG_NAMES,
     MAX_ACK_RANGE,
     MAX_WINDOW,
+    PARSERS,
     Ack,
     Consume,
     Declare,
     Empty,
-    MqError,
     Produce,
     Push,
     Query,
     Receive,
     Remove,
-    Request,
     Route,
     Unconsume,
-    parse,
-    request_seq,
 )
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
@@ -123,9 +121,9 @@ log = logging.getLogger("rdvpump.mq")
 #: Topic flags by their stable names, with zbus 0.9's mask bits for its ServerInfo JSON.
 FLAGS = dict(zip(FLAG_NAMES, (MASK_MEMORY, MASK_RPC, MASK_EXCLUSIVE, MASK_DELETE_ON_EXIT),
                  strict=True))
-COMMANDS = frozenset({"declare", "produce", "consume", "unconsume", "ack", "query", "remove",
-                      "route", "receive", "push",
-                      "empty"})
+COMMANDS = frozenset(PARSERS)
+#: Commands answered only when the request asks (has a ``seq``); their errors always are.
+ANSWERED_IF_ASKED = frozenset({"ack", "route", "push"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
 #: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
@@ -135,7 +133,7 @@ FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.
 FRAME_ROOM = 64 << 10
-__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "Durability", "MqError", "MqServer"]
+__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "Durability", "MqServer"]
 
 
 @dataclass(frozen=True)
@@ -252,6 +250,14 @@ class MqServer:
         #: Counters: stored, delivered, acked, dead letters, errors replied.
         self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
                        "routed": 0, "unroutable": 0}
+        handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
+            "declare": self._declare, "produce": self._produce, "consume": self._consume,
+            "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
+            "remove": self._remove, "empty": self._empty, "route": self._route,
+            "receive": self._receive, "push": self._push}
+        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler))
+                                         for cmd, handler in handlers.items()},
+                                  names=_error_names)
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._load()
@@ -322,63 +328,30 @@ class MqServer:
     # -- requests ----------------------------------------------------------------------
 
     def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None:
-        """A request from a link: parsed and checked whole first (a refused one changes
-        nothing), then handled; every error is replied on the caller's link with the
-        request's ``seq`` when it has one, else with ``for`` (its command), its topic and
-        group, so that a client can tell whose it is."""
+        """A request from a link, through the command table: parsed and checked whole
+        first (a refused one changes nothing), then handled; every error is replied on
+        the caller's link with the request's ``seq`` when it has one, else with ``for``
+        (its command), its topic and group, so that a client can tell whose it is."""
         seq = request_seq(obj)
+        cmd = obj.get("cmd")
         if self._closed:
-            self._reply(queue, seq, _error(obj, 503, f"{self.address}: the MQ server is "
-                                                     f"closed"))
-            return
-        try:
-            request = parse(obj)
-            reply = self._handle(queue, request, seq)
-        except MqError as exc:
-            reply = _error(obj, exc.status, str(exc))
-        except UnknownGroupError as exc:
-            reply = _error(obj, 404, str(exc))
-        except StoreError as exc:
-            reply = _error(obj, 500, str(exc))
-        except (FilterError, ValueError) as exc:
-            reply = _error(obj, 400, str(exc))
+            reply: dict[str, Any] | None = self.table.refusal(
+                obj, ServiceError(Status.UNAVAILABLE, f"{self.address}: the MQ server is "
+                                                      f"closed"),
+                cmd if cmd in COMMANDS else None)
+        else:
+            reply = self.table.answer(obj, queue)
         if reply is not None and (seq is not None or reply["cmd"] == "error"
-                                  or not isinstance(request, Ack | Route | Push)):
-            self._reply(queue, seq, reply)  # acks, routes and pushes are answered if asked
-
-    def _handle(self, queue: MessageQueue | None, request: Request, seq: int | None
-                ) -> dict[str, Any] | None:
-        """The handler of a typed request: its reply, None for none (or not yet), or an
-        error raised."""
-        if isinstance(request, Produce):
-            return self._produce(queue, request, seq)
-        if isinstance(request, Ack):
-            return self._ack(queue, request)
-        if isinstance(request, Declare):
-            return self._declare(queue, request)
-        if isinstance(request, Consume):
-            return self._consume(queue, request)
-        if isinstance(request, Unconsume):
-            return self._unconsume(queue, request)
-        if isinstance(request, Query):
-            return self._query(request)
-        if isinstance(request, Remove):
-            return self._remove(request)
-        if isinstance(request, Empty):
-            return self._empty(request)
-        if isinstance(request, Route):
-            return self._route(request, asked=seq is not None)
-        if isinstance(request, Receive):
-            return self._receive(queue, request)
-        return self._push(queue, request)
+                                  or cmd not in ANSWERED_IF_ASKED):
+            self._reply(queue, seq, reply)
 
     def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A request from this process (declare at start, say): the reply, or
-        :class:`MqError` with its status and reason."""
-        request = parse(obj)
-        if not isinstance(request, Declare | Query | Remove | Empty):
-            raise ValueError(f"{obj.get('cmd')!r} is not a local request")
-        reply = self._handle(None, request, None)
+        :class:`~brokermgr.ServiceError` with its status and reason."""
+        cmd, command = self.table.command(obj)
+        if cmd not in ("declare", "query", "remove", "empty"):
+            raise ValueError(f"{cmd!r} is not a local request")
+        reply = command.handle(self.table.parse(obj), Call(None, None, cmd))
         assert reply is not None
         return reply
 
@@ -404,25 +377,27 @@ class MqServer:
         state = self.topics.get(name)
         if state is None:
             if name in self.unavailable:
-                raise MqError(503, f"topic {name!r} cannot be opened: {self.unavailable[name]}")
-            raise MqError(404, f"no topic {name!r} on {self.address}")
+                raise ServiceError(Status.UNAVAILABLE,
+                                   f"topic {name!r} cannot be opened: {self.unavailable[name]}")
+            raise ServiceError(Status.NOT_FOUND, f"no topic {name!r} on {self.address}")
         return state
 
-    def _declare(self, queue: MessageQueue | None, request: Declare) -> dict[str, Any]:
+    def _declare(self, request: Declare, call: Call) -> dict[str, Any]:
         name = request.topic
         group = request.group or name
         state = self.topics.get(name)
         if state is None and disk_name(name) in self.unavailable:
-            raise MqError(503, f"topic {name!r} cannot be opened: "
+            raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
                                f"{self.unavailable[disk_name(name)]}")
         start = request.start
         if start is not None and start.kind == "copy" and (
                 state is None or start.value not in state.topic.groups):
-            raise MqError(404, f"topic {name!r} has no consume group {start.value!r} to copy")
+            raise ServiceError(Status.NOT_FOUND,
+                               f"topic {name!r} has no consume group {start.value!r} to copy")
         created = state is None
         if state is None:
             state = self._open(name, request.flags)
-            state.creator = queue
+            state.creator = call.queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
         new_group = group not in state.topic.groups
@@ -449,8 +424,8 @@ class MqServer:
             self.node.declare_group(name, group, filter=request.filter)
         return {"cmd": "declared", "topic": name, "group": group, "created": created}
 
-    def _produce(self, queue: MessageQueue | None, request: Produce, seq: int | None
-                 ) -> dict[str, Any] | None:
+    def _produce(self, request: Produce, call: Call) -> dict[str, Any] | None:
+        queue = call.queue
         state = self._state(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer
@@ -459,7 +434,7 @@ class MqServer:
         if "rpc" in state.flags:
             # a request: replies are routed back to this link by (session, request id)
             if queue is None:
-                raise MqError(400, "an RPC request needs a link to answer")
+                raise ServiceError(Status.BAD_REQUEST, "an RPC request needs a link to answer")
             producer = self._link(queue).session
         sizes = request.sizes
         if sizes is None:
@@ -471,7 +446,8 @@ class MqServer:
                         for i, (size, end) in enumerate(zip(sizes, ends, strict=True))]
         if len(body) > self.max_body and (len(body) if sizes is None else max(sizes)) > (
                 self.max_body):
-            raise MqError(413, f"a message over {self.max_body} bytes: this server's links "
+            raise ServiceError(Status.TOO_LARGE,
+                               f"a message over {self.max_body} bytes: this server's links "
                                f"carry frames of at most {self.max_body + FRAME_ROOM} bytes, "
                                f"a delivery's header included")
         first = state.topic.publish(messages)
@@ -479,7 +455,7 @@ class MqServer:
         reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
                  "count": len(messages), "server": self.address}
         if self._needs_commit(state):
-            self._waiting.append((queue, seq, reply, state.topic.name))
+            self._waiting.append((queue, call.seq, reply, state.topic.name))
             return None
         self._dispatch(state)
         return reply
@@ -545,9 +521,9 @@ class MqServer:
                 self._topic_failed(state, "commit", reason)
         for queue, seq, reply, name in waiting:
             if name in failed:
-                reply = {"cmd": "error", "status": 500, "for": "produce", "topic": name,
-                         "error": f"not acknowledged, it may or may not be stored: "
-                                  f"{failed[name]}"}
+                reply = ServiceError(Status.INTERNAL, f"not acknowledged, it may or may not "
+                                                      f"be stored: {failed[name]}",
+                                     topic=name).envelope("produce")
             self._reply(queue, seq, reply)
         for state in list(self.topics.values()):
             self._dispatch(state)
@@ -591,18 +567,21 @@ class MqServer:
                       "on", self.address, state.topic.name, error, exc_info=exc)
         state.error = error
 
-    def _consume(self, queue: MessageQueue | None, request: Consume) -> dict[str, Any]:
+    def _consume(self, request: Consume, call: Call) -> dict[str, Any]:
+        queue = call.queue
         if queue is None:
-            raise MqError(400, "consume needs a link to deliver to")
+            raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
         state = self._state(request.topic)
         group = request.group or state.topic.name
         window = request.window
         topic_group = state.topic.group(group)
         link = self._link(queue)
         if (state.topic.name, group) in link.consumers:
-            raise MqError(409, f"this link already consumes {state.topic.name}/{group}")
+            raise ServiceError(Status.CONFLICT,
+                               f"this link already consumes {state.topic.name}/{group}")
         if "exclusive" in state.flags and topic_group.consumers:
-            raise MqError(409, f"topic {state.topic.name!r} is exclusive: group {group!r} "
+            raise ServiceError(Status.CONFLICT,
+                               f"topic {state.topic.name!r} is exclusive: group {group!r} "
                                f"has a consumer already")
         consumer = Consumer(f"{queue.remote_id}#{id(queue) % 100000}", group,
                             link.batch.append, window=window)
@@ -613,19 +592,22 @@ class MqServer:
         return {"cmd": "consuming", "topic": state.topic.name, "group": group,
                 "window": window}
 
-    def _unconsume(self, queue: MessageQueue | None, request: Unconsume) -> dict[str, Any]:
+    def _unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
+        queue = call.queue
         state = self._state(request.topic)
         group = request.group or state.topic.name
         consumer = None if queue is None else self._link(queue).consumers.pop(
             (state.topic.name, group), None)
         if consumer is None:
-            raise MqError(404, f"this link does not consume {state.topic.name}/{group}")
+            raise ServiceError(Status.NOT_FOUND,
+                               f"this link does not consume {state.topic.name}/{group}")
         state.topic.detach(consumer)
         self._consumers_changed(state, group)
         self._dispatch(state)
         return {"cmd": "unconsumed", "topic": state.topic.name, "group": group}
 
-    def _ack(self, queue: MessageQueue | None, request: Ack) -> dict[str, Any] | None:
+    def _ack(self, request: Ack, call: Call) -> dict[str, Any] | None:
+        queue = call.queue
         """Acknowledge offsets this link's consumer of the group holds.  Offsets it does
         not hold (never delivered to it, acknowledged already, or gone to another
         consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
@@ -636,20 +618,22 @@ class MqServer:
         consumer = None if queue is None else self._link(queue).consumers.get(
             (state.topic.name, group))
         if consumer is None:
-            raise MqError(409, f"this link does not consume {state.topic.name}/{group}: "
+            raise ServiceError(Status.CONFLICT,
+                               f"this link does not consume {state.topic.name}/{group}: "
                                f"its acks are not taken")
         done, missed = state.topic.ack(group, request.offsets, consumer)
         self.counts["acked"] += done
         if done:
             self._dispatch(state)
         if missed:
-            raise MqError(409, f"{len(missed)} offsets of {state.topic.name}/{group} are not "
+            raise ServiceError(Status.CONFLICT,
+                               f"{len(missed)} offsets of {state.topic.name}/{group} are not "
                                f"held by this consumer (never delivered to it, acknowledged "
                                f"already or redelivered after the ack timeout): "
                                f"{_offsets(missed)}; {done} acknowledged")
         return {"cmd": "acked", "topic": state.topic.name, "count": done}
 
-    def _query(self, request: Query) -> dict[str, Any]:
+    def _query(self, request: Query, call: Call) -> dict[str, Any]:
         names = [self._state(request.topic).topic.name] if request.topic else sorted(
             self.topics)
         reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
@@ -695,7 +679,7 @@ class MqServer:
                 state.topic.log.next_offset) else "ok"
         return "ok"
 
-    def _remove(self, request: Remove) -> dict[str, Any]:
+    def _remove(self, request: Remove, call: Call) -> dict[str, Any]:
         state = self._state(request.topic)
         group = request.group
         if group:
@@ -724,7 +708,8 @@ class MqServer:
             shutil.rmtree(state.directory, ignore_errors=True)
         self.node.remove_topic(state.topic.name)
 
-    def _route(self, request: Route, *, asked: bool) -> dict[str, Any] | None:
+    def _route(self, request: Route, call: Call) -> dict[str, Any] | None:
+        asked = call.seq is not None
         """An RPC reply: ``route {recver, id}`` + body goes to the caller's link as
         ``reply {id}`` + body; a caller that has left is counted, and the replier told
         (a 410) only if it asked (``seq``): callers that time out and leave are normal."""
@@ -734,30 +719,33 @@ class MqServer:
             log.info("%s: a reply to %s (request %d) dropped: the caller has left",
                      self.address, request.recver, request.id)
             if asked:
-                raise MqError(410, f"caller {request.recver} has left; the reply is dropped")
+                raise ServiceError(Status.GONE,
+                                   f"caller {request.recver} has left; the reply is dropped")
             return None
         self.counts["routed"] += 1
         self._send_to(link, encode({"cmd": "reply", "id": request.id,
                                     "status": request.status}, request.body))
         return {"cmd": "routed"}
 
-    def _receive(self, queue: MessageQueue | None, request: Receive) -> dict[str, Any]:
+    def _receive(self, request: Receive, call: Call) -> dict[str, Any]:
+        queue = call.queue
         """This link answers to a receiver name: pushes to that name come here."""
         if queue is None:
-            raise MqError(400, "receive needs a link to deliver to")
+            raise ServiceError(Status.BAD_REQUEST, "receive needs a link to deliver to")
         link = self._link(queue)
         if request.name not in link.names:
             link.names.add(request.name)
             self.receivers.setdefault(request.name, []).append(link)
         return {"cmd": "receiving", "name": request.name}
 
-    def _push(self, queue: MessageQueue | None, request: Push) -> dict[str, Any] | None:
+    def _push(self, request: Push, call: Call) -> dict[str, Any] | None:
+        queue = call.queue
         """``push {to}`` + body: to every link that answers to that name, now (not
         stored); a 404 if none does."""
         links = self.receivers.get(request.to)
         if not links:
             self.counts["unroutable"] += 1
-            raise MqError(404, f"no receiver {request.to!r} on {self.address}")
+            raise ServiceError(Status.NOT_FOUND, f"no receiver {request.to!r} on {self.address}")
         sender = self._link(queue).session if queue is not None else self.address
         message = encode({"cmd": "pushed", "to": request.to, "from": sender}, request.body)
         for link in links:
@@ -765,7 +753,7 @@ class MqServer:
         self.counts["routed"] += len(links)
         return {"cmd": "pushed-to", "count": len(links)}
 
-    def _empty(self, request: Empty) -> dict[str, Any]:
+    def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
         state = self._state(request.topic)
         state.topic.empty()
         return {"cmd": "emptied", "topic": state.topic.name}
@@ -986,18 +974,31 @@ class MqServer:
 _Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
 
 
-def _error(obj: dict[str, Any], status: int, reason: str) -> dict[str, Any]:
-    """An error reply to the request ``obj``: with its command (``for``), and its topic and
-    group when they are valid names, so that a client can tell whose error it is even
-    when the request had no ``seq`` (an ack); nothing else of the request is echoed."""
-    reply: dict[str, Any] = {"cmd": "error", "status": status, "error": reason}
-    cmd = obj.get("cmd")
-    if isinstance(cmd, str) and cmd in COMMANDS:
-        reply["for"] = cmd
+def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What an error reply names of its request: its topic and group, when they are valid
+    names, so that a client can tell whose error it is even when the request had no
+    ``seq`` (an ack); nothing else of the request is echoed."""
+    named = {}
     for key in ("topic", "group"):
         with contextlib.suppress(ValueError):
-            reply[key] = check_name(obj.get(key), key)
-    return reply
+            named[key] = check_name(obj.get(key), key)
+    return named
+
+
+def _translated(handler: Callable[[Any, Call], dict[str, Any] | None]
+                ) -> Callable[[Any, Call], dict[str, Any] | None]:
+    """``handler``, with the errors of the topics' cores as the service errors they are:
+    an unknown group 404, a store that failed 500, a filter or value refused 400."""
+    def handle(request: Any, call: Call) -> dict[str, Any] | None:
+        try:
+            return handler(request, call)
+        except UnknownGroupError as exc:
+            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+        except StoreError as exc:
+            raise ServiceError(Status.INTERNAL, str(exc)) from None
+        except (FilterError, ValueError) as exc:
+            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
+    return handle
 
 
 def _offsets(offsets: list[int]) -> str:

@@ -7,6 +7,7 @@ from ._core import PumpCore as PumpCore
 from ._core import Timer as Timer
 from ._errors import NeverIdleError as NeverIdleError
 from ._errors import RdvpumpError as RdvpumpError
+from ._future import Future as Future
 from ._log import LOG_WINDOW as LOG_WINDOW
 from ._log import CollapsingLog as CollapsingLog
 from ._recorder import LinkTrace as LinkTrace
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_SERVE_BATCH",
     "FIELDS",
     "FORMATS",
+    "Future",
     "SCHEMA_VERSION",
     "JsonlWriter",
     "LinkTrace",

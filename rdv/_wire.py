@@ -17,8 +17,10 @@ from channels import ProtocolError
 from ._core import MAX_PORT
 
 #: 2: a side that ends a link sends a close frame before its end of stream (version 1
-#: peers did not, and would take one for an oversized frame).
-PROTOCOL_VERSION = 2
+#: peers did not, and would take one for an oversized frame).  3: the services on links
+#: (name service, tracking, MQ) speak one request protocol: ``cmd``, ``seq`` and one error
+#: envelope (the name service spoke ``op`` and ``ok`` before).
+PROTOCOL_VERSION = 3
 #: Largest handshake frame accepted; anything longer is garbage.
 MAX_HANDSHAKE_SIZE = 4096
 

@@ -34,7 +34,7 @@ from brokermgr import (
 )
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
-from mq import DEFAULT_SEGMENT_BYTES, MqError, MqServer
+from mq import DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
 from pump import Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
@@ -244,7 +244,7 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
                 if server is not None:
                     try:
                         server.handle_local({"cmd": "declare", "topic": topic})
-                    except MqError as exc:
+                    except ServiceError as exc:
                         if exc.status != 503:  # a topic on disk that cannot be opened:
                             raise  # reported, and the broker serves the others
                         logging.getLogger("rdvpump.mq").error("%s", exc)

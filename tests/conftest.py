@@ -17,11 +17,14 @@ settings.load_profile("ci")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n``, with ``--dist loadgroup``), every test that uses the
+    """A Spark test is a slow one (it starts a JVM, or works one): the quick loop leaves
+    it out.  Under pytest-xdist (``-n``, with ``--dist loadgroup``), every test that uses the
     session's ``spark`` fixture runs in the same worker, so that one JVM serves them
     all; Spark tests that start their own JVM (a cluster, ``spark-submit``) go wherever
     a worker is free."""
     for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.slow)
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 

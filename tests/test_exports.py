@@ -9,7 +9,7 @@ import pytest
 PACKAGES = {
     "pump": {"Pump", "ListSink", "TraceEvent", "TraceSink", "Timer", "Owner", "SCHEMA_VERSION",
              "FIELDS", "FORMATS", "JsonlWriter", "ParquetWriter", "TraceRecorder", "open_trace",
-             "DEFAULT_SERVE_BATCH"},
+             "DEFAULT_SERVE_BATCH", "Future"},
     "channels": {"RingBuffer", "Channel", "ChannelManager", "MessageQueue", "AsyncMessageQueue",
                  "QueueListener", "QueueFullError", "MessageTooLargeError", "ProtocolError",
                  "FrameBudget"},
@@ -17,7 +17,9 @@ PACKAGES = {
             "RdvUsageError", "TRANSITIONS", "state_diagram", "Address"},
     "brokermgr": {"Broker", "BrokerManager", "open_universe", "echo", "NameService", "NameClient",
                   "LivenessTable", "DEFAULT_MANAGER_PORT", "DEFAULT_HEARTBEAT",
-                  "DEFAULT_BROKER_EXPIRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_RETRY"},
+                  "DEFAULT_BROKER_EXPIRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_RETRY",
+                  "ServiceError", "Status", "CommandTable", "Command", "Fields", "Call",
+                  "ServiceSession"},
     "brokermgr.tracking": {"TrackNode", "RouteClient", "RouteTable", "ServerInfo", "TrackerInfo",
                            "TopicInfo", "ConsumeGroupInfo", "ServerAddress", "VersionCounter",
                            "RoundRobin", "all_servers", "by_key_hash", "ProducerRoute",
@@ -25,7 +27,7 @@ PACKAGES = {
                            "DEFAULT_SERVER_EXPIRY", "DEFAULT_TRACK_PORT", "TRACKER_ALIAS"},
     "mq": {"TopicLog", "CursorStore", "TagFilter", "Record", "StoreError", "FormatError",
            "FilterError", "Corruption", "FORMAT_VERSION", "MAX_NAME_BYTES", "check_name",
-           "disk_name", "MqError", "verify"},
+           "disk_name", "ServiceError", "Status", "verify"},
     "rdvpump.cli": {"app", "main"},
 }
 

@@ -18,9 +18,10 @@ Every message is one JSON object with a ``cmd``:
 
 Other commands go to the node's extensions (:meth:`TrackNode.extend`: the
 MQ server adds ``produce``, ``consume``, ``ack`` and the rest on the same
-port, as zbus serves them).  A request that is not JSON closes that link
-with a protocol error; a request of the wrong shape gets
-``{"cmd": "error", "status": 400, "error": ...}`` and the link stays.  Three
+port, as zbus serves them).  Requests are served by the service protocol
+(:mod:`brokermgr._service`): one that is not JSON closes that link with a
+protocol error; one of the wrong shape gets the error envelope
+``{"cmd": "error", "status": 400, "error": ..., "for": cmd}`` and the link stays.  Three
 rules hold by construction: a server never
 subscribes (it only publishes), it publishes only its own ServerInfo (a
 tracker refuses a ``track_pub`` whose server is not the broker at the other
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,9 +43,10 @@ from channels import MessageQueue
 from .._broker import Broker
 from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
-from .._rpc import JsonSession
+from .._rpc import ServiceSession
+from .._service import Call, Command, CommandTable, Fields, Reply, ServiceError, Status
 from .client import DEFAULT_TRACK_PORT
-from .info import ConsumeGroupInfo, InfoError, ServerAddress, ServerInfo, TopicInfo, VersionCounter
+from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
 from .tracker import DEFAULT_SERVER_EXPIRY, TrackerRole
 
@@ -66,6 +69,41 @@ class Extension(Protocol):
     def handle(self, queue: MessageQueue, request: dict[str, Any]) -> None: ...
     def drained(self, queue: MessageQueue) -> None: ...
     def closed(self, queue: MessageQueue, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrackPub:
+    info: ServerInfo
+    live: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TrackSub:
+    deltas: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSub:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerQuery:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ServerQuery:
+    pass
+
+
+def _track_pub(fields: Fields) -> TrackPub:
+    return TrackPub(fields.parsed("serverInfo", ServerInfo.from_json),
+                    fields.boolean("live", True))
+
+
+def _track_sub(fields: Fields) -> TrackSub:
+    return TrackSub(fields.boolean("deltas", False))
 
 
 #: The commands of tracking itself.
@@ -136,6 +174,14 @@ class TrackNode:
             self.tracker = TrackerRole(self.pump, broker.id, self.address,
                                        versions=counter("tracker"), expiry=expiry,
                                        scan_interval=scan_interval, count=self.count_sent)
+        self.commands = CommandTable("tracking", {
+            "track_pub": Command(_track_pub, self._track_pub),
+            "track_sub": Command(_track_sub, self._track_sub),
+            "server_sub": Command(lambda fields: ServerSub(), self._server_sub),
+            "tracker": Command(lambda fields: TrackerQuery(), self._tracker_query),
+            "server": Command(lambda fields: ServerQuery(), self._server_query),
+        })
+        assert self.commands.names == TRACKING_COMMANDS
         broker.listen(port, self)
         if self.server is not None:
             if self.tracker is not None:
@@ -218,69 +264,77 @@ class TrackNode:
             self.broker.unbind(self.address.port)
 
 
-class _Session(JsonSession):
+    # -- the commands ----------------------------------------------------------------
+
+    def _tracker_role(self) -> TrackerRole:
+        if self.tracker is None:
+            raise ServiceError(Status.BAD_REQUEST, f"{self.address} is not a tracker")
+        return self.tracker
+
+    def _server_role(self) -> ServerRole:
+        if self.server is None:
+            raise ServiceError(Status.BAD_REQUEST, f"{self.address} is not a server")
+        return self.server
+
+    def _track_pub(self, request: TrackPub, call: Call) -> Reply | None:
+        tracker, queue, info = self._tracker_role(), call.queue, request.info
+        assert queue is not None
+        if info.server_address.broker_id != queue.remote_id:
+            # Only a server may speak for itself; nothing is cascaded.
+            queue.abort(f"protocol error: broker {queue.remote_id!r} published the "
+                        f"ServerInfo of {info.server_address.address!r}")
+            return None
+        if info.server_address.address == self.address.address and self.is_server:
+            raise ServiceError(Status.BAD_REQUEST,
+                               "a server's own entry is not published to it")
+        if request.live:
+            tracker.report(info, queue)
+        else:
+            tracker.leave(info.server_address.address)
+        return None
+
+    def _track_sub(self, request: TrackSub, call: Call) -> Reply | None:
+        assert call.queue is not None
+        self._tracker_role().subscribe(call.queue, deltas=request.deltas)
+        return None
+
+    def _server_sub(self, request: ServerSub, call: Call) -> Reply | None:
+        assert call.queue is not None
+        self._server_role().watch(call.queue)
+        return None
+
+    def _tracker_query(self, request: TrackerQuery, call: Call) -> Reply:
+        return {"cmd": "tracker", "trackerInfo": self._tracker_role().tracker_info().to_json()}
+
+    def _server_query(self, request: ServerQuery, call: Call) -> Reply:
+        return {"cmd": "server", "serverInfo": self._server_role().info.to_json()}
+
+
+class _Session(ServiceSession):
     """One inbound link to a tracking broker: a publishing server, a subscriber or a query."""
 
     what = "tracking message"
 
     def __init__(self, node: TrackNode, queue: MessageQueue) -> None:
-        super().__init__(queue)
+        super().__init__(queue, node.commands)
         self.node = node
 
     def handle(self, request: dict[str, Any]) -> None:
         cmd = request.get("cmd")
         received = self.node.received
         received[str(cmd)] = received.get(str(cmd), 0) + 1
-        try:
-            self._handle(cmd, request)
-        except (InfoError, ValueError) as exc:
-            self._reply(request, {"cmd": "error", "status": 400, "error": str(exc)})
-
-    def _reply(self, request: dict[str, Any], obj: dict[str, Any]) -> None:
-        self.node.count_sent(str(obj["cmd"]))
-        if not self.reply(request, obj) and self.node.tracker is not None:
-            self.node.tracker.unsubscribe(self.queue)
-
-    def _tracker(self) -> TrackerRole:
-        if self.node.tracker is None:
-            raise ValueError(f"{self.node.address} is not a tracker")
-        return self.node.tracker
-
-    def _handle(self, cmd: object, request: dict[str, Any]) -> None:
-        node = self.node
-        if cmd == "track_pub":
-            tracker = self._tracker()
-            info = ServerInfo.from_json(request.get("serverInfo"))
-            if info.server_address.broker_id != self.queue.remote_id:
-                # Only a server may speak for itself; nothing is cascaded.
-                self.queue.abort(f"protocol error: broker {self.queue.remote_id!r} published "
-                                 f"the ServerInfo of {info.server_address.address!r}")
+        for extension in self.node.extensions:
+            if cmd in extension.commands:
+                extension.handle(self.queue, request)
                 return
-            if info.server_address.address == node.address.address and node.is_server:
-                raise ValueError("a server's own entry is not published to it")
-            if request.get("live", True) is False:
-                tracker.leave(info.server_address.address)
-            else:
-                tracker.report(info, self)
-        elif cmd == "track_sub":
-            self._tracker().subscribe(self.queue, deltas=request.get("deltas") is True)
-        elif cmd == "server_sub":
-            if node.server is None:
-                raise ValueError(f"{node.address} is not a server")
-            node.server.watch(self.queue)
-        elif cmd == "tracker":
-            tracker_info = self._tracker().tracker_info()
-            self._reply(request, {"cmd": "tracker", "trackerInfo": tracker_info.to_json()})
-        elif cmd == "server":
-            if node.server is None:
-                raise ValueError(f"{node.address} is not a server")
-            self._reply(request, {"cmd": "server", "serverInfo": node.server.info.to_json()})
-        else:
-            for extension in node.extensions:
-                if cmd in extension.commands:
-                    extension.handle(self.queue, request)
-                    return
-            raise ValueError(f"unknown cmd {cmd!r}")
+        super().handle(request)
+
+    def reply(self, request: dict[str, Any], obj: dict[str, Any]) -> bool:
+        self.node.count_sent(str(obj["cmd"]))
+        sent = super().reply(request, obj)
+        if not sent and self.node.tracker is not None:
+            self.node.tracker.unsubscribe(self.queue)
+        return sent
 
     def drained(self) -> None:
         if self.node.tracker is not None:
@@ -298,4 +352,4 @@ class _Session(JsonSession):
         tracker = self.node.tracker
         if tracker is not None:
             tracker.unsubscribe(self.queue)
-            tracker.connection_lost(self, reason)
+            tracker.connection_lost(self.queue, reason)

@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mq import MAX_NAME_BYTES, MqRequestError, TopicLog, check_name, disk_name, verify
+from mq import MAX_NAME_BYTES, ServiceError, TopicLog, check_name, disk_name, verify
 from mq._log import SEGMENT_HEADER
 from mq._meta import encode_meta
 
@@ -90,7 +90,7 @@ def test_a_name_touches_nothing_outside_its_own_topic(name: Any, as_group: bool)
                         await client.declare("t", group=name)
                     else:
                         await client.declare(name)
-                except MqRequestError as exc:
+                except ServiceError as exc:
                     assert not valid and exc.status == 400 and str(exc), exc
                     assert _snapshot(root, None) == before  # refused: nothing changed
                     return
@@ -179,14 +179,14 @@ async def _well_behaved(s: Site, bad: list[dict[str, Any]]) -> tuple[list[bytes]
     await good.declare("orders")
     sub = await good.subscribe("orders", window=7)
     got: list[bytes] = []
-    refused: list[tuple[dict[str, Any], MqRequestError]] = []
+    refused: list[tuple[dict[str, Any], ServiceError]] = []
 
     async def abuse() -> None:
         await rogue.connected()
         for request in bad:
             try:
                 reply = await rogue.request(request)
-            except MqRequestError as exc:
+            except ServiceError as exc:
                 refused.append((request, exc))
                 continue
             raise AssertionError(f"{request} was accepted: {reply}")
@@ -382,11 +382,11 @@ async def test_an_ack_of_what_the_consumer_does_not_hold_is_an_error_it_sees(
         message = await sub.receive()
         await sub.ack([message.offset, 99])  # 99 was never delivered
         await client.publish("orders", b"b")
-        with pytest.raises(MqRequestError, match=r"not held by this consumer.*99") as info:
+        with pytest.raises(ServiceError, match=r"not held by this consumer.*99") as info:
             await sub.receive()
         assert info.value.status == 409
         assert (await sub.receive()).body == b"b"  # raised once; the subscription goes on
-        errors: list[MqRequestError] = []
+        errors: list[ServiceError] = []
         sub.on_error = errors.append
         await message.ack()  # acknowledged twice
         await client.query()

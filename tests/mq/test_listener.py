@@ -9,7 +9,7 @@ import pytest
 from brokermgr import BrokerManager
 from brokermgr.tracking import TrackNode
 from channels import QueueFullError
-from mq import Message, MqClient, MqRequestError, MqServer, Stored
+from mq import Message, MqClient, MqServer, ServiceError, Stored
 
 
 def world(directory: pathlib.Path, **options: object) -> tuple[BrokerManager, MqServer]:
@@ -24,8 +24,8 @@ def test_publish_and_consume_with_callbacks(tmp_path: pathlib.Path) -> None:
     universe, server = world(tmp_path)
     client = MqClient(universe.add_broker("c"), "s1:15555")
     universe.pump.run_for(0.1)
-    stored: list[list[Stored] | MqRequestError] = []
-    refused: list[list[Stored] | MqRequestError] = []
+    stored: list[list[Stored] | ServiceError] = []
+    refused: list[list[Stored] | ServiceError] = []
     client.publish_nowait("orders", [b"a", b"b"], on_stored=stored.append)
     client.publish_nowait("nope", [b"x"], on_stored=refused.append)  # answered at once
     got: list[Message] = []
@@ -37,7 +37,7 @@ def test_publish_and_consume_with_callbacks(tmp_path: pathlib.Path) -> None:
     client.subscribe_nowait("orders", on_message, window=10)
     universe.pump.run_for(1.5)  # past the cursor save
     assert [s.offset for s in stored[0]] == [0, 1]  # type: ignore[union-attr]
-    assert isinstance(refused[0], MqRequestError) and refused[0].status == 404
+    assert isinstance(refused[0], ServiceError) and refused[0].status == 404
     assert [m.body for m in got] == [b"a", b"b"]
     assert server.describe("orders")["groups"]["orders"]["lag"] == 0
     server.close()

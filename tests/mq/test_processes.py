@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from brokermgr import BrokerManager
-from mq import MqClient, MqRequestError
+from mq import MqClient, ServiceError
 from pump import Pump
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
@@ -76,7 +76,7 @@ async def test_sigkill_of_the_server_loses_nothing_acknowledged(tmp_path: pathli
                         n += 1
                         try:
                             stored = await producer.publish("orders", body)
-                        except MqRequestError:
+                        except ServiceError:
                             uncertain.add(body)  # may or may not be stored
                             return
                         acked[stored.offset] = body

@@ -11,7 +11,7 @@ import trio
 
 from brokermgr import open_universe
 from brokermgr.tracking import RouteClient, TrackNode, by_key_hash
-from mq import Consumer, MqRequestError, MqServer, Producer
+from mq import Consumer, MqServer, Producer, ServiceError
 
 TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
 
@@ -70,5 +70,5 @@ async def test_producers_and_consumers_follow_the_route_table(
 async def test_no_server_for_the_topic_is_a_clear_error(autojump_clock: object) -> None:
     async with open_universe("mq") as universe:
         routes = RouteClient(universe.add_broker("app"))
-        with pytest.raises(MqRequestError, match="no server holds topic 'orders'"):
+        with pytest.raises(ServiceError, match="no server holds topic 'orders'"):
             await Producer(routes, "orders").publish(b"x")

@@ -16,7 +16,7 @@ import trio
 from brokermgr import BrokerManager, open_universe
 from brokermgr.tracking import TrackNode
 from channels import MessageTooLargeError
-from mq import MqClient, MqRequestError, MqServer
+from mq import MqClient, MqServer, ServiceError
 
 TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
 
@@ -77,23 +77,23 @@ async def test_unknown_topic_group_and_bad_requests_get_a_reason(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     async with site(tmp_path) as s:
         client = s.client("c")
-        with pytest.raises(MqRequestError, match="no topic 'nope' on s1:15555") as info:
+        with pytest.raises(ServiceError, match="no topic 'nope' on s1:15555") as info:
             await client.publish("nope", b"x")
         assert info.value.status == 404  # zbus: no reply at all unless 'ack' was set
         await client.declare("orders")
-        with pytest.raises(MqRequestError, match="no consume group 'ghost'") as info:
+        with pytest.raises(ServiceError, match="no consume group 'ghost'") as info:
             await client.subscribe("orders", group="ghost")
         assert info.value.status == 404
-        with pytest.raises(MqRequestError, match="at most 127 bytes") as info:
+        with pytest.raises(ServiceError, match="at most 127 bytes") as info:
             await client.declare("orders", group="g", filter="x" * 128)
         assert info.value.status == 400
-        with pytest.raises(MqRequestError, match="flags must be a list of memory, rpc"):
+        with pytest.raises(ServiceError, match="flags must be a list of memory, rpc"):
             await client.declare("t2", flags=["persistent"])
-        with pytest.raises(MqRequestError, match="window must be an integer"):
+        with pytest.raises(ServiceError, match="window must be an integer"):
             await client.subscribe("orders", window=0)
         for bad in ({"offsets": [1, True]}, {"offsets": 0, "count": 0},
                     {"offsets": 0, "count": (1 << 20) + 1}, {"offsets": -1, "count": 1}):
-            with pytest.raises(MqRequestError, match="offsets must be a list of integers, "
+            with pytest.raises(ServiceError, match="offsets must be a list of integers, "
                                                      "or the first of count") as info:
                 await client.request({"cmd": "ack", "topic": "orders", **bad})
             assert info.value.status == 400
@@ -138,7 +138,7 @@ async def test_server_info_follows_declares_and_consumers(
         info = s.node.server_info.topic_table["orders"]
         assert info.consumer_count == 1 and len(info.group("eu").consumer_list) == 1  # type: ignore[union-attr]
         other = s.client("d")
-        with pytest.raises(MqRequestError, match="exclusive") as refused:
+        with pytest.raises(ServiceError, match="exclusive") as refused:
             await other.subscribe("orders", group="eu")
         assert refused.value.status == 409
         client.close()
@@ -223,7 +223,7 @@ async def test_a_failed_write_fails_the_publish_and_loses_nothing_acknowledged(
 
         real = os.pwritev
         monkeypatch.setattr(os, "pwritev", disk_full)
-        with pytest.raises(MqRequestError, match="nothing stored: No space left") as info:
+        with pytest.raises(ServiceError, match="nothing stored: No space left") as info:
             await client.publish("orders", b"lost")
         assert info.value.status == 500
         monkeypatch.setattr(os, "pwritev", real)
@@ -314,7 +314,7 @@ async def test_rpc_call_reply_timeout_errors_and_a_caller_that_left(
                 for item in (b"a", b"b", b"c"):
                     calls.start_soon(ask, item)
             assert sorted(answers) == [b"price of a", b"price of b", b"price of c"]
-            with pytest.raises(MqRequestError, match="KeyError: 'no such item'") as info:
+            with pytest.raises(ServiceError, match="KeyError: 'no such item'") as info:
                 await caller.call("prices", b"ghost")
             assert info.value.status == 500
             with pytest.raises(RpcTimeout, match="no reply from 'prices' within 5"):
@@ -326,7 +326,7 @@ async def test_rpc_call_reply_timeout_errors_and_a_caller_that_left(
             gone.client.close()
             await trio.sleep(120)
             assert s.server.counts["unroutable"] >= 1
-            with pytest.raises(MqRequestError, match="no topic 'nope'"):
+            with pytest.raises(ServiceError, match="no topic 'nope'"):
                 await caller.call("nope", b"x")
             nursery.cancel_scope.cancel()
 
@@ -340,7 +340,7 @@ async def test_push_reaches_every_link_answering_to_a_name(autojump_clock: objec
         got = [await a.receive(), await b.receive()]
         assert [p.body for p in got] == [b"ticket 7", b"ticket 7"]
         assert got[0].to == "support" and got[0].sender.startswith("sender#")
-        with pytest.raises(MqRequestError, match="no receiver 'nobody'") as info:
+        with pytest.raises(ServiceError, match="no receiver 'nobody'") as info:
             await sender.push("nobody", b"x")
         assert info.value.status == 404
         desk2.close()
@@ -378,7 +378,7 @@ async def test_a_delete_on_exit_topic_goes_with_the_link_that_declared_it(
         await trio.sleep(1)
         assert "scratch" not in s.node.server_info.topic_table
         assert not (tmp_path / "scratch").exists()
-        with pytest.raises(MqRequestError, match="no topic 'scratch'"):
+        with pytest.raises(ServiceError, match="no topic 'scratch'"):
             await other.publish("scratch", b"y")
 
 
@@ -413,7 +413,7 @@ async def test_a_message_too_large_for_a_link_is_refused_before_it_is_sent(
                 with pytest.raises(MessageTooLargeError, match="exceeds the link's maximum "
                                    "message size of 262144 bytes; nothing was sent"):
                     await client.publish("orders", b"x" * (300 << 10))
-                with pytest.raises(MqRequestError, match="a message over 196608 bytes") as info:
+                with pytest.raises(ServiceError, match="a message over 196608 bytes") as info:
                     await client.publish_many("orders", [b"y", b"x" * (200 << 10)])
                 assert info.value.status == 413
                 assert (await client.publish("orders", b"z" * (190 << 10))).offset == 0

@@ -59,11 +59,14 @@ def test_garbage_frames_are_handshake_errors(data: bytes, message: str) -> None:
 @pytest.mark.parametrize(("obj", "message"), [
     ({"rdvpump": 1, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 1},
      "unsupported protocol version 1"),
-    ({"rdvpump": 2, "universe": 5, "token": "t", "src": "a", "dst": "b", "port": 1},
+    # version 2's name service spoke another request protocol: refused, not misread
+    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 1},
+     r"unsupported protocol version 2 \(this side speaks 3\)"),
+    ({"rdvpump": 3, "universe": 5, "token": "t", "src": "a", "dst": "b", "port": 1},
      "'universe' must be a string"),
-    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 70000},
+    ({"rdvpump": 3, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": 70000},
      "port must be an int"),
-    ({"rdvpump": 2, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": True},
+    ({"rdvpump": 3, "universe": "u", "token": "t", "src": "a", "dst": "b", "port": True},
      "port must be an int"),
 ])
 def test_malformed_hellos_are_refused_with_the_field(obj: dict[str, object],

@@ -159,9 +159,9 @@ async def test_a_tracker_that_refuses_for_good_ends_broker_run_naming_the_tracke
             with trio.fail_after(30):
                 while session.queue is None:
                     await session.attempted()
-                reply = await session.call({"op": "register", "brokers": [
+                reply = await session.call({"cmd": "register", "brokers": [
                     {"id": "t1", "address": list(Address.parse(ready[-1]))}]}, timeout=10)
-            assert reply is not None and reply["ok"], reply
+            assert reply["cmd"] == "registered", reply
             server = rdvpump("broker", "run", "--universe", "shop", "--id", "s1", "--role",
                              "server", "--tracker", "t1:15555", "--manager",
                              f"127.0.0.1:{port}", token="secret")

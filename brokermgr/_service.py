@@ -1,0 +1,292 @@
+"""The service protocol that every request/reply service on rdvpump's links speaks: the
+name service, tracking and the MQ server.
+
+A request is one JSON message with a ``cmd``, and a ``seq`` when its sender waits for
+the reply; the reply echoes the ``seq``.  Each service lists its commands in a
+:class:`CommandTable`: per command, a parser that turns the request into a small frozen
+dataclass through :class:`Fields` (every field checked before any handler runs: a bad
+field is :data:`Status.BAD_REQUEST` naming it, and a refused request changes nothing),
+and the handler that answers it.  Every refusal is one :class:`ServiceError`
+``(status, reason)``, sent as one envelope::
+
+    {"cmd": "error", "status": 404, "error": "no topic 'a' on s1:15555", "for": "consume"}
+
+(``for`` is the refused command; a service may add what else the error names, as the
+MQ server adds the topic and group).  On the calling side,
+:meth:`~brokermgr.ReconnectingLink.call` returns the reply or raises the same
+:class:`ServiceError`; no reply at all (not connected, the link lost, the timeout) is
+status :data:`Status.NO_REPLY`, 0.  Sans-I/O apart from the link a reply goes back on.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from channels import MessageQueue
+from pump import RdvpumpError
+
+log = logging.getLogger("rdvpump.service")
+
+Reply = dict[str, Any]
+R = TypeVar("R")
+T = TypeVar("T")
+
+#: Sequence numbers (``seq``) and other counters on the wire are unsigned 63-bit integers.
+MAX_INT = (1 << 63) - 1
+
+
+class Status(enum.IntEnum):
+    """The statuses of a service's replies (HTTP's numbers, where one fits)."""
+
+    NO_REPLY = 0  # the caller's: no reply came (not connected, the link lost, timed out)
+    OK = 200
+    BAD_REQUEST = 400  # a field of the wrong type or range, or an unknown command
+    NOT_FOUND = 404  # no such topic, group, receiver
+    CONFLICT = 409  # the request contradicts the state (a duplicate id, an ack not held)
+    GONE = 410  # whom it was for has left
+    TOO_LARGE = 413  # a message over what the server takes
+    INTERNAL = 500  # the server failed (a disk error); the request may or may not have
+    UNAVAILABLE = 503  # not now: closed, a topic in its error state
+
+
+class ServiceError(RdvpumpError):
+    """A refused request: its ``status`` (a :class:`Status`) and the ``reason``, and what
+    else the error names (``detail``, sent in the envelope beside them)."""
+
+    def __init__(self, status: int, reason: str, **detail: Any) -> None:
+        super().__init__(reason)
+        self.status = int(status)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason} (status {self.status})" if self.status else self.reason
+
+    def envelope(self, cmd: str | None = None) -> Reply:
+        """This error as the reply to a ``cmd`` request."""
+        reply: Reply = {**self.detail, "cmd": "error", "status": self.status,
+                        "error": self.reason}
+        if cmd is not None:
+            reply["for"] = cmd
+        return reply
+
+    @classmethod
+    def of(cls, reply: Reply) -> ServiceError | None:
+        """The error an envelope carries, None for any other reply."""
+        if reply.get("cmd") != "error":
+            return None
+        status = reply.get("status")
+        if type(status) is not int or not 100 <= status <= 999:
+            status = Status.INTERNAL
+        detail = {k: v for k, v in reply.items() if k not in ("cmd", "status", "error", "seq")}
+        return cls(status, str(reply.get("error")), **detail)
+
+
+def raise_for(reply: Reply) -> Reply:
+    """``reply``, or the :class:`ServiceError` it carries raised."""
+    error = ServiceError.of(reply)
+    if error is not None:
+        raise error
+    return reply
+
+
+def show(value: object) -> str:
+    """A value as an error message quotes it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+class Fields:
+    """The fields of one request, checked one at a time: each getter returns a typed value
+    or raises :class:`ServiceError` 400 naming the command and the field."""
+
+    __slots__ = ("cmd", "obj")
+
+    def __init__(self, obj: Mapping[str, Any], cmd: str) -> None:
+        self.obj = obj
+        self.cmd = cmd
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.obj
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        """The field as it came (for a parser that checks it itself, with :meth:`bad`)."""
+        return self.obj.get(key, default)
+
+    def bad(self, key: str, why: str) -> ServiceError:
+        return ServiceError(Status.BAD_REQUEST, f"{self.cmd}: {key} {why}")
+
+    def string(self, key: str, *, check: Callable[[str, str], str] | None = None,
+               max_bytes: int | None = None) -> str:
+        """A required string; ``check(value, key)`` (raising ValueError) for a rule of its
+        own, ``max_bytes`` for a bound on its UTF-8 length."""
+        value = self.optional_string(key, check=check, max_bytes=max_bytes)
+        if value is None:
+            raise self.bad(key, "is missing")
+        return value
+
+    def optional_string(self, key: str, *, check: Callable[[str, str], str] | None = None,
+                        max_bytes: int | None = None) -> str | None:
+        value = self.obj.get(key)
+        if value is None:
+            return None
+        if check is not None:
+            try:
+                return check(value, key)
+            except ValueError as exc:
+                raise ServiceError(Status.BAD_REQUEST, f"{self.cmd}: {exc}") from None
+        if not isinstance(value, str):
+            raise self.bad(key, f"must be a string, got {type(value).__name__}")
+        if max_bytes is not None:
+            try:
+                size = len(value.encode())
+            except UnicodeEncodeError:
+                raise self.bad(key, "is not valid Unicode") from None
+            if size > max_bytes:
+                raise self.bad(key, f"is {size} bytes; at most {max_bytes}")
+        return value
+
+    def integer(self, key: str, default: int | None, low: int, high: int) -> int:
+        """An integer within ``low..high`` (not a bool); ``default`` if absent (None:
+        required)."""
+        value = self.obj.get(key, default)
+        if value is None:
+            raise self.bad(key, "is missing")
+        if type(value) is not int or not low <= value <= high:
+            raise self.bad(key, f"must be an integer within {low}..{high}, got {show(value)}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.obj.get(key, default)
+        if type(value) is not bool:
+            raise self.bad(key, f"must be true or false, got {show(value)}")
+        return value
+
+    def items(self, key: str, parse: Callable[[Any], T], *, what: str) -> list[T]:
+        """A list, each item through ``parse`` (raising ValueError, TypeError or
+        KeyError): 400 naming the item's index and ``what`` an item must be."""
+        value = self.obj.get(key)
+        if not isinstance(value, list):
+            raise self.bad(key, f"must be a list of {what}")
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(parse(item))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise self.bad(f"{key}[{i}]", f"must be {what}: {exc}") from None
+        return out
+
+    def parsed(self, key: str, parse: Callable[[Any], T]) -> T:
+        """A field through ``parse`` (a ``from_json``, raising ValueError): 400 naming it."""
+        try:
+            return parse(self.obj.get(key))
+        except ValueError as exc:
+            raise self.bad(key, f"is not valid: {exc}") from None
+
+    def body(self) -> bytes | memoryview:
+        """The binary body behind the JSON head (empty if none)."""
+        body = self.obj.get("body", b"")
+        if not isinstance(body, bytes | memoryview):
+            raise ServiceError(Status.BAD_REQUEST,
+                               f"{self.cmd}: the body must follow the JSON head behind a NUL "
+                               f"byte")
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request being answered: the link it came on (None: from this process), the
+    ``seq`` its reply must echo (None: the caller does not wait for one), its command."""
+
+    queue: MessageQueue | None
+    seq: int | None
+    cmd: str
+
+
+@dataclass(frozen=True, slots=True)
+class Command(Generic[R]):
+    """A command of a service: ``parse`` makes its typed request from the fields (or
+    refuses it), ``handle`` answers it: the reply, or None (no reply, or one that is sent
+    later, as a produce's after its group commit)."""
+
+    parse: Callable[[Fields], R]
+    handle: Callable[[R, Call], Reply | None]
+
+
+def request_seq(obj: Mapping[str, Any]) -> int | None:
+    """The ``seq`` a reply echoes: a non-negative integer, or None (no reply is matched)."""
+    seq = obj.get("seq")
+    return seq if type(seq) is int and 0 <= seq <= MAX_INT else None
+
+
+class CommandTable:
+    """A service's commands by name.  :meth:`answer` parses a request, runs its handler and
+    turns every refusal into the error envelope; ``names`` says what else an error reply
+    names of its request (its topic and group, say)."""
+
+    def __init__(self, service: str, commands: Mapping[str, Command[Any]], *,
+                 names: Callable[[Mapping[str, Any]], Reply] | None = None) -> None:
+        self.service = service
+        self.commands = dict(commands)
+        self._names = names
+
+    def __contains__(self, cmd: object) -> bool:
+        return cmd in self.commands
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.commands)
+
+    def command(self, obj: Mapping[str, Any]) -> tuple[str, Command[Any]]:
+        cmd = obj.get("cmd")
+        command = self.commands.get(cmd) if isinstance(cmd, str) else None
+        if command is None:
+            raise ServiceError(Status.BAD_REQUEST, f"unknown {self.service} command "
+                                                   f"{show(cmd)}")
+        assert isinstance(cmd, str)
+        return cmd, command
+
+    def parse(self, obj: Mapping[str, Any]) -> Any:
+        """The typed request of a decoded message; :class:`ServiceError` 400 if refused."""
+        cmd, command = self.command(obj)
+        return command.parse(Fields(obj, cmd))
+
+    def answer(self, obj: Mapping[str, Any], queue: MessageQueue | None) -> Reply | None:
+        """The reply to the request ``obj`` from ``queue``: the handler's, or an error
+        envelope; None for none.  A handler that fails with anything but a
+        :class:`ServiceError` is a bug: logged with its traceback, answered 500."""
+        cmd = obj.get("cmd")
+        known = cmd if isinstance(cmd, str) and cmd in self.commands else None
+        try:
+            name, command = self.command(obj)
+            request = command.parse(Fields(obj, name))
+            return command.handle(request, Call(queue, request_seq(obj), name))
+        except ServiceError as exc:
+            return self.refusal(obj, exc, known)
+        except Exception:
+            log.exception("%s: the %s command failed", self.service, known)
+            return self.refusal(obj, ServiceError(Status.INTERNAL, f"{self.service}: the "
+                                                  f"{known} command failed"), known)
+
+    def refusal(self, obj: Mapping[str, Any], error: ServiceError, cmd: str | None
+                ) -> Reply:
+        reply = error.envelope(cmd)
+        if self._names is not None:
+            for key, value in self._names(obj).items():
+                reply.setdefault(key, value)
+        return reply
+
+
+def merged(service: str, tables: Iterable[CommandTable]) -> CommandTable:
+    """One table serving the commands of several (each name in one of them only)."""
+    commands: dict[str, Command[Any]] = {}
+    for table in tables:
+        clash = commands.keys() & table.commands.keys()
+        if clash:
+            raise ValueError(f"commands served twice: {sorted(clash)}")
+        commands.update(table.commands)
+    return CommandTable(service, commands)

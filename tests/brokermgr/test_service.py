@@ -1,0 +1,200 @@
+"""One service protocol under the name service, tracking and the MQ server: the same
+envelope for every refusal, fields checked before any handler runs, one waiter on the
+calling side, and a handler's bug answered 500 without closing the link."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from brokermgr import (
+    BrokerLink,
+    BrokerManager,
+    Command,
+    CommandTable,
+    Fields,
+    NameService,
+    ServiceError,
+    Status,
+    decode,
+    encode,
+    open_universe,
+)
+from brokermgr.tracking import TrackNode
+from channels import AsyncMessageQueue
+from mq import MqServer
+from pump import Future
+
+#: Each service, where a client reaches it: (broker id, port).
+SERVICES = {"name-service": ("@manager", 0), "tracking": ("t1", 15555), "mq": ("s1", 15555)}
+
+
+@asynccontextmanager
+async def services() -> AsyncIterator[BrokerManager]:
+    with trio.fail_after(60):
+        async with open_universe("svc") as universe:
+            names = NameService(universe)
+            tracker = TrackNode(universe.add_broker("t1"), role="tracker")
+            node = TrackNode(universe.add_broker("s1"), role="server", trackers=["t1:15555"])
+            server = MqServer(node, None)
+            try:
+                yield universe
+            finally:
+                server.close()
+                node.close()
+                tracker.close()
+                names.close()
+
+
+async def ask(queue: AsyncMessageQueue, obj: dict[str, Any]) -> dict[str, Any]:
+    await queue.send(encode(obj))
+    return decode(await queue.receive())
+
+
+@pytest.mark.parametrize(("service", "request_", "field"), [
+    ("name-service", {"cmd": "register", "brokers": [{"id": "", "address": ["h", 1]}]},
+     "brokers[0]"),
+    ("name-service", {"cmd": "lookup", "id": 7}, "id"),
+    ("tracking", {"cmd": "track_sub", "deltas": "yes"}, "deltas"),
+    ("mq", {"cmd": "consume", "topic": "orders", "window": "many"}, "window"),
+])
+async def test_a_bad_field_is_400_naming_it_in_one_envelope(
+        service: str, request_: dict[str, Any], field: str, autojump_clock: object) -> None:
+    async with services() as universe:
+        queue = await universe.add_broker("c").connect_queue(*SERVICES[service])
+        reply = await ask(queue, {**request_, "seq": 5})
+        assert reply["cmd"] == "error" and reply["status"] == Status.BAD_REQUEST
+        assert reply["for"] == request_["cmd"] and reply["seq"] == 5
+        assert reply["error"].startswith(f"{request_['cmd']}: {field} "), reply
+        # the link stays: the next request is answered
+        if service == "name-service":
+            assert (await ask(queue, {"cmd": "list", "seq": 6}))["cmd"] == "brokers"
+
+
+@pytest.mark.parametrize(("service", "table"), [
+    ("name-service", "name-service"), ("tracking", "tracking"),
+    ("mq", "tracking"),  # the MQ server's commands are served on its tracking port
+])
+async def test_every_service_refuses_an_unknown_command_the_same_way(
+        service: str, table: str, autojump_clock: object) -> None:
+    async with services() as universe:
+        queue = await universe.add_broker("c").connect_queue(*SERVICES[service])
+        reply = await ask(queue, {"cmd": "frobnicate", "seq": 1})
+        assert reply == {"cmd": "error", "status": 400, "seq": 1,
+                         "error": f"unknown {table} command 'frobnicate'"}
+
+
+async def test_a_refused_register_changes_nothing(autojump_clock: object) -> None:
+    async with services() as universe:
+        queue = await universe.add_broker("c").connect_queue("@manager", 0)
+        reply = await ask(queue, {"cmd": "register", "seq": 1, "brokers": [
+            {"id": "good", "address": ["10.0.0.1", 7000]}, {"id": "bad", "address": "x"}]})
+        assert reply["status"] == 400 and "brokers[1]" in reply["error"]
+        listed = await ask(queue, {"cmd": "list", "seq": 2})
+        assert listed["brokers"] == []  # the good one was not registered either
+
+
+async def test_call_returns_the_reply_or_raises_the_servers_error(
+        autojump_clock: object) -> None:
+    async with services() as universe:
+        broker = universe.add_broker("c")
+        link = BrokerLink(broker, "s1", 15555, name="mq s1")
+        link.connect()
+        reply = await link.call({"cmd": "declare", "topic": "orders"}, timeout=5)
+        assert reply["cmd"] == "declared" and reply["created"] is True
+        with pytest.raises(ServiceError) as info:
+            await link.call({"cmd": "consume", "topic": "nope"}, timeout=5)
+        assert info.value.status == Status.NOT_FOUND
+        assert info.value.reason == "no topic 'nope' on s1:15555"
+        assert info.value.detail == {"for": "consume", "topic": "nope"}
+        # no reply at all is status 0: a service that is not there
+        silent = BrokerLink(broker, "nobody", 1, name="nobody", retry=0.5)
+        silent.connect()
+        with pytest.raises(ServiceError, match="no reply to lookup within 2 s") as info:
+            await silent.call({"cmd": "lookup", "id": "x"}, timeout=2)
+        assert info.value.status == Status.NO_REPLY
+        silent.close()
+        link.close()
+
+
+async def test_a_link_that_closes_before_the_reply_is_status_0(
+        autojump_clock: object) -> None:
+    async with open_universe("svc") as universe:
+        hung = universe.add_broker("hung")
+        accepted: Future[AsyncMessageQueue] = Future()
+
+        async def accept() -> None:
+            accepted.set(await hung.accept_queue(1))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            link = BrokerLink(universe.add_broker("c"), "hung", 1, name="hung", retry=10)
+            link.connect()
+            outcome: Future[ServiceError] = Future()
+
+            async def call() -> None:
+                try:
+                    await link.call({"cmd": "anything"}, timeout=30)
+                except ServiceError as exc:
+                    outcome.set(exc)
+            nursery.start_soon(call)
+            peer = await accepted.wait()
+            await peer.receive()  # the request came; no reply will
+            await peer.aclose()
+            error = await outcome.wait()
+            link.close()
+        assert error.status == Status.NO_REPLY and "the link closed" in error.reason
+
+
+async def test_a_handler_that_fails_is_answered_500_and_logged(
+        caplog: pytest.LogCaptureFixture, autojump_clock: object) -> None:
+    def broken(request: object, call: object) -> dict[str, Any]:
+        raise KeyError("a bug")
+
+    table = CommandTable("demo", {"boom": Command(lambda f: f.string("x"), broken)})
+    with caplog.at_level(logging.ERROR, logger="rdvpump.service"):
+        reply = table.answer({"cmd": "boom", "x": "y"}, None)
+    assert reply == {"cmd": "error", "status": 500, "for": "boom",
+                     "error": "demo: the boom command failed"}
+    assert "KeyError: 'a bug'" in caplog.text  # the traceback, for whoever fixes it
+    # a refused field never reaches the handler
+    assert table.answer({"cmd": "boom"}, None) == {
+        "cmd": "error", "status": 400, "for": "boom", "error": "boom: x is missing"}
+
+
+def test_fields_name_the_bad_field() -> None:
+    f = Fields({"n": 7, "b": 1, "s": "x" * 10, "l": [1, "a"]}, "demo")
+    with pytest.raises(ServiceError, match=r"^demo: n must be an integer within 0\.\.5, got 7"):
+        f.integer("n", None, 0, 5)
+    with pytest.raises(ServiceError, match="demo: b must be true or false, got 1"):
+        f.boolean("b", False)
+    with pytest.raises(ServiceError, match="demo: s is 10 bytes; at most 4"):
+        f.string("s", max_bytes=4)
+    with pytest.raises(ServiceError, match=r"demo: l\[1\] must be a number: "):
+        f.items("l", int, what="a number")
+    assert f.integer("absent", 3, 0, 5) == 3
+
+
+async def test_a_future_keeps_its_first_value() -> None:
+    future: Future[int] = Future()
+    assert not future.done()
+    with pytest.raises(RuntimeError):
+        future.result()
+    assert future.set(1) and not future.set(2)
+    assert await future.wait() == 1 and future.result() == 1
+
+
+def test_an_envelope_is_the_error_again_on_the_calling_side() -> None:
+    error = ServiceError(Status.CONFLICT, "duplicate id: a", brokers=[{"id": "a"}])
+    envelope = error.envelope("register")
+    assert envelope == {"cmd": "error", "status": 409, "error": "duplicate id: a",
+                        "for": "register", "brokers": [{"id": "a"}]}
+    again = ServiceError.of({**envelope, "seq": 3})
+    assert again is not None and (again.status, again.reason) == (409, "duplicate id: a")
+    assert again.detail == {"for": "register", "brokers": [{"id": "a"}]}
+    assert str(again) == "duplicate id: a (status 409)"
+    assert ServiceError.of({"cmd": "declared"}) is None
