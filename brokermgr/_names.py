@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels import MessageQueue
-from pump import Timer
+from pump import Repeating
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
@@ -143,7 +143,7 @@ class NameService:
         })
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
-        self._scan_timer = self.pump.call_later(scan_interval, self._scan, periodic=True)
+        self._scan_timer = self.pump.call_every(scan_interval, self._scan)
 
     def accepted(self, queue: MessageQueue) -> None:
         queue.set_listener(_Session(self, queue))
@@ -198,7 +198,6 @@ class NameService:
         for broker_id in self.table.scan(self.pump.now()):
             log.info("broker %s expired: no heartbeat within %s s", broker_id, self.table.expiry)
             self.pump.emit("expire", broker=broker_id)
-        self._scan_timer = self.pump.call_later(self.scan_interval, self._scan, periodic=True)
 
     def close(self) -> None:
         self._scan_timer.cancel()
@@ -362,16 +361,18 @@ class _ManagerLink(ReconnectingLink):
         self.address = address
         #: Set when the manager refused a registration for good (a duplicate id).
         self.refusal: str | None = None
-        self._beat_timer: Timer | None = None
+        self._beat_timer: Repeating | None = None
 
     def opened(self) -> None:
         self._beat()
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+        self._beat_timer = self.pump.call_every(self.client.heartbeat, self._beat)
 
     def _beat(self) -> None:
         registrations = self.client.registrations()
         if registrations:
             self.request({"cmd": "register", "brokers": registrations}, self._registered)
-        self._beat_timer = self.pump.call_later(self.client.heartbeat, self._beat, periodic=True)
 
     def _registered(self, outcome: Outcome) -> None:
         if not isinstance(outcome, ServiceError) or outcome.status == Status.NO_REPLY:

@@ -80,7 +80,7 @@ from brokermgr.tracking.info import (
     MASK_RPC,
 )
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
-from pump import Timer
+from pump import Repeating
 
 from ._cursor import CursorStore
 from ._filter import FilterError
@@ -262,11 +262,10 @@ class MqServer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._load()
         node.extend(self)
-        self._tick_timer: Timer = self.pump.call_later(TICK, self._tick, periodic=True)
-        self._sync_timer: Timer | None = None
+        self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
+        self._sync_timer: Repeating | None = None
         if self.durability.kind == "interval":
-            self._sync_timer = self.pump.call_later(self.durability.interval, self._interval,
-                                                    periodic=True)
+            self._sync_timer = self.pump.call_every(self.durability.interval, self._interval)
 
     # -- topics on disk ----------------------------------------------------------------
 
@@ -891,7 +890,6 @@ class MqServer:
             if expired:
                 self._dispatch(state)
             self._save_cursors(state)
-        self._tick_timer = self.pump.call_later(TICK, self._tick, periodic=True)
 
     def _retain(self) -> None:
         for state in self.topics.values():
@@ -940,8 +938,6 @@ class MqServer:
                     state.topic.log.durable_offset < state.topic.log.next_offset):
                 state.dirty = True
         self._want_commit()
-        self._sync_timer = self.pump.call_later(self.durability.interval, self._interval,
-                                                periodic=True)
 
     def sync_all(self) -> None:
         for state in self.topics.values():

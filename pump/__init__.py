@@ -4,6 +4,7 @@ and the trace: its schema, its recorder and its writers."""
 from ._core import DEFAULT_SERVE_BATCH as DEFAULT_SERVE_BATCH
 from ._core import Owner as Owner
 from ._core import PumpCore as PumpCore
+from ._core import Repeating as Repeating
 from ._core import Timer as Timer
 from ._errors import NeverIdleError as NeverIdleError
 from ._errors import RdvpumpError as RdvpumpError
@@ -45,6 +46,7 @@ __all__ = [
     "Pump",
     "PumpCore",
     "RdvpumpError",
+    "Repeating",
     "Timer",
     "TraceEvent",
     "TraceRecorder",

@@ -58,6 +58,21 @@ class Timer:
         self.cancelled = True
 
 
+class Repeating:
+    """A ``call_every``: its timer is renewed after each run until :meth:`cancel`."""
+
+    __slots__ = ("cancelled", "timer")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.timer: Timer | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.timer is not None:
+            self.timer.cancel()
+
+
 class PumpCore:
     """A single-threaded event pump, on a virtual clock (the trio driver is :class:`Pump`).
 
@@ -135,6 +150,30 @@ class PumpCore:
             raise ValueError(f"delay must be a non-negative number, got {delay!r}")
         return self.call_at(self.now() + delay, fn, *args, owner=owner, kind=kind,
                             periodic=periodic)
+
+    def call_every(self, interval: float, fn: Callable[..., object], *args: Any,
+                   owner: Owner | None = None, kind: str = "timer") -> Repeating:
+        """Run ``fn(*args)`` every ``interval`` seconds, the first time ``interval`` from
+        now, until the handle is cancelled: periodic work (a report, a scan, a heartbeat).
+        Each run arms the next when it is done, whether or not ``fn`` raised (the error is
+        the pump's to log, and the work goes on).  Such timers never let
+        :meth:`run_until_idle` end (:class:`NeverIdleError` when nothing else is left)."""
+        if not interval > 0:
+            raise ValueError(f"interval must be a positive number, got {interval!r}")
+        handle = Repeating()
+
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                if not handle.cancelled:
+                    handle.timer = self.call_later(interval, run, owner=owner, kind=kind,
+                                                   periodic=True)
+
+        # traces and NeverIdleError name the work, not this wrapper
+        run.__qualname__ = getattr(fn, "__qualname__", kind)
+        handle.timer = self.call_later(interval, run, owner=owner, kind=kind, periodic=True)
+        return handle
 
     def call_at(self, when: float, fn: Callable[..., object], *args: Any,
                 owner: Owner | None = None, kind: str = "timer",

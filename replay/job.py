@@ -152,6 +152,36 @@ def _jsonl_events(spark: Any, jsonl: list[str]) -> Any:
                       F.monotonically_increasing_id().alias("ord"), bad.alias("bad"))
 
 
+def check_traces(traces: str) -> tuple[list[str], list[str]]:
+    """:func:`find_traces`, and each Parquet trace readable with the trace's columns (from
+    its footer: no rows are read), so that what is no trace is said before a JVM
+    starts."""
+    jsonl, parquet = find_traces(traces)
+    for path in parquet:
+        parquet_metadata(path)
+    return jsonl, parquet
+
+
+def parquet_metadata(path: str) -> Any:
+    """The footer of a Parquet trace; :class:`TraceError` if pyarrow cannot read it or it
+    lacks a column of the trace's schema (an older schema says which version it has)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+        raise TraceError(f"cannot read the Parquet trace {path}: {exc}") from None
+    have = set(meta.schema.names)
+    missing = [name for name, _ in _schema.COLUMNS if name not in have]
+    if missing:
+        import pyarrow.compute as pc
+
+        found = [] if "v" not in have else pc.unique(
+            pq.read_table(path, columns=["v"]).column("v")).drop_null().to_pylist()
+        raise TraceError(_lacking(missing, found))
+    return meta
+
+
 def _lacking(missing: list[str], found: list[Any]) -> str:
     return (f"Parquet traces lack the columns {', '.join(missing)}: trace schema version "
             f"{SCHEMA_VERSION} expected, found "
@@ -168,26 +198,13 @@ class _Source:
     """
 
     def __init__(self, spark: Any, traces: str) -> None:
-        import pyarrow.parquet as pq
 
         self.spark = spark
         self.jsonl, parquet = find_traces(traces)
         self.units: list[tuple[str, int, int, int]] = []
         sizes: list[int] = []
-        names = [name for name, _ in _schema.COLUMNS]
         for index, path in enumerate(parquet):
-            try:
-                meta = pq.ParquetFile(path).metadata
-            except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
-                raise TraceError(f"cannot read the Parquet trace {path}: {exc}") from None
-            have = set(meta.schema.names)
-            missing = [n for n in names if n not in have]
-            if missing:
-                import pyarrow.compute as pc
-
-                found = [] if "v" not in have else pc.unique(
-                    pq.read_table(path, columns=["v"]).column("v")).drop_null().to_pylist()
-                raise TraceError(_lacking(missing, found))
+            meta = parquet_metadata(path)
             offset = 0
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group)

@@ -9,7 +9,7 @@ import pytest
 PACKAGES = {
     "pump": {"Pump", "ListSink", "TraceEvent", "TraceSink", "Timer", "Owner", "SCHEMA_VERSION",
              "FIELDS", "FORMATS", "JsonlWriter", "ParquetWriter", "TraceRecorder", "open_trace",
-             "DEFAULT_SERVE_BATCH", "Future"},
+             "DEFAULT_SERVE_BATCH", "Future", "Repeating"},
     "channels": {"RingBuffer", "Channel", "ChannelManager", "MessageQueue", "AsyncMessageQueue",
                  "QueueListener", "QueueFullError", "MessageTooLargeError", "ProtocolError",
                  "FrameBudget"},

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from channels import MessageQueue
-from pump import Pump, Timer
+from pump import Pump, Repeating
 
 from .._broker import Broker
 from .._link import BrokerLink
@@ -55,12 +55,12 @@ class ServerRole:
         self.publishers = [_Publisher(self, t) for t in self.info.tracker_list]
         #: Clients watching this server (``server_sub``): queue -> a ServerInfo is owed.
         self.watchers: dict[MessageQueue, bool] = {}
-        self._report_timer: Timer | None = None
+        self._report_timer: Repeating | None = None
 
     def start(self) -> None:
         for publisher in self.publishers:
             publisher.connect()
-        self._report_timer = self.pump.call_later(self.report_interval, self._report, periodic=True)
+        self._report_timer = self.pump.call_every(self.report_interval, self._report)
 
     # -- topics and consume groups -----------------------------------------------------
 
@@ -180,7 +180,6 @@ class ServerRole:
     def _report(self) -> None:
         for publisher in self.publishers:
             publisher.publish()
-        self._report_timer = self.pump.call_later(self.report_interval, self._report, periodic=True)
 
     def pause_reports(self) -> None:
         """Stop the periodic reports while the links stay up: what a hung server looks

@@ -81,7 +81,7 @@ class TrackerRole:
         self._snapshot: bytes | None = None
         self._pieces: dict[int, feed.PieceSet] = {}  # budget -> this version's snapshot
         self._entries: dict[str, tuple[ServerInfo, bytes]] = {}  # encoded once per ServerInfo
-        self._scan_timer = pump.call_later(scan_interval, self._scan, periodic=True)
+        self._scan_timer = pump.call_every(scan_interval, self._scan)
 
     def tracker_info(self) -> TrackerInfo:
         return TrackerInfo(self.address, self.version, SERVER_VERSION, self.tracked.values())
@@ -134,7 +134,6 @@ class TrackerRole:
             self.pump.emit("expire", broker=self.broker_id, peer=address)
         if gone:
             self._changed(dict.fromkeys(gone))
-        self._scan_timer = self.pump.call_later(self.scan_interval, self._scan, periodic=True)
 
     def _changed(self, changes: dict[str, ServerInfo | None]) -> None:
         self.version = self._versions.next()

@@ -44,10 +44,10 @@ def trace_analyze(
     try:
         import pyspark  # noqa: F401
 
-        from replay import JVM_PROFILES, analyze, find_traces, jvm_for, print_summary, session
+        from replay import JVM_PROFILES, analyze, check_traces, jvm_for, print_summary, session
     except ImportError:
         raise fail("trace analyze runs Spark: pip install 'rdvpump[spark]'") from None
-    guard(lambda: find_traces(str(traces)))  # before a JVM starts
+    guard(lambda: check_traces(str(traces)))  # what is no trace is said before a JVM starts
     if shutil.which("java") is None:
         raise fail("trace analyze runs Spark, which needs Java 17 or 21 on PATH "
                    "(for example: apt-get install openjdk-17-jre-headless)")

@@ -76,6 +76,31 @@ def test_run_until_stops_at_the_deadline_with_periodic_timers() -> None:
     assert ticks[-1] == 40.0
 
 
+def test_call_every_runs_until_cancelled_and_survives_a_failing_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from pump import NeverIdleError
+
+    pump = Pump()
+    ran: list[float] = []
+
+    def report() -> None:
+        ran.append(pump.now())
+        if len(ran) == 2:
+            raise OSError("disk full")  # logged by the pump; the next run comes all the same
+
+    handle = pump.call_every(10.0, report)
+    with caplog.at_level(logging.ERROR):
+        pump.run_until(35.0)
+    assert ran == [10.0, 20.0, 30.0] and "disk full" in caplog.text
+    with pytest.raises(NeverIdleError, match=r"\(.*report\)"):  # named, not the wrapper
+        pump.run_until_idle()
+    handle.cancel()
+    pump.run_until_idle()  # nothing left
+    assert ran == [10.0, 20.0, 30.0]
+    with pytest.raises(ValueError, match="interval must be a positive number"):
+        pump.call_every(0, report)
+
+
 def test_max_steps_bounds_a_run() -> None:
     pump = Pump()
 

@@ -7,7 +7,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -18,11 +17,13 @@ pytestmark = pytest.mark.slow  # real processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-def start(*args: str, group: bool = False) -> subprocess.Popen[bytes]:
+def start(*args: str, group: bool = False, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
     """``rdvpump ARGS``; ``group``: in a process group of its own, as a terminal runs a
     command (a Ctrl-C then reaches every process of the group)."""
     return subprocess.Popen([sys.executable, "-m", "rdvpump", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"},
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "120", **(env or {})},
                             start_new_session=group)
 
 
@@ -87,13 +88,17 @@ def _descendants(pid: int) -> dict[int, list[bytes]]:
 
 
 @pytest.mark.spark
-def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm() -> None:
+def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
+        tmp_path: pathlib.Path) -> None:
     # Each Spark run of the bench has a process and a JVM of its own; Ctrl-C must stop
     # both before the trace they read is deleted: no traceback, no JVM error, nothing left.
-    tmp = pathlib.Path(tempfile.gettempdir())  # Spark's local dir: blockmgr-* in it
+    # Spark's local dir (blockmgr-* in it) is this test's own: other Spark tests may run
+    # beside it.
+    tmp = tmp_path
     before = set(tmp.glob("blockmgr-*"))
     proc = start("bench", "replay", "--events", "200000", "--master", "local[1]",
-                 "--jvm", "quick", "--no-floor", group=True)
+                 "--jvm", "quick", "--no-floor", group=True,
+                 env={"SPARK_LOCAL_DIRS": str(tmp)})
     seen = read_until(proc, proc.stderr, b"Setting default log level")  # the JVM is up
     deadline = time.monotonic() + DEADLINE
     while True:  # the job is running: its first shuffle has written a file
