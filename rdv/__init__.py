@@ -1,6 +1,8 @@
 """Rendezvous: bind, listen, unbind, connect, accept and refuse, as a table and on a pump."""
 
 from ._address import Address as Address
+from ._address import BrokerPort as BrokerPort
+from ._address import parse_located as parse_located
 from ._core import BUSY as BUSY
 from ._core import MAX_PORT as MAX_PORT
 from ._core import NOT_BOUND as NOT_BOUND
@@ -42,6 +44,7 @@ from ._wire import Reply as Reply
 
 __all__ = [
     "Address",
+    "BrokerPort",
     "BUSY",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
@@ -80,4 +83,5 @@ __all__ = [
     "is_final",
     "state_diagram",
     "tls_contexts",
+    "parse_located",
 ]

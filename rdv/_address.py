@@ -1,4 +1,7 @@
-"""Where a process listens: ``Address(host, port)``, and its one text form, ``HOST:PORT``."""
+"""Addresses and their one parser each: where a process listens, ``Address(host, port)``
+(``HOST:PORT``); where a broker's port is in its universe, ``BrokerPort(broker_id, port)``
+(``BROKER:PORT``, resolved like any link); and both at once on a command line,
+``BROKER@HOST:PORT`` (:func:`parse_located`).  One rule for every port: 0..65535."""
 
 from __future__ import annotations
 
@@ -37,3 +40,38 @@ class Address(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def _port(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) <= MAX_PORT else None
+
+
+class BrokerPort(NamedTuple):
+    """A rendezvous address: a broker of the universe and one of its ports."""
+
+    broker_id: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: object) -> BrokerPort:
+        """``BROKER:PORT``; ValueError saying what is wrong otherwise."""
+        if not isinstance(text, str):
+            raise ValueError(f"an address must be a string 'broker:port', got {text!r}")
+        broker_id, sep, port = text.rpartition(":")
+        number = _port(port) if sep and broker_id else None
+        if number is None:
+            raise ValueError(f"address {text!r} must be 'broker:port' with a port within "
+                             f"0..{MAX_PORT}")
+        return cls(broker_id, number)
+
+    def __str__(self) -> str:
+        return f"{self.broker_id}:{self.port}"
+
+
+def parse_located(text: str) -> tuple[str | None, Address]:
+    """``BROKER@HOST:PORT`` (a broker id and the address of the process it lives in) or
+    ``HOST:PORT`` (no broker id: None); ValueError otherwise."""
+    broker_id, sep, where = text.rpartition("@")
+    if sep and not broker_id:
+        raise ValueError(f"{text!r}: empty broker id before '@'")
+    return (broker_id if sep else None), Address.parse(where)

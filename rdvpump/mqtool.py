@@ -15,7 +15,7 @@ from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
 from pump import Pump
-from rdv import Address, is_final
+from rdv import Address, is_final, parse_located
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
 CLI_RETRY = 0.1
@@ -23,11 +23,12 @@ CLI_RETRY = 0.1
 
 def parse_server(text: str) -> tuple[str, Address]:
     """``BROKER@HOST:PORT``: the MQ server's broker id and its process's address."""
-    broker_id, sep, where = text.rpartition("@")
-    if not sep or not broker_id:
+    broker_id, _, _ = text.rpartition("@")
+    if not broker_id:
         raise ValueError(f"server {text!r}: expected BROKER@HOST:PORT (the broker id, and "
                          f"the address its process printed as ready)")
-    return broker_id, Address.parse(where)
+    _, address = parse_located(text)
+    return broker_id, address
 
 
 @asynccontextmanager

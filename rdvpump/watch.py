@@ -17,18 +17,17 @@ import trio
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
 from pump import Pump
-from rdv import Address, is_final
+from rdv import Address, is_final, parse_located
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
                   ) -> tuple[str, Address]:
     """``HOST:PORT`` (the process's first tracker) or ``ID@HOST:PORT`` -> (broker id, address)."""
-    broker_id, sep, where = text.rpartition("@")
-    if not sep:
-        broker_id, where = f"{TRACKER_ALIAS}.{index}", text
-    elif not broker_id:
-        raise ValueError(f"tracker {text!r}: empty broker id before '@'")
-    return broker_id, Address.parse(where)
+    try:
+        broker_id, address = parse_located(text)
+    except ValueError as exc:
+        raise ValueError(f"tracker {exc}") from None
+    return broker_id or f"{TRACKER_ALIAS}.{index}", address
 
 
 def snapshot(routes: RouteTable, now: float,

@@ -14,6 +14,7 @@ PACKAGES = {
                  "QueueListener", "QueueFullError", "MessageTooLargeError", "ProtocolError",
                  "FrameBudget"},
     "rdv": {"Rendezvous", "RdvNode", "AcceptListener", "ConnectListener", "RefusedError",
+            "BrokerPort", "parse_located",
             "RdvUsageError", "TRANSITIONS", "state_diagram", "Address"},
     "brokermgr": {"Broker", "BrokerManager", "open_universe", "echo", "NameService", "NameClient",
                   "LivenessTable", "DEFAULT_MANAGER_PORT", "DEFAULT_HEARTBEAT",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pump import RdvpumpError
+from rdv import BrokerPort
 
 #: Topic mask bits (zbus 0.9's numbering; zbus changed them between versions).
 MASK_MEMORY = 1
@@ -103,13 +104,8 @@ class ServerAddress:
 
 
 def _split(text: str) -> tuple[str, int]:
-    """``"broker:port"`` to ``(broker, port)``; ValueError with the reason otherwise."""
-    if not isinstance(text, str):
-        raise ValueError(f"an address must be a string 'broker:port', got {text!r}")
-    broker, sep, port = text.rpartition(":")
-    if not sep or not broker or not port.isdigit() or int(port) > 0xFFFFFFFF:
-        raise ValueError(f"address {text!r} must be 'broker:port' with a non-negative port")
-    return broker, int(port)
+    """``"broker:port"`` to ``(broker, port)`` (rdv's one parser); ValueError otherwise."""
+    return tuple(BrokerPort.parse(text))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rdv import MAX_HANDSHAKE_SIZE, HandshakeError, Hello, Reply
+from rdv import MAX_HANDSHAKE_SIZE, Address, BrokerPort, HandshakeError, Hello, Reply, parse_located
 from rdv._wire import FrameReader, parse_hello, parse_reply
 
 HELLO = Hello("universe", "token", "client", "server", 80)
@@ -84,3 +84,25 @@ def test_malformed_replies() -> None:
 def test_oversized_hello_is_refused_before_sending() -> None:
     with pytest.raises(ValueError, match="exceeds"):
         Hello("u", "t" * MAX_HANDSHAKE_SIZE, "a", "b", 1).encode()
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("s1:15555", ("s1", 15555)), ("a:b:0", ("a:b", 0)), ("x:65535", ("x", 65535)),
+])
+def test_a_broker_port_parses_one_way(text: str, parsed: tuple[str, int]) -> None:
+    assert BrokerPort.parse(text) == parsed and str(BrokerPort.parse(text)) == text
+
+
+@pytest.mark.parametrize("text", ["s1", ":1", "s1:", "s1:65536", "s1:-1", "s1:4294967295", 7])
+def test_a_broker_port_outside_the_rule_is_refused(text: object) -> None:
+    with pytest.raises(ValueError, match="'broker:port'"):
+        BrokerPort.parse(text)
+
+
+def test_located_addresses_name_a_broker_or_not() -> None:
+    assert parse_located("t1@127.0.0.1:9878") == ("t1", Address("127.0.0.1", 9878))
+    assert parse_located("127.0.0.1:9878") == (None, Address("127.0.0.1", 9878))
+    with pytest.raises(ValueError, match="empty broker id before '@'"):
+        parse_located("@127.0.0.1:1")
+    with pytest.raises(ValueError, match="port within 0..65535"):
+        parse_located("t1@127.0.0.1:70000")

@@ -53,6 +53,9 @@ def test_json_round_trip_uses_zbus_field_names() -> None:
      "holds server 's1:15555'"),
     (lambda w: w["serverTable"]["s1:15555"]["serverAddress"].update(address="nocolon"),
      "must be 'broker:port'"),
+    # a rendezvous port is 0..65535 here as at connect (this once took up to 2**32 - 1)
+    (lambda w: w["serverTable"]["s1:15555"]["serverAddress"].update(address="s1:70000"),
+     r"must be 'broker:port' with a port within 0\.\.65535"),
     (lambda w: w["serverTable"]["s1:15555"]["topicTable"]["orders"].update(topicName="x"),
      "names topic 'x'"),
     (lambda w: w.update(serverTable=[]), "expected a JSON object"),
