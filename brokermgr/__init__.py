@@ -11,7 +11,6 @@ from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
 from ._link import Outcome as Outcome
 from ._link import ReconnectingLink as ReconnectingLink
-from ._link import Reply as Reply
 from ._liveness import DEFAULT_SCAN_INTERVAL as DEFAULT_SCAN_INTERVAL
 from ._liveness import Entry as Entry
 from ._liveness import LivenessTable as LivenessTable
@@ -33,6 +32,7 @@ from ._service import Call as Call
 from ._service import Command as Command
 from ._service import CommandTable as CommandTable
 from ._service import Fields as Fields
+from ._service import Reply as Reply
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
 from ._service import raise_for as raise_for

@@ -17,7 +17,7 @@ from pump import Future, Pump, Timer
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
-from ._service import ServiceError, Status
+from ._service import Reply, ServiceError, Status
 
 log = logging.getLogger("rdvpump.link")
 
@@ -26,7 +26,6 @@ DEFAULT_RETRY = 1.0
 #: The first wait after a refusal; each refusal in a row doubles it, up to ``retry``.
 FIRST_RETRY = 0.02
 
-Reply = dict[str, Any]
 #: What a request's callback gets: the reply, or the error it carried (the envelope made an
 #: exception again), or :data:`Status.NO_REPLY` if the link closed first.
 Outcome = Reply | ServiceError

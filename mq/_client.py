@@ -97,7 +97,7 @@ def _stored(reply: Reply, count: int) -> list[Stored]:
     return [new(Stored, (server, offset)) for offset in range(first, first + count)]
 
 
-class _Link(BrokerLink):
+class _ServerLink(BrokerLink):
     def __init__(self, client: MqClient, broker: Broker, server: ServerAddress,
                  retry: float) -> None:
         super().__init__(broker, server.broker_id, server.port, name=f"mq {server.address}",
@@ -202,7 +202,7 @@ class MqClient:
         #: Called with the error of a fire-and-forget request that no subscription owns
         #: (a route or push sent without waiting); without it such errors are logged.
         self.on_error: Callable[[ServiceError], object] | None = None
-        self.link = _Link(self, broker, self.server, retry)
+        self.link = _ServerLink(self, broker, self.server, retry)
         self.link.connect()
 
     def failed(self, reply: Reply) -> None:

@@ -109,8 +109,8 @@ from ._requests import (
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
-    Consumer,
     Delivery,
+    Member,
     Topic,
     UnknownGroupError,
 )
@@ -176,7 +176,7 @@ class _Topic:
 
 
 @dataclass
-class _Link:
+class _ClientLink:
     """One link's consumers and the messages its queue did not take yet."""
 
     queue: MessageQueue
@@ -184,7 +184,7 @@ class _Link:
     session: str = ""
     #: receiver names this link answers to (``receive``)
     names: set[str] = field(default_factory=set)
-    consumers: dict[tuple[str, str], Consumer] = field(default_factory=dict)
+    consumers: dict[tuple[str, str], Member] = field(default_factory=dict)
     outbox: deque[bytes | Gather] = field(default_factory=deque)
     #: deliveries of the dispatch under way, sent as one ``messages`` frame each
     batch: list[Delivery] = field(default_factory=list)
@@ -225,11 +225,11 @@ class MqServer:
         self.retain_bytes = retain_bytes
         self.retain_age = retain_age
         self.topics: dict[str, _Topic] = {}
-        self.links: dict[MessageQueue, _Link] = {}
+        self.links: dict[MessageQueue, _ClientLink] = {}
         #: links by session id, for RPC replies (``route``)
-        self.sessions: dict[str, _Link] = {}
+        self.sessions: dict[str, _ClientLink] = {}
         #: links by receiver name, for ``push``
-        self.receivers: dict[str, list[_Link]] = {}
+        self.receivers: dict[str, list[_ClientLink]] = {}
         self._sessions = 0
         self._waiting: list[_Waiting] = []
         #: topics found on disk that cannot be opened, by directory name: why
@@ -364,11 +364,11 @@ class MqServer:
             reply["seq"] = seq
         self._send_to(self._link(queue), encode(reply))
 
-    def _link(self, queue: MessageQueue) -> _Link:
+    def _link(self, queue: MessageQueue) -> _ClientLink:
         link = self.links.get(queue)
         if link is None:
             self._sessions += 1
-            link = self.links[queue] = _Link(queue, f"{queue.remote_id}#{self._sessions}")
+            link = self.links[queue] = _ClientLink(queue, f"{queue.remote_id}#{self._sessions}")
             self.sessions[link.session] = link
         return link
 
@@ -582,7 +582,7 @@ class MqServer:
             raise ServiceError(Status.CONFLICT,
                                f"topic {state.topic.name!r} is exclusive: group {group!r} "
                                f"has a consumer already")
-        consumer = Consumer(f"{queue.remote_id}#{id(queue) % 100000}", group,
+        consumer = Member(f"{queue.remote_id}#{id(queue) % 100000}", group,
                             link.batch.append, window=window)
         link.consumers[(state.topic.name, group)] = consumer
         state.topic.attach(consumer)
@@ -759,7 +759,7 @@ class MqServer:
 
     # -- delivery ----------------------------------------------------------------------
 
-    def _flush_batch(self, link: _Link) -> None:
+    def _flush_batch(self, link: _ClientLink) -> None:
         """The deliveries of one dispatch to one link (its consumers append them to
         ``link.batch``), one ``messages`` frame per group: the records' fields as lists,
         their bodies back to back."""
@@ -775,7 +775,7 @@ class MqServer:
         for (topic, group), deliveries in by_group.items():
             self._send_messages(link, topic, group, deliveries)
 
-    def _send_messages(self, link: _Link, topic: str, group: str,
+    def _send_messages(self, link: _ClientLink, topic: str, group: str,
                        deliveries: list[Delivery]) -> None:
         """``messages`` frames of about :data:`FRAME_BYTES` of bodies each (a wide window
         behind a deep backlog would make one frame larger than a link carries)."""
@@ -788,7 +788,7 @@ class MqServer:
         if start < len(deliveries):
             self._send_frame(link, topic, group, deliveries[start:])
 
-    def _send_frame(self, link: _Link, topic: str, group: str,
+    def _send_frame(self, link: _ClientLink, topic: str, group: str,
                     deliveries: list[Delivery]) -> None:
         records = [d.record for d in deliveries]
         header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
@@ -801,7 +801,7 @@ class MqServer:
                   "timestamps": pack_column([r.timestamp for r in records])}
         self._send_to(link, encode(header, [r.body for r in records]))
 
-    def _send_to(self, link: _Link, message: bytes | Gather) -> None:
+    def _send_to(self, link: _ClientLink, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
         if link.outbox:
             link.outbox.append(message)

@@ -97,7 +97,7 @@ class Delivery:
     __slots__ = ("topic", "group", "record", "deliveries", "consumer", "deadline")
 
     def __init__(self, topic: str, group: str, record: Record, deliveries: int,
-                 consumer: Consumer, deadline: float) -> None:
+                 consumer: Member, deadline: float) -> None:
         self.topic = topic
         self.group = group
         self.record = record
@@ -110,8 +110,9 @@ class Delivery:
                 f"#{self.deliveries} to {self.consumer.name}>")
 
 
-class Consumer:
-    """One consumer of one group: ``deliver(delivery)`` is called for each message it gets."""
+class Member:
+    """One member of a consume group (a consumer, server side): ``deliver(delivery)`` is
+    called for each message it gets."""
 
     def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
                  window: int = DEFAULT_WINDOW) -> None:
@@ -129,7 +130,7 @@ class Consumer:
         return self.window - len(self.in_flight)
 
     def __repr__(self) -> str:
-        return f"<Consumer {self.name} of {self.group} {len(self.in_flight)}/{self.window}>"
+        return f"<Member {self.name} of {self.group} {len(self.in_flight)}/{self.window}>"
 
 
 @dataclass
@@ -140,7 +141,7 @@ class Group:
     in_flight: dict[int, Delivery] = field(default_factory=dict)
     #: (record, deliveries so far) waiting for a consumer with credits
     redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
-    consumers: list[Consumer] = field(default_factory=list)
+    consumers: list[Member] = field(default_factory=list)
     #: where the round robin of consumers starts next
     turn: int = 0
     #: the floor changed since it was last saved
@@ -157,7 +158,7 @@ class Group:
             low = min(low, min(r.offset for r, _ in self.redeliver))
         return low
 
-    def pick(self) -> Consumer | None:
+    def pick(self) -> Member | None:
         """The next consumer with credits, round robin."""
         n = len(self.consumers)
         for k in range(n):
@@ -243,10 +244,10 @@ class Topic:
 
     # -- consumers ---------------------------------------------------------------------
 
-    def attach(self, consumer: Consumer) -> None:
+    def attach(self, consumer: Member) -> None:
         self.group(consumer.group).consumers.append(consumer)
 
-    def detach(self, consumer: Consumer) -> int:
+    def detach(self, consumer: Member) -> int:
         """A consumer left: what it held goes to the others; how many messages."""
         group = self.groups.get(consumer.group)
         if group is None or consumer not in group.consumers:
@@ -321,7 +322,7 @@ class Topic:
         left = [c.window - len(c.in_flight) for c in ready]
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
         j = sent = 0
-        last: Consumer | None = None
+        last: Member | None = None
         done = True
         for record in records:
             offset = record.offset
@@ -352,14 +353,14 @@ class Topic:
             group.turn = (consumers.index(last) + 1) % n
         return sent, done
 
-    def _send(self, group: Group, consumer: Consumer, record: Record, deliveries: int,
+    def _send(self, group: Group, consumer: Member, record: Record, deliveries: int,
               deadline: float) -> None:
         delivery = Delivery(self.name, group.name, record, deliveries, consumer, deadline)
         group.in_flight[record.offset] = delivery
         consumer.in_flight.add(record.offset)
         consumer.deliver(delivery)
 
-    def ack(self, group_name: str, offsets: Iterable[int], consumer: Consumer | None = None
+    def ack(self, group_name: str, offsets: Iterable[int], consumer: Member | None = None
             ) -> tuple[int, list[int]]:
         """Acknowledge offsets of a group (from ``consumer``, if given: only what it holds):
         how many were acknowledged, and the offsets that were not pending (for that

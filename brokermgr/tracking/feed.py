@@ -41,7 +41,7 @@ OVERHEAD = 1024
 MAX_PIECES = 1 << 16
 
 
-class TooLarge(InfoError):
+class PieceTooLarge(InfoError):
     """One entry does not fit in a piece."""
 
 
@@ -62,7 +62,7 @@ def _pack(items: list[tuple[bool, bytes]], budget: int) -> list[list[tuple[bool,
     for item in items:
         size = len(item[1]) + 1
         if size > budget:
-            raise TooLarge(f"a ServerInfo of {len(item[1])} bytes does not fit in a piece "
+            raise PieceTooLarge(f"a ServerInfo of {len(item[1])} bytes does not fit in a piece "
                            f"of {budget + OVERHEAD} bytes")
         if used + size > budget and groups[-1]:
             groups.append([])

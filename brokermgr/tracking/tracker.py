@@ -180,7 +180,7 @@ class TrackerRole:
             try:
                 pieces = feed.snapshot_pieces(
                     header, [self._entry(a, table[a]) for a in sorted(table)], budget)
-            except feed.TooLarge as exc:
+            except feed.PieceTooLarge as exc:
                 self._too_large(subscriber, exc)
                 return None
             self._pieces[budget] = pieces
@@ -193,7 +193,7 @@ class TrackerRole:
             return feed.delta_pieces(
                 self.version, [self._entry(a, changes[a]) for a in joined],  # type: ignore[arg-type]
                 sorted(a for a, info in changes.items() if info is None), budget)
-        except feed.TooLarge as exc:
+        except feed.PieceTooLarge as exc:
             self._too_large(subscriber, exc)
             return None
 

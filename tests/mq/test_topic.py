@@ -10,7 +10,7 @@ import pytest
 from mq import CursorStore, TopicLog
 from mq._memory import MemoryLog
 from mq._record import Record
-from mq._topic import Consumer, Delivery, Start, Topic, UnknownGroupError
+from mq._topic import Delivery, Member, Start, Topic, UnknownGroupError
 
 
 class World:
@@ -36,7 +36,7 @@ class World:
 class Inbox:
     def __init__(self, name: str, group: str, window: int) -> None:
         self.got: list[Delivery] = []
-        self.consumer = Consumer(name, group, self.got.append, window=window)
+        self.consumer = Member(name, group, self.got.append, window=window)
 
     @property
     def offsets(self) -> list[int]:

@@ -10,9 +10,9 @@ from brokermgr.tracking import InfoError, ServerAddress, ServerInfo, TopicInfo
 from brokermgr.tracking.feed import (
     Delta,
     FeedReader,
+    PieceTooLarge,
     Resync,
     Snapshot,
-    TooLarge,
     delta_pieces,
     entry,
     snapshot_pieces,
@@ -92,7 +92,7 @@ def test_pieces_out_of_order_ask_for_a_snapshot() -> None:
 
 
 def test_a_server_info_larger_than_a_piece_is_refused_with_its_size() -> None:
-    with pytest.raises(TooLarge, match="does not fit in a piece"):
+    with pytest.raises(PieceTooLarge, match="does not fit in a piece"):
         snapshot_pieces(HEADER, entries(server("big", 1, topics=50)), budget=1000)
 
 
