@@ -217,7 +217,7 @@ class ReconnectingLink(QueueListener):
         try:
             obj = decode(message)
         except ProtocolError as exc:
-            self.abort(f"protocol error: bad message from {self.name}: {exc}")
+            self.protocol_error(f"bad message from {self.name}: {exc}")
             return
         seq = obj.get("seq")
         on_reply = self._waiting.pop(seq, None) if isinstance(seq, int) else None
@@ -230,6 +230,12 @@ class ReconnectingLink(QueueListener):
         """Close the link at once with ``reason`` (it is dialled again later)."""
         if self.queue is not None:
             self.queue.abort(reason)
+
+    def protocol_error(self, what: str) -> None:
+        """Close the link at once: the peer broke the protocol (cause
+        ``PROTOCOL_ERROR``; it is dialled again later)."""
+        if self.queue is not None:
+            self.queue.protocol_error(what)
 
     # -- hooks for subclasses ----------------------------------------------------------
 

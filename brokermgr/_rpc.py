@@ -124,7 +124,7 @@ class ServiceSession(QueueListener):
         try:
             request = decode(message)
         except ProtocolError as exc:
-            self.queue.abort(f"protocol error: bad {self.what}: {exc}")
+            self.queue.protocol_error(f"bad {self.what}: {exc}")
             return
         self.handle(request)
 

@@ -521,6 +521,15 @@ class MessageQueue:
             self._closed_here = True
             self._end_abruptly(reason, CloseCause.ABORTED)
 
+    def protocol_error(self, what: str) -> None:
+        """Close at once because the peer broke a protocol above the frames (a message
+        that is not JSON, a command it may not send): the cause is
+        :attr:`CloseCause.PROTOCOL_ERROR` and the reason ``protocol error: WHAT``, logged
+        as the frame layer's own protocol errors are (once per cause and peer)."""
+        if self._state is not _State.CLOSED:
+            self._closed_here = True
+            self._protocol_error(what)
+
     def _end_abruptly(self, reason: str, cause: CloseCause) -> None:
         if self._state is _State.CLOSED:
             return

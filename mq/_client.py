@@ -161,7 +161,7 @@ class _ServerLink(BrokerLink):
                                         subscription))
                 at += size
         except (KeyError, ValueError, TypeError) as exc:
-            self.abort(f"protocol error: a bad messages frame: {exc}")
+            self.protocol_error(f"a bad messages frame: {exc}")
             return
         held = subscription.held
         for message in messages:

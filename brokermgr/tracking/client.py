@@ -154,7 +154,7 @@ class _ClientLink(BrokerLink):
         self.address = address
 
     def _bad(self, what: str, exc: BaseException) -> None:
-        self.abort(f"protocol error: bad {what}: {exc}")
+        self.protocol_error(f"bad {what}: {exc}")
 
 
 class _Subscription(_ClientLink):
@@ -238,7 +238,7 @@ class _ServerQuery(_ClientLink):
             log.warning("%s: %s", self.name, obj.get("error"))
             return
         if cmd != "server":
-            self.abort(f"protocol error: a server sent a watcher {cmd!r}")
+            self.protocol_error(f"a server sent a watcher {cmd!r}")
             return
         try:
             info = ServerInfo.from_json(obj.get("serverInfo"))

@@ -281,8 +281,8 @@ class TrackNode:
         assert queue is not None
         if info.server_address.broker_id != queue.remote_id:
             # Only a server may speak for itself; nothing is cascaded.
-            queue.abort(f"protocol error: broker {queue.remote_id!r} published the "
-                        f"ServerInfo of {info.server_address.address!r}")
+            queue.protocol_error(f"broker {queue.remote_id!r} published the "
+                                 f"ServerInfo of {info.server_address.address!r}")
             return None
         if info.server_address.address == self.address.address and self.is_server:
             raise ServiceError(Status.BAD_REQUEST,

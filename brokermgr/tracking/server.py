@@ -233,4 +233,4 @@ class _Publisher(BrokerLink):
         if obj.get("cmd") == "error":
             log.warning("tracker %s refused our report: %s", self.address, obj.get("error"))
         else:
-            self.abort("protocol error: a tracker sent a publisher something unexpected")
+            self.protocol_error("a tracker sent a publisher something unexpected")

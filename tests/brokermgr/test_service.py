@@ -26,7 +26,7 @@ from brokermgr import (
     open_universe,
 )
 from brokermgr.tracking import TrackNode
-from channels import AsyncMessageQueue
+from channels import AsyncMessageQueue, CloseCause
 from mq import MqServer
 from pump import Future
 
@@ -198,3 +198,18 @@ def test_an_envelope_is_the_error_again_on_the_calling_side() -> None:
     assert again.detail == {"for": "register", "brokers": [{"id": "a"}]}
     assert str(again) == "duplicate id: a (status 409)"
     assert ServiceError.of({"cmd": "declared"}) is None
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+async def test_a_message_that_is_not_json_closes_its_link_as_a_protocol_error(
+        service: str, autojump_clock: object) -> None:
+    async with services() as universe:
+        queue = await universe.add_broker("c").connect_queue(*SERVICES[service])
+        await queue.send(b"\xff not json")
+        with pytest.raises(trio.BrokenResourceError, match="protocol error: bad "):
+            await queue.receive()
+        # the cause, not only the text, on this end too: the close frame carries it
+        assert queue.close_cause is CloseCause.PROTOCOL_ERROR, queue.close_reason
+        assert "protocol error: bad " in (queue.close_reason or "")
+        other = await universe.add_broker("d").connect_queue(*SERVICES[service])
+        assert (await ask(other, {"cmd": "nope", "seq": 1}))["status"] == 400  # others go on
