@@ -28,6 +28,7 @@ from ._rpc import ServiceSession as ServiceSession
 from ._rpc import decode as decode
 from ._rpc import encode as encode
 from ._rpc import send as send
+from ._service import MAX_INT as MAX_INT
 from ._service import Call as Call
 from ._service import Command as Command
 from ._service import CommandTable as CommandTable
@@ -35,7 +36,7 @@ from ._service import Fields as Fields
 from ._service import Reply as Reply
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
-from ._service import raise_for as raise_for
+from ._service import request_seq as request_seq
 
 __all__ = [
     "DEFAULT_BROKER_EXPIRY",
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",
+    "MAX_INT",
     "Body",
     "Call",
     "Command",
@@ -71,6 +73,6 @@ __all__ = [
     "echo",
     "encode",
     "open_universe",
-    "raise_for",
+    "request_seq",
     "send",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -35,7 +35,8 @@ Reply = dict[str, Any]
 R = TypeVar("R")
 T = TypeVar("T")
 
-#: Sequence numbers (``seq``) and other counters on the wire are unsigned 63-bit integers.
+#: Sequence numbers (``seq``), offsets and other counters on the wire are unsigned 63-bit
+#: integers (stored as u64).
 MAX_INT = (1 << 63) - 1
 
 
@@ -84,14 +85,6 @@ class ServiceError(RdvpumpError):
             status = Status.INTERNAL
         detail = {k: v for k, v in reply.items() if k not in ("cmd", "status", "error", "seq")}
         return cls(status, str(reply.get("error")), **detail)
-
-
-def raise_for(reply: Reply) -> Reply:
-    """``reply``, or the :class:`ServiceError` it carries raised."""
-    error = ServiceError.of(reply)
-    if error is not None:
-        raise error
-    return reply
 
 
 def show(value: object) -> str:
@@ -279,14 +272,3 @@ class CommandTable:
             for key, value in self._names(obj).items():
                 reply.setdefault(key, value)
         return reply
-
-
-def merged(service: str, tables: Iterable[CommandTable]) -> CommandTable:
-    """One table serving the commands of several (each name in one of them only)."""
-    commands: dict[str, Command[Any]] = {}
-    for table in tables:
-        clash = commands.keys() & table.commands.keys()
-        if clash:
-            raise ValueError(f"commands served twice: {sorted(clash)}")
-        commands.update(table.commands)
-    return CommandTable(service, commands)

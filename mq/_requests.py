@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from brokermgr import Fields, ServiceError, Status
+from brokermgr import MAX_INT, Fields, ServiceError, Status
 
 from ._filter import FilterError, TagFilter
 from ._names import check_name
@@ -23,8 +23,6 @@ from ._topic import DEFAULT_WINDOW, Start
 MAX_WINDOW = 10_000
 #: Most consecutive offsets one ack may name by its first and count.
 MAX_ACK_RANGE = 1 << 20
-#: Offsets, sequences and seqs are unsigned 63-bit integers (they are stored as u64).
-MAX_INT = (1 << 63) - 1
 #: Bytes of a producer id or a tag (one byte holds each one's length on disk).
 MAX_LABEL_BYTES = 255
 #: Topic flags by their names.

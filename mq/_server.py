@@ -70,8 +70,17 @@ from typing import Any
 
 import trio
 
-from brokermgr import Call, Command, CommandTable, Sent, ServiceError, Status, encode, send
-from brokermgr._service import request_seq
+from brokermgr import (
+    Call,
+    Command,
+    CommandTable,
+    Sent,
+    ServiceError,
+    Status,
+    encode,
+    request_seq,
+    send,
+)
 from brokermgr.tracking import TrackNode
 from brokermgr.tracking.info import (
     MASK_DELETE_ON_EXIT,

@@ -19,7 +19,7 @@ settings.load_profile("ci")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A Spark test is a slow one (it starts a JVM, or works one): the quick loop leaves
     it out.  Under pytest-xdist (``-n``, with ``--dist loadgroup``), every test that uses
-    the session's ``spark`` fixture runs in the same worker, so that one JVM serves them
+    the session-scoped ``spark`` fixture runs in the same worker, so that one JVM serves them
     all; Spark tests that start their own JVM (a cluster, ``spark-submit``) go wherever
     a worker is free.  Slow tests are handed out first, the README's blocks (the longest
     of all) before the others: longest jobs first keeps the last worker from finishing
