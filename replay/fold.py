@@ -265,6 +265,81 @@ def larger(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
 
 
+# -- the listings -------------------------------------------------------------------------
+
+#: A row of the violations listing: the message's stream and seq (for a delivery out of
+#: order, the late one), what it broke and how.
+VIOLATION_ROWS = pa.schema([("run", pa.string()), ("link", pa.string()), ("dir", pa.string()),
+                            ("seq", pa.int64()), ("violation", pa.string()),
+                            ("detail", pa.string())])
+#: A row of the undelivered listing: the message, its sender, and why it was not
+#: delivered (its link's end; ``service``: on a link of the name service).
+UNDELIVERED_ROWS = pa.schema([
+    ("run", pa.string()), ("link", pa.string()), ("dir", pa.string()), ("seq", pa.int64()),
+    ("sender", pa.string()), ("sent_at", pa.float64()), ("size", pa.int64()),
+    ("cause", pa.string()), ("end_reason", pa.string()), ("service", pa.bool_())])
+
+
+def violations(listed: pa.Table, streams: Mapping[int, tuple[Any, ...]]) -> pa.Table:
+    """Each broken invariant of the listed rows of :func:`fold` (:data:`FOLDED`, part
+    :data:`LISTED`), as a :data:`VIOLATION_ROWS` row; ``streams`` names each sid's
+    stream (run, link, dir).  Which invariants a message broke is the fold's flags."""
+    out = []
+    flags = [listed.column(name).to_pylist() for name in VIOLATIONS]
+    for i, (sid, r) in enumerate(zip(listed.column("sid").to_pylist(),
+                                     listed.column("row").to_pylist(), strict=True)):
+        stream = streams[sid]
+        for name, flag in zip(VIOLATIONS, flags, strict=True):
+            if flag[i]:
+                seq, detail = _broken(name, r)
+                out.append((*stream, seq, name, detail))
+    return pa.Table.from_pylist([dict(zip(VIOLATION_ROWS.names, row, strict=True))
+                                 for row in out], schema=VIOLATION_ROWS)
+
+
+def _broken(name: str, r: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The seq a violation is listed under, and its detail."""
+    if name == "duplicate send":
+        return r["seq"], f"sent {r['sends']} times"
+    if name == "duplicate delivery":
+        return r["seq"], f"delivered {r['deliveries']} times"
+    if name == "delivered but never sent":
+        return r["seq"], f"delivered {r['deliveries']} times, never sent"
+    if name == "out of order":
+        return r["late"], f"delivered after seq {_text(r['seq'])}"
+    delivered = r["delivered_size"] if r["delivered_size"] != r["size"] \
+        else r["delivered_size_max"]
+    return r["seq"], f"sent {_text(r['size'])} bytes, delivered {_text(delivered)}"
+
+
+def _text(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+def undelivered(listed: pa.Table, streams: Mapping[int, tuple[Any, ...]],
+                ends: Mapping[int, tuple[Any, ...]]) -> pa.Table:
+    """The listed rows of :func:`fold` that were sent and never delivered, as
+    :data:`UNDELIVERED_ROWS` rows; ``ends`` gives each sid's sender, cause, link end
+    and whether it is the name service's (a stream it lacks: no sender, "run ended")."""
+    out = []
+    for sid, r, missing in zip(listed.column("sid").to_pylist(),
+                               listed.column("row").to_pylist(),
+                               listed.column("undelivered").to_pylist(), strict=True):
+        if missing:
+            sender, cause, end, service = ends.get(sid, (None, "run ended", None, False))
+            out.append(dict(zip(UNDELIVERED_ROWS.names, (
+                *streams[sid], r["seq"], sender, r["sent_at"], r["size"], cause, end,
+                service), strict=True)))
+    return pa.Table.from_pylist(out, schema=UNDELIVERED_ROWS)
+
+
+def in_order(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> list[Any]:
+    """``rows`` sorted by ``columns`` in turn, a null before any value (as Spark's
+    ``orderBy`` sorts; strings in code point order, which is UTF-8's byte order)."""
+    return sorted(rows, key=lambda r: tuple((r[c] is not None, r[c] if r[c] is not None
+                                             else 0) for c in columns))
+
+
 # -- the shuffle's map side ---------------------------------------------------------------
 
 

@@ -28,32 +28,48 @@ def trace_analyze(
     out: Annotated[pathlib.Path | None, typer.Option(
         help="Write tables, summary.json, plots and Spark's log here (default: "
              "TRACES/analysis, or FILE.analysis beside one file).")] = None,
-    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    engine: Annotated[str, typer.Option(
+        help="Where the analysis runs: local (in this process, no JVM: traces that fit "
+             "in memory), spark, or auto: local for traces of up to about 400,000 events "
+             "(64 MB of JSON Lines, 8 MB of Parquet) unless --master is given, Spark "
+             "above. Both give the same results.")] = "auto",
+    master: Annotated[str | None, typer.Option(
+        help="Spark master (implies --engine spark; default local[2]).")] = None,
     jvm: Annotated[str, typer.Option(
-        help="JVM profile: quick (C1 compiler, serial GC), production (full JIT, parallel "
-             "GC), or auto: quick for traces of up to about 200,000 events (32 MB of JSON "
-             "Lines, 4 MB of Parquet), production above.")] = "auto",
+        help="Spark's JVM profile: quick (C1 compiler, serial GC), production (full JIT, "
+             "parallel GC), or auto: quick for traces of up to about 200,000 events (32 MB "
+             "of JSON Lines, 4 MB of Parquet), production above.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead.")] =
         False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print each stage with its time, and the Spark jobs.")] = False,
 ) -> None:
-    """Replay traces with the Spark job (replay/job.py): invariants, latency, throughput."""
+    """Check and measure traces (replay/): invariants, latency, throughput."""
     import time
 
     try:
-        import pyspark  # noqa: F401
-
-        from replay import JVM_PROFILES, analyze, check_traces, jvm_for, print_summary, session
+        from replay import JVM_PROFILES, analyze, check_traces, engine_for, print_summary
     except ImportError:
-        raise fail("trace analyze runs Spark: pip install 'rdvpump[spark]'") from None
-    guard(lambda: check_traces(str(traces)))  # what is no trace is said before a JVM starts
-    if shutil.which("java") is None:
-        raise fail("trace analyze runs Spark, which needs Java 17 or 21 on PATH "
-                   "(for example: apt-get install openjdk-17-jre-headless)")
+        raise fail("trace analyze needs pyarrow and matplotlib: pip install "
+                   "'rdvpump[spark]'") from None
+    if engine not in ("auto", "local", "spark"):
+        raise fail(f"--engine must be auto, local or spark, got {engine!r}")
+    if engine == "local" and master is not None:
+        raise fail("--master runs the analysis on Spark: it cannot go with --engine local")
     if jvm != "auto" and jvm not in JVM_PROFILES:
         raise fail(f"--jvm must be auto, {' or '.join(JVM_PROFILES)}, got {jvm!r}")
-    profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
+    guard(lambda: check_traces(str(traces)))  # what is no trace is said before a JVM starts
+    if engine == "auto":
+        engine = "spark" if master is not None else guard(lambda: engine_for(str(traces)))
+    if engine == "spark":
+        try:
+            import pyspark  # noqa: F401
+        except ImportError:
+            raise fail("trace analyze --engine spark runs Spark: pip install "
+                       "'rdvpump[spark]'") from None
+        if shutil.which("java") is None:
+            raise fail("trace analyze --engine spark runs Spark, which needs Java 17 or 21 "
+                       "on PATH (for example: apt-get install openjdk-17-jre-headless)")
     if out is not None:
         target = out
     elif traces.is_file():
@@ -64,28 +80,24 @@ def trace_analyze(
     if target.exists() and not target.is_dir():
         raise fail(f"--out {target} is a file, not a directory")
     guard(lambda: target.mkdir(parents=True, exist_ok=True))
-    log = target / "spark.log"
     began = time.perf_counter()
+    where = "in this process" if engine == "local" else f"on Spark ({master or 'local[2]'})"
 
     def stage(what: str) -> None:
-        status.update(f"replaying {traces} on Spark ({master}): {what} ...")
+        status.update(f"analysing {traces} {where}: {what} ...")
         if verbose:
             err.print(f"{time.perf_counter() - began:6.2f} s  {what}")
 
-    with err.status(f"replaying {traces} on Spark ({master}, {profile} JVM) ...") as status, \
+    with err.status(f"analysing {traces} {where} ...") as status, \
             _stopped_by_ctrl_c() as on_interrupt:
-        stage(f"starting Spark ({master}, {profile} JVM)")
-        with contextlib.nullcontext() if verbose else _jvm_output_to(log):
-            spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
-        on_interrupt(spark)
-        try:
-            summary = guard(lambda: analyze(spark, str(traces), str(target), progress=stage))
-        finally:
-            with contextlib.suppress(Exception):  # after Ctrl-C the JVM may be gone
-                spark.stop()
+        if engine == "local":
+            summary = guard(lambda: analyze(str(traces), str(target), progress=stage))
+        else:
+            summary = _on_spark(traces, target, master or "local[2]", jvm, verbose, stage,
+                                on_interrupt)
     if verbose:
-        err.print(f"{time.perf_counter() - began:6.2f} s  done: "
-                  f"{summary['spark_jobs']} Spark jobs")
+        err.print(f"{time.perf_counter() - began:6.2f} s  done"
+                  + (f": {summary['spark_jobs']} Spark jobs" if engine == "spark" else ""))
     if json_out:
         print(json.dumps(summary, default=str))
     else:
@@ -93,6 +105,27 @@ def trace_analyze(
         err.print(f"tables, summary.json and plots in {target}/")
     if summary["violation_count"]:
         raise typer.Exit(1)
+
+
+def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
+              verbose: bool, stage: Callable[[str], None],
+              on_interrupt: Callable[[Any], None]) -> dict[str, Any]:
+    """The analysis on a Spark session started here (its JVM's output to
+    ``target/spark.log`` unless ``verbose``), stopped after."""
+    from replay import analyze, jvm_for, session
+
+    profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
+    stage(f"starting Spark ({master}, {profile} JVM)")
+    with contextlib.nullcontext() if verbose else _jvm_output_to(target / "spark.log"):
+        spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
+    on_interrupt(spark)
+    try:
+        summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
+                                                        progress=stage))
+    finally:
+        with contextlib.suppress(Exception):  # after Ctrl-C the JVM may be gone
+            spark.stop()
+    return summary
 
 
 @contextlib.contextmanager

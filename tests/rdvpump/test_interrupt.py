@@ -63,7 +63,7 @@ def test_ctrl_c_ends_trace_analyze_in_one_line(tmp_path: pathlib.Path) -> None:
                           str(ROOT / "examples/echo.toml"), "--trace", str(traces)],
                          capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    proc = start("trace", "analyze", str(traces), "--verbose")
+    proc = start("trace", "analyze", str(traces), "--verbose", "--engine", "spark")
     seen = read_until(proc, proc.stderr, b"census of the events")  # Spark is up and working
     interrupt_and_check(proc, seen)
 

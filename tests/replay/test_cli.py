@@ -31,13 +31,27 @@ def echo_trace(directory: pathlib.Path) -> pathlib.Path:
     return path
 
 
-@pytest.mark.spark
-def test_analyze_one_file_writes_beside_it_and_keeps_spark_quiet(
-        tmp_path: pathlib.Path) -> None:
+@pytest.mark.slow  # starts processes
+def test_analyze_one_file_writes_beside_it_in_this_process(tmp_path: pathlib.Path) -> None:
+    """A small trace is analysed without a JVM (--engine auto), beside the file."""
     trace = echo_trace(tmp_path / "traces")
-    proc = rdvpump("trace", "analyze", str(trace), "--json")
+    proc = rdvpump("trace", "analyze", str(trace), "--json", "--verbose")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
+    assert summary["engine"] == "local" and summary["spark_jobs"] == 0
+    assert summary["messages_matched"] == 8000 and summary["violation_count"] == 0
+    out = trace.with_name("echo-1.echo.analysis")
+    assert (out / "summary.json").is_file() and (out / "links.png").is_file()
+    assert not (out / "spark.log").exists() and "Spark" not in proc.stderr
+
+
+@pytest.mark.spark
+def test_analyze_on_spark_keeps_spark_quiet(tmp_path: pathlib.Path) -> None:
+    trace = echo_trace(tmp_path / "traces")
+    proc = rdvpump("trace", "analyze", str(trace), "--json", "--engine", "spark")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["engine"] == "spark" and summary["spark_jobs"] > 0
     assert summary["messages_matched"] == 8000 and summary["violation_count"] == 0
     out = trace.with_name("echo-1.echo.analysis")
     assert (out / "summary.json").is_file() and (out / "links.png").is_file()
@@ -47,7 +61,7 @@ def test_analyze_one_file_writes_beside_it_and_keeps_spark_quiet(
     assert "Using incubator modules" in (out / "spark.log").read_text()
 
 
-@pytest.mark.spark
+@pytest.mark.slow  # starts processes
 def test_a_file_that_is_not_a_trace_is_named_so(tmp_path: pathlib.Path) -> None:
     other = tmp_path / "notes.jsonl"
     other.write_text("hello\n")
@@ -58,7 +72,7 @@ def test_a_file_that_is_not_a_trace_is_named_so(tmp_path: pathlib.Path) -> None:
                            "trace row")
 
 
-@pytest.mark.spark
+@pytest.mark.slow  # starts processes
 def test_a_parquet_file_that_is_no_trace_is_one_clear_line(tmp_path: pathlib.Path) -> None:
     """pyarrow reads the Parquet traces: a file it cannot read, and a Parquet file
     without the trace's columns (an older schema), are each one line, exit 1."""
@@ -83,21 +97,36 @@ def test_a_parquet_file_that_is_no_trace_is_one_clear_line(tmp_path: pathlib.Pat
     assert "found 2; traces of an older schema are not read" in line
 
 
+@pytest.mark.slow  # starts processes
 def test_without_java_analyze_says_so_before_starting(tmp_path: pathlib.Path) -> None:
     (tmp_path / "t.p.jsonl").write_text("{}\n")
     bare = {**os.environ, "PATH": str(pathlib.Path(sys.executable).parent)}
+    for args in (["--engine", "spark"], ["--master", "local[1]"]):
+        proc = rdvpump("trace", "analyze", str(tmp_path), *args, env=bare)
+        assert proc.returncode == 1
+        assert proc.stderr.strip() == (
+            "error: trace analyze --engine spark runs Spark, which needs Java 17 or 21 on "
+            "PATH (for example: apt-get install openjdk-17-jre-headless)")
+    # without Java, a small trace is still analysed, in this process
     proc = rdvpump("trace", "analyze", str(tmp_path), env=bare)
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == ("error: trace analyze runs Spark, which needs Java 17 or "
-                                   "21 on PATH (for example: apt-get install "
-                                   "openjdk-17-jre-headless)")
+    assert proc.returncode == 1 and "none of its 1 lines is a trace row" in proc.stderr
+
+
+def test_engine_and_master_are_checked_before_anything_starts(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "t.p.jsonl").write_text("{}\n")
+    for args, why in ((["--engine", "gpu"], "--engine must be auto, local or spark, got 'gpu'"),
+                      (["--engine", "local", "--master", "local[2]"],
+                       "--master runs the analysis on Spark: it cannot go with --engine local")):
+        result = runner.invoke(app, ["trace", "analyze", str(tmp_path), *args])
+        assert result.exit_code == 1
+        assert " ".join(result.output.split()) == f"error: {why}"
 
 
 def test_without_the_spark_extra_analyze_names_it(tmp_path: pathlib.Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t.p.jsonl").write_text("{}\n")
     monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark fails
-    result = runner.invoke(app, ["trace", "analyze", str(tmp_path)])
+    result = runner.invoke(app, ["trace", "analyze", str(tmp_path), "--engine", "spark"])
     assert result.exit_code == 1
     assert "pip install 'rdvpump[spark]'" in result.output
     assert "Traceback" not in result.output

@@ -6,14 +6,14 @@ import pathlib
 
 import pytest
 
-from replay import job
+from replay import analysis, job
 
 
 @pytest.mark.parametrize(("duration", "width"), [
     (0.39, 0.002), (1.0, 0.005), (0.0, 1e-6), (30.0, 0.2), (200.0, 1.0), (3600.0, 20.0)])
 def test_bins_fit_the_run_and_divide_a_second(duration: float, width: float) -> None:
-    assert job._bin_width(duration) == width
-    assert duration / width <= job.PLOT_BINS
+    assert analysis._bin_width(duration) == width
+    assert duration / width <= analysis.PLOT_BINS
     if width < 1:
         assert abs(round(1 / width) * width - 1) < 1e-9  # whole bins make a second
 
@@ -145,8 +145,8 @@ def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same
 
     def folded(held_bytes: int) -> object:
         return fold.fold(blocks, start=0.0, width=0.5, per_second=False,
-                         fine_per_decade=job.FINE_PER_DECADE,
-                         buckets_per_decade=job.BUCKETS_PER_DECADE,
+                         fine_per_decade=analysis.FINE_PER_DECADE,
+                         buckets_per_decade=analysis.BUCKETS_PER_DECADE,
                          held_bytes=held_bytes).sort_by([("sid", "ascending")])
 
     in_memory, in_a_file = folded(fold.HELD_BYTES), folded(0)

@@ -1,4 +1,6 @@
-"""The replay job on real Spark (local mode): clean traces pass, edited ones are caught exactly."""
+"""The replay's analysis: clean traces pass, edited ones are caught exactly (in this
+process), and Spark (local mode, a real JVM) gives the same results on every kind of
+trace."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import trio
 from rdvpump.workloads import load_universe, run_in_process
 from replay import TraceError, analyze
 
-pytestmark = pytest.mark.spark
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -37,9 +38,10 @@ def clean_jsonl(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_a_clean_trace_has_no_violations(spark: Any, tmp_path: pathlib.Path, fmt: str) -> None:
+def test_a_clean_trace_has_no_violations(
+        tmp_path: pathlib.Path, fmt: str) -> None:
     trace = record_echo(tmp_path / "traces", fmt)
-    summary = analyze(spark, str(trace.parent), str(tmp_path / "out"))
+    summary = analyze(str(trace.parent), str(tmp_path / "out"))
     assert summary["violation_count"] == 0
     assert summary["messages_sent"] == summary["messages_delivered"] == 8000
     assert summary["messages_matched"] == 8000 and summary["undelivered_count"] == 0
@@ -89,17 +91,18 @@ def _where(rows: list[dict[str, Any]], kind: str, link: str, dir_: str) -> list[
             and r.get("dir") == dir_]
 
 
-def _analyze_rows(spark: Any, rows: list[dict[str, Any]], directory: pathlib.Path,
+def _analyze_rows(rows: list[dict[str, Any]], directory: pathlib.Path,
                   **kw: Any) -> dict[str, Any]:
     directory.mkdir()
     (directory / "edited.echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return analyze(spark, str(directory), **kw)
+    return analyze(str(directory), **kw)
 
 
 def _found(summary: dict[str, Any]) -> set[tuple[str, str, str, int]]:
     return {(v["violation"], v["link"], v["dir"], v["seq"]) for v in summary["violations"]}
 
 
+@pytest.mark.spark
 def test_the_shuffle_keys_land_each_in_its_own_partition(spark: Any) -> None:
     """The fold sends each stream's block to the reduce partition it was given: its key
     is one that Spark's hash partitioning sends there."""
@@ -116,6 +119,7 @@ def test_the_shuffle_keys_land_each_in_its_own_partition(spark: Any) -> None:
             (p, p) for p in range(partitions)]
 
 
+@pytest.mark.spark
 def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
         spark: Any, clean_jsonl: pathlib.Path) -> None:
     """`bench replay`'s floor (one shuffle, each message's latency) counts the messages
@@ -123,9 +127,11 @@ def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
     from rdvpump.bench.replay import latency_floor
 
     traces = str(clean_jsonl.parent)
-    assert latency_floor(spark, traces) == analyze(spark, traces)["messages_matched"] == 8000
+    assert latency_floor(spark, traces) == analyze(traces, spark=spark)[
+        "messages_matched"] == 8000
 
 
+@pytest.mark.spark
 def test_a_pinned_bench_run_gives_local_1_one_cpu() -> None:
     """`bench replay --pin` runs local[N] on N CPUs: the JVM of a local[1] run may run on
     one (unpinned, on them all); masters it cannot pin are one line and exit 1."""
@@ -146,7 +152,8 @@ def test_a_pinned_bench_run_gives_local_1_one_cpu() -> None:
         assert why in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
-def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
+def test_edited_trace_is_flagged_exactly(
+        clean_jsonl: pathlib.Path,
                                          tmp_path: pathlib.Path) -> None:
     rows = _rows(clean_jsonl)
     deliver = _where(rows, "deliver", "server/1", "ca")
@@ -161,7 +168,7 @@ def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
     edited = [*rows[:dup + 1], dict(rows[dup]), *rows[dup + 1:]]
     edited = [r for i, r in enumerate(edited) if i != (send[50] if send[50] <= dup
                                                         else send[50] + 1)]
-    summary = _analyze_rows(spark, edited, tmp_path / "edited")
+    summary = _analyze_rows(edited, tmp_path / "edited")
     assert _found(summary) == {
         ("out of order", "server/1", "ca", swapped - 1),
         ("delivered but never sent", "server/2", "ac", dropped),
@@ -173,13 +180,13 @@ def test_edited_trace_is_flagged_exactly(spark: Any, clean_jsonl: pathlib.Path,
 
 
 def test_a_send_recorded_twice_and_a_resized_delivery_are_flagged(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     rows = _rows(clean_jsonl)
     send = _where(rows, "send", "server/1", "ca")[10]
     deliver = _where(rows, "deliver", "server/2", "ac")[20]
     rows[deliver]["size"] += 1
     edited = [*rows[:send + 1], dict(rows[send]), *rows[send + 1:]]
-    summary = _analyze_rows(spark, edited, tmp_path / "edited", out=str(tmp_path / "out"))
+    summary = _analyze_rows(edited, tmp_path / "edited", out=str(tmp_path / "out"))
     assert _found(summary) == {
         ("duplicate send", "server/1", "ca", rows[send]["seq"]),
         ("size mismatch", "server/2", "ac", rows[deliver]["seq"]),
@@ -197,12 +204,12 @@ def test_a_send_recorded_twice_and_a_resized_delivery_are_flagged(
 
 
 def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
-        spark: Any, tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path) -> None:
     """Each link's p50/p90/p99, and the run's, are the latency of rank ceil(q n) when no
     two latencies share a bucket (here each is 1 % above the one below)."""
     import math
 
-    from replay.job import QUANTILES, SCHEMA_VERSION
+    from replay.analysis import QUANTILES, SCHEMA_VERSION
 
     rng = random.Random(3)
     streams = {"ca": [1e-5 * 1.01 ** i for i in range(1000)],
@@ -217,7 +224,7 @@ def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
             rows.append({**base, "step": 10**6 + seq, "time": seq + latency,
                          "kind": "deliver"})
     rows.sort(key=lambda r: r["step"])
-    summary = _analyze_rows(spark, rows, tmp_path / "spread", out=str(tmp_path / "out"))
+    summary = _analyze_rows(rows, tmp_path / "spread", out=str(tmp_path / "out"))
     assert summary["violation_count"] == 0 and summary["messages_matched"] == 1401
 
     def exact(latencies: list[float]) -> list[float]:
@@ -233,10 +240,10 @@ def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
 
 
 def test_a_stream_without_a_link_and_one_without_a_direction_are_told_apart(
-        spark: Any, tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path) -> None:
     """Streams are told apart by (run, link, dir) with their nulls: here (r, None, ca)
     and (r, ca, None), which a hash that skips nulls (as Spark's does) would confuse."""
-    from replay.job import SCHEMA_VERSION
+    from replay.analysis import SCHEMA_VERSION
 
     def row(step: int, kind: str, link: str | None, dir_: str | None) -> dict[str, Any]:
         return {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "step": step,
@@ -245,14 +252,14 @@ def test_a_stream_without_a_link_and_one_without_a_direction_are_told_apart(
 
     rows = [row(1, "send", None, "ca"), row(2, "deliver", None, "ca"),
             row(3, "send", "ca", None)]
-    summary = _analyze_rows(spark, rows, tmp_path / "clash")
+    summary = _analyze_rows(rows, tmp_path / "clash")
     # one stream delivered its message, the other did not: neither was sent twice
     assert summary["violation_count"] == 0
     assert summary["messages_matched"] == 1 and summary["undelivered_count"] == 1
 
 
 def test_swaps_on_two_links_are_two_violations_and_a_reorder_across_links_none(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     rows = _rows(clean_jsonl)
     one, two = _where(rows, "deliver", "server/1", "ca"), _where(rows, "deliver", "server/2",
                                                                "ca")
@@ -260,7 +267,7 @@ def test_swaps_on_two_links_are_two_violations_and_a_reorder_across_links_none(
     for a, b in ((one[500], one[501]), (two[700], two[701])):
         rows[a]["seq"], rows[b]["seq"] = rows[b]["seq"], rows[a]["seq"]
         swapped.append((rows[a]["link"], rows[b]["seq"]))
-    summary = _analyze_rows(spark, rows, tmp_path / "swapped")
+    summary = _analyze_rows(rows, tmp_path / "swapped")
     assert summary["violation_count"] == 2
     assert _found(summary) == {("out of order", link, "ca", seq) for link, seq in swapped}
 
@@ -272,12 +279,12 @@ def test_swaps_on_two_links_are_two_violations_and_a_reorder_across_links_none(
     for i in two:
         rows[i]["step"] += 10**6
     rows = [rows[i] for i in sorted(two)] + [r for i, r in enumerate(rows) if i not in two]
-    summary = _analyze_rows(spark, rows, tmp_path / "across")
+    summary = _analyze_rows(rows, tmp_path / "across")
     assert summary["violation_count"] == 0 and summary["messages_matched"] == 8000
 
 
 def test_results_do_not_depend_on_the_order_of_rows(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Rows shuffled in the file (each pump step's own rows kept in their order) give the
     same summary and the same tables."""
     rows = _rows(clean_jsonl)
@@ -287,30 +294,36 @@ def test_results_do_not_depend_on_the_order_of_rows(
     order = list(steps)
     random.Random(7).shuffle(order)
     shuffled = [r for step in order for r in steps[step]]
-    first = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "a"))
-    second = _analyze_rows(spark, shuffled, tmp_path / "shuffled", out=str(tmp_path / "b"))
+    first = analyze(str(clean_jsonl.parent), str(tmp_path / "a"))
+    second = _analyze_rows(shuffled, tmp_path / "shuffled", out=str(tmp_path / "b"))
     assert_same_results(first, second, tmp_path / "a", tmp_path / "b")
 
 
 def assert_same_results(first: dict[str, Any], second: dict[str, Any], a: pathlib.Path,
-                        b: pathlib.Path) -> None:
-    """Two analyses gave the same summary (but where and how) and the same tables."""
-    same = ("traces", "out", "spark_jobs")
+                        b: pathlib.Path, *, plots: bool = False) -> None:
+    """Two analyses gave the same summary (but where and how) and the same tables (and,
+    if asked, the same plots, byte for byte)."""
+    same = ("traces", "out", "engine", "spark_jobs")
     assert {k: v for k, v in first.items() if k not in same} == \
         {k: v for k, v in second.items() if k not in same}
-    for table in ("links", "latency", "throughput", "sizes", "latency_histogram"):
-        assert pq.read_table(a / table).equals(pq.read_table(b / table)), table
+    for table in ("links", "latency", "throughput", "sizes", "latency_histogram",
+                  "violations", "undelivered", "refusals"):
+        assert pq.read_table(a / table).to_pylist() == pq.read_table(b / table).to_pylist(), \
+            table
+    if plots:
+        for plot in ("throughput.png", "latency.png", "links.png"):
+            assert (a / plot).read_bytes() == (b / plot).read_bytes(), plot
 
 
 @pytest.mark.parametrize("piece_rows", [3, 5, 7])  # pieces of 1, 2 and 3 seqs
 def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
-        spark: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
         piece_rows: int) -> None:
     """Deliveries swapped at seqs 4/5, 7/8 and 10/11 of a 40-message stream: three
     violations, named as when the stream is folded whole, whether each pair sits in one
     piece or straddles two (with pieces of one seq, every pair straddles)."""
-    from replay import job
-    from replay.job import SCHEMA_VERSION
+    from replay import analysis
+    from replay.analysis import SCHEMA_VERSION
 
     rows = []
     for seq in range(40):
@@ -322,9 +335,9 @@ def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
     for low in (4, 7, 10):
         a, b = delivered[low], delivered[low + 1]
         a["seq"], b["seq"] = b["seq"], a["seq"]
-    whole = _analyze_rows(spark, rows, tmp_path / "whole")
-    monkeypatch.setattr(job, "PIECE_ROWS", piece_rows)
-    cut = _analyze_rows(spark, rows, tmp_path / "cut")
+    whole = _analyze_rows(rows, tmp_path / "whole")
+    monkeypatch.setattr(analysis, "PIECE_ROWS", piece_rows)
+    cut = _analyze_rows(rows, tmp_path / "cut")
     expected = {("out of order", "b/1", "ca", low) for low in (4, 7, 10)}
     assert _found(whole) == _found(cut) == expected
     assert whole["violation_count"] == cut["violation_count"] == 3
@@ -333,28 +346,28 @@ def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
 
 
 def test_long_streams_folded_in_pieces_and_held_in_files_give_the_same_results(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A stream longer than PIECE_ROWS is folded a range of seqs at a time, FIFO checked
     across the ranges by the driver, and blocks past HELD_BYTES wait in a file: the
     summary and the tables are the same."""
-    from replay import job
+    from replay import analysis
 
-    whole = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "whole"))
-    monkeypatch.setattr(job, "PIECE_ROWS", 333)
-    monkeypatch.setattr(job, "HELD_BYTES", 0)
-    cut = analyze(spark, str(clean_jsonl.parent), str(tmp_path / "cut"))
+    whole = analyze(str(clean_jsonl.parent), str(tmp_path / "whole"))
+    monkeypatch.setattr(analysis, "PIECE_ROWS", 333)
+    monkeypatch.setattr(analysis, "HELD_BYTES", 0)
+    cut = analyze(str(clean_jsonl.parent), str(tmp_path / "cut"))
     assert_same_results(whole, cut, tmp_path / "whole", tmp_path / "cut")
 
 
 def test_a_corrupt_line_is_reported_and_the_rest_analysed(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     lines = clean_jsonl.read_text().splitlines(keepends=True)
     lines.insert(41, '{"v":3,"run":"echo-1","pump":"echo","step":\n')
     traces = tmp_path / "corrupt"
     traces.mkdir()
     (traces / "t.echo.jsonl").write_text("".join(lines))
-    summary = analyze(spark, str(traces))
+    summary = analyze(str(traces))
     assert summary["corrupt_line_count"] == 1
     (bad,) = summary["corrupt_lines"]
     assert bad["file"].endswith("t.echo.jsonl") and bad["line"] == 42
@@ -362,16 +375,16 @@ def test_a_corrupt_line_is_reported_and_the_rest_analysed(
 
 
 def test_clear_errors_for_missing_empty_and_other_versions(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
     with pytest.raises(TraceError, match="no such trace directory"):
-        analyze(spark, str(tmp_path / "nowhere"))
+        analyze(str(tmp_path / "nowhere"))
     (tmp_path / "none").mkdir()
     with pytest.raises(TraceError, match=r"no trace files \(\*.jsonl, \*.parquet\)"):
-        analyze(spark, str(tmp_path / "none"))
+        analyze(str(tmp_path / "none"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "e.p.jsonl").write_text("")
     with pytest.raises(TraceError, match="hold no events"):
-        analyze(spark, str(tmp_path / "empty"))
+        analyze(str(tmp_path / "empty"))
     old = tmp_path / "old"
     old.mkdir()
     shutil.copy(clean_jsonl, old / "new.echo.jsonl")
@@ -379,12 +392,12 @@ def test_clear_errors_for_missing_empty_and_other_versions(
         '{"v":2,"step":0,"time":0.0,"kind":"clock","reason":"12.5"}\n')
     with pytest.raises(TraceError, match=r"version 3 expected: .*old\.echo\.jsonl has version 2"
                                          r".*record the run again"):
-        analyze(spark, str(old))
+        analyze(str(old))
 
 
 @pytest.mark.slow
 def test_a_multi_process_universe_is_joined_across_its_traces(
-        spark: Any, tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path) -> None:
     traces = tmp_path / "traces"
     proc = subprocess.run([sys.executable, "-m", "rdvpump",
                            "universe", "up", str(ROOT / "examples/echo.toml"),
@@ -395,7 +408,7 @@ def test_a_multi_process_universe_is_joined_across_its_traces(
     files = sorted(p.name for p in traces.iterdir())
     assert files == ["mp.client1.jsonl", "mp.client2.jsonl", "mp.manager.jsonl",
                      "mp.server.jsonl"]
-    summary = analyze(spark, str(traces))
+    summary = analyze(str(traces))
     assert summary["violation_count"] == 0
     assert summary["pumps"] == ["client1", "client2", "manager", "server"]
     # every echo crossed processes twice: client -> server, and back
@@ -409,23 +422,22 @@ def test_a_multi_process_universe_is_joined_across_its_traces(
     assert summary["name_service"]["links"] == 3
 
 
-def test_long_listings_are_written_by_spark_and_cut_in_the_summary(
-        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Beyond COLLECT_LIMIT rows, violations and undelivered messages are not collected:
-    Spark writes them, and summary.json lists the first SUMMARY_LIMIT."""
-    from replay import job
+def test_long_listings_are_written_whole_and_cut_in_the_summary(
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Every violation and undelivered message is in the tables; summary.json lists the
+    first SUMMARY_LIMIT (on Spark, past COLLECT_LIMIT rows Spark writes the tables:
+    test_the_engines_give_the_same_summary_tables_and_plots)."""
+    from replay import analysis
 
-    monkeypatch.setattr(job, "COLLECT_LIMIT", 100)
     rows = _rows(clean_jsonl)
     deliveries = _where(rows, "deliver", "server/1", "ca")[:150]
     for i in deliveries[:120]:
         rows[i]["size"] += 1  # 120 size mismatches
     dropped = set(deliveries[120:])  # and 30 messages never delivered
     kept = [r for i, r in enumerate(rows) if i not in dropped]
-    summary = _analyze_rows(spark, kept, tmp_path / "long", out=str(tmp_path / "out"))
+    summary = _analyze_rows(kept, tmp_path / "long", out=str(tmp_path / "out"))
     assert summary["violation_count"] == 120 and summary["undelivered_count"] == 30
-    assert len(summary["violations"]) == job.SUMMARY_LIMIT
+    assert len(summary["violations"]) == analysis.SUMMARY_LIMIT
     assert [v["seq"] for v in summary["violations"]] == sorted(
         v["seq"] for v in summary["violations"])
     assert len(pq.read_table(tmp_path / "out" / "violations")) == 120
@@ -435,7 +447,7 @@ def test_long_listings_are_written_by_spark_and_cut_in_the_summary(
 
 
 def test_a_long_run_is_binned_wider_and_still_counted_per_second(
-        spark: Any, tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path) -> None:
     """A run of 300 virtual seconds: plot bins of 2 s, and the throughput table still has
     one row per second that saw a delivery."""
     from brokermgr import BrokerManager
@@ -469,8 +481,90 @@ def test_a_long_run_is_binned_wider_and_still_counted_per_second(
     universe.add_broker("a").connect("b", 1, Source())
     pump.run_until_idle()
     pump.close_trace()
-    summary = analyze(spark, str(traces), str(tmp_path / "out"))
+    summary = analyze(str(traces), str(tmp_path / "out"))
     assert summary["messages_matched"] == 3 and summary["bin_width_s"] == 2.0
     rows = pq.read_table(tmp_path / "out" / "throughput").to_pylist()
     assert [(r["broker"], r["second"], r["messages"], r["bytes"]) for r in rows] == [
         ("b", 0, 1, 10), ("b", 150, 1, 10), ("b", 300, 1, 10)]
+
+
+def _odd_lines(rows: list[dict[str, Any]]) -> str:
+    """Lines of every kind a JSON Lines trace can hold that is not a clean row: not
+    JSON, not an object, values of the wrong type, blank lines; and one row whose
+    strings are given as other JSON values."""
+    send = dict(next(r for r in rows if r["kind"] == "send"))
+    odd = ['{"v":3,"run":"echo-1","pump":"echo","step":', "[1, 2]", "5", '"text"', "",
+           "   ", "null", "{}", '{"v": 3}', '{"kind": "send"}', '{"v": "3", "kind": "send"}']
+    for field, value in (("seq", "12"), ("seq", 1.5), ("seq", 2**70), ("size", True),
+                         ("v", 2**40), ("time", "fast"), ("port", [1]), ("step", {"a": 1})):
+        odd.append(json.dumps({**send, field: value}))
+    odd.append(json.dumps({**send, "seq": 10**6, "reason": 7, "outcome": [1, "a"],
+                           "broker": {"x": None}, "peer": False, "extra": 1}))
+    return "\n".join(odd) + "\n"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_engines_give_the_same_summary_tables_and_plots(
+        spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process and Spark, on traces of every kind: clean (JSON Lines and Parquet),
+    a simulation with faults, two runs in one directory, every violation and
+    undelivered messages, corrupt and odd lines, long streams in pieces held in files,
+    and listings past the collect limit (written by Spark there, by the driver here)."""
+    from replay import analysis
+
+    traces: dict[str, pathlib.Path] = {"clean": clean_jsonl.parent}
+    traces["parquet"] = record_echo(tmp_path / "parquet", "parquet").parent
+    faults = tmp_path / "faults"
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "universe", "run",
+                           str(ROOT / "examples/faults.toml"), "--trace", str(faults)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    traces["faults"] = faults
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for source in (clean_jsonl, *faults.iterdir()):
+        shutil.copy(source, runs / source.name)
+    traces["two runs"] = runs
+    rows = _rows(clean_jsonl)
+    deliver = _where(rows, "deliver", "server/1", "ca")
+    send = _where(rows, "send", "server/2", "ac")
+    a, b = deliver[100], deliver[101]
+    rows[a]["seq"], rows[b]["seq"] = rows[b]["seq"], rows[a]["seq"]
+    for i in deliver[200:330]:
+        rows[i]["size"] += 1
+    rows[send[5]]["seq"] = 10**5
+    dropped = set(deliver[400:440])
+    edited = [r for i, r in enumerate(rows) if i not in dropped]
+    edited += [dict(rows[deliver[600]]), dict(rows[send[7]])]
+    violations = tmp_path / "violations"
+    violations.mkdir()
+    (violations / "e.echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))
+    traces["violations"] = violations
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    lines = clean_jsonl.read_text().splitlines(keepends=True)
+    (odd / "o.echo.jsonl").write_text("".join(lines[:50]) + _odd_lines(rows)
+                                      + "".join(lines[50:]))
+    traces["odd"] = odd
+
+    def both(name: str, where: pathlib.Path) -> dict[str, Any]:
+        here = analyze(str(where), str(tmp_path / "out" / name / "local"))
+        there = analyze(str(where), str(tmp_path / "out" / name / "spark"), spark=spark)
+        assert (here["engine"], there["engine"]) == ("local", "spark")
+        assert there["spark_jobs"] > 0 == here["spark_jobs"]
+        assert_same_results(here, there, tmp_path / "out" / name / "local",
+                            tmp_path / "out" / name / "spark", plots=True)
+        return here
+
+    for name, where in traces.items():
+        both(name, where)
+    monkeypatch.setattr(analysis, "PIECE_ROWS", 333)
+    monkeypatch.setattr(analysis, "HELD_BYTES", 0)
+    monkeypatch.setattr(analysis, "COLLECT_LIMIT", 100)
+    summary = both("pieces and long listings", violations)
+    assert summary["violation_count"] > 100 and summary["undelivered_count"] < 100
+    written = tmp_path / "out" / "pieces and long listings" / "spark"
+    assert (written / "violations" / "_SUCCESS").exists()  # Spark wrote it, not the driver
+    assert not (written / "undelivered" / "_SUCCESS").exists()
