@@ -18,17 +18,13 @@ settings.load_profile("ci")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A Spark test is a slow one (it starts a JVM, or works one): the quick loop leaves
-    it out.  Under pytest-xdist (``-n``, with ``--dist loadgroup``), every test that uses
-    the session-scoped ``spark`` fixture runs in the same worker, so that one JVM serves them
-    all; Spark tests that start their own JVM (a cluster, ``spark-submit``) go wherever
-    a worker is free.  Slow tests are handed out first, the README's blocks (the longest
-    of all) before the others: longest jobs first keeps the last worker from finishing
-    long after the others."""
+    it out.  Slow tests are handed out first, the README's blocks (the longest of all)
+    before the others: longest jobs first keeps the last worker from finishing long
+    after the others.  (Each pytest-xdist worker that runs a test on the
+    ``spark`` fixture starts a JVM: one test uses it.)"""
     for item in items:
         if item.get_closest_marker("spark") is not None:
             item.add_marker(pytest.mark.slow)
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  item.path.name != "test_readme.py"))
 

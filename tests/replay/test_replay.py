@@ -103,35 +103,6 @@ def _found(summary: dict[str, Any]) -> set[tuple[str, str, str, int]]:
 
 
 @pytest.mark.spark
-def test_the_shuffle_keys_land_each_in_its_own_partition(spark: Any) -> None:
-    """The fold sends each stream's block to the reduce partition it was given: its key
-    is one that Spark's hash partitioning sends there."""
-    from pyspark.sql import functions as F
-
-    from replay.fold import partition_keys
-
-    for partitions in (1, 2, 3, 4, 7, 200):
-        keys = partition_keys(partitions)
-        frame = spark.createDataFrame([(k,) for k in keys], "key int")
-        landed = frame.repartition(partitions, "key").select(
-            "key", F.spark_partition_id().alias("p")).collect()
-        assert sorted((keys.index(r["key"]), r["p"]) for r in landed) == [
-            (p, p) for p in range(partitions)]
-
-
-@pytest.mark.spark
-def test_the_benchmarks_floor_pairs_every_message_the_job_matches(
-        spark: Any, clean_jsonl: pathlib.Path) -> None:
-    """`bench replay`'s floor (one shuffle, each message's latency) counts the messages
-    the job matched, so its time is a like-for-like lower bound."""
-    from rdvpump.bench.replay import latency_floor
-
-    traces = str(clean_jsonl.parent)
-    assert latency_floor(spark, traces) == analyze(traces, spark=spark)[
-        "messages_matched"] == 8000
-
-
-@pytest.mark.spark
 def test_a_pinned_bench_run_gives_local_1_one_cpu() -> None:
     """`bench replay --pin` runs local[N] on N CPUs: the JVM of a local[1] run may run on
     one (unpinned, on them all); masters it cannot pin are one line and exit 1."""
@@ -504,15 +475,34 @@ def _odd_lines(rows: list[dict[str, Any]]) -> str:
 
 
 @pytest.mark.spark
-@pytest.mark.slow
 def test_the_engines_give_the_same_summary_tables_and_plots(
         spark: Any, clean_jsonl: pathlib.Path, tmp_path: pathlib.Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """This process and Spark, on traces of every kind: clean (JSON Lines and Parquet),
     a simulation with faults, two runs in one directory, every violation and
     undelivered messages, corrupt and odd lines, long streams in pieces held in files,
-    and listings past the collect limit (written by Spark there, by the driver here)."""
+    and listings past the collect limit (written by Spark there, by the driver here).
+
+    The only test on the session's Spark (each pytest-xdist worker that ran one would
+    start a JVM of its own), so it also checks the Spark engine's shuffle keys and
+    `bench replay`'s floor."""
+    from pyspark.sql import functions as F
+
+    from rdvpump.bench.replay import latency_floor
     from replay import analysis
+    from replay.fold import partition_keys
+
+    # each shuffle key is one that Spark's hash partitioning sends to its partition
+    for partitions in (1, 2, 3, 4, 7, 200):
+        keys = partition_keys(partitions)
+        frame = spark.createDataFrame([(k,) for k in keys], "key int")
+        landed = frame.repartition(partitions, "key").select(
+            "key", F.spark_partition_id().alias("p")).collect()
+        assert sorted((keys.index(r["key"]), r["p"]) for r in landed) == [
+            (p, p) for p in range(partitions)]
+    # `bench replay`'s floor (one shuffle, each message's latency) pairs the messages the
+    # analysis matches, so its time is a like-for-like lower bound
+    assert latency_floor(spark, str(clean_jsonl.parent)) == 8000
 
     traces: dict[str, pathlib.Path] = {"clean": clean_jsonl.parent}
     traces["parquet"] = record_echo(tmp_path / "parquet", "parquet").parent
@@ -559,7 +549,9 @@ def test_the_engines_give_the_same_summary_tables_and_plots(
         return here
 
     for name, where in traces.items():
-        both(name, where)
+        summary = both(name, where)
+        if name == "clean":
+            assert summary["messages_matched"] == 8000
     monkeypatch.setattr(analysis, "PIECE_ROWS", 333)
     monkeypatch.setattr(analysis, "HELD_BYTES", 0)
     monkeypatch.setattr(analysis, "COLLECT_LIMIT", 100)
