@@ -1,36 +1,89 @@
 """The ``rdvpump`` command: one typer app, one module per command group.
 
 Library errors are turned into one red line and exit 1 in :mod:`._common`; the
-library itself never prints.
+library itself never prints.  A command imports its own module only (``rdvpump broker
+run`` never imports the benchmarks or Spark's helpers): each process a universe starts
+pays for what it runs, and ``rdvpump --help`` imports them all.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
+from collections.abc import Callable, Iterator, MutableMapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-from . import bench, broker, demo, diagram, manager, mq, routes, status, trace, universe
-from ._common import out
 from ._help import tidy_help
 
 tidy_help()
 
-app = typer.Typer(help="rdvpump: an event-pump actor framework for broker-to-broker links.",
+#: The top-level commands, in the order of the help: (name, module, a function of the
+#: module for a command or None for the module's ``app``, a group).
+COMMANDS = (("demo", "demo", "demo"), ("routes", "routes", "routes"),
+            ("status", "status", "status"), ("bench", "bench", None),
+            ("diagram", "diagram", None), ("trace", "trace", None),
+            ("manager", "manager", None), ("broker", "broker", None), ("mq", "mq", None),
+            ("universe", "universe", None))
+
+
+def _load(name: str, module: str, function: str | None) -> Any:
+    """The click command of a module's ``app`` (a group), or of one of its functions."""
+    loaded = importlib.import_module(f"{__name__}.{module}")
+    if function is None:
+        command: Any = typer.main.get_group(loaded.app)
+    else:
+        one = typer.Typer(add_completion=False)
+        one.command(name)(getattr(loaded, function))
+        command = typer.main.get_command(one)
+    command.name = name
+    return command
+
+
+class _Commands(MutableMapping[str, Any]):
+    """A group's click commands by name, each loaded when first looked up."""
+
+    def __init__(self, loaders: dict[str, Callable[[], Any]]) -> None:
+        self.loaders = loaders
+        self.loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.loaded:
+            self.loaded[name] = self.loaders[name]()
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self.loaders[name] = lambda: command
+        self.loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self.loaders[name]
+        self.loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.loaders)
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+
+class _Lazy(TyperGroup):
+    """The top-level group, its commands loaded as they are used."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _Commands({name: functools.partial(_load, name, module, function)
+                                   for name, module, function in COMMANDS})
+
+
+app = typer.Typer(cls=_Lazy,
+                  help="rdvpump: an event-pump actor framework for broker-to-broker links.",
                   no_args_is_help=True, add_completion=False,
                   context_settings={"help_option_names": ["-h", "--help"]})
-app.command()(demo.demo)
-app.command()(routes.routes)
-app.command()(status.status)
-app.add_typer(bench.app, name="bench")
-app.add_typer(diagram.app, name="diagram")
-app.add_typer(trace.app, name="trace")
-app.add_typer(manager.app, name="manager")
-app.add_typer(broker.app, name="broker")
-app.add_typer(mq.app, name="mq")
-app.add_typer(universe.app, name="universe")
 
 
 def _version() -> str:
@@ -42,7 +95,7 @@ def _version() -> str:
 
 def _show_version(value: bool) -> None:
     if value:
-        out.print(f"rdvpump {_version()}")
+        print(f"rdvpump {_version()}")
         raise typer.Exit()
 
 
