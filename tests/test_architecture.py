@@ -39,12 +39,15 @@ def test_an_import_up_the_layers_breaks_the_contract(tmp_path: pathlib.Path) -> 
     (tmp_path / "replay" / "_upward.py").write_text("from rdv import Address\n")
     codec = tmp_path / "channels" / "_codec.py"
     codec.write_text(codec.read_text() + "\nimport trio  # a sans-I/O core doing I/O\n")
+    local = tmp_path / "replay" / "local.py"
+    local.write_text(local.read_text() + "\nimport pyspark  # the local engine needing Spark\n")
     result = _lint(tmp_path)
     assert result.returncode == 1, result.stdout
     assert "channels._upward -> brokermgr" in result.stdout
     assert "replay._upward -> rdv" in result.stdout
     assert "channels._codec -> trio" in result.stdout
-    assert "3 broken" in result.stdout
+    assert "replay.local -> pyspark" in result.stdout
+    assert "4 broken" in result.stdout
 
 
 def test_installed_import_names_are_the_design_cards() -> None:
