@@ -24,7 +24,7 @@ from channels import (
     MessageQueue,
     QueueFullError,
 )
-from pump import Future, Pump, TraceRecorder, open_trace
+from pump import ConfigError, Future, Pump, TraceRecorder, open_trace
 from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
@@ -232,7 +232,7 @@ class BrokerManager:
                  busy_poll: float = 0.0,
                  adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError("a universe needs a non-empty name")
+            raise ConfigError("a universe needs a non-empty name")
         self.name = name
         self.pump = pump if pump is not None else Pump()
         self.channels = ChannelManager(self.pump, capacity=ring_capacity)
@@ -243,7 +243,7 @@ class BrokerManager:
             self.queue_options["low_water"] = low_water
         # Fail on bad limits now, not at the first link.
         if not max_message_size >= 0 or high_water > max_message_size:
-            raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
+            raise ConfigError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._brokers: dict[str, Broker] = {}
         #: Other names links may use for a broker of this universe (e.g. ``@tracker``;
@@ -256,11 +256,11 @@ class BrokerManager:
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
                            resolve_local=self.resolve_local, resolver=self.resolver)
         if not busy_poll >= 0:
-            raise ValueError(f"busy_poll must be a non-negative number of seconds, "
+            raise ConfigError(f"busy_poll must be a non-negative number of seconds, "
                              f"got {busy_poll!r}")
         self.net.busy_poll = busy_poll
         if not adaptive_poll >= 0:
-            raise ValueError(f"adaptive_poll must be a non-negative number of seconds, "
+            raise ConfigError(f"adaptive_poll must be a non-negative number of seconds, "
                              f"got {adaptive_poll!r}")
         self.net.adaptive_poll = adaptive_poll
 
@@ -279,9 +279,9 @@ class BrokerManager:
     def add_broker(self, broker_id: str) -> Broker:
         """Create a broker with a unique id in this universe."""
         if not isinstance(broker_id, str) or not broker_id:
-            raise ValueError(f"a broker id must be a non-empty str, got {broker_id!r}")
+            raise ConfigError(f"a broker id must be a non-empty str, got {broker_id!r}")
         if broker_id in self._brokers:
-            raise ValueError(f"universe {self.name!r} already has a broker {broker_id!r}")
+            raise ConfigError(f"universe {self.name!r} already has a broker {broker_id!r}")
         broker = Broker(self, broker_id)
         self._brokers[broker_id] = broker
         return broker

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from channels import Gather, MessageQueue, MessageTooLargeError, ProtocolError, QueueListener
-from pump import Future, Pump, Timer
+from pump import ConfigError, Future, Pump, Timer
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
@@ -48,7 +48,7 @@ class ReconnectingLink(QueueListener):
     def __init__(self, pump: Pump, dial: Callable[[ReconnectingLink], None], *, name: str,
                  retry: float = DEFAULT_RETRY, after_loss: float | None = None) -> None:
         if not retry > 0:
-            raise ValueError(f"retry must be positive, got {retry!r}")
+            raise ConfigError(f"retry must be positive, got {retry!r}")
         self.pump = pump
         self.name = name
         self.retry = retry

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from pump import ConfigError
+
 #: Seconds between two expiry scans of a liveness table (name service and trackers alike).
 DEFAULT_SCAN_INTERVAL = 10.0
 
@@ -44,7 +46,7 @@ class LivenessTable(Generic[V]):
 
     def __init__(self, *, expiry: float) -> None:
         if not expiry > 0:
-            raise ValueError(f"expiry must be positive, got {expiry!r}")
+            raise ConfigError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
         self._entries: dict[str, Entry[V]] = {}
 

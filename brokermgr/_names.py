@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels import MessageQueue
-from pump import Repeating
+from pump import ConfigError, Repeating
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
@@ -129,7 +129,7 @@ class NameService:
     def __init__(self, manager: BrokerManager, *, expiry: float = DEFAULT_BROKER_EXPIRY,
                  scan_interval: float = DEFAULT_SCAN_INTERVAL) -> None:
         if not scan_interval > 0:
-            raise ValueError(f"scan interval must be positive, got {scan_interval!r}")
+            raise ConfigError(f"scan interval must be positive, got {scan_interval!r}")
         self.manager = manager
         self.pump = manager.pump
         self.table: LivenessTable[BrokerRecord] = LivenessTable(expiry=expiry)
@@ -246,9 +246,9 @@ class NameClient:
                  topics: Callable[[str], tuple[str, ...]] | None = None,
                  on_refused: Callable[[str, str], None] | None = None) -> None:
         if not managers:
-            raise ValueError("a name client needs at least one manager address")
+            raise ConfigError("a name client needs at least one manager address")
         if not heartbeat > 0 or not retry > 0:
-            raise ValueError("heartbeat and retry intervals must be positive")
+            raise ConfigError("heartbeat and retry intervals must be positive")
         self.manager = manager
         self.pump = manager.pump
         self.heartbeat = heartbeat

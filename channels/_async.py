@@ -13,6 +13,8 @@ from types import TracebackType
 
 import trio
 
+from pump import ConfigError
+
 from ._cause import CloseCause
 from ._codec import Gather
 from ._errors import QueueFullError
@@ -40,7 +42,7 @@ class AsyncMessageQueue:
     def __init__(self, queue: MessageQueue, *,
                  receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> None:
         if receive_buffer < 1:
-            raise ValueError("receive_buffer must be at least 1")
+            raise ConfigError("receive_buffer must be at least 1")
         self._queue = queue
         self._limit = receive_buffer
         self._inbox: deque[bytes] = deque()
@@ -218,7 +220,7 @@ class AsyncMessageQueue:
         ``max_messages``, in order.  One checkpoint for the batch; ends like
         :meth:`receive`.  Cancelled, it has taken nothing."""
         if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
+            raise ConfigError("max_messages must be at least 1")
         await trio.lowlevel.checkpoint_if_cancelled()
         while not self._inbox and self._reason is None:
             await self._recv_lot.park()

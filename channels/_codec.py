@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pump import ConfigError
+
 from ._errors import ProtocolError
 from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, RingBuffer
 
@@ -45,7 +47,7 @@ class Gather:
         self.pieces = list(pieces)
         self.size = sum(map(len, self.pieces))
         if self.size < GATHER_MIN:
-            raise ValueError(f"a Gather holds at least {GATHER_MIN} bytes, not {self.size}: "
+            raise ConfigError(f"a Gather holds at least {GATHER_MIN} bytes, not {self.size}: "
                              f"join smaller messages (gather() does)")
 
     def __len__(self) -> int:
@@ -126,7 +128,7 @@ class FrameBudget:
 
     def __init__(self, limit: int = DEFAULT_FRAME_BUDGET) -> None:
         if limit < 0:
-            raise ValueError(f"frame budget must not be negative, got {limit}")
+            raise ConfigError(f"frame budget must not be negative, got {limit}")
         self.limit = limit
         self.held = 0
 
@@ -150,7 +152,7 @@ class FrameDecoder:
     def __init__(self, ring: RingBuffer, *, max_message_size: int,
                  budget: FrameBudget | None = None) -> None:
         if not 0 <= max_message_size <= MAX_MESSAGE_BODY:
-            raise ValueError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
+            raise ConfigError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
         self.ring = ring
         self.max_message_size = max_message_size
         self.budget = PROCESS_FRAME_BUDGET if budget is None else budget

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from pump import Timer
+from pump import ConfigError, Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
@@ -113,16 +113,16 @@ class MessageQueue:
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
                  stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> None:
         if not 0 <= max_message_size <= MAX_MESSAGE_BODY:
-            raise ValueError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
+            raise ConfigError(f"max_message_size must be within 0..{MAX_MESSAGE_BODY}")
         if low_water is None:
             low_water = high_water // 4
         if not 0 <= low_water <= high_water:
-            raise ValueError(f"need 0 <= low_water <= high_water, got {low_water}, {high_water}")
+            raise ConfigError(f"need 0 <= low_water <= high_water, got {low_water}, {high_water}")
         if not stall_timeout > 0:
-            raise ValueError(f"stall_timeout must be positive, got {stall_timeout!r}")
+            raise ConfigError(f"stall_timeout must be positive, got {stall_timeout!r}")
         if high_water > max_message_size:
             # keeps the send fast path to one comparison: room <= high_water <= max size
-            raise ValueError(f"high_water ({high_water}) must not exceed max_message_size "
+            raise ConfigError(f"high_water ({high_water}) must not exceed max_message_size "
                              f"({max_message_size})")
         self._channel = channel
         self.pump = channel.pump

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate, pairwise
 from typing import Any
 
+from pump import ConfigError
+
 from ._ringbuf import ffi, lib
 
 MIN_CAPACITY: int = lib.RB_MIN_CAPACITY
@@ -107,7 +109,7 @@ class RingBuffer:
             raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
         rb = lib.rb_new(capacity) if MIN_CAPACITY <= capacity <= MAX_CAPACITY else ffi.NULL
         if rb == ffi.NULL:
-            raise ValueError(
+            raise ConfigError(
                 f"ring capacity must be a power of two from {MIN_CAPACITY} to {MAX_CAPACITY},"
                 f" got {capacity}"
             )

@@ -48,6 +48,7 @@ from brokermgr import (
 )
 from brokermgr.tracking import ServerAddress
 from channels import SMALL_PIECE, QueueFullError
+from pump import ConfigError
 
 from ._topic import DEFAULT_WINDOW
 from ._wire import pack_column, unpack_column
@@ -271,7 +272,7 @@ class MqClient:
         """Consume ``topic`` in ``group`` (default: the topic's own group)."""
         key = (topic, group or topic)
         if key in self.subscriptions:
-            raise ValueError(f"already subscribed to {key[0]}/{key[1]}")
+            raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")
         subscription = Subscription(self, key[0], key[1], window)
         self.subscriptions[key] = subscription
         try:
@@ -338,7 +339,7 @@ class MqClient:
         message; acknowledge with :meth:`Message.ack_nowait`."""
         key = (topic, group or topic)
         if key in self.subscriptions:
-            raise ValueError(f"already subscribed to {key[0]}/{key[1]}")
+            raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")
         subscription = Subscription(self, key[0], key[1], window, on_message=on_message)
         self.subscriptions[key] = subscription
 

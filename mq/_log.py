@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from channels import SMALL_PIECE, coalesce
+from pump import ConfigError
 
 from ._record import (
     DEFAULT_MAX_BODY,
@@ -244,7 +245,7 @@ class TopicLog:
                  clock: Callable[[], float] = time.time,
                  tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
         if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
-            raise ValueError(f"segment_bytes must be at least "
+            raise ConfigError(f"segment_bytes must be at least "
                              f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes

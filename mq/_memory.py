@@ -7,6 +7,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from pump import ConfigError
+
 from ._record import Entry, Record
 
 #: Messages a memory-only topic keeps by default (the oldest go first).
@@ -23,7 +25,7 @@ class MemoryLog:
                  max_bytes: int = DEFAULT_RING_BYTES,
                  clock: Callable[[], float] = time.time) -> None:
         if max_count < 1 or max_bytes < 1:
-            raise ValueError("a ring keeps at least one message and one byte")
+            raise ConfigError("a ring keeps at least one message and one byte")
         self.max_count = max_count
         self.max_bytes = max_bytes
         self.clock = clock

@@ -13,6 +13,8 @@ import hashlib
 import re
 from urllib.parse import quote
 
+from pump import ConfigError
+
 #: Longest topic or group name, in UTF-8 bytes (RabbitMQ's queue-name limit).
 MAX_NAME_BYTES = 255
 #: Longest encoded name used as it is; longer ones keep a prefix and a hash.  The room
@@ -31,18 +33,18 @@ def check_name(value: object, what: str = "topic") -> str:
     and the rest of Unicode are data, never paths).
     """
     if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+        raise ConfigError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
-        raise ValueError(f"{what} must not be empty")
+        raise ConfigError(f"{what} must not be empty")
     try:
         size = len(value.encode())
     except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid Unicode (a lone surrogate)") from None
+        raise ConfigError(f"{what} is not valid Unicode (a lone surrogate)") from None
     if size > MAX_NAME_BYTES:
-        raise ValueError(f"{what} is {size} bytes in UTF-8; at most {MAX_NAME_BYTES}")
+        raise ConfigError(f"{what} is {size} bytes in UTF-8; at most {MAX_NAME_BYTES}")
     bad = _CONTROL.search(value)
     if bad is not None:
-        raise ValueError(f"{what} holds the control character U+{ord(bad.group()):04X} "
+        raise ConfigError(f"{what} holds the control character U+{ord(bad.group()):04X} "
                          f"at {bad.start()}")
     return value
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from zlib_ng.zlib_ng import crc32 as crc32  # re-exported: one CRC for every mq file
 
-from pump import RdvpumpError
+from pump import ConfigError, RdvpumpError
 
 FORMAT_VERSION = 1
 MAGIC = b"RDVPQSEG"
@@ -98,7 +98,7 @@ def names(tag: str | None, producer: str) -> tuple[bytes, int, int]:
     tag_bytes = tag.encode() if tag else b""
     producer_bytes = producer.encode()
     if len(tag_bytes) > 255 or len(producer_bytes) > 255:
-        raise ValueError("a tag and a producer id are at most 255 bytes each")
+        raise ConfigError("a tag and a producer id are at most 255 bytes each")
     return tag_bytes + producer_bytes, len(tag_bytes), len(producer_bytes)
 
 
@@ -118,7 +118,7 @@ def encode_batch(first: int, timestamp: int,
     offset = first
     for tag, producer, sequence, body in messages:
         if len(body) > max_body:
-            raise ValueError(f"a body of {len(body)} bytes exceeds the queue's maximum of "
+            raise ConfigError(f"a body of {len(body)} bytes exceeds the queue's maximum of "
                              f"{max_body}")
         if tag is not tag_was or producer is not producer_was:
             packed, tag_len, producer_len = names(tag, producer)  # once per run of them

@@ -89,7 +89,7 @@ from brokermgr.tracking.info import (
     MASK_RPC,
 )
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
-from pump import Repeating
+from pump import ConfigError, Repeating
 
 from ._cursor import CursorStore
 from ._filter import FilterError
@@ -161,7 +161,7 @@ class Durability:
             value = -1.0
         if kind == "interval" and sep and value > 0:
             return cls("interval", value)
-        raise ValueError(f"durability {text!r}: expected sync, interval:SECONDS or none")
+        raise ConfigError(f"durability {text!r}: expected sync, interval:SECONDS or none")
 
     def __str__(self) -> str:
         return f"interval:{self.interval:g}" if self.kind == "interval" else self.kind
@@ -216,7 +216,7 @@ class MqServer:
                  fsync_thread: bool = True, retain_bytes: int | None = None,
                  retain_age: float | None = None) -> None:
         if node.server is None:
-            raise ValueError(f"{node.address} has no server role: an MQ server needs one")
+            raise ConfigError(f"{node.address} has no server role: an MQ server needs one")
         self.node = node
         self.pump = node.pump
         self.address = node.address.address

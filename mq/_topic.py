@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pump import RdvpumpError
+from pump import ConfigError, RdvpumpError
 
 from ._filter import TagFilter
 from ._record import Entry, Record
@@ -81,7 +81,7 @@ class Start:
             return cls(kind, int(value))
         if sep and kind == "copy" and value:
             return cls(kind, value)
-        raise ValueError(f"start {text!r}: expected end, beginning, offset:N, time:MS or "
+        raise ConfigError(f"start {text!r}: expected end, beginning, offset:N, time:MS or "
                          f"copy:GROUP")
 
     def __str__(self) -> str:
@@ -117,7 +117,7 @@ class Member:
     def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
                  window: int = DEFAULT_WINDOW) -> None:
         if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
+            raise ConfigError(f"window must be at least 1, got {window}")
         self.name = name
         self.group = group
         self.window = window
@@ -183,7 +183,7 @@ class Topic:
                  max_deliveries: int = DEFAULT_MAX_DELIVERIES,
                  dead: Callable[[str, str, Record, int], object] | None = None) -> None:
         if not ack_timeout > 0 or max_deliveries < 1:
-            raise ValueError("ack_timeout must be positive and max_deliveries at least 1")
+            raise ConfigError("ack_timeout must be positive and max_deliveries at least 1")
         self.name = name
         self.log = log
         self.clock = clock

@@ -6,8 +6,10 @@ from ._core import Owner as Owner
 from ._core import PumpCore as PumpCore
 from ._core import Repeating as Repeating
 from ._core import Timer as Timer
+from ._errors import ConfigError as ConfigError
 from ._errors import NeverIdleError as NeverIdleError
 from ._errors import RdvpumpError as RdvpumpError
+from ._errors import TraceWriteError as TraceWriteError
 from ._future import Future as Future
 from ._log import LOG_WINDOW as LOG_WINDOW
 from ._log import CollapsingLog as CollapsingLog
@@ -46,6 +48,8 @@ __all__ = [
     "Pump",
     "PumpCore",
     "RdvpumpError",
+    "ConfigError",
+    "TraceWriteError",
     "Repeating",
     "Timer",
     "TraceEvent",

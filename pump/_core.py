@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ._errors import NeverIdleError
+from ._errors import ConfigError, NeverIdleError
 from ._log import CollapsingLog
 from ._recorder import LinkTrace, TraceRecorder
 
@@ -147,7 +147,7 @@ class PumpCore:
         nothing else is left.
         """
         if not delay >= 0:
-            raise ValueError(f"delay must be a non-negative number, got {delay!r}")
+            raise ConfigError(f"delay must be a non-negative number, got {delay!r}")
         return self.call_at(self.now() + delay, fn, *args, owner=owner, kind=kind,
                             periodic=periodic)
 
@@ -159,7 +159,7 @@ class PumpCore:
         the pump's to log, and the work goes on).  Such timers never let
         :meth:`run_until_idle` end (:class:`NeverIdleError` when nothing else is left)."""
         if not interval > 0:
-            raise ValueError(f"interval must be a positive number, got {interval!r}")
+            raise ConfigError(f"interval must be a positive number, got {interval!r}")
         handle = Repeating()
 
         def run() -> None:

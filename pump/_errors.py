@@ -15,3 +15,13 @@ class RdvpumpError(Exception):
 class NeverIdleError(RdvpumpError, RuntimeError):
     """``run_until_idle`` found nothing left but periodic timers (reports, scans,
     heartbeats): the pump would never go idle.  Run it for a time instead."""
+
+
+class ConfigError(RdvpumpError, ValueError):
+    """A bad argument, setting or name from the caller (a port out of range, a negative
+    timeout, a format that does not exist): the message says which and why.  A
+    ``ValueError`` too, for code that catches those."""
+
+
+class TraceWriteError(RdvpumpError, RuntimeError):
+    """Writing a trace failed (the disk, the file system): the cause is chained."""

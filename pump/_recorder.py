@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import count, repeat
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._errors import TraceWriteError
 from .schema import Context, TraceEvent
 
 if TYPE_CHECKING:
@@ -243,7 +244,7 @@ class _WriterThread:
 
     def _raise(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"writing the trace failed: {self._error!r}") from self._error
+            raise TraceWriteError(f"writing the trace failed: {self._error!r}") from self._error
 
     def submit(self, args: tuple[Any, ...]) -> None:
         self._raise()

@@ -11,6 +11,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
 from ._recorder import DEFAULT_CHUNK_ROWS, Block, Row, TraceRecorder, TraceWriter
 from .schema import CONTEXT_FIELDS, FORMATS, SCHEMA_VERSION, Context, arrow_schema
 
@@ -131,7 +132,7 @@ class ParquetWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError("Parquet traces need pyarrow: pip install 'rdvpump[spark]'"
+            raise ConfigError("Parquet traces need pyarrow: pip install 'rdvpump[spark]'"
                                ) from exc
         import pyarrow.compute as pc
 
@@ -219,10 +220,10 @@ def open_trace(directory: str | os.PathLike[str], *, pump: str, run: str = "run"
                format: str = "jsonl", chunk_rows: int = DEFAULT_CHUNK_ROWS) -> TraceRecorder:
     """A recorder writing ``DIR/<run>.<pump>.<format>``, one file per pump."""
     if format not in FORMATS:
-        raise ValueError(f"trace format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise ConfigError(f"trace format must be one of {', '.join(FORMATS)}, got {format!r}")
     for label, value in (("run", run), ("pump", pump)):
         if not value or "/" in value or value.startswith("."):
-            raise ValueError(f"trace {label} id {value!r} cannot be part of a file name")
+            raise ConfigError(f"trace {label} id {value!r} cannot be part of a file name")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{run}.{pump}.{format}"

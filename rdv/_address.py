@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pump import ConfigError
+
 from ._core import MAX_PORT
 
 
@@ -22,10 +24,10 @@ class Address(NamedTuple):
         host, sep, port = text.rpartition(":")
         if not sep:
             if default_port is None:
-                raise ValueError(f"address {text!r} must be HOST:PORT")
+                raise ConfigError(f"address {text!r} must be HOST:PORT")
             host, port = text, str(default_port)
         if not host or not port.isdigit() or not 0 <= int(port) <= MAX_PORT:
-            raise ValueError(f"address {text!r} must be HOST:PORT with a port within "
+            raise ConfigError(f"address {text!r} must be HOST:PORT with a port within "
                              f"0..{MAX_PORT}")
         return cls(host, int(port))
 
@@ -35,7 +37,7 @@ class Address(NamedTuple):
         if (not isinstance(value, (list, tuple)) or len(value) != 2
                 or not isinstance(value[0], str) or not isinstance(value[1], int)
                 or isinstance(value[1], bool)):
-            raise ValueError("address must be [host, port]")
+            raise ConfigError("address must be [host, port]")
         return cls(value[0], value[1])
 
     def __str__(self) -> str:
@@ -56,11 +58,11 @@ class BrokerPort(NamedTuple):
     def parse(cls, text: object) -> BrokerPort:
         """``BROKER:PORT``; ValueError saying what is wrong otherwise."""
         if not isinstance(text, str):
-            raise ValueError(f"an address must be a string 'broker:port', got {text!r}")
+            raise ConfigError(f"an address must be a string 'broker:port', got {text!r}")
         broker_id, sep, port = text.rpartition(":")
         number = _port(port) if sep and broker_id else None
         if number is None:
-            raise ValueError(f"address {text!r} must be 'broker:port' with a port within "
+            raise ConfigError(f"address {text!r} must be 'broker:port' with a port within "
                              f"0..{MAX_PORT}")
         return cls(broker_id, number)
 
@@ -73,5 +75,5 @@ def parse_located(text: str) -> tuple[str | None, Address]:
     ``HOST:PORT`` (no broker id: None); ValueError otherwise."""
     broker_id, sep, where = text.rpartition("@")
     if sep and not broker_id:
-        raise ValueError(f"{text!r}: empty broker id before '@'")
+        raise ConfigError(f"{text!r}: empty broker id before '@'")
     return (broker_id if sep else None), Address.parse(where)

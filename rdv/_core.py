@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from pump import RdvpumpError
+from pump import ConfigError, RdvpumpError
 
 
 class PortState(enum.Enum):
@@ -138,7 +138,7 @@ def check_port(port: object) -> int:
     if not isinstance(port, int) or isinstance(port, bool):
         raise TypeError(f"port must be an int, not {type(port).__name__}")
     if not 0 <= port <= MAX_PORT:
-        raise ValueError(f"port must be within 0..{MAX_PORT}, got {port}")
+        raise ConfigError(f"port must be within 0..{MAX_PORT}, got {port}")
     return port
 
 

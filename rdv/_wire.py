@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from channels import ProtocolError
+from pump import ConfigError
 
 from ._core import MAX_PORT
 
@@ -85,7 +86,7 @@ class Reply:
 def _frame(obj: dict[str, object]) -> bytes:
     body = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
     if len(body) > MAX_HANDSHAKE_SIZE:
-        raise ValueError(f"handshake of {len(body)} bytes exceeds {MAX_HANDSHAKE_SIZE}; "
+        raise ConfigError(f"handshake of {len(body)} bytes exceeds {MAX_HANDSHAKE_SIZE}; "
                          "shorten the ids or the token")
     return len(body).to_bytes(4, "big") + body
 

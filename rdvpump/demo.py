@@ -12,6 +12,7 @@ import trio
 
 from brokermgr import echo, open_universe
 from channels import AsyncMessageQueue
+from pump import ConfigError
 
 
 @dataclass
@@ -51,7 +52,7 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
                         seed: int = 1, name: str = "demo") -> DemoReport:
     """Clients connect to "Server" port 80 again and again, send random messages, check echoes."""
     if min(clients, connects, messages, max_size) < 1:
-        raise ValueError("clients, connects, messages and max_size must all be at least 1")
+        raise ConfigError("clients, connects, messages and max_size must all be at least 1")
     report = DemoReport(universe=name, seed=seed, ring_capacity=ring_capacity)
     start = time.perf_counter()
     async with open_universe(name, seed=seed, ring_capacity=ring_capacity) as universe:

@@ -14,7 +14,7 @@ import trio
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
-from pump import Pump
+from pump import ConfigError, Pump
 from rdv import Address, is_final, parse_located
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
@@ -25,7 +25,7 @@ def parse_server(text: str) -> tuple[str, Address]:
     """``BROKER@HOST:PORT``: the MQ server's broker id and its process's address."""
     broker_id, _, _ = text.rpartition("@")
     if not broker_id:
-        raise ValueError(f"server {text!r}: expected BROKER@HOST:PORT (the broker id, and "
+        raise ConfigError(f"server {text!r}: expected BROKER@HOST:PORT (the broker id, and "
                          f"the address its process printed as ready)")
     _, address = parse_located(text)
     return broker_id, address

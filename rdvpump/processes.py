@@ -35,9 +35,10 @@ from brokermgr import (
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
 from mq import DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
-from pump import Pump, TraceRecorder
+from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
+from ._errors import RunError
 from .workloads import (
     Stats,
     UniverseSpec,
@@ -130,7 +131,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
         spec = load_universe(plan)
         unknown = [b for b in broker_ids if b not in spec.brokers]
         if unknown:
-            raise ValueError(f"{plan}: no broker {unknown[0]!r} in the universe file")
+            raise ConfigError(f"{plan}: no broker {unknown[0]!r} in the universe file")
         echo_ports = ()
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
@@ -188,7 +189,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             await broker.aclose("broker process stopped")
         nursery.cancel_scope.cancel()
     if refused:
-        raise RuntimeError(refused[0])
+        raise RunError(refused[0])
 
 
 async def _watch_link(session: Any, brokers: str, refused: list[str],
@@ -386,7 +387,7 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
         with trio.fail_after(30):
             first = await lines.__anext__()
         if not first.startswith("ready "):
-            raise RuntimeError(f"{args[0]} did not start: {first!r}")
+            raise RunError(f"{args[0]} did not start: {first!r}")
 
         async def follow() -> None:
             async for line in lines:

@@ -16,7 +16,7 @@ import trio
 
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
-from pump import Pump
+from pump import ConfigError, Pump
 from rdv import Address, is_final, parse_located
 
 
@@ -26,7 +26,7 @@ def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
     try:
         broker_id, address = parse_located(text)
     except ValueError as exc:
-        raise ValueError(f"tracker {exc}") from None
+        raise ConfigError(f"tracker {exc}") from None
     return broker_id or f"{TRACKER_ALIAS}.{index}", address
 
 

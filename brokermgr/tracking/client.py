@@ -18,6 +18,8 @@ from typing import Any
 
 import trio
 
+from pump import ConfigError
+
 from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from .._link import DEFAULT_RETRY, BrokerLink
 from .feed import FeedReader, Resync, Snapshot
@@ -49,7 +51,7 @@ class RouteClient:
     def __init__(self, broker: Broker, *, vote_factor: float = DEFAULT_VOTE_FACTOR,
                  retry: float = DEFAULT_RETRY, deltas: bool = True) -> None:
         if not retry > 0:
-            raise ValueError(f"retry must be positive, got {retry!r}")
+            raise ConfigError(f"retry must be positive, got {retry!r}")
         self.broker = broker
         self.retry = retry
         self.deltas = deltas

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from channels import MessageQueue
+from pump import ConfigError
 
 from .._broker import Broker
 from .._link import DEFAULT_RETRY
@@ -139,11 +140,11 @@ class TrackNode:
                  scan_interval: float = DEFAULT_SCAN_INTERVAL,
                  retry: float = DEFAULT_RETRY) -> None:
         if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+            raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         for name, value in (("report_interval", report_interval), ("expiry", expiry),
                             ("scan_interval", scan_interval), ("retry", retry)):
             if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+                raise ConfigError(f"{name} must be positive, got {value!r}")
         self.broker = broker
         self.pump = broker.pump
         self.role = role
@@ -211,7 +212,7 @@ class TrackNode:
 
     def _require_server(self) -> ServerRole:
         if self.server is None:
-            raise RuntimeError(f"{self.address} is a tracker only; it serves no topics")
+            raise ConfigError(f"{self.address} is a tracker only; it serves no topics")
         return self.server
 
     @property
@@ -242,7 +243,7 @@ class TrackNode:
         """Serve ``extension.commands`` on this port too."""
         taken = set(TRACKING_COMMANDS).union(*(e.commands for e in self.extensions))
         if taken & extension.commands:
-            raise ValueError(f"commands already served on {self.address}: "
+            raise ConfigError(f"commands already served on {self.address}: "
                              f"{sorted(taken & extension.commands)}")
         self.extensions.append(extension)
 

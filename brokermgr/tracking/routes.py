@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pump import ConfigError
+
 from .info import InfoError, ServerInfo, TopicInfo, TrackerInfo
 
 DEFAULT_VOTE_FACTOR = 0.5
@@ -78,7 +80,7 @@ class RouteTable:
                  on_join: Callable[[ServerInfo], object] | None = None,
                  on_leave: Callable[[str], object] | None = None) -> None:
         if not 0 < vote_factor <= 1:
-            raise ValueError(f"vote_factor must be within (0, 1], got {vote_factor!r}")
+            raise ConfigError(f"vote_factor must be within (0, 1], got {vote_factor!r}")
         self.vote_factor = vote_factor
         self.on_join = on_join
         self.on_leave = on_leave

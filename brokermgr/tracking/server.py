@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from channels import MessageQueue
-from pump import Pump, Repeating
+from pump import ConfigError, Pump, Repeating
 
 from .._broker import Broker
 from .._link import BrokerLink
@@ -70,7 +70,7 @@ class ServerRole:
     def declare_topic(self, name: str, *, mask: int = 0, creator: str | None = None) -> TopicInfo:
         """Declare (or re-declare with a new mask) a topic; its default group is its name."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"a topic name must be a non-empty string, got {name!r}")
+            raise ConfigError(f"a topic name must be a non-empty string, got {name!r}")
         now = self._now_ms()
         old = self.topics.get(name)
         if old is None:
@@ -93,7 +93,7 @@ class ServerRole:
                       filter: str | None = None) -> ConsumeGroupInfo:
         info = self._topic(topic)
         if filter is not None and len(filter.encode()) > 127:
-            raise ValueError("a group filter is at most 127 bytes")
+            raise ConfigError("a group filter is at most 127 bytes")
         now = self._now_ms()
         old = info.group(group)
         new = ConsumeGroupInfo(topic, group, mask, filter, 0 if old is None else old.message_count,

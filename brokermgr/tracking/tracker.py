@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from channels import MessageQueue
-from pump import Pump
+from pump import ConfigError, Pump
 
 from .._liveness import PINNED, LivenessTable
 from .._rpc import Sent, encode, send
@@ -67,7 +67,7 @@ class TrackerRole:
                  count: Callable[[str, int], object],
                  piece_bytes: int = feed.PIECE_BYTES) -> None:
         if piece_bytes <= feed.OVERHEAD:
-            raise ValueError(f"piece_bytes must exceed {feed.OVERHEAD}, got {piece_bytes}")
+            raise ConfigError(f"piece_bytes must exceed {feed.OVERHEAD}, got {piece_bytes}")
         self.pump = pump
         self.broker_id = broker_id
         self.address = address

@@ -22,6 +22,7 @@ from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
 from pump import Pump
 
+from .._errors import RunError
 from ..testing import run_simulation
 from ..workloads import UniverseSpec, WorkloadSpec, run_universe
 
@@ -65,7 +66,7 @@ def workload(sinks: int, messages: int, size: int) -> float:
     result = run_simulation(run_universe, spec, clock="real")
     (report,) = result.reports
     if not report.verified:
-        raise RuntimeError(f"bench fanout: the workload failed: {report.error}")
+        raise RunError(f"bench fanout: the workload failed: {report.error}")
     return report.seconds
 
 
@@ -138,7 +139,7 @@ def listener(sinks: int, messages: int, size: int) -> float:
     pump.run_until_idle()
     seconds = time.perf_counter() - start
     if bad or got != [messages] * sinks:
-        raise RuntimeError(f"bench fanout: {bad[0] if bad else f'delivered {got}'}")
+        raise RunError(f"bench fanout: {bad[0] if bad else f'delivered {got}'}")
     return seconds
 
 

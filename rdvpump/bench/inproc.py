@@ -19,6 +19,7 @@ from brokermgr import BrokerManager
 from channels import AsyncMessageQueue, MessageQueue, QueueFullError
 from pump import ListSink, Pump, TraceRecorder, open_trace
 
+from .._errors import RunError
 from ._result import Result
 
 #: Messages per send_many call in the batched case.
@@ -74,7 +75,7 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
             self.drained()
 
         def refused(self, reason: str) -> None:
-            raise RuntimeError(reason)
+            raise RunError(reason)
 
         def drained(self) -> None:
             if batch:
@@ -121,7 +122,7 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
     elapsed = time.perf_counter() - start
     got = queues[0].statistics().messages_received
     if got != count:
-        raise RuntimeError(f"rdvpump bench delivered {got} of {count} messages")
+        raise RunError(f"rdvpump bench delivered {got} of {count} messages")
     return elapsed
 
 
@@ -167,7 +168,7 @@ def rdvpump_async(size: int, count: int, *, batch: int = 0) -> float:
                 elapsed = time.perf_counter() - start
                 nursery.cancel_scope.cancel()
         if got[0] != count:
-            raise RuntimeError(f"async face delivered {got[0]} of {count}")
+            raise RunError(f"async face delivered {got[0]} of {count}")
         return elapsed
 
     return trio.run(main)
@@ -192,7 +193,7 @@ def trio_memory_channel(size: int, count: int) -> float:
             async for _ in receive:
                 n += 1
         if n != count:
-            raise RuntimeError(f"trio memory channel delivered {n} of {count}")
+            raise RunError(f"trio memory channel delivered {n} of {count}")
         return time.perf_counter() - start
 
     return trio.run(main)

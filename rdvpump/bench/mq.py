@@ -38,6 +38,8 @@ from mq import MqClient
 from pump import Pump
 from rdv import Address
 
+from .._errors import RunError
+
 DEFAULT_COUNTS = {64: 200_000, 1024: 100_000, 65536: 4_000}
 IN_FLIGHT = 16
 UNIVERSE = "bench-mq"
@@ -180,7 +182,7 @@ class _Proc:
             self.first = self.proc.stdout.readline()
             if not self.first.startswith(ready):
                 self.close()
-                raise RuntimeError(f"{' '.join(args[1:5])} did not start: "
+                raise RunError(f"{' '.join(args[1:5])} did not start: "
                                    f"{self.stderr_tail() or 'no output'}")
 
     def stderr_tail(self) -> str:
@@ -192,7 +194,7 @@ class _Proc:
         out, _ = self.proc.communicate(timeout=timeout)
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if self.proc.returncode != 0 or not lines:
-            raise RuntimeError(f"bench child failed (exit {self.proc.returncode}): "
+            raise RunError(f"bench child failed (exit {self.proc.returncode}): "
                                f"{self.stderr_tail() or 'no output'}")
         return json.loads(lines[-1])  # type: ignore[no-any-return]
 
@@ -253,7 +255,7 @@ def ours(size: int, count: int, durability: str, tmp: Path) -> float:
 def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
     server_bin = shutil.which("redis-server")
     if server_bin is None:
-        raise RuntimeError("redis-server not found: apt-get install redis-server")
+        raise RunError("redis-server not found: apt-get install redis-server")
     port = _free_port()
     data = tmp / f"redis-{size}-{appendfsync}"
     data.mkdir()
@@ -269,7 +271,7 @@ def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
+                    raise RunError("redis-server did not start") from None
                 time.sleep(0.05)
         sent, got = _pair("redis-", [str(port), str(size), str(count)])
     finally:

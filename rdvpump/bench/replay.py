@@ -39,7 +39,9 @@ from typing import Any
 
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
-from pump import Pump, TraceRecorder, open_trace
+from pump import ConfigError, Pump, TraceRecorder, open_trace
+
+from .._errors import RunError
 
 
 @dataclass
@@ -99,7 +101,7 @@ def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4,
             self.drained()
 
         def refused(self, reason: str) -> None:
-            raise RuntimeError(reason)
+            raise RunError(reason)
 
         def drained(self) -> None:
             send = self.queue.send
@@ -300,7 +302,7 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
             _wait_gone(jvms, timeout=10.0)
         child.join()
     if failed:
-        raise RuntimeError(outcome or f"the Spark run ({work}, {master}) ended without a "
+        raise RunError(outcome or f"the Spark run ({work}, {master}) ended without a "
                                       f"result (exit code {child.exitcode})")
     result: tuple[Any, float, int] = outcome
     return result
@@ -382,10 +384,10 @@ def pinned_cpus(master: str) -> set[int]:
     may use.  A ValueError for another master, or for more CPUs than there are."""
     match = re.fullmatch(r"local\[(\d+)\]", master)
     if match is None:
-        raise ValueError(f"pinning needs local[N] masters, got {master!r}")
+        raise ConfigError(f"pinning needs local[N] masters, got {master!r}")
     n, mine = int(match.group(1)), sorted(os.sched_getaffinity(0))
     if not 1 <= n <= len(mine):
-        raise ValueError(f"cannot pin {master} to {n} CPUs: this process may use "
+        raise ConfigError(f"cannot pin {master} to {n} CPUs: this process may use "
                          f"{len(mine)}")
     return set(mine[:n])
 
@@ -424,7 +426,7 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
                     and summary["events_by_kind"] == dict(sorted(
                         figures["events_by_kind"].items())))
             if not same:
-                raise RuntimeError(f"Spark and the Python baseline disagree on {traces}")
+                raise RunError(f"Spark and the Python baseline disagree on {traces}")
             spark_rate = rows / seconds
             yield ReplayResult(f"replay-spark-{master}{tag}", rows, seconds, spark_rate,
                                summary["violation_count"], "python-same-outputs",
@@ -437,7 +439,7 @@ def run(events: int = 10_000_000, *, masters: tuple[str, ...] = ("local[1]", "lo
             paired, floor_seconds, seen = _timed_in_a_fresh_jvm(
                 master, jvm, "floor", str(traces), warm=warm, cpus=cpus[master])
             if paired != summary["messages_matched"]:
-                raise RuntimeError(f"the floor paired {paired} messages, the job "
+                raise RunError(f"the floor paired {paired} messages, the job "
                                    f"{summary['messages_matched']}")
             floor_rate = rows / floor_seconds
             yield ReplayResult(f"replay-floor-{master}{tag}", rows, floor_seconds, floor_rate,

@@ -45,6 +45,8 @@ from brokermgr.tracking import (
     TrackNode,
 )
 
+from .._errors import RunError
+
 
 @dataclass
 class RoutesResult:
@@ -169,12 +171,12 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
         start, steps0, wall = pump.now(), pump.step_number, time.perf_counter()
         while len(gone_at.get(address, {})) < clients:
             if pump.now() - start > limit or not pump.step():
-                raise RuntimeError(f"{address} still listed after {limit} s of pump time")
+                raise RunError(f"{address} still listed after {limit} s of pump time")
         return (max(gone_at[address].values()) - start, pump.step_number - steps0,
                 time.perf_counter() - wall)
 
     def crash() -> None:
-        raise RuntimeError("crash")
+        raise RunError("crash")
 
     quiet = logging.getLogger("rdvpump.pump")
     level = quiet.level
@@ -268,7 +270,7 @@ def churn_traffic(servers: int = 50, trackers: int = 3, clients: int = 10,
     delta = _churn(seed, deltas=True, servers=servers, trackers=trackers, clients=clients,
                    seconds=seconds)
     if delta[3] != full[3]:
-        raise RuntimeError("deltas and full snapshots ended with different route tables")
+        raise RunError("deltas and full snapshots ended with different route tables")
     yield RoutesResult(
         "churn-subscriber-bytes-deltas", servers, 10, delta[0], "bytes",
         "churn-subscriber-bytes-full-snapshots", full[0], full[0] / delta[0],
@@ -298,7 +300,7 @@ def one_change(servers: int = 1000, topics: int = 100, subscribers: int = 10,
         route_clients.append(client)
     pump.run_for(1)
     if not all(len(c.routes.server_table) == servers for c in route_clients):
-        raise RuntimeError("the subscribers did not get the whole table")
+        raise RunError("the subscribers did not get the whole table")
     assert tracker.tracker is not None
     snapshot_bytes = len(tracker.tracker.snapshot())
     walls = []
@@ -310,7 +312,7 @@ def one_change(servers: int = 1000, topics: int = 100, subscribers: int = 10,
         node.declare_topic(topic)
         while not all(topic in c.routes.topic_table for c in route_clients):
             if not pump.step():
-                raise RuntimeError(f"{topic} never reached every subscriber")
+                raise RunError(f"{topic} never reached every subscriber")
         walls.append(time.perf_counter() - wall)
     per_change = (tracker.sent_bytes.get("track_delta", 0) - sent0) / changes
     yield RoutesResult(

@@ -28,6 +28,7 @@ from brokermgr import BrokerManager, EchoListener
 from channels import MessageQueue, QueueFullError
 from pump import Pump
 
+from .._errors import RunError
 from ..testing import run_simulation
 
 MESSAGE = 64
@@ -140,7 +141,7 @@ class _World:
 
     def check(self) -> None:
         if self.errors:
-            raise RuntimeError(f"bench sim: {len(self.errors)} errors, the first: "
+            raise RunError(f"bench sim: {len(self.errors)} errors, the first: "
                                f"{self.errors[0]}")
 
 

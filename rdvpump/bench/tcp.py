@@ -23,7 +23,9 @@ import trio
 
 from brokermgr import BrokerManager
 from channels import DEFAULT_ADAPTIVE_POLL, MessageQueue, QueueFullError
+from pump import ConfigError
 
+from .._errors import RunError
 from ._result import Result
 
 DEFAULT_COUNTS = {64: 500_000, 1024: 300_000, 65536: 20_000}
@@ -175,7 +177,7 @@ class Peer:
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
             self.close()
-            raise RuntimeError(f"bench peer {kind} did not start")
+            raise RunError(f"bench peer {kind} did not start")
         self.ports = [int(p) for p in line[1:]]
 
     def close(self) -> None:
@@ -213,7 +215,7 @@ def rdv_stream(port: int, size: int, count: int) -> float:
                 self.drained()
 
             def refused(self, reason: str) -> None:
-                raise RuntimeError(reason)
+                raise RunError(reason)
 
             def drained(self) -> None:
                 send, left, sent = self.queue.send, self.left, 0
@@ -263,7 +265,7 @@ def rdv_async_stream(port: int, size: int, count: int, *, batch: int = 0) -> flo
                 for _ in range(count):
                     await queue.send(msg)
             if await queue.receive() != DONE:
-                raise RuntimeError("bench tcp: the peer did not answer done")
+                raise RunError("bench tcp: the peer did not answer done")
             elapsed = time.perf_counter() - start
             nursery.cancel_scope.cancel()
         return elapsed
@@ -291,7 +293,7 @@ def rdv_ping(port: int, pings: int, poll: str | float = ADAPTIVE) -> list[float]
                 queue.send(msg)
 
             def refused(self, reason: str) -> None:
-                raise RuntimeError(reason)
+                raise RunError(reason)
 
             def received(self, message: bytes) -> None:
                 now = time.perf_counter()
@@ -400,7 +402,7 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
     busy-polling.
     """
     if placement not in ("split", "same"):
-        raise ValueError("placement must be 'split' or 'same'")
+        raise ConfigError("placement must be 'split' or 'same'")
     ncpu = len(os.sched_getaffinity(0))
     me_cpu, peer_cpu = (0, 1) if placement == "split" and ncpu > 1 else (0, 0)
     old_affinity = os.sched_getaffinity(0)

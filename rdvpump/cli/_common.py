@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pump import FORMATS, RdvpumpError, open_trace
+from pump import FORMATS, ConfigError, RdvpumpError, open_trace
 from rdv import Address
 
 TokenOption = Annotated[str, typer.Option(
@@ -40,10 +40,10 @@ def tls_files(cert: pathlib.Path | None, key: pathlib.Path | None,
     if cert is None and key is None and ca is None:
         return None
     if cert is None or key is None:
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
     for path in (cert, key, ca):
         if path is not None and not path.is_file():
-            raise ValueError(f"no such file: {path}")
+            raise ConfigError(f"no such file: {path}")
     return str(cert), str(key), None if ca is None else str(ca)
 
 
@@ -51,9 +51,10 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
-_EXPECTED = (RdvpumpError, ValueError, TypeError, RuntimeError, OSError,
-             trio.BrokenResourceError,
-             trio.ClosedResourceError)
+#: What the CLI says in one line: rdvpump's own errors (a bad setting is a
+#: ``ConfigError``, a failed run a ``RunError``), the system's, and a link trio saw
+#: break.  Anything else is a bug and keeps its traceback.
+_EXPECTED = (RdvpumpError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 #: How an OS error on a path reads, by errno, after the path (and the option naming it).
@@ -111,7 +112,7 @@ def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> An
 
 def check_format(fmt: str) -> None:
     if fmt not in FORMATS:
-        raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise ConfigError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
 def interruptible(fn: Callable[[], T]) -> T:

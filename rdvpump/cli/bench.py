@@ -10,6 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from pump import ConfigError
+
 from ._common import check_format, err, fail, guard, interruptible, out
 
 app = typer.Typer(help="Benchmarks against the libraries users would pick instead. "
@@ -273,9 +275,9 @@ def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
     try:
         values = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--sizes must be integers separated by commas, got {sizes!r}") from None
+        raise ConfigError(f"--sizes must be integers separated by commas, got {sizes!r}") from None
     if not values or min(values) < 0 or scale <= 0 or repeat < 1:
-        raise ValueError("--sizes must be non-negative, --scale positive, --repeat >= 1")
+        raise ConfigError("--sizes must be non-negative, --scale positive, --repeat >= 1")
     return values
 
 

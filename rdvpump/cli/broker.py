@@ -16,6 +16,7 @@ from brokermgr.tracking import (
     DEFAULT_TRACK_PORT,
 )
 from mq import Durability
+from pump import ConfigError
 from rdv import Address
 
 from ..processes import run_brokers
@@ -120,5 +121,5 @@ def broker_run(
 def _segment_bytes(megabytes: float) -> int:
     size = int(megabytes * 1e6)
     if size < 4096:
-        raise ValueError(f"--segment-mb {megabytes:g} is below 0.004096 MB (4,096 bytes)")
+        raise ConfigError(f"--segment-mb {megabytes:g} is below 0.004096 MB (4,096 bytes)")
     return size

@@ -21,6 +21,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from pump import ConfigError
+
 from ..processes import ChildState, universe_up
 from ..testing import run_simulation
 from ..workloads import RunResult, load_universe, run_universe
@@ -68,7 +70,7 @@ SeedOption = Annotated[int | None, typer.Option(
 
 def _check_clock(clock: str) -> None:
     if clock not in ("virtual", "real"):
-        raise ValueError(f"--clock must be virtual or real, got {clock!r}")
+        raise ConfigError(f"--clock must be virtual or real, got {clock!r}")
 
 
 def _show_problems(result: RunResult) -> None:

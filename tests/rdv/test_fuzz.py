@@ -208,5 +208,7 @@ async def test_a_peer_sending_one_byte_per_second_is_cut_at_the_handshake_timeou
                     assert await healthy.receive() == b"%d" % i
         finally:
             await stream.aclose()
-        assert 1.5 <= trio.current_time() - start < 3.5
+        # cut at the timeout, not at the first byte: the server's timer counts from its
+        # pump's time at the accept, which may be read a little before this side's start
+        assert 1.4 <= trio.current_time() - start < 3.5
         assert ub.net.rejected == ["handshake timed out"]

@@ -216,3 +216,24 @@ def test_run_and_up_refuse_an_unrunnable_file_alike_before_starting(
             result = runner.invoke(app, ["universe", command, str(path)])
             assert result.exit_code == 1
             assert " ".join(result.output.split()) == line, (command, result.output)
+
+
+def test_a_bug_keeps_its_traceback_and_a_bad_setting_is_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what users cause (rdvpump's own errors, the system's) becomes one line: a
+    ValueError, TypeError or RuntimeError from inside is a bug, and its traceback stays."""
+    import rdvpump.demo
+
+    for bug in (ValueError("a bug"), TypeError("a bug"), RuntimeError("a bug")):
+        async def broken(**kwargs: Any) -> None:
+            raise bug
+
+        monkeypatch.setattr(rdvpump.demo, "run_echo_demo", broken)
+        result = runner.invoke(app, ["demo"])
+        assert result.exit_code != 0 and result.exception is bug, result.output
+        assert "error: a bug" not in result.output
+    monkeypatch.undo()
+    result = runner.invoke(app, ["demo", "--ring", "1000"])  # a ConfigError from the ring
+    assert result.exit_code == 1 and result.exception is not None
+    assert isinstance(result.exception, SystemExit)
+    assert result.output.startswith("error: ring capacity must be a power of two")

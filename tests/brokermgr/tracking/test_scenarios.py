@@ -23,6 +23,7 @@ from brokermgr.tracking import (
     TrackNode,
     by_key_hash,
 )
+from pump import ConfigError
 
 from .world import TIMING, World, flood_a_slow_subscriber, servers
 
@@ -347,7 +348,7 @@ def test_clean_shutdown_tells_the_tracker_at_once(world: World) -> None:
 
 def test_roles_are_checked(world: World) -> None:
     tracker = world.node("t1", role="tracker")
-    with pytest.raises(RuntimeError, match="tracker only"):
+    with pytest.raises(ConfigError, match="tracker only"):
         tracker.declare_topic("x")
     with pytest.raises(ValueError, match="role must be one of"):
         world.node("x", role="king")
