@@ -225,7 +225,7 @@ def test_a_bug_keeps_its_traceback_and_a_bad_setting_is_one_line(
     import rdvpump.demo
 
     for bug in (ValueError("a bug"), TypeError("a bug"), RuntimeError("a bug")):
-        async def broken(**kwargs: Any) -> None:
+        async def broken(bug: Exception = bug, **kwargs: Any) -> None:
             raise bug
 
         monkeypatch.setattr(rdvpump.demo, "run_echo_demo", broken)
