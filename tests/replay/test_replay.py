@@ -21,6 +21,9 @@ from rdvpump.workloads import load_universe, run_in_process
 from replay import TraceError, analyze
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: Whole analyses, with tables and plots (1-3 s each): not the quick loop's, which keeps
+#: the fold's and the plots' own tests (test_helpers.py).
+pytestmark = pytest.mark.slow
 
 
 def record_echo(directory: pathlib.Path, fmt: str = "jsonl") -> pathlib.Path:
