@@ -152,14 +152,20 @@ HELD_BYTES = _fold.HELD_BYTES
 LOCAL_BYTES = {"jsonl": 64 << 20, "parquet": 8 << 20}
 
 
-def engine_for(traces: str) -> str:
-    """"local" for traces under :data:`LOCAL_BYTES`, else "spark"."""
+def under(traces: str, limits: dict[str, int]) -> bool:
+    """Whether the traces are smaller than ``limits`` (bytes on disk per format, JSON
+    Lines and Parquet each counting for their share)."""
     import os
 
     jsonl, parquet = find_traces(traces)
-    share = (sum(os.path.getsize(f) for f in jsonl) / LOCAL_BYTES["jsonl"]
-             + sum(os.path.getsize(f) for f in parquet) / LOCAL_BYTES["parquet"])
-    return "local" if share < 1 else "spark"
+    share = (sum(os.path.getsize(f) for f in jsonl) / limits["jsonl"]
+             + sum(os.path.getsize(f) for f in parquet) / limits["parquet"])
+    return share < 1
+
+
+def engine_for(traces: str) -> str:
+    """"local" for traces under :data:`LOCAL_BYTES`, else "spark"."""
+    return "local" if under(traces, LOCAL_BYTES) else "spark"
 
 
 class Engine(Protocol):

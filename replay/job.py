@@ -396,10 +396,7 @@ QUICK_BYTES = {"jsonl": 32 << 20, "parquet": 4 << 20}
 
 def jvm_for(traces: str) -> str:
     """The JVM profile for these traces: quick under :data:`QUICK_BYTES`, else production."""
-    jsonl, parquet = find_traces(traces)
-    share = (sum(os.path.getsize(f) for f in jsonl) / QUICK_BYTES["jsonl"]
-             + sum(os.path.getsize(f) for f in parquet) / QUICK_BYTES["parquet"])
-    return "quick" if share < 1 else "production"
+    return "quick" if _analysis.under(traces, QUICK_BYTES) else "production"
 
 
 #: Bumped when the job comes to load other classes (a new kind of Spark work): a new
