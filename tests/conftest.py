@@ -8,12 +8,32 @@ of examples.
 
 from __future__ import annotations
 
+import compileall
+import pathlib
+
 import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=100, deadline=None)
 settings.register_profile("quick", max_examples=15, deadline=None)
 settings.load_profile("ci")
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: The directories of Python the tests import or start processes from.
+SOURCES = ("pump", "rdv", "channels", "brokermgr", "mq", "rdvpump", "replay", "bench",
+           "examples", "tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile the checkout once, before the workers start.  Hundreds of the tests'
+    processes (brokers, managers, universes, the CLI) import the project; where Python
+    may not write its bytecode cache (``PYTHONDONTWRITEBYTECODE``, set on some CI
+    machines) each of them would compile every module from source again."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller did it
+        return
+    for name in SOURCES:
+        compileall.compile_dir(ROOT / name, quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,7 +12,6 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable, Iterator, MutableMapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
 import typer
@@ -87,6 +86,10 @@ app = typer.Typer(cls=_Lazy,
 
 
 def _version() -> str:
+    # imported here, not at the top: importlib.metadata (and the email package under it)
+    # would be loaded by every process a universe starts, for a flag it never reads
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("rdvpump")
     except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
