@@ -16,13 +16,34 @@ TOP_BROKERS = 8
 TIMELINE_LINKS = 20
 
 
-def _figure(height: float = 4.5) -> tuple[Any, Any]:
+#: Inches of a figure's margins, as (left, right, bottom, top), before the room a plot
+#: adds for its labels: the tick labels and axis titles of the default font fit.
+MARGINS = (0.85, 0.25, 0.6, 0.45)
+#: Inches per character of a label in the default font (10 pt DejaVu Sans, a little
+#: more than its widest common letters), to make room for the labels beside the axes.
+CHAR_INCHES = 0.085
+
+
+def _figure(height: float = 4.5, *, left: float = 0.0, right: float = 0.0,
+            top: float = 0.0) -> tuple[Any, Any]:
+    """A figure 10 inches wide and its axes, inside fixed margins widened by ``left``,
+    ``right`` and ``top`` inches: computed from the labels' lengths rather than by a
+    layout engine, which draws every figure twice to measure it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, height), dpi=100, layout="constrained")
+    width = 10.0
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
+    m_left, m_right, m_bottom, m_top = MARGINS
+    fig.subplots_adjust(left=(m_left + left) / width, right=1 - (m_right + right) / width,
+                        bottom=m_bottom / height, top=1 - (m_top + top) / height)
     return fig, fig.add_subplot()
+
+
+def _text_inches(labels: Sequence[str], size: float = 1.0) -> float:
+    """About how wide the longest of ``labels`` is drawn, in inches."""
+    return max((len(label) for label in labels), default=0) * CHAR_INCHES * size
 
 
 #: Said of a run whose events all share one time (a simulated run where no virtual time
@@ -40,9 +61,12 @@ def throughput(path: Path, per_broker: Mapping[str, Mapping[int, int]], *, width
     """Messages delivered per second into each broker, over the run, in bins of ``width``;
     for a run of no duration (``duration`` 0), the messages delivered into each broker.
     Returns the figure, saved."""
-    fig, ax = _figure()
     unit, scale = _time_unit(bins * width)
     totals = sorted(per_broker, key=lambda b: (-sum(per_broker[b].values()), b))
+    # the legend sits right of the axes: room for its longest name (small font), its
+    # line and its title
+    names = [*totals[:TOP_BROKERS + 1], "receiving broker", f"{len(totals)} others"]
+    fig, ax = _figure(right=0.0 if duration <= 0 else 0.55 + _text_inches(names, 0.85))
     if duration <= 0 and totals:
         counts = [sum(per_broker[b].values()) for b in totals]
         ax.bar(range(len(totals)), counts, color="#4c72b0")
@@ -128,7 +152,8 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
 
     chosen = sorted(links, key=lambda x: (x["start"] is None, x["start"] or 0.0,
                                           x["link"]))[:TIMELINE_LINKS]
-    fig, ax = _figure(height=max(2.5, 0.9 + 0.35 * len(chosen)))
+    height = max(2.5, 0.9 + 0.35 * len(chosen))
+    fig, ax = _figure(height, left=_text_inches([x["link"] for x in chosen]), top=0.2)
     unit, scale = _time_unit(duration)
     top = max((n for x in chosen for n in x["bins"].values()), default=1)
     shade = colors.LogNorm(vmin=1, vmax=max(top, 2))

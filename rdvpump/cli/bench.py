@@ -90,9 +90,10 @@ def bench_replay(
     same figures from the same file."""
     from ..bench import replay
 
-    if (smoke := _smoke()) < 1:  # the floor left out, the JVM that starts fastest
-        events, floor, jvm = max(10_000, int(events * smoke)), False, "quick"
     masters = tuple(master or ("local[1]", "local[2]"))
+    if (smoke := _smoke()) < 1:  # the first master only, no floor, the quickest JVM
+        events, floor, jvm = max(10_000, int(events * smoke)), False, "quick"
+        masters = masters[:1]
     if pin:
         guard(lambda: [replay.pinned_cpus(m) for m in masters])
     with err.status("benchmarking the replay ...") as status:
