@@ -286,6 +286,9 @@ class TopicLog:
 
     # -- state -------------------------------------------------------------------------
 
+    #: On disk: what is fsynced survives a crash.
+    persistent = True
+
     @property
     def start_offset(self) -> int:
         """The oldest offset still held."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from pump import ConfigError
 
+from ._log import Corruption, SyncPoint
 from ._record import Entry, Record
 
 #: Messages a memory-only topic keeps by default (the oldest go first).
@@ -35,6 +36,13 @@ class MemoryLog:
         self._last_ts = 0
         #: Messages dropped from the ring to make room.
         self.dropped = 0
+
+    #: Nothing of a memory topic is durable: produces never wait for an fsync.
+    persistent = False
+
+    @property
+    def corruptions(self) -> list[Corruption]:
+        return []
 
     @property
     def start_offset(self) -> int:
@@ -64,6 +72,17 @@ class MemoryLog:
 
     def sync(self) -> int:
         return self._next
+
+    def prepare_sync(self) -> SyncPoint | None:
+        return None
+
+    def finish_sync(self, point: SyncPoint, error: OSError | None) -> int:
+        return self._next
+
+    def retain(self, *, max_bytes: int | None = None, max_age: float | None = None
+               ) -> int:
+        """Nothing: a ring keeps its own bounds (``max_count``, ``max_bytes``)."""
+        return 0
 
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:

@@ -20,16 +20,7 @@ request may carry a ``seq`` that its reply echoes):
 * ``ack {topic, group, offsets}`` -- any number of offsets at once: a list,
   or ``offsets`` the first of ``count`` consecutive ones.
 * ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
-* RPC (zbus's produce + route): a produce on an ``rpc`` topic is a request;
-  the server stamps it with the caller link's session id (as its producer
-  id; the request id is its sequence).  A service consumes it and answers
-  ``route {recver: producer, id: sequence, status?}`` + body; the caller's
-  link gets ``reply {id, status}`` + body.  A reply to a caller that has
-  left is dropped and counted (``counts["unroutable"]``).
-* Push (zbus's consume + route, reduced to its routing): ``receive {name}``
-  makes a link answer to a receiver name; ``push {to}`` + body reaches every
-  link answering to it at once, as ``pushed {to, from}`` + body -- not stored,
-  a 404 if nobody answers to that name.
+* RPC replies (``route``) and pushes (``receive``, ``push``): :mod:`._push`.
 
 Every request is parsed whole first (:mod:`._requests`): a bad field is a 400
 naming it and changes nothing.  Every error is replied, with a status and the
@@ -43,14 +34,10 @@ logged once; the broker and the other topics go on.  Every declare, remove,
 first and last consumer updates the broker's ServerInfo, so trackers and
 route tables follow.
 
-Durability (per server): ``sync`` -- a produce is acknowledged after fsync,
-and every produce that arrived before the fsync shares it (group commit: the
-fsync runs in a thread while the pump goes on, and what arrives meanwhile
-waits for the next one), and messages are delivered only once durable;
-``interval:S`` -- acknowledged and delivered once written, fsynced every S
-seconds; ``none`` -- fsynced only when a segment is sealed or the server
-closes.  (``fsync_thread=False`` keeps the fsyncs on the pump: deterministic
-under a virtual clock, but the pump waits for the disk.)
+This module holds the command table and the topic catalogue (topics on disk, their
+groups and positions, their error states, timers).  Durability and the group commit are
+in :mod:`._commit`, the links and the frames sent on them in :mod:`._delivery`, RPC
+replies and pushes in :mod:`._push`.
 """
 
 from __future__ import annotations
@@ -60,26 +47,19 @@ import itertools
 import logging
 import os
 import shutil
-import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import SimpleQueue
 from typing import Any
-
-import trio
 
 from brokermgr import (
     Call,
     Command,
     CommandTable,
-    Sent,
     ServiceError,
     Status,
     encode,
     request_seq,
-    send,
 )
 from brokermgr.tracking import TrackNode
 from brokermgr.tracking.info import (
@@ -88,15 +68,18 @@ from brokermgr.tracking.info import (
     MASK_MEMORY,
     MASK_RPC,
 )
-from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
+from channels import MessageQueue
 from pump import ConfigError, Repeating
 
+from ._commit import Durability, GroupCommit
 from ._cursor import CursorStore
+from ._delivery import FRAME_ROOM, Links
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES, Corruption, SyncPoint, TopicLog, run_sync, write_file
+from ._log import DEFAULT_SEGMENT_BYTES, Corruption, TopicLog, write_file
 from ._memory import MemoryLog
 from ._meta import META, encode_meta, read_meta
 from ._names import check_name, dead_letter_topic, disk_name
+from ._push import Router
 from ._record import Record, StoreError
 from ._requests import (
     FLAG_NAMES,
@@ -108,22 +91,17 @@ from ._requests import (
     Declare,
     Empty,
     Produce,
-    Push,
     Query,
-    Receive,
     Remove,
-    Route,
     Unconsume,
 )
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
-    Delivery,
     Member,
     Topic,
     UnknownGroupError,
 )
-from ._wire import pack_column
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -135,36 +113,7 @@ COMMANDS = frozenset(PARSERS)
 ANSWERED_IF_ASKED = frozenset({"ack", "route", "push"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
-#: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
-#: the last): frames that fit a link's ring are taken out of it whole, larger ones are
-#: put together piece by piece, which costs more (``bench mq`` at 64 KiB shows it).
-FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
-#: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
-#: most the link's maximum message size less this.
-FRAME_ROOM = 64 << 10
-__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "Durability", "MqServer"]
-
-
-@dataclass(frozen=True)
-class Durability:
-    kind: str  # sync, interval, none
-    interval: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> Durability:
-        if text in ("sync", "none"):
-            return cls(text)
-        kind, sep, seconds = text.partition(":")
-        try:
-            value = float(seconds)
-        except ValueError:
-            value = -1.0
-        if kind == "interval" and sep and value > 0:
-            return cls("interval", value)
-        raise ConfigError(f"durability {text!r}: expected sync, interval:SECONDS or none")
-
-    def __str__(self) -> str:
-        return f"interval:{self.interval:g}" if self.kind == "interval" else self.kind
+__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
 
 
 @dataclass
@@ -174,29 +123,12 @@ class _Topic:
     directory: Path | None
     cursors: CursorStore | None
     creator: MessageQueue | None = None
-    #: a produce is waiting for the next fsync
-    dirty: bool = False
     #: the group filters, as declared (saved in meta.json)
     filters: dict[str, str | None] = field(default_factory=dict)
     #: why the topic's own work (dispatch, commit) failed last, until it works again
     error: str | None = None
     #: why a group's position could not be saved, until it is saved again
     group_errors: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _ClientLink:
-    """One link's consumers and the messages its queue did not take yet."""
-
-    queue: MessageQueue
-    #: what RPC replies are routed by (a request on an ``rpc`` topic carries it)
-    session: str = ""
-    #: receiver names this link answers to (``receive``)
-    names: set[str] = field(default_factory=set)
-    consumers: dict[tuple[str, str], Member] = field(default_factory=dict)
-    outbox: deque[bytes | Gather] = field(default_factory=deque)
-    #: deliveries of the dispatch under way, sent as one ``messages`` frame each
-    batch: list[Delivery] = field(default_factory=list)
 
 
 class MqServer:
@@ -234,36 +166,24 @@ class MqServer:
         self.retain_bytes = retain_bytes
         self.retain_age = retain_age
         self.topics: dict[str, _Topic] = {}
-        self.links: dict[MessageQueue, _ClientLink] = {}
-        #: links by session id, for RPC replies (``route``)
-        self.sessions: dict[str, _ClientLink] = {}
-        #: links by receiver name, for ``push``
-        self.receivers: dict[str, list[_ClientLink]] = {}
-        self._sessions = 0
-        self._waiting: list[_Waiting] = []
+        self.links = Links()
         #: topics found on disk that cannot be opened, by directory name: why
         self.unavailable: dict[str, str] = {}
         #: damage found in the topics' files when they were opened: (topic, what)
         self.corruptions: list[tuple[str, Corruption]] = []
-        self._commit_posted = False
-        self._committing = False
         self._closed = False
-        #: fsyncs run in a thread and report back through trio (when trio runs this pump)
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._syncer: _Syncer | None = None
-        if fsync_thread:
-            try:
-                self._token = trio.lowlevel.current_trio_token()
-            except RuntimeError:
-                self._token = None
         #: Counters: stored, delivered, acked, dead letters, errors replied.
         self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
                        "routed": 0, "unroutable": 0}
+        self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
+                                  reply=self._reply, failed=self._commit_failed,
+                                  committed=self._dispatch_all, fsync_thread=fsync_thread)
+        router = Router(self.links, self.counts, self.address)
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
-            "remove": self._remove, "empty": self._empty, "route": self._route,
-            "receive": self._receive, "push": self._push}
+            "remove": self._remove, "empty": self._empty, "route": router.route,
+            "receive": router.receive, "push": router.push}
         self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler))
                                          for cmd, handler in handlers.items()},
                                   names=_error_names)
@@ -272,9 +192,6 @@ class MqServer:
             self._load()
         node.extend(self)
         self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
-        self._sync_timer: Repeating | None = None
-        if self.durability.kind == "interval":
-            self._sync_timer = self.pump.call_every(self.durability.interval, self._interval)
 
     # -- topics on disk ----------------------------------------------------------------
 
@@ -324,6 +241,7 @@ class MqServer:
                       ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
                       dead=self._dead)
         state = self.topics[name] = _Topic(topic, flags, topic_dir, cursors)
+        self.commit.add(name, log_)
         mask = sum(FLAGS[f] for f in flags)
         self.node.declare_topic(name, mask=mask)
         return state
@@ -371,15 +289,7 @@ class MqServer:
             return
         if seq is not None:
             reply["seq"] = seq
-        self._send_to(self._link(queue), encode(reply))
-
-    def _link(self, queue: MessageQueue) -> _ClientLink:
-        link = self.links.get(queue)
-        if link is None:
-            self._sessions += 1
-            link = self.links[queue] = _ClientLink(queue, f"{queue.remote_id}#{self._sessions}")
-            self.sessions[link.session] = link
-        return link
+        self.links.of(queue).send(encode(reply))
 
     def _state(self, name: str) -> _Topic:
         state = self.topics.get(name)
@@ -443,7 +353,7 @@ class MqServer:
             # a request: replies are routed back to this link by (session, request id)
             if queue is None:
                 raise ServiceError(Status.BAD_REQUEST, "an RPC request needs a link to answer")
-            producer = self._link(queue).session
+            producer = self.links.of(queue).session
         sizes = request.sizes
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
@@ -462,98 +372,30 @@ class MqServer:
         self.counts["stored"] += len(messages)
         reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
                  "count": len(messages), "server": self.address}
-        if self._needs_commit(state):
-            self._waiting.append((queue, call.seq, reply, state.topic.name))
-            return None
+        if self.commit.written(state.topic.name, state.topic.log,
+                               (queue, call.seq, reply, state.topic.name)):
+            return None  # replied and delivered once the group commit is done
         self._dispatch(state)
         return reply
 
-    def _needs_commit(self, state: _Topic) -> bool:
-        """Under ``sync``, a disk topic just written waits for the next group commit
-        (posted once for all); True if it does."""
-        if self.durability.kind != "sync" or not isinstance(state.topic.log, TopicLog):
-            return False
-        state.dirty = True
-        self._want_commit()
-        return True
+    def _commit_failed(self, name: str, reason: str) -> None:
+        state = self.topics.get(name)
+        if state is not None:
+            self._topic_failed(state, "commit", reason)
 
-    def _want_commit(self) -> None:
-        if not self._commit_posted and not self._committing:
-            self._commit_posted = True
-            self.pump.post("mq commit", self._commit, owner=self.node.broker)
-
-    def _commit(self) -> None:
-        """One fsync per dirty topic for every produce since the last commit; their
-        replies and deliveries follow when it is done.  With ``fsync_thread`` the fsyncs
-        run in a thread while the pump goes on (and produces gather for the next
-        commit); otherwise on the pump."""
-        self._commit_posted = False
-        if self._closed:
-            return
-        points: dict[str, SyncPoint] = {}
-        failed: dict[str, str] = {}
-        for state in self.topics.values():
-            if state.dirty and isinstance(state.topic.log, TopicLog):
-                state.dirty = False
-                try:
-                    points[state.topic.name] = state.topic.log.prepare_sync()
-                except StoreError as exc:
-                    failed[state.topic.name] = str(exc)
-        waiting, self._waiting = self._waiting, []
-        if not points or self._token is None:
-            errors = _run_syncs(points)
-            self._committed(points, errors, failed, waiting)
-            return
-        self._committing = True
-        if self._syncer is None:
-            self._syncer = _Syncer(self._token)
-        self._syncer.submit(points, lambda errors: self.pump.post(
-            "mq committed", self._committed, points, errors, failed, waiting))
-
-    def _committed(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
-                   failed: dict[str, str], waiting: list[_Waiting]) -> None:
-        self._committing = False
-        if self._closed:
-            return
-        for name, point in points.items():
-            state = self.topics.get(name)
-            if state is None or not isinstance(state.topic.log, TopicLog):
-                continue
-            try:
-                state.topic.log.finish_sync(point, errors.get(name))
-            except StoreError as exc:
-                failed[name] = str(exc)
-        for name, reason in failed.items():
-            state = self.topics.get(name)
-            if state is not None:
-                self._topic_failed(state, "commit", reason)
-        for queue, seq, reply, name in waiting:
-            if name in failed:
-                reply = ServiceError(Status.INTERNAL, f"not acknowledged, it may or may not "
-                                                      f"be stored: {failed[name]}",
-                                     topic=name).envelope("produce")
-            self._reply(queue, seq, reply)
+    def _dispatch_all(self) -> None:
         for state in list(self.topics.values()):
             self._dispatch(state)
-        if self._waiting or any(s.dirty for s in self.topics.values()):
-            self._want_commit()
-
-    def _visible(self, state: _Topic) -> int:
-        topic_log = state.topic.log
-        if self.durability.kind == "sync" and isinstance(topic_log, TopicLog):
-            return topic_log.durable_offset
-        return topic_log.next_offset
 
     def _dispatch(self, state: _Topic) -> None:
         """Push what a topic's groups may have now; a failure stays with the topic (its
         error state, logged once), and the broker and the other topics go on."""
         try:
-            sent = state.topic.dispatch(self._visible(state))
+            sent = state.topic.dispatch(self.commit.visible(state.topic.log))
         except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
             self._topic_failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
             sent = 0
-            for link in self.links.values():
-                link.batch.clear()  # in flight already: redelivered by the ack timeout
+            self.links.clear_batches()
         else:
             if state.error is not None:
                 log.warning("%s: topic %s serves again (it had failed: %s)", self.address,
@@ -561,9 +403,7 @@ class MqServer:
                 state.error = None
         if sent:
             self.counts["delivered"] += sent
-            for link in self.links.values():
-                if link.batch:
-                    self._flush_batch(link)
+            self.links.flush()
 
     def _topic_failed(self, state: _Topic, work: str, reason: str,
                       exc: BaseException | None = None) -> None:
@@ -583,7 +423,7 @@ class MqServer:
         group = request.group or state.topic.name
         window = request.window
         topic_group = state.topic.group(group)
-        link = self._link(queue)
+        link = self.links.of(queue)
         if (state.topic.name, group) in link.consumers:
             raise ServiceError(Status.CONFLICT,
                                f"this link already consumes {state.topic.name}/{group}")
@@ -604,7 +444,7 @@ class MqServer:
         queue = call.queue
         state = self._state(request.topic)
         group = request.group or state.topic.name
-        consumer = None if queue is None else self._link(queue).consumers.pop(
+        consumer = None if queue is None else self.links.of(queue).consumers.pop(
             (state.topic.name, group), None)
         if consumer is None:
             raise ServiceError(Status.NOT_FOUND,
@@ -615,15 +455,15 @@ class MqServer:
         return {"cmd": "unconsumed", "topic": state.topic.name, "group": group}
 
     def _ack(self, request: Ack, call: Call) -> dict[str, Any] | None:
-        queue = call.queue
         """Acknowledge offsets this link's consumer of the group holds.  Offsets it does
         not hold (never delivered to it, acknowledged already, or gone to another
         consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
         all the same."""
+        queue = call.queue
         state = self._state(request.topic)
         group = request.group or state.topic.name
         state.topic.group(group)  # 404 for an unknown group
-        consumer = None if queue is None else self._link(queue).consumers.get(
+        consumer = None if queue is None else self.links.of(queue).consumers.get(
             (state.topic.name, group))
         if consumer is None:
             raise ServiceError(Status.CONFLICT,
@@ -663,7 +503,7 @@ class MqServer:
             "flags": sorted(state.flags), "depth": topic.depth,
             "start": topic.log.start_offset, "next": topic.log.next_offset,
             "error": state.error, "groups": groups}
-        if isinstance(topic.log, TopicLog):
+        if topic.log.persistent:
             described["corrupt"] = [{"file": c.file, "position": c.position,
                                      "offsets": [c.first, c.last]}
                                     for c in topic.log.corruptions]
@@ -682,7 +522,7 @@ class MqServer:
             return "waiting for a consumer"
         if all(c.credits <= 0 for c in g.consumers):
             return f"every consumer's window is full ({len(g.in_flight)} unacknowledged)"
-        if g.next_read >= self._visible(state) and not g.redeliver:
+        if g.next_read >= self.commit.visible(state.topic.log) and not g.redeliver:
             return "waiting for messages to be stored" if g.next_read < (
                 state.topic.log.next_offset) else "ok"
         return "ok"
@@ -705,144 +545,37 @@ class MqServer:
     def _drop_topic(self, state: _Topic) -> None:
         for group in list(state.topic.groups):
             state.topic.remove_group(group)
-        for link in self.links.values():
+        for link in self.links:
             for key in [k for k in link.consumers if k[0] == state.topic.name]:
                 del link.consumers[key]
         state.topic.log.close()
         del self.topics[state.topic.name]
+        self.commit.remove(state.topic.name)
         if state.directory is not None:
             # a topic's own directory, one level below the server's (mq._names)
             assert self.directory is not None and state.directory.parent == self.directory
             shutil.rmtree(state.directory, ignore_errors=True)
         self.node.remove_topic(state.topic.name)
 
-    def _route(self, request: Route, call: Call) -> dict[str, Any] | None:
-        asked = call.seq is not None
-        """An RPC reply: ``route {recver, id}`` + body goes to the caller's link as
-        ``reply {id}`` + body; a caller that has left is counted, and the replier told
-        (a 410) only if it asked (``seq``): callers that time out and leave are normal."""
-        link = self.sessions.get(request.recver)
-        if link is None:
-            self.counts["unroutable"] += 1
-            log.info("%s: a reply to %s (request %d) dropped: the caller has left",
-                     self.address, request.recver, request.id)
-            if asked:
-                raise ServiceError(Status.GONE,
-                                   f"caller {request.recver} has left; the reply is dropped")
-            return None
-        self.counts["routed"] += 1
-        self._send_to(link, encode({"cmd": "reply", "id": request.id,
-                                    "status": request.status}, request.body))
-        return {"cmd": "routed"}
-
-    def _receive(self, request: Receive, call: Call) -> dict[str, Any]:
-        queue = call.queue
-        """This link answers to a receiver name: pushes to that name come here."""
-        if queue is None:
-            raise ServiceError(Status.BAD_REQUEST, "receive needs a link to deliver to")
-        link = self._link(queue)
-        if request.name not in link.names:
-            link.names.add(request.name)
-            self.receivers.setdefault(request.name, []).append(link)
-        return {"cmd": "receiving", "name": request.name}
-
-    def _push(self, request: Push, call: Call) -> dict[str, Any] | None:
-        queue = call.queue
-        """``push {to}`` + body: to every link that answers to that name, now (not
-        stored); a 404 if none does."""
-        links = self.receivers.get(request.to)
-        if not links:
-            self.counts["unroutable"] += 1
-            raise ServiceError(Status.NOT_FOUND, f"no receiver {request.to!r} on {self.address}")
-        sender = self._link(queue).session if queue is not None else self.address
-        message = encode({"cmd": "pushed", "to": request.to, "from": sender}, request.body)
-        for link in links:
-            self._send_to(link, message)
-        self.counts["routed"] += len(links)
-        return {"cmd": "pushed-to", "count": len(links)}
-
     def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
         state = self._state(request.topic)
         state.topic.empty()
         return {"cmd": "emptied", "topic": state.topic.name}
 
-    # -- delivery ----------------------------------------------------------------------
-
-    def _flush_batch(self, link: _ClientLink) -> None:
-        """The deliveries of one dispatch to one link (its consumers append them to
-        ``link.batch``), one ``messages`` frame per group: the records' fields as lists,
-        their bodies back to back."""
-        batch = link.batch[:]
-        link.batch.clear()
-        first = batch[0]
-        if all(d.group == first.group and d.topic == first.topic for d in batch):
-            self._send_messages(link, first.topic, first.group, batch)
-            return
-        by_group: dict[tuple[str, str], list[Delivery]] = {}
-        for delivery in batch:
-            by_group.setdefault((delivery.topic, delivery.group), []).append(delivery)
-        for (topic, group), deliveries in by_group.items():
-            self._send_messages(link, topic, group, deliveries)
-
-    def _send_messages(self, link: _ClientLink, topic: str, group: str,
-                       deliveries: list[Delivery]) -> None:
-        """``messages`` frames of about :data:`FRAME_BYTES` of bodies each (a wide window
-        behind a deep backlog would make one frame larger than a link carries)."""
-        start = size = 0
-        for i, delivery in enumerate(deliveries):
-            size += len(delivery.record.body)
-            if size >= FRAME_BYTES:
-                self._send_frame(link, topic, group, deliveries[start:i + 1])
-                start, size = i + 1, 0
-        if start < len(deliveries):
-            self._send_frame(link, topic, group, deliveries[start:])
-
-    def _send_frame(self, link: _ClientLink, topic: str, group: str,
-                    deliveries: list[Delivery]) -> None:
-        records = [d.record for d in deliveries]
-        header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
-                  "offsets": pack_column([r.offset for r in records], counting=True),
-                  "sizes": pack_column([len(r.body) for r in records]),
-                  "tags": pack_column([r.tag for r in records]),
-                  "producers": pack_column([r.producer for r in records]),
-                  "sequences": pack_column([r.sequence for r in records], counting=True),
-                  "deliveries": pack_column([d.deliveries for d in deliveries]),
-                  "timestamps": pack_column([r.timestamp for r in records])}
-        self._send_to(link, encode(header, [r.body for r in records]))
-
-    def _send_to(self, link: _ClientLink, message: bytes | Gather) -> None:
-        """Send, or keep for when the queue drains (bounded: credits bound deliveries)."""
-        if link.outbox:
-            link.outbox.append(message)
-            return
-        outcome = send(link.queue, message, what=f"mq client {link.queue.remote_id}")
-        if outcome is Sent.FULL:
-            link.outbox.append(message)
+    # -- links -------------------------------------------------------------------------
 
     def drained(self, queue: MessageQueue) -> None:
         link = None if self._closed else self.links.get(queue)
-        if link is None:
-            return
-        while link.outbox:
-            outcome = send(queue, link.outbox[0], what=f"mq client {queue.remote_id}")
-            if outcome is not Sent.SENT:
-                return
-            link.outbox.popleft()
+        if link is not None:
+            link.drained()
 
     def closed(self, queue: MessageQueue, reason: str) -> None:
         """A link closed: its consumers' messages go to the others; topics it declared
         with delete-on-exit go."""
         if self._closed:
             return
-        link = self.links.pop(queue, None)
+        link = self.links.drop(queue)
         if link is not None:
-            self.sessions.pop(link.session, None)
-            for name in link.names:
-                held = self.receivers.get(name, [])
-                if link in held:
-                    held.remove(link)
-                if not held:
-                    self.receivers.pop(name, None)
             for (name, group), consumer in link.consumers.items():
                 state = self.topics.get(name)
                 if state is not None:
@@ -853,7 +586,7 @@ class MqServer:
                                  returned, queue.remote_id)
                     self._consumers_changed(state, group)
                     self._dispatch(state)
-        self._waiting = [w for w in self._waiting if w[0] is not queue]
+        self.commit.forget(queue)
         for state in list(self.topics.values()):
             if state.creator is queue and "delete-on-exit" in state.flags:
                 self._drop_topic(state)
@@ -871,7 +604,7 @@ class MqServer:
             state.filters[name] = None
             self._save_meta(state)
         state.topic.publish([(record.tag, record.producer, record.sequence, record.body)])
-        if not self._needs_commit(state):
+        if not self.commit.written(name, state.topic.log):
             self._dispatch(state)
         log.warning("%s: %s/%s: offset %d went to %s after %d deliveries", self.address,
                     topic, group, record.offset, name, deliveries)
@@ -903,8 +636,6 @@ class MqServer:
     def _retain(self) -> None:
         for state in self.topics.values():
             topic_log = state.topic.log
-            if not isinstance(topic_log, TopicLog):
-                continue
             gone = topic_log.retain(max_bytes=self.retain_bytes, max_age=self.retain_age)
             if not gone:
                 continue
@@ -939,22 +670,9 @@ class MqServer:
                     log.warning("%s: %s/%s: the group's position is saved again",
                                 self.address, state.topic.name, group)
 
-    def _interval(self) -> None:
-        """Every topic written since the last interval is fsynced (a commit, in the
-        fsync thread when there is one)."""
-        for state in self.topics.values():
-            if isinstance(state.topic.log, TopicLog) and (
-                    state.topic.log.durable_offset < state.topic.log.next_offset):
-                state.dirty = True
-        self._want_commit()
-
     def sync_all(self) -> None:
-        for state in self.topics.values():
-            if isinstance(state.topic.log, TopicLog):
-                try:
-                    state.topic.log.sync()
-                except StoreError as exc:
-                    log.error("%s: %s", self.address, exc)
+        """fsync every topic now, on the pump."""
+        self.commit.sync_all()
 
     def close(self) -> None:
         """Save every position, fsync every topic, close the files."""
@@ -962,10 +680,7 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
-        if self._sync_timer is not None:
-            self._sync_timer.cancel()
-        if self._syncer is not None:
-            self._syncer.stop()
+        self.commit.close()
         self.sync_all()
         for state in self.topics.values():
             self._save_cursors(state)
@@ -973,10 +688,6 @@ class MqServer:
 
     def topic_names(self) -> Iterable[str]:
         return sorted(self.topics)
-
-
-#: A produce waiting for its group commit: the caller's link, its seq, the reply, the topic.
-_Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
 
 
 def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -1010,45 +721,3 @@ def _offsets(offsets: list[int]) -> str:
     """Offsets for a message: the first few, and how many more."""
     shown = ", ".join(map(str, offsets[:5]))
     return shown if len(offsets) <= 5 else f"{shown} and {len(offsets) - 5} more"
-
-
-class _Syncer:
-    """One thread that runs the commits' fsyncs, one commit at a time, and reports each
-    back on the pump's trio loop (a thread started per commit cost more than many
-    fsyncs of a small commit)."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
-        self._jobs: SimpleQueue[
-            tuple[dict[str, SyncPoint], Callable[[dict[str, OSError]], object]] | None
-        ] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="mq fsync", daemon=True)
-        self._thread.start()
-
-    def submit(self, points: dict[str, SyncPoint],
-               done: Callable[[dict[str, OSError]], object]) -> None:
-        self._jobs.put((points, done))
-
-    def stop(self) -> None:
-        """No more commits: the thread ends after the one under way (not waited for)."""
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            points, done = job
-            errors = _run_syncs(points)
-            try:
-                self._token.run_sync_soon(done, errors)
-            except trio.RunFinishedError:  # ending: nothing is acknowledged
-                return
-
-
-def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:
-    """fsync each point (any thread); the errors by topic."""
-    errors = {}
-    for name, point in points.items():
-        try:
-            run_sync(point)
-        except OSError as exc:
-            errors[name] = exc
-    return errors

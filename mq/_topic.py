@@ -28,6 +28,7 @@ from typing import Protocol
 from pump import ConfigError, RdvpumpError
 
 from ._filter import TagFilter
+from ._log import Corruption, SyncPoint
 from ._record import Entry, Record
 
 #: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
@@ -46,18 +47,33 @@ class UnknownGroupError(RdvpumpError, KeyError):
 
 
 class Log(Protocol):
-    """What a topic needs of its log (:class:`~._log.TopicLog`, :class:`~._memory.MemoryLog`)."""
+    """A topic's log (:class:`~._log.TopicLog` on disk, :class:`~._memory.MemoryLog`):
+    what its topic reads and writes, and what the server's durability needs of it
+    (:mod:`._commit`, retention, ``query``)."""
 
+    @property
+    def persistent(self) -> bool:
+        """On disk: its writes are durable once fsynced (a memory log's never are)."""
     @property
     def start_offset(self) -> int: ...
     @property
     def next_offset(self) -> int: ...
+    @property
+    def durable_offset(self) -> int: ...
+    @property
+    def corruptions(self) -> list[Corruption]:
+        """Damage found in its files (none in memory)."""
 
     def append(self, messages: Sequence[Entry]) -> int: ...
     def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
              ) -> list[Record]: ...
     def offset_for_time(self, timestamp_ms: int) -> int: ...
     def sync(self) -> int: ...
+    def prepare_sync(self) -> SyncPoint | None:
+        """What an fsync must cover now (None: nothing to fsync); see :mod:`._commit`."""
+    def finish_sync(self, point: SyncPoint, error: OSError | None) -> int: ...
+    def retain(self, *, max_bytes: int | None = None, max_age: float | None = None
+               ) -> int: ...
     def close(self) -> None: ...
 
 
