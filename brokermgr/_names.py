@@ -17,6 +17,7 @@ from typing import Any
 
 from channels import MessageQueue
 from pump import ConfigError, Repeating
+from pump.schema import Kind
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
@@ -192,12 +193,12 @@ class NameService:
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):
             log.info("broker %s dropped: its connection closed (%s)", broker_id, reason)
-            self.pump.emit("drop", broker=broker_id, reason=reason)
+            self.pump.emit(Kind.DROP, broker=broker_id, reason=reason)
 
     def _scan(self) -> None:
         for broker_id in self.table.scan(self.pump.now()):
             log.info("broker %s expired: no heartbeat within %s s", broker_id, self.table.expiry)
-            self.pump.emit("expire", broker=broker_id)
+            self.pump.emit(Kind.EXPIRE, broker=broker_id)
 
     def close(self) -> None:
         self._scan_timer.cancel()

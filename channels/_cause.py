@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from pump.schema import Outcome
+
 
 class CloseCause(enum.Enum):
     """How a link ended (the reason string says more, for people).
@@ -15,10 +17,13 @@ class CloseCause(enum.Enum):
     * ``LOST`` -- the connection was lost (a reset, a peer process that died).
     * ``PROTOCOL_ERROR`` -- one side sent bytes that are not a valid frame stream.
     * ``REFUSED`` -- a connect that never became a link.
+
+    The values of the first four are the trace's ``disconnect`` outcomes
+    (:class:`pump.schema.Outcome`).
     """
 
-    CLEAN = "clean"
-    ABORTED = "aborted"
-    LOST = "lost"
-    PROTOCOL_ERROR = "protocol error"
+    CLEAN = Outcome.CLEAN
+    ABORTED = Outcome.ABORTED
+    LOST = Outcome.LOST
+    PROTOCOL_ERROR = Outcome.PROTOCOL_ERROR
     REFUSED = "refused"

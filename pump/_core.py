@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ._errors import ConfigError, NeverIdleError
 from ._log import CollapsingLog
 from ._recorder import LinkTrace, TraceRecorder
+from .schema import Kind
 
 log = logging.getLogger("rdvpump.pump")
 
@@ -224,7 +225,7 @@ class PumpCore:
             if not timer.cancelled:
                 ready.append((timer.kind, timer.fn, timer.args, timer.owner))
                 if self.trace is not None:
-                    self._trace_task("timer", timer.kind, timer.owner, now)
+                    self._trace_task(Kind.TIMER, timer.kind, timer.owner, now)
 
     def _next_deadline(self) -> float:
         timers = self._timers
@@ -236,7 +237,7 @@ class PumpCore:
         kind, fn, args, owner = self._ready.popleft()
         self.step_number += 1
         if self.trace is not None:
-            self._trace_task("task", kind, owner, self.now())
+            self._trace_task(Kind.TASK, kind, owner, self.now())
         self._in_task = True
         try:
             fn(*args)
@@ -261,7 +262,7 @@ class PumpCore:
         if self.trace is not None:
             broker, peer, port, link = (owner.trace_ids() if owner is not None
                                         else (None, None, None, None))
-            self.trace.event(self.step_number, self.now(), "fail", broker=broker, peer=peer,
+            self.trace.event(self.step_number, self.now(), Kind.FAIL, broker=broker, peer=peer,
                              port=port, link=link, outcome=kind, reason=repr(exc))
         if owner is not None:
             try:

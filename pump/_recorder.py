@@ -18,7 +18,7 @@ from itertools import count, repeat
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import TraceWriteError
-from .schema import Context, TraceEvent
+from .schema import Context, Kind, Outcome, TraceEvent
 
 if TYPE_CHECKING:
     from ._core import PumpCore
@@ -272,8 +272,8 @@ class LinkTrace:
         self._ids = {"broker": broker, "peer": peer, "port": port, "link": link}
         self._tx_dir = tx_dir
         self._rx_dir = rx_dir
-        self._sends = recorder.message_log("send", broker, peer, port, link, tx_dir)
-        self._delivers = recorder.message_log("deliver", broker, peer, port, link, rx_dir)
+        self._sends = recorder.message_log(Kind.SEND, broker, peer, port, link, tx_dir)
+        self._delivers = recorder.message_log(Kind.DELIVER, broker, peer, port, link, rx_dir)
 
     def sent(self, size: int) -> None:
         pump = self._pump
@@ -288,18 +288,18 @@ class LinkTrace:
         self._delivers.add_batch(pump.step_number, pump.now(), sizes)
 
     def moved(self, kind: str, size: int, partial: bool) -> None:
-        direction = self._tx_dir if kind == "write" else self._rx_dir
+        direction = self._tx_dir if kind == Kind.WRITE else self._rx_dir
         self._pump.emit(kind, **self._ids, dir=direction, size=size,
-                        outcome="partial" if partial else None)
+                        outcome=Outcome.PARTIAL if partial else None)
 
     def protocol_error(self, reason: str) -> None:
-        self._pump.emit("protocol_error", **self._ids, dir=self._rx_dir, reason=reason)
+        self._pump.emit(Kind.PROTOCOL_ERROR, **self._ids, dir=self._rx_dir, reason=reason)
 
     def disconnected(self, reason: str, cause: str) -> None:
-        self._pump.emit("disconnect", **self._ids, outcome=cause, reason=reason)
+        self._pump.emit(Kind.DISCONNECT, **self._ids, outcome=cause, reason=reason)
 
     def closed(self, reason: str) -> None:
-        self._pump.emit("close", **self._ids, reason=reason)
+        self._pump.emit(Kind.CLOSE, **self._ids, reason=reason)
         self._sends.done = self._delivers.done = True
 
 

@@ -13,6 +13,7 @@ import time
 import trio
 
 from ._core import DEFAULT_SERVE_BATCH, PumpCore
+from .schema import Kind
 
 # A Ctrl-C is not raised in the middle of the pump tasks that a trio task runs itself
 # (held hops, the I/O tasks' deliveries): trio defers it to the next checkpoint.
@@ -47,7 +48,7 @@ class Pump(PumpCore):
         if self.trace is not None and not _mock_clock():
             # Pump time <-> the machine's monotonic clock, shared by all its processes:
             # the replay aligns pumps of different processes with it.
-            self.emit("clock", monotonic=time.monotonic())
+            self.emit(Kind.CLOCK, monotonic=time.monotonic())
         ready = self._ready
         run_one = self._run_one
         try:

@@ -28,7 +28,13 @@ message), ``protocol_error``, ``disconnect`` (outcome: how the link ended,
 ``clean``, ``aborted``, ``lost`` or ``protocol error``), ``close`` (a listener
 was told), ``timer`` (a timer fired; outcome its kind), ``task`` (a pump step
 began; outcome the task's kind), ``fail`` (a task raised), ``clock`` (a served
-pump started), and the name service's ``expire`` and ``drop``.
+pump started), the name service's ``expire`` and ``drop``, and ``fault`` (a fault the
+simulation injected: outcome the action, reason its detail).
+
+The kinds, the outcomes, the violations the replay finds and the causes it gives an
+undelivered message are named once, here (:class:`Kind`, :class:`Outcome`,
+:class:`Violation`, :class:`Cause`): the pump, the layers that record, the replay and
+the benchmarks use these names.
 
 Version 3 moved the monotonic clock of ``clock`` events from ``reason`` into
 its own field and named the ``disconnect`` outcomes by cause (version 2 said
@@ -59,6 +65,81 @@ CONTEXT_FIELDS = ("kind", "broker", "peer", "port", "link", "dir", "outcome", "r
                   "monotonic")
 
 FORMATS = ("jsonl", "parquet")
+
+
+class Kind:
+    """The event kinds, a row's ``kind`` (see the module for what each records)."""
+
+    BIND = "bind"
+    LISTEN = "listen"
+    UNBIND = "unbind"
+    CONNECT = "connect"
+    ACCEPT = "accept"
+    REFUSE = "refuse"
+    WRITE = "write"
+    READ = "read"
+    SEND = "send"
+    DELIVER = "deliver"
+    PROTOCOL_ERROR = "protocol_error"
+    DISCONNECT = "disconnect"
+    CLOSE = "close"
+    TIMER = "timer"
+    TASK = "task"
+    FAIL = "fail"
+    CLOCK = "clock"
+    EXPIRE = "expire"
+    DROP = "drop"
+    FAULT = "fault"
+
+
+#: Every kind a trace may hold.
+KINDS = frozenset(value for name, value in vars(Kind).items() if name.isupper())
+#: One row per message: its send and its delivery.
+MESSAGE_KINDS = (Kind.SEND, Kind.DELIVER)
+#: How a link (or the task working it) ends.
+END_KINDS = (Kind.DISCONNECT, Kind.CLOSE, Kind.FAIL, Kind.PROTOCOL_ERROR)
+#: A link's life: it starts, then ends.
+LIFE_KINDS = (Kind.CONNECT, Kind.ACCEPT, *END_KINDS)
+
+
+class Outcome:
+    """A row's ``outcome``: how a link ended (``disconnect``; the values of
+    ``channels.CloseCause``), or that a ``write``/``read`` moved part of a frame."""
+
+    CLEAN = "clean"
+    ABORTED = "aborted"
+    LOST = "lost"
+    PROTOCOL_ERROR = "protocol error"
+    PARTIAL = "partial"
+    #: a ``refuse`` written by the accepting side of a link over TCP (the connecting
+    #: side writes its own)
+    INBOUND = "inbound"
+
+
+class Violation:
+    """What the replay finds wrong with a message on a link and direction."""
+
+    DUPLICATE_SEND = "duplicate send"
+    DUPLICATE_DELIVERY = "duplicate delivery"
+    NEVER_SENT = "delivered but never sent"
+    OUT_OF_ORDER = "out of order"
+    SIZE_MISMATCH = "size mismatch"
+
+
+#: The violations, in the order of the replay's tables.
+VIOLATIONS = (Violation.DUPLICATE_SEND, Violation.DUPLICATE_DELIVERY, Violation.NEVER_SENT,
+              Violation.OUT_OF_ORDER, Violation.SIZE_MISMATCH)
+
+
+class Cause:
+    """Why the replay says a sent message was never delivered."""
+
+    #: a task of the link failed, or the link ended on an error
+    PEER_FAILED = "peer failed"
+    #: the link was closed (cleanly) with the message still in flight
+    IN_FLIGHT = "link closed with it in flight"
+    #: the link was still open when the trace ends
+    RUN_ENDED = "run ended"
 
 #: A context: the values of :data:`CONTEXT_FIELDS`, in order.
 Context = tuple[str, str | None, str | None, int | None, str | None, str | None, str | None,

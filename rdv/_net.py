@@ -19,6 +19,7 @@ import trio
 
 from channels import DEFAULT_ADAPTIVE_POLL, Channel, ChannelManager, CloseCause, StreamLink
 from pump import CollapsingLog, Pump
+from pump.schema import Kind, Outcome
 
 from ._address import Address
 from ._core import Refusal, RefusalReason
@@ -255,8 +256,8 @@ class NetNode:
             result = (Refusal.UNKNOWN_BROKER if target is None
                       else target.accept(hello.src, hello.port, end))
             if isinstance(result, Refusal):
-                self.pump.emit("refuse", broker=hello.dst, peer=hello.src, port=hello.port,
-                               outcome="inbound", reason=str(result))
+                self.pump.emit(Kind.REFUSE, broker=hello.dst, peer=hello.src, port=hello.port,
+                               outcome=Outcome.INBOUND, reason=str(result))
                 outcome.append(result)
             else:
                 outcome.append(ends[0])

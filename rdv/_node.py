@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from channels import Channel, ChannelManager, MessageQueue
 from pump import Owner, Pump
+from pump.schema import Kind
 
 from ._core import Action, RdvEvent, Refusal, RefusalReason, Rendezvous, check_port
 from ._listeners import require
@@ -65,20 +66,20 @@ class RdvNode:
         require(listener, "accept", "accepted")
         self.core.handle(RdvEvent.BIND, port)
         self._acceptors[port] = listener
-        self.pump.emit("bind", broker=self.id, port=port)
+        self.pump.emit(Kind.BIND, broker=self.id, port=port)
 
     def listen(self, port: int, listener: Any) -> None:
         """Like ``bind``, re-armed after every accept: many connects, one after another."""
         require(listener, "accept", "accepted")
         self.core.handle(RdvEvent.LISTEN, port)
         self._acceptors[port] = listener
-        self.pump.emit("listen", broker=self.id, port=port)
+        self.pump.emit(Kind.LISTEN, broker=self.id, port=port)
 
     def unbind(self, port: int) -> None:
         """End the wait on ``port``; later connects to it are refused ("not bound")."""
         self.core.handle(RdvEvent.UNBIND, port)
         self._acceptors.pop(port, None)
-        self.pump.emit("unbind", broker=self.id, port=port)
+        self.pump.emit(Kind.UNBIND, broker=self.id, port=port)
 
     # -- the accept decision -----------------------------------------------------------
 
@@ -96,7 +97,7 @@ class RdvNode:
             return transition.reason
         channel = end()
         queue = self.open_queue(channel)
-        self.pump.emit("accept", broker=self.id, peer=src, port=port, link=channel.trace_link)
+        self.pump.emit(Kind.ACCEPT, broker=self.id, peer=src, port=port, link=channel.trace_link)
         self.pump.post("accept", self._acceptors[port].accepted, queue, owner=queue)
         return queue
 
@@ -114,7 +115,7 @@ class RdvNode:
             raise TypeError(f"broker id must be a str, not {type(broker_id).__name__}")
         check_port(port)
         require(listener, "connect", "connected", "refused")
-        self.pump.emit("connect", broker=self.id, peer=broker_id, port=port)
+        self.pump.emit(Kind.CONNECT, broker=self.id, peer=broker_id, port=port)
         self.pump.post("connect", self._run_connect, broker_id, port, listener, owner=self.owner)
 
     def _run_connect(self, broker_id: str, port: int, listener: Any) -> None:
@@ -153,7 +154,7 @@ class RdvNode:
 
     def refuse(self, broker_id: str, port: int, listener: Any, reason: RefusalReason) -> None:
         """A connect of ours was refused: ``listener.refused(reason)`` as a task."""
-        self.pump.emit("refuse", broker=self.id, peer=broker_id, port=port, reason=str(reason))
+        self.pump.emit(Kind.REFUSE, broker=self.id, peer=broker_id, port=port, reason=str(reason))
         self.pump.post("refuse", listener.refused, reason, owner=self.owner)
 
     # -- shutdown ----------------------------------------------------------------------

@@ -31,6 +31,7 @@ import trio
 from brokermgr import Broker, BrokerManager, open_universe
 from channels import Channel, RelayedLink
 from pump import RdvpumpError, Timer
+from pump.schema import Kind
 
 #: Seconds a link across a partition stalls before it closes with the reason "partitioned".
 DEFAULT_PARTITION_TIMEOUT = 10.0
@@ -269,7 +270,7 @@ class Faults:
             raise SimulationError(f"probability must be within 0..1, got {probability!r}")
         for found in self._targets(link, "loss", float(probability)):
             found.ab.loss = found.ba.loss = float(probability)
-        self._emit("drop", *self._ends(link), detail=f"{probability:g}")
+        self._emit(Kind.DROP, *self._ends(link), detail=f"{probability:g}")
 
     def _ends(self, ref: LinkRef) -> tuple[str, str, RelayedLink | None]:
         if _is_pair(ref):
@@ -338,7 +339,7 @@ class Faults:
 
     def _emit(self, action: str, a: str, b: str | None = None,
               link: RelayedLink | None = None, *, detail: str | None = None) -> None:
-        self.pump.emit("fault", broker=a, peer=b, outcome=action, reason=detail,
+        self.pump.emit(Kind.FAULT, broker=a, peer=b, outcome=action, reason=detail,
                        link=None if link is None else link.a.trace_link,
                        port=None if link is None else link.a.port)
 

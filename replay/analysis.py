@@ -48,6 +48,8 @@ except ImportError:  # spark-submit of a checkout without rdvpump: replay/job.py
 
 #: The trace schema version this job reads (pump/schema.py is the one definition).
 SCHEMA_VERSION: int = _schema.SCHEMA_VERSION
+Kind, Outcome, Cause = _schema.Kind, _schema.Outcome, _schema.Cause
+MESSAGE_KINDS = _schema.MESSAGE_KINDS
 
 _OLDER = ("; traces of an older schema are not read (version 2 kept the monotonic clock in "
           "'reason' and named disconnects 'error'): record the run again with this rdvpump")
@@ -117,11 +119,6 @@ def lacking(missing: list[str], found: list[Any]) -> str:
 
 # -- analysis -----------------------------------------------------------------------------
 
-#: The kinds that tell a link's life; they carry the link id.
-LIFE_KINDS = _fold.LIFE_KINDS
-#: The kinds that end a link.
-END_KINDS = ("disconnect", "close", "fail", "protocol_error")
-MESSAGE_KINDS = _fold.MESSAGE_KINDS
 #: Violations and undelivered messages up to this many are collected and written by the
 #: driver; beyond it Spark writes them (and summary.json lists the first SUMMARY_LIMIT).
 COLLECT_LIMIT = 100_000
@@ -439,7 +436,7 @@ class _Census:
         # monotonic clock; pumps without one keep their own time.
         latest: dict[tuple[str, str], tuple[float, float]] = {}
         for r in good:
-            if r["kind"] == "clock" and r["clock"] is not None:
+            if r["kind"] == Kind.CLOCK and r["clock"] is not None:
                 key = (r["run"], r["pump"])
                 if key not in latest or (r["t1"], r["clock"]) > latest[key]:
                     latest[key] = (r["t1"], r["clock"])
@@ -451,7 +448,7 @@ class _Census:
         self.refusals: dict[str, int] = {}
         self.service_refusals: dict[str, int] = {}
         for r in good:
-            if r["kind"] == "refuse" and r["outcome"] != "inbound":
+            if r["kind"] == Kind.REFUSE and r["outcome"] != Outcome.INBOUND:
                 reason = r["reason"] or "?"
                 into = self.service_refusals if _service(r["broker"], r["peer"]) \
                     else self.refusals
@@ -484,7 +481,7 @@ class _Census:
         self._connects(good)
         self.service_links = {key for key, life in self.links.items() if _service(
             life["acceptor"] or key[1].rsplit("/", 1)[0], life["connector"])}
-        sends = [r for r in good if r["kind"] == "send"]
+        sends = [r for r in good if r["kind"] == Kind.SEND]
         self.sent_sizes = None if not sends else {
             "min": min(r["min_size"] for r in sends),
             "mean": sum(r["bytes"] for r in sends) / sum(r["n"] for r in sends),
@@ -501,8 +498,8 @@ class _Census:
         stream = self.streams.setdefault((r["run"], r["link"], r["dir"]), {
             "sender": None, "receiver": None, "send_pumps": set(), "deliver_pumps": set(),
             "sent": 0, "delivered": 0})
-        stream["sent" if r["kind"] == "send" else "delivered"] += r["n"]
-        if r["kind"] == "send":
+        stream["sent" if r["kind"] == Kind.SEND else "delivered"] += r["n"]
+        if r["kind"] == Kind.SEND:
             stream["sender"] = min(filter(None, (stream["sender"], r["broker"])), default=None)
             stream["send_pumps"].add(r["pump"])
             if r["dir"] in ("ca", "ac"):  # the links table counts the two directions
@@ -519,7 +516,7 @@ class _Census:
         port at or before the accept."""
         tried: dict[tuple[str, str, str, int], list[float]] = {}
         for r in good:
-            if r["kind"] == "connect" and r["connect_time"] is not None:
+            if r["kind"] == Kind.CONNECT and r["connect_time"] is not None:
                 tried.setdefault((r["run"], r["broker"], r["peer"], r["port"]), []).append(
                     r["connect_time"] + self.offset(r))
         for (run, _), link in self.links.items():
@@ -533,19 +530,19 @@ class _Census:
         """Rows come in time order (then by reason): the first one seen wins."""
         at = r["t0"] + self.offset(r)
         kind = r["kind"]
-        if kind == "accept" and link["accepted_at"] is None:
+        if kind == Kind.ACCEPT and link["accepted_at"] is None:
             link.update(accepted_at=at, acceptor=r["broker"], connector=r["peer"],
                         port=r["port"])
-        if kind == "disconnect" and link["disconnected_at"] is None:
+        if kind == Kind.DISCONNECT and link["disconnected_at"] is None:
             link.update(disconnected_at=at, disconnect_reason=r["reason"])
-        if kind == "close" and r["reason"] is not None:
+        if kind == Kind.CLOSE and r["reason"] is not None:
             link["close_reasons"].add(r["reason"])
-        if kind in END_KINDS:
+        if kind in _schema.END_KINDS:
             link["ended_at"] = at if link["ended_at"] is None else link["ended_at"]
             if link["end_reason"] is None:
                 link["end_reason"] = r["reason"]
-            if kind in ("fail", "protocol_error") or (
-                    kind == "disconnect" and r["outcome"] != "clean"):
+            if kind in (Kind.FAIL, Kind.PROTOCOL_ERROR) or (
+                    kind == Kind.DISCONNECT and r["outcome"] != Outcome.CLEAN):
                 link["failed"] = True
 
     def check(self, engine: Engine, traces: str) -> None:
@@ -567,10 +564,10 @@ class _Census:
         """Why a message sent on this link may not have arrived, and the link's end."""
         life = self.links.get((run, link))
         if life is not None and life["failed"]:
-            return "peer failed", life["end_reason"]
+            return Cause.PEER_FAILED, life["end_reason"]
         if life is not None and life["end_reason"] is not None:
-            return "link closed with it in flight", life["end_reason"]
-        return "run ended", None
+            return Cause.IN_FLIGHT, life["end_reason"]
+        return Cause.RUN_ENDED, None
 
     def stream_ends(self) -> dict[int, tuple[str | None, str, str | None, bool]]:
         """Each stream's sender, the cause of an undelivered message on it, the end of its

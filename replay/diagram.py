@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pump import RdvpumpError
+from pump.schema import Kind, Outcome
 
 #: Events drawn one by one per kind (send, deliver, write, read) and direction before the
 #: rest is counted in one note, where the cut is.
@@ -62,9 +63,9 @@ def link_diagram(events: list[dict[str, Any]], link: str,
     None: every event).
     """
     mine = [e for e in events if e.get("link") == link]
-    accept = next((e for e in mine if e["kind"] == "accept"), None)
+    accept = next((e for e in mine if e["kind"] == Kind.ACCEPT), None)
     if accept is None:
-        known = sorted({e["link"] for e in events if e.get("kind") == "accept"})
+        known = sorted({e["link"] for e in events if e.get("kind") == Kind.ACCEPT})
         raise DiagramError(f"no accept of link {link!r} in this trace"
                            + (f"; links: {', '.join(known)}" if known else ""))
     acceptor, connector, port = accept["broker"], accept["peer"], accept["port"]
@@ -76,10 +77,10 @@ def link_diagram(events: list[dict[str, Any]], link: str,
     for e in events:  # the acceptor's bind and the connect, before the link existed
         if e is accept:
             break
-        if e["kind"] in ("bind", "listen") and e.get("broker") == acceptor and \
+        if e["kind"] in (Kind.BIND, Kind.LISTEN) and e.get("broker") == acceptor and \
                 e.get("port") == port:
             lines.append(f"    {_ident(acceptor)}->>rdv: {e['kind']}({port})")
-        elif e["kind"] == "connect" and e.get("broker") == connector and \
+        elif e["kind"] == Kind.CONNECT and e.get("broker") == connector and \
                 e.get("peer") == acceptor and e.get("port") == port:
             lines.append(f"    {_ident(connector)}->>rdv: connect({acceptor}, {port})")
     lines.append(f"    rdv->>{_ident(acceptor)}: accepted (link {link})")
@@ -89,7 +90,7 @@ def link_diagram(events: list[dict[str, Any]], link: str,
     for e in mine:
         kind, d = e["kind"], e.get("dir")
         side = _ident(e.get("broker") or "")
-        if kind in ("send", "deliver", "write", "read") and d in ends:
+        if kind in (Kind.SEND, Kind.DELIVER, Kind.WRITE, Kind.READ) and d in ends:
             if most is not None and shown.get((kind, d), 0) >= most:
                 cut = hidden.setdefault((kind, d), [len(lines), 0])
                 if cut[1] == 0:
@@ -97,34 +98,34 @@ def link_diagram(events: list[dict[str, Any]], link: str,
                 cut[1] += 1
                 continue
             shown[(kind, d)] = shown.get((kind, d), 0) + 1
-        if kind in ("send", "deliver") and d in ends:
+        if kind in (Kind.SEND, Kind.DELIVER) and d in ends:
             src, dst = ends[d]
-            if kind == "send":
+            if kind == Kind.SEND:
                 lines.append(f"    Note over {_ident(src)}: send message {e['seq']} "
                              f"({e['size']} B)")
             else:
                 lines.append(f"    Note over {_ident(dst)}: deliver message {e['seq']} "
                              f"({e['size']} B)")
-        elif kind == "write" and d in ends:
+        elif kind == Kind.WRITE and d in ends:
             src, dst = ends[d]
-            partial = e.get("outcome") == "partial"
+            partial = e.get("outcome") == Outcome.PARTIAL
             arrow = "-)" if partial else "->>"
             what = f"write {e['size']} B" + (" (partial: the ring is full)" if partial else "")
             lines.append(f"    {_ident(src)}{arrow}{_ident(dst)}: {what}")
-        elif kind == "read" and d in ends:
+        elif kind == Kind.READ and d in ends:
             lines.append(f"    Note over {_ident(ends[d][1])}: read {e['size']} B"
-                         + (" (a partial frame)" if e.get("outcome") == "partial" else ""))
-        elif kind == "disconnect":
+                         + (" (a partial frame)" if e.get("outcome") == Outcome.PARTIAL else ""))
+        elif kind == Kind.DISCONNECT:
             other = acceptor if e.get("broker") == connector else connector
             lines.append(f"    {side}--x{_ident(other)}: disconnect: "
                          f"{_text(e.get('reason') or '')}")
-        elif kind == "close":
+        elif kind == Kind.CLOSE:
             lines.append(f"    Note over {side}: closed: {_text(e.get('reason') or '')}")
-        elif kind in ("protocol_error", "fail"):
+        elif kind in (Kind.PROTOCOL_ERROR, Kind.FAIL):
             lines.append(f"    Note over {side}: {kind}: {_text(e.get('reason') or '')}")
     for (kind, d), (at, n) in hidden.items():
         src, dst = ends[d]
-        who = src if kind in ("send", "write") else dst
+        who = src if kind in (Kind.SEND, Kind.WRITE) else dst
         lines[at] = (f"    Note over {_ident(who)}: ... and {n} more {kind} events "
                      f"{src} to {dst}")
     return "\n".join(lines) + "\n"
@@ -136,17 +137,17 @@ def connect_diagram(events: list[dict[str, Any]], broker: str) -> str:
              f"    participant {_ident(broker)} as {broker}", "    participant rdv as rendezvous"]
     seen = False
     for e in events:
-        if e.get("kind") in ("bind", "listen", "unbind") and e.get("broker") != broker:
+        if e.get("kind") in (Kind.BIND, Kind.LISTEN, Kind.UNBIND) and e.get("broker") != broker:
             lines.append(f"    Note over rdv: {e['broker']}: {e['kind']}({e['port']})")
-        if e.get("broker") != broker and not (e.get("kind") == "accept"
+        if e.get("broker") != broker and not (e.get("kind") == Kind.ACCEPT
                                               and e.get("peer") == broker):
             continue
-        if e["kind"] == "connect":
+        if e["kind"] == Kind.CONNECT:
             seen = True
             lines.append(f"    {_ident(broker)}->>rdv: connect({e['peer']}, {e['port']})")
-        elif e["kind"] == "refuse" and e.get("outcome") != "inbound":
+        elif e["kind"] == Kind.REFUSE and e.get("outcome") != "inbound":
             lines.append(f"    rdv--x{_ident(broker)}: refused: {_text(e.get('reason'))}")
-        elif e["kind"] == "accept":
+        elif e["kind"] == Kind.ACCEPT:
             lines.append(f"    rdv->>{_ident(broker)}: connected (link {e['link']})")
     if not seen:
         raise DiagramError(f"no connect by {broker!r} in this trace")

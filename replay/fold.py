@@ -34,13 +34,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+try:
+    from pump import schema as _schema
+except ImportError:  # spark-submit of a checkout without rdvpump: replay/job.py loaded it
+    import sys
+
+    _schema = sys.modules["rdvpump_trace_schema"]
+
+# the trace's words, from its schema (re-exported: the engines and the benchmark use them)
+Kind, Cause, Violation = _schema.Kind, _schema.Cause, _schema.Violation
+LIFE_KINDS, MESSAGE_KINDS, VIOLATIONS = (_schema.LIFE_KINDS, _schema.MESSAGE_KINDS,
+                                         _schema.VIOLATIONS)
+
 #: The trace's string columns, read as dictionaries.
 STRINGS = ("run", "pump", "kind", "broker", "peer", "link", "dir", "outcome", "reason")
 #: The Arrow type of each trace column (pump/schema.py's kinds).
 ARROW_TYPES = {"int32": pa.int32(), "int": pa.int64(), "float": pa.float64(), "str": pa.string()}
 
-LIFE_KINDS = ("connect", "accept", "disconnect", "close", "fail", "protocol_error")
-MESSAGE_KINDS = ("send", "deliver")
 
 #: The census's group: what the driver's ``_Census`` reads of each row, with these sums.
 CENSUS_KEYS = ("bad", "v", "run", "pump", "kind", "broker", "link", "dir", "peer", "port",
@@ -77,9 +87,6 @@ LEAST_LATENCY_S = 1e-9
 #: The most bytes of shuffled blocks a reduce task holds in memory while it waits for
 #: all of them; past that, they wait in a temporary file (:class:`_Held`).
 HELD_BYTES = 64 << 20
-#: The violations, in the order of the result's columns.
-VIOLATIONS = ("duplicate send", "duplicate delivery", "delivered but never sent",
-              "out of order", "size mismatch")
 LISTED_ROW = pa.struct([("seq", pa.int64()), ("sends", pa.int64()),
                         ("deliveries", pa.int64()), ("late", pa.int64()),
                         ("size", pa.int64()), ("size_max", pa.int64()),
@@ -167,24 +174,24 @@ def census(table: pa.Table) -> pa.Table:
     bad = table.column("bad").to_numpy(zero_copy_only=False)
     good = ~bad
     msg, life, refuse = (kind.has(*MESSAGE_KINDS) & good, kind.has(*LIFE_KINDS) & good,
-                         kind.has("refuse") & good)
+                         kind.has(Kind.REFUSE) & good)
     strings = {name: _Strings(table.column(name)) for name in
                ("run", "pump", "broker", "link", "dir", "peer", "reason", "outcome")}
     where = {"run": good, "pump": good, "broker": msg | life | refuse, "link": msg | life,
-             "dir": msg, "peer": kind.has("accept", "connect", "refuse") & good,
-             "reason": life | refuse, "outcome": (kind.has("disconnect") & good) | refuse}
+             "dir": msg, "peer": kind.has(Kind.ACCEPT, Kind.CONNECT, Kind.REFUSE) & good,
+             "reason": life | refuse, "outcome": (kind.has(Kind.DISCONNECT) & good) | refuse}
     codes = {name: np.where(where[name], strings[name].codes, -1) for name in where}
     kind_codes = np.where(good, kind.codes, -1)
     v, v_ok = _numbers(table.column("v"), np.int32)
     port, port_ok = _numbers(table.column("port"), np.int64)
     time, time_ok = _numbers(table.column("time"), np.float64)
-    connect = kind.has("connect") & good
+    connect = kind.has(Kind.CONNECT) & good
     keyed = pa.table({
         "bad": pa.array(bad), "v": pa.array(v, mask=~(v_ok & good)),
         "run": codes["run"], "pump": codes["pump"], "kind": kind_codes,
         "broker": codes["broker"], "link": codes["link"], "dir": codes["dir"],
         "peer": codes["peer"],
-        "port": pa.array(port, mask=~(port_ok & kind.has("accept", "connect") & good)),
+        "port": pa.array(port, mask=~(port_ok & kind.has(Kind.ACCEPT, Kind.CONNECT) & good)),
         "connect_time": pa.array(time, mask=~(time_ok & connect)),
         "reason": codes["reason"], "outcome": codes["outcome"],
         "time": table.column("time"), "size": table.column("size"),
@@ -194,7 +201,7 @@ def census(table: pa.Table) -> pa.Table:
         ("size", "sum"), ("size", "min"), ("size", "max"), ("seq", "min"), ("seq", "max")])
     # each clock group's offset at its last row (the latest time, then the largest offset)
     clocks: dict[tuple[int, int, int], tuple[float, float]] = {}
-    clock_rows = np.nonzero(kind.has("clock") & good & time_ok)[0]
+    clock_rows = np.nonzero(kind.has(Kind.CLOCK) & good & time_ok)[0]
     if len(clock_rows):
         mono, mono_ok = _numbers(table.column("monotonic"), np.float64)
         for i in clock_rows:
@@ -208,7 +215,7 @@ def census(table: pa.Table) -> pa.Table:
     out_run = grouped.column("run").to_numpy()
     out_pump = grouped.column("pump").to_numpy()
     out_kind = grouped.column("kind").to_numpy()
-    clock_word = kind.words.index("clock") if "clock" in kind.words else -2
+    clock_word = kind.words.index(Kind.CLOCK) if Kind.CLOCK in kind.words else -2
     at = [clocks.get((out_v[i], int(out_run[i]), int(out_pump[i])), (None, None))
           if out_kind[i] == clock_word else (None, None) for i in range(grouped.num_rows)]
     columns = {
@@ -299,13 +306,13 @@ def violations(listed: pa.Table, streams: Mapping[int, tuple[Any, ...]]) -> pa.T
 
 def _broken(name: str, r: Mapping[str, Any]) -> tuple[int | None, str]:
     """The seq a violation is listed under, and its detail."""
-    if name == "duplicate send":
+    if name == Violation.DUPLICATE_SEND:
         return r["seq"], f"sent {r['sends']} times"
-    if name == "duplicate delivery":
+    if name == Violation.DUPLICATE_DELIVERY:
         return r["seq"], f"delivered {r['deliveries']} times"
-    if name == "delivered but never sent":
+    if name == Violation.NEVER_SENT:
         return r["seq"], f"delivered {r['deliveries']} times, never sent"
-    if name == "out of order":
+    if name == Violation.OUT_OF_ORDER:
         return r["late"], f"delivered after seq {_text(r['seq'])}"
     delivered = r["delivered_size"] if r["delivered_size"] != r["size"] \
         else r["delivered_size_max"]
@@ -326,7 +333,7 @@ def undelivered(listed: pa.Table, streams: Mapping[int, tuple[Any, ...]],
                                listed.column("row").to_pylist(),
                                listed.column("undelivered").to_pylist(), strict=True):
         if missing:
-            sender, cause, end, service = ends.get(sid, (None, "run ended", None, False))
+            sender, cause, end, service = ends.get(sid, (None, Cause.RUN_ENDED, None, False))
             out.append(dict(zip(UNDELIVERED_ROWS.names, (
                 *streams[sid], r["seq"], sender, r["sent_at"], r["size"], cause, end,
                 service), strict=True)))
@@ -397,7 +404,7 @@ def route(table: pa.Table, sids: Mapping[tuple[Any, ...], int],
     at = at[rows]
     if offsets:
         at = at + _lookup(rows, (run, pump), lambda words: offsets.get(words, 0.0))
-    send = kind.has("send")[rows]
+    send = kind.has(Kind.SEND)[rows]
     seq, seq_ok = _numbers(table.column("seq"), np.int64)
     seq, seq_ok = seq[rows], seq_ok[rows]
 

@@ -57,7 +57,7 @@ except ImportError:  # spark-submit of a checkout, without rdvpump installed
 SCHEMA_VERSION = _analysis.SCHEMA_VERSION
 TraceError = _analysis.TraceError
 find_traces, print_summary = _analysis.find_traces, _analysis.print_summary
-MESSAGE_KINDS = _fold.MESSAGE_KINDS
+MESSAGE_KINDS = _schema.MESSAGE_KINDS
 
 
 def trace_schema() -> Any:
@@ -214,6 +214,7 @@ def _ship_by_value() -> None:
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(_fold)  # type: ignore[no-untyped-call]
+    cloudpickle.register_pickle_by_value(_schema)  # type: ignore[no-untyped-call]
 
 
 def _with_corrupt(schema: Any) -> Any:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from channels import MessageQueue
 from pump import ConfigError, Pump
+from pump.schema import Kind
 
 from .._liveness import PINNED, LivenessTable
 from .._rpc import Sent, encode, send
@@ -122,7 +123,7 @@ class TrackerRole:
         for address in gone:
             log.info("tracker %s: server %s dropped: its link closed (%s)", self.address,
                      address, reason)
-            self.pump.emit("drop", broker=self.broker_id, peer=address, reason=reason)
+            self.pump.emit(Kind.DROP, broker=self.broker_id, peer=address, reason=reason)
         if gone:
             self._changed(dict.fromkeys(gone))
 
@@ -131,7 +132,7 @@ class TrackerRole:
         for address in gone:
             log.info("tracker %s: server %s expired: no report within %s s", self.address,
                      address, self.tracked.expiry)
-            self.pump.emit("expire", broker=self.broker_id, peer=address)
+            self.pump.emit(Kind.EXPIRE, broker=self.broker_id, peer=address)
         if gone:
             self._changed(dict.fromkeys(gone))
 

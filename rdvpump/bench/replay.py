@@ -40,6 +40,7 @@ from typing import Any
 from brokermgr import BrokerManager
 from channels import MessageQueue, QueueFullError
 from pump import ConfigError, Pump, TraceRecorder, open_trace
+from pump.schema import Cause, Kind, Outcome, Violation
 
 from .._errors import RunError
 
@@ -157,7 +158,7 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
     for table in tables:  # clocks first: every time is aligned before it is used
         for run, pump, time_, kind, mono in zip(*(table.column(c).to_pylist() for c in (
                 "run", "pump", "time", "kind", "monotonic")), strict=True):
-            if kind == "clock" and ((run, pump) not in offsets
+            if kind == Kind.CLOCK and ((run, pump) not in offsets
                                     or time_ > offsets[(run, pump)][0]):
                 offsets[(run, pump)] = (time_, mono - time_)
     for table in tables:
@@ -166,13 +167,13 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
         for row, (run, pump, step, time_, kind, broker, link, dir_, seq, size, outcome,
                   reason, _) in enumerate(zip(*cols, strict=True)):
             kinds[kind] = kinds.get(kind, 0) + 1
-            if kind == "send" or kind == "deliver":
+            if kind == Kind.SEND or kind == Kind.DELIVER:
                 at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
                 m = messages.get((run, link, dir_, seq))
                 if m is None:
                     m = messages[(run, link, dir_, seq)] = [0, 0, None, None, None, None,
                                                             None, None, None]
-                if kind == "send":
+                if kind == Kind.SEND:
                     senders.setdefault((run, link, dir_), broker)
                     m[0] += 1
                     m[2] = at if m[2] is None else min(m[2], at)
@@ -186,15 +187,15 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
                     m[7] = size if m[7] is None else max(m[7], size)
                     m[8] = (step, row) if m[8] is None else (min(m[8][0], step),
                                                              min(m[8][1], row))
-            elif kind in ("disconnect", "close", "fail", "protocol_error") and link:
+            elif kind in (Kind.DISCONNECT, Kind.CLOSE, Kind.FAIL, Kind.PROTOCOL_ERROR) and link:
                 at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
                 end = ends.setdefault((run, link), [None, False])
                 if reason is not None and (end[0] is None or (at, reason) < end[0]):
                     end[0] = (at, reason)
-                if kind in ("fail", "protocol_error") or (kind == "disconnect"
-                                                          and outcome != "clean"):
+                if kind in (Kind.FAIL, Kind.PROTOCOL_ERROR) or (kind == Kind.DISCONNECT
+                                                          and outcome != Outcome.CLEAN):
                     end[1] = True
-            elif kind == "refuse" and outcome != "inbound":
+            elif kind == Kind.REFUSE and outcome != "inbound":
                 refusals[reason] = refusals.get(reason, 0) + 1
     violations: list[tuple[Any, ...]] = []
     undelivered: dict[str, int] = {}
@@ -207,25 +208,25 @@ def replay_in_python(directory: Path) -> tuple[dict[str, Any], float]:
             messages[key]
         stream = key[:3]
         if sends > 1:
-            violations.append((*key, "duplicate send"))
+            violations.append((*key, Violation.DUPLICATE_SEND))
         if deliveries > 1:
-            violations.append((*key, "duplicate delivery"))
+            violations.append((*key, Violation.DUPLICATE_DELIVERY))
         if deliveries and not sends:
-            violations.append((*key, "delivered but never sent"))
+            violations.append((*key, Violation.NEVER_SENT))
         if sends and deliveries and not size == size_max == dsize == dsize_max:
-            violations.append((*key, "size mismatch"))
+            violations.append((*key, Violation.SIZE_MISMATCH))
         if pos is not None:
             before = last.get(stream)
             if before is not None and before[0] > pos:
-                violations.append((*stream, before[1], "out of order"))
+                violations.append((*stream, before[1], Violation.OUT_OF_ORDER))
             last[stream] = (pos, key[3])
         if sends:
             bucket = 0 if size <= 0 else 1 << (size - 1).bit_length()
             sizes[bucket] = sizes.get(bucket, 0) + 1
         if sends and not deliveries:
             end = ends.get(key[:2]) or [None, False]
-            cause = ("peer failed" if end[1] else "link closed with it in flight"
-                     if end[0] else "run ended")
+            cause = (Cause.PEER_FAILED if end[1] else Cause.IN_FLIGHT if end[0]
+                     else Cause.RUN_ENDED)
             undelivered[cause] = undelivered.get(cause, 0) + 1
         if sends and deliveries:
             latencies.setdefault(stream, []).append(delivered_at - sent_at)
@@ -256,7 +257,7 @@ def latency_floor(spark: Any, traces: str) -> int:
     from replay.job import MESSAGE_KINDS, load
 
     events, _ = load(spark, traces)
-    send, at = F.col("kind") == "send", F.col("time")
+    send, at = F.col("kind") == Kind.SEND, F.col("time")
     latency = F.min(F.when(~send, at)) - F.min(F.when(send, at))
     per_message = (events.where(~F.col("bad") & F.col("kind").isin(*MESSAGE_KINDS))
                    .groupBy("run", "link", "dir", "seq").agg(latency.alias("latency")))
