@@ -28,12 +28,13 @@ from ._client import MqClient, Pushed, Receiver, Stored, Subscription
 from ._commit import Durability
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
-from ._log import DEFAULT_SEGMENT_BYTES, INDEX_INTERVAL, Corruption, TopicLog
+from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._memory import MemoryLog
 from ._names import MAX_NAME_BYTES, check_name, disk_name
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
 from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
+from ._scan import INDEX_INTERVAL, Corruption
 from ._server import FLAGS, MqServer
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,

@@ -28,7 +28,7 @@ from brokermgr import ServiceError, Status
 from channels import MessageQueue
 from pump import ConfigError, Pump, Repeating
 
-from ._log import SyncPoint, run_sync
+from ._files import SyncPoint, run_sync
 from ._record import StoreError
 from ._topic import Log
 

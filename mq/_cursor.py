@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from ._log import write_file
+from ._files import write_file
 from ._names import disk_name
 from ._record import FormatError, crc32
 

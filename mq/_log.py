@@ -22,6 +22,9 @@ matches, and is read whole otherwise; a corrupt record anywhere is reported
 with its file, byte position and the offsets it hides (:class:`Corruption`),
 and reading goes on after it.  Damage that appears while the log is open is
 found when it is read, reported the same way and skipped.
+
+The index's format and the reading of a segment's bytes (each record checked, damage
+skipped) are in :mod:`._scan`; durable file writes and fsyncs in :mod:`._files`.
 """
 
 from __future__ import annotations
@@ -36,13 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from channels import SMALL_PIECE, coalesce
 from pump import ConfigError
 
+from ._files import VIEW_BODY, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
 from ._record import (
     DEFAULT_MAX_BODY,
-    FORMAT_VERSION,
-    MAGIC,
     RECORD_OVERHEAD,
     SEGMENT_HEADER,
     Bad,
@@ -53,161 +54,29 @@ from ._record import (
     crc32,
     decode,
     encode_batch,
-    read_segment_header,
     segment_header,
+)
+from ._scan import (
+    INDEX_ENTRY,
+    INDEX_FOOTER,
+    INDEX_INTERVAL,
+    INDEX_MAGIC,
+    INDEX_VERSION,
+    Corruption,
+    header_base,
+    offset_at,
+    resync,
+    scan_segment,
+    segment_crc,
 )
 
 log = logging.getLogger("rdvpump.mq")
 
-#: Bytes of log between two entries of a sparse index (Kafka's index.interval.bytes).
-INDEX_INTERVAL = 4096
 #: A segment is sealed and a new one started past this size.
 DEFAULT_SEGMENT_BYTES = 64 << 20
-INDEX_ENTRY = struct.Struct("<IIQ")  # offset - base, position, timestamp
-#: magic, version, base, next offset, size, max ts, CRC-32 of the whole segment, crc
-INDEX_FOOTER = struct.Struct("<8sIQQQQII")
-INDEX_MAGIC = b"RDVPQIDX"
-#: 2: the footer holds the segment's checksum (version 1 indexes are rebuilt from the
-#: segment, which is then verified record by record).
-INDEX_VERSION = 2
-#: Bytes read at a time to check a sealed segment's checksum.
-CHECK_CHUNK = 8 << 20
-#: Records a corrupt stretch may hide before reading gives up looking past it.
-RESYNC_SPAN = 4096
-#: Bodies this large are written and kept as views of their produce request, not copied.
-VIEW_BODY = SMALL_PIECE
 #: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
 #: served without reading the file back (and checking each record again).
 DEFAULT_TAIL_BYTES = 8 << 20
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class Corruption:
-    """A stretch of a segment that holds no valid record: where it is, why, and the
-    offsets of the messages it hides (``first`` to ``last``; ``last`` is None when
-    nothing tells where they end)."""
-
-    file: str
-    position: int
-    end: int  # where reading goes on (the file's size if nothing follows)
-    reason: str
-    first: int
-    last: int | None
-
-    @property
-    def offsets(self) -> str:
-        if self.last is None:
-            return f"offsets from {self.first} on"
-        if self.last < self.first:
-            return "no offset"
-        return f"offset {self.first}" if self.last == self.first else (
-            f"offsets {self.first} to {self.last}")
-
-    def __str__(self) -> str:
-        return (f"{self.file}: corrupt data at byte {self.position} ({self.reason}); "
-                f"{self.end - self.position} bytes skipped, hiding {self.offsets}")
-
-
-@dataclass
-class Scan:
-    """What reading a segment whole found (:func:`scan_segment`): its sparse index, its
-    newest timestamp, the offset after its last valid record, the stretches with no
-    valid record in them ``(position, end, reason, first offset hidden, next valid
-    offset or None)``, and where a torn tail starts (the last segment only)."""
-
-    index: list[tuple[int, int, int]]
-    max_ts: int
-    next_offset: int
-    bad: list[tuple[int, int, str, int, int | None]]
-    torn: tuple[int, str] | None = None
-    records: int = 0
-
-
-def scan_segment(buf: bytes, base: int, max_record: int, *, last: bool) -> Scan:
-    """Read the records of a segment's bytes ``buf`` (its header included) one by one,
-    checking each, sans-I/O.  In the last segment a record that no valid one follows
-    is a torn tail (a crash cut it short); anywhere else it is damage."""
-    scan = Scan([], 0, base, [])
-    pos = SEGMENT_HEADER.size
-    expected = base
-    last_indexed = -INDEX_INTERVAL
-    while pos < len(buf):
-        try:
-            found = decode(buf, pos, max_record)
-            if found is not None and found[0].offset < expected:
-                raise Bad(f"offset {found[0].offset} where {expected} or later belongs")
-            if found is None and not last:
-                raise Bad("a sealed segment ends inside a record")
-        except Bad as exc:
-            resume = _resync(buf, pos, expected, max_record)
-            if resume is None and last:
-                scan.torn = (pos, str(exc))
-                break
-            end = len(buf) if resume is None else resume
-            following = None if resume is None else _offset_at(buf, resume)
-            scan.bad.append((pos, end, str(exc), expected, following))
-            if following is not None:
-                expected = following
-            pos = end
-            continue
-        if found is None:  # the last segment ends inside a record
-            scan.torn = (pos, "a record torn at the tail")
-            break
-        record, end = found
-        if pos - last_indexed >= INDEX_INTERVAL:
-            scan.index.append((record.offset - base, pos, record.timestamp))
-            last_indexed = pos
-        scan.max_ts = max(scan.max_ts, record.timestamp)
-        scan.records += 1
-        expected = record.offset + 1
-        pos = end
-    scan.next_offset = expected
-    return scan
-
-
-def header_base(data: bytes, path: Path) -> tuple[int, str | None]:
-    """A segment's base offset, from its header; when the header is damaged, from the
-    file's name, with what is wrong (the records after it can still be read).
-    :class:`FormatError` for a segment of another format version, or a header whose
-    base disagrees with the name."""
-    try:
-        base, _ = read_segment_header(data, str(path))
-    except FormatError as exc:
-        # ours (magic and version), with a header checksum that fails: damage; anything
-        # else is no segment of this format, and is refused
-        if not (len(data) >= SEGMENT_HEADER.size and data[:8] == MAGIC
-                and SEGMENT_HEADER.unpack_from(data)[1] == FORMAT_VERSION
-                and path.stem.isdigit() and len(path.stem) == 20):
-            raise
-        return int(path.stem), str(exc).removeprefix(f"{path}: ")
-    if path.stem != f"{base:020d}":
-        raise FormatError(f"{path}: its header says base offset {base}")
-    return base, None
-
-
-def _offset_at(buf: bytes, pos: int) -> int:
-    """The offset of the (valid) record at ``pos``."""
-    return int(struct.unpack_from("<Q", buf, pos + 8)[0])
-
-
-def segment_crc(fd: int, size: int) -> int:
-    """CRC-32 of a segment file's first ``size`` bytes, read a chunk at a time."""
-    crc, pos = 0, 0
-    while pos < size:
-        chunk = os.pread(fd, min(CHECK_CHUNK, size - pos), pos)
-        if not chunk:
-            raise OSError(f"the file ends at byte {pos}, before {size}")
-        crc = crc32(chunk, crc)
-        pos += len(chunk)
-    return crc
 
 
 @dataclass
@@ -437,7 +306,7 @@ class TopicLog:
         first = segment.next_offset
         chunks, lengths = encode_batch(first, now, messages, self.max_body)
         try:
-            crc = _write_chunks(segment.fd, chunks, segment.size, segment.crc)
+            crc = write_chunks(segment.fd, chunks, segment.size, segment.crc)
         except OSError as exc:
             self._undo(segment, exc)
         index, base = segment.index, segment.base
@@ -617,9 +486,9 @@ class TopicLog:
         if pos > SEGMENT_HEADER.size:  # the offset the bad record should have had
             before = scan_segment(buf[:pos], segment.base, self.max_record, last=True)
             expected = before.next_offset
-        resume = _resync(buf, pos, expected, self.max_record)
+        resume = resync(buf, pos, expected, self.max_record)
         end = segment.size if resume is None else resume
-        last = (_offset_at(buf, resume) - 1 if resume is not None
+        last = (offset_at(buf, resume) - 1 if resume is not None
                 else segment.next_offset - 1)
         corruption = Corruption(str(segment.path), pos, end, reason, expected, last)
         log.error("%s (found while reading)", corruption)
@@ -676,89 +545,3 @@ class TopicLog:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
         self.segments = []
-
-
-@dataclass(frozen=True)
-class SyncPoint:
-    """An fsync to do: the last segment's file, the directory if it changed, and the
-    offset everything below which is durable once it is done."""
-
-    fd: int
-    directory: Path | None
-    target: int
-
-
-def run_sync(point: SyncPoint) -> None:
-    """Do the fsync of a :class:`SyncPoint` (any thread); OSError if it fails."""
-    os.fsync(point.fd)
-    if point.directory is not None:
-        fsync_dir(point.directory)
-
-
-def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, at)
-        view = view[n:]
-        at += n
-
-
-def _write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int, crc: int) -> int:
-    """Write ``chunks`` back to back at ``at``: large pieces gathered by the kernel as they
-    are (not copied here), runs of small ones joined first (a piece costs the kernel more
-    than its copy); the CRC-32 ``crc`` carried on over what was written."""
-    pieces = coalesce(chunks, VIEW_BODY)
-    for start in range(0, len(pieces), _IOV_MAX):
-        part = pieces[start:start + _IOV_MAX]
-        n = os.pwritev(fd, part, at)
-        size = sum(map(len, part))
-        if n < size:  # a short write (a full disk, say): the rest one piece at a time
-            _write_all(fd, b"".join(part)[n:], at + n)
-        at += size
-    for piece in pieces:
-        crc = crc32(piece, crc)
-    return crc
-
-
-#: Pieces one pwritev takes (the kernel's UIO_MAXIOV).
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def _resync(buf: bytes, pos: int, expected: int, max_record: int) -> int | None:
-    """Where the next valid record after a bad one at ``pos`` starts; None if none does.
-
-    Looks for the bytes of the next offsets (a record holds its offset at +8)
-    rather than trying every position; gives up after a few offsets found
-    nowhere (offsets are consecutive, so the later ones are not there either).
-    """
-    misses = 0
-    for k in range(RESYNC_SPAN):
-        needle = struct.pack("<Q", expected + k)
-        at = buf.find(needle, pos + 9)
-        if at < 0:
-            misses += 1
-            if misses > 8:
-                return None
-            continue
-        while at >= 0:
-            try:
-                found = decode(buf, at - 8, max_record)
-            except Bad:
-                found = None
-            if found is not None and found[0].offset >= expected:
-                return at - 8
-            at = buf.find(needle, at + 1)
-    return None

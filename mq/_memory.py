@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 
 from pump import ConfigError
 
-from ._log import Corruption, SyncPoint
+from ._files import SyncPoint
 from ._record import Entry, Record
+from ._scan import Corruption
 
 #: Messages a memory-only topic keeps by default (the oldest go first).
 DEFAULT_RING_COUNT = 100_000

@@ -74,8 +74,9 @@ from pump import ConfigError, Repeating
 from ._commit import Durability, GroupCommit
 from ._cursor import CursorStore
 from ._delivery import FRAME_ROOM, Links
+from ._files import write_file
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES, Corruption, TopicLog, write_file
+from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._memory import MemoryLog
 from ._meta import META, encode_meta, read_meta
 from ._names import check_name, dead_letter_topic, disk_name
@@ -95,6 +96,7 @@ from ._requests import (
     Remove,
     Unconsume,
 )
+from ._scan import Corruption
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,

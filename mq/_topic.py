@@ -27,9 +27,10 @@ from typing import Protocol
 
 from pump import ConfigError, RdvpumpError
 
+from ._files import SyncPoint
 from ._filter import TagFilter
-from ._log import Corruption, SyncPoint
 from ._record import Entry, Record
+from ._scan import Corruption
 
 #: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
 DEFAULT_ACK_TIMEOUT = 30.0

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._cursor import CursorStore, decode_cursor
-from ._log import (
+from ._meta import META, read_meta
+from ._record import DEFAULT_MAX_BODY, RECORD_OVERHEAD, SEGMENT_HEADER, FormatError, crc32
+from ._scan import (
     INDEX_ENTRY,
     INDEX_FOOTER,
     INDEX_MAGIC,
@@ -24,8 +26,6 @@ from ._log import (
     header_base,
     scan_segment,
 )
-from ._meta import META, read_meta
-from ._record import DEFAULT_MAX_BODY, RECORD_OVERHEAD, SEGMENT_HEADER, FormatError, crc32
 
 #: The largest record the server's logs accept (its default maximum body).
 MAX_RECORD = RECORD_OVERHEAD + 2 * 255 + DEFAULT_MAX_BODY

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mq import MAX_NAME_BYTES, ServiceError, TopicLog, check_name, disk_name, verify
-from mq._log import SEGMENT_HEADER
 from mq._meta import encode_meta
+from mq._record import SEGMENT_HEADER
 
 from .test_server import Site, site
 
@@ -424,8 +424,8 @@ def test_an_index_without_the_segment_checksum_is_not_trusted_and_is_written_aga
     segment gets a version 2 index."""
     import struct
 
-    from mq._log import INDEX_FOOTER, INDEX_MAGIC
     from mq._record import crc32
+    from mq._scan import INDEX_FOOTER, INDEX_MAGIC
 
     log = TopicLog(tmp_path, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
     _fill(log, 25)

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from mq import CursorStore, FormatError, StoreError, TopicLog
-from mq._log import VIEW_BODY
+from mq._files import VIEW_BODY
 from mq._record import SEGMENT_HEADER
 
 Clock = list[float]

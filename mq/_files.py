@@ -1,0 +1,91 @@
+"""Files written durably, and fsyncs that may run in another thread.
+
+``write_file`` replaces a small file atomically and durably (the topics' ``meta.json``,
+the groups' positions); ``write_chunks`` writes a segment's records as the kernel
+gathers them; a :class:`SyncPoint` is what an fsync must cover, taken on the pump
+and run anywhere (:mod:`._commit` runs it in its fsync thread).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from channels import SMALL_PIECE, coalesce
+
+from ._record import crc32
+
+__all__ = ["IOV_MAX", "VIEW_BODY", "SyncPoint", "fsync_dir", "run_sync", "write_all",
+           "write_chunks", "write_file"]
+
+#: Bodies this large are written and kept as views of their produce request, not copied.
+VIEW_BODY = SMALL_PIECE
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """An fsync to do: the last segment's file, the directory if it changed, and the
+    offset everything below which is durable once it is done."""
+
+    fd: int
+    directory: Path | None
+    target: int
+
+
+def run_sync(point: SyncPoint) -> None:
+    """Do the fsync of a :class:`SyncPoint` (any thread); OSError if it fails."""
+    os.fsync(point.fd)
+    if point.directory is not None:
+        fsync_dir(point.directory)
+
+
+def write_all(fd: int, data: bytes | memoryview, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, at)
+        view = view[n:]
+        at += n
+
+
+def write_chunks(fd: int, chunks: Sequence[bytes | memoryview], at: int, crc: int) -> int:
+    """Write ``chunks`` back to back at ``at``: large pieces gathered by the kernel as they
+    are (not copied here), runs of small ones joined first (a piece costs the kernel more
+    than its copy); the CRC-32 ``crc`` carried on over what was written."""
+    pieces = coalesce(chunks, VIEW_BODY)
+    for start in range(0, len(pieces), IOV_MAX):
+        part = pieces[start:start + IOV_MAX]
+        n = os.pwritev(fd, part, at)
+        size = sum(map(len, part))
+        if n < size:  # a short write (a full disk, say): the rest one piece at a time
+            write_all(fd, b"".join(part)[n:], at + n)
+        at += size
+    for piece in pieces:
+        crc = crc32(piece, crc)
+    return crc
+
+
+#: Pieces one pwritev takes (the kernel's UIO_MAXIOV).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
