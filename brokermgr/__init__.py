@@ -12,7 +12,7 @@ from ._link import BrokerLink as BrokerLink
 from ._link import Outcome as Outcome
 from ._link import ReconnectingLink as ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL as DEFAULT_SCAN_INTERVAL
-from ._liveness import Entry as Entry
+from ._liveness import LivenessEntry as LivenessEntry
 from ._liveness import LivenessTable as LivenessTable
 from ._names import DEFAULT_BROKER_EXPIRY as DEFAULT_BROKER_EXPIRY
 from ._names import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
@@ -33,7 +33,7 @@ from ._service import Call as Call
 from ._service import Command as Command
 from ._service import CommandTable as CommandTable
 from ._service import Fields as Fields
-from ._service import Reply as Reply
+from ._service import ReplyObject as ReplyObject
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
 from ._service import request_seq as request_seq
@@ -57,14 +57,14 @@ __all__ = [
     "BrokerLink",
     "BrokerRecord",
     "EchoListener",
-    "Entry",
+    "LivenessEntry",
     "Fields",
     "LivenessTable",
     "NameClient",
     "NameService",
     "Outcome",
     "ReconnectingLink",
-    "Reply",
+    "ReplyObject",
     "Sent",
     "ServiceError",
     "ServiceSession",

@@ -17,7 +17,7 @@ from pump import ConfigError, Future, Pump, Timer
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
-from ._service import Reply, ServiceError, Status
+from ._service import ReplyObject, ServiceError, Status
 
 log = logging.getLogger("rdvpump.link")
 
@@ -28,7 +28,7 @@ FIRST_RETRY = 0.02
 
 #: What a request's callback gets: the reply, or the error it carried (the envelope made an
 #: exception again), or :data:`Status.NO_REPLY` if the link closed first.
-Outcome = Reply | ServiceError
+Outcome = ReplyObject | ServiceError
 
 
 class ReconnectingLink(QueueListener):
@@ -183,7 +183,7 @@ class ReconnectingLink(QueueListener):
         return True
 
     async def call(self, obj: dict[str, Any], *, timeout: float, body: Body | None = None
-                   ) -> Reply:
+                   ) -> ReplyObject:
         """One request and its reply, the one waiter of every service client: waits (all
         within ``timeout`` seconds) for the link to be up and to have room, then for the
         reply.  Raises the :class:`ServiceError` of an error reply, or status

@@ -25,7 +25,7 @@ V = TypeVar("V")
 
 
 @dataclass
-class Entry(Generic[V]):
+class LivenessEntry(Generic[V]):
     """What a table holds for one key: the latest value and when it was seen."""
 
     key: str
@@ -48,7 +48,7 @@ class LivenessTable(Generic[V]):
         if not expiry > 0:
             raise ConfigError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
-        self._entries: dict[str, Entry[V]] = {}
+        self._entries: dict[str, LivenessEntry[V]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -61,7 +61,7 @@ class LivenessTable(Generic[V]):
         """A report of ``key``; True if the table changed (a new key, or a new value)."""
         held = self._entries.get(key)
         if held is None:
-            self._entries[key] = Entry(key, value, version, now, now, connection)
+            self._entries[key] = LivenessEntry(key, value, version, now, now, connection)
             return True
         if version < held.version:
             return False
@@ -93,10 +93,10 @@ class LivenessTable(Generic[V]):
             del self._entries[key]
         return gone
 
-    def get(self, key: str) -> Entry[V] | None:
+    def get(self, key: str) -> LivenessEntry[V] | None:
         return self._entries.get(key)
 
-    def entries(self) -> list[Entry[V]]:
+    def entries(self) -> list[LivenessEntry[V]]:
         """Every entry, by key."""
         return [self._entries[k] for k in sorted(self._entries)]
 

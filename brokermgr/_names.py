@@ -22,9 +22,9 @@ from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
 from ._link import Outcome, ReconnectingLink
-from ._liveness import DEFAULT_SCAN_INTERVAL, Entry, LivenessTable
+from ._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from ._rpc import ServiceSession
-from ._service import Call, Command, CommandTable, Fields, Reply, ServiceError, Status
+from ._service import Call, Command, CommandTable, Fields, ReplyObject, ServiceError, Status
 
 log = logging.getLogger("rdvpump.names")
 
@@ -111,7 +111,7 @@ def _lookup(fields: Fields) -> Lookup:
     return Lookup(fields.string("id"))
 
 
-def record_dict(entry: Entry[BrokerRecord], now: float) -> dict[str, object]:
+def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
     """A registration as the ``list`` reply carries it."""
     r = entry.value
     return {"id": r.broker_id, "address": list(r.address), "version": entry.version,
@@ -151,7 +151,7 @@ class NameService:
 
     # -- the commands: the connection a broker registered over is the link's queue --------
 
-    def _register(self, request: Register, call: Call) -> Reply:
+    def _register(self, request: Register, call: Call) -> ReplyObject:
         refused = []
         now = self.pump.now()
         for registration in request.brokers:
@@ -173,19 +173,19 @@ class NameService:
                                refused=DUPLICATE_ID, brokers=refused)
         return {"cmd": "registered", "count": len(request.brokers)}
 
-    def _unregister(self, request: Unregister, call: Call) -> Reply:
+    def _unregister(self, request: Unregister, call: Call) -> ReplyObject:
         for broker_id in request.ids:  # only what this connection registered
             held = self.table.get(broker_id)
             if held is not None and held.connection is call.queue:
                 self.table.remove(broker_id)
         return {"cmd": "unregistered"}
 
-    def _lookup(self, request: Lookup, call: Call) -> Reply:
+    def _lookup(self, request: Lookup, call: Call) -> ReplyObject:
         entry = self.table.get(request.id)
         return {"cmd": "address", "id": request.id,
                 "address": None if entry is None else list(entry.value.address)}
 
-    def _list(self, request: ListBrokers, call: Call) -> Reply:
+    def _list(self, request: ListBrokers, call: Call) -> ReplyObject:
         now = self.pump.now()
         return {"cmd": "brokers", "universe": self.manager.name,
                 "brokers": [record_dict(e, now) for e in self.table.entries()]}
@@ -309,7 +309,7 @@ class NameClient:
         return None
 
     async def _ask(self, request: dict[str, Any], *, first: bool = False
-                   ) -> tuple[Reply, ...]:
+                   ) -> tuple[ReplyObject, ...]:
         """The replies of the connected managers, in order (only the first that answers
         when ``first``); a manager that is not connected, or fails, is skipped (logged)."""
         replies = []

@@ -31,7 +31,9 @@ from pump import RdvpumpError
 
 log = logging.getLogger("rdvpump.service")
 
-Reply = dict[str, Any]
+#: A reply as it goes on a link: a JSON object with its ``cmd`` (and ``seq`` when the
+#: request had one).
+ReplyObject = dict[str, Any]
 R = TypeVar("R")
 T = TypeVar("T")
 
@@ -67,16 +69,16 @@ class ServiceError(RdvpumpError):
     def __str__(self) -> str:
         return f"{self.reason} (status {self.status})" if self.status else self.reason
 
-    def envelope(self, cmd: str | None = None) -> Reply:
+    def envelope(self, cmd: str | None = None) -> ReplyObject:
         """This error as the reply to a ``cmd`` request."""
-        reply: Reply = {**self.detail, "cmd": "error", "status": self.status,
+        reply: ReplyObject = {**self.detail, "cmd": "error", "status": self.status,
                         "error": self.reason}
         if cmd is not None:
             reply["for"] = cmd
         return reply
 
     @classmethod
-    def of(cls, reply: Reply) -> ServiceError | None:
+    def of(cls, reply: ReplyObject) -> ServiceError | None:
         """The error an envelope carries, None for any other reply."""
         if reply.get("cmd") != "error":
             return None
@@ -207,7 +209,7 @@ class Command(Generic[R]):
     later, as a produce's after its group commit)."""
 
     parse: Callable[[Fields], R]
-    handle: Callable[[R, Call], Reply | None]
+    handle: Callable[[R, Call], ReplyObject | None]
 
 
 def request_seq(obj: Mapping[str, Any]) -> int | None:
@@ -222,7 +224,7 @@ class CommandTable:
     names of its request (its topic and group, say)."""
 
     def __init__(self, service: str, commands: Mapping[str, Command[Any]], *,
-                 names: Callable[[Mapping[str, Any]], Reply] | None = None) -> None:
+                 names: Callable[[Mapping[str, Any]], ReplyObject] | None = None) -> None:
         self.service = service
         self.commands = dict(commands)
         self._names = names
@@ -248,7 +250,7 @@ class CommandTable:
         cmd, command = self.command(obj)
         return command.parse(Fields(obj, cmd))
 
-    def answer(self, obj: Mapping[str, Any], queue: MessageQueue | None) -> Reply | None:
+    def answer(self, obj: Mapping[str, Any], queue: MessageQueue | None) -> ReplyObject | None:
         """The reply to the request ``obj`` from ``queue``: the handler's, or an error
         envelope; None for none.  A handler that fails with anything but a
         :class:`ServiceError` is a bug: logged with its traceback, answered 500."""
@@ -266,7 +268,7 @@ class CommandTable:
                                                   f"{known} command failed"), known)
 
     def refusal(self, obj: Mapping[str, Any], error: ServiceError, cmd: str | None
-                ) -> Reply:
+                ) -> ReplyObject:
         reply = error.envelope(cmd)
         if self._names is not None:
             for key, value in self._names(obj).items():

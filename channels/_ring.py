@@ -24,8 +24,6 @@ HEADER_SIZE: int = lib.RB_HEADER_SIZE
 FRAME_NONE: int = lib.RB_FRAME_NONE
 FRAME_PARTIAL: int = lib.RB_FRAME_PARTIAL
 FRAME_COMPLETE: int = lib.RB_FRAME_COMPLETE
-#: Largest body a frame header can describe.
-MAX_FRAME_BODY: int = 2**32 - 1
 
 #: Most frames moved by one batched C call.
 BATCH_FRAMES = 1024
@@ -98,11 +96,12 @@ class RingBuffer:
 
     ``write`` and ``read`` move as much as fits and return counts; the region
     methods give zero-copy ``memoryview``s of the first contiguous run so a
-    socket can ``send`` from or ``recv_into`` the ring; the frame methods move
+    socket can ``send`` from or ``recv_into`` the ring; the frame methods (the
+    calls of the channel's codec: ``put_batch``, ``put_each``, ``take_next``) move
     4-byte big-endian length-prefixed frames, whole or not at all.
     """
 
-    __slots__ = ("_rb", "_capacity", "_ptr", "_lens", "_used", "__weakref__")
+    __slots__ = ("_rb", "_capacity", "_ptr", "__weakref__")
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool):
@@ -116,8 +115,6 @@ class RingBuffer:
         self._rb = ffi.gc(rb, lib.rb_free)
         self._capacity = capacity
         self._ptr = ffi.new("char **")
-        self._lens = ffi.new("uint32_t *")
-        self._used = ffi.new("size_t *")
 
     @property
     def capacity(self) -> int:
@@ -162,17 +159,6 @@ class RingBuffer:
         if n == 0:
             return 0
         return int(lib.rb_read(self._rb, _ffi_from_buffer(buf, require_writable=True), n))
-
-    def peek(self, n: int = -1) -> bytes:
-        """Copy up to ``n`` readable bytes without consuming them."""
-        avail = lib.rb_used(self._rb)
-        if n < 0 or n > avail:
-            n = avail
-        if n == 0:
-            return b""
-        out = bytearray(n)
-        lib.rb_peek(self._rb, _ffi_from_buffer(out, require_writable=True), n)
-        return bytes(out)
 
     def skip(self, n: int) -> int:
         """Drop up to ``n`` readable bytes; return the count dropped."""
@@ -232,47 +218,6 @@ class RingBuffer:
         takes nothing now; ``-EPIPE``, not SIGPIPE, when a socket's peer is gone)."""
         return int(_rb_send_fd(self._rb, fd))
 
-    # -- frames ------------------------------------------------------------------------
-
-    def put_frame(self, body: bytes | bytearray | memoryview) -> bool:
-        """Put one length-prefixed frame whole; False (nothing written) if it does not fit."""
-        n = len(body)
-        if n > MAX_FRAME_BODY:
-            raise ValueError(f"frame body of {n} bytes exceeds the 4-byte length prefix")
-        return bool(lib.rb_put_frame(self._rb, _as_input(body), n))
-
-    def put_frames(self, bodies: Sequence[bytes]) -> int:
-        """Put frames in order, each whole, stopping at the first that does not fit."""
-        count = len(bodies)
-        if count == 0:
-            return 0
-        lens = ffi.new("uint32_t[]", [len(b) for b in bodies])
-        return int(lib.rb_put_frames(self._rb, b"".join(bodies), lens, count))
-
-    def frame_status(self) -> tuple[int, int]:
-        """``(status, body_length)`` of the next frame; length is -1 while no header."""
-        status = lib.rb_frame_status(self._rb, self._lens)
-        return status, (-1 if status == FRAME_NONE else int(self._lens[0]))
-
-    def take_frames(self, max_count: int = 1024, max_bytes: int = 1 << 20,
-                    max_body: int = MAX_FRAME_BODY) -> list[bytes]:
-        """Take complete frames in order (bodies only), up to the given limits.
-
-        Stops before a frame whose body is longer than ``max_body``; use
-        :meth:`frame_status` to tell that case from "no complete frame yet".
-        """
-        out = ffi.new("char[]", max(max_bytes, 1))
-        lens = ffi.new("uint32_t[]", max(max_count, 1))
-        count = lib.rb_take_frames(self._rb, out, max_bytes, lens, max_count, max_body,
-                                   self._used)
-        data = _ffi_buffer(out, self._used[0])[:]
-        frames = []
-        off = 0
-        for n in ffi.unpack(lens, count):
-            frames.append(data[off:off + n])
-            off += n
-        return frames
-
     # -- batches, for the frame codec --------------------------------------------------
 
     def take_next(self, batch_body: int, max_body: int
@@ -317,23 +262,6 @@ class RingBuffer:
             i += 1
         return i, done
 
-    def next_frame(self) -> tuple[int, int]:
-        """Like :meth:`frame_status`, without an allocation (the codec's hot path)."""
-        s = _scratch
-        status = _frame_status(self._rb, s.len32)
-        return status, (-1 if status == FRAME_NONE else int(s.len32[0]))
-
-    def take_contiguous_frame(self, body_length: int) -> bytes | None:
-        """Take the complete frame at the head if it lies in one run of the ring (one
-        copy); None, with nothing taken, when it wraps around the end."""
-        s = _scratch
-        total = body_length + HEADER_SIZE
-        if _rb_readable_region(self._rb, s.ptr) < total:
-            return None
-        body: bytes = _ffi_buffer(s.ptr[0] + HEADER_SIZE, body_length)[:]
-        _rb_skip(self._rb, total)
-        return body
-
     def put_batch(self, bodies: Sequence[Any], start: int, max_bytes: int,
                   max_count: int) -> tuple[int, int]:
         """Put frames of ``bodies[start:]`` in order while they fit whole (at most
@@ -360,7 +288,4 @@ class RingBuffer:
         _put_frames(self._rb, data, lens, k)
         return k, len(data)
 
-    def put_frame_if_room(self, body: bytes) -> bool:
-        """:meth:`put_frame` for a ``bytes`` body, without the checks (the codec's)."""
-        return bool(_rb_put_frame(self._rb, body, len(body)))
 

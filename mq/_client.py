@@ -40,7 +40,7 @@ from brokermgr import (
     Broker,
     BrokerLink,
     Outcome,
-    Reply,
+    ReplyObject,
     Sent,
     ServiceError,
     Status,
@@ -92,7 +92,7 @@ class Message:
         self.subscription.ack_nowait([self.offset])
 
 
-def _stored(reply: Reply, count: int) -> list[Stored]:
+def _stored(reply: ReplyObject, count: int) -> list[Stored]:
     """Where ``count`` messages stored by one request went (consecutive offsets)."""
     server, first, new = str(reply["server"]), int(reply["offset"]), tuple.__new__
     return [new(Stored, (server, offset)) for offset in range(first, first + count)]
@@ -194,7 +194,7 @@ class MqClient:
         self.sequence = 0
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         #: RPC calls waiting for their reply, by request id
-        self.calls: dict[int, Callable[[Reply], object]] = {}
+        self.calls: dict[int, Callable[[ReplyObject], object]] = {}
         #: receiver names this client answers to (push)
         self.receivers: dict[str, Receiver] = {}
         #: The listener face: called when the link takes messages again after a
@@ -206,7 +206,7 @@ class MqClient:
         self.link = _ServerLink(self, broker, self.server, retry)
         self.link.connect()
 
-    def failed(self, reply: Reply) -> None:
+    def failed(self, reply: ReplyObject) -> None:
         """An error reply that no request waits for: to the subscription whose topic and
         group it names (its ack or consume), else :attr:`on_error`, else the log."""
         error = ServiceError.of(reply)
@@ -226,14 +226,14 @@ class MqClient:
         with trio.fail_after(self.timeout):
             await self.link.up.wait()
 
-    async def request(self, obj: dict[str, Any], body: Body | None = None) -> Reply:
+    async def request(self, obj: dict[str, Any], body: Body | None = None) -> ReplyObject:
         """One request and its reply (:meth:`~brokermgr.ReconnectingLink.call`, within
         :attr:`timeout`); :class:`~brokermgr.ServiceError` for an error reply, or status 0
         for none."""
         return await self.link.call(obj, timeout=self.timeout, body=body)
 
     async def declare(self, topic: str, *, flags: Sequence[str] = (), group: str | None = None,
-                      filter: str | None = None, start: str | None = None) -> Reply:
+                      filter: str | None = None, start: str | None = None) -> ReplyObject:
         obj: dict[str, Any] = {"cmd": "declare", "topic": topic, "flags": list(flags)}
         for key, value in (("group", group), ("filter", filter), ("start", start)):
             if value is not None:

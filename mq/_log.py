@@ -46,7 +46,7 @@ from ._record import (
     DEFAULT_MAX_BODY,
     RECORD_OVERHEAD,
     SEGMENT_HEADER,
-    Bad,
+    BadRecord,
     Entry,
     FormatError,
     Record,
@@ -459,7 +459,7 @@ class TopicLog:
             while at < len(buf) and budget[0] > 0 and budget[1] > 0:
                 try:
                     found = decode(buf, at, self.max_record)
-                except Bad as exc:
+                except BadRecord as exc:
                     if not any(start <= pos + at < end for start, end in segment.bad):
                         self._damaged(segment, pos + at, str(exc))
                     break

@@ -133,13 +133,13 @@ def encode_batch(first: int, timestamp: int,
     return chunks, lengths
 
 
-class Bad(RdvpumpError):
+class BadRecord(RdvpumpError):
     """What is wrong with the bytes where a record should start."""
 
 
 def decode(buf: bytes | memoryview, pos: int, max_record: int) -> tuple[Record, int] | None:
     """The record at ``pos`` and where the next one starts; None if the buffer ends
-    inside it (more bytes may come, or the tail is torn); :class:`Bad` if the bytes
+    inside it (more bytes may come, or the tail is torn); :class:`BadRecord` if the bytes
     there are not a valid record."""
     end = len(buf)
     if end - pos < RECORD_OVERHEAD:
@@ -147,13 +147,13 @@ def decode(buf: bytes | memoryview, pos: int, max_record: int) -> tuple[Record, 
     (length, crc, offset, timestamp, sequence, flags, tag_len, producer_len,
      _) = RECORD_HEADER.unpack_from(buf, pos)
     if length < RECORD_OVERHEAD + tag_len + producer_len or length > max_record:
-        raise Bad(f"record length {length} out of range")
+        raise BadRecord(f"record length {length} out of range")
     if end - pos < length:
         return None
     if crc32(memoryview(buf)[pos + 8:pos + length]) != crc:  # checked where it lies
-        raise Bad("checksum mismatch")
+        raise BadRecord("checksum mismatch")
     if flags != 0:
-        raise Bad(f"unknown flags {flags:#x}")
+        raise BadRecord(f"unknown flags {flags:#x}")
     start = pos + RECORD_OVERHEAD
     tag = bytes(buf[start:start + tag_len]).decode(errors="replace") if tag_len else None
     start += tag_len

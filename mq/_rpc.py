@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from brokermgr import Reply, ServiceError, Status
+from brokermgr import ReplyObject, ServiceError, Status
 from pump import Future
 
 from ._client import MqClient, Subscription
@@ -37,7 +37,7 @@ class Caller:
         service answered with an error status."""
         self._next += 1
         request_id = self._next
-        answer: Future[Reply] = Future()
+        answer: Future[ReplyObject] = Future()
         self.client.calls[request_id] = answer.set
         try:
             with trio.move_on_after(timeout):

@@ -21,7 +21,7 @@ from ._record import (
     FORMAT_VERSION,
     MAGIC,
     SEGMENT_HEADER,
-    Bad,
+    BadRecord,
     FormatError,
     crc32,
     decode,
@@ -101,10 +101,10 @@ def scan_segment(buf: bytes, base: int, max_record: int, *, last: bool) -> Scan:
         try:
             found = decode(buf, pos, max_record)
             if found is not None and found[0].offset < expected:
-                raise Bad(f"offset {found[0].offset} where {expected} or later belongs")
+                raise BadRecord(f"offset {found[0].offset} where {expected} or later belongs")
             if found is None and not last:
-                raise Bad("a sealed segment ends inside a record")
-        except Bad as exc:
+                raise BadRecord("a sealed segment ends inside a record")
+        except BadRecord as exc:
             resume = resync(buf, pos, expected, max_record)
             if resume is None and last:
                 scan.torn = (pos, str(exc))
@@ -187,7 +187,7 @@ def resync(buf: bytes, pos: int, expected: int, max_record: int) -> int | None:
         while at >= 0:
             try:
                 found = decode(buf, at - 8, max_record)
-            except Bad:
+            except BadRecord:
                 found = None
             if found is not None and found[0].offset >= expected:
                 return at - 8

@@ -45,7 +45,7 @@ from .._broker import Broker
 from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
 from .._rpc import ServiceSession
-from .._service import Call, Command, CommandTable, Fields, Reply, ServiceError, Status
+from .._service import Call, Command, CommandTable, Fields, ReplyObject, ServiceError, Status
 from .client import DEFAULT_TRACK_PORT
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
@@ -277,7 +277,7 @@ class TrackNode:
             raise ServiceError(Status.BAD_REQUEST, f"{self.address} is not a server")
         return self.server
 
-    def _track_pub(self, request: TrackPub, call: Call) -> Reply | None:
+    def _track_pub(self, request: TrackPub, call: Call) -> ReplyObject | None:
         tracker, queue, info = self._tracker_role(), call.queue, request.info
         assert queue is not None
         if info.server_address.broker_id != queue.remote_id:
@@ -294,20 +294,20 @@ class TrackNode:
             tracker.leave(info.server_address.address)
         return None
 
-    def _track_sub(self, request: TrackSub, call: Call) -> Reply | None:
+    def _track_sub(self, request: TrackSub, call: Call) -> ReplyObject | None:
         assert call.queue is not None
         self._tracker_role().subscribe(call.queue, deltas=request.deltas)
         return None
 
-    def _server_sub(self, request: ServerSub, call: Call) -> Reply | None:
+    def _server_sub(self, request: ServerSub, call: Call) -> ReplyObject | None:
         assert call.queue is not None
         self._server_role().watch(call.queue)
         return None
 
-    def _tracker_query(self, request: TrackerQuery, call: Call) -> Reply:
+    def _tracker_query(self, request: TrackerQuery, call: Call) -> ReplyObject:
         return {"cmd": "tracker", "trackerInfo": self._tracker_role().tracker_info().to_json()}
 
-    def _server_query(self, request: ServerQuery, call: Call) -> Reply:
+    def _server_query(self, request: ServerQuery, call: Call) -> ReplyObject:
         return {"cmd": "server", "serverInfo": self._server_role().info.to_json()}
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from channels import HEADER_SIZE, MAX_CAPACITY, MIN_CAPACITY, RingBuffer
-from channels._ring import FRAME_COMPLETE, FRAME_NONE, FRAME_PARTIAL
+from channels._ring import BATCH_BYTES, BATCH_FRAMES, FRAME_COMPLETE, FRAME_NONE, FRAME_PARTIAL
 
 from .refring import RefRing
 
@@ -23,11 +23,10 @@ class RingVsReference(RuleBasedStateMachine):
         self.ring: RingBuffer | None = None
         self.ref: RefRing | None = None
 
-    @rule(cap=st.sampled_from(CAPACITIES))
+    @initialize(cap=st.sampled_from(CAPACITIES))
     def new(self, cap: int) -> None:
-        if self.ring is None:
-            self.ring = RingBuffer(cap)
-            self.ref = RefRing(cap)
+        self.ring = RingBuffer(cap)
+        self.ref = RefRing(cap)
 
     @rule(data=st.binary(max_size=300))
     def write(self, data: bytes) -> None:
@@ -50,11 +49,6 @@ class RingVsReference(RuleBasedStateMachine):
             buf = bytearray(n)
             got = self.ring.readinto(buf)
             assert bytes(buf[:got]) == self.ref.read(n)
-
-    @rule(n=st.integers(0, 400))
-    def peek(self, n: int) -> None:
-        if self.ring is not None and self.ref is not None:
-            assert self.ring.peek(n) == self.ref.peek(n)
 
     @rule(n=st.integers(0, 400))
     def skip(self, n: int) -> None:
@@ -83,43 +77,49 @@ class RingVsReference(RuleBasedStateMachine):
             self.ring.skip(k)
             assert got == self.ref.read(k)
 
-    @rule(body=st.binary(max_size=100))
-    def put_frame(self, body: bytes) -> None:
+    @rule(bodies=st.lists(st.binary(max_size=60), min_size=1, max_size=10),
+          max_bytes=st.integers(0, 200), max_count=st.integers(1, 12))
+    def put_batch(self, bodies: list[bytes], max_bytes: int, max_count: int) -> None:
+        """What the codec sends with: frames whole, in order, as many as fit."""
         if self.ring is not None and self.ref is not None:
-            assert self.ring.put_frame(body) == self.ref.put_frame(body)
+            assert self.ring.put_batch(bodies, 0, max_bytes, max_count) == (
+                self.ref.put_batch(bodies, 0, max_bytes, max_count))
 
-    @rule(bodies=st.lists(st.binary(max_size=40), max_size=10))
-    def put_frames(self, bodies: list[bytes]) -> None:
+    @rule(bodies=st.lists(st.binary(max_size=60), max_size=6), min_body=st.integers(0, 40))
+    def put_each(self, bodies: list[bytes], min_body: int) -> None:
+        """What the codec sends large bodies with: one frame per call."""
         if self.ring is not None and self.ref is not None:
-            k = self.ring.put_frames(bodies)
-            expected = 0
-            for body in bodies:
-                if not self.ref.put_frame(body):
-                    break
-                expected += 1
-            assert k == expected
+            assert self.ring.put_each(bodies, 0, min_body) == (
+                self.ref.put_each(bodies, 0, min_body))
 
-    @rule(max_count=st.integers(1, 5), max_bytes=st.integers(0, 200),
-          max_body=st.integers(0, 120))
-    def take_frames(self, max_count: int, max_bytes: int, max_body: int) -> None:
+    @rule(batch_body=st.integers(0, 120), max_body=st.integers(0, 120))
+    def take_next(self, batch_body: int, max_body: int) -> None:
+        """What the codec receives with: a batch of complete frames of at most
+        ``batch_body`` bytes each, else one complete frame of at most ``max_body`` bytes
+        lying in one run of the ring, else what the head frame is (nothing taken)."""
         if self.ring is not None and self.ref is not None:
-            assert self.ring.take_frames(max_count, max_bytes, max_body) == (
-                self.ref.take_frames(max_count, max_bytes, max_body))
+            got = self.ring.take_next(batch_body, max_body)
+            batch = self.ref.take_frames(BATCH_FRAMES, BATCH_BYTES, batch_body)
+            if batch:
+                assert got[0] is not None and (list(got[0]), got[1]) == (
+                    batch, [len(b) for b in batch])
+                return
+            state, length = self.ref.head()
+            if state == "complete" and length <= max_body and (
+                    self.ref.contiguous() >= length + HEADER_SIZE):
+                assert got[0] is not None
+                assert (list(got[0]), got[1]) == (
+                    self.ref.take_frames(1, length, max_body), [length])
+                return
+            status = {"none": FRAME_NONE, "partial": FRAME_PARTIAL,
+                      "complete": FRAME_COMPLETE}[state]
+            assert got == (None, status, length)
 
     @invariant()
     def counts_agree(self) -> None:
         if self.ring is not None and self.ref is not None:
             assert self.ring.used == self.ref.used == len(self.ring)
             assert self.ring.free == self.ref.free
-            status, length = self.ring.frame_status()
-            data = self.ref.data
-            if len(data) < HEADER_SIZE:
-                assert (status, length) == (FRAME_NONE, -1)
-            else:
-                n = int.from_bytes(data[:4], "big")
-                assert length == n
-                complete = len(data) - HEADER_SIZE >= n
-                assert status == (FRAME_COMPLETE if complete else FRAME_PARTIAL)
 
 
 TestRingVsReference = RingVsReference.TestCase
@@ -129,16 +129,22 @@ TestRingVsReference.settings = settings(stateful_step_count=40,
 
 @given(st.lists(st.binary(max_size=2000), max_size=40), st.sampled_from([4096, 1 << 16]))
 def test_frames_round_trip_in_order(bodies: list[bytes], cap: int) -> None:
+    """The codec's calls carry any bodies through the ring whole and in order."""
     ring = RingBuffer(cap)
     out: list[bytes] = []
-    pending = list(bodies)
+    start = 0
+
+    def drain() -> None:
+        while (got := ring.take_next(cap, cap))[0] is not None:
+            out.extend(got[0])
+
     for _ in range(10 * len(bodies) + 2):
-        k = ring.put_frames(pending)
-        pending = pending[k:]
-        out += ring.take_frames()
-        if not pending:
+        if start == len(bodies):
             break
-    out += ring.take_frames()
+        put, _ = ring.put_batch(bodies, start, 1 << 16, 64)
+        start += put
+        drain()
+    drain()
     assert out == bodies
 
 
@@ -184,10 +190,12 @@ def test_negative_counts_are_errors() -> None:
 
 def test_frame_that_can_never_fit_is_refused_whole() -> None:
     ring = RingBuffer(8)
-    assert not ring.put_frame(b"12345")  # 4 + 5 > 8
+    assert ring.put_batch([b"12345"], 0, 1 << 16, 64) == (0, 0)  # 4 + 5 > 8
+    assert ring.put_batch([b"12345", b"1"], 0, 1 << 16, 64) == (0, 0)
     assert ring.used == 0
-    assert ring.put_frame(b"1234")
-    assert ring.frame_status() == (FRAME_COMPLETE, 4)
+    assert ring.put_batch([b"1234"], 0, 1 << 16, 64) == (1, 4)
+    assert ring.take_next(0, 0) == (None, FRAME_COMPLETE, 4)  # too long to take here
+    assert ring.take_next(4, 4) == ([b"1234"], [4])
 
 
 def test_a_socket_is_read_and_written_across_the_wrap_in_one_call() -> None:
@@ -242,3 +250,24 @@ def test_writing_to_a_socket_whose_peer_is_gone_is_epipe_not_a_signal() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
+def test_a_batch_always_takes_its_first_frame_and_then_keeps_to_the_byte_limit() -> None:
+    ring = RingBuffer(64)
+    assert ring.put_batch([b"a" * 10, b"b" * 10], 0, 15, 5) == (1, 10)  # 10 + 10 > 15
+    assert ring.put_batch([b"c" * 20, b"d"], 0, 5, 5) == (1, 20)  # the first: over 5
+    assert ring.put_batch([b"e", b"f", b"g"], 0, 1 << 16, 2) == (2, 2)  # max_count
+    assert ring.take_next(64, 64) == ([b"a" * 10, b"c" * 20, b"e", b"f"], [10, 20, 1, 1])
+
+
+def test_a_frame_that_ends_at_the_rings_end_is_taken_in_one_run() -> None:
+    ring = RingBuffer(16)
+    ring.write(b"x" * 8)
+    ring.skip(8)  # the read position is 8: a frame of 4 + 4 bytes ends at the end
+    assert ring.put_batch([b"abcd"], 0, 1 << 16, 64) == (1, 4)
+    assert ring.take_next(0, 4) == ([b"abcd"], [4])  # one run: taken as it lies
+    ring.write(b"y" * 9)
+    ring.skip(9)  # now at 9 (mod 16): the same frame would wrap
+    assert ring.put_batch([b"abcd"], 0, 1 << 16, 64) == (1, 4)
+    assert ring.take_next(0, 4) == (None, FRAME_COMPLETE, 4)  # wraps: not taken here
+    assert ring.take_next(4, 4) == ([b"abcd"], [4])  # the batch path copies across
