@@ -47,8 +47,9 @@ def tls_files(cert: pathlib.Path | None, key: pathlib.Path | None,
     return str(cert), str(key), None if ca is None else str(ca)
 
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+# no emoji codes: rich would print "127.0.0.1:100: refused" as "127.0.0.1💯 refused"
+out = Console(emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 T = TypeVar("T")
 
 #: What the CLI says in one line: rdvpump's own errors (a bad setting is a

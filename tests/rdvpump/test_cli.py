@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from rdv import state_diagram
@@ -237,3 +238,15 @@ def test_a_bug_keeps_its_traceback_and_a_bad_setting_is_one_line(
     assert result.exit_code == 1 and result.exception is not None
     assert isinstance(result.exception, SystemExit)
     assert result.output.startswith("error: ring capacity must be a power of two")
+
+
+def test_an_error_line_prints_addresses_and_brackets_as_they_are(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """rich's emoji codes would turn ``127.0.0.1:100:`` into a symbol, its markup would
+    eat ``[[fault]]``: an error line says what the library said, unchanged."""
+    from rdvpump.cli._common import fail
+
+    said = "manager 127.0.0.1:100: unreachable (:1234: too); see the [[fault]] tables"
+    with pytest.raises(typer.Exit):
+        raise fail(said)
+    assert capsys.readouterr().err == f"error: {said}\n"
