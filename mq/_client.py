@@ -393,7 +393,7 @@ class MqClient:
 
 @dataclass(frozen=True)
 class Pushed:
-    """A message pushed to a receiver name; ``sender`` is the pushing link's session."""
+    """A message pushed to a receiver name; ``sender`` is the pushing link's id."""
 
     to: str
     sender: str

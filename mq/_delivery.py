@@ -37,7 +37,7 @@ class ClientLink:
 
     queue: MessageQueue
     #: what RPC replies are routed by (a request on an ``rpc`` topic carries it)
-    session: str = ""
+    caller_id: str = ""
     #: receiver names this link answers to (``receive``)
     names: set[str] = field(default_factory=set)
     consumers: dict[tuple[str, str], Member] = field(default_factory=dict)
@@ -103,12 +103,12 @@ class ClientLink:
 
 
 class Links:
-    """A server's client links, by queue, by session id (RPC replies are routed by it)
+    """A server's client links, by queue, by caller id (RPC replies are routed by it)
     and by receiver name (pushes go to every link answering to one)."""
 
     def __init__(self) -> None:
         self.by_queue: dict[MessageQueue, ClientLink] = {}
-        self.sessions: dict[str, ClientLink] = {}
+        self.by_caller: dict[str, ClientLink] = {}
         self.receivers: dict[str, list[ClientLink]] = {}
         self._count = 0
 
@@ -124,7 +124,7 @@ class Links:
         if link is None:
             self._count += 1
             link = self.by_queue[queue] = ClientLink(queue, f"{queue.remote_id}#{self._count}")
-            self.sessions[link.session] = link
+            self.by_caller[link.caller_id] = link
         return link
 
     def answer_to(self, link: ClientLink, name: str) -> None:
@@ -139,7 +139,7 @@ class Links:
         link = self.by_queue.pop(queue, None)
         if link is None:
             return None
-        self.sessions.pop(link.session, None)
+        self.by_caller.pop(link.caller_id, None)
         for name in link.names:
             held = self.receivers.get(name, [])
             if link in held:

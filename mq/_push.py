@@ -1,7 +1,7 @@
 """Routing without storing, on an MQ server's links: RPC replies and pushes.
 
 * RPC (zbus's produce + route): a produce on an ``rpc`` topic is a request, stamped by
-  the server with the caller link's session id (as its producer; the request id is its
+  the server with the caller link's id (as its producer; the request id is its
   sequence).  A service consumes it and answers ``route {recver: producer, id:
   sequence, status?}`` + body; the caller's link gets ``reply {id, status}`` + body.  A
   reply to a caller that has left is dropped and counted (``unroutable``).
@@ -38,7 +38,7 @@ class Router:
         """An RPC reply to the caller's link; a caller that has left is counted, and the
         replier told (a 410) only if it asked (``seq``): callers that time out and leave
         are normal."""
-        link = self.links.sessions.get(request.recver)
+        link = self.links.by_caller.get(request.recver)
         if link is None:
             self.counts["unroutable"] += 1
             log.info("%s: a reply to %s (request %d) dropped: the caller has left",
@@ -65,7 +65,7 @@ class Router:
         if not targets:
             self.counts["unroutable"] += 1
             raise ServiceError(Status.NOT_FOUND, f"no receiver {request.to!r} on {self.address}")
-        sender = self.links.of(call.queue).session if call.queue is not None else self.address
+        sender = self.links.of(call.queue).caller_id if call.queue is not None else self.address
         message = encode({"cmd": "pushed", "to": request.to, "from": sender}, request.body)
         for link in targets:
             link.send(message)

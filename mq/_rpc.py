@@ -1,7 +1,7 @@
 """RPC over MQ (zbus's produce + route): :class:`Caller` and :class:`Service`.
 
 A request is a message on a topic with the ``rpc`` flag; the server stamps it
-with the caller link's session id.  A :class:`Service` consumes the topic,
+with the caller link's id.  A :class:`Service` consumes the topic,
 runs its handler and routes the answer back to that link.  Requests and
 replies are as durable as the topic (declare it ``memory`` too for plain
 RPC); a reply to a caller that has left, or one that comes after the call

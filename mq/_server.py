@@ -352,10 +352,10 @@ class MqServer:
         if producer is None:
             producer = "" if queue is None else queue.remote_id
         if "rpc" in state.flags:
-            # a request: replies are routed back to this link by (session, request id)
+            # a request: replies are routed back to this link by (caller id, request id)
             if queue is None:
                 raise ServiceError(Status.BAD_REQUEST, "an RPC request needs a link to answer")
-            producer = self.links.of(queue).session
+            producer = self.links.of(queue).caller_id
         sizes = request.sizes
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
