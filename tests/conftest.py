@@ -38,15 +38,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A Spark test is a slow one (it starts a JVM, or works one): the quick loop leaves
-    it out.  Slow tests are handed out first, the README's blocks (the longest of all)
-    before the others: longest jobs first keeps the last worker from finishing long
-    after the others.  (Each pytest-xdist worker that runs a test on the
+    it out.
+
+    Longest first, one per worker: pytest-xdist hands each worker two tests at the
+    start and then one at a time (``--maxschedchunk 1``, in ``pyproject.toml``), so the
+    tests of :data:`LONGEST` go out each with a quick test behind it (two of them on one
+    worker ran one after the other, a minute or two past the rest), then the other
+    Spark tests, the slow ones, the rest.  (Each worker that runs a test on the
     ``spark`` fixture starts a JVM: one test uses it.)"""
     for item in items:
         if item.get_closest_marker("spark") is not None:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.path.name != "test_readme.py"))
+    items.sort(key=_cost_rank)
+    longest = [item for item in items if _cost_rank(item)[0] == 0]
+    rest = items[len(longest):]
+    quick = rest[len(rest) - min(len(longest), len(rest)):]
+    rest = rest[:len(rest) - len(quick)]
+    items[:] = [*(x for pair in zip(longest, quick, strict=False) for x in pair),
+                *longest[len(quick):], *rest]
+
+
+#: The tests that run longest (a minute or more on two cores), in the order they are
+#: handed out: the README's chain of shell blocks, its benchmark block, the engines'
+#: comparison on Spark.
+LONGEST = ("test_shell_blocks_run_as_printed_in_order",
+           "test_the_benchmark_block_runs_as_printed",
+           "test_the_engines_give_the_same_summary_tables_and_plots")
+
+
+def _cost_rank(item: pytest.Item) -> tuple[int, int]:
+    name = getattr(item, "originalname", item.name)
+    if name in LONGEST:
+        return 0, LONGEST.index(name)
+    if item.get_closest_marker("spark") is not None:
+        return 1, 0
+    return (2 if item.get_closest_marker("slow") is not None else 3), 0
 
 
 @pytest.fixture(scope="session")

@@ -495,8 +495,14 @@ def test_the_engines_give_the_same_summary_tables_and_plots(
     from replay import analysis
     from replay.fold import partition_keys
 
-    # each shuffle key is one that Spark's hash partitioning sends to its partition
-    for partitions in (1, 2, 3, 4, 7, 200):
+    # each shuffle key is one that Spark's hash partitioning sends to its partition: the
+    # pmod of Spark's Murmur3 hash, for every count of partitions in one job, and where a
+    # repartition puts the keys (a job each)
+    pairs = [(n, key, p) for n in (1, 2, 3, 4, 7, 200)
+             for p, key in enumerate(partition_keys(n))]
+    frame = spark.createDataFrame(pairs, "n int, key int, p int")
+    assert frame.where(F.expr("pmod(hash(key), n) != p")).count() == 0
+    for partitions in (1, 3, 7):
         keys = partition_keys(partitions)
         frame = spark.createDataFrame([(k,) for k in keys], "key int")
         landed = frame.repartition(partitions, "key").select(
