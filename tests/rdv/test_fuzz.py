@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from brokermgr import BrokerManager
-from channels import AsyncMessageQueue
+from channels import CLOSE_MARK, AsyncMessageQueue
 from pump import Pump
 from rdv import AcceptListener, Hello
 from rdv._wire import MAX_HANDSHAKE_SIZE
@@ -78,7 +78,9 @@ bad_inputs = st.one_of(
     st.integers(1, 5000).flatmap(lambda n: st.integers(0, n - 1).map(
         lambda k: ("linked", n.to_bytes(4, "big") + b"\xab" * k))),
     st.integers(1, 3).map(lambda k: ("linked", b"\x00\x00\x00\x09"[:k])),
-    st.integers(16 * 1024 * 1024 + 1, 2**32 - 1).map(
+    # headers past the largest message: too long, or a close frame cut short (a bare
+    # CLOSE_MARK is a whole close frame with no reason: the peer's close, not bad input)
+    st.integers(16 * 1024 * 1024 + 1, 2**32 - 1).filter(lambda n: n != CLOSE_MARK).map(
         lambda n: ("linked", n.to_bytes(4, "big"))),
 )
 
