@@ -1,23 +1,16 @@
 """Processes of a universe: a manager serving the name service, a process of brokers, and
-``universe up``, which starts one of each per broker and watches them.
-
-The stdout protocol between a child and its parent, all in this module: a
-child prints ``ready <what> HOST:PORT`` once it can be used, then (with a
-plan) ``stats {json}`` lines and ``done {json}``.  Children run until SIGINT or
-SIGTERM and then shut down cleanly (brokers unregister).
+``universe up``, which starts one of each per broker and watches them (the lines they
+exchange are :mod:`rdvpump.children`'s).  Children run until SIGINT or SIGTERM and then
+shut down cleanly (brokers unregister).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,48 +32,24 @@ from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
 from ._errors import RunError
-from .workloads import (
-    Stats,
-    UniverseSpec,
-    drive,
-    load_universe,
-    payloads,
-    serve_role,
-    sink_expectations,
-    sink_payloads,
+from .children import (
+    DONE,
+    ERROR,
+    REPORT_EVERY,
+    STATS,
+    Child,
+    ChildState,
+    report,
+    start_child,
+    stop_all,
+    stop_signals,
 )
+from .universe_file import UniverseSpec, load_universe
+from .workloads import Stats, drive, payloads, serve_role, sink_expectations, sink_payloads
 
-#: How a parent starts a child: the public ``rdvpump`` command of this interpreter.
-RDVPUMP = [sys.executable, "-m", "rdvpump"]
-REPORT_EVERY = 0.25
 #: Listen on loopback, on a port the kernel picks.
 ANY_LOCAL = Address("127.0.0.1", 0)
 
-
-
-#: Set by a parent (``universe up``) that holds its children's stdin open: a child ends,
-#: as on SIGTERM, when that pipe closes, so a parent killed with SIGKILL leaves none behind.
-WATCH_PARENT = "RDVPUMP_EXIT_WITH_PARENT"
-
-
-async def _until_signalled() -> None:
-    """Until SIGINT or SIGTERM, or, in a child of ``universe up``, until the parent's end
-    of our stdin closes (the parent is gone, however it ended)."""
-    async with trio.open_nursery() as nursery:
-        if os.environ.get(WATCH_PARENT) == "1":
-            nursery.start_soon(_parent_gone, nursery.cancel_scope)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        nursery.cancel_scope.cancel()
-
-
-async def _parent_gone(scope: trio.CancelScope) -> None:
-    stdin = trio.lowlevel.FdStream(os.dup(0))
-    async with stdin:
-        while await stdin.receive_some(4096):
-            pass  # the parent writes nothing; EOF is the message
-    scope.cancel()
 
 
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
@@ -100,13 +69,14 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
     _secure(manager, tls)
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(manager.pump.serve)
-            address = await nursery.start(manager.serve_network, *listen)
-            ready(address)
-            await _until_signalled()
-            await service.aclose()  # the brokers hear a close, not a lost connection
-            nursery.cancel_scope.cancel()
+        with stop_signals() as until_signalled:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(manager.pump.serve)
+                address = await nursery.start(manager.serve_network, *listen)
+                ready(address)
+                await until_signalled()
+                await service.aclose()  # the brokers hear a close, not a lost connection
+                nursery.cancel_scope.cancel()
     finally:
         manager.pump.close_trace()
 
@@ -150,44 +120,42 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
                          ready: Callable[[Address], None]) -> None:
     refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        address = await nursery.start(manager.serve_network, *listen)
-        for broker in brokers:
-            for port in echo_ports:
-                await nursery.start(broker.serve_queues, port, echo)
-        def on_refused(manager_name: str, reason: str) -> None:
-            refused.append(f"broker {'+'.join(broker_ids)}: {manager_name} refused it: "
-                           f"{reason}")
+    with stop_signals() as until_signalled:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.pump.serve)
+            address = await nursery.start(manager.serve_network, *listen)
+            for broker in brokers:
+                for port in echo_ports:
+                    await nursery.start(broker.serve_queues, port, echo)
+            def on_refused(manager_name: str, reason: str) -> None:
+                refused.append(f"broker {'+'.join(broker_ids)}: {manager_name} refused it: "
+                               f"{reason}")
+                nursery.cancel_scope.cancel()
+
+            names = NameClient(manager, managers, heartbeat=heartbeat,
+                               on_refused=on_refused) if managers else None
+            if names is not None:
+                for session in names.sessions:
+                    nursery.start_soon(_watch_link, session, "+".join(broker_ids), refused,
+                                       nursery.cancel_scope)
+                names.start()
+            nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
+            for node in nodes:  # a server's links to its trackers (--tracker)
+                for publisher in getattr(getattr(node, "server", None), "publishers", ()):
+                    nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
+                                       nursery.cancel_scope)
+            ready(address)
+            if spec is not None and names is not None:
+                for b in broker_ids:
+                    nursery.start_soon(play_plan, spec, b, manager, names, nursery, report)
+            await until_signalled()
+            for node in nodes:  # MQ servers first: positions saved, files synced
+                node.close()
+            if names is not None:
+                await names.aclose()  # the unregisters leave before the links are cut
+            for broker in brokers:  # its other links end with a close frame, not a cut
+                await broker.aclose("broker process stopped")
             nursery.cancel_scope.cancel()
-
-        names = NameClient(manager, managers, heartbeat=heartbeat,
-                           on_refused=on_refused) if managers else None
-        if names is not None:
-            for session in names.sessions:
-                nursery.start_soon(_watch_link, session, "+".join(broker_ids), refused,
-                                   nursery.cancel_scope)
-            names.start()
-        nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
-        for node in nodes:  # a server's links to its trackers (--tracker)
-            for publisher in getattr(getattr(node, "server", None), "publishers", ()):
-                nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
-                                   nursery.cancel_scope)
-        ready(address)
-        if spec is not None and names is not None:
-            def emit(kind: str, payload: dict[str, object]) -> None:
-                print(kind, json.dumps(payload), flush=True)
-
-            for b in broker_ids:
-                nursery.start_soon(play_plan, spec, b, manager, names, nursery, emit)
-        await _until_signalled()
-        for node in nodes:  # MQ servers first: positions saved, files synced
-            node.close()
-        if names is not None:
-            await names.aclose()  # the unregisters leave before the links are cut
-        for broker in brokers:  # its other links end with a close frame, not a cut
-            await broker.aclose("broker process stopped")
-        nursery.cancel_scope.cancel()
     if refused:
         raise RunError(refused[0])
 
@@ -303,29 +271,9 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
 _WAIT_POLL = 0.1
 
 
-@dataclass
-class ChildState:
-    broker: str
-    stats: dict[str, Any] = field(default_factory=dict)
-    reports: list[dict[str, Any]] | None = None
-    exit_code: int | None = None
-    error: str | None = None  # why this child stopped before its workloads were done
-    rate: tuple[float, float] = (0.0, 0.0)  # messages/s, bytes/s
-    _last: tuple[float, int, int] | None = None
-
-    def update(self, stats: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if self._last is not None and now > self._last[0]:
-            dt = now - self._last[0]
-            self.rate = ((stats["messages"] - self._last[1]) / dt,
-                         (stats["bytes"] - self._last[2]) / dt)
-        self._last = (now, stats["messages"], stats["bytes"])
-        self.stats = stats
-
-
 async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
                     names: NameClient, nursery: trio.Nursery,
-                    emit: Callable[[str, dict[str, Any]], None]) -> None:
+                    emit: Callable[[str, Mapping[str, object]], None]) -> None:
     """The child side: serve this broker's roles, drive its workloads, report."""
     broker = manager.broker(broker_id)
     stats = Stats()
@@ -336,7 +284,7 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
 
     async def report() -> None:
         while True:
-            emit("stats", stats.to_dict())
+            emit(STATS, stats.to_dict())
             await trio.sleep(REPORT_EVERY)
 
     nursery.start_soon(report)
@@ -349,13 +297,13 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
                         await trio.sleep(0.05)
             reports.append((await drive(broker, w, stats, payloads(spec, w))).to_dict())
     except trio.TooSlowError:
-        emit("error", {"message": "its targets did not register with the manager in 30 s"})
+        emit(ERROR, {"message": "its targets did not register with the manager in 30 s"})
         raise
     except Exception as exc:  # the parent stops the universe and says why
-        emit("error", {"message": str(exc) or type(exc).__name__})
+        emit(ERROR, {"message": str(exc) or type(exc).__name__})
         raise
-    emit("stats", stats.to_dict())  # the last figures, then the reports
-    emit("done", {"reports": reports})
+    emit(STATS, stats.to_dict())  # the last figures, then the reports
+    emit(DONE, {"reports": reports})
 
 
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
@@ -371,49 +319,19 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     or ``timeout``.
     """
     outcome = {} if outcome is None else outcome
-    env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token, WATCH_PARENT: "1"}
+    env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
     children: list[trio.Process] = []
     states = {b: ChildState(b) for b in spec.brokers}
     expected = sink_expectations(spec)
 
-    async def spawn(args: list[str], on_line: Callable[[str], None],
-                    broker: str | None = None) -> tuple[str, int]:
-        proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE,
-                                                stderr=subprocess.DEVNULL, env=env)
-        children.append(proc)
-        assert proc.stdout is not None
-        lines = _lines(proc.stdout)
-        with trio.fail_after(30):
-            first = await lines.__anext__()
-        if not first.startswith("ready "):
-            raise RunError(f"{args[0]} did not start: {first!r}")
-
-        async def follow() -> None:
-            async for line in lines:
-                on_line(line)
-            if broker is not None:  # its stdout closed: the process is ending
-                code = await proc.wait()
-                state = states[broker]
-                if state.reports is None and state.error is None:
-                    state.error = f"exited with status {code} before its workloads were done"
-                    on_change(states)
-
-        nursery.start_soon(follow)
-        return Address.parse(first.split()[-1])
-
-    def child_line(broker: str) -> Callable[[str], None]:
-        def on_line(line: str) -> None:
-            kind, _, payload = line.partition(" ")
-            if kind == "stats":
-                states[broker].update(json.loads(payload))
-            elif kind == "done":
-                states[broker].reports = json.loads(payload)["reports"]
-            elif kind == "error":
-                states[broker].error = json.loads(payload)["message"]
+    async def follow(child: Child, state: ChildState) -> None:
+        async for line in child.lines:
+            state.take(line)
             on_change(states)
-
-        return on_line
+        code = await child.process.wait()  # its stdout closed: the process is ending
+        if state.reports is None and state.error is None:
+            state.error = f"exited with status {code} before its workloads were done"
+            on_change(states)
 
     def finished() -> bool:
         for b in expected:  # a sink compares every message: a mismatch stops the universe
@@ -436,15 +354,17 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                         return
 
                 nursery.start_soon(interrupted)
-                manager_addr = await spawn(["manager", "serve", "--universe", spec.name,
-                                            "--listen", "127.0.0.1:0", "--scan", "1",
-                                            "--expiry", "10", *trace_args], lambda line: None)
-                where = f"{manager_addr[0]}:{manager_addr[1]}"
+                manager = await start_child(
+                    ["manager", "serve", "--universe", spec.name, "--listen", "127.0.0.1:0",
+                     "--scan", "1", "--expiry", "10", *trace_args], env, children)
+                nursery.start_soon(manager.discard)  # it says nothing more; not to block
+                where = f"{manager.address[0]}:{manager.address[1]}"
                 for b in spec.brokers:
-                    await spawn(["broker", "run", "--id", b, "--universe", spec.name,
-                                 "--manager", where, "--heartbeat", "2", "--plan", str(path),
-                                 *trace_args],
-                                child_line(b), b)
+                    child = await start_child(
+                        ["broker", "run", "--id", b, "--universe", spec.name, "--manager",
+                         where, "--heartbeat", "2", "--plan", str(path), *trace_args],
+                        env, children)
+                    nursery.start_soon(follow, child, states[b])
                 outcome["stopped_by"] = "timeout"
                 with trio.move_on_after(timeout):
                     while not finished():
@@ -457,34 +377,9 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            await _stop_all(children)
+            await stop_all(children)
         for proc, b in zip(children[1:], spec.brokers, strict=False):
             states[b].exit_code = proc.returncode
         on_change(states)
     return states
 
-
-async def _lines(stream: trio.abc.ReceiveStream) -> Any:
-    buf = b""
-    while True:
-        data = await stream.receive_some(65536)
-        if not data:
-            return
-        buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            yield line.decode()
-
-
-async def _stop_all(children: list[trio.Process], grace: float = 10.0) -> None:
-    """SIGINT every child (a clean shutdown), then SIGKILL what is left; reap them all."""
-    for proc in children:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-    with trio.move_on_after(grace):
-        for proc in children:
-            await proc.wait()
-    for proc in children:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()

@@ -24,7 +24,8 @@ from pump import Pump
 
 from .._errors import RunError
 from ..testing import run_simulation
-from ..workloads import UniverseSpec, WorkloadSpec, run_universe
+from ..universe_file import UniverseSpec, WorkloadSpec
+from ..workloads import run_universe
 
 #: OpenAMQ's published switching rate per broker, upper end (messages per second).
 SEED_RATE = 25_000.0

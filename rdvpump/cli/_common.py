@@ -6,7 +6,6 @@ Library errors are caught here only, and become one red line on stderr and exit 
 from __future__ import annotations
 
 import errno
-import gc
 import pathlib
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -17,7 +16,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from pump import FORMATS, ConfigError, RdvpumpError, open_trace
-from rdv import Address
 
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
@@ -132,18 +130,6 @@ def _first_leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def ready_line(what: str) -> Callable[[Address], None]:
-    def ready(address: Address) -> None:
-        # What the process made to start (modules, the CLI, its brokers) lives as long as
-        # it does: frozen, the collector's full passes stop walking it again and again
-        # (a busy MQ server spent a noticeable share of its time in them).
-        gc.freeze()
-        # One line on stdout, flushed: parents (the CLI, tests) wait for it.
-        print(f"ready {what} {address[0]}:{address[1]}", flush=True)
-
-    return ready
 
 
 def fail(message: str) -> typer.Exit:

@@ -19,6 +19,7 @@ from mq import Durability
 from pump import ConfigError
 from rdv import Address
 
+from ..children import ready_line
 from ..processes import run_brokers
 from ._common import (
     CAOption,
@@ -31,7 +32,6 @@ from ._common import (
     UniverseOption,
     fail,
     guard,
-    ready_line,
     recorder,
     tls_files,
 )

@@ -10,6 +10,7 @@ import typer
 from brokermgr import DEFAULT_BROKER_EXPIRY, DEFAULT_MANAGER_PORT, DEFAULT_SCAN_INTERVAL
 from rdv import Address
 
+from ..children import ready_line
 from ..processes import run_manager
 from ._common import (
     CAOption,
@@ -21,7 +22,6 @@ from ._common import (
     TraceOption,
     UniverseOption,
     guard,
-    ready_line,
     recorder,
     tls_files,
 )

@@ -23,9 +23,11 @@ from rich.table import Table
 
 from pump import ConfigError
 
-from ..processes import ChildState, universe_up
+from ..children import ChildState
+from ..processes import universe_up
 from ..testing import run_simulation
-from ..workloads import RunResult, load_universe, run_universe
+from ..universe_file import load_universe
+from ..workloads import RunResult, run_universe
 from ._common import (
     RunOption,
     TokenOption,

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from rdvpump.cli import app
 from rdvpump.testing import run_simulation
-from rdvpump.workloads import load_universe, random_faults, run_universe
+from rdvpump.universe_file import load_universe, random_faults
+from rdvpump.workloads import run_universe
 
 pytestmark = pytest.mark.slow  # real processes
 

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from rdvpump.cli import app
 from rdvpump.testing import run_simulation
-from rdvpump.workloads import UniverseFileError, load_universe, run_in_process
+from rdvpump.universe_file import UniverseFileError, load_universe
+from rdvpump.workloads import run_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from rdvpump.workloads import load_universe, run_in_process
+from rdvpump.universe_file import load_universe
+from rdvpump.workloads import run_in_process
 from replay import TraceError, analyze
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
