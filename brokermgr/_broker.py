@@ -6,6 +6,7 @@ their trio twins for embedding.
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -230,7 +231,9 @@ class BrokerManager:
                  high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
                  token: str = "", directory: Mapping[str, tuple[str, int]] | None = None,
                  busy_poll: float = 0.0,
-                 adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
+                 adaptive_poll: float = DEFAULT_ADAPTIVE_POLL,
+                 tls_server: ssl.SSLContext | None = None,
+                 tls_client: ssl.SSLContext | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError("a universe needs a non-empty name")
         self.name = name
@@ -253,16 +256,30 @@ class BrokerManager:
         self.resolver = Resolver(directory)
         #: The resolver's static part: broker id -> address, set by hand.
         self.directory = self.resolver.directory
-        self.net = NetNode(self.pump, self.channels, universe=name, token=token,
-                           resolve_local=self.resolve_local, resolver=self.resolver)
         if not busy_poll >= 0:
             raise ConfigError(f"busy_poll must be a non-negative number of seconds, "
                              f"got {busy_poll!r}")
-        self.net.busy_poll = busy_poll
         if not adaptive_poll >= 0:
             raise ConfigError(f"adaptive_poll must be a non-negative number of seconds, "
                              f"got {adaptive_poll!r}")
-        self.net.adaptive_poll = adaptive_poll
+        self.net = NetNode(self.pump, self.channels, universe=name, token=token,
+                           resolve_local=self.resolve_local, resolver=self.resolver,
+                           tls_server=tls_server, tls_client=tls_client,
+                           busy_poll=busy_poll, adaptive_poll=adaptive_poll)
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest message body a link of this universe carries."""
+        return self.queue_options["max_message_size"]
+
+    @property
+    def serves_tls(self) -> bool:
+        """Whether links from other processes reach this one over TLS."""
+        return self.net.tls_server is not None
+
+    def use_tls_to(self, broker_id: str, context: ssl.SSLContext) -> None:
+        """Dial ``broker_id`` over TLS with ``context`` (trusting what it trusts)."""
+        self.net.use_tls_to(broker_id, context)
 
     async def serve_network(self, host: str = "127.0.0.1", port: int = 0, *,
                             task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED

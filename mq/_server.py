@@ -160,7 +160,7 @@ class MqServer:
         self.ack_timeout = ack_timeout
         self.max_deliveries = max_deliveries
         #: Largest body a produce may carry: what a delivery of it can carry.
-        self.max_body = node.broker.manager.queue_options["max_message_size"] - FRAME_ROOM
+        self.max_body = node.broker.manager.max_message_size - FRAME_ROOM
         self.segment_bytes = segment_bytes
         #: Retention per disk topic: whole segments go once the topic is larger than
         #: ``retain_bytes`` or their newest message is older than ``retain_age`` seconds,

@@ -99,7 +99,10 @@ class NetNode:
     def __init__(self, pump: Pump, channels: ChannelManager, *, universe: str, token: str,
                  resolve_local: Callable[[str], RdvNode | None], resolver: Resolver,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
+                 max_pending: int = DEFAULT_MAX_PENDING,
+                 tls_server: ssl.SSLContext | None = None,
+                 tls_client: ssl.SSLContext | None = None,
+                 busy_poll: float = 0.0, adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
         self.pump = pump
         self.channels = channels
         self.universe = universe
@@ -114,15 +117,16 @@ class NetNode:
         self._nursery: trio.Nursery | None = None
         self.address: Address | None = None
         #: TLS for inbound and outbound links (see :func:`tls_contexts`); None: plain TCP.
-        self.tls_server: ssl.SSLContext | None = None
-        self.tls_client: ssl.SSLContext | None = None
-        #: TLS for outbound links to particular brokers (by id), over ``tls_client``.
+        self.tls_server = tls_server
+        self.tls_client = tls_client
+        #: TLS for outbound links to particular brokers (by id), over ``tls_client``
+        #: (:meth:`use_tls_to`).
         self.tls_for: dict[str, ssl.SSLContext] = {}
         #: Seconds a link's receiver polls a quiet socket before it sleeps (0: never);
         #: trades a busy core for lower latency, see :class:`channels.StreamLink`.
-        self.busy_poll = 0.0
+        self.busy_poll = busy_poll
         #: The links' adaptive polling (see :class:`channels.StreamLink`); 0: off.
-        self.adaptive_poll = DEFAULT_ADAPTIVE_POLL
+        self.adaptive_poll = adaptive_poll
         #: How outbound connections are opened (tests swap in memory streams).
         self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
             lambda address: trio.open_tcp_stream(*address))
@@ -131,6 +135,10 @@ class NetNode:
         self.rejected_causes: list[str] = []
 
     # -- serving ----------------------------------------------------------------------
+
+    def use_tls_to(self, broker_id: str, context: ssl.SSLContext) -> None:
+        """Dial ``broker_id`` over TLS with ``context`` (instead of ``tls_client``)."""
+        self.tls_for[broker_id] = context
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0, *,
                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:

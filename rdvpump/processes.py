@@ -55,9 +55,12 @@ ANY_LOCAL = Address("127.0.0.1", 0)
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
 
 
-def _secure(manager: BrokerManager, tls: TLSFiles | None) -> None:
-    if tls is not None:
-        manager.net.tls_server, manager.net.tls_client = tls_contexts(*tls)
+def _tls(tls: TLSFiles | None) -> dict[str, Any]:
+    """BrokerManager's TLS arguments for these files (none: plain TCP)."""
+    if tls is None:
+        return {}
+    server, client = tls_contexts(*tls)
+    return {"tls_server": server, "tls_client": client}
 
 
 async def run_manager(universe: str, listen: Address, *, token: str = "",
@@ -65,8 +68,8 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
                       scan_interval: float = DEFAULT_SCAN_INTERVAL,
                       tls: TLSFiles | None = None, trace: TraceRecorder | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
-    manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"))
-    _secure(manager, tls)
+    manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"),
+                            **_tls(tls))
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
     try:
         with stop_signals() as until_signalled:
@@ -105,8 +108,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
         echo_ports = ()
     manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
-                            pump=Pump(trace=trace, name="+".join(broker_ids)))
-    _secure(manager, tls)
+                            pump=Pump(trace=trace, name="+".join(broker_ids)), **_tls(tls))
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
@@ -233,8 +235,7 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
     With ``wait`` (broker ids), a manager that is still starting is dialled again and the
     list asked again until it holds every one of them, for up to ``timeout`` seconds;
     OSError names those still missing."""
-    manager = BrokerManager(universe, token=token)
-    _secure(manager, tls)
+    manager = BrokerManager(universe, token=token, **_tls(tls))
     where = f"manager {manager_address[0]}:{manager_address[1]}"
     brokers: list[dict[str, object]] | None = None
     async with trio.open_nursery() as nursery:

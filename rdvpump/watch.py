@@ -61,8 +61,8 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
     With ``once``: wait until every tracker has answered (or ``timeout``), show
     one snapshot and return; OSError if no tracker answered at all.
     """
-    manager = BrokerManager(universe, token=token, pump=Pump(name="routes"))
-    manager.net.tls_client = tls_client
+    manager = BrokerManager(universe, token=token, pump=Pump(name="routes"),
+                            tls_client=tls_client)
     for broker_id, address in trackers:
         manager.directory[broker_id] = address
     async with trio.open_nursery() as nursery:

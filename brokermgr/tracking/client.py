@@ -104,7 +104,7 @@ class RouteClient:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"certificate file {path!r} does not exist")
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=path)
-        self.broker.manager.net.tls_for[broker_id] = context
+        self.broker.manager.use_tls_to(broker_id, context)
         self.ssl_cert_files[address] = path
 
     # -- selection ---------------------------------------------------------------------

@@ -149,7 +149,7 @@ class TrackNode:
         self.pump = broker.pump
         self.role = role
         self.address = ServerAddress(f"{broker.id}:{port}",
-                                     broker.manager.net.tls_server is not None)
+                                     broker.manager.serves_tls)
         #: Messages by cmd this node sent and received (tests check the rules with these),
         #: and the bytes it sent by cmd.
         self.sent: dict[str, int] = {}
