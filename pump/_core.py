@@ -27,6 +27,9 @@ log = logging.getLogger("rdvpump.pump")
 DEFAULT_SERVE_BATCH = 64
 
 
+#: The trace ids of a task without an owner.
+_NO_OWNER: tuple[None, None, None, None] = (None, None, None, None)
+
 class Owner(Protocol):
     """Something a task belongs to (a link, a broker).
 
@@ -249,12 +252,8 @@ class PumpCore:
     def _trace_task(self, event: str, kind: str, owner: Owner | None, now: float) -> None:
         trace = self.trace
         assert trace is not None
-        broker, peer, port, link = (owner.trace_ids() if owner is not None
-                                    else (None, None, None, None))
-        trace.rows.append((self.step_number, now, trace.context(
-            event, broker, peer, port, link, None, kind), None, None))
-        if not self.step_number & 255:
-            trace.maybe_flush()  # every 256 steps: bounded memory, little cost
+        trace.task(self.step_number, now, event, kind,
+                   owner.trace_ids() if owner is not None else _NO_OWNER)
 
     def _task_failed(self, kind: str, owner: Owner | None, exc: Exception) -> None:
         self.failures += 1

@@ -15,13 +15,18 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count, repeat
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ._errors import TraceWriteError
 from .schema import Context, Kind, Outcome, TraceEvent
 
-if TYPE_CHECKING:
-    from ._core import PumpCore
+
+class Clock(Protocol):
+    """What a :class:`LinkTrace` reads of its pump: the step it is in and the time."""
+
+    step_number: int
+
+    def now(self) -> float: ...
 
 #: Rows kept before they go to the writer.
 DEFAULT_CHUNK_ROWS = 1 << 16
@@ -177,6 +182,17 @@ class TraceRecorder:
               size: int | None = None, **context: Any) -> None:
         self.rows.append((step, time, self.context(kind, **context), seq, size))
 
+    def task(self, step: int, time: float, event: str, task_kind: str,
+             ids: tuple[str | None, str | None, int | None, str | None]) -> None:
+        """A task run or a timer fired (``event``: ``task`` or ``timer``), the task's kind
+        as the outcome, ``ids`` its owner's (broker, peer, port, link); every 256th step
+        the chunk may go to the writer (bounded memory, little cost)."""
+        broker, peer, port, link = ids
+        self.rows.append((step, time, self.context(event, broker, peer, port, link, None,
+                                                   task_kind), None, None))
+        if not step & 255:
+            self.maybe_flush()
+
     def message_log(self, kind: str, broker: str, peer: str, port: int, link: str,
                     dir: str) -> MessageLog:
         log = MessageLog(self.context(kind, broker, peer, port, link, dir))
@@ -261,15 +277,16 @@ class LinkTrace:
 
     Made by :meth:`PumpCore.link_trace` for every channel of a traced pump:
     the messages it sends and delivers go to two :class:`MessageLog` s, the
-    rest to :meth:`PumpCore.emit`.
+    rest to the recorder's rows, at the pump's step and time.
     """
 
-    __slots__ = ("_pump", "_ids", "_tx_dir", "_rx_dir", "_sends", "_delivers")
+    __slots__ = ("_pump", "_recorder", "_ids", "_tx_dir", "_rx_dir", "_sends", "_delivers")
 
-    def __init__(self, pump: PumpCore, recorder: TraceRecorder, broker: str, peer: str,
+    def __init__(self, pump: Clock, recorder: TraceRecorder, broker: str, peer: str,
                  port: int, link: str, tx_dir: str, rx_dir: str) -> None:
         self._pump = pump
-        self._ids = {"broker": broker, "peer": peer, "port": port, "link": link}
+        self._recorder = recorder
+        self._ids: dict[str, Any] = {"broker": broker, "peer": peer, "port": port, "link": link}
         self._tx_dir = tx_dir
         self._rx_dir = rx_dir
         self._sends = recorder.message_log(Kind.SEND, broker, peer, port, link, tx_dir)
@@ -287,19 +304,23 @@ class LinkTrace:
         pump = self._pump
         self._delivers.add_batch(pump.step_number, pump.now(), sizes)
 
+    def _event(self, kind: str, **fields: Any) -> None:
+        pump = self._pump
+        self._recorder.event(pump.step_number, pump.now(), kind, **self._ids, **fields)
+
     def moved(self, kind: str, size: int, partial: bool) -> None:
         direction = self._tx_dir if kind == Kind.WRITE else self._rx_dir
-        self._pump.emit(kind, **self._ids, dir=direction, size=size,
-                        outcome=Outcome.PARTIAL if partial else None)
+        self._event(kind, dir=direction, size=size,
+                    outcome=Outcome.PARTIAL if partial else None)
 
     def protocol_error(self, reason: str) -> None:
-        self._pump.emit(Kind.PROTOCOL_ERROR, **self._ids, dir=self._rx_dir, reason=reason)
+        self._event(Kind.PROTOCOL_ERROR, dir=self._rx_dir, reason=reason)
 
     def disconnected(self, reason: str, cause: str) -> None:
-        self._pump.emit(Kind.DISCONNECT, **self._ids, outcome=cause, reason=reason)
+        self._event(Kind.DISCONNECT, outcome=cause, reason=reason)
 
     def closed(self, reason: str) -> None:
-        self._pump.emit(Kind.CLOSE, **self._ids, reason=reason)
+        self._event(Kind.CLOSE, reason=reason)
         self._sends.done = self._delivers.done = True
 
 
