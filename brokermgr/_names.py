@@ -147,7 +147,7 @@ class NameService:
         self._scan_timer = self.pump.call_every(scan_interval, self._scan)
 
     def accepted(self, queue: MessageQueue) -> None:
-        queue.set_listener(_Session(self, queue))
+        queue.set_listener(_NameServiceSession(self, queue))
 
     # -- the commands: the connection a broker registered over is the link's queue --------
 
@@ -212,7 +212,7 @@ class NameService:
         await self.broker.aclose("name service closed", timeout=timeout)
 
 
-class _Session(ServiceSession):
+class _NameServiceSession(ServiceSession):
     """One client connection to the name service."""
 
     what = "name-service request"

@@ -250,7 +250,7 @@ class TrackNode:
     # -- links -------------------------------------------------------------------------
 
     def accepted(self, queue: MessageQueue) -> None:
-        queue.set_listener(_Session(self, queue))
+        queue.set_listener(_TrackerSession(self, queue))
 
     def close(self) -> None:
         """Clean shutdown: trackers hear ``live: false``, every tracking link closes."""
@@ -311,7 +311,7 @@ class TrackNode:
         return {"cmd": "server", "serverInfo": self._server_role().info.to_json()}
 
 
-class _Session(ServiceSession):
+class _TrackerSession(ServiceSession):
     """One inbound link to a tracking broker: a publishing server, a subscriber or a query."""
 
     what = "tracking message"

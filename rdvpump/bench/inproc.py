@@ -54,10 +54,10 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
 
     class Accept:
         def accepted(self, queue: MessageQueue) -> None:
-            queue.set_listener(Consumer())
+            queue.set_listener(CountingListener())
             queues.append(queue)
 
-    class Consumer:
+    class CountingListener:
         def received(self, message: bytes) -> None:
             pass
 
@@ -66,7 +66,7 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
 
     msg = b"x" * size
 
-    class Producer:
+    class Flooder:
         left = count
 
         def connected(self, queue: MessageQueue) -> None:
@@ -115,7 +115,7 @@ def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
             pass
 
     b.bind(1, Accept())
-    a.connect("consumer", 1, Producer())
+    a.connect("consumer", 1, Flooder())
     start = time.perf_counter()  # includes the rendezvous: a handful of pump steps
     pump.run_until_idle()
     pump.close_trace()

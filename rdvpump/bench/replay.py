@@ -92,7 +92,7 @@ def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4,
         def closed(self, reason: str) -> None:
             pass
 
-    class Producer:
+    class Flooder:
         def __init__(self) -> None:
             self.left = per_link
 
@@ -121,7 +121,7 @@ def generate(directory: Path, messages: int, *, size: int = 64, links: int = 4,
 
     sink.listen(1, Accept())
     for i in range(links):
-        universe.add_broker(f"p{i}").connect("sink", 1, Producer())
+        universe.add_broker(f"p{i}").connect("sink", 1, Flooder())
     pump.run_until_idle()
     pump.close_trace()
     return recorder.rows_written

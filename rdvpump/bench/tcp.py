@@ -205,7 +205,7 @@ def rdv_stream(port: int, size: int, count: int) -> float:
         done = trio.Event()
         start = [0.0]
 
-        class Producer:
+        class Flooder:
             left = count
 
             def connected(self, queue: MessageQueue) -> None:
@@ -235,7 +235,7 @@ def rdv_stream(port: int, size: int, count: int) -> float:
         async with trio.open_nursery() as nursery:
             await nursery.start(u.pump.serve)
             await nursery.start(u.serve_network)
-            me.connect("peer", 1, Producer())
+            me.connect("peer", 1, Flooder())
             await done.wait()
             elapsed = time.perf_counter() - start[0]
             nursery.cancel_scope.cancel()
