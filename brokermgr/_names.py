@@ -265,7 +265,7 @@ class NameClient:
         self.rdv = RdvNode(self.pump, f"@names.{os.getpid()}" + (f".{mine}" if mine else ""),
                            manager.channels,
                            lambda _id: None, owner=_NoOwner(), network=manager.net)
-        self.sessions = [_ManagerLink(self, address) for address in managers]
+        self.links = [_ManagerLink(self, address) for address in managers]
         manager.resolver.add_source(self)
 
     @property
@@ -273,18 +273,18 @@ class NameClient:
         """Addresses learnt from managers (the universe's resolver keeps them)."""
         return self.manager.resolver.cache
 
-    def refused(self, session: Any, reason: str) -> None:
+    def refused(self, link: Any, reason: str) -> None:
         """A manager refused a registration for good (``duplicate id``): ``on_refused``
         decides (``broker run`` ends with the reason), else it is logged."""
         if self.on_refused is not None:
-            self.on_refused(session.name, reason)
+            self.on_refused(link.name, reason)
         else:
-            log.error("%s refused a registration: %s", session.name, reason)
+            log.error("%s refused a registration: %s", link.name, reason)
 
     def start(self) -> None:
         """Connect to every manager (the network must be served already)."""
-        for session in self.sessions:
-            session.connect()
+        for link in self.links:
+            link.connect()
 
     def registrations(self) -> list[dict[str, Any]]:
         address = self.manager.net.address
@@ -313,13 +313,13 @@ class NameClient:
         """The replies of the connected managers, in order (only the first that answers
         when ``first``); a manager that is not connected, or fails, is skipped (logged)."""
         replies = []
-        for session in self.sessions:
-            if session.queue is None:
+        for link in self.links:
+            if link.queue is None:
                 continue
             try:
-                replies.append(await session.call(request, timeout=self.lookup_timeout))
+                replies.append(await link.call(request, timeout=self.lookup_timeout))
             except ServiceError as exc:
-                log.info("%s: %s", session.name, exc)
+                log.info("%s: %s", link.name, exc)
                 continue
             if first:
                 break
@@ -327,13 +327,13 @@ class NameClient:
 
     def close(self) -> None:
         """Unregister this process's brokers (clean shutdown) and close the links."""
-        for session in self.sessions:
-            session.close()
+        for link in self.links:
+            link.close()
 
     async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
         """:meth:`close`, then wait (up to ``timeout`` in all) until the unregisters have
         left this process: it may end without the managers waiting out its expiry."""
-        queues = [session.queue for session in self.sessions if session.queue is not None]
+        queues = [link.queue for link in self.links if link.queue is not None]
         self.close()
         await wait_all_sent(queues, timeout)
 

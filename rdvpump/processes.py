@@ -137,8 +137,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             names = NameClient(manager, managers, heartbeat=heartbeat,
                                on_refused=on_refused) if managers else None
             if names is not None:
-                for session in names.sessions:
-                    nursery.start_soon(_watch_link, session, "+".join(broker_ids), refused,
+                for link in names.links:
+                    nursery.start_soon(_watch_link, link, "+".join(broker_ids), refused,
                                        nursery.cancel_scope)
                 names.start()
             nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
@@ -162,7 +162,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RunError(refused[0])
 
 
-async def _watch_link(session: Any, brokers: str, refused: list[str],
+async def _watch_link(link: Any, brokers: str, refused: list[str],
                       scope: trio.CancelScope) -> None:
     """Say on stderr how a link the process keeps (to a manager, to a tracker) goes: a
     final refusal (unauthorized: the token or the universe name is not the other side's)
@@ -171,24 +171,24 @@ async def _watch_link(session: Any, brokers: str, refused: list[str],
     dialling."""
     said: str | None = None
     while True:
-        await session.attempted()
-        reason = session.last_refusal
+        await link.attempted()
+        reason = link.last_refusal
         if reason is None:
             if said is not None:
-                print(f"broker {brokers}: connected to {session.name}", file=sys.stderr,
+                print(f"broker {brokers}: connected to {link.name}", file=sys.stderr,
                       flush=True)
             said = None
             continue
         if getattr(reason, "refusal", None) == Refusal.UNAUTHORIZED:
-            side = session.name.split()[0]  # "manager" or "tracker"
-            refused.append(f"broker {brokers}: {session.name} refused it: {reason} (the "
+            side = link.name.split()[0]  # "manager" or "tracker"
+            refused.append(f"broker {brokers}: {link.name} refused it: {reason} (the "
                            f"token or the universe name is not the {side}'s)")
             scope.cancel()
             return
         if reason != said:
             said = reason
-            print(f"warning: broker {brokers}: {session.name}: {reason}; dialling again "
-                  f"(backing off up to {session.retry:g} s)", file=sys.stderr, flush=True)
+            print(f"warning: broker {brokers}: {link.name}: {reason}; dialling again "
+                  f"(backing off up to {link.retry:g} s)", file=sys.stderr, flush=True)
 
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],
@@ -242,15 +242,15 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)
         names = NameClient(manager, [manager_address], retry=_WAIT_POLL if wait else timeout)
-        session = names.sessions[0]
+        link = names.links[0]
         names.start()
         with trio.move_on_after(timeout):
-            while session.queue is None:
-                if session.last_refusal is not None and (not wait or is_final(
-                        session.last_refusal)):
+            while link.queue is None:
+                if link.last_refusal is not None and (not wait or is_final(
+                        link.last_refusal)):
                     break
-                await session.attempted()
-            while session.queue is not None:
+                await link.attempted()
+            while link.queue is not None:
                 brokers = await names.list()
                 listed = {str(b["id"]) for b in brokers or ()}
                 if brokers is None or all(w in listed for w in wait):
@@ -258,8 +258,8 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
                 await trio.sleep(_WAIT_POLL)
         await names.aclose()  # a clean close: the manager hears why, not a lost connection
         nursery.cancel_scope.cancel()
-    if session.queue is None and brokers is None:
-        raise OSError(f"{where}: {session.last_refusal or 'timed out'}")
+    if link.queue is None and brokers is None:
+        raise OSError(f"{where}: {link.last_refusal or 'timed out'}")
     if brokers is None:
         raise OSError(f"{where} did not answer")
     missing = [w for w in wait if w not in {str(b["id"]) for b in brokers}]

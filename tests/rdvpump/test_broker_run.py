@@ -154,12 +154,12 @@ async def test_a_tracker_that_refuses_for_good_ends_broker_run_naming_the_tracke
             await nursery.start(test.pump.serve)
             await nursery.start(test.serve_network, "127.0.0.1", 0)
             names = NameClient(test, [Address.parse(f"127.0.0.1:{port}")], retry=0.1)
-            session = names.sessions[0]
+            link = names.links[0]
             names.start()
             with trio.fail_after(30):
-                while session.queue is None:
-                    await session.attempted()
-                reply = await session.call({"cmd": "register", "brokers": [
+                while link.queue is None:
+                    await link.attempted()
+                reply = await link.call({"cmd": "register", "brokers": [
                     {"id": "t1", "address": list(Address.parse(ready[-1]))}]}, timeout=10)
             assert reply["cmd"] == "registered", reply
             server = rdvpump("broker", "run", "--universe", "shop", "--id", "s1", "--role",
