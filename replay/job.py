@@ -1,15 +1,15 @@
 """Replay pump traces with Spark: the analysis of :mod:`replay.analysis` on a Spark session.
 
 Runs unchanged under ``spark-submit replay/job.py --traces DIR --out DIR`` on any
-cluster (it needs pyspark, and the trace schema: ``pump.schema`` when rdvpump is
-installed, else ``pump/schema.py`` beside this file, which needs only the
-standard library; ``rich`` is used when present), and as ``rdvpump trace
-analyze DIR --engine spark`` in local mode.  The tasks' work is :mod:`replay.fold`,
-shipped to the executors with the tasks; their Python needs pyarrow and numpy.
+cluster (it needs pyspark, pyarrow, numpy and matplotlib, and rdvpump installed or the
+checkout this file is in: see :func:`_checkout`; ``rich`` is used when present), and as
+``rdvpump trace analyze DIR --engine spark`` in local mode.  The tasks' work is
+:mod:`replay.fold`, shipped to the executors with the tasks; their Python needs pyarrow
+and numpy.
 
 Input: the trace files of one or many pumps in DIR (``*.jsonl`` and ``*.parquet``,
 schema version :data:`SCHEMA_VERSION`, defined in ``pump/schema.py``).  Output in OUT:
-the tables, ``summary.json`` and plots of :mod:`replay.analysis`.
+the tables, ``summary.json`` and plots of :mod:`replay.output`.
 
 :class:`Spark` is the engine: two passes over the traces, a census (collected), then one
 shuffle keyed by stream (run, link, dir) whose map side cuts each task's message rows
@@ -31,32 +31,44 @@ from pathlib import Path
 from typing import Any
 
 
-def _sibling(module: str, path: str) -> Any:
-    """A module of this checkout by its file, for spark-submit without rdvpump installed."""
+def _checkout() -> None:
+    """Without rdvpump installed (``spark-submit`` of a checkout): the packages ``pump``
+    and ``replay`` of the checkout this file is in, their modules imported from it by
+    name as usual, but without running the packages' ``__init__`` (the pump's loads the
+    compiled ring buffer); the modules the replay imports from ``pump`` (``schema`` and
+    ``_errors``) need only the standard library."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        module, Path(__file__).resolve().parents[1] / path)
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[module] = loaded  # so that it can be pickled by value for the workers
-    spec.loader.exec_module(loaded)
-    return loaded
+    root = Path(__file__).resolve().parents[1]
+    for name in ("pump", "replay"):
+        spec = importlib.util.spec_from_file_location(
+            name, root / name / "__init__.py", submodule_search_locations=[str(root / name)])
+        assert spec is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+    from pump._errors import RdvpumpError
+
+    sys.modules["pump"].RdvpumpError = RdvpumpError  # type: ignore[attr-defined]
 
 
 try:
-    from pump import schema as _schema
-    from replay import analysis as _analysis
-    from replay import fold as _fold
-except ImportError:  # spark-submit of a checkout, without rdvpump installed
-    _schema = _sibling("rdvpump_trace_schema", "pump/schema.py")
-    _fold = _sibling("rdvpump_replay_fold", "replay/fold.py")
-    _sibling("rdvpump_replay_plots", "replay/plots.py")
-    _analysis = _sibling("rdvpump_replay_analysis", "replay/analysis.py")
+    import pump  # noqa: F401 - rdvpump installed
+except ImportError:
+    _checkout()
 
-SCHEMA_VERSION = _analysis.SCHEMA_VERSION
-TraceError = _analysis.TraceError
-find_traces, print_summary = _analysis.find_traces, _analysis.print_summary
+from pump import schema as _schema  # noqa: E402 - after the checkout's packages, if any
+from replay import analysis as _analysis  # noqa: E402
+from replay import fold as _fold  # noqa: E402
+from replay import measure as _measure  # noqa: E402
+from replay.jvm import session  # noqa: E402
+from replay.output import print_summary  # noqa: E402
+from replay.sources import (  # noqa: E402
+    SCHEMA_VERSION,
+    TraceError,
+    find_traces,
+    lacking,
+    parquet_metadata,
+)
+
 MESSAGE_KINDS = _schema.MESSAGE_KINDS
 
 
@@ -69,7 +81,6 @@ def trace_schema() -> Any:
 
 
 # -- reading ------------------------------------------------------------------------------
-
 
 
 def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
@@ -92,7 +103,7 @@ def load(spark: Any, traces: str) -> tuple[Any, list[str]]:
         if missing:
             found = [r["v"] for r in pq.select("v").distinct().collect()] if "v" in pq.columns \
                 else []
-            raise TraceError(_analysis.lacking(missing, found))
+            raise TraceError(lacking(missing, found))
         frames.append(pq.select(*[F.col(n).cast(schema[n].dataType) for n in names],
                                 F.monotonically_increasing_id().alias("ord"),
                                 (F.col("kind").isNull() | F.col("v").isNull()).alias("bad"),
@@ -117,7 +128,6 @@ def _jsonl_events(spark: Any, jsonl: list[str]) -> Any:
                       F.monotonically_increasing_id().alias("ord"), bad.alias("bad"))
 
 
-
 class _Source:
     """The traces as Arrow tables inside Spark tasks (:meth:`map`).
 
@@ -134,7 +144,7 @@ class _Source:
         self.units: list[tuple[str, int, int, int]] = []
         sizes: list[int] = []
         for index, path in enumerate(parquet):
-            meta = _analysis.parquet_metadata(path)
+            meta = parquet_metadata(path)
             offset = 0
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group)
@@ -265,7 +275,6 @@ def _locate_lines(spark: Any, jsonl: list[str]) -> list[dict[str, Any]]:
              "text": r["value"][:200]} for r in bad]
 
 
-
 # -- the engine ------------------------------------------------------------------------------
 
 class Spark:
@@ -347,9 +356,9 @@ class Spark:
     def listing(self, work: Callable[..., Any], args: tuple[Any, ...], schema: Any,
                 extra: list[tuple[Any, ...]], count: int, out: str | None, name: str
                 ) -> tuple[list[dict[str, Any]], bool]:
-        """Up to :data:`replay.analysis.COLLECT_LIMIT` rows are collected (the driver
+        """Up to :data:`replay.measure.COLLECT_LIMIT` rows are collected (the driver
         writes them); beyond that Spark writes ``out/name`` and only the first
-        :data:`replay.analysis.SUMMARY_LIMIT` are collected."""
+        :data:`replay.measure.SUMMARY_LIMIT` are collected."""
         import pyarrow as pa
 
         def each(batches: Any) -> Any:
@@ -360,10 +369,10 @@ class Spark:
         if extra:
             frame = frame.unionByName(self.spark.createDataFrame(extra, _spark_schema(schema)))
         frame = frame.orderBy(*schema.names)
-        limit = _analysis.SUMMARY_LIMIT
+        limit = _measure.SUMMARY_LIMIT
         if out is None:
             return [r.asDict() for r in frame.limit(limit).collect()], False
-        if count <= _analysis.COLLECT_LIMIT:
+        if count <= _measure.COLLECT_LIMIT:
             return [r.asDict() for r in frame.collect()], False
         frame.write.mode("overwrite").parquet(str(Path(out) / name))
         return [r.asDict() for r in frame.limit(limit).collect()], True
@@ -381,127 +390,6 @@ def _spark_schema(arrow: Any) -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(arrow)
-
-
-# -- the session ----------------------------------------------------------------------------
-
-#: JVM settings.  "production" keeps the full JIT (C1, then C2) and the parallel
-#: collector, for throughput; "quick" stops at the C1 compiler and uses the serial
-#: collector: it starts and warms up faster, and wins on traces that take seconds.
-JVM_PROFILES = {"production": "-XX:+UseParallelGC",
-                "quick": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-#: Traces smaller than this on disk (JSON Lines, Parquet: about 200,000 events either way)
-#: are analysed with the quick profile by default; on larger ones the full JIT wins.
-QUICK_BYTES = {"jsonl": 32 << 20, "parquet": 4 << 20}
-
-
-def jvm_for(traces: str) -> str:
-    """The JVM profile for these traces: quick under :data:`QUICK_BYTES`, else production."""
-    return "quick" if _analysis.under(traces, QUICK_BYTES) else "production"
-
-
-#: Bumped when the job comes to load other classes (a new kind of Spark work): a new
-#: archive is then written, since an old one lacks them.  2: the Python workers' Arrow.
-_ARCHIVED_CLASSES = 2
-
-
-def class_archive(profile: str) -> tuple[str, str | None]:
-    """JVM options for a class-data-sharing archive of Spark's classes, and the path the
-    archive is written to when this JVM exits (None when it is already there).
-
-    Loading Spark's classes from an archive instead of its jars saves about two
-    seconds of every start on this machine.  The first run writes the archive (about
-    170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
-    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`; a run that finds a
-    finished one promotes it, and removes the archives of older generations of the same
-    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
-    """
-    if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
-        return "", None
-    import shutil as _shutil
-
-    import pyspark
-
-    java = os.path.realpath(_shutil.which("java") or "java")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
-    final = cache / _archive_name(java, profile)
-    for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa"):  # older generations
-        if other.name not in {_archive_name(java, p) for p in JVM_PROFILES}:
-            other.unlink(missing_ok=True)
-    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
-    for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited
-        pid = done.suffix[1:]
-        if pid.isdigit() and not _alive(int(pid)):
-            if final.exists():
-                done.unlink(missing_ok=True)
-            else:
-                os.replace(done, final)
-    if final.exists():
-        return f"{quiet} -XX:SharedArchiveFile={final}", None
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return "", None
-    pending = f"{final}.{os.getpid()}"
-    return f"{quiet} -XX:ArchiveClassesAtExit={pending}", pending
-
-
-def _archive_name(java: str, profile: str) -> str:
-    import hashlib
-
-    import pyspark
-
-    tag = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{profile}\0{_ARCHIVED_CLASSES}"
-                         .encode()).hexdigest()[:12]
-    return f"spark-{pyspark.__version__}-{tag}.jsa"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def session(master: str | None = None, *, app: str = "rdvpump-replay",
-            log4j: str | None = None, warehouse: str | None = None,
-            driver_memory: str = "2g", jvm: str = "production",
-            shuffle_partitions: int = 4) -> Any:
-    """A SparkSession on ``master`` with the JVM profile ``jvm`` (:data:`JVM_PROFILES`);
-    ``master`` None leaves everything to spark-submit.
-
-    Spark logs errors only (``replay/log4j2.properties``); ``log4j=""`` keeps Spark's
-    own logging, another path names a log4j2 configuration file.
-    """
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app)
-    if master is not None:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        archive, _ = class_archive(jvm)
-        if log4j is None:
-            log4j = str(Path(__file__).resolve().parent / "log4j2.properties")
-        jopts = " ".join(filter(None, (
-            f"-Dlog4j.configurationFile=file:{log4j}" if log4j else "", JVM_PROFILES[jvm],
-            archive)))
-        builder = (builder.master(master)
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-                   .config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.memory", driver_memory)
-                   .config("spark.driver.extraJavaOptions", jopts))
-        if warehouse:
-            builder = builder.config("spark.sql.warehouse.dir", warehouse)
-    builder = builder.config("spark.sql.session.timeZone", "UTC")
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,7 @@ as on Spark (:mod:`replay.fold`), no JVM.
 
 For traces that fit in memory: every row is held while the analysis runs (about 100
 bytes a row; ``rdvpump trace analyze --engine auto`` uses this engine for traces of up to
-:data:`replay.analysis.LOCAL_BYTES` on disk).  Parquet traces are read with pyarrow as
+:data:`replay.sources.LOCAL_BYTES` on disk).  Parquet traces are read with pyarrow as
 the Spark tasks read them (:func:`replay.fold.read_unit`); JSON Lines are read here, with
 the rules of Spark's JSON reader in its permissive mode, so that a line is corrupt here
 exactly when it is there: blank lines are skipped; a line that is not a JSON object, or
@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from pump import schema as _schema
 
 from . import fold as _fold
-from .analysis import SUMMARY_LIMIT, Plan, find_traces, parquet_metadata
+from .measure import SUMMARY_LIMIT, Plan
+from .sources import find_traces, parquet_metadata
 
 #: The trace's columns with their Arrow types.
 _TYPES = [(name, _fold.ARROW_TYPES[kind]) for name, kind in _schema.COLUMNS]

@@ -6,23 +6,23 @@ import pathlib
 
 import pytest
 
-from replay import analysis, job
+from replay import job, jvm, measure
 
 
 @pytest.mark.parametrize(("duration", "width"), [
     (0.39, 0.002), (1.0, 0.005), (0.0, 1e-6), (30.0, 0.2), (200.0, 1.0), (3600.0, 20.0)])
 def test_bins_fit_the_run_and_divide_a_second(duration: float, width: float) -> None:
-    assert analysis._bin_width(duration) == width
-    assert duration / width <= analysis.PLOT_BINS
+    assert measure.bin_width(duration) == width
+    assert duration / width <= measure.PLOT_BINS
     if width < 1:
         assert abs(round(1 / width) * width - 1) < 1e-9  # whole bins make a second
 
 
 def test_the_jvm_profile_follows_the_size_of_the_traces(tmp_path: pathlib.Path) -> None:
     (tmp_path / "a.p.jsonl").write_bytes(b"x" * (1 << 20))
-    assert job.jvm_for(str(tmp_path)) == "quick"
+    assert jvm.jvm_for(str(tmp_path)) == "quick"
     (tmp_path / "b.p.parquet").write_bytes(b"x" * (4 << 20))
-    assert job.jvm_for(str(tmp_path)) == "production"
+    assert jvm.jvm_for(str(tmp_path)) == "production"
 
 
 def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
@@ -30,18 +30,18 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     pytest.importorskip("pyspark")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("RDVPUMP_SPARK_CDS", "0")
-    assert job.class_archive("quick") == ("", None)
+    assert jvm.class_archive("quick") == ("", None)
     monkeypatch.delenv("RDVPUMP_SPARK_CDS")
-    options, pending = job.class_archive("quick")
+    options, pending = jvm.class_archive("quick")
     assert pending is not None and f"-XX:ArchiveClassesAtExit={pending}" in options
     # a finished archive left by a JVM that has exited is promoted and then used
     pathlib.Path(pending.rsplit(".", 1)[0] + ".999999999").write_bytes(b"jsa")
-    options, pending = job.class_archive("quick")
+    options, pending = jvm.class_archive("quick")
     assert pending is None and "-XX:SharedArchiveFile=" in options
     # another one left beside it is removed
     extra = pathlib.Path(str(options.split("SharedArchiveFile=")[1]) + ".999999998")
     extra.write_bytes(b"jsa")
-    job.class_archive("quick")
+    jvm.class_archive("quick")
     assert not extra.exists()
     # an archive of an older generation of the job (which loaded other classes) is
     # removed; the other profile's archive stays
@@ -53,10 +53,10 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     archive = pathlib.Path(options.split("SharedArchiveFile=")[1])
     older = archive.with_name(f"spark-{pyspark.__version__}-000000000000.jsa")
     java = os.path.realpath(shutil.which("java") or "java")
-    production = archive.with_name(job._archive_name(java, "production"))
+    production = archive.with_name(jvm._archive_name(java, "production"))
     for path in (older, production):
         path.write_bytes(b"jsa")
-    job.class_archive("quick")
+    jvm.class_archive("quick")
     assert not older.exists() and archive.exists() and production.exists()
 
 
@@ -145,8 +145,8 @@ def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same
 
     def folded(held_bytes: int) -> object:
         return fold.fold(blocks, start=0.0, width=0.5, per_second=False,
-                         fine_per_decade=analysis.FINE_PER_DECADE,
-                         buckets_per_decade=analysis.BUCKETS_PER_DECADE,
+                         fine_per_decade=measure.FINE_PER_DECADE,
+                         buckets_per_decade=measure.BUCKETS_PER_DECADE,
                          held_bytes=held_bytes).sort_by([("sid", "ascending")])
 
     in_memory, in_a_file = folded(fold.HELD_BYTES), folded(0)

@@ -184,7 +184,8 @@ def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
     two latencies share a bucket (here each is 1 % above the one below)."""
     import math
 
-    from replay.analysis import QUANTILES, SCHEMA_VERSION
+    from replay.measure import QUANTILES
+    from replay.sources import SCHEMA_VERSION
 
     rng = random.Random(3)
     streams = {"ca": [1e-5 * 1.01 ** i for i in range(1000)],
@@ -218,7 +219,7 @@ def test_a_stream_without_a_link_and_one_without_a_direction_are_told_apart(
         tmp_path: pathlib.Path) -> None:
     """Streams are told apart by (run, link, dir) with their nulls: here (r, None, ca)
     and (r, ca, None), which a hash that skips nulls (as Spark's does) would confuse."""
-    from replay.analysis import SCHEMA_VERSION
+    from replay.sources import SCHEMA_VERSION
 
     def row(step: int, kind: str, link: str | None, dir_: str | None) -> dict[str, Any]:
         return {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "step": step,
@@ -297,8 +298,8 @@ def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
     """Deliveries swapped at seqs 4/5, 7/8 and 10/11 of a 40-message stream: three
     violations, named as when the stream is folded whole, whether each pair sits in one
     piece or straddles two (with pieces of one seq, every pair straddles)."""
-    from replay import analysis
-    from replay.analysis import SCHEMA_VERSION
+    from replay import measure
+    from replay.sources import SCHEMA_VERSION
 
     rows = []
     for seq in range(40):
@@ -311,7 +312,7 @@ def test_fifo_is_checked_across_the_pieces_of_a_long_stream(
         a, b = delivered[low], delivered[low + 1]
         a["seq"], b["seq"] = b["seq"], a["seq"]
     whole = _analyze_rows(rows, tmp_path / "whole")
-    monkeypatch.setattr(analysis, "PIECE_ROWS", piece_rows)
+    monkeypatch.setattr(measure, "PIECE_ROWS", piece_rows)
     cut = _analyze_rows(rows, tmp_path / "cut")
     expected = {("out of order", "b/1", "ca", low) for low in (4, 7, 10)}
     assert _found(whole) == _found(cut) == expected
@@ -326,11 +327,11 @@ def test_long_streams_folded_in_pieces_and_held_in_files_give_the_same_results(
     """A stream longer than PIECE_ROWS is folded a range of seqs at a time, FIFO checked
     across the ranges by the driver, and blocks past HELD_BYTES wait in a file: the
     summary and the tables are the same."""
-    from replay import analysis
+    from replay import measure
 
     whole = analyze(str(clean_jsonl.parent), str(tmp_path / "whole"))
-    monkeypatch.setattr(analysis, "PIECE_ROWS", 333)
-    monkeypatch.setattr(analysis, "HELD_BYTES", 0)
+    monkeypatch.setattr(measure, "PIECE_ROWS", 333)
+    monkeypatch.setattr(measure, "HELD_BYTES", 0)
     cut = analyze(str(clean_jsonl.parent), str(tmp_path / "cut"))
     assert_same_results(whole, cut, tmp_path / "whole", tmp_path / "cut")
 
@@ -402,7 +403,7 @@ def test_long_listings_are_written_whole_and_cut_in_the_summary(
     """Every violation and undelivered message is in the tables; summary.json lists the
     first SUMMARY_LIMIT (on Spark, past COLLECT_LIMIT rows Spark writes the tables:
     test_the_engines_give_the_same_summary_tables_and_plots)."""
-    from replay import analysis
+    from replay import measure
 
     rows = _rows(clean_jsonl)
     deliveries = _where(rows, "deliver", "server/1", "ca")[:150]
@@ -412,7 +413,7 @@ def test_long_listings_are_written_whole_and_cut_in_the_summary(
     kept = [r for i, r in enumerate(rows) if i not in dropped]
     summary = _analyze_rows(kept, tmp_path / "long", out=str(tmp_path / "out"))
     assert summary["violation_count"] == 120 and summary["undelivered_count"] == 30
-    assert len(summary["violations"]) == analysis.SUMMARY_LIMIT
+    assert len(summary["violations"]) == measure.SUMMARY_LIMIT
     assert [v["seq"] for v in summary["violations"]] == sorted(
         v["seq"] for v in summary["violations"])
     assert len(pq.read_table(tmp_path / "out" / "violations")) == 120
@@ -493,7 +494,7 @@ def test_the_engines_give_the_same_summary_tables_and_plots(
     from pyspark.sql import functions as F
 
     from rdvpump.bench.replay import latency_floor
-    from replay import analysis
+    from replay import measure
     from replay.fold import partition_keys
 
     # each shuffle key is one that Spark's hash partitioning sends to its partition: the
@@ -562,11 +563,47 @@ def test_the_engines_give_the_same_summary_tables_and_plots(
         summary = both(name, where)
         if name == "clean":
             assert summary["messages_matched"] == 8000
-    monkeypatch.setattr(analysis, "PIECE_ROWS", 333)
-    monkeypatch.setattr(analysis, "HELD_BYTES", 0)
-    monkeypatch.setattr(analysis, "COLLECT_LIMIT", 100)
+    monkeypatch.setattr(measure, "PIECE_ROWS", 333)
+    monkeypatch.setattr(measure, "HELD_BYTES", 0)
+    monkeypatch.setattr(measure, "COLLECT_LIMIT", 100)
     summary = both("pieces and long listings", violations)
     assert summary["violation_count"] > 100 and summary["undelivered_count"] < 100
     written = tmp_path / "out" / "pieces and long listings" / "spark"
     assert (written / "violations" / "_SUCCESS").exists()  # Spark wrote it, not the driver
     assert not (written / "undelivered" / "_SUCCESS").exists()
+
+
+def test_the_job_file_of_a_checkout_runs_without_rdvpump_installed(
+        clean_jsonl: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """``spark-submit replay/job.py`` where rdvpump is not installed: the job file loads
+    the checkout's ``pump`` and ``replay`` modules by path (not the pump's package, which
+    needs the compiled ring), and the analysis they make is the installed one's.  Run in a
+    Python without site processing (so the editable install's finder is not there), with
+    only the third-party packages on its path; the analysis runs in that process, the
+    error path of ``main`` too."""
+    import sysconfig
+
+    code = (
+        "import json, runpy, sys\n"
+        "job = runpy.run_path(sys.argv[1], run_name='replay_job')\n"
+        "pump = sys.modules['pump']\n"
+        "assert not hasattr(pump, 'Pump') and pump.__path__ == [sys.argv[4]], pump\n"
+        "from replay import analysis\n"
+        "print(json.dumps(analysis.analyze(sys.argv[2], sys.argv[3])))\n"
+        "sys.exit(job['main'](['--traces', sys.argv[3] + '/none', '--out', sys.argv[3]]))\n")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(ROOT / "replay/job.py"), str(clean_jsonl),
+         str(tmp_path / "out"), str(ROOT / "pump")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"],
+             "MPLBACKEND": "Agg"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: no such trace directory: {tmp_path}/out/none"
+    there = json.loads(proc.stdout)
+    here = analyze(str(clean_jsonl), str(tmp_path / "here"))
+    differ = ("traces", "out")
+    assert {k: v for k, v in there.items() if k not in differ} == \
+        {k: v for k, v in here.items() if k not in differ}
+    assert there["messages_matched"] == 8000
+    for name in ("summary.json", "links.png", "latency", "throughput"):
+        assert (tmp_path / "out" / name).exists(), name

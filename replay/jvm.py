@@ -1,0 +1,134 @@
+"""The JVM and the Spark session of the replay: JVM settings, a class-data-sharing
+archive of Spark's classes for local masters, Spark's logging kept to errors.
+
+``rdvpump trace analyze --engine spark``, ``rdvpump bench replay`` and the tests start
+their sessions here; under ``spark-submit replay/job.py`` the job asks for one without a
+master, which leaves everything to spark-submit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from replay.sources import under
+
+#: JVM settings.  "production" keeps the full JIT (C1, then C2) and the parallel
+#: collector, for throughput; "quick" stops at the C1 compiler and uses the serial
+#: collector: it starts and warms up faster, and wins on traces that take seconds.
+JVM_PROFILES = {"production": "-XX:+UseParallelGC",
+                "quick": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+#: Traces smaller than this on disk (JSON Lines, Parquet: about 200,000 events either way)
+#: are analysed with the quick profile by default; on larger ones the full JIT wins.
+QUICK_BYTES = {"jsonl": 32 << 20, "parquet": 4 << 20}
+
+
+def jvm_for(traces: str) -> str:
+    """The JVM profile for these traces: quick under :data:`QUICK_BYTES`, else production."""
+    return "quick" if under(traces, QUICK_BYTES) else "production"
+
+
+#: Bumped when the job comes to load other classes (a new kind of Spark work): a new
+#: archive is then written, since an old one lacks them.  2: the Python workers' Arrow.
+_ARCHIVED_CLASSES = 2
+
+
+def class_archive(profile: str) -> tuple[str, str | None]:
+    """JVM options for a class-data-sharing archive of Spark's classes, and the path the
+    archive is written to when this JVM exits (None when it is already there).
+
+    Loading Spark's classes from an archive instead of its jars saves about two
+    seconds of every start on this machine.  The first run writes the archive (about
+    170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
+    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`; a run that finds a
+    finished one promotes it, and removes the archives of older generations of the same
+    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
+    """
+    if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
+        return "", None
+    import shutil as _shutil
+
+    import pyspark
+
+    java = os.path.realpath(_shutil.which("java") or "java")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
+    final = cache / _archive_name(java, profile)
+    for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa"):  # older generations
+        if other.name not in {_archive_name(java, p) for p in JVM_PROFILES}:
+            other.unlink(missing_ok=True)
+    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
+    for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited
+        pid = done.suffix[1:]
+        if pid.isdigit() and not _alive(int(pid)):
+            if final.exists():
+                done.unlink(missing_ok=True)
+            else:
+                os.replace(done, final)
+    if final.exists():
+        return f"{quiet} -XX:SharedArchiveFile={final}", None
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return "", None
+    pending = f"{final}.{os.getpid()}"
+    return f"{quiet} -XX:ArchiveClassesAtExit={pending}", pending
+
+
+def _archive_name(java: str, profile: str) -> str:
+    import hashlib
+
+    import pyspark
+
+    tag = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{profile}\0{_ARCHIVED_CLASSES}"
+                         .encode()).hexdigest()[:12]
+    return f"spark-{pyspark.__version__}-{tag}.jsa"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def session(master: str | None = None, *, app: str = "rdvpump-replay",
+            log4j: str | None = None, warehouse: str | None = None,
+            driver_memory: str = "2g", jvm: str = "production",
+            shuffle_partitions: int = 4) -> Any:
+    """A SparkSession on ``master`` with the JVM profile ``jvm`` (:data:`JVM_PROFILES`);
+    ``master`` None leaves everything to spark-submit.
+
+    Spark logs errors only (``replay/log4j2.properties``); ``log4j=""`` keeps Spark's
+    own logging, another path names a log4j2 configuration file.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app)
+    if master is not None:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        archive, _ = class_archive(jvm)
+        if log4j is None:
+            log4j = str(Path(__file__).resolve().parent / "log4j2.properties")
+        jopts = " ".join(filter(None, (
+            f"-Dlog4j.configurationFile=file:{log4j}" if log4j else "", JVM_PROFILES[jvm],
+            archive)))
+        builder = (builder.master(master)
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.memory", driver_memory)
+                   .config("spark.driver.extraJavaOptions", jopts))
+        if warehouse:
+            builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    builder = builder.config("spark.sql.session.timeZone", "UTC")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
