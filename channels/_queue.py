@@ -4,6 +4,11 @@ The framing is the sans-I/O codec of :mod:`._codec`; this module adds the
 queue (a high-water mark on bytes not yet in the link), the pump tasks that
 move frames when the rings have room or bytes, delivery to the listener, and
 the close protocol.  What happens is told to the channel's observer (the trace).
+
+It is the hot path of every link (each message sent or delivered passes through
+:meth:`MessageQueue.send` and the readable task), kept in one module so that those
+paths read straight through: the queue's state is plain attributes, and the calls
+per message are few.
 """
 
 from __future__ import annotations

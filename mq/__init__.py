@@ -23,8 +23,7 @@ Over links:
 
 from brokermgr import ServiceError, Status
 
-from ._client import Message as Message
-from ._client import MqClient, Pushed, Receiver, Stored, Subscription
+from ._client import MqClient, Stored
 from ._commit import Durability
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
@@ -36,6 +35,8 @@ from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._scan import INDEX_INTERVAL, Corruption
 from ._server import FLAGS, MqServer
+from ._subscription import Message as Message
+from ._subscription import Pushed, Receiver, Subscription
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,

@@ -22,7 +22,8 @@ import trio
 from brokermgr import ServiceError, Status
 from brokermgr.tracking import ProducerRoute, RouteChange, RouteClient, Selector
 
-from ._client import DEFAULT_TIMEOUT, Message, MqClient, Stored, Subscription
+from ._client import DEFAULT_TIMEOUT, MqClient, Stored
+from ._subscription import Message, Subscription
 from ._topic import DEFAULT_WINDOW
 
 #: Statuses after which a publish is tried on another server (no answer; server closed).

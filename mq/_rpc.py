@@ -17,7 +17,8 @@ import trio
 from brokermgr import ReplyObject, ServiceError, Status
 from pump import Future
 
-from ._client import MqClient, Subscription
+from ._client import MqClient
+from ._subscription import Subscription
 
 
 class RpcTimeout(ServiceError):

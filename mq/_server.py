@@ -34,10 +34,10 @@ logged once; the broker and the other topics go on.  Every declare, remove,
 first and last consumer updates the broker's ServerInfo, so trackers and
 route tables follow.
 
-This module holds the command table and the topic catalogue (topics on disk, their
-groups and positions, their error states, timers).  Durability and the group commit are
-in :mod:`._commit`, the links and the frames sent on them in :mod:`._delivery`, RPC
-replies and pushes in :mod:`._push`.
+This module holds the command table and its handlers, the links' consumers and the
+timers.  The topics (on disk, their groups and positions, their error states) are in
+:mod:`._catalogue`; durability and the group commit in :mod:`._commit`; the links and
+the frames sent on them in :mod:`._delivery`; RPC replies and pushes in :mod:`._push`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,28 +60,18 @@ from brokermgr import (
     request_seq,
 )
 from brokermgr.tracking import TrackNode
-from brokermgr.tracking.info import (
-    MASK_DELETE_ON_EXIT,
-    MASK_EXCLUSIVE,
-    MASK_MEMORY,
-    MASK_RPC,
-)
 from channels import MessageQueue
 from pump import ConfigError, Repeating
 
+from ._catalogue import FLAGS, Catalogue, TopicState
 from ._commit import Durability, GroupCommit
-from ._cursor import CursorStore
 from ._delivery import FRAME_ROOM, Links
-from ._files import write_file
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
-from ._memory import MemoryLog
-from ._meta import META, encode_meta, read_meta
+from ._log import DEFAULT_SEGMENT_BYTES
 from ._names import check_name, dead_letter_topic, disk_name
 from ._push import Router
 from ._record import Record, StoreError
 from ._requests import (
-    FLAG_NAMES,
     MAX_ACK_RANGE,
     MAX_WINDOW,
     PARSERS,
@@ -96,41 +84,21 @@ from ._requests import (
     Remove,
     Unconsume,
 )
-from ._scan import Corruption
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     Member,
-    Topic,
     UnknownGroupError,
 )
 
 log = logging.getLogger("rdvpump.mq")
 
-#: Topic flags by their stable names, with zbus 0.9's mask bits for its ServerInfo JSON.
-FLAGS = dict(zip(FLAG_NAMES, (MASK_MEMORY, MASK_RPC, MASK_EXCLUSIVE, MASK_DELETE_ON_EXIT),
-                 strict=True))
 COMMANDS = frozenset(PARSERS)
 #: Commands answered only when the request asks (has a ``seq``); their errors always are.
 ANSWERED_IF_ASKED = frozenset({"ack", "route", "push"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
-
-
-@dataclass
-class _Topic:
-    topic: Topic
-    flags: frozenset[str]
-    directory: Path | None
-    cursors: CursorStore | None
-    creator: MessageQueue | None = None
-    #: the group filters, as declared (saved in meta.json)
-    filters: dict[str, str | None] = field(default_factory=dict)
-    #: why the topic's own work (dispatch, commit) failed last, until it works again
-    error: str | None = None
-    #: why a group's position could not be saved, until it is saved again
-    group_errors: dict[str, str] = field(default_factory=dict)
 
 
 class MqServer:
@@ -167,12 +135,7 @@ class MqServer:
         #: whether or not every group has read them (as Kafka); checked every second.
         self.retain_bytes = retain_bytes
         self.retain_age = retain_age
-        self.topics: dict[str, _Topic] = {}
         self.links = Links()
-        #: topics found on disk that cannot be opened, by directory name: why
-        self.unavailable: dict[str, str] = {}
-        #: damage found in the topics' files when they were opened: (topic, what)
-        self.corruptions: list[tuple[str, Corruption]] = []
         self._closed = False
         #: Counters: stored, delivered, acked, dead letters, errors replied.
         self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
@@ -189,69 +152,14 @@ class MqServer:
         self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler))
                                          for cmd, handler in handlers.items()},
                                   names=_error_names)
+        self.catalogue = Catalogue(node, self.directory, self.commit,
+                                   segment_bytes=segment_bytes, ack_timeout=ack_timeout,
+                                   max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._load()
+            self.catalogue.load()
         node.extend(self)
         self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
-
-    # -- topics on disk ----------------------------------------------------------------
-
-    def _load(self) -> None:
-        """Open every topic found under the directory; one that cannot be opened is
-        reported with its file and reason and left out (:attr:`unavailable`), and the
-        others are served."""
-        assert self.directory is not None
-        for meta_path in sorted(self.directory.glob(f"*/{META}")):
-            try:
-                name, flags, groups = read_meta(meta_path)
-                state = self._open(name, flags, groups)
-            except (StoreError, OSError) as exc:
-                reason = str(exc) if isinstance(exc, StoreError) else (
-                    f"{meta_path.parent}: cannot be read: {exc.strerror or exc}")
-                self.unavailable[meta_path.parent.name] = reason
-                log.error("%s: a topic is not served: %s", self.address, reason)
-                continue
-            for group, filter in groups.items():
-                try:
-                    # a group with no saved position starts where nothing can be missed
-                    state.topic.declare_group(group, filter=filter, start="beginning")
-                except (FilterError, ValueError) as exc:
-                    log.error("%s: %s: group %r left out: %s", self.address, meta_path, group,
-                              exc)
-                    continue
-                state.filters[group] = filter
-            log.info("%s: topic %s: %d messages, groups %s", self.address, name,
-                     state.topic.log.next_offset - state.topic.log.start_offset,
-                     sorted(state.filters))
-
-    def _open(self, name: str, flags: frozenset[str], groups: Iterable[str] = ()) -> _Topic:
-        """A topic's log, cursors (of ``groups``, the groups its meta lists) and state."""
-        topic_dir = cursors = None
-        if "memory" in flags or self.directory is None:
-            log_: TopicLog | MemoryLog = MemoryLog()
-            saved: dict[str, int] = {}
-        else:
-            # the only place a topic's name reaches the file system: see mq._names
-            topic_dir = self.directory / disk_name(name)
-            log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes)
-            for corruption in log_.corruptions:
-                self.corruptions.append((name, corruption))
-            cursors = CursorStore(topic_dir)
-            saved = cursors.load(groups)
-        topic = Topic(name, log_, clock=self.pump.now, saved=saved,
-                      ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
-                      dead=self._dead)
-        state = self.topics[name] = _Topic(topic, flags, topic_dir, cursors)
-        self.commit.add(name, log_)
-        mask = sum(FLAGS[f] for f in flags)
-        self.node.declare_topic(name, mask=mask)
-        return state
-
-    def _save_meta(self, state: _Topic) -> None:
-        if state.directory is not None:
-            write_file(state.directory / META, encode_meta(state.topic.name, state.flags,
-                                                          state.filters))
 
     # -- requests ----------------------------------------------------------------------
 
@@ -293,22 +201,13 @@ class MqServer:
             reply["seq"] = seq
         self.links.of(queue).send(encode(reply))
 
-    def _state(self, name: str) -> _Topic:
-        state = self.topics.get(name)
-        if state is None:
-            if name in self.unavailable:
-                raise ServiceError(Status.UNAVAILABLE,
-                                   f"topic {name!r} cannot be opened: {self.unavailable[name]}")
-            raise ServiceError(Status.NOT_FOUND, f"no topic {name!r} on {self.address}")
-        return state
-
     def _declare(self, request: Declare, call: Call) -> dict[str, Any]:
         name = request.topic
         group = request.group or name
-        state = self.topics.get(name)
-        if state is None and disk_name(name) in self.unavailable:
+        state = self.catalogue.topics.get(name)
+        if state is None and disk_name(name) in self.catalogue.unavailable:
             raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
-                               f"{self.unavailable[disk_name(name)]}")
+                               f"{self.catalogue.unavailable[disk_name(name)]}")
         start = request.start
         if start is not None and start.kind == "copy" and (
                 state is None or start.value not in state.topic.groups):
@@ -316,7 +215,7 @@ class MqServer:
                                f"topic {name!r} has no consume group {start.value!r} to copy")
         created = state is None
         if state is None:
-            state = self._open(name, request.flags)
+            state = self.catalogue.open(name, request.flags)
             state.creator = call.queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
@@ -327,8 +226,8 @@ class MqServer:
             state.topic.declare_group(group, filter=request.filter, start=start)
             state.filters[group] = request.filter
         try:
-            self._save_meta(state)
-            self._save_cursors(state)  # a new group's start holds across a crash
+            self.catalogue.save_meta(state)
+            self.catalogue.save_positions(state)  # a new group's start holds across a crash
         except OSError as exc:
             # not declared after all: what this request changed is undone
             if created:
@@ -346,7 +245,7 @@ class MqServer:
 
     def _produce(self, request: Produce, call: Call) -> dict[str, Any] | None:
         queue = call.queue
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer
         if producer is None:
@@ -381,47 +280,34 @@ class MqServer:
         return reply
 
     def _commit_failed(self, name: str, reason: str) -> None:
-        state = self.topics.get(name)
+        state = self.catalogue.topics.get(name)
         if state is not None:
-            self._topic_failed(state, "commit", reason)
+            self.catalogue.failed(state, "commit", reason)
 
     def _dispatch_all(self) -> None:
-        for state in list(self.topics.values()):
+        for state in list(self.catalogue.topics.values()):
             self._dispatch(state)
 
-    def _dispatch(self, state: _Topic) -> None:
+    def _dispatch(self, state: TopicState) -> None:
         """Push what a topic's groups may have now; a failure stays with the topic (its
         error state, logged once), and the broker and the other topics go on."""
         try:
             sent = state.topic.dispatch(self.commit.visible(state.topic.log))
         except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
-            self._topic_failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
+            self.catalogue.failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
             sent = 0
             self.links.clear_batches()
         else:
-            if state.error is not None:
-                log.warning("%s: topic %s serves again (it had failed: %s)", self.address,
-                            state.topic.name, state.error)
-                state.error = None
+            self.catalogue.works_again(state)
         if sent:
             self.counts["delivered"] += sent
             self.links.flush()
-
-    def _topic_failed(self, state: _Topic, work: str, reason: str,
-                      exc: BaseException | None = None) -> None:
-        """A topic's error state: logged once when it starts (or changes), shown by
-        ``query`` until the topic's work succeeds again."""
-        error = f"{work} failed: {reason}"
-        if state.error != error:
-            log.error("%s: topic %s: %s; the topic shows this error, the other topics go "
-                      "on", self.address, state.topic.name, error, exc_info=exc)
-        state.error = error
 
     def _consume(self, request: Consume, call: Call) -> dict[str, Any]:
         queue = call.queue
         if queue is None:
             raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         group = request.group or state.topic.name
         window = request.window
         topic_group = state.topic.group(group)
@@ -444,7 +330,7 @@ class MqServer:
 
     def _unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
         queue = call.queue
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         group = request.group or state.topic.name
         consumer = None if queue is None else self.links.of(queue).consumers.pop(
             (state.topic.name, group), None)
@@ -462,7 +348,7 @@ class MqServer:
         consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
         all the same."""
         queue = call.queue
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         group = request.group or state.topic.name
         state.topic.group(group)  # 404 for an unknown group
         consumer = None if queue is None else self.links.of(queue).consumers.get(
@@ -484,83 +370,33 @@ class MqServer:
         return {"cmd": "acked", "topic": state.topic.name, "count": done}
 
     def _query(self, request: Query, call: Call) -> dict[str, Any]:
-        names = [self._state(request.topic).topic.name] if request.topic else sorted(
-            self.topics)
+        names = [self.catalogue.get(request.topic).topic.name] if request.topic else sorted(
+            self.catalogue.topics)
         reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
-                                 "topics": {n: self.describe(n) for n in names}}
-        if self.unavailable and not request.topic:
-            reply["unavailable"] = dict(self.unavailable)
+                                 "topics": {n: self.catalogue.describe(n) for n in names}}
+        if self.catalogue.unavailable and not request.topic:
+            reply["unavailable"] = dict(self.catalogue.unavailable)
         return reply
 
-    def describe(self, name: str) -> dict[str, Any]:
-        state = self.topics[name]
-        topic = state.topic
-        groups = {}
-        for g in topic.groups.values():
-            groups[g.name] = {"filter": state.filters.get(g.name), "lag": topic.lag(g.name),
-                              "consumers": len(g.consumers), "inFlight": len(g.in_flight),
-                              "deadLetters": g.dead_letters,
-                              "status": self._group_status(state, g.name)}
-        described: dict[str, Any] = {
-            "flags": sorted(state.flags), "depth": topic.depth,
-            "start": topic.log.start_offset, "next": topic.log.next_offset,
-            "error": state.error, "groups": groups}
-        if topic.log.persistent:
-            described["corrupt"] = [{"file": c.file, "position": c.position,
-                                     "offsets": [c.first, c.last]}
-                                    for c in topic.log.corruptions]
-        return described
-
-    def _group_status(self, state: _Topic, group: str) -> str:
-        """Why a group is where it is, in a few words: ``ok`` when it can advance."""
-        if group in state.group_errors:
-            return f"error: {state.group_errors[group]}"
-        if state.error is not None:
-            return f"error: {state.error}"
-        g = state.topic.groups[group]
-        if state.topic.lag(group) == len(g.in_flight) + len(g.redeliver) == 0:
-            return "ok"
-        if not g.consumers:
-            return "waiting for a consumer"
-        if all(c.credits <= 0 for c in g.consumers):
-            return f"every consumer's window is full ({len(g.in_flight)} unacknowledged)"
-        if g.next_read >= self.commit.visible(state.topic.log) and not g.redeliver:
-            return "waiting for messages to be stored" if g.next_read < (
-                state.topic.log.next_offset) else "ok"
-        return "ok"
-
     def _remove(self, request: Remove, call: Call) -> dict[str, Any]:
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         group = request.group
         if group:
-            state.topic.remove_group(group)
-            state.filters.pop(group, None)
-            state.group_errors.pop(group, None)
-            if state.cursors is not None:
-                state.cursors.remove(group)
-            self._save_meta(state)
-            self.node.remove_group(state.topic.name, group)
+            self.catalogue.remove_group(state, group)
             return {"cmd": "removed", "topic": state.topic.name, "group": group}
         self._drop_topic(state)
         return {"cmd": "removed", "topic": state.topic.name}
 
-    def _drop_topic(self, state: _Topic) -> None:
-        for group in list(state.topic.groups):
-            state.topic.remove_group(group)
+    def _drop_topic(self, state: TopicState) -> None:
+        """A topic goes: its consumers end (their links stay), then the topic and its
+        files."""
         for link in self.links:
             for key in [k for k in link.consumers if k[0] == state.topic.name]:
                 del link.consumers[key]
-        state.topic.log.close()
-        del self.topics[state.topic.name]
-        self.commit.remove(state.topic.name)
-        if state.directory is not None:
-            # a topic's own directory, one level below the server's (mq._names)
-            assert self.directory is not None and state.directory.parent == self.directory
-            shutil.rmtree(state.directory, ignore_errors=True)
-        self.node.remove_topic(state.topic.name)
+        self.catalogue.drop(state)
 
     def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
-        state = self._state(request.topic)
+        state = self.catalogue.get(request.topic)
         state.topic.empty()
         return {"cmd": "emptied", "topic": state.topic.name}
 
@@ -579,7 +415,7 @@ class MqServer:
         link = self.links.drop(queue)
         if link is not None:
             for (name, group), consumer in link.consumers.items():
-                state = self.topics.get(name)
+                state = self.catalogue.topics.get(name)
                 if state is not None:
                     returned = state.topic.detach(consumer)
                     if returned:
@@ -589,7 +425,7 @@ class MqServer:
                     self._consumers_changed(state, group)
                     self._dispatch(state)
         self.commit.forget(queue)
-        for state in list(self.topics.values()):
+        for state in list(self.catalogue.topics.values()):
             if state.creator is queue and "delete-on-exit" in state.flags:
                 self._drop_topic(state)
 
@@ -598,20 +434,20 @@ class MqServer:
         hash when that is too long a name: :func:`~._names.dead_letter_topic`)."""
         self.counts["dead"] += 1
         name = dead_letter_topic(topic, group)
-        state = self.topics.get(name)
+        state = self.catalogue.topics.get(name)
         if state is None:
-            flags = self.topics[topic].flags & {"memory"}
-            state = self._open(name, frozenset(flags))
+            flags = self.catalogue.topics[topic].flags & {"memory"}
+            state = self.catalogue.open(name, frozenset(flags))
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
-            self._save_meta(state)
+            self.catalogue.save_meta(state)
         state.topic.publish([(record.tag, record.producer, record.sequence, record.body)])
         if not self.commit.written(name, state.topic.log):
             self._dispatch(state)
         log.warning("%s: %s/%s: offset %d went to %s after %d deliveries", self.address,
                     topic, group, record.offset, name, deliveries)
 
-    def _consumers_changed(self, state: _Topic, group: str) -> None:
+    def _consumers_changed(self, state: TopicState, group: str) -> None:
         topic_group = state.topic.groups.get(group)
         if topic_group is None:
             return
@@ -623,54 +459,17 @@ class MqServer:
 
     def _tick(self) -> None:
         if self.retain_bytes is not None or self.retain_age is not None:
-            self._retain()
-        for state in list(self.topics.values()):
+            self.catalogue.retain(self.retain_bytes, self.retain_age)
+        for state in list(self.catalogue.topics.values()):
             try:
                 expired = state.topic.expire()
             except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
-                self._topic_failed(state, "ack timeout scan", f"{type(exc).__name__}: {exc}",
+                self.catalogue.failed(state, "ack timeout scan", f"{type(exc).__name__}: {exc}",
                                    exc)
                 expired = 0
             if expired:
                 self._dispatch(state)
-            self._save_cursors(state)
-
-    def _retain(self) -> None:
-        for state in self.topics.values():
-            topic_log = state.topic.log
-            gone = topic_log.retain(max_bytes=self.retain_bytes, max_age=self.retain_age)
-            if not gone:
-                continue
-            start = topic_log.start_offset
-            behind = {g.name: start - g.floor for g in state.topic.groups.values()
-                      if g.floor < start}
-            log.info("%s: %s: retention removed %d messages", self.address,
-                     state.topic.name, gone)
-            for group, missed in behind.items():
-                log.warning("%s: %s/%s: %d messages went by retention before the group "
-                            "handled them", self.address, state.topic.name, group, missed)
-
-    def _save_cursors(self, state: _Topic) -> None:
-        """Save the positions that changed.  One that cannot be saved is kept in memory
-        and tried again every tick; its group shows why (``query``), and the failure is
-        logged once when it starts, not at every try."""
-        floors = state.topic.floors_to_save()
-        if state.cursors is None:
-            return
-        for group, floor in floors.items():
-            try:
-                state.cursors.save(group, floor)
-            except OSError as exc:
-                error = f"cannot save the group's position: {exc.strerror or exc}"
-                if state.group_errors.get(group) != error:
-                    log.error("%s: %s/%s: %s; it is kept in memory and tried again every "
-                              "%g s", self.address, state.topic.name, group, error, TICK)
-                state.group_errors[group] = error
-                state.topic.groups[group].dirty = True
-            else:
-                if state.group_errors.pop(group, None) is not None:
-                    log.warning("%s: %s/%s: the group's position is saved again",
-                                self.address, state.topic.name, group)
+            self.catalogue.save_positions(state)
 
     def sync_all(self) -> None:
         """fsync every topic now, on the pump."""
@@ -684,12 +483,10 @@ class MqServer:
         self._tick_timer.cancel()
         self.commit.close()
         self.sync_all()
-        for state in self.topics.values():
-            self._save_cursors(state)
-            state.topic.log.close()
+        self.catalogue.close()
 
     def topic_names(self) -> Iterable[str]:
-        return sorted(self.topics)
+        return sorted(self.catalogue.topics)
 
 
 def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:

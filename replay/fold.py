@@ -19,6 +19,11 @@ this module to the workers by value, so that they need neither rdvpump nor this 
 
 Null semantics are those of the SQL the job used before (a minimum skips nulls and is
 null when every value is; a count counts values; a comparison with a null is not a hit).
+
+One module although it is long: it is what the job ships to the workers by value, and
+its functions are the hot path of either engine (every row of a trace goes through
+:func:`census`, :func:`route` and :func:`fold`, vectorised with numpy; the longest
+functions are the fold's groupings, each a run of array operations over one piece).
 """
 
 from __future__ import annotations
@@ -34,12 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-try:
-    from pump import schema as _schema
-except ImportError:  # spark-submit of a checkout without rdvpump: replay/job.py loaded it
-    import sys
-
-    _schema = sys.modules["rdvpump_trace_schema"]
+from pump import schema as _schema
 
 # the trace's words, from its schema (re-exported: the engines and the benchmark use them)
 Kind, Cause, Violation = _schema.Kind, _schema.Cause, _schema.Violation

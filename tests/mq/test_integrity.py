@@ -202,7 +202,7 @@ async def _well_behaved(s: Site, bad: list[dict[str, Any]]) -> tuple[list[bytes]
     assert all(400 <= exc.status < 500 and str(exc) for _, exc in refused), refused
     assert len(refused) == len(bad)
     await good.query()  # a round trip: the last acks are in
-    state = {name: s.server.describe(name) for name in s.server.topics}
+    state = {name: s.server.catalogue.describe(name) for name in s.server.catalogue.topics}
     return got, state
 
 
@@ -328,7 +328,7 @@ async def test_a_failing_topic_shows_its_error_and_the_others_go_on(
         await client.declare("fine")
         await client.publish("broken", b"x")
         sub = await client.subscribe("fine", window=3)
-        state = s.server.topics["broken"]
+        state = s.server.catalogue.topics["broken"]
         assert isinstance(state.topic.log, TopicLog)
         os.close(state.topic.log.segments[-1].fd)  # its file is gone from under it
         state.topic.log._tail.clear()  # noqa: SLF001 - reads go to the file

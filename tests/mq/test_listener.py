@@ -39,7 +39,7 @@ def test_publish_and_consume_with_callbacks(tmp_path: pathlib.Path) -> None:
     assert [s.offset for s in stored[0]] == [0, 1]  # type: ignore[union-attr]
     assert isinstance(refused[0], ServiceError) and refused[0].status == 404
     assert [m.body for m in got] == [b"a", b"b"]
-    assert server.describe("orders")["groups"]["orders"]["lag"] == 0
+    assert server.catalogue.describe("orders")["groups"]["orders"]["lag"] == 0
     server.close()
     universe.close()
 
@@ -62,6 +62,6 @@ def test_past_the_high_water_mark_publish_raises_and_drained_says_when_to_go_on(
     assert resumed  # the producer hears when to go on
     client.publish_nowait("orders", [body])
     universe.pump.run_for(1)
-    assert server.topics["orders"].topic.log.next_offset == sent + 1  # none lost
+    assert server.catalogue.topics["orders"].topic.log.next_offset == sent + 1  # none lost
     server.close()
     universe.close()

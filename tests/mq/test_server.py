@@ -279,7 +279,7 @@ async def test_fsyncs_in_a_thread_on_the_real_clock(tmp_path: pathlib.Path,
         with trio.fail_after(10):
             while len(got) < 200:
                 got |= {m.body for m in await sub.receive_many()}
-        log = s.server.topics["orders"].topic.log
+        log = s.server.catalogue.topics["orders"].topic.log
         with trio.fail_after(5):  # sync: already; interval: by the next interval
             while log.durable_offset < 200:  # type: ignore[attr-defined]
                 await trio.sleep(0.01)
@@ -361,7 +361,7 @@ async def test_retention_removes_old_segments_and_says_which_group_missed_them(
         await trio.sleep(1.5)  # a retention pass
         topic = (await client.query("orders"))["orders"]
         assert topic["start"] > 0 and topic["next"] == 60
-        assert s.server.topics["orders"].topic.log.size_bytes <= 8192 + 4096  # type: ignore[attr-defined]
+        assert s.server.catalogue.topics["orders"].topic.log.size_bytes <= 8192 + 4096  # type: ignore[attr-defined]
         assert "went by retention before the group handled them" in caplog.text
         sub = await client.subscribe("orders", group="slow")
         assert (await sub.receive()).offset == topic["start"]  # it reads from what is kept
