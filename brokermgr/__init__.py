@@ -7,6 +7,8 @@ from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
+from ._groups import GroupMember as GroupMember
+from ._groups import GroupTables as GroupTables
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
 from ._link import Outcome as Outcome
@@ -57,6 +59,8 @@ __all__ = [
     "BrokerLink",
     "BrokerRecord",
     "EchoListener",
+    "GroupMember",
+    "GroupTables",
     "LivenessEntry",
     "Fields",
     "LivenessTable",

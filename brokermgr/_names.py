@@ -21,6 +21,7 @@ from pump.schema import Kind
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
+from ._groups import STALE_EPOCH, GroupMember, GroupTables
 from ._link import Outcome, ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from ._rpc import ServiceSession
@@ -43,11 +44,13 @@ DEFAULT_LOOKUP_TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class BrokerRecord:
-    """What a broker registers: where it listens and the topics it serves."""
+    """What a broker registers: where it listens, the topics it serves, and its place in
+    a replicated group if it has one."""
 
     broker_id: str
     address: Address
     topics: tuple[str, ...] = ()
+    group: GroupMember | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,11 @@ class ListBrokers:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    topic: str
+
+
 def _registration(item: Any) -> Registration:
     broker_id = item["id"]
     if not isinstance(broker_id, str) or not broker_id:
@@ -88,8 +96,9 @@ def _registration(item: Any) -> Registration:
     version = item.get("version", 0)
     if type(version) is not int or version < 0:
         raise ValueError("its version must be a non-negative integer")
-    return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics)),
-                        version)
+    group = None if item.get("group") is None else GroupMember.from_json(item["group"])
+    return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
+                                     group), version)
 
 
 def _broker_id(value: Any) -> str:
@@ -111,16 +120,25 @@ def _lookup(fields: Fields) -> Lookup:
     return Lookup(fields.string("id"))
 
 
+def _route(fields: Fields) -> RouteQuery:
+    return RouteQuery(fields.string("topic"))
+
+
 def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
     """A registration as the ``list`` reply carries it."""
     r = entry.value
-    return {"id": r.broker_id, "address": list(r.address), "version": entry.version,
-            "topics": list(r.topics), "age": round(now - entry.since, 3),
-            "since_heartbeat": round(now - entry.last_seen, 3)}
+    row: dict[str, object] = {
+        "id": r.broker_id, "address": list(r.address), "version": entry.version,
+        "topics": list(r.topics), "age": round(now - entry.since, 3),
+        "since_heartbeat": round(now - entry.last_seen, 3)}
+    if r.group is not None:
+        row["group"] = r.group.to_json()
+    return row
 
 
 class NameService:
-    """Serves a universe's directory: register, heartbeat, unregister, lookup, list.
+    """Serves a universe's directory: register, heartbeat, unregister, lookup, list, and
+    the routes of replicated groups (``route``, :mod:`._groups`).
 
     A broker is dropped at once when the connection it registered over drops,
     and otherwise when no heartbeat came within ``expiry`` (checked every
@@ -134,6 +152,7 @@ class NameService:
         self.manager = manager
         self.pump = manager.pump
         self.table: LivenessTable[BrokerRecord] = LivenessTable(expiry=expiry)
+        self.groups = GroupTables()
         self.scan_interval = scan_interval
         self.commands = CommandTable("name-service", {
             "register": Command(_register, self._register),
@@ -141,6 +160,7 @@ class NameService:
             "unregister": Command(_unregister, self._unregister),
             "lookup": Command(_lookup, self._lookup),
             "list": Command(lambda fields: ListBrokers(), self._list),
+            "route": Command(_route, self._route),
         })
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
@@ -153,6 +173,7 @@ class NameService:
 
     def _register(self, request: Register, call: Call) -> ReplyObject:
         refused = []
+        fenced = []
         now = self.pump.now()
         for registration in request.brokers:
             record = registration.record
@@ -164,13 +185,27 @@ class NameService:
                             "by %s", record.broker_id, held.value.address)
                 refused.append({"id": record.broker_id, "held_by": list(held.value.address)})
                 continue
+            why = None if record.group is None else self.groups.refusal(record.broker_id,
+                                                                        record.group)
+            if why is not None:
+                log.warning("refused the registration of broker %s: %s", record.broker_id,
+                            why)
+                fenced.append(why)
+                continue
             self.table.report(record.broker_id, record, now=now,
-                                         version=registration.version, connection=call.queue)
+                              version=registration.version, connection=call.queue)
+            if record.group is not None:
+                self.groups.update(record.broker_id, record.address, record.group,
+                                   record.topics, registration.version)
+            elif held is not None and held.value.group is not None:
+                self.groups.forget(record.broker_id)
         if refused:
             held_by = ", ".join(f"{b['id']} (held by {Address.of(b['held_by'])})"
                                 for b in refused)
             raise ServiceError(Status.CONFLICT, f"{DUPLICATE_ID}: {held_by}",
                                refused=DUPLICATE_ID, brokers=refused)
+        if fenced:
+            raise ServiceError(Status.CONFLICT, "; ".join(fenced), refused=STALE_EPOCH)
         return {"cmd": "registered", "count": len(request.brokers)}
 
     def _unregister(self, request: Unregister, call: Call) -> ReplyObject:
@@ -178,6 +213,7 @@ class NameService:
             held = self.table.get(broker_id)
             if held is not None and held.connection is call.queue:
                 self.table.remove(broker_id)
+                self.groups.forget(broker_id)
         return {"cmd": "unregistered"}
 
     def _lookup(self, request: Lookup, call: Call) -> ReplyObject:
@@ -190,13 +226,23 @@ class NameService:
         return {"cmd": "brokers", "universe": self.manager.name,
                 "brokers": [record_dict(e, now) for e in self.table.entries()]}
 
+    def _route(self, request: RouteQuery, call: Call) -> ReplyObject:
+        """The groups serving a topic, each with its cluster, newest epoch, permission,
+        master and members; a 404 with the reason when no group serves it."""
+        try:
+            return {"cmd": "route", **self.groups.route(request.topic)}
+        except LookupError as exc:
+            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):
+            self.groups.forget(broker_id)
             log.info("broker %s dropped: its connection closed (%s)", broker_id, reason)
             self.pump.emit(Kind.DROP, broker=broker_id, reason=reason)
 
     def _scan(self) -> None:
         for broker_id in self.table.scan(self.pump.now()):
+            self.groups.forget(broker_id)
             log.info("broker %s expired: no heartbeat within %s s", broker_id, self.table.expiry)
             self.pump.emit(Kind.EXPIRE, broker=broker_id)
 
@@ -245,6 +291,7 @@ class NameClient:
                  heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_NAME_RETRY,
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
                  topics: Callable[[str], tuple[str, ...]] | None = None,
+                 groups: Callable[[str], GroupMember | None] | None = None,
                  on_refused: Callable[[str, str], None] | None = None) -> None:
         if not managers:
             raise ConfigError("a name client needs at least one manager address")
@@ -257,6 +304,8 @@ class NameClient:
         self.lookup_timeout = lookup_timeout
         self.version = version
         self.topics = topics or (lambda broker_id: ())
+        #: Each broker's place in a replicated group, registered with it (None: none).
+        self.groups = groups or (lambda broker_id: None)
         self.on_refused = on_refused
         #: The rendezvous the links to managers are dialled from.
         # named by the process and its brokers, so a manager's log says whose connect it
@@ -290,9 +339,15 @@ class NameClient:
         address = self.manager.net.address
         if address is None:
             return []
-        return [{"id": b, "address": list(address), "version": self.version,
-                 "topics": list(self.topics(b))}
-                for b in self.manager.broker_ids if not b.startswith("@")]
+        found = []
+        for b in self.manager.broker_ids:
+            if not b.startswith("@"):
+                row: dict[str, Any] = {"id": b, "address": list(address),
+                                       "version": self.version, "topics": list(self.topics(b))}
+                if (member := self.groups(b)) is not None:
+                    row["group"] = member.to_json()
+                found.append(row)
+        return found
 
     async def lookup(self, broker_id: str) -> Address | None:
         """Where ``broker_id`` listens, per the first manager that knows it (a resolver
@@ -307,6 +362,21 @@ class NameClient:
         for reply in await self._ask({"cmd": "list"}, first=True):
             return list(reply["brokers"])
         return None
+
+    async def route(self, topic: str) -> dict[str, Any]:
+        """The groups serving ``topic`` (see :meth:`NameService._route`), per the first
+        manager that knows a route; :class:`ServiceError` (404 with the reason, or the
+        last manager's error) when none does."""
+        last: ServiceError | None = None
+        for link in self.links:
+            if link.queue is None:
+                continue
+            try:
+                return await link.call({"cmd": "route", "topic": topic},
+                                       timeout=self.lookup_timeout)
+            except ServiceError as exc:
+                last = exc
+        raise last or ServiceError(Status.NO_REPLY, "no manager is connected")
 
     async def _ask(self, request: dict[str, Any], *, first: bool = False
                    ) -> tuple[ReplyObject, ...]:
@@ -362,6 +432,8 @@ class _ManagerLink(ReconnectingLink):
         self.address = address
         #: Set when the manager refused a registration for good (a duplicate id).
         self.refusal: str | None = None
+        #: The last other refusal logged (a fenced master's, at every heartbeat).
+        self.fenced: str | None = None
         self._beat_timer: Repeating | None = None
 
     def opened(self) -> None:
@@ -382,7 +454,8 @@ class _ManagerLink(ReconnectingLink):
             if not self.refusal:
                 self.refusal = outcome.reason
                 self.client.refused(self, self.refusal)
-        else:
+        elif outcome.reason != self.fenced:  # a fenced master: said once, not every beat
+            self.fenced = outcome.reason
             log.error("%s refused a registration: %s", self.name, outcome)
 
     def lost(self, reason: str) -> None:

@@ -19,6 +19,14 @@ Over links:
   service protocol's :class:`ServiceError`); :class:`Caller` and :class:`Service`,
   RPC over ``rpc`` topics; push to named receivers; :class:`Producer` and
   :class:`Consumer`, which follow tracking's route tables.
+
+Checking what clients saw:
+
+* :class:`History` and :func:`check_history` -- publish, consume and ack operations
+  checked against at-least-once delivery: acknowledged messages lost, a message stored
+  twice in one partition, delivered again after a confirmed ack, out of order within
+  a partition, two histories at one offset, two masters in one epoch
+  (``rdvpump mq check-history FILE`` for a JSON Lines history).
 """
 
 from brokermgr import ServiceError, Status
@@ -27,6 +35,13 @@ from ._client import MqClient, Stored
 from ._commit import Durability
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
+from ._history import (
+    History,
+    HistoryError,
+    HistoryFinding,
+    HistoryReport,
+    check_history,
+)
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._memory import MemoryLog
 from ._names import MAX_NAME_BYTES, check_name, disk_name
@@ -56,5 +71,5 @@ __all__ = [
     "FLAGS", "Durability", "Message", "MqClient", "MqServer", "Stored",
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
-    "verify",
+    "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",
 ]

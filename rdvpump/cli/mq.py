@@ -11,10 +11,10 @@ import typer
 from rich.table import Table
 
 from brokermgr.tracking import DEFAULT_TRACK_PORT
-from mq import verify
+from mq import History, verify
 
 from .. import mqtool
-from ._common import TokenOption, UniverseOption, err, fail, interruptible, out
+from ._common import TokenOption, UniverseOption, err, fail, guard, interruptible, out
 
 app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
                        "--role server --mq-dir DIR).", no_args_is_help=True)
@@ -212,4 +212,46 @@ def mq_verify(
         out.print(f"{report.topics} topics, {report.segments} segments, "
                   f"{report.records:,} records checked: {verdict}", highlight=False)
     if report.damaged:
+        raise typer.Exit(1)
+
+
+@app.command("check-history")
+def mq_check_history(
+    history: Annotated[pathlib.Path, typer.Argument(
+        help="JSON Lines, an operation a line: publish, consume and ack (see mq.History).")],
+    group: Annotated[list[str] | None, typer.Option(
+        "--group", help="TOPIC=GROUP: a group expected to receive every acknowledged "
+                        "message of the topic (repeatable; default: the groups that "
+                        "consumed from it).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check what clients saw against at-least-once delivery: acknowledged messages lost,
+    a message stored twice in one partition, delivered again after a confirmed ack, out
+    of order in a partition, two messages at one offset, two masters in one epoch. Exit 1
+    listing each finding, 0 when there is none."""
+    groups: dict[str, list[str]] | None = None
+    for pair in group or []:
+        topic, eq, name = pair.partition("=")
+        if not (topic and eq and name):
+            raise fail(f"--group takes TOPIC=GROUP, not {pair!r}")
+        groups = groups or {}
+        groups.setdefault(topic, []).append(name)
+
+    def read() -> History:
+        with open(history, encoding="utf-8", errors="replace") as lines:
+            return History.read(lines)
+
+    report = guard(read, "HISTORY").check(groups)
+    if as_json:
+        print(json.dumps(report.to_dict()))
+    else:
+        for finding in report.findings:
+            err.print(f"{finding.kind}: {finding.topic + ': ' if finding.topic else ''}"
+                      f"{finding.detail}", highlight=False, markup=False)
+        counts = report.counts
+        verdict = f"{len(report.findings)} findings" if report.findings else "clean"
+        out.print(f"{counts['messages']:,} messages ({counts['acknowledged']:,} "
+                  f"acknowledged), {counts.get('deliveries', 0):,} deliveries: {verdict}",
+                  highlight=False)
+    if not report.ok:
         raise typer.Exit(1)

@@ -1,0 +1,178 @@
+"""Replicated groups in the name service: RocketMQ's NameServer tables (sans-I/O).
+
+A group is a set of servers that hold the same topics (RocketMQ's brokerName): each
+member has an id (0 the preferred master), a role (``master`` or ``slave``) and the
+master epoch it knows; a group belongs to a cluster.  The tables, kept from the
+registrations of live brokers:
+
+* topic -> {group -> permission}: ``rw`` while the group has a master, ``r`` while only
+  slaves are left; only the group's current master's registrations change which topics
+  a group serves (a slave's topic list never does);
+* group -> cluster, and member id -> broker;
+* cluster -> groups;
+* each live broker's data version (its registration's ``version``).
+
+The master epoch fences: a registration as master with an epoch older than the
+group's newest is refused (the master it would have been is a former one), and so is
+one with the newest epoch from a broker that is not the master holding it.  The newest
+epoch of each group is kept while the name service runs, even when no member is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: The roles of a group's member.
+ROLES = ("master", "slave")
+#: A registration refused because a newer (or the same) master epoch is held.
+STALE_EPOCH = "stale epoch"
+DEFAULT_CLUSTER = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """What a broker registers about its group."""
+
+    group: str
+    member_id: int
+    role: str
+    epoch: int
+    cluster: str = DEFAULT_CLUSTER
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            raise ValueError("a group needs a name")
+        if type(self.member_id) is not int or self.member_id < 0:
+            raise ValueError(f"a member id is a non-negative integer, not {self.member_id!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"a role is master or slave, not {self.role!r}")
+        if type(self.epoch) is not int or self.epoch < 0:
+            raise ValueError(f"an epoch is a non-negative integer, not {self.epoch!r}")
+        if not self.cluster:
+            raise ValueError("a cluster needs a name")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.group, "id": self.member_id, "role": self.role,
+                "epoch": self.epoch, "cluster": self.cluster}
+
+    @classmethod
+    def from_json(cls, value: Any) -> GroupMember:
+        if not isinstance(value, dict):
+            raise ValueError("its group must be an object: name, id, role, epoch, cluster")
+        name, cluster = value.get("name"), value.get("cluster", DEFAULT_CLUSTER)
+        member_id, role, epoch = value.get("id"), value.get("role"), value.get("epoch")
+        if not isinstance(name, str) or not isinstance(cluster, str):
+            raise ValueError("its group's name and cluster must be strings")
+        if type(member_id) is not int or type(epoch) is not int:
+            raise ValueError("its group's id and epoch must be integers")
+        if not isinstance(role, str):
+            raise ValueError("its group's role must be master or slave")
+        return cls(name, member_id, role, epoch, cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    broker_id: str
+    address: Any
+    member: GroupMember
+    version: int
+
+
+class GroupTables:
+    """The tables of the module, over the live brokers that registered a group."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, _Member] = {}  # by broker id
+        #: topic -> group -> True (the group's master declared it)
+        self.topics: dict[str, dict[str, bool]] = {}
+        #: the newest master epoch of each group, and the broker holding it
+        self.epochs: dict[str, tuple[int, str]] = {}
+
+    # -- registrations ---------------------------------------------------------------------
+
+    def refusal(self, broker_id: str, member: GroupMember) -> str | None:
+        """Why this registration is refused (a fenced master), or None."""
+        if member.role != "master":
+            return None
+        held = self.epochs.get(member.group)
+        if held is None:
+            return None
+        epoch, holder = held
+        if member.epoch < epoch or (member.epoch == epoch and holder != broker_id):
+            return (f"{STALE_EPOCH}: group {member.group} has master {holder} at epoch "
+                    f"{epoch}; {broker_id} registered as master at epoch {member.epoch}")
+        return None
+
+    def update(self, broker_id: str, address: Any, member: GroupMember,
+               topics: tuple[str, ...], version: int) -> None:
+        """A registration that :meth:`refusal` let through."""
+        old = self.members.get(broker_id)
+        if old is not None and old.member.group != member.group:
+            self.forget(broker_id)
+        self.members[broker_id] = _Member(broker_id, address, member, version)
+        if member.role == "master":
+            self.epochs[member.group] = (member.epoch, broker_id)
+            declared = set(topics)
+            for topic in declared:
+                self.topics.setdefault(topic, {})[member.group] = True
+            for topic in [t for t, groups in self.topics.items()
+                          if member.group in groups and t not in declared]:
+                self._drop(topic, member.group)
+
+    def forget(self, broker_id: str) -> None:
+        """A broker left (unregistered, its link lost, expired); a group with no live
+        member left leaves every topic."""
+        gone = self.members.pop(broker_id, None)
+        if gone is None:
+            return
+        group = gone.member.group
+        if not any(m.member.group == group for m in self.members.values()):
+            for topic in [t for t, groups in self.topics.items() if group in groups]:
+                self._drop(topic, group)
+
+    def _drop(self, topic: str, group: str) -> None:
+        groups = self.topics[topic]
+        del groups[group]
+        if not groups:
+            del self.topics[topic]
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def master(self, group: str) -> _Member | None:
+        """The live member holding the group's newest epoch as master, if any."""
+        held = self.epochs.get(group)
+        if held is None:
+            return None
+        member = self.members.get(held[1])
+        if member is None or member.member.role != "master" or member.member.group != group:
+            return None
+        return member
+
+    def clusters(self) -> dict[str, list[str]]:
+        """cluster -> its groups with a live member."""
+        found: dict[str, set[str]] = {}
+        for m in self.members.values():
+            found.setdefault(m.member.cluster, set()).add(m.member.group)
+        return {c: sorted(g) for c, g in sorted(found.items())}
+
+    def group(self, name: str) -> dict[str, Any]:
+        """A group as a route shows it: cluster, newest epoch, permission, master and
+        members (by id)."""
+        live = sorted((m for m in self.members.values() if m.member.group == name),
+                      key=lambda m: (m.member.member_id, m.broker_id))
+        master = self.master(name)
+        epoch = self.epochs.get(name, (None, None))[0]
+        return {"cluster": live[0].member.cluster if live else None, "epoch": epoch,
+                "perm": "rw" if master is not None else "r",
+                "master": None if master is None else master.broker_id,
+                "members": [{"id": m.member.member_id, "broker": m.broker_id,
+                             "address": list(m.address), "role": m.member.role,
+                             "epoch": m.member.epoch, "version": m.version} for m in live]}
+
+    def route(self, topic: str) -> dict[str, Any]:
+        """The groups serving ``topic``; LookupError with the reason when none does."""
+        groups = self.topics.get(topic)
+        if not groups:
+            raise LookupError(f"no route to topic {topic!r}: no group's master declared it")
+        return {"topic": topic, "groups": {g: self.group(g) for g in sorted(groups)}}

@@ -1,0 +1,128 @@
+"""Replicated groups in the name service: RocketMQ's tables, routes from them, and the
+master epoch that fences a former master (the tables alone, then over the name service
+on trio's mock clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from brokermgr import GroupMember, GroupTables, NameClient, ServiceError, Status
+
+from .test_names import MANAGER, wait_until, world
+
+
+def member(group: str, member_id: int, epoch: int = 1, role: str | None = None,
+           cluster: str = "c1") -> GroupMember:
+    return GroupMember(group, member_id, role or ("master" if member_id == 0 else "slave"),
+                       epoch, cluster)
+
+
+def test_the_tables_follow_the_masters_declarations_not_the_slaves() -> None:
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders", "audit"), version=7)
+    t.update("a1", ("h", 2), member("a", 1), ("orders", "slaves-only"), version=3)
+    t.update("b0", ("h", 3), member("b", 0, cluster="c2"), ("orders",), version=1)
+    assert sorted(t.topics) == ["audit", "orders"]  # a slave's list changes nothing
+    assert t.clusters() == {"c1": ["a"], "c2": ["b"]}
+    route = t.route("orders")
+    assert sorted(route["groups"]) == ["a", "b"]
+    a = route["groups"]["a"]
+    assert (a["cluster"], a["epoch"], a["perm"], a["master"]) == ("c1", 1, "rw", "a0")
+    assert [(m["id"], m["broker"], m["role"], m["version"]) for m in a["members"]] == [
+        (0, "a0", "master", 7), (1, "a1", "slave", 3)]
+    # the master no longer declares audit: the topic goes; a new one comes
+    t.update("a0", ("h", 1), member("a", 0), ("orders", "new"), version=8)
+    assert sorted(t.topics) == ["new", "orders"]
+    with pytest.raises(LookupError, match="no route to topic 'audit': no group's master"):
+        t.route("audit")
+
+
+def test_without_a_master_a_group_is_read_only_and_without_members_it_leaves() -> None:
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), version=1)
+    t.update("a1", ("h", 2), member("a", 1), (), version=1)
+    t.forget("a0")
+    a = t.route("orders")["groups"]["a"]
+    assert (a["perm"], a["master"], [m["broker"] for m in a["members"]]) == ("r", None, ["a1"])
+    t.forget("a1")
+    with pytest.raises(LookupError):
+        t.route("orders")
+    assert t.clusters() == {}
+
+
+def test_an_older_epoch_or_a_second_master_in_one_epoch_is_refused() -> None:
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0, epoch=1), ("orders",), version=1)
+    assert t.refusal("a0", member("a", 0, epoch=1)) is None  # its own heartbeat
+    assert t.refusal("a1", member("a", 1, epoch=1)) is None  # a slave
+    why = t.refusal("a1", member("a", 1, epoch=1, role="master"))
+    assert why == ("stale epoch: group a has master a0 at epoch 1; a1 registered as master "
+                   "at epoch 1")
+    # a promotion: a1 is master at epoch 2; a0, back at epoch 1, is fenced
+    assert t.refusal("a1", member("a", 1, epoch=2, role="master")) is None
+    t.update("a1", ("h", 2), member("a", 1, epoch=2, role="master"), ("orders",), version=2)
+    assert t.route("orders")["groups"]["a"]["master"] == "a1"
+    assert t.refusal("a0", member("a", 0, epoch=1))
+    assert t.refusal("a0", member("a", 0, epoch=2, role="slave")) is None  # it rejoins
+    # the newest epoch outlives every member
+    t.forget("a1")
+    assert t.refusal("a0", member("a", 0, epoch=1)) is not None
+
+
+def test_a_group_member_is_checked_whole() -> None:
+    for bad, says in (({"name": "a", "id": -1, "role": "master", "epoch": 1}, "member id"),
+                      ({"name": "a", "id": 0, "role": "leader", "epoch": 1}, "master or slave"),
+                      ({"name": "a", "id": 0, "role": "master", "epoch": "1"}, "integers"),
+                      ({"name": "", "id": 0, "role": "master", "epoch": 1}, "a name"),
+                      ([], "an object")):
+        with pytest.raises(ValueError, match=says):
+            GroupMember.from_json(bad)
+    m = member("a", 2, epoch=5)
+    assert GroupMember.from_json(m.to_json()) == m
+
+
+async def test_the_name_service_answers_routes_and_refuses_a_fenced_master(
+        autojump_clock: object) -> None:
+    async with world() as w:
+        service, _ = await w.manager(MANAGER, expiry=120, scan_interval=10)
+        places = {"a0": member("a", 0), "a1": member("a", 1)}
+        procs = {}
+        for name in places:
+            proc = procs[name] = await w.process(name)
+            proc.u.add_broker(name)
+            NameClient(proc.u, [MANAGER], topics=lambda b: ("orders",),
+                       groups=lambda b: places.get(b)).start()
+        asker = await w.process("asker")
+        names = NameClient(asker.u, [MANAGER])
+        names.start()
+        await wait_until(lambda: "a0" in service.table and "a1" in service.table
+                         and names.links[0].queue is not None)
+        route = await names.route("orders")
+        a = route["groups"]["a"]
+        assert (a["master"], a["perm"], a["epoch"]) == ("a0", "rw", 1)
+        listed = {b["id"]: b.get("group") for b in await names.list() or []}
+        assert listed["a1"] == {"name": "a", "id": 1, "role": "slave", "epoch": 1,
+                                "cluster": "c1"}
+        with pytest.raises(ServiceError) as caught:
+            await names.route("nothing")
+        assert caught.value.status == Status.NOT_FOUND
+        assert "no route to topic 'nothing'" in caught.value.reason
+        # the master's process dies: its group can be read from the slave only
+        procs["a0"].scope.cancel()
+        await wait_until(lambda: "a0" not in service.table, step=0.001)
+        a = (await names.route("orders"))["groups"]["a"]
+        assert (a["master"], a["perm"]) == (None, "r")
+        # a1 is promoted (epoch 2); a0 comes back still thinking it is master at epoch 1
+        places["a1"] = member("a", 1, epoch=2, role="master")
+        await wait_until(lambda: service.groups.master("a") is not None)  # next heartbeat
+        back = await w.process("a0 again")
+        back.u.add_broker("a0")
+        again = NameClient(back.u, [MANAGER], topics=lambda b: ("orders",),
+                           groups=lambda b: places.get(b))
+        again.start()
+        await wait_until(lambda: again.links[0].fenced is not None)  # refused, and told
+        assert "stale epoch: group a has master a1 at epoch 2" in str(again.links[0].fenced)
+        assert "a0" not in service.table
+        a = (await names.route("orders"))["groups"]["a"]
+        assert (a["master"], a["epoch"], [m["broker"] for m in a["members"]]) == (
+            "a1", 2, ["a1"])
