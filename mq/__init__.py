@@ -23,9 +23,9 @@ Over links:
 Checking what clients saw:
 
 * :class:`History` and :func:`check_history` -- publish, consume and ack operations
-  checked against at-least-once delivery: acknowledged messages lost, a message stored
-  twice in one partition, delivered again after a confirmed ack, out of order within
-  a partition, two histories at one offset, two masters in one epoch
+  checked against at-least-once delivery: acknowledged messages lost, more copies of a
+  message than publishes of it, delivered again after a confirmed ack, out of order
+  within a partition, two histories at one offset, two masters in one epoch
   (``rdvpump mq check-history FILE`` for a JSON Lines history).
 """
 

@@ -23,9 +23,11 @@ What is checked (:func:`check_history`), each finding a :class:`HistoryFinding`:
 
 * ``lost``: an acknowledged message that a group never received.  The groups expected
   to receive every message of a topic are those that consumed from it, or those given.
-* ``stored twice``: one message at two offsets of one partition (a retried publish
-  must be recognised by its producer and sequence).  Copies in two partitions are
-  what a publish retried elsewhere leaves: counted (``copies elsewhere``), allowed.
+* ``stored twice``: more copies of a message than publishes of it (a server that stored
+  one publish twice).  A publish that got no answer and was tried again may leave a
+  copy per try: at-least-once allows it, counted (``copies``); with ``idempotent``
+  (servers that recognise a retry by its producer and sequence) two offsets of one
+  partition are a finding all the same.
 * ``delivered after its ack``: a message a group received again after its ack of it
   was confirmed.  Redelivery of an unacknowledged message is at-least-once's right.
 * ``out of order``: two messages of one producer in one partition whose offsets do not
@@ -167,8 +169,9 @@ class History:
             partition: str | None = None) -> None:
         self.operations.append(Acked(topic, group, offset, status, partition))
 
-    def check(self, groups: Mapping[str, Iterable[str]] | None = None) -> HistoryReport:
-        return check_history(self.operations, groups)
+    def check(self, groups: Mapping[str, Iterable[str]] | None = None, *,
+              idempotent: bool = False) -> HistoryReport:
+        return check_history(self.operations, groups, idempotent=idempotent)
 
     def write(self, out: IO[str]) -> None:
         """The history as JSON Lines (fields that are None left out)."""
@@ -220,10 +223,12 @@ def _parse(line: str, number: int) -> Operation:
 
 
 def check_history(operations: Iterable[Operation],
-                  groups: Mapping[str, Iterable[str]] | None = None) -> HistoryReport:
+                  groups: Mapping[str, Iterable[str]] | None = None, *,
+                  idempotent: bool = False) -> HistoryReport:
     """Check a history (see the module); ``groups``: the groups expected to receive
     every acknowledged message of each topic (by default, each topic's groups that
-    consumed from it)."""
+    consumed from it); ``idempotent``: a retried publish must not leave a second copy
+    in one partition."""
     ops = list(operations)
     findings: list[HistoryFinding] = []
     statuses: dict[_Key, set[str]] = {}
@@ -234,11 +239,13 @@ def check_history(operations: Iterable[Operation],
     acked: set[tuple[str, str, str | None, int]] = set()  # (topic, group, partition, offset)
     masters: dict[tuple[str, int], set[str]] = {}  # (partition, epoch): servers
     counts: Counter[str] = Counter()
+    tries: Counter[_Key] = Counter()
     again: set[tuple[str, str, str | None, int]] = set()
     for op in ops:
         if isinstance(op, Published):
             key = (op.topic, op.producer, op.sequence)
             statuses.setdefault(key, set()).add(op.status)
+            tries[key] += 1
             counts[f"publishes {op.status}"] += 1
             if op.partition is not None and op.offset is not None:
                 _store(stored, partitions_of, at_offset, key, op.topic, op.partition,
@@ -266,7 +273,7 @@ def check_history(operations: Iterable[Operation],
         elif op.status == "ok":
             acked.add((op.topic, op.group, op.partition, op.offset))
     findings += _lost(statuses, received, groups, counts)
-    findings += _stored_twice(stored, counts)
+    findings += _stored_twice(stored, tries, idempotent)
     findings += _out_of_order(stored)
     findings += [HistoryFinding("two histories", topic, f"offset {offset} of {partition} holds "
                          f"{len(keys)} different messages: "
@@ -287,7 +294,8 @@ def check_history(operations: Iterable[Operation],
                  if len(servers) > 1]
     counts["messages"] = len(statuses)
     counts["acknowledged"] = sum("ok" in s for s in statuses.values())
-    counts["copies elsewhere"] = sum(len(p) - 1 for p in partitions_of.values() if p)
+    counts["copies"] = sum(len(offsets) for keys in stored.values()
+                           for offsets in keys.values()) - len(partitions_of)
     for kind in KINDS:
         counts[kind] = sum(f.kind == kind for f in findings)
     findings.sort(key=lambda f: KINDS.index(f.kind))
@@ -327,13 +335,24 @@ def _lost(statuses: dict[_Key, set[str]], received: dict[tuple[str, str], set[_K
 
 
 def _stored_twice(stored: dict[tuple[str, str], dict[_Key, set[int]]],
-                  counts: Counter[str]) -> list[HistoryFinding]:
-    return [HistoryFinding("stored twice", topic, f"{producer}#{sequence} at offsets "
-                    f"{', '.join(map(str, sorted(offsets)))} of {partition}", producer,
-                    sequence, partition=partition)
-            for (topic, partition), keys in sorted(stored.items())
-            for (_, producer, sequence), offsets in sorted(keys.items())
-            if len(offsets) > 1]
+                  tries: Counter[_Key], idempotent: bool) -> list[HistoryFinding]:
+    """More copies of a message than publishes of it; with ``idempotent``, any second
+    copy in one partition."""
+    copies: Counter[_Key] = Counter()
+    for keys in stored.values():
+        for key, offsets in keys.items():
+            copies[key] += len(offsets)
+    found = []
+    for (topic, partition), keys in sorted(stored.items()):
+        for key, offsets in sorted(keys.items()):
+            _, producer, sequence = key
+            if len(offsets) > 1 and (idempotent or copies[key] > max(tries[key], 1)):
+                found.append(HistoryFinding(
+                    "stored twice", topic, f"{producer}#{sequence} at offsets "
+                    f"{', '.join(map(str, sorted(offsets)))} of {partition} "
+                    f"({tries[key]} publishes of it)", producer, sequence,
+                    partition=partition))
+    return found
 
 
 def _out_of_order(stored: dict[tuple[str, str], dict[_Key, set[int]]]) -> list[HistoryFinding]:

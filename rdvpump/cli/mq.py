@@ -223,12 +223,15 @@ def mq_check_history(
         "--group", help="TOPIC=GROUP: a group expected to receive every acknowledged "
                         "message of the topic (repeatable; default: the groups that "
                         "consumed from it).")] = None,
+    idempotent: Annotated[bool, typer.Option(
+        "--idempotent", help="The servers recognise a retried publish: a second copy of "
+                             "a message in one partition is a finding.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Check what clients saw against at-least-once delivery: acknowledged messages lost,
-    a message stored twice in one partition, delivered again after a confirmed ack, out
-    of order in a partition, two messages at one offset, two masters in one epoch. Exit 1
-    listing each finding, 0 when there is none."""
+    more copies of a message than publishes of it, delivered again after a confirmed
+    ack, out of order in a partition, two messages at one offset, two masters in one
+    epoch. Exit 1 listing each finding, 0 when there is none."""
     groups: dict[str, list[str]] | None = None
     for pair in group or []:
         topic, eq, name = pair.partition("=")
@@ -241,7 +244,7 @@ def mq_check_history(
         with open(history, encoding="utf-8", errors="replace") as lines:
             return History.read(lines)
 
-    report = guard(read, "HISTORY").check(groups)
+    report = guard(read, "HISTORY").check(groups, idempotent=idempotent)
     if as_json:
         print(json.dumps(report.to_dict()))
     else:
