@@ -25,6 +25,8 @@ from typing import Any
 from pump import RdvpumpError
 from rdv import BrokerPort
 
+from .._groups import GroupMember
+
 #: Topic mask bits (zbus 0.9's numbering; zbus changed them between versions).
 MASK_MEMORY = 1
 MASK_RPC = 2
@@ -185,7 +187,8 @@ class TopicInfo:
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """One server's own view of itself: its topics, versioned."""
+    """One server's own view of itself: its topics, versioned, and its place in a
+    replicated group if it has one (``group``: not a zbus field; zbus ignores it)."""
 
     server_address: ServerAddress
     info_version: int
@@ -193,13 +196,22 @@ class ServerInfo:
     tracker_list: tuple[ServerAddress, ...] = ()
     topic_table: dict[str, TopicInfo] = field(default_factory=dict)
     error: str | None = None
+    group: GroupMember | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"serverAddress": self.server_address.to_json(),
-                "serverVersion": self.server_version, "error": self.error,
-                "infoVersion": self.info_version,
-                "trackerList": [t.to_json() for t in self.tracker_list],
-                "topicTable": {name: t.to_json() for name, t in self.topic_table.items()}}
+        obj = {"serverAddress": self.server_address.to_json(),
+               "serverVersion": self.server_version, "error": self.error,
+               "infoVersion": self.info_version,
+               "trackerList": [t.to_json() for t in self.tracker_list],
+               "topicTable": {name: t.to_json() for name, t in self.topic_table.items()}}
+        if self.group is not None:
+            obj["group"] = self.group.to_json()
+        return obj
+
+    @property
+    def slave(self) -> bool:
+        """A replicated group's slave: it takes no writes."""
+        return self.group is not None and self.group.role == "slave"
 
     @classmethod
     def from_json(cls, value: Any, where: str = "serverInfo") -> ServerInfo:
@@ -212,12 +224,18 @@ class ServerInfo:
                 raise InfoError(f"{where}.topicTable[{name!r}] names topic {info.topic_name!r}")
             table[name] = info
         trackers = _get(o, "trackerList", list, [], where)
+        group = None
+        if o.get("group") is not None:
+            try:
+                group = GroupMember.from_json(o["group"])
+            except ValueError as exc:
+                raise InfoError(f"{where}.group: {exc}") from None
         return cls(ServerAddress.from_json(o.get("serverAddress"), f"{where}.serverAddress"),
                    _int(o, "infoVersion", where, required=True),
                    _get(o, "serverVersion", str, "", where),
                    tuple(ServerAddress.from_json(t, f"{where}.trackerList[{i}]")
                          for i, t in enumerate(trackers)),
-                   table, _get(o, "error", str, None, where))
+                   table, _get(o, "error", str, None, where), group)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from channels import MessageQueue
 from pump import ConfigError
 
 from .._broker import Broker
+from .._groups import GroupMember
 from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
 from .._rpc import ServiceSession
@@ -129,8 +130,9 @@ class TrackNode:
     keep increasing across restarts whatever the clock does (without it they
     start from the wall clock, with a warning; see
     :class:`~.info.VersionCounter`).  :attr:`server` and :attr:`tracker` are
-    the roles (None when not taken).  Call :meth:`close` for a clean shutdown
-    (trackers are told ``live: false``).
+    the roles (None when not taken).  ``group`` is the server's place in a replicated
+    group, published in its ServerInfo (route tables send writes to masters only).  Call
+    :meth:`close` for a clean shutdown (trackers are told ``live: false``).
     """
 
     def __init__(self, broker: Broker, *, role: str = "both", port: int = DEFAULT_TRACK_PORT,
@@ -138,7 +140,7 @@ class TrackNode:
                  report_interval: float = DEFAULT_REPORT_INTERVAL,
                  expiry: float = DEFAULT_SERVER_EXPIRY,
                  scan_interval: float = DEFAULT_SCAN_INTERVAL,
-                 retry: float = DEFAULT_RETRY) -> None:
+                 retry: float = DEFAULT_RETRY, group: GroupMember | None = None) -> None:
         if role not in ROLES:
             raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         for name, value in (("report_interval", report_interval), ("expiry", expiry),
@@ -170,7 +172,8 @@ class TrackNode:
             self.server = ServerRole(broker, self.address, trackers,
                                      versions=counter("server"),
                                      report_interval=report_interval, retry=retry,
-                                     changed=self._server_changed, count=self.count_sent)
+                                     changed=self._server_changed, count=self.count_sent,
+                                     group=group)
         if role in ("tracker", "both"):
             self.tracker = TrackerRole(self.pump, broker.id, self.address,
                                        versions=counter("tracker"), expiry=expiry,

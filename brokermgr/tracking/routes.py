@@ -176,6 +176,21 @@ class RouteTable:
     def servers_of(self, topic: str) -> dict[str, TopicInfo]:
         return self.topic_table.get(topic, {})
 
+    def writable_of(self, topic: str) -> dict[str, TopicInfo]:
+        """The servers of ``topic`` that take writes: all but replicated groups' slaves."""
+        table = self.server_table
+        return {a: t for a, t in self.servers_of(topic).items()
+                if a not in table or not table[a].slave}
+
+    def readable(self) -> list[str]:
+        """The servers to read from, sorted: a replicated group's master, or its slaves
+        while no master of it is in the table; every server in no group."""
+        mastered = {info.group.group for info in self.server_table.values()
+                    if info.group is not None and not info.slave}
+        return sorted(a for a, info in self.server_table.items()
+                      if not info.slave or info.group is None
+                      or info.group.group not in mastered)
+
     def rebuild_topic_table(self) -> dict[str, dict[str, TopicInfo]]:
         """The topic table computed from scratch from the server table (and installed)."""
         table: dict[str, dict[str, TopicInfo]] = {}

@@ -33,7 +33,7 @@ class RoundRobin:
                  ) -> list[str]:
         cached = self._cache.get(topic)
         if cached is None or cached[0] != routes.version:
-            servers = routes.servers_of(topic)
+            servers = routes.writable_of(topic)
             live = sorted(a for a, t in servers.items() if t.consumer_count > 0)
             cached = (routes.version, live)
             self._cache[topic] = cached
@@ -42,7 +42,7 @@ class RoundRobin:
             position = self._next.get(topic, -1) + 1
             self._next[topic] = position
             return [live[position % len(live)]]
-        servers = routes.servers_of(topic)
+        servers = routes.writable_of(topic)
         if not servers:
             return []
         best = min(servers.items(),
@@ -51,8 +51,9 @@ class RoundRobin:
 
 
 def all_servers(routes: RouteTable, topic: str, key: bytes | str | None = None) -> list[str]:
-    """zbus's consumer (and admin) default: every server in the table."""
-    return sorted(routes.server_table)
+    """zbus's consumer (and admin) default: every server in the table, but of a
+    replicated group only its master (its slaves while it has none)."""
+    return routes.readable()
 
 
 def _key_bytes(key: bytes | str) -> bytes:
@@ -69,7 +70,7 @@ def by_key_hash(routes: RouteTable, topic: str, key: bytes | str | None = None) 
     to it and nothing else moves.  No key or no server holding the topic gives
     no route.  The old modulo rule is :func:`by_key_modulo`.
     """
-    servers = routes.servers_of(topic)
+    servers = routes.writable_of(topic)
     if not servers or key is None:
         return []
     data = _key_bytes(key) + b"\0"
@@ -85,7 +86,7 @@ def by_key_modulo(routes: RouteTable, topic: str, key: bytes | str | None = None
     or joins, most keys move (about (N-1)/N of them); :func:`by_key_hash`
     moves only the keys that must.
     """
-    servers = sorted(routes.servers_of(topic))
+    servers = sorted(routes.writable_of(topic))
     if not servers or key is None:
         return []
     return [servers[zlib.crc32(_key_bytes(key)) % len(servers)]]

@@ -19,6 +19,7 @@ from channels import MessageQueue
 from pump import ConfigError, Pump, Repeating
 
 from .._broker import Broker
+from .._groups import GroupMember
 from .._link import BrokerLink
 from .._rpc import Sent, encode, send
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
@@ -40,7 +41,8 @@ class ServerRole:
     def __init__(self, broker: Broker, address: ServerAddress, trackers: Iterable[str], *,
                  versions: VersionCounter, report_interval: float, retry: float,
                  changed: Callable[[ServerInfo], None],
-                 count: Callable[[str, int], object]) -> None:
+                 count: Callable[[str, int], object],
+                 group: GroupMember | None = None) -> None:
         self.broker = broker
         self.pump: Pump = broker.pump
         self.address = address
@@ -50,8 +52,10 @@ class ServerRole:
         self._changed_hook = changed
         self.count = count
         self.topics: dict[str, TopicInfo] = {}
+        #: Its place in a replicated group (published in its ServerInfo), or None.
+        self.group = group
         self.info = ServerInfo(address, versions.next(), SERVER_VERSION,
-                               tuple(ServerAddress(t) for t in trackers), {})
+                               tuple(ServerAddress(t) for t in trackers), {}, group=group)
         self.publishers = [_Publisher(self, t) for t in self.info.tracker_list]
         #: Clients watching this server (``server_sub``): queue -> a ServerInfo is owed.
         self.watchers: dict[MessageQueue, bool] = {}
@@ -134,6 +138,12 @@ class ServerRole:
             consumer_count=sum(g.consumer_count for g in groups))
         self._changed()
 
+    def set_group(self, group: GroupMember | None) -> None:
+        """A new place in a replicated group (a promotion, say): a new ServerInfo."""
+        if group != self.group:
+            self.group = group
+            self._changed()
+
     def _topic(self, name: str) -> TopicInfo:
         try:
             return self.topics[name]
@@ -143,7 +153,8 @@ class ServerRole:
     def _changed(self) -> None:
         """A new ServerInfo version, published to every tracker."""
         self.info = ServerInfo(self.address, self._versions.next(), SERVER_VERSION,
-                               self.info.tracker_list, dict(sorted(self.topics.items())))
+                               self.info.tracker_list, dict(sorted(self.topics.items())),
+                               group=self.group)
         for publisher in self.publishers:
             publisher.publish()
         for queue in list(self.watchers):

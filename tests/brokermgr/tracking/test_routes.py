@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from brokermgr.tracking import (
     DeltaError,
+    InfoError,
     RoundRobin,
     RouteTable,
     ServerAddress,
@@ -267,3 +268,46 @@ def test_incremental_topic_table_equals_a_rebuild_and_votes_hold(ops: list) -> N
         if routes.votes:
             for address in routes.server_table:
                 assert routes.voters(address) >= len(routes.votes) * routes.vote_factor
+
+
+def test_writes_go_to_masters_and_reads_to_the_master_or_while_none_its_slaves() -> None:
+    """A replicated group's members say their role in their ServerInfo: producers'
+    selectors never pick a slave, consumers read a group from its master, and from its
+    slaves while the table has no master of it; servers in no group are as before."""
+    from dataclasses import replace
+
+    from brokermgr import GroupMember
+
+    def member(name: str, group: str | None, member_id: int, role: str) -> ServerInfo:
+        info = server(name, 1, "orders", consumers=1)
+        return replace(info, group=None if group is None else GroupMember(
+            group, member_id, role, epoch=1))
+
+    a0, a1, a2 = (member("a0", "a", 0, "master"), member("a1", "a", 1, "slave"),
+                  member("a2", "a", 2, "slave"))
+    solo = member("solo", None, 0, "master")
+    routes = RouteTable()
+    routes.update_tracker("t1", tracker("t1", 1, a0, a1, a2, solo))
+    assert sorted(routes.servers_of("orders")) == ["a0:15555", "a1:15555", "a2:15555",
+                                                   "solo:15555"]
+    assert sorted(routes.writable_of("orders")) == ["a0:15555", "solo:15555"]
+    rr = RoundRobin()
+    assert {rr(routes, "orders")[0] for _ in range(6)} == {"a0:15555", "solo:15555"}
+    assert {by_key_hash(routes, "orders", str(k))[0] for k in range(50)} == {
+        "a0:15555", "solo:15555"}
+    assert all_servers(routes, "orders") == ["a0:15555", "solo:15555"]
+    # the master leaves the table: no writes to the group, reads from its slaves
+    routes.update_tracker("t1", tracker("t1", 2, a1, a2, solo))
+    assert {rr(routes, "orders")[0] for _ in range(4)} == {"solo:15555"}
+    assert all_servers(routes, "orders") == ["a1:15555", "a2:15555", "solo:15555"]
+    # a1 is promoted: it takes the writes, and is the one the group is read from
+    routes.update_tracker("t1", tracker("t1", 3, replace(
+        a1, info_version=2, group=GroupMember("a", 1, "master", epoch=2)), a2, solo))
+    assert sorted(routes.writable_of("orders")) == ["a1:15555", "solo:15555"]
+    assert all_servers(routes, "orders") == ["a1:15555", "solo:15555"]
+    # the group travels in the ServerInfo's JSON, checked like every field
+    again = ServerInfo.from_json(a1.to_json())
+    assert again.group == a1.group and again.slave
+    with pytest.raises(InfoError, match=r"serverInfo.group: a role is master or slave"):
+        ServerInfo.from_json({**a1.to_json(), "group": {**a1.to_json()["group"],
+                                                        "role": "leader"}})

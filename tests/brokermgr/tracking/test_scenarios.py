@@ -391,3 +391,26 @@ def test_a_snapshot_too_big_for_a_link_closes_that_link_only() -> None:
     assert closed and "exceeds the maximum message size" in closed[0]
     assert not t1.broker.closed and not t1.tracker.subscribers  # the tracker goes on
     assert not other.broker.closed and "t1:15555" in other.trackers  # it will dial again
+
+
+def test_a_server_s_group_and_a_promotion_reach_clients_through_the_tracker(
+        world: World) -> None:
+    from brokermgr import GroupMember
+
+    world.node("t1", role="tracker")
+    a0 = world.node("a0", role="server", trackers=("t1",),
+                    group=GroupMember("a", 0, "master", epoch=1))
+    a1 = world.node("a1", role="server", trackers=("t1",),
+                    group=GroupMember("a", 1, "slave", epoch=1))
+    for node in (a0, a1):
+        node.declare_topic("orders")
+    client = world.client("c", "t1")
+    world.run(0.1)
+    assert sorted(client.routes.writable_of("orders")) == ["a0:15555"]
+    assert client.routes.server_table["a1:15555"].group == GroupMember("a", 1, "slave", 1)
+    assert a1.server is not None
+    a1.server.set_group(GroupMember("a", 1, "master", epoch=2))
+    a0.close()
+    world.run(0.1)
+    assert sorted(client.routes.writable_of("orders")) == ["a1:15555"]
+    assert client.routes.server_table["a1:15555"].group.epoch == 2  # type: ignore[union-attr]
