@@ -328,6 +328,65 @@ class TopicLog:
             self._roll()
         return first
 
+    def append_copies(self, data: bytes | memoryview) -> int:
+        """Store records another log wrote, as they are (a replica of its master's):
+        ``data`` is whole records back to back in this format (:mod:`._record`), the
+        first at :attr:`next_offset`, each offset one more than the one before and no
+        timestamp lower than the one before.  Every record's checksum is checked before
+        anything is written; the count of records stored.  :class:`StoreError` (nothing
+        stored) naming the first record that is damaged, cut short or out of line, or if
+        the write fails."""
+        if self.failed is not None:
+            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        segment = self.segments[-1]
+        records: list[Record] = []
+        ends: list[int] = []
+        pos, expected, latest = 0, segment.next_offset, segment.max_ts
+        while pos < len(data):
+            where = f"{self.directory}: a copied record at byte {pos} of {len(data)}"
+            try:
+                found = decode(data, pos, self.max_record)
+            except BadRecord as exc:
+                raise StoreError(f"{where}: {exc}; nothing stored") from None
+            if found is None:
+                raise StoreError(f"{where}: the bytes end inside it; nothing stored")
+            record, pos = found
+            if record.offset != expected:
+                raise StoreError(f"{where}: offset {record.offset}, {expected} expected; "
+                                 f"nothing stored")
+            if record.timestamp < latest:
+                raise StoreError(f"{where}: timestamp {record.timestamp} before "
+                                 f"{latest}; nothing stored")
+            if len(record.body) > self.max_body:
+                raise StoreError(f"{where}: a body of {len(record.body)} bytes exceeds the "
+                                 f"queue's maximum of {self.max_body}; nothing stored")
+            records.append(record)
+            ends.append(pos)
+            expected, latest = expected + 1, record.timestamp
+        if not records:
+            return 0
+        try:
+            crc = write_chunks(segment.fd, [data], segment.size, segment.crc)
+        except OSError as exc:
+            self._undo(segment, exc)
+        index, base, start = segment.index, segment.base, segment.size
+        last_indexed, before = segment.last_indexed, 0
+        for record, end in zip(records, ends, strict=True):
+            if start + before - last_indexed >= INDEX_INTERVAL:
+                index.append((record.offset - base, start + before, record.timestamp))
+                last_indexed = start + before
+            before = end
+        segment.last_indexed = last_indexed
+        segment.size = start + len(data)
+        segment.crc = crc
+        segment.next_offset = expected
+        segment.max_ts = latest
+        if self.tail_limit > 0:
+            self._keep_records(records)
+        if segment.size >= self.segment_bytes:
+            self._roll()
+        return len(records)
+
     def _keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
         """Keep the newest records in memory, for readers that keep up: a list read from
         ``_tail_start`` on, with the running total of body bytes after each record."""
@@ -346,9 +405,27 @@ class TopicLog:
             total += len(kept)
             ends.append(total)
             offset += 1
+        self._trim_tail(total)
+
+    def _keep_records(self, records: Sequence[Record]) -> None:
+        """:meth:`_keep` for records made already (copied from another log)."""
+        tail, ends = self._tail, self._tail_ends
+        if len(tail) > self._tail_start and tail[-1].offset + 1 != records[0].offset:
+            self._tail_start = len(tail)
+            self._tail_floor = ends[-1]
+        total = ends[-1] if ends else 0
+        for record in records:
+            tail.append(record)
+            total += len(record.body)
+            ends.append(total)
+        self._trim_tail(total)
+
+    def _trim_tail(self, total: int) -> None:
+        """Drop the oldest records kept whose bodies add up to what is over the budget
+        (``total``: the running total after the newest), keeping one."""
+        tail, ends = self._tail, self._tail_ends
         excess = total - self._tail_floor - self.tail_limit
         if excess > 0:
-            # drop the oldest records whose bodies add up to the excess, keeping one
             cut = min(bisect.bisect_left(ends, self._tail_floor + excess) + 1, len(tail) - 1)
             if cut > self._tail_start:
                 self._tail_start = cut

@@ -133,6 +133,28 @@ def encode_batch(first: int, timestamp: int,
     return chunks, lengths
 
 
+def encode_records(records: Sequence[Record], max_body: int
+                   ) -> tuple[list[bytes | memoryview], list[int]]:
+    """Records as stored, each with its own offset and timestamp: the bytes the log that
+    holds them wrote, for another to store as they are (a replica's)."""
+    chunks: list[bytes | memoryview] = []
+    lengths: list[int] = []
+    start = 0
+    while start < len(records):  # runs of one timestamp and consecutive offsets
+        end = start + 1
+        first = records[start]
+        while end < len(records) and records[end].timestamp == first.timestamp and (
+                records[end].offset == first.offset + end - start):
+            end += 1
+        more, sizes = encode_batch(first.offset, first.timestamp,
+                                   [(r.tag, r.producer, r.sequence, r.body)
+                                    for r in records[start:end]], max_body)
+        chunks += more
+        lengths += sizes
+        start = end
+    return chunks, lengths
+
+
 class BadRecord(RdvpumpError):
     """What is wrong with the bytes where a record should start."""
 

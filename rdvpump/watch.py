@@ -41,7 +41,8 @@ def snapshot(routes: RouteTable, now: float,
             "address": address, "ssl": info.server_address.ssl_enabled,
             "infoVersion": info.info_version, "votes": routes.voters(address),
             "static": address in routes.static,
-            "topics": sorted(info.topic_table)})
+            "topics": sorted(info.topic_table),
+            "group": None if info.group is None else info.group.to_json()})
     topics = {name: sorted(by_server) for name, by_server in sorted(routes.topic_table.items())}
     return {"time": round(now, 3), "trackers": {names.get(t, t): v.version for t, v in
                                                 sorted(routes.votes.items())},

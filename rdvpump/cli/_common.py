@@ -136,3 +136,10 @@ def fail(message: str) -> typer.Exit:
     """One red line on stderr; raise the returned Exit."""
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(1)
+
+
+def group_cell(group: Any) -> str:
+    """A replicated group's member in a table: ``name/id role@epoch`` ("" for none)."""
+    if not group:
+        return ""
+    return f"{group['name']}/{group['id']} {group['role']}@{group['epoch']}"

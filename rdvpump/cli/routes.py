@@ -20,6 +20,7 @@ from ._common import (
     KeyOption,
     TokenOption,
     UniverseOption,
+    group_cell,
     guard,
     interruptible,
     out,
@@ -81,11 +82,13 @@ def _routes_table(snap: dict[str, Any]) -> Table:
     trackers = ", ".join(f"{t} v{v}" for t, v in snap["trackers"].items()) or "none"
     table = Table(title=f"routes at t={snap['time']:.1f}s from {len(snap['trackers'])} "
                         f"tracker(s): {trackers}")
-    for col in ("server", "ssl", "infoVersion", "votes", "topics"):
+    grouped = any(server.get("group") for server in snap["servers"])
+    for col in ("server", "ssl", "infoVersion", "votes", "topics", *(("group",) * grouped)):
         table.add_column(col, justify="right" if col in ("infoVersion", "votes") else "left")
     for server in snap["servers"]:
         votes = "static" if server["static"] else str(server["votes"])
         table.add_row(server["address"], "yes" if server["ssl"] else "no",
                       str(server["infoVersion"]),
-                      votes, ", ".join(server["topics"]))
+                      votes, ", ".join(server["topics"]),
+                      *((group_cell(server.get("group")),) * grouped))
     return table

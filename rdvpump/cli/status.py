@@ -18,6 +18,7 @@ from ._common import (
     KeyOption,
     TokenOption,
     UniverseOption,
+    group_cell,
     guard,
     out,
     tls_files,
@@ -43,10 +44,14 @@ def status(
     brokers = guard(lambda: trio.run(lambda: query_status(
         universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
-    for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)"):
-        table.add_column(col, justify="left" if col in ("broker", "address") else "right")
+    grouped = any(b.get("group") for b in brokers)
+    for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)",
+                *(("group",) * grouped)):
+        table.add_column(col, justify="left" if col in ("broker", "address", "group")
+                         else "right")
     for b in brokers:
         where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
         table.add_row(str(b["id"]), where, str(b["version"]),
-                      f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}")
+                      f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}",
+                      *((group_cell(b.get("group")),) * grouped))
     out.print(table)

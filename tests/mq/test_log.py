@@ -282,3 +282,79 @@ def test_cursors_are_replaced_atomically_and_damage_is_reported(
     assert "cursor checksum mismatch" in caplog.text
     store.remove("eu/ops group")
     assert store.load(["billing", "eu/ops group"]) == {}
+
+
+def _all(log: TopicLog) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    offset = log.start_offset
+    while records := log.read(offset, max_count=1000):
+        out += [(r.offset, r.timestamp, r.sequence, r.tag, r.producer, bytes(r.body))
+                for r in records]
+        offset = records[-1].offset + 1
+    return out
+
+
+def _copies(log: TopicLog, offset: int, count: int) -> bytes:
+    from mq._record import encode_records
+
+    records = log.read(offset, max_count=count, max_bytes=1 << 30)
+    chunks, _ = encode_records(records, log.max_body)
+    return b"".join(bytes(c) for c in chunks)
+
+
+def test_a_replica_stores_the_master_s_records_as_they_are(tmp_path: pathlib.Path) -> None:
+    """Records copied from one log to another keep their offsets, timestamps, producers,
+    sequences, tags and bodies, across segments and a reopen, byte for byte; the
+    replica's segments and indexes are its own."""
+    now, clock = clock_at()
+    master = TopicLog(tmp_path / "master", segment_bytes=8192,
+                      clock=clock)  # type: ignore[arg-type]
+    for i in range(300):
+        now[0] += 0.001 * (i % 3 == 0)  # runs of equal timestamps, and steps
+        master.append([("eu" if i % 2 else None, f"p{i % 3}", i, bytes([i % 251]) * (i % 97))])
+    replica = TopicLog(tmp_path / "replica", segment_bytes=5000)
+    offset = 0
+    for batch in (1, 7, 50, 242):
+        assert replica.append_copies(_copies(master, offset, batch)) == batch
+        offset += batch
+    assert replica.next_offset == master.next_offset == 300
+    assert _all(replica) == _all(master)
+    assert replica.sync() == 300
+    replica.close()
+    again = TopicLog(tmp_path / "replica", segment_bytes=5000)
+    assert _all(again) == _all(master) and again.corruptions == []
+    assert again.append([(None, "p9", 1, b"after")]) == 300  # a promoted replica goes on
+    again.close()
+    master.close()
+
+
+def test_copies_that_are_damaged_cut_short_or_out_of_line_store_nothing(
+        tmp_path: pathlib.Path) -> None:
+    _, clock = clock_at()
+    master = TopicLog(tmp_path / "master", clock=clock)  # type: ignore[arg-type]
+    fill(master, 10)
+    replica = TopicLog(tmp_path / "replica")
+    assert replica.append_copies(_copies(master, 0, 4)) == 4
+    size = replica.size_bytes
+    good = _copies(master, 4, 6)
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    for data, says in ((bytes(flipped), "checksum mismatch"),
+                       (good[:-1], "the bytes end inside it"),
+                       (_copies(master, 5, 5), "offset 5, 4 expected"),
+                       (_copies(master, 0, 2), "offset 0, 4 expected")):
+        with pytest.raises(StoreError, match=says) as caught:
+            replica.append_copies(data)
+        assert "nothing stored" in str(caught.value)
+        assert replica.next_offset == 4 and replica.size_bytes == size
+    assert replica.append_copies(good) == 6
+    assert replica.append_copies(b"") == 0
+    # a record older than the replica's newest (its master's clock never goes back)
+    from mq._record import Record, encode_records
+
+    chunks, _ = encode_records([Record(10, 0, 1, None, "p1", b"old")], replica.max_body)
+    with pytest.raises(StoreError, match="timestamp 0 before"):
+        replica.append_copies(b"".join(bytes(c) for c in chunks))
+    assert replica.next_offset == 10
+    replica.close()
+    master.close()

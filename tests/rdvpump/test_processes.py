@@ -310,3 +310,33 @@ async def test_brokers_register_again_within_250_ms_of_a_restarted_manager() -> 
                 await proc.wait()
     print("re-registered after", [round(d, 3) for d in delays])
     assert max(delays) < 0.25, [round(d, 3) for d in delays]
+
+
+async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> None:
+    """Brokers that register a group (here from this process) show it in ``rdvpump
+    status``: name/id, role and epoch."""
+    from brokermgr import GroupMember
+    from pump import Pump
+
+    places = {"a0": GroupMember("a", 0, "master", epoch=3),
+              "a1": GroupMember("a", 1, "slave", epoch=3)}
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    async with spawn("manager", "serve", "--universe", "g", "--listen", "127.0.0.1:0") as (
+            _, manager), trio.open_nursery() as nursery:
+        u = BrokerManager("g", token=TOKEN, pump=Pump(name="here"))
+        for name in places:
+            u.add_broker(name)
+        await nursery.start(u.pump.serve)
+        await nursery.start(u.serve_network, "127.0.0.1", 0)
+        names = NameClient(u, [manager], groups=places.get)
+        names.start()
+        status = await trio.run_process(
+            [*RDVPUMP, "status", "--universe", "g", "--manager", f"{manager[0]}:{manager[1]}",
+             "--wait", "a0", "--wait", "a1", "--timeout", "30"],
+            capture_stdout=True, capture_stderr=True, env={**env, "COLUMNS": "200"},
+            check=False)
+        assert status.returncode == 0, status.stderr
+        text = status.stdout.decode()
+        assert "a/0 master@3" in text and "a/1 slave@3" in text, text
+        names.close()
+        nursery.cancel_scope.cancel()

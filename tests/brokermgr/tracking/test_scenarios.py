@@ -414,3 +414,27 @@ def test_a_server_s_group_and_a_promotion_reach_clients_through_the_tracker(
     world.run(0.1)
     assert sorted(client.routes.writable_of("orders")) == ["a1:15555"]
     assert client.routes.server_table["a1:15555"].group.epoch == 2  # type: ignore[union-attr]
+
+
+def test_rdvpump_routes_shows_each_server_s_group(world: World) -> None:
+    """The JSON snapshot of ``rdvpump routes`` carries each server's group, and its table
+    gets a group column (name/id role@epoch) when a server has one."""
+    from rich.console import Console
+
+    from brokermgr import GroupMember
+    from rdvpump.cli.routes import _routes_table
+    from rdvpump.watch import snapshot
+
+    world.node("t1", role="tracker")
+    world.node("a1", role="server", trackers=("t1",),
+               group=GroupMember("a", 1, "slave", epoch=4)).declare_topic("orders")
+    world.node("solo", role="server", trackers=("t1",))
+    client = world.client("c", "t1")
+    world.run(0.1)
+    snap = snapshot(client.routes, world.pump.now())
+    groups = {s["address"]: s["group"] for s in snap["servers"]}
+    assert groups == {"a1:15555": {"name": "a", "id": 1, "role": "slave", "epoch": 4,
+                                   "cluster": "default"}, "solo:15555": None}
+    console = Console(width=200, record=True)
+    console.print(_routes_table(snap))
+    assert "a/1 slave@4" in console.export_text()
