@@ -25,6 +25,10 @@ MAX_WINDOW = 10_000
 MAX_ACK_RANGE = 1 << 20
 #: Bytes of a producer id or a tag (one byte holds each one's length on disk).
 MAX_LABEL_BYTES = 255
+#: Bytes of records a master ships a replica ahead of its acknowledgements, by default,
+#: and the bounds a replica may ask for.
+DEFAULT_FOLLOW_WINDOW = 8 << 20
+FOLLOW_WINDOWS = (64 << 10, 256 << 20)
 #: Topic flags by their names.
 FLAG_NAMES = ("memory", "rpc", "exclusive", "delete-on-exit")
 
@@ -107,8 +111,26 @@ class Push:
     body: Body
 
 
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """A replica asks for a topic's records from ``start`` on, ``window`` bytes of them
+    at most unacknowledged."""
+
+    topic: str
+    start: int
+    window: int = DEFAULT_FOLLOW_WINDOW
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """A replica stored a topic's records up to ``next`` (excluded)."""
+
+    topic: str
+    next: int
+
+
 Request = (Declare | Produce | Consume | Unconsume | Ack | Query | Remove | Empty | Route
-           | Receive | Push)
+           | Receive | Push | Follow | Copied)
 
 
 def _ints(values: list[Any]) -> bool:
@@ -221,8 +243,17 @@ def _push(f: Fields) -> Push:
     return Push(f.string("to", check=check_name), f.body())
 
 
+def _follow(f: Fields) -> Follow:
+    return Follow(f.string("topic", check=check_name), f.integer("start", None, 0, MAX_INT),
+                  f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS))
+
+
+def _copied(f: Fields) -> Copied:
+    return Copied(f.string("topic", check=check_name), f.integer("next", None, 0, MAX_INT))
+
+
 PARSERS: dict[str, Callable[[Fields], Request]] = {
     "declare": _declare, "produce": _produce, "consume": _consume, "unconsume": _unconsume,
     "ack": _ack, "query": _query, "remove": _remove, "empty": _empty, "route": _route,
-    "receive": _receive, "push": _push,
+    "receive": _receive, "push": _push, "follow": _follow, "copied": _copied,
 }

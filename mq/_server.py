@@ -20,6 +20,8 @@ request may carry a ``seq`` that its reply echoes):
 * ``ack {topic, group, offsets}`` -- any number of offsets at once: a list,
   or ``offsets`` the first of ``count`` consecutive ones.
 * ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
+* ``follow {topic, start, window?}`` and ``copied {topic, next}`` -- a replica follows a
+  topic's records from ``start`` on: :mod:`._replication`.
 * RPC replies (``route``) and pushes (``receive``, ``push``): :mod:`._push`.
 
 Every request is parsed whole first (:mod:`._requests`): a bad field is a 400
@@ -37,7 +39,8 @@ route tables follow.
 This module holds the command table and its handlers, the links' consumers and the
 timers.  The topics (on disk, their groups and positions, their error states) are in
 :mod:`._catalogue`; durability and the group commit in :mod:`._commit`; the links and
-the frames sent on them in :mod:`._delivery`; RPC replies and pushes in :mod:`._push`.
+the frames sent on them in :mod:`._delivery`; RPC replies and pushes in :mod:`._push`;
+records shipped to replicas in :mod:`._replication`.
 """
 
 from __future__ import annotations
@@ -71,14 +74,17 @@ from ._log import DEFAULT_SEGMENT_BYTES
 from ._names import check_name, dead_letter_topic, disk_name
 from ._push import Router
 from ._record import Record, StoreError
+from ._replication import Shipper
 from ._requests import (
     MAX_ACK_RANGE,
     MAX_WINDOW,
     PARSERS,
     Ack,
     Consume,
+    Copied,
     Declare,
     Empty,
+    Follow,
     Produce,
     Query,
     Remove,
@@ -95,7 +101,7 @@ log = logging.getLogger("rdvpump.mq")
 
 COMMANDS = frozenset(PARSERS)
 #: Commands answered only when the request asks (has a ``seq``); their errors always are.
-ANSWERED_IF_ASKED = frozenset({"ack", "route", "push"})
+ANSWERED_IF_ASKED = frozenset({"ack", "route", "push", "copied"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
@@ -144,17 +150,20 @@ class MqServer:
                                   reply=self._reply, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
         router = Router(self.links, self.counts, self.address)
+        self.catalogue = Catalogue(node, self.directory, self.commit,
+                                   segment_bytes=segment_bytes, ack_timeout=ack_timeout,
+                                   max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
+        #: The replicas that follow this server's topics (:mod:`._replication`).
+        self.shipper = Shipper(self.catalogue)
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
             "remove": self._remove, "empty": self._empty, "route": router.route,
-            "receive": router.receive, "push": router.push}
+            "receive": router.receive, "push": router.push, "follow": self._follow,
+            "copied": self._copied}
         self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler))
                                          for cmd, handler in handlers.items()},
                                   names=_error_names)
-        self.catalogue = Catalogue(node, self.directory, self.commit,
-                                   segment_bytes=segment_bytes, ack_timeout=ack_timeout,
-                                   max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.catalogue.load()
@@ -302,6 +311,8 @@ class MqServer:
         if sent:
             self.counts["delivered"] += sent
             self.links.flush()
+        if self.shipper.followers:
+            self.shipper.ship(state)
 
     def _consume(self, request: Consume, call: Call) -> dict[str, Any]:
         queue = call.queue
@@ -395,6 +406,17 @@ class MqServer:
                 del link.consumers[key]
         self.catalogue.drop(state)
 
+    def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
+        if call.queue is None:
+            raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
+        return self.shipper.follow(self.links.of(call.queue), request)
+
+    def _copied(self, request: Copied, call: Call) -> dict[str, Any] | None:
+        if call.queue is None:
+            raise ServiceError(Status.BAD_REQUEST, "copied comes from a replica's link")
+        self.shipper.copied(self.links.of(call.queue), request)
+        return {"cmd": "noted", "topic": request.topic, "next": request.next}
+
     def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
         state = self.catalogue.get(request.topic)
         state.topic.empty()
@@ -414,6 +436,7 @@ class MqServer:
             return
         link = self.links.drop(queue)
         if link is not None:
+            self.shipper.forget(link)
             for (name, group), consumer in link.consumers.items():
                 state = self.catalogue.topics.get(name)
                 if state is not None:

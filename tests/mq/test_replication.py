@@ -1,0 +1,125 @@
+"""Replication, the records' part: a replica follows its master's topic over a link and
+stores its records as the master did, resumes after the link is lost, refuses a damaged
+frame (closing only that link, with the reason), and is refused when it holds records
+its master does not.  On trio's virtual clock, fsyncs on the pump."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from brokermgr import BrokerManager, open_universe
+from brokermgr.tracking import TrackNode
+from mq import MqClient, MqServer, TopicLog
+from mq._follower import Follower
+from mq._record import encode_records
+
+TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
+
+
+def records(log: TopicLog) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    offset = log.start_offset
+    while batch := log.read(offset, max_count=1000):
+        out += [(r.offset, r.timestamp, r.sequence, r.tag, r.producer, bytes(r.body))
+                for r in batch]
+        offset = batch[-1].offset + 1
+    return out
+
+
+@asynccontextmanager
+async def master(tmp_path: pathlib.Path) -> AsyncIterator[tuple[BrokerManager, MqServer,
+                                                                MqClient]]:
+    with trio.fail_after(600):  # virtual seconds
+        async with open_universe("replicated") as universe:
+            node = TrackNode(universe.add_broker("s1"), role="server", **TIMING)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False)
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+            await client.declare("orders")
+            try:
+                yield universe, server, client
+            finally:
+                client.close()
+                server.close()
+
+
+async def until(follower: Follower, replica: TopicLog, offset: int) -> None:
+    while replica.next_offset < offset:
+        await follower.changed.wait()
+
+
+async def test_a_replica_stores_what_its_master_stored_and_resumes_after_a_lost_link(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with master(tmp_path) as (universe, server, client):
+        for i in range(30):  # about 160 KB: the catch-up takes three windows of 64 KiB
+            await client.publish_many("orders", [b"m%04d" % (i * 10 + j) * (100 + j)
+                                                 for j in range(10)], tag=f"t{i % 3}")
+        replica = TopicLog(tmp_path / "r1" / "orders")
+        follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replica},
+                            window=64 << 10, retry=0.5)
+        await until(follower, replica, 300)  # the catch-up, within a 64 KiB window
+        # then as records are written
+        await client.publish_many("orders", [b"later"] * 50)
+        await until(follower, replica, 350)
+        master_log = server.catalogue.topics["orders"].topic.log
+        assert records(replica) == records(master_log)
+        assert follower.counts["records"] == 350 and follower.counts["frames"] >= 4
+        # the link is lost; what is written meanwhile comes once it is back
+        assert follower.link.queue is not None
+        follower.link.abort("test: the link is cut")
+        await client.publish_many("orders", [b"while cut"] * 20)
+        await until(follower, replica, 370)
+        assert records(replica) == records(master_log)
+        assert follower.link.connects == 2
+        follower.close()
+        replica.close()
+
+
+async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with master(tmp_path) as (universe, server, client):
+        await client.publish_many("orders", [b"x" * 100] * 5)
+        replica = TopicLog(tmp_path / "r1" / "orders")
+        follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replica},
+                            retry=0.5)
+        await until(follower, replica, 5)
+        master_log = server.catalogue.topics["orders"].topic.log
+        chunks, lengths = encode_records(master_log.read(0, max_count=5), 1 << 20)
+        damaged = bytearray(b"".join(bytes(c) for c in chunks))
+        damaged[lengths[0] - 2] ^= 0x40  # in the first record's body
+        closed = []
+        assert follower.link.queue is not None
+        follower.link.lost = closed.append  # type: ignore[method-assign]
+        follower.copies(follower.link, {"cmd": "copies", "topic": "orders", "first": 5,
+                                        "count": 5, "body": bytes(damaged)})
+        assert replica.next_offset == 5 and follower.counts["refused frames"] == 1
+        while not closed:  # the link closes with the reason
+            await follower.link.room.wait()
+        assert closed and "a bad copies frame" in closed[0] and "checksum" in closed[0]
+        # the master and its clients go on; the replica asks again from what it holds
+        await client.publish_many("orders", [b"y"] * 3)
+        await until(follower, replica, 8)
+        assert records(replica) == records(server.catalogue.topics["orders"].topic.log)
+        follower.close()
+        replica.close()
+
+
+async def test_a_replica_ahead_of_its_master_is_refused_with_the_reason(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with master(tmp_path) as (universe, server, client):
+        await client.publish_many("orders", [b"z"] * 3)
+        ahead = TopicLog(tmp_path / "r1" / "orders")
+        ahead.append([(None, "old master", i, b"divergent") for i in range(5)])
+        follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": ahead},
+                            retry=0.5)
+        while "orders" not in follower.refused:
+            await follower.changed.wait()
+        assert follower.refused["orders"] == (
+            "orders: the replica holds offsets up to 4, this server's last is 2: it holds "
+            "records this one does not")
+        assert ahead.next_offset == 5  # nothing cut here: that is the failover's work
+        follower.close()
+        ahead.close()
