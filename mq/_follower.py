@@ -59,11 +59,12 @@ class Follower:
         self.logs = dict(logs)
         self.window = window
         self.master = ServerAddress(master)
-        #: Why the master refused a topic, until it follows again.
+        #: Why the master refused a topic, until it follows again; the topics it follows.
         self.refused: dict[str, str] = {}
+        self.following: set[str] = set()
         #: Records stored, and frames refused (damaged or out of line).
         self.counts = {"records": 0, "frames": 0, "refused frames": 0}
-        #: Set (and renewed) after each frame stored, and each refusal.
+        #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
         self.link = _MasterLink(self, broker, self.master, retry)
         self.link.connect()
@@ -76,6 +77,8 @@ class Follower:
                 self._changed()
             return
         self.refused.pop(topic, None)
+        self.following.add(topic)
+        self._changed()
 
     def copies(self, link: _MasterLink, obj: dict[str, Any]) -> None:
         topic, first, count = obj.get("topic"), obj.get("first"), obj.get("count")

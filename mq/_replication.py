@@ -10,16 +10,25 @@ they are), never more than ``window`` bytes ahead of what the replica acknowledg
 holds records the master does not (a former master's tail): refused with that reason,
 409.  A memory topic is not replicated (400).
 
-What each replica acknowledged is kept (:meth:`Shipper.offsets`): the in-sync set and a
-``sync`` group's acknowledgements will be built on it.
+What each replica acknowledged is kept.  A replica is *in sync* while it has
+acknowledged everything written, or did so within the last ``insync_lag`` seconds
+(:meth:`Shipper.in_sync`; ``query`` shows each replica's offset and whether it is).
+Two modes: ``async`` acknowledges a produce once this server stored it; ``sync`` once
+this server stored it and at least ``min_insync`` replicas acknowledged it.  Under
+``sync`` with fewer replicas in sync than that, a produce is refused (503, the reason
+says how many are in sync; nothing stored), and the produces waiting for replicas are
+answered with that refusal (stored here, not acknowledged: they may or may not stay).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from brokermgr import ServiceError, Status, encode
+from channels import MessageQueue
+from pump import ConfigError
 
 from ._catalogue import Catalogue, TopicState
 from ._delivery import FRAME_BYTES, ClientLink
@@ -38,17 +47,53 @@ class _Follower:
     window: int
     #: bytes shipped and not acknowledged yet, by the first offset after them
     in_flight: list[tuple[int, int]]
+    #: when it last had acknowledged everything written
+    caught_up: float = 0.0
+
+
+#: The replication modes.
+MODES = ("async", "sync")
+#: Seconds a replica may stay behind and still count as in sync, by default.
+DEFAULT_INSYNC_LAG = 10.0
+
+
+@dataclass
+class _Held:
+    """A produce's reply waiting for replicas: sent once ``end`` is acknowledged by
+    enough of them."""
+
+    end: int
+    queue: MessageQueue | None
+    seq: int | None
+    reply: dict[str, Any] = field(default_factory=dict)
 
 
 class Shipper:
     """The followers of a server's topics, by link and topic."""
 
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(self, catalogue: Catalogue,
+                 reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None], *,
+                 mode: str = "async", min_insync: int = 1,
+                 insync_lag: float = DEFAULT_INSYNC_LAG) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"replication is async or sync, not {mode!r}")
+        if type(min_insync) is not int or min_insync < 1:
+            raise ConfigError(f"min_insync is a positive integer, not {min_insync!r}")
+        if not insync_lag > 0:
+            raise ConfigError(f"insync_lag is a positive number of seconds, not "
+                              f"{insync_lag!r}")
         self.catalogue = catalogue
+        self.reply = reply
+        self.now = catalogue.node.pump.now
+        self.mode = mode
+        self.min_insync = min_insync
+        self.insync_lag = insync_lag
         #: by the link's id and the topic
         self.followers: dict[tuple[str, str], _Follower] = {}
-        #: Counters: frames and bytes shipped.
-        self.counts = {"frames": 0, "bytes": 0}
+        #: produce replies waiting for replicas, by topic, in offset order
+        self.held: dict[str, list[_Held]] = {}
+        #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
+        self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
 
     def follow(self, link: ClientLink, request: Follow) -> dict[str, Any]:
         state = self.catalogue.get(request.topic)
@@ -66,7 +111,8 @@ class Shipper:
                                f"{request.topic}: records before {log.start_offset} are gone "
                                f"(retention); the replica asked from {request.start}")
         self.followers[(link.caller_id, request.topic)] = _Follower(
-            link, request.topic, request.start, request.start, request.window, [])
+            link, request.topic, request.start, request.start, request.window, [],
+            self.now() if request.start == log.next_offset else -float("inf"))
         self.ship(state)
         return {"cmd": "following", "topic": request.topic, "next": log.next_offset}
 
@@ -83,6 +129,9 @@ class Shipper:
         follower.in_flight = [(end, n) for end, n in follower.in_flight if end > request.next]
         state = self.catalogue.topics.get(request.topic)
         if state is not None:
+            if request.next >= state.topic.log.next_offset:
+                follower.caught_up = self.now()
+            self._release(request.topic)
             self.ship(state)
 
     def ship(self, state: TopicState) -> None:
@@ -120,9 +169,87 @@ class Shipper:
                 self.counts["bytes"] += size
 
     def forget(self, link: ClientLink) -> None:
-        for key in [k for k in self.followers if k[0] == link.caller_id]:
-            del self.followers[key]
+        topics = {k[1] for k in self.followers if k[0] == link.caller_id}
+        for topic in topics:
+            del self.followers[(link.caller_id, topic)]
+        for topic in topics:
+            self.check(topic)
 
-    def offsets(self, topic: str) -> dict[str, int]:
-        """Each follower's acknowledged next offset, by its link's id."""
-        return {caller: f.acked for (caller, t), f in self.followers.items() if t == topic}
+    # -- the in-sync set and sync acknowledgements ------------------------------------
+
+    def in_sync(self, topic: str) -> list[str]:
+        """The replicas of ``topic`` in sync, by their links' ids."""
+        state = self.catalogue.topics.get(topic)
+        if state is None:
+            return []
+        written, now = state.topic.log.next_offset, self.now()
+        return sorted(caller for (caller, t), f in self.followers.items() if t == topic and (
+            f.acked >= written or now - f.caught_up <= self.insync_lag))
+
+    def describe(self, topic: str) -> dict[str, Any]:
+        """Each replica's acknowledged next offset and whether it is in sync."""
+        sync = set(self.in_sync(topic))
+        return {caller: {"next": f.acked, "inSync": caller in sync}
+                for (caller, t), f in sorted(self.followers.items()) if t == topic}
+
+    def refusal(self, topic: str) -> ServiceError | None:
+        """Under ``sync``, why a produce to ``topic`` cannot be acknowledged now (a memory
+        topic is not replicated: never)."""
+        if not self._replicated(topic):
+            return None
+        count = len(self.in_sync(topic))
+        if count >= self.min_insync:
+            return None
+        return ServiceError(Status.UNAVAILABLE,
+                            f"{topic}: {count} replicas in sync, {self.min_insync} needed "
+                            f"(replication sync)", topic=topic)
+
+    def hold(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+             ) -> bool:
+        """Under ``sync``, keep a produce's reply (``stored``) until enough replicas
+        acknowledged it: True then (the caller does not reply)."""
+        if reply.get("cmd") != "stored" or not self._replicated(reply["topic"]):
+            return False
+        topic, end = reply["topic"], reply["offset"] + reply["count"]
+        if self._acked(topic, end) >= self.min_insync:
+            return False
+        self.held.setdefault(topic, []).append(_Held(end, queue, seq, reply))
+        self.counts["held"] += 1
+        return True
+
+    def check(self, topic: str) -> None:
+        """Answer the replies held for ``topic`` with the refusal when too few replicas
+        are in sync to acknowledge them (called when a replica leaves, and every tick)."""
+        held = self.held.get(topic)
+        refused = self.refusal(topic) if held else None
+        if held and refused is not None:
+            del self.held[topic]
+            error = ServiceError(Status.UNAVAILABLE,
+                                 f"not acknowledged, stored here but it may or may not stay: "
+                                 f"{refused.reason}", topic=topic).envelope("produce")
+            for waiting in held:
+                self.counts["refused"] += 1
+                self.reply(waiting.queue, waiting.seq, dict(error))
+
+    def _replicated(self, topic: str) -> bool:
+        """Whether a produce to ``topic`` waits for replicas."""
+        state = self.catalogue.topics.get(topic)
+        return self.mode == "sync" and state is not None and "memory" not in state.flags
+
+    def _acked(self, topic: str, end: int) -> int:
+        return sum(1 for (_, t), f in self.followers.items() if t == topic and f.acked >= end)
+
+    def _release(self, topic: str) -> None:
+        held = self.held.get(topic)
+        while held and self._acked(topic, held[0].end) >= self.min_insync:
+            waiting = held.pop(0)
+            self.reply(waiting.queue, waiting.seq, waiting.reply)
+        if held is not None and not held:
+            del self.held[topic]
+
+    def forget_queue(self, queue: MessageQueue) -> None:
+        """A client's link closed: its held replies are dropped."""
+        for topic, held in list(self.held.items()):
+            held[:] = [w for w in held if w.queue is not queue]
+            if not held:
+                del self.held[topic]

@@ -74,7 +74,7 @@ from ._log import DEFAULT_SEGMENT_BYTES
 from ._names import check_name, dead_letter_topic, disk_name
 from ._push import Router
 from ._record import Record, StoreError
-from ._replication import Shipper
+from ._replication import DEFAULT_INSYNC_LAG, Shipper
 from ._requests import (
     MAX_ACK_RANGE,
     MAX_WINDOW,
@@ -122,7 +122,8 @@ class MqServer:
                  max_deliveries: int = DEFAULT_MAX_DELIVERIES,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  fsync_thread: bool = True, retain_bytes: int | None = None,
-                 retain_age: float | None = None) -> None:
+                 retain_age: float | None = None, replication: str = "async",
+                 min_insync: int = 1, insync_lag: float = DEFAULT_INSYNC_LAG) -> None:
         if node.server is None:
             raise ConfigError(f"{node.address} has no server role: an MQ server needs one")
         self.node = node
@@ -147,14 +148,16 @@ class MqServer:
         self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
                        "routed": 0, "unroutable": 0}
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
-                                  reply=self._reply, failed=self._commit_failed,
+                                  reply=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
         router = Router(self.links, self.counts, self.address)
         self.catalogue = Catalogue(node, self.directory, self.commit,
                                    segment_bytes=segment_bytes, ack_timeout=ack_timeout,
                                    max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
-        #: The replicas that follow this server's topics (:mod:`._replication`).
-        self.shipper = Shipper(self.catalogue)
+        #: The replicas that follow this server's topics, and whether a produce waits for
+        #: them (``replication``: async or sync; :mod:`._replication`).
+        self.shipper = Shipper(self.catalogue, self._reply, mode=replication,
+                               min_insync=min_insync, insync_lag=insync_lag)
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
@@ -278,6 +281,9 @@ class MqServer:
                                f"a message over {self.max_body} bytes: this server's links "
                                f"carry frames of at most {self.max_body + FRAME_ROOM} bytes, "
                                f"a delivery's header included")
+        refused = self.shipper.refusal(state.topic.name)
+        if refused is not None:
+            raise refused  # too few replicas in sync to acknowledge it: nothing stored
         first = state.topic.publish(messages)
         self.counts["stored"] += len(messages)
         reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
@@ -286,7 +292,15 @@ class MqServer:
                                (queue, call.seq, reply, state.topic.name)):
             return None  # replied and delivered once the group commit is done
         self._dispatch(state)
+        if self.shipper.hold(queue, call.seq, reply):
+            return None  # replied once enough replicas stored it
         return reply
+
+    def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+                   ) -> None:
+        """A produce's reply after the group commit: now, or once replicas have it."""
+        if not self.shipper.hold(queue, seq, reply):
+            self._reply(queue, seq, reply)
 
     def _commit_failed(self, name: str, reason: str) -> None:
         state = self.catalogue.topics.get(name)
@@ -385,6 +399,9 @@ class MqServer:
             self.catalogue.topics)
         reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
                                  "topics": {n: self.catalogue.describe(n) for n in names}}
+        for name in names:
+            if replicas := self.shipper.describe(name):
+                reply["topics"][name]["replicas"] = replicas
         if self.catalogue.unavailable and not request.topic:
             reply["unavailable"] = dict(self.catalogue.unavailable)
         return reply
@@ -448,6 +465,7 @@ class MqServer:
                     self._consumers_changed(state, group)
                     self._dispatch(state)
         self.commit.forget(queue)
+        self.shipper.forget_queue(queue)
         for state in list(self.catalogue.topics.values()):
             if state.creator is queue and "delete-on-exit" in state.flags:
                 self._drop_topic(state)
@@ -492,6 +510,8 @@ class MqServer:
                 expired = 0
             if expired:
                 self._dispatch(state)
+            if self.shipper.held:
+                self.shipper.check(state.topic.name)
             self.catalogue.save_positions(state)
 
     def sync_all(self) -> None:

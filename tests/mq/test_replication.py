@@ -9,9 +9,10 @@ import pathlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
-from brokermgr import BrokerManager, open_universe
+from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer, TopicLog
 from mq._follower import Follower
@@ -123,3 +124,56 @@ async def test_a_replica_ahead_of_its_master_is_refused_with_the_reason(
         assert ahead.next_offset == 5  # nothing cut here: that is the failover's work
         follower.close()
         ahead.close()
+
+
+@asynccontextmanager
+async def sync_master(tmp_path: pathlib.Path) -> AsyncIterator[tuple[BrokerManager, MqServer,
+                                                                     MqClient]]:
+    with trio.fail_after(600):  # virtual seconds
+        async with open_universe("replicated") as universe:
+            node = TrackNode(universe.add_broker("s1"), role="server", **TIMING)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False, replication="sync",
+                              min_insync=1, insync_lag=5.0)
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5, timeout=60)
+            await client.declare("orders")
+            try:
+                yield universe, server, client
+            finally:
+                client.close()
+                server.close()
+
+
+async def test_sync_replication_acknowledges_only_what_a_replica_stored(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with sync_master(tmp_path) as (universe, server, client):
+        master_log = server.catalogue.topics["orders"].topic.log
+        # no replica in sync: refused with the reason, nothing stored
+        with pytest.raises(ServiceError) as caught:
+            await client.publish("orders", b"alone")
+        assert caught.value.status == Status.UNAVAILABLE
+        assert "orders: 0 replicas in sync, 1 needed (replication sync)" in caught.value.reason
+        assert master_log.next_offset == 0
+        replica = TopicLog(tmp_path / "r1" / "orders")
+        follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replica},
+                            retry=0.5)
+        while "orders" not in follower.following:
+            await follower.changed.wait()
+        for n in range(1, 6):
+            stored = await client.publish_many("orders", [b"kept"] * 10)
+            # acknowledged: the replica has every message of it already
+            assert replica.next_offset >= stored[-1].offset + 1 == 10 * n
+        topic = (await client.query("orders"))["orders"]
+        assert list(topic["replicas"].values()) == [{"next": 50, "inSync": True}]
+        assert records(replica) == records(master_log)
+        # the replica hangs (takes frames, stores nothing, acknowledges nothing): after the
+        # in-sync lag the waiting produce is answered with the reason
+        follower.copies = lambda link, obj: None  # type: ignore[method-assign]
+        with pytest.raises(ServiceError) as caught:
+            await client.publish("orders", b"unconfirmed")
+        assert caught.value.status == Status.UNAVAILABLE
+        assert caught.value.reason.startswith(
+            "not acknowledged, stored here but it may or may not stay: orders: 0 replicas in "
+            "sync, 1 needed")
+        assert server.shipper.counts["refused"] == 1
+        follower.close()
+        replica.close()
