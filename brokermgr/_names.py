@@ -86,6 +86,11 @@ class RouteQuery:
     topic: str
 
 
+@dataclass(frozen=True, slots=True)
+class GroupQuery:
+    name: str
+
+
 def _registration(item: Any) -> Registration:
     broker_id = item["id"]
     if not isinstance(broker_id, str) or not broker_id:
@@ -122,6 +127,10 @@ def _lookup(fields: Fields) -> Lookup:
 
 def _route(fields: Fields) -> RouteQuery:
     return RouteQuery(fields.string("topic"))
+
+
+def _group(fields: Fields) -> GroupQuery:
+    return GroupQuery(fields.string("name"))
 
 
 def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
@@ -161,6 +170,7 @@ class NameService:
             "lookup": Command(_lookup, self._lookup),
             "list": Command(lambda fields: ListBrokers(), self._list),
             "route": Command(_route, self._route),
+            "group": Command(_group, self._group),
         })
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
@@ -233,6 +243,11 @@ class NameService:
             return {"cmd": "route", **self.groups.route(request.topic)}
         except LookupError as exc:
             raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+
+    def _group(self, request: GroupQuery, call: Call) -> ReplyObject:
+        """A replicated group: cluster, newest epoch, permission, master and members (a
+        group no live broker registered has no members and no master)."""
+        return {"cmd": "group", "name": request.name, **self.groups.group(request.name)}
 
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):
@@ -363,17 +378,26 @@ class NameClient:
             return list(reply["brokers"])
         return None
 
+    async def group(self, name: str) -> dict[str, Any]:
+        """A replicated group as the first connected manager knows it (see
+        :meth:`NameService._group`); :class:`ServiceError` when none answers."""
+        return await self._answer({"cmd": "group", "name": name})
+
     async def route(self, topic: str) -> dict[str, Any]:
         """The groups serving ``topic`` (see :meth:`NameService._route`), per the first
         manager that knows a route; :class:`ServiceError` (404 with the reason, or the
         last manager's error) when none does."""
+        return await self._answer({"cmd": "route", "topic": topic})
+
+    async def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply of the first connected manager that answers ``request`` without an
+        error; the last error otherwise."""
         last: ServiceError | None = None
         for link in self.links:
             if link.queue is None:
                 continue
             try:
-                return await link.call({"cmd": "route", "topic": topic},
-                                       timeout=self.lookup_timeout)
+                return await link.call(request, timeout=self.lookup_timeout)
             except ServiceError as exc:
                 last = exc
         raise last or ServiceError(Status.NO_REPLY, "no manager is connected")

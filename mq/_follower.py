@@ -1,8 +1,10 @@
 """A replica's side of replication: a topic's records copied from its master, as the
 master stored them.
 
-A :class:`Follower` keeps a link to the master's MQ server (reconnecting by itself) and,
-on every connect, asks ``follow`` for each of its topics from its own log's next offset;
+A :class:`Follower` keeps a link to the master's MQ server (reconnecting by itself).  On
+every connect, and every ``rescan`` seconds, it asks the master which topics it has
+(``query``); a topic it does not hold yet is added to the replica (a memory topic is
+not replicated), and it asks ``follow`` for each new one from its own log's next offset;
 each ``copies`` frame is checked and stored whole (:meth:`~._log.TopicLog.append_copies`:
 every checksum, offsets in line), made durable, and acknowledged with ``copied {topic,
 next}``, which opens the master's window for more.  A frame that is damaged or out of
@@ -16,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -27,7 +29,40 @@ from ._log import TopicLog
 from ._record import StoreError
 from ._requests import DEFAULT_FOLLOW_WINDOW
 
+#: Seconds between a follower's questions for the master's topics, by default.
+DEFAULT_RESCAN = 1.0
+
 log = logging.getLogger("rdvpump.mq")
+
+
+class Replica(Protocol):
+    """Where a follower keeps its copies: a replica server's topics (or plain logs)."""
+
+    def replica_logs(self) -> Mapping[str, TopicLog]:
+        """The logs of the topics held, by name."""
+
+    def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
+        """A topic the master has and the replica not yet: its new log (None: it is not
+        to be replicated)."""
+
+    def replica_stored(self, name: str) -> None:
+        """Records were stored in ``name``'s log (its consumers may have more now)."""
+
+
+class Logs:
+    """A :class:`Replica` of plain logs: the topics given, no others."""
+
+    def __init__(self, logs: Mapping[str, TopicLog]) -> None:
+        self.logs = dict(logs)
+
+    def replica_logs(self) -> Mapping[str, TopicLog]:
+        return self.logs
+
+    def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
+        return None
+
+    def replica_stored(self, name: str) -> None:
+        pass
 
 
 class _MasterLink(BrokerLink):
@@ -38,10 +73,8 @@ class _MasterLink(BrokerLink):
         self.follower = follower
 
     def opened(self) -> None:
-        for topic, topic_log in self.follower.logs.items():
-            self.request({"cmd": "follow", "topic": topic, "start": topic_log.next_offset,
-                          "window": self.follower.window},
-                         functools.partial(self.follower.answered, topic))
+        self.follower.following.clear()
+        self.follower.scan()
 
     def pushed(self, obj: dict[str, Any]) -> None:
         if obj.get("cmd") == "copies":
@@ -51,38 +84,74 @@ class _MasterLink(BrokerLink):
 
 
 class Follower:
-    """Copies of ``logs`` (topic name -> this replica's log of it) from the MQ server at
-    ``master`` (``"broker:port"``), over a link from ``broker``."""
+    """Copies of the topics of the MQ server at ``master`` (``"broker:port"``), kept in
+    ``replica`` (a :class:`Replica`, or a mapping of topic names to logs: those topics
+    only), over a link from ``broker``."""
 
-    def __init__(self, broker: Broker, master: str, logs: Mapping[str, TopicLog], *,
-                 window: int = DEFAULT_FOLLOW_WINDOW, retry: float = DEFAULT_RETRY) -> None:
-        self.logs = dict(logs)
+    def __init__(self, broker: Broker, master: str,
+                 replica: Replica | Mapping[str, TopicLog], *,
+                 window: int = DEFAULT_FOLLOW_WINDOW, retry: float = DEFAULT_RETRY,
+                 rescan: float = DEFAULT_RESCAN) -> None:
+        self.replica: Replica = Logs(replica) if isinstance(replica, Mapping) else replica
         self.window = window
         self.master = ServerAddress(master)
-        #: Why the master refused a topic, until it follows again; the topics it follows.
+        #: Why the master refused a topic, until it follows again; the topics asked for on
+        #: the current link, and those the master agreed to.
         self.refused: dict[str, str] = {}
         self.following: set[str] = set()
+        self.followed: set[str] = set()
         #: Records stored, and frames refused (damaged or out of line).
         self.counts = {"records": 0, "frames": 0, "refused frames": 0}
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
         self.link = _MasterLink(self, broker, self.master, retry)
         self.link.connect()
+        self._rescan = broker.pump.call_every(rescan, self.scan)
+
+    def scan(self) -> None:
+        """Ask the master for its topics; follow those not followed yet."""
+        if self.link.queue is not None:
+            self.link.request({"cmd": "query"}, self._topics)
+
+    def _topics(self, outcome: Outcome) -> None:
+        if isinstance(outcome, ServiceError):
+            if outcome.status:
+                log.warning("%s: query: %s", self.link.name, outcome.reason)
+            return
+        topics = outcome.get("topics")
+        if not isinstance(topics, dict):
+            self.link.protocol_error("a query reply without its topics")
+            return
+        held = self.replica.replica_logs()
+        for name, described in sorted(topics.items()):
+            if name in self.following:
+                continue
+            topic_log = held.get(name)
+            if topic_log is None:
+                flags = described.get("flags", []) if isinstance(described, dict) else []
+                topic_log = self.replica.add_replica_topic(name, list(flags))
+            if topic_log is None:
+                continue
+            self.following.add(name)  # asked: an answer or the link's loss comes
+            self.link.request({"cmd": "follow", "topic": name, "start": topic_log.next_offset,
+                               "window": self.window},
+                              functools.partial(self.answered, name))
 
     def answered(self, topic: str, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):
+            self.following.discard(topic)  # asked again at the next scan
             if outcome.status and self.refused.get(topic) != outcome.reason:
                 log.error("%s: %s: %s", self.link.name, topic, outcome.reason)
                 self.refused[topic] = outcome.reason
                 self._changed()
             return
         self.refused.pop(topic, None)
-        self.following.add(topic)
+        self.followed.add(topic)
         self._changed()
 
     def copies(self, link: _MasterLink, obj: dict[str, Any]) -> None:
         topic, first, count = obj.get("topic"), obj.get("first"), obj.get("count")
-        topic_log = self.logs.get(topic) if isinstance(topic, str) else None
+        topic_log = self.replica.replica_logs().get(topic) if isinstance(topic, str) else None
         try:
             if topic_log is None:
                 raise StoreError(f"copies of {topic!r}, which this replica does not follow")
@@ -100,6 +169,7 @@ class Follower:
             link.protocol_error(f"a bad copies frame: {exc}")
             return
         topic_log.sync()
+        self.replica.replica_stored(str(topic))
         self.counts["records"] += count
         self.counts["frames"] += 1
         link.send({"cmd": "copied", "topic": topic, "next": topic_log.next_offset})
@@ -110,4 +180,5 @@ class Follower:
         self.changed = trio.Event()
 
     def close(self) -> None:
+        self._rescan.cancel()
         self.link.close()

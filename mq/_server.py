@@ -57,6 +57,7 @@ from brokermgr import (
     Call,
     Command,
     CommandTable,
+    GroupMember,
     ServiceError,
     Status,
     encode,
@@ -70,7 +71,8 @@ from ._catalogue import FLAGS, Catalogue, TopicState
 from ._commit import Durability, GroupCommit
 from ._delivery import FRAME_ROOM, Links
 from ._filter import FilterError
-from ._log import DEFAULT_SEGMENT_BYTES
+from ._follower import Follower
+from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._names import check_name, dead_letter_topic, disk_name
 from ._push import Router
 from ._record import Record, StoreError
@@ -158,6 +160,8 @@ class MqServer:
         #: them (``replication``: async or sync; :mod:`._replication`).
         self.shipper = Shipper(self.catalogue, self._reply, mode=replication,
                                min_insync=min_insync, insync_lag=insync_lag)
+        #: Copying from a master, while this server is a replica (:meth:`follow`).
+        self.follower: Follower | None = None
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
@@ -220,6 +224,8 @@ class MqServer:
         if state is None and disk_name(name) in self.catalogue.unavailable:
             raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
                                f"{self.catalogue.unavailable[disk_name(name)]}")
+        if state is None or group not in state.topic.groups or request.filter is not None:
+            self._not_a_slave("declare")  # what it would change comes from the master
         start = request.start
         if start is not None and start.kind == "copy" and (
                 state is None or start.value not in state.topic.groups):
@@ -257,6 +263,7 @@ class MqServer:
 
     def _produce(self, request: Produce, call: Call) -> dict[str, Any] | None:
         queue = call.queue
+        self._not_a_slave("publish")
         state = self.catalogue.get(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer
@@ -423,6 +430,50 @@ class MqServer:
                 del link.consumers[key]
         self.catalogue.drop(state)
 
+    # -- replication: this server's group, and its side as a replica ------------------
+
+    @property
+    def group(self) -> GroupMember | None:
+        """This server's place in a replicated group (its ServerInfo's), or None."""
+        return None if self.node.server is None else self.node.server.group
+
+    def _not_a_slave(self, what: str) -> None:
+        group = self.group
+        if group is not None and group.role == "slave":
+            raise ServiceError(Status.UNAVAILABLE,
+                               f"{self.address} is a slave of group {group.group}: {what} "
+                               f"at its master")
+
+    def follow(self, master: str, **options: Any) -> Follower:
+        """Copy the topics of the master at ``master`` (``"broker:port"``) into this
+        server's (options: :class:`~._follower.Follower`'s); the follower it was copying
+        from before, if any, stops."""
+        if self.follower is not None:
+            self.follower.close()
+        self.follower = Follower(self.node.broker, master, self, **options)
+        return self.follower
+
+    def replica_logs(self) -> dict[str, TopicLog]:
+        return {name: state.topic.log for name, state in self.catalogue.topics.items()
+                if isinstance(state.topic.log, TopicLog)}
+
+    def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
+        if "memory" in flags or self.directory is None:
+            return None
+        state = self.catalogue.open(name, frozenset(f for f in flags if f in FLAGS))
+        state.topic.declare_group(name, start="beginning")
+        state.filters[name] = None
+        self.catalogue.save_meta(state)
+        self.catalogue.save_positions(state)
+        self.node.declare_group(name, name)
+        assert isinstance(state.topic.log, TopicLog)
+        return state.topic.log
+
+    def replica_stored(self, name: str) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            self._dispatch(state)
+
     def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
         if call.queue is None:
             raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
@@ -524,6 +575,8 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
+        if self.follower is not None:
+            self.follower.close()
         self.commit.close()
         self.sync_all()
         self.catalogue.close()

@@ -49,8 +49,7 @@ from .workloads import Stats, drive, payloads, serve_role, sink_expectations, si
 
 #: Listen on loopback, on a port the kernel picks.
 ANY_LOCAL = Address("127.0.0.1", 0)
-
-
+log = logging.getLogger("rdvpump.mq")
 
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
 
@@ -134,7 +133,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                                f"{reason}")
                 nursery.cancel_scope.cancel()
 
+            group = None if tracking is None else tracking.get("group")
             names = NameClient(manager, managers, heartbeat=heartbeat,
+                               groups=lambda b: group if b in broker_ids else None,
                                on_refused=on_refused) if managers else None
             if names is not None:
                 for link in names.links:
@@ -146,6 +147,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 for publisher in getattr(getattr(node, "server", None), "publishers", ()):
                     nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
                                        nursery.cancel_scope)
+                if isinstance(node, MqServer) and names is not None and (
+                        group is not None and group.role == "slave"):
+                    nursery.start_soon(_follow_master, node, names, node.node.address.port)
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
@@ -160,6 +164,30 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             nursery.cancel_scope.cancel()
     if refused:
         raise RunError(refused[0])
+
+
+#: Seconds between a slave's questions to the name service for its group's master.
+_MASTER_POLL = 1.0
+
+
+async def _follow_master(server: MqServer, names: NameClient, port: int) -> None:
+    """A slave's MQ server copies its group's master, found through the name service:
+    asked every :data:`_MASTER_POLL` seconds, followed anew when it changes."""
+    group = server.group
+    assert group is not None
+    following: str | None = None
+    while True:
+        try:
+            master = (await names.group(group.group)).get("master")
+        except ServiceError as exc:
+            log.info("group %s: no answer on its master: %s", group.group, exc)
+            master = None
+        if isinstance(master, str) and master not in (following, server.node.broker.id):
+            log.info("group %s: %s follows master %s", group.group, server.node.broker.id,
+                     master)
+            server.follow(f"{master}:{port}")
+            following = master
+        await trio.sleep(_MASTER_POLL)
 
 
 async def _watch_link(link: Any, brokers: str, refused: list[str],
@@ -199,6 +227,9 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     topics = options.pop("topics", ())
     mq_dir = options.pop("mq_dir", None)
     durability = options.pop("durability", "sync")
+    replication = {"replication": options.pop("replication", "async"),
+                   "min_insync": options.pop("min_insync", 1)}
+    slave = options.get("group") is not None and options["group"].role == "slave"
     retention = {"retain_bytes": options.pop("retain_bytes", None),
                  "retain_age": options.pop("retain_age", None),
                  "segment_bytes": options.pop("segment_bytes", DEFAULT_SEGMENT_BYTES)}
@@ -208,9 +239,9 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
         server = None
         if node.is_server and mq_dir is not None:
             server = MqServer(node, Path(mq_dir) / broker.id, durability=durability,
-                              **retention)
+                              **retention, **replication)
             closing.append(server)
-        if node.is_server:
+        if node.is_server and not slave:  # a slave's topics are its master's
             for topic in topics:
                 if server is not None:
                     try:
@@ -218,7 +249,7 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
                     except ServiceError as exc:
                         if exc.status != 503:  # a topic on disk that cannot be opened:
                             raise  # reported, and the broker serves the others
-                        logging.getLogger("rdvpump.mq").error("%s", exc)
+                        log.error("%s", exc)
                 else:
                     node.declare_topic(topic)
         if node.is_tracker and TRACKER_ALIAS not in manager.aliases:

@@ -8,7 +8,7 @@ from typing import Annotated
 import trio
 import typer
 
-from brokermgr import DEFAULT_HEARTBEAT, DEFAULT_MANAGER_PORT
+from brokermgr import DEFAULT_HEARTBEAT, DEFAULT_MANAGER_PORT, GroupMember
 from brokermgr.tracking import (
     DEFAULT_REPORT_INTERVAL,
     DEFAULT_SCAN_INTERVAL,
@@ -89,6 +89,17 @@ def broker_run(
     busy_poll_us: Annotated[float, typer.Option(
         help="Links poll a quiet socket this long before sleeping: lower latency for a "
              "busy core (0: off).")] = 0.0,
+    group: Annotated[str | None, typer.Option(
+        help="The replicated group this MQ server belongs to (one --id; needs --mq-dir): "
+             "member 0 is its master, the others copy it.")] = None,
+    group_id: Annotated[int, typer.Option(
+        help="This server's member id in --group (0: the master).")] = 0,
+    replication: Annotated[str, typer.Option(
+        help="When a group's master acknowledges a produce: async (once it stored it) or "
+             "sync (once --min-insync members copied it too).")] = "async",
+    min_insync: Annotated[int, typer.Option(
+        help="Under --replication sync, the members that must have copied a produce "
+             "before it is acknowledged.")] = 1,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
 
@@ -97,6 +108,7 @@ def broker_run(
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
     guard(lambda: Durability.parse(durability))
+    member = guard(lambda: _member(group, group_id, broker_id, mq_dir, replication, min_insync))
     if role is not None:
         if mq_dir is not None and role == "tracker":
             raise fail("--mq-dir needs a server role (--role server or both)")
@@ -106,7 +118,8 @@ def broker_run(
                     "mq_dir": mq_dir, "durability": durability,
                     "segment_bytes": guard(lambda: _segment_bytes(segment_mb)),
                     "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
-                    "retain_age": None if retain_hours is None else retain_hours * 3600}
+                    "retain_age": None if retain_hours is None else retain_hours * 3600,
+                    "group": member, "replication": replication, "min_insync": min_insync}
     elif tracker or topic or mq_dir is not None:
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")
@@ -116,6 +129,25 @@ def broker_run(
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
         ready=ready_line("brokers"))))
+
+
+def _member(group: str | None, group_id: int, broker_ids: list[str],
+            mq_dir: pathlib.Path | None, replication: str, min_insync: int
+            ) -> GroupMember | None:
+    """This process's place in a replicated group: member 0 is the master (at the
+    group's first epoch, 1), the others slaves; None without --group."""
+    if replication not in ("async", "sync"):
+        raise ConfigError(f"--replication is async or sync, not {replication!r}")
+    if min_insync < 1:
+        raise ConfigError(f"--min-insync must be 1 or more, got {min_insync}")
+    if group is None:
+        return None
+    if len(broker_ids) != 1 or mq_dir is None:
+        raise ConfigError("--group needs one --id and an --mq-dir (a member of a group is "
+                          "one MQ server)")
+    if group_id < 0:
+        raise ConfigError(f"--group-id must be 0 or more, got {group_id}")
+    return GroupMember(group, group_id, "master" if group_id == 0 else "slave", epoch=1)
 
 
 def _segment_bytes(megabytes: float) -> int:

@@ -345,3 +345,91 @@ async def test_flipped_bytes_in_sealed_and_active_segments_are_skipped_for_every
             assert all(groups[f"w{w}"]["lag"] == 0 for w in (1, 100, 256, 10_000))
             client.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_killed(
+        tmp_path: pathlib.Path) -> None:
+    """A group of two server processes, ``--replication sync``: a publish the master
+    acknowledged is on the slave too.  SIGKILL the master mid-stream: the slave serves
+    every acknowledged message (consumers may read a group's slave while it has no
+    master); restart the master on its directory: the slave follows it again and it
+    takes publishes.  The history checker reads the whole run."""
+    from brokermgr import NameClient
+    from mq import History
+
+    def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
+        return ["broker", "run", "--id", name, "--universe", "q", "--manager",
+                f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir",
+                str(tmp_path / "data"), "--group", "a", "--group-id", str(member_id),
+                "--replication", "sync", "--durability", "sync"]
+
+    universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
+    history = History()
+
+    def acknowledged() -> int:
+        return sum(op.op == "publish" and op.status == "ok" for op in history)
+
+    async def publish_until(client: MqClient, stop: int) -> None:
+        """Publish batches of 5, each recorded with its answer, until ``stop`` are
+        acknowledged in all, or the server is gone."""
+        while acknowledged() < stop:
+            first = client.sequence + 1
+            try:
+                stored = await client.publish_many("orders", [b"m%d" % (first + i)
+                                                              for i in range(5)])
+            except ServiceError as exc:
+                for i in range(5):
+                    history.publish("orders", client.producer, first + i, "unknown")
+                if exc.status == 0:
+                    return  # no answer: the master was killed
+                assert exc.status == 503, exc  # no replica in sync yet: polled, bounded
+                await trio.sleep(0.05)
+                continue
+            for i, s in enumerate(stored):
+                history.publish("orders", client.producer, first + i, partition="a",
+                                offset=s.offset)
+
+    async def drain(client: MqClient) -> None:
+        """Consume from ``client``'s server until every acknowledged message came."""
+        want = {(op.producer, op.sequence) for op in history
+                if op.op == "publish" and op.status == "ok"}
+        subscription = await client.subscribe("orders", window=500)
+        seen: set[tuple[str, int]] = set()
+        while not want <= seen:
+            messages = await subscription.receive_many()
+            for m in messages:
+                history.consume("orders", m.group, m.producer, m.sequence, partition="a",
+                                offset=m.offset)
+                seen.add((m.producer, m.sequence))
+            await subscription.ack([m.offset for m in messages])
+
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        names = NameClient(universe, [manager])
+        names.start()
+        with trio.fail_after(120):
+            async with spawn(*member("s1", 0, manager)) as (s1, _), \
+                    spawn(*member("s2", 1, manager)):
+                producer = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
+                await producer.declare("orders")
+                await publish_until(producer, 200)
+                s1.send_signal(signal.SIGKILL)
+                await publish_until(producer, 10**9)  # until its answers stop
+                producer.close()
+                reader = MqClient(universe.add_broker("reader"), "s2:15555", timeout=5)
+                await drain(reader)  # the slave has every acknowledged message
+                reader.close()
+                assert history.check({"orders": ["orders"]}).ok
+                async with spawn(*member("s1", 0, manager)):  # back, on its directory
+                    again = MqClient(universe.add_broker("again"), "s1:15555", timeout=5,
+                                     producer="again")
+                    await publish_until(again, acknowledged() + 50)
+                    await drain(again)
+                    again.close()
+        names.close()
+        nursery.cancel_scope.cancel()
+    report = history.check({"orders": ["orders"]})
+    assert report.ok, report.findings[:5]
+    assert report.counts["acknowledged"] >= 250

@@ -156,7 +156,7 @@ async def test_sync_replication_acknowledges_only_what_a_replica_stored(
         replica = TopicLog(tmp_path / "r1" / "orders")
         follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replica},
                             retry=0.5)
-        while "orders" not in follower.following:
+        while "orders" not in follower.followed:
             await follower.changed.wait()
         for n in range(1, 6):
             stored = await client.publish_many("orders", [b"kept"] * 10)
@@ -177,3 +177,44 @@ async def test_sync_replication_acknowledges_only_what_a_replica_stored(
         assert server.shipper.counts["refused"] == 1
         follower.close()
         replica.close()
+
+
+async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_writes(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    from brokermgr import GroupMember
+
+    async with sync_master(tmp_path) as (universe, server, client):
+        slave_node = TrackNode(universe.add_broker("s2"), role="server",
+                               group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+        slave = MqServer(slave_node, tmp_path / "s2", fsync_thread=False)
+        follower = slave.follow("s1:15555", retry=0.5)
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+        await client.publish_many("orders", [b"o%d" % i for i in range(20)])
+        # a topic declared later is found at the next scan (until then, under sync, it
+        # takes no writes: no replica is in sync), and copied from its start
+        await client.declare("audit")
+        with pytest.raises(ServiceError, match="audit: 0 replicas in sync"):
+            await client.publish("audit", b"too soon")
+        while "audit" not in follower.followed:
+            await follower.changed.wait()
+        stored = await client.publish_many("audit", [b"a%d" % i for i in range(5)])
+        assert stored[-1].offset == 4  # acknowledged: the replica stored it
+        for name, count in (("orders", 20), ("audit", 5)):
+            assert records(slave.catalogue.topics[name].topic.log) == records(
+                server.catalogue.topics[name].topic.log)
+            assert len(records(slave.catalogue.topics[name].topic.log)) == count
+        # the replica serves consumers; it takes no writes and no declares
+        reader = MqClient(universe.add_broker("reader"), "s2:15555", retry=0.5)
+        subscription = await reader.subscribe("orders", window=100)
+        got = await subscription.receive_many()
+        while len(got) < 20:
+            got += await subscription.receive_many()
+        assert [m.body for m in got] == [b"o%d" % i for i in range(20)]
+        for attempt in (reader.publish("orders", b"x"), reader.declare("new")):
+            with pytest.raises(ServiceError) as caught:
+                await attempt
+            assert caught.value.status == Status.UNAVAILABLE
+            assert "s2:15555 is a slave of group a" in caught.value.reason
+        reader.close()
+        slave.close()

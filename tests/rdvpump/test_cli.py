@@ -250,3 +250,17 @@ def test_an_error_line_prints_addresses_and_brackets_as_they_are(
     with pytest.raises(typer.Exit):
         raise fail(said)
     assert capsys.readouterr().err == f"error: {said}\n"
+
+
+def test_broker_run_refuses_group_options_it_cannot_use_in_one_line() -> None:
+    base = ["broker", "run", "--id", "s1", "--manager", "127.0.0.1:1", "--role", "server"]
+    for extra, says in (
+            (["--group", "a"], "--group needs one --id and an --mq-dir"),
+            (["--group", "a", "--mq-dir", "d", "--id", "s2"], "--group needs one --id"),
+            (["--group", "a", "--mq-dir", "d", "--group-id", "-1"], "--group-id must be 0"),
+            (["--replication", "maybe"], "--replication is async or sync, not 'maybe'"),
+            (["--min-insync", "0"], "--min-insync must be 1 or more, got 0")):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 1, (extra, result.output)
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith("error: ") and says in line, (extra, line)
