@@ -8,6 +8,7 @@ from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
 from ._groups import GroupMember as GroupMember
+from ._groups import GroupProgress as GroupProgress
 from ._groups import GroupTables as GroupTables
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
@@ -60,6 +61,7 @@ __all__ = [
     "BrokerRecord",
     "EchoListener",
     "GroupMember",
+    "GroupProgress",
     "GroupTables",
     "LivenessEntry",
     "Fields",

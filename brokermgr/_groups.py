@@ -72,11 +72,36 @@ class GroupMember:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """How far a member's copy is, registered with each heartbeat: the records it holds
+    (over every topic of the group), and, from a master, its in-sync members (broker
+    ids)."""
+
+    held: int = 0
+    insync: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"held": self.held, "insync": list(self.insync)}
+
+    @classmethod
+    def from_json(cls, value: Any) -> GroupProgress:
+        if not isinstance(value, dict):
+            raise ValueError("its progress must be an object: held, insync")
+        held, insync = value.get("held", 0), value.get("insync", [])
+        if type(held) is not int or held < 0:
+            raise ValueError("its progress's held must be a non-negative integer")
+        if not isinstance(insync, list) or not all(isinstance(i, str) for i in insync):
+            raise ValueError("its progress's insync must be a list of broker ids")
+        return cls(held, tuple(insync))
+
+
+@dataclass(frozen=True, slots=True)
 class _Member:
     broker_id: str
     address: Any
     member: GroupMember
     version: int
+    progress: GroupProgress | None = None
 
 
 class GroupTables:
@@ -105,12 +130,13 @@ class GroupTables:
         return None
 
     def update(self, broker_id: str, address: Any, member: GroupMember,
-               topics: tuple[str, ...], version: int) -> None:
+               topics: tuple[str, ...], version: int,
+               progress: GroupProgress | None = None) -> None:
         """A registration that :meth:`refusal` let through."""
         old = self.members.get(broker_id)
         if old is not None and old.member.group != member.group:
             self.forget(broker_id)
-        self.members[broker_id] = _Member(broker_id, address, member, version)
+        self.members[broker_id] = _Member(broker_id, address, member, version, progress)
         if member.role == "master":
             self.epochs[member.group] = (member.epoch, broker_id)
             declared = set(topics)
@@ -157,18 +183,25 @@ class GroupTables:
         return {c: sorted(g) for c, g in sorted(found.items())}
 
     def group(self, name: str) -> dict[str, Any]:
-        """A group as a route shows it: cluster, newest epoch, permission, master and
-        members (by id)."""
+        """A group as a route shows it: cluster, newest epoch, permission, master, the
+        master's in-sync members, and the members (by id) with the records each holds and
+        its lag (the master's count less its own; None without a master or a count)."""
         live = sorted((m for m in self.members.values() if m.member.group == name),
                       key=lambda m: (m.member.member_id, m.broker_id))
         master = self.master(name)
         epoch = self.epochs.get(name, (None, None))[0]
+        top = None if master is None or master.progress is None else master.progress.held
         return {"cluster": live[0].member.cluster if live else None, "epoch": epoch,
                 "perm": "rw" if master is not None else "r",
                 "master": None if master is None else master.broker_id,
+                "insync": [] if master is None or master.progress is None
+                else sorted(master.progress.insync),
                 "members": [{"id": m.member.member_id, "broker": m.broker_id,
                              "address": list(m.address), "role": m.member.role,
-                             "epoch": m.member.epoch, "version": m.version} for m in live]}
+                             "epoch": m.member.epoch, "version": m.version,
+                             "held": None if m.progress is None else m.progress.held,
+                             "lag": None if top is None or m.progress is None
+                             else max(0, top - m.progress.held)} for m in live]}
 
     def route(self, topic: str) -> dict[str, Any]:
         """The groups serving ``topic``; LookupError with the reason when none does."""

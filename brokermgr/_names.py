@@ -21,7 +21,7 @@ from pump.schema import Kind
 from rdv import Address, RdvNode
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
-from ._groups import STALE_EPOCH, GroupMember, GroupTables
+from ._groups import STALE_EPOCH, GroupMember, GroupProgress, GroupTables
 from ._link import Outcome, ReconnectingLink
 from ._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from ._rpc import ServiceSession
@@ -51,6 +51,7 @@ class BrokerRecord:
     address: Address
     topics: tuple[str, ...] = ()
     group: GroupMember | None = None
+    progress: GroupProgress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +103,10 @@ def _registration(item: Any) -> Registration:
     if type(version) is not int or version < 0:
         raise ValueError("its version must be a non-negative integer")
     group = None if item.get("group") is None else GroupMember.from_json(item["group"])
+    progress = None if item.get("progress") is None else GroupProgress.from_json(
+        item["progress"])
     return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
-                                     group), version)
+                                     group, progress), version)
 
 
 def _broker_id(value: Any) -> str:
@@ -142,6 +145,8 @@ def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, obj
         "since_heartbeat": round(now - entry.last_seen, 3)}
     if r.group is not None:
         row["group"] = r.group.to_json()
+    if r.progress is not None:
+        row["progress"] = r.progress.to_json()
     return row
 
 
@@ -206,7 +211,7 @@ class NameService:
                               version=registration.version, connection=call.queue)
             if record.group is not None:
                 self.groups.update(record.broker_id, record.address, record.group,
-                                   record.topics, registration.version)
+                                   record.topics, registration.version, record.progress)
             elif held is not None and held.value.group is not None:
                 self.groups.forget(record.broker_id)
         if refused:
@@ -307,6 +312,7 @@ class NameClient:
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
                  topics: Callable[[str], tuple[str, ...]] | None = None,
                  groups: Callable[[str], GroupMember | None] | None = None,
+                 progress: Callable[[str], GroupProgress | None] | None = None,
                  on_refused: Callable[[str, str], None] | None = None) -> None:
         if not managers:
             raise ConfigError("a name client needs at least one manager address")
@@ -321,6 +327,8 @@ class NameClient:
         self.topics = topics or (lambda broker_id: ())
         #: Each broker's place in a replicated group, registered with it (None: none).
         self.groups = groups or (lambda broker_id: None)
+        #: How far each broker's copy is, registered with it (None: not said).
+        self.progress = progress or (lambda broker_id: None)
         self.on_refused = on_refused
         #: The rendezvous the links to managers are dialled from.
         # named by the process and its brokers, so a manager's log says whose connect it
@@ -361,6 +369,8 @@ class NameClient:
                                        "version": self.version, "topics": list(self.topics(b))}
                 if (member := self.groups(b)) is not None:
                     row["group"] = member.to_json()
+                if (progress := self.progress(b)) is not None:
+                    row["progress"] = progress.to_json()
                 found.append(row)
         return found
 

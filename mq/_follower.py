@@ -93,6 +93,8 @@ class Follower:
                  window: int = DEFAULT_FOLLOW_WINDOW, retry: float = DEFAULT_RETRY,
                  rescan: float = DEFAULT_RESCAN) -> None:
         self.replica: Replica = Logs(replica) if isinstance(replica, Mapping) else replica
+        #: this replica's broker id, told to the master
+        self.name = broker.id
         self.window = window
         self.master = ServerAddress(master)
         #: Why the master refused a topic, until it follows again; the topics asked for on
@@ -134,7 +136,7 @@ class Follower:
                 continue
             self.following.add(name)  # asked: an answer or the link's loss comes
             self.link.request({"cmd": "follow", "topic": name, "start": topic_log.next_offset,
-                               "window": self.window},
+                               "window": self.window, "replica": self.name},
                               functools.partial(self.answered, name))
 
     def answered(self, topic: str, outcome: Outcome) -> None:

@@ -49,6 +49,8 @@ class _Follower:
     in_flight: list[tuple[int, int]]
     #: when it last had acknowledged everything written
     caught_up: float = 0.0
+    #: the replica's broker id, if it said
+    replica: str | None = None
 
 
 #: The replication modes.
@@ -112,7 +114,8 @@ class Shipper:
                                f"(retention); the replica asked from {request.start}")
         self.followers[(link.caller_id, request.topic)] = _Follower(
             link, request.topic, request.start, request.start, request.window, [],
-            self.now() if request.start == log.next_offset else -float("inf"))
+            self.now() if request.start == log.next_offset else -float("inf"),
+            request.replica)
         self.ship(state)
         return {"cmd": "following", "topic": request.topic, "next": log.next_offset}
 
@@ -185,6 +188,19 @@ class Shipper:
         written, now = state.topic.log.next_offset, self.now()
         return sorted(caller for (caller, t), f in self.followers.items() if t == topic and (
             f.acked >= written or now - f.caught_up <= self.insync_lag))
+
+    def insync_replicas(self) -> list[str]:
+        """The replicas (broker ids) in sync on every replicated topic of this server."""
+        topics = [name for name, state in self.catalogue.topics.items()
+                  if "memory" not in state.flags]
+        named = {f.replica for f in self.followers.values() if f.replica is not None}
+        found = []
+        for replica in sorted(named):
+            callers = {caller for (caller, _), f in self.followers.items()
+                       if f.replica == replica}
+            if all(callers & set(self.in_sync(topic)) for topic in topics):
+                found.append(replica)
+        return found
 
     def describe(self, topic: str) -> dict[str, Any]:
         """Each replica's acknowledged next offset and whether it is in sync."""

@@ -119,6 +119,8 @@ class Follow:
     topic: str
     start: int
     window: int = DEFAULT_FOLLOW_WINDOW
+    #: the replica's broker id (how the master names its in-sync members)
+    replica: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,8 @@ def _push(f: Fields) -> Push:
 
 def _follow(f: Fields) -> Follow:
     return Follow(f.string("topic", check=check_name), f.integer("start", None, 0, MAX_INT),
-                  f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS))
+                  f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS),
+                  f.optional_string("replica", max_bytes=MAX_LABEL_BYTES))
 
 
 def _copied(f: Fields) -> Copied:

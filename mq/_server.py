@@ -58,6 +58,7 @@ from brokermgr import (
     Command,
     CommandTable,
     GroupMember,
+    GroupProgress,
     ServiceError,
     Status,
     encode,
@@ -436,6 +437,13 @@ class MqServer:
     def group(self) -> GroupMember | None:
         """This server's place in a replicated group (its ServerInfo's), or None."""
         return None if self.node.server is None else self.node.server.group
+
+    def progress(self) -> GroupProgress:
+        """How far this server's copy is, for the name service: the records it holds
+        over its topics on disk, and (as a master) its replicas in sync."""
+        held = sum(state.topic.log.next_offset for state in self.catalogue.topics.values()
+                   if "memory" not in state.flags)
+        return GroupProgress(held, tuple(self.shipper.insync_replicas()))
 
     def _not_a_slave(self, what: str) -> None:
         group = self.group

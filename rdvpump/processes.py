@@ -134,8 +134,11 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 nursery.cancel_scope.cancel()
 
             group = None if tracking is None else tracking.get("group")
+            servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
             names = NameClient(manager, managers, heartbeat=heartbeat,
                                groups=lambda b: group if b in broker_ids else None,
+                               progress=lambda b: None if b not in servers or group is None
+                               else servers[b].progress(),
                                on_refused=on_refused) if managers else None
             if names is not None:
                 for link in names.links:
@@ -147,9 +150,11 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 for publisher in getattr(getattr(node, "server", None), "publishers", ()):
                     nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
                                        nursery.cancel_scope)
-                if isinstance(node, MqServer) and names is not None and (
-                        group is not None and group.role == "slave"):
-                    nursery.start_soon(_follow_master, node, names, node.node.address.port)
+                if isinstance(node, MqServer) and group is not None:
+                    servers[node.node.broker.id] = node
+                    if names is not None and group.role == "slave":
+                        nursery.start_soon(_follow_master, node, names,
+                                           node.node.address.port)
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:

@@ -138,8 +138,10 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def group_cell(group: Any) -> str:
-    """A replicated group's member in a table: ``name/id role@epoch`` ("" for none)."""
+def group_cell(group: Any, lag: int | None = None) -> str:
+    """A replicated group's member in a table: ``name/id role@epoch``, and ``lag N`` (the
+    records it is behind its master) when known; "" for none."""
     if not group:
         return ""
-    return f"{group['name']}/{group['id']} {group['role']}@{group['epoch']}"
+    cell = f"{group['name']}/{group['id']} {group['role']}@{group['epoch']}"
+    return cell if lag is None else f"{cell} lag {lag}"

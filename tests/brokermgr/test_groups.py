@@ -126,3 +126,19 @@ async def test_the_name_service_answers_routes_and_refuses_a_fenced_master(
         a = (await names.route("orders"))["groups"]["a"]
         assert (a["master"], a["epoch"], [m["broker"] for m in a["members"]]) == (
             "a1", 2, ["a1"])
+
+
+def test_a_group_shows_its_masters_in_sync_members_and_each_member_s_lag() -> None:
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1, GroupProgress(500, ("a1",)))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(498))
+    t.update("a2", ("h", 3), member("a", 2), (), 1)
+    a = t.group("a")
+    assert a["insync"] == ["a1"]
+    assert [(m["broker"], m["held"], m["lag"]) for m in a["members"]] == [
+        ("a0", 500, 0), ("a1", 498, 2), ("a2", None, None)]
+    with pytest.raises(ValueError, match="insync must be a list of broker ids"):
+        GroupProgress.from_json({"held": 1, "insync": "a1"})
+    assert GroupProgress.from_json(GroupProgress(3, ("x",)).to_json()) == GroupProgress(3, ("x",))

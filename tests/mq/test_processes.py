@@ -361,7 +361,7 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
         return ["broker", "run", "--id", name, "--universe", "q", "--manager",
                 f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir",
                 str(tmp_path / "data"), "--group", "a", "--group-id", str(member_id),
-                "--replication", "sync", "--durability", "sync"]
+                "--replication", "sync", "--durability", "sync", "--heartbeat", "0.5"]
 
     universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
     history = History()
@@ -415,6 +415,11 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
                 producer = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
                 await producer.declare("orders")
                 await publish_until(producer, 200)
+                # the name service learns the in-sync set from the master's heartbeats, and
+                # each member's lag from theirs (0 once both said what they hold now)
+                while (group := await names.group("a"))["insync"] != ["s2"] or [
+                        m["lag"] for m in group["members"]] != [0, 0]:
+                    await trio.sleep(0.1)  # the next heartbeats: polled, bounded
                 s1.send_signal(signal.SIGKILL)
                 await publish_until(producer, 10**9)  # until its answers stop
                 producer.close()

@@ -314,8 +314,8 @@ async def test_brokers_register_again_within_250_ms_of_a_restarted_manager() -> 
 
 async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> None:
     """Brokers that register a group (here from this process) show it in ``rdvpump
-    status``: name/id, role and epoch."""
-    from brokermgr import GroupMember
+    status``: name/id, role and epoch, and a slave's lag behind its master."""
+    from brokermgr import GroupMember, GroupProgress
     from pump import Pump
 
     places = {"a0": GroupMember("a", 0, "master", epoch=3),
@@ -328,7 +328,8 @@ async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> N
             u.add_broker(name)
         await nursery.start(u.pump.serve)
         await nursery.start(u.serve_network, "127.0.0.1", 0)
-        names = NameClient(u, [manager], groups=places.get)
+        held = {"a0": GroupProgress(100, ("a1",)), "a1": GroupProgress(97)}
+        names = NameClient(u, [manager], groups=places.get, progress=held.get)
         names.start()
         status = await trio.run_process(
             [*RDVPUMP, "status", "--universe", "g", "--manager", f"{manager[0]}:{manager[1]}",
@@ -337,6 +338,6 @@ async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> N
             check=False)
         assert status.returncode == 0, status.stderr
         text = status.stdout.decode()
-        assert "a/0 master@3" in text and "a/1 slave@3" in text, text
+        assert "a/0 master@3" in text and "a/1 slave@3 lag 3" in text, text
         names.close()
         nursery.cancel_scope.cancel()
