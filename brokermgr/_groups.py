@@ -16,6 +16,15 @@ The master epoch fences: a registration as master with an epoch older than the
 group's newest is refused (the master it would have been is a former one), and so is
 one with the newest epoch from a broker that is not the master holding it.  The newest
 epoch of each group is kept while the name service runs, even when no member is left.
+
+Failover, the rule: when the broker holding a group's newest epoch leaves (its link to
+the name service lost, or its heartbeats stopped), the name service promotes the live
+member, among those its master last reported in sync, that holds the most records (the
+lowest member id on a tie), at the next epoch; with no in-sync member alive the group
+has no master until one registers.  The promoted member takes over only once its own
+link to the old master is gone too (:mod:`rdvpump.processes`), so a master cut off from
+the name service alone is not doubled.  One name service decides; several deciding by
+majority is not built.
 """
 
 from __future__ import annotations
@@ -113,6 +122,8 @@ class GroupTables:
         self.topics: dict[str, dict[str, bool]] = {}
         #: the newest master epoch of each group, and the broker holding it
         self.epochs: dict[str, tuple[int, str]] = {}
+        #: the in-sync members each group's master reported last (broker ids)
+        self.insync: dict[str, tuple[str, ...]] = {}
 
     # -- registrations ---------------------------------------------------------------------
 
@@ -139,6 +150,8 @@ class GroupTables:
         self.members[broker_id] = _Member(broker_id, address, member, version, progress)
         if member.role == "master":
             self.epochs[member.group] = (member.epoch, broker_id)
+            if progress is not None:
+                self.insync[member.group] = progress.insync
             declared = set(topics)
             for topic in declared:
                 self.topics.setdefault(topic, {})[member.group] = True
@@ -146,16 +159,36 @@ class GroupTables:
                           if member.group in groups and t not in declared]:
                 self._drop(topic, member.group)
 
-    def forget(self, broker_id: str) -> None:
-        """A broker left (unregistered, its link lost, expired); a group with no live
-        member left leaves every topic."""
+    def forget(self, broker_id: str) -> str | None:
+        """A broker left (unregistered, its link lost, expired): if it held its group's
+        newest epoch, the failover of the module (what happened, to log); a group with no
+        live member left leaves every topic."""
         gone = self.members.pop(broker_id, None)
         if gone is None:
-            return
+            return None
         group = gone.member.group
+        held = self.epochs.get(group)
+        said = None if held is None or held[1] != broker_id else self._promote(group, held)
         if not any(m.member.group == group for m in self.members.values()):
             for topic in [t for t, groups in self.topics.items() if group in groups]:
                 self._drop(topic, group)
+        return said
+
+    def _promote(self, group: str, held: tuple[int, str]) -> str:
+        epoch, lost = held
+        insync = set(self.insync.get(group, ())) - {lost}
+        candidates = [m for m in self.members.values()
+                      if m.member.group == group and m.broker_id in insync]
+        if not candidates:
+            return (f"group {group}: master {lost} lost at epoch {epoch}; no member it "
+                    f"reported in sync is alive: no master")
+        winner = max(candidates, key=lambda m: (
+            m.progress.held if m.progress is not None else 0, -m.member.member_id))
+        self.epochs[group] = (epoch + 1, winner.broker_id)
+        self.insync[group] = tuple(sorted(insync - {winner.broker_id}))
+        records = winner.progress.held if winner.progress is not None else 0
+        return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
+                f"promoted at epoch {epoch + 1} (in sync, holding {records} records)")
 
     def _drop(self, topic: str, group: str) -> None:
         groups = self.topics[topic]
@@ -166,12 +199,13 @@ class GroupTables:
     # -- answers ---------------------------------------------------------------------------
 
     def master(self, group: str) -> _Member | None:
-        """The live member holding the group's newest epoch as master, if any."""
+        """The live member holding the group's newest epoch (a master, or a member
+        promoted that has not registered as master yet), if any."""
         held = self.epochs.get(group)
         if held is None:
             return None
         member = self.members.get(held[1])
-        if member is None or member.member.role != "master" or member.member.group != group:
+        if member is None or member.member.group != group:
             return None
         return member
 

@@ -213,7 +213,7 @@ class NameService:
                 self.groups.update(record.broker_id, record.address, record.group,
                                    record.topics, registration.version, record.progress)
             elif held is not None and held.value.group is not None:
-                self.groups.forget(record.broker_id)
+                self._forget(record.broker_id)
         if refused:
             held_by = ", ".join(f"{b['id']} (held by {Address.of(b['held_by'])})"
                                 for b in refused)
@@ -228,7 +228,7 @@ class NameService:
             held = self.table.get(broker_id)
             if held is not None and held.connection is call.queue:
                 self.table.remove(broker_id)
-                self.groups.forget(broker_id)
+                self._forget(broker_id)
         return {"cmd": "unregistered"}
 
     def _lookup(self, request: Lookup, call: Call) -> ReplyObject:
@@ -256,15 +256,22 @@ class NameService:
 
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):
-            self.groups.forget(broker_id)
+            self._forget(broker_id)
             log.info("broker %s dropped: its connection closed (%s)", broker_id, reason)
             self.pump.emit(Kind.DROP, broker=broker_id, reason=reason)
 
     def _scan(self) -> None:
         for broker_id in self.table.scan(self.pump.now()):
-            self.groups.forget(broker_id)
+            self._forget(broker_id)
             log.info("broker %s expired: no heartbeat within %s s", broker_id, self.table.expiry)
             self.pump.emit(Kind.EXPIRE, broker=broker_id)
+
+    def _forget(self, broker_id: str) -> None:
+        """A broker left: its group's tables follow (a failover, when it was the
+        master: logged)."""
+        said = self.groups.forget(broker_id)
+        if said is not None:
+            log.warning("%s", said)
 
     def close(self) -> None:
         self._scan_timer.cancel()
@@ -344,6 +351,13 @@ class NameClient:
     def cache(self) -> dict[str, Address]:
         """Addresses learnt from managers (the universe's resolver keeps them)."""
         return self.manager.resolver.cache
+
+    def register_now(self) -> None:
+        """Register with every connected manager now (a role changed), not at the next
+        heartbeat."""
+        for link in self.links:
+            if link.queue is not None:
+                link.beat()
 
     def refused(self, link: Any, reason: str) -> None:
         """A manager refused a registration for good (``duplicate id``): ``on_refused``
@@ -471,12 +485,12 @@ class _ManagerLink(ReconnectingLink):
         self._beat_timer: Repeating | None = None
 
     def opened(self) -> None:
-        self._beat()
+        self.beat()
         if self._beat_timer is not None:
             self._beat_timer.cancel()
-        self._beat_timer = self.pump.call_every(self.client.heartbeat, self._beat)
+        self._beat_timer = self.pump.call_every(self.client.heartbeat, self.beat)
 
-    def _beat(self) -> None:
+    def beat(self) -> None:
         registrations = self.client.registrations()
         if registrations:
             self.request({"cmd": "register", "brokers": registrations}, self._registered)

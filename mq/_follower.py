@@ -48,6 +48,13 @@ class Replica(Protocol):
     def replica_stored(self, name: str) -> None:
         """Records were stored in ``name``'s log (its consumers may have more now)."""
 
+    def replica_epoch(self) -> int | None:
+        """The master epoch the replica's records were last written under (None: not
+        known)."""
+
+    def replica_followed(self, epoch: int) -> None:
+        """A master at ``epoch`` is copied from now on."""
+
 
 class Logs:
     """A :class:`Replica` of plain logs: the topics given, no others."""
@@ -62,6 +69,12 @@ class Logs:
         return None
 
     def replica_stored(self, name: str) -> None:
+        pass
+
+    def replica_epoch(self) -> int | None:
+        return None
+
+    def replica_followed(self, epoch: int) -> None:
         pass
 
 
@@ -135,8 +148,11 @@ class Follower:
             if topic_log is None:
                 continue
             self.following.add(name)  # asked: an answer or the link's loss comes
-            self.link.request({"cmd": "follow", "topic": name, "start": topic_log.next_offset,
-                               "window": self.window, "replica": self.name},
+            ask = {"cmd": "follow", "topic": name, "start": topic_log.next_offset,
+                   "window": self.window, "replica": self.name}
+            if (epoch := self.replica.replica_epoch()) is not None:
+                ask["epoch"] = epoch
+            self.link.request(ask,
                               functools.partial(self.answered, name))
 
     def answered(self, topic: str, outcome: Outcome) -> None:
@@ -149,6 +165,8 @@ class Follower:
             return
         self.refused.pop(topic, None)
         self.followed.add(topic)
+        if type(epoch := outcome.get("epoch")) is int:
+            self.replica.replica_followed(epoch)
         self._changed()
 
     def copies(self, link: _MasterLink, obj: dict[str, Any]) -> None:

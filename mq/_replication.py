@@ -14,7 +14,10 @@ What each replica acknowledged is kept.  A replica is *in sync* while it has
 acknowledged everything written, or did so within the last ``insync_lag`` seconds
 (:meth:`Shipper.in_sync`; ``query`` shows each replica's offset and whether it is).
 Two modes: ``async`` acknowledges a produce once this server stored it; ``sync`` once
-this server stored it and at least ``min_insync`` replicas acknowledged it.  Under
+this server stored it and every replica in sync acknowledged it, at least
+``min_insync`` of them (so any member in sync holds every acknowledged message: the
+failover may promote any of them).  A replica that falls out of sync is waited for no
+longer, and is no longer one the failover may choose.  Under
 ``sync`` with fewer replicas in sync than that, a produce is refused (503, the reason
 says how many are in sync; nothing stored), and the produces waiting for replicas are
 answered with that refusal (stored here, not acknowledged: they may or may not stay).
@@ -94,6 +97,10 @@ class Shipper:
         self.followers: dict[tuple[str, str], _Follower] = {}
         #: produce replies waiting for replicas, by topic, in offset order
         self.held: dict[str, list[_Held]] = {}
+        #: this master's epoch, and where it began in each topic (set on a promotion):
+        #: a replica's records past that, written under an older epoch, may differ
+        self.epoch = 0
+        self.epoch_starts: dict[str, int] = {}
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
         self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
 
@@ -108,6 +115,14 @@ class Shipper:
                                f"{request.topic}: the replica holds offsets up to "
                                f"{request.start - 1}, this server's last is "
                                f"{log.next_offset - 1}: it holds records this one does not")
+        began = self.epoch_starts.get(request.topic)
+        if request.epoch is not None and request.epoch < self.epoch and began is not None \
+                and request.start > began:
+            raise ServiceError(Status.CONFLICT,
+                               f"{request.topic}: the replica's records from offset {began} on "
+                               f"were written under epoch {request.epoch}, and this master's "
+                               f"epoch {self.epoch} began at offset {began}: they may differ "
+                               f"(cutting them is not built)")
         if request.start < log.start_offset:
             raise ServiceError(Status.CONFLICT,
                                f"{request.topic}: records before {log.start_offset} are gone "
@@ -117,7 +132,8 @@ class Shipper:
             self.now() if request.start == log.next_offset else -float("inf"),
             request.replica)
         self.ship(state)
-        return {"cmd": "following", "topic": request.topic, "next": log.next_offset}
+        return {"cmd": "following", "topic": request.topic, "next": log.next_offset,
+                "epoch": self.epoch}
 
     def copied(self, link: ClientLink, request: Copied) -> None:
         follower = self.followers.get((link.caller_id, request.topic))
@@ -227,15 +243,17 @@ class Shipper:
         if reply.get("cmd") != "stored" or not self._replicated(reply["topic"]):
             return False
         topic, end = reply["topic"], reply["offset"] + reply["count"]
-        if self._acked(topic, end) >= self.min_insync:
+        if self._enough(topic, end):
             return False
         self.held.setdefault(topic, []).append(_Held(end, queue, seq, reply))
         self.counts["held"] += 1
         return True
 
     def check(self, topic: str) -> None:
-        """Answer the replies held for ``topic`` with the refusal when too few replicas
-        are in sync to acknowledge them (called when a replica leaves, and every tick)."""
+        """Release the replies held for ``topic`` that the replicas still in sync have
+        all acknowledged, and answer the others with the refusal when too few replicas
+        are in sync (called when a replica leaves, and every tick)."""
+        self._release(topic)
         held = self.held.get(topic)
         refused = self.refusal(topic) if held else None
         if held and refused is not None:
@@ -252,12 +270,16 @@ class Shipper:
         state = self.catalogue.topics.get(topic)
         return self.mode == "sync" and state is not None and "memory" not in state.flags
 
-    def _acked(self, topic: str, end: int) -> int:
-        return sum(1 for (_, t), f in self.followers.items() if t == topic and f.acked >= end)
+    def _enough(self, topic: str, end: int) -> bool:
+        """Whether the replicas have ``topic`` up to ``end``: every one in sync, and at
+        least ``min_insync``."""
+        have = {caller for (caller, t), f in self.followers.items()
+                if t == topic and f.acked >= end}
+        return len(have) >= self.min_insync and set(self.in_sync(topic)) <= have
 
     def _release(self, topic: str) -> None:
         held = self.held.get(topic)
-        while held and self._acked(topic, held[0].end) >= self.min_insync:
+        while held and self._enough(topic, held[0].end):
             waiting = held.pop(0)
             self.reply(waiting.queue, waiting.seq, waiting.reply)
         if held is not None and not held:

@@ -121,6 +121,8 @@ class Follow:
     window: int = DEFAULT_FOLLOW_WINDOW
     #: the replica's broker id (how the master names its in-sync members)
     replica: str | None = None
+    #: the master epoch its records were last written under
+    epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +250,8 @@ def _push(f: Fields) -> Push:
 def _follow(f: Fields) -> Follow:
     return Follow(f.string("topic", check=check_name), f.integer("start", None, 0, MAX_INT),
                   f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS),
-                  f.optional_string("replica", max_bytes=MAX_LABEL_BYTES))
+                  f.optional_string("replica", max_bytes=MAX_LABEL_BYTES),
+                  None if "epoch" not in f else f.integer("epoch", None, 0, MAX_INT))
 
 
 def _copied(f: Fields) -> Copied:

@@ -46,6 +46,7 @@ records shipped to replicas in :mod:`._replication`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -163,6 +164,15 @@ class MqServer:
                                min_insync=min_insync, insync_lag=insync_lag)
         #: Copying from a master, while this server is a replica (:meth:`follow`).
         self.follower: Follower | None = None
+        #: A group's master takes writes only once the name service confirmed it at its
+        #: epoch (a former master restarting must not take any: :meth:`confirm`).
+        self.confirmed = False
+        #: The master epoch this server's records were last written under (its own, or
+        #: the master's it copies), told to a master it follows.
+        group = self.group
+        self.log_epoch: int | None = None if group is None else group.epoch
+        if group is not None and group.role == "master":
+            self.shipper.epoch = group.epoch
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
@@ -451,6 +461,42 @@ class MqServer:
             raise ServiceError(Status.UNAVAILABLE,
                                f"{self.address} is a slave of group {group.group}: {what} "
                                f"at its master")
+        if group is not None and not self.confirmed:
+            raise ServiceError(Status.UNAVAILABLE,
+                               f"{self.address} is not confirmed as the master of group "
+                               f"{group.group} at epoch {group.epoch} by the name service "
+                               f"(yet)")
+
+    def confirm(self) -> None:
+        """The name service holds this server as its group's master at its epoch: it
+        takes writes."""
+        self.confirmed = True
+
+    def promote(self, epoch: int) -> None:
+        """This slave is its group's master from ``epoch`` on: it stops copying, takes
+        writes, and says so in its ServerInfo."""
+        group = self.group
+        assert group is not None and self.node.server is not None
+        if self.follower is not None:
+            self.follower.close()
+            self.follower = None
+        self.node.server.set_group(dataclasses.replace(group, role="master", epoch=epoch))
+        self.confirmed = True
+        self.log_epoch = self.shipper.epoch = epoch
+        self.shipper.epoch_starts = {name: log.next_offset
+                                     for name, log in self.replica_logs().items()}
+        log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
+
+    def demote(self, epoch: int) -> None:
+        """Another member is the master at ``epoch``: this one takes no writes from now
+        on (it copies the master once told where)."""
+        group = self.group
+        assert group is not None and self.node.server is not None
+        if group.role == "master":
+            log.warning("%s: no longer master of group %s: epoch %d is another's",
+                        self.address, group.group, epoch)
+        self.confirmed = False
+        self.node.server.set_group(dataclasses.replace(group, role="slave", epoch=epoch))
 
     def follow(self, master: str, **options: Any) -> Follower:
         """Copy the topics of the master at ``master`` (``"broker:port"``) into this
@@ -476,6 +522,12 @@ class MqServer:
         self.node.declare_group(name, name)
         assert isinstance(state.topic.log, TopicLog)
         return state.topic.log
+
+    def replica_epoch(self) -> int | None:
+        return self.log_epoch
+
+    def replica_followed(self, epoch: int) -> None:
+        self.log_epoch = max(self.log_epoch or 0, epoch)
 
     def replica_stored(self, name: str) -> None:
         state = self.catalogue.topics.get(name)

@@ -136,7 +136,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             group = None if tracking is None else tracking.get("group")
             servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
             names = NameClient(manager, managers, heartbeat=heartbeat,
-                               groups=lambda b: group if b in broker_ids else None,
+                               groups=lambda b: servers[b].group if b in servers
+                               else group if b in broker_ids else None,
                                progress=lambda b: None if b not in servers or group is None
                                else servers[b].progress(),
                                on_refused=on_refused) if managers else None
@@ -152,9 +153,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                                        nursery.cancel_scope)
                 if isinstance(node, MqServer) and group is not None:
                     servers[node.node.broker.id] = node
-                    if names is not None and group.role == "slave":
-                        nursery.start_soon(_follow_master, node, names,
-                                           node.node.address.port)
+                    if names is not None:
+                        nursery.start_soon(_keep_role, node, names)
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
@@ -171,28 +171,50 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RunError(refused[0])
 
 
-#: Seconds between a slave's questions to the name service for its group's master.
-_MASTER_POLL = 1.0
+#: Seconds between a group member's questions to the name service about its group.
+_GROUP_POLL = 0.2
 
 
-async def _follow_master(server: MqServer, names: NameClient, port: int) -> None:
-    """A slave's MQ server copies its group's master, found through the name service:
-    asked every :data:`_MASTER_POLL` seconds, followed anew when it changes."""
-    group = server.group
-    assert group is not None
+async def _keep_role(server: MqServer, names: NameClient) -> None:
+    """A group member's role, as the name service holds it (asked every
+    :data:`_GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
+    member the name service promoted takes over once its own link to the old master is
+    gone too; a member whose group has another master at its epoch or a newer one is a
+    slave and copies that master.  A master registers again as soon as its in-sync set
+    changes, not at its next heartbeat."""
+    port = server.node.address.port
+    me = server.node.broker.id
     following: str | None = None
+    insync = server.progress().insync
     while True:
+        mine = server.group
+        assert mine is not None
+        if mine.role == "master" and (now := server.progress().insync) != insync:
+            insync = now  # the failover's choice follows the in-sync set: said at once
+            names.register_now()
         try:
-            master = (await names.group(group.group)).get("master")
+            info = await names.group(mine.group)
         except ServiceError as exc:
-            log.info("group %s: no answer on its master: %s", group.group, exc)
-            master = None
-        if isinstance(master, str) and master not in (following, server.node.broker.id):
-            log.info("group %s: %s follows master %s", group.group, server.node.broker.id,
-                     master)
-            server.follow(f"{master}:{port}")
-            following = master
-        await trio.sleep(_MASTER_POLL)
+            log.info("group %s: no answer from the name service: %s", mine.group, exc)
+            info = {}
+        master, epoch = info.get("master"), info.get("epoch") or 0
+        if master == me:
+            if mine.role == "slave" and epoch > mine.epoch and (
+                    server.follower is None or server.follower.link.queue is None):
+                server.promote(epoch)
+                following = None
+                names.register_now()
+            elif mine.role == "master" and epoch == mine.epoch:
+                server.confirm()
+        elif isinstance(master, str) and epoch >= mine.epoch:
+            if mine.role == "master" or epoch > mine.epoch:
+                server.demote(epoch)
+                names.register_now()
+            if master != following:
+                log.info("group %s: %s follows master %s", mine.group, me, master)
+                server.follow(f"{master}:{port}")
+                following = master
+        await trio.sleep(_GROUP_POLL)
 
 
 async def _watch_link(link: Any, brokers: str, refused: list[str],

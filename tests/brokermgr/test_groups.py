@@ -142,3 +142,32 @@ def test_a_group_shows_its_masters_in_sync_members_and_each_member_s_lag() -> No
     with pytest.raises(ValueError, match="insync must be a list of broker ids"):
         GroupProgress.from_json({"held": 1, "insync": "a1"})
     assert GroupProgress.from_json(GroupProgress(3, ("x",)).to_json()) == GroupProgress(3, ("x",))
+
+
+def test_when_the_master_is_lost_the_in_sync_member_holding_most_is_promoted() -> None:
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1,
+             GroupProgress(100, ("a1", "a2")))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(90))
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(95))
+    t.update("a3", ("h", 4), member("a", 3), (), 1, GroupProgress(99))  # not in sync
+    assert t.forget("a1") is None  # a slave leaves: nothing to decide
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(90))
+    said = t.forget("a0")
+    assert said == ("group a: master a0 lost at epoch 1; a2 promoted at epoch 2 (in sync, "
+                    "holding 95 records)")
+    a = t.route("orders")["groups"]["a"]
+    assert (a["master"], a["epoch"], a["perm"]) == ("a2", 2, "rw")
+    # it registers as master at its epoch; the old master is fenced, and rejoins as a slave
+    assert t.refusal("a2", member("a", 2, epoch=2, role="master")) is None
+    t.update("a2", ("h", 3), member("a", 2, epoch=2, role="master"), ("orders",), 2,
+             GroupProgress(95, ("a1",)))
+    assert t.refusal("a0", member("a", 0, epoch=1)) is not None
+    assert t.refusal("a0", member("a", 0, epoch=2, role="slave")) is None
+    # the promoted master lost too: a1 (in sync with it) next; then nobody in sync is left
+    assert "a1 promoted at epoch 3" in str(t.forget("a2"))
+    assert t.forget("a1") == ("group a: master a1 lost at epoch 3; no member it reported "
+                              "in sync is alive: no master")
+    assert t.master("a") is None and t.route("orders")["groups"]["a"]["perm"] == "r"

@@ -10,6 +10,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -347,13 +348,14 @@ async def test_flipped_bytes_in_sealed_and_active_segments_are_skipped_for_every
         nursery.cancel_scope.cancel()
 
 
-async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_killed(
+async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
         tmp_path: pathlib.Path) -> None:
-    """A group of two server processes, ``--replication sync``: a publish the master
-    acknowledged is on the slave too.  SIGKILL the master mid-stream: the slave serves
-    every acknowledged message (consumers may read a group's slave while it has no
-    master); restart the master on its directory: the slave follows it again and it
-    takes publishes.  The history checker reads the whole run."""
+    """A group of three server processes, ``--replication sync``: a publish the master
+    acknowledged is on a slave too.  SIGKILL the master mid-stream: the name service
+    promotes the in-sync slave holding the most records, at the next epoch, and
+    publishes go on there; the old master, restarted on its directory, comes back as a
+    slave of the new one.  Every acknowledged message is consumed, and no epoch has two
+    masters: the history checker reads the whole run."""
     from brokermgr import NameClient
     from mq import History
 
@@ -369,7 +371,7 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
     def acknowledged() -> int:
         return sum(op.op == "publish" and op.status == "ok" for op in history)
 
-    async def publish_until(client: MqClient, stop: int) -> None:
+    async def publish_until(client: MqClient, epoch: int, stop: int) -> None:
         """Publish batches of 5, each recorded with its answer, until ``stop`` are
         acknowledged in all, or the server is gone."""
         while acknowledged() < stop:
@@ -382,12 +384,13 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
                     history.publish("orders", client.producer, first + i, "unknown")
                 if exc.status == 0:
                     return  # no answer: the master was killed
-                assert exc.status == 503, exc  # no replica in sync yet: polled, bounded
-                await trio.sleep(0.05)
+                assert exc.status == 503, exc  # not confirmed, or no replica in sync yet
+                await trio.sleep(0.05)  # polled, bounded by the test's deadline
                 continue
+            server = client.server.broker_id
             for i, s in enumerate(stored):
                 history.publish("orders", client.producer, first + i, partition="a",
-                                offset=s.offset)
+                                offset=s.offset, server=server, epoch=epoch)
 
     async def drain(client: MqClient) -> None:
         """Consume from ``client``'s server until every acknowledged message came."""
@@ -403,6 +406,11 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
                 seen.add((m.producer, m.sequence))
             await subscription.ack([m.offset for m in messages])
 
+    async def group_where(check: Any) -> dict[str, Any]:
+        while not check(group := await names.group("a")):
+            await trio.sleep(0.05)  # the members' next heartbeats: polled, bounded
+        return group
+
     async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
             _, manager), trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
@@ -411,30 +419,31 @@ async def test_a_sync_group_loses_no_acknowledged_message_when_its_master_is_kil
         names.start()
         with trio.fail_after(120):
             async with spawn(*member("s1", 0, manager)) as (s1, _), \
-                    spawn(*member("s2", 1, manager)):
+                    spawn(*member("s2", 1, manager)), spawn(*member("s3", 2, manager)):
                 producer = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
                 await producer.declare("orders")
-                await publish_until(producer, 200)
-                # the name service learns the in-sync set from the master's heartbeats, and
-                # each member's lag from theirs (0 once both said what they hold now)
-                while (group := await names.group("a"))["insync"] != ["s2"] or [
-                        m["lag"] for m in group["members"]] != [0, 0]:
-                    await trio.sleep(0.1)  # the next heartbeats: polled, bounded
+                await publish_until(producer, 1, 200)
+                # the name service learns the in-sync set from the master's heartbeats
+                await group_where(lambda g: g["insync"] == ["s2", "s3"])
                 s1.send_signal(signal.SIGKILL)
-                await publish_until(producer, 10**9)  # until its answers stop
+                await publish_until(producer, 1, 10**9)  # until its answers stop
                 producer.close()
-                reader = MqClient(universe.add_broker("reader"), "s2:15555", timeout=5)
-                await drain(reader)  # the slave has every acknowledged message
-                reader.close()
-                assert history.check({"orders": ["orders"]}).ok
-                async with spawn(*member("s1", 0, manager)):  # back, on its directory
-                    again = MqClient(universe.add_broker("again"), "s1:15555", timeout=5,
-                                     producer="again")
-                    await publish_until(again, acknowledged() + 50)
-                    await drain(again)
-                    again.close()
+                group = await group_where(lambda g: g["master"] not in (None, "s1"))
+                assert group["epoch"] == 2 and group["master"] in ("s2", "s3")
+                after = MqClient(universe.add_broker("after"), f"{group['master']}:15555",
+                                 timeout=5, producer="after")
+                await publish_until(after, 2, acknowledged() + 100)
+                # the old master comes back on its directory: a slave of the new one
+                async with spawn(*member("s1", 0, manager)):
+                    back = await group_where(lambda g: any(
+                        m["broker"] == "s1" for m in g["members"]))
+                    (s1_now,) = [m for m in back["members"] if m["broker"] == "s1"]
+                    assert (s1_now["role"], back["master"]) == ("slave", group["master"])
+                    await publish_until(after, 2, acknowledged() + 50)
+                    await drain(after)
+                    after.close()
         names.close()
         nursery.cancel_scope.cancel()
     report = history.check({"orders": ["orders"]})
     assert report.ok, report.findings[:5]
-    assert report.counts["acknowledged"] >= 250
+    assert report.counts["acknowledged"] >= 350

@@ -218,3 +218,83 @@ async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_
             assert "s2:15555 is a slave of group a" in caught.value.reason
         reader.close()
         slave.close()
+
+
+async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Under sync a produce is acknowledged once every replica in sync stored it: a
+    replica that stops acknowledging holds it until it falls out of sync (the in-sync
+    lag, 5 s here), then the others' copies are enough."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
+        followers = {name: Follower(universe.add_broker(name), "s1:15555",
+                                    {"orders": logs[name]}, retry=0.5) for name in logs}
+        for follower in followers.values():
+            while "orders" not in follower.followed:
+                await follower.changed.wait()
+        await client.publish_many("orders", [b"both"] * 3)
+        assert logs["r1"].next_offset == logs["r2"].next_offset == 3
+        followers["r2"].copies = lambda link, obj: None  # type: ignore[method-assign]
+        start = trio.current_time()
+        stored = await client.publish("orders", b"one")
+        waited = trio.current_time() - start
+        assert stored.offset == 3 and logs["r1"].next_offset == 4
+        assert 5.0 <= waited <= 7.0, waited  # the lag, and the tick that noticed it
+        replicas = (await client.query("orders"))["orders"]["replicas"]
+        assert sorted((r["next"], r["inSync"]) for r in replicas.values()) == [
+            (3, False), (4, True)]
+        for name, follower in followers.items():
+            follower.close()
+            logs[name].close()
+
+
+async def test_a_former_master_s_records_past_the_new_epoch_s_start_are_refused(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A promoted master knows where its epoch began in each topic: a replica whose
+    records past that were written under an older epoch (a former master's unreplicated
+    tail) is refused with the reason; one that stops before it may follow."""
+    from brokermgr import GroupMember
+    from mq._follower import Logs
+
+    class Former(Logs):
+        def replica_epoch(self) -> int | None:
+            return 1
+
+    with trio.fail_after(600):
+        async with open_universe("replicated") as universe:
+            node = TrackNode(universe.add_broker("s2"), role="server",
+                             group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+            server = MqServer(node, tmp_path / "s2", fsync_thread=False)
+            server.add_replica_topic("orders", [])
+            master_log = server.catalogue.topics["orders"].topic.log
+            master_log.append([(None, "p", 1, b"kept")] * 3)  # as if copied from s1
+            chunks, _ = encode_records(master_log.read(0), 1 << 20)
+            copied = b"".join(bytes(c) for c in chunks)
+            server.promote(2)  # its epoch 2 begins at offset 3
+            assert server.group == GroupMember("a", 1, "master", epoch=2)
+            client = MqClient(universe.add_broker("app"), "s2:15555", retry=0.5)
+            await client.publish("orders", b"new at 3")
+            tail = TopicLog(tmp_path / "s1" / "orders")  # s1, the former master
+            tail.append_copies(copied)
+            tail.append([(None, "p", 9, b"never copied")])
+            follower = Follower(universe.add_broker("s1"), "s2:15555",
+                                Former({"orders": tail}), retry=0.5)
+            while "orders" not in follower.refused:
+                await follower.changed.wait()
+            assert follower.refused["orders"] == (
+                "orders: the replica's records from offset 3 on were written under epoch 1, "
+                "and this master's epoch 2 began at offset 3: they may differ (cutting them "
+                "is not built)")
+            follower.close()
+            behind = TopicLog(tmp_path / "s3" / "orders")
+            behind.append_copies(copied)
+            ok = Follower(universe.add_broker("s3"), "s2:15555", Former({"orders": behind}),
+                          retry=0.5)
+            while behind.next_offset < 4:
+                await ok.changed.wait()
+            assert [bytes(r.body) for r in behind.read(3)] == [b"new at 3"]
+            ok.close()
+            client.close()
+            server.close()
+            tail.close()
+            behind.close()
