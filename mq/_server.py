@@ -299,8 +299,8 @@ class MqServer:
                                f"a message over {self.max_body} bytes: this server's links "
                                f"carry frames of at most {self.max_body + FRAME_ROOM} bytes, "
                                f"a delivery's header included")
-        refused = self.shipper.refusal(state.topic.name)
-        if refused is not None:
+        sync = self.shipper.mode == "sync"
+        if sync and (refused := self.shipper.refusal(state.topic.name)) is not None:
             raise refused  # too few replicas in sync to acknowledge it: nothing stored
         first = state.topic.publish(messages)
         self.counts["stored"] += len(messages)
@@ -310,14 +310,14 @@ class MqServer:
                                (queue, call.seq, reply, state.topic.name)):
             return None  # replied and delivered once the group commit is done
         self._dispatch(state)
-        if self.shipper.hold(queue, call.seq, reply):
+        if sync and self.shipper.hold(queue, call.seq, reply):
             return None  # replied once enough replicas stored it
         return reply
 
     def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
                    ) -> None:
         """A produce's reply after the group commit: now, or once replicas have it."""
-        if not self.shipper.hold(queue, seq, reply):
+        if self.shipper.mode != "sync" or not self.shipper.hold(queue, seq, reply):
             self._reply(queue, seq, reply)
 
     def _commit_failed(self, name: str, reason: str) -> None:
