@@ -284,7 +284,8 @@ def test_cursors_are_replaced_atomically_and_damage_is_reported(
     assert store.load(["billing", "eu/ops group"]) == {}
 
 
-def _all(log: TopicLog) -> list[tuple[object, ...]]:
+def records(log: TopicLog) -> list[tuple[object, ...]]:
+    """Every record of ``log``, each as its fields."""
     out: list[tuple[object, ...]] = []
     offset = log.start_offset
     while records := log.read(offset, max_count=1000):
@@ -318,11 +319,11 @@ def test_a_replica_stores_the_master_s_records_as_they_are(tmp_path: pathlib.Pat
         assert replica.append_copies(_copies(master, offset, batch)) == batch
         offset += batch
     assert replica.next_offset == master.next_offset == 300
-    assert _all(replica) == _all(master)
+    assert records(replica) == records(master)
     assert replica.sync() == 300
     replica.close()
     again = TopicLog(tmp_path / "replica", segment_bytes=5000)
-    assert _all(again) == _all(master) and again.corruptions == []
+    assert records(again) == records(master) and again.corruptions == []
     assert again.append([(None, "p9", 1, b"after")]) == 300  # a promoted replica goes on
     again.close()
     master.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -18,33 +19,31 @@ from mq import MqClient, MqServer, TopicLog
 from mq._follower import Follower
 from mq._record import encode_records
 
+from .test_log import records
+
 TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
 
 
-def records(log: TopicLog) -> list[tuple[object, ...]]:
-    out: list[tuple[object, ...]] = []
-    offset = log.start_offset
-    while batch := log.read(offset, max_count=1000):
-        out += [(r.offset, r.timestamp, r.sequence, r.tag, r.producer, bytes(r.body))
-                for r in batch]
-        offset = batch[-1].offset + 1
-    return out
-
-
 @asynccontextmanager
-async def master(tmp_path: pathlib.Path) -> AsyncIterator[tuple[BrokerManager, MqServer,
-                                                                MqClient]]:
+async def master(tmp_path: pathlib.Path, **options: Any
+                 ) -> AsyncIterator[tuple[BrokerManager, MqServer, MqClient]]:
+    """A universe with an MQ server s1 (``options``: MqServer's) holding topic
+    ``orders``, and a client of it."""
     with trio.fail_after(600):  # virtual seconds
         async with open_universe("replicated") as universe:
             node = TrackNode(universe.add_broker("s1"), role="server", **TIMING)
-            server = MqServer(node, tmp_path / "s1", fsync_thread=False)
-            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False, **options)
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5, timeout=60)
             await client.declare("orders")
             try:
                 yield universe, server, client
             finally:
                 client.close()
                 server.close()
+
+
+def sync_master(tmp_path: pathlib.Path) -> Any:
+    return master(tmp_path, replication="sync", min_insync=1, insync_lag=5.0)
 
 
 async def until(follower: Follower, replica: TopicLog, offset: int) -> None:
@@ -124,23 +123,6 @@ async def test_a_replica_ahead_of_its_master_is_refused_with_the_reason(
         assert ahead.next_offset == 5  # nothing cut here: that is the failover's work
         follower.close()
         ahead.close()
-
-
-@asynccontextmanager
-async def sync_master(tmp_path: pathlib.Path) -> AsyncIterator[tuple[BrokerManager, MqServer,
-                                                                     MqClient]]:
-    with trio.fail_after(600):  # virtual seconds
-        async with open_universe("replicated") as universe:
-            node = TrackNode(universe.add_broker("s1"), role="server", **TIMING)
-            server = MqServer(node, tmp_path / "s1", fsync_thread=False, replication="sync",
-                              min_insync=1, insync_lag=5.0)
-            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5, timeout=60)
-            await client.declare("orders")
-            try:
-                yield universe, server, client
-            finally:
-                client.close()
-                server.close()
 
 
 async def test_sync_replication_acknowledges_only_what_a_replica_stored(
