@@ -87,6 +87,7 @@ class _MasterLink(BrokerLink):
 
     def opened(self) -> None:
         self.follower.following.clear()
+        self.follower.followed.clear()
         self.follower.scan()
 
     def pushed(self, obj: dict[str, Any]) -> None:
@@ -111,7 +112,7 @@ class Follower:
         self.window = window
         self.master = ServerAddress(master)
         #: Why the master refused a topic, until it follows again; the topics asked for on
-        #: the current link, and those the master agreed to.
+        #: the current link, and those the master agreed to on it.
         self.refused: dict[str, str] = {}
         self.following: set[str] = set()
         self.followed: set[str] = set()
@@ -198,6 +199,12 @@ class Follower:
     def _changed(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
+
+    @property
+    def copying(self) -> bool:
+        """Whether the master is shipping records on a live link (it agreed to a
+        follow since the link last opened)."""
+        return self.link.queue is not None and bool(self.followed)
 
     def close(self) -> None:
         self._rescan.cancel()

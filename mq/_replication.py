@@ -194,6 +194,14 @@ class Shipper:
         for topic in topics:
             self.check(topic)
 
+    def forget_all(self) -> list[ClientLink]:
+        """No followers any more (this server stepped down): their links, once each."""
+        links = {id(f.link): f.link for f in self.followers.values()}
+        self.followers.clear()
+        for topic in list(self.held):
+            self.check(topic)
+        return list(links.values())
+
     # -- the in-sync set and sync acknowledgements ------------------------------------
 
     def in_sync(self, topic: str) -> list[str]:

@@ -497,6 +497,9 @@ class MqServer:
                         self.address, group.group, epoch)
         self.confirmed = False
         self.node.server.set_group(dataclasses.replace(group, role="slave", epoch=epoch))
+        for link in self.shipper.forget_all():  # its replicas: free to take over
+            link.queue.close(f"{self.address} is no longer the master of group "
+                             f"{group.group}: epoch {epoch} is another's")
 
     def follow(self, master: str, **options: Any) -> Follower:
         """Copy the topics of the master at ``master`` (``"broker:port"``) into this
@@ -537,6 +540,7 @@ class MqServer:
     def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
         if call.queue is None:
             raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
+        self._not_a_slave("follow")
         return self.shipper.follow(self.links.of(call.queue), request)
 
     def _copied(self, request: Copied, call: Call) -> dict[str, Any] | None:

@@ -178,10 +178,11 @@ _GROUP_POLL = 0.2
 async def _keep_role(server: MqServer, names: NameClient) -> None:
     """A group member's role, as the name service holds it (asked every
     :data:`_GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
-    member the name service promoted takes over once its own link to the old master is
-    gone too; a member whose group has another master at its epoch or a newer one is a
-    slave and copies that master.  A master registers again as soon as its in-sync set
-    changes, not at its next heartbeat."""
+    member the name service promoted takes over once the old master no longer ships it
+    records (its link gone, or the old master stepped down: it closes its replicas'
+    links and refuses to be followed); a member whose group has another master at its
+    epoch or a newer one is a slave and copies that master.  A master registers again
+    as soon as its in-sync set changes, not at its next heartbeat."""
     port = server.node.address.port
     me = server.node.broker.id
     following: str | None = None
@@ -200,7 +201,7 @@ async def _keep_role(server: MqServer, names: NameClient) -> None:
         master, epoch = info.get("master"), info.get("epoch") or 0
         if master == me:
             if mine.role == "slave" and epoch > mine.epoch and (
-                    server.follower is None or server.follower.link.queue is None):
+                    server.follower is None or not server.follower.copying):
                 server.promote(epoch)
                 following = None
                 names.register_now()

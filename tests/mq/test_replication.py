@@ -280,3 +280,37 @@ async def test_a_former_master_s_records_past_the_new_epoch_s_start_are_refused(
             server.close()
             tail.close()
             behind.close()
+
+
+async def test_a_master_that_steps_down_lets_go_of_its_replicas(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A master that sees a newer epoch stops taking writes, closes its replicas' links
+    and refuses to be followed: a replica the name service promoted is then free to take
+    over (it no longer copies anyone)."""
+    from brokermgr import GroupMember
+
+    with trio.fail_after(600):
+        async with open_universe("replicated") as universe:
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
+            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
+            s1.confirm()
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+            await client.declare("orders")
+            follower = s2.follow("s1:15555", retry=0.5)
+            await client.publish("orders", b"under epoch 1")
+            while not follower.copying or s2.replica_logs()["orders"].next_offset < 1:
+                await follower.changed.wait()
+            s1.demote(2)  # s2 holds epoch 2 now, say
+            while follower.copying or "orders" not in follower.refused:
+                await follower.changed.wait()
+            assert follower.refused["orders"] == ("s1:15555 is a slave of group a: follow at "
+                                                  "its master")
+            with pytest.raises(ServiceError, match="s1:15555 is a slave of group a"):
+                await client.publish("orders", b"refused")
+            s2.promote(2)
+            assert s2.group == GroupMember("a", 1, "master", epoch=2) and s2.follower is None
+            client.close()
+            s1.close()
+            s2.close()
