@@ -190,6 +190,30 @@ class GroupTables:
         return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
                 f"promoted at epoch {epoch + 1} (in sync, holding {records} records)")
 
+    def switch(self, group: str, to: str) -> int:
+        """A failover by hand: ``to`` (a live member's broker id, or its member id) is the
+        group's master at the next epoch, if the master reported it in sync; the new
+        epoch.  ValueError with the reason otherwise (nothing changes)."""
+        held = self.epochs.get(group)
+        if held is None:
+            raise LookupError(f"group {group!r} has no master to switch from")
+        members = {m.broker_id: m for m in self.members.values() if m.member.group == group}
+        by_id = {str(m.member.member_id): b for b, m in members.items()}
+        broker = to if to in members else by_id.get(to)
+        if broker is None:
+            raise LookupError(f"group {group!r} has no live member {to!r}")
+        epoch, master = held
+        if broker == master:
+            raise ValueError(f"{broker} is the master of group {group} already (epoch "
+                             f"{epoch})")
+        if broker not in self.insync.get(group, ()):
+            raise ValueError(f"{broker} is not in sync with master {master}: it may lack "
+                             f"acknowledged messages (in sync: "
+                             f"{', '.join(self.insync.get(group, ())) or 'none'})")
+        self.epochs[group] = (epoch + 1, broker)
+        self.insync[group] = tuple(sorted(set(self.insync[group]) - {broker} | {master}))
+        return epoch + 1
+
     def _drop(self, topic: str, group: str) -> None:
         groups = self.topics[topic]
         del groups[group]

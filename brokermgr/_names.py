@@ -92,6 +92,12 @@ class GroupQuery:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class Switch:
+    group: str
+    to: str
+
+
 def _registration(item: Any) -> Registration:
     broker_id = item["id"]
     if not isinstance(broker_id, str) or not broker_id:
@@ -136,6 +142,10 @@ def _group(fields: Fields) -> GroupQuery:
     return GroupQuery(fields.string("name"))
 
 
+def _switch(fields: Fields) -> Switch:
+    return Switch(fields.string("group"), fields.string("to"))
+
+
 def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
     """A registration as the ``list`` reply carries it."""
     r = entry.value
@@ -176,6 +186,7 @@ class NameService:
             "list": Command(lambda fields: ListBrokers(), self._list),
             "route": Command(_route, self._route),
             "group": Command(_group, self._group),
+            "failover": Command(_switch, self._switch),
         })
         self.broker = manager.add_broker(MANAGER_ID)
         self.broker.listen(NAME_PORT, self)
@@ -253,6 +264,19 @@ class NameService:
         """A replicated group: cluster, newest epoch, permission, master and members (a
         group no live broker registered has no members and no master)."""
         return {"cmd": "group", "name": request.name, **self.groups.group(request.name)}
+
+    def _switch(self, request: Switch, call: Call) -> ReplyObject:
+        """A failover by hand (``rdvpump mq failover``): the member ``to`` is the group's
+        master at the next epoch; the members follow (the old master steps down)."""
+        try:
+            epoch = self.groups.switch(request.group, request.to)
+        except LookupError as exc:
+            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+        except ValueError as exc:
+            raise ServiceError(Status.CONFLICT, str(exc)) from None
+        log.warning("group %s: failover by hand to %s at epoch %d", request.group,
+                    request.to, epoch)
+        return {"cmd": "failover", "name": request.group, **self.groups.group(request.group)}
 
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):
@@ -406,6 +430,11 @@ class NameClient:
         """A replicated group as the first connected manager knows it (see
         :meth:`NameService._group`); :class:`ServiceError` when none answers."""
         return await self._answer({"cmd": "group", "name": name})
+
+    async def failover(self, group: str, to: str) -> dict[str, Any]:
+        """Make member ``to`` (broker id or member id) the group's master (see
+        :meth:`NameService._switch`); the group afterwards."""
+        return await self._answer({"cmd": "failover", "group": group, "to": to})
 
     async def route(self, topic: str) -> dict[str, Any]:
         """The groups serving ``topic`` (see :meth:`NameService._route`), per the first

@@ -331,6 +331,43 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
 _WAIT_POLL = 0.1
 
 
+async def switch_master(universe: str, manager_address: Address, group: str, to: str, *,
+                        token: str = "", timeout: float = 5.0, tls: TLSFiles | None = None
+                        ) -> dict[str, Any]:
+    """``rdvpump mq failover``: member ``to`` of ``group`` is its master at the next
+    epoch, per the manager at ``manager_address``, and has taken over (its group's reply
+    once the member says it is master, within ``timeout``); ServiceError when the manager
+    refuses (with the reason), OSError when it cannot be reached or the member does not
+    take over in time."""
+    manager = BrokerManager(universe, token=token, **_tls(tls))
+    where = f"manager {manager_address[0]}:{manager_address[1]}"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        names = NameClient(manager, [manager_address], retry=timeout)
+        link = names.links[0]
+        names.start()
+        try:
+            with trio.move_on_after(timeout) as waited:
+                while link.queue is None and link.last_refusal is None:
+                    await link.attempted()
+                if link.queue is None:
+                    raise OSError(f"{where}: {link.last_refusal}")
+                info = await names.failover(group, to)
+                master = info["master"]
+                while not any(m["broker"] == master and m["role"] == "master"
+                              and m["epoch"] == info["epoch"] for m in info["members"]):
+                    await trio.sleep(_WAIT_POLL)  # the member's next registration
+                    info = await names.group(group)
+            if waited.cancelled_caught:
+                raise OSError(f"{where}: group {group}: no master at the new epoch within "
+                              f"{timeout} s")
+        finally:
+            await names.aclose()
+            nursery.cancel_scope.cancel()
+    return info
+
+
 async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
                     names: NameClient, nursery: trio.Nursery,
                     emit: Callable[[str, Mapping[str, object]], None]) -> None:

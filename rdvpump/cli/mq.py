@@ -10,8 +10,10 @@ import trio
 import typer
 from rich.table import Table
 
+from brokermgr import DEFAULT_MANAGER_PORT
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import History, verify
+from rdv import Address
 
 from .. import mqtool
 from ._common import TokenOption, UniverseOption, err, fail, guard, interruptible, out
@@ -258,3 +260,26 @@ def mq_check_history(
                   highlight=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command("failover")
+def mq_failover(
+    group: Annotated[str, typer.Argument(help="The replicated group.")],
+    to: Annotated[str, typer.Option(
+        "--to", help="The member to make master: its broker id or member id.")],
+    manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = (
+        f"127.0.0.1:{DEFAULT_MANAGER_PORT}"),
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Switch a replicated group's master by hand: the member (it must be in sync with
+    the master) is master at the next epoch, the old master steps down and copies it.
+    Waits until the member says it is master."""
+    from ..processes import switch_master
+
+    address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
+    info = guard(lambda: trio.run(lambda: switch_master(universe, address, group, to,
+                                                        token=token, timeout=timeout)))
+    out.print(f"group {group}: {info['master']} is master at epoch {info['epoch']}",
+              highlight=False)

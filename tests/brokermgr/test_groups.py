@@ -171,3 +171,26 @@ def test_when_the_master_is_lost_the_in_sync_member_holding_most_is_promoted() -
     assert t.forget("a1") == ("group a: master a1 lost at epoch 3; no member it reported "
                               "in sync is alive: no master")
     assert t.master("a") is None and t.route("orders")["groups"]["a"]["perm"] == "r"
+
+
+def test_a_failover_by_hand_goes_only_to_a_live_member_in_sync() -> None:
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1, GroupProgress(10, ("a1",)))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(10))
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(4))
+    with pytest.raises(ValueError, match="a2 is not in sync with master a0: it may lack "
+                                         "acknowledged messages"):
+        t.switch("a", "2")
+    with pytest.raises(ValueError, match="a0 is the master of group a already"):
+        t.switch("a", "a0")
+    with pytest.raises(LookupError, match="no live member '9'"):
+        t.switch("a", "9")
+    with pytest.raises(LookupError, match="group 'b' has no master"):
+        t.switch("b", "a1")
+    assert t.epochs["a"] == (1, "a0")  # nothing changed
+    assert t.switch("a", "1") == 2
+    assert t.master("a") is not None and t.master("a").broker_id == "a1"  # type: ignore[union-attr]
+    assert t.refusal("a0", member("a", 0, epoch=1)) is not None  # the old master steps down
+    assert t.insync["a"] == ("a0",)

@@ -354,7 +354,8 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     acknowledged is on a slave too.  SIGKILL the master mid-stream: the name service
     promotes the in-sync slave holding the most records, at the next epoch, and
     publishes go on there; the old master, restarted on its directory, comes back as a
-    slave of the new one.  Every acknowledged message is consumed, and no epoch has two
+    slave of the new one; ``rdvpump mq failover`` then moves the master by hand to the
+    other slave in sync.  Every acknowledged message is consumed, and no epoch has two
     masters: the history checker reads the whole run."""
     from brokermgr import NameClient
     from mq import History
@@ -440,10 +441,25 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
                     (s1_now,) = [m for m in back["members"] if m["broker"] == "s1"]
                     assert (s1_now["role"], back["master"]) == ("slave", group["master"])
                     await publish_until(after, 2, acknowledged() + 50)
-                    await drain(after)
+                    # by hand: the other slave in sync becomes master at epoch 3
+                    other = ({"s2", "s3"} - {group["master"]}).pop()
+                    await group_where(lambda g: other in g["insync"])
+                    switched = await trio.run_process(
+                        [*RDVPUMP, "mq", "failover", "a", "--to", other, "--universe", "q",
+                         "--manager", f"{manager[0]}:{manager[1]}"], capture_stdout=True,
+                        capture_stderr=True, env={**os.environ, "RDVPUMP_TOKEN": TOKEN},
+                        check=False)
+                    assert switched.returncode == 0, switched.stderr
+                    assert switched.stdout.decode().strip() == (
+                        f"group a: {other} is master at epoch 3")
                     after.close()
+                    last = MqClient(universe.add_broker("last"), f"{other}:15555",
+                                    timeout=5, producer="last")
+                    await publish_until(last, 3, acknowledged() + 50)
+                    await drain(last)
+                    last.close()
         names.close()
         nursery.cancel_scope.cancel()
     report = history.check({"orders": ["orders"]})
     assert report.ok, report.findings[:5]
-    assert report.counts["acknowledged"] >= 350
+    assert report.counts["acknowledged"] >= 400

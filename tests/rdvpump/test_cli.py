@@ -264,3 +264,11 @@ def test_broker_run_refuses_group_options_it_cannot_use_in_one_line() -> None:
         assert result.exit_code == 1, (extra, result.output)
         (line,) = result.output.strip().splitlines()
         assert line.startswith("error: ") and says in line, (extra, line)
+
+
+def test_mq_failover_without_a_manager_is_one_line() -> None:
+    result = runner.invoke(app, ["mq", "failover", "a", "--to", "1", "--manager",
+                                 "127.0.0.1:1", "--timeout", "2"])
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: manager 127.0.0.1:1: "), line
