@@ -5,7 +5,7 @@ from .analysis import analyze as analyze
 from .job import main as main
 from .jvm import JVM_PROFILES as JVM_PROFILES
 from .jvm import jvm_for as jvm_for
-from .jvm import session as session
+from .jvm import start_spark as start_spark
 from .output import print_summary as print_summary
 from .sources import SCHEMA_VERSION as SCHEMA_VERSION
 from .sources import TraceError as TraceError
@@ -14,4 +14,4 @@ from .sources import engine_for as engine_for
 from .sources import find_traces as find_traces
 
 __all__ = ["JVM_PROFILES", "SCHEMA_VERSION", "TraceError", "analyze", "check_traces",
-           "engine_for", "find_traces", "jvm_for", "main", "print_summary", "session"]
+           "engine_for", "find_traces", "jvm_for", "main", "print_summary", "start_spark"]

@@ -7,7 +7,7 @@ added up (:mod:`replay.census`), the fold of every stream's messages turned into
 (:mod:`replay.measure`), and the summary, tables and plots (:mod:`replay.output`).  Two
 engines do the same work with the same code (:mod:`replay.fold`, on Arrow tables):
 :class:`replay.local.Local` in this process, for traces that fit in memory, and
-:class:`replay.job.Spark` on a Spark session, local or a cluster.  Nothing here imports
+:class:`replay.job.Spark` on a SparkSession, local or a cluster.  Nothing here imports
 pyspark; :mod:`replay.reference` is the executable specification both are held to.
 
 Checks: every delivered message was sent; FIFO per link and direction (a delivery with a

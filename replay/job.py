@@ -1,4 +1,4 @@
-"""Replay pump traces with Spark: the analysis of :mod:`replay.analysis` on a Spark session.
+"""Replay pump traces with Spark: the analysis of :mod:`replay.analysis` on a SparkSession.
 
 Runs unchanged under ``spark-submit replay/job.py --traces DIR --out DIR`` on any
 cluster (it needs pyspark, pyarrow, numpy and matplotlib, and rdvpump installed or the
@@ -59,7 +59,7 @@ from pump import schema as _schema  # noqa: E402 - after the checkout's packages
 from replay import analysis as _analysis  # noqa: E402
 from replay import fold as _fold  # noqa: E402
 from replay import measure as _measure  # noqa: E402
-from replay.jvm import session  # noqa: E402
+from replay.jvm import start_spark  # noqa: E402
 from replay.output import print_summary  # noqa: E402
 from replay.sources import (  # noqa: E402
     SCHEMA_VERSION,
@@ -278,7 +278,7 @@ def _locate_lines(spark: Any, jsonl: list[str]) -> list[dict[str, Any]]:
 # -- the engine ------------------------------------------------------------------------------
 
 class Spark:
-    """:class:`replay.analysis.Engine` on a Spark session; its Spark jobs are one job
+    """:class:`replay.analysis.Engine` on a SparkSession; its Spark jobs are one job
     group, counted by :meth:`jobs`."""
 
     name = "spark"
@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    spark = session(args.master)
+    spark = start_spark(args.master)
     try:
         summary = _analysis.run(Spark(spark, args.traces), args.traces, args.out)
     except TraceError as exc:

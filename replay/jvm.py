@@ -1,8 +1,8 @@
-"""The JVM and the Spark session of the replay: JVM settings, a class-data-sharing
+"""The JVM and the SparkSession of the replay: JVM settings, a class-data-sharing
 archive of Spark's classes for local masters, Spark's logging kept to errors.
 
 ``rdvpump trace analyze --engine spark``, ``rdvpump bench replay`` and the tests start
-their sessions here; under ``spark-submit replay/job.py`` the job asks for one without a
+their SparkSessions here; under ``spark-submit replay/job.py`` the job asks for one without a
 master, which leaves everything to spark-submit.
 """
 
@@ -96,7 +96,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def session(master: str | None = None, *, app: str = "rdvpump-replay",
+def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
             log4j: str | None = None, warehouse: str | None = None,
             driver_memory: str = "2g", jvm: str = "production",
             shuffle_partitions: int = 4) -> Any:

@@ -232,12 +232,12 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from replay import analyze, session
+    from replay import analyze, start_spark
 
     try:
         if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
             os.sched_setaffinity(0, cpus)
-        spark = session(master, jvm=jvm, driver_memory="6g")
+        spark = start_spark(master, jvm=jvm, driver_memory="6g")
         seen = _jvm_cpus()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
         try:

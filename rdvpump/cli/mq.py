@@ -246,7 +246,8 @@ def mq_check_history(
         with open(history, encoding="utf-8", errors="replace") as lines:
             return History.read(lines)
 
-    report = guard(read, "HISTORY").check(groups, idempotent=idempotent)
+    report = interruptible(lambda: guard(read, "HISTORY").check(groups,
+                                                                 idempotent=idempotent))
     if as_json:
         print(json.dumps(report.to_dict()))
     else:
@@ -279,7 +280,7 @@ def mq_failover(
     from ..processes import switch_master
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
-    info = guard(lambda: trio.run(lambda: switch_master(universe, address, group, to,
-                                                        token=token, timeout=timeout)))
+    info = interruptible(lambda: trio.run(lambda: switch_master(
+        universe, address, group, to, token=token, timeout=timeout)))
     out.print(f"group {group}: {info['master']} is master at epoch {info['epoch']}",
               highlight=False)

@@ -110,14 +110,14 @@ def trace_analyze(
 def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
               verbose: bool, stage: Callable[[str], None],
               on_interrupt: Callable[[Any], None]) -> dict[str, Any]:
-    """The analysis on a Spark session started here (its JVM's output to
+    """The analysis on a SparkSession started here (its JVM's output to
     ``target/spark.log`` unless ``verbose``), stopped after."""
-    from replay import analyze, jvm_for, session
+    from replay import analyze, jvm_for, start_spark
 
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     stage(f"starting Spark ({master}, {profile} JVM)")
     with contextlib.nullcontext() if verbose else _jvm_output_to(target / "spark.log"):
-        spark = guard(lambda: session(master, jvm=profile, log4j="" if verbose else None))
+        spark = guard(lambda: start_spark(master, jvm=profile, log4j="" if verbose else None))
     on_interrupt(spark)
     try:
         summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,

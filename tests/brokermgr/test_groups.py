@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 
 from brokermgr import GroupMember, GroupTables, NameClient, ServiceError, Status
+from rdv import Address
 
-from .test_names import MANAGER, wait_until, world
+from .test_names import MANAGER as _MANAGER
+from .test_names import wait_until, world
+
+MANAGER = Address(*_MANAGER)
 
 
 def member(group: str, member_id: int, epoch: int = 1, role: str | None = None,

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import History, HistoryError, check_history
+from mq._history import Consumed, Published
 
 
 def clean() -> History:
@@ -216,10 +217,10 @@ def test_histories_of_a_queue_that_keeps_its_promises_pass(seed: int) -> None:
     report = history.check({"t": ["g"]}, idempotent=True)
     assert report.ok, report.findings[:3]
     # and the checker sees the loss of any acknowledged message
-    acked = [op for op in history if op.op == "publish" and op.status == "ok"]
+    acked = [op for op in history if isinstance(op, Published) and op.status == "ok"]
     if acked:
         gone = acked[len(acked) // 2]
-        kept = [op for op in history if not (op.op == "consume" and (
+        kept = [op for op in history if not (isinstance(op, Consumed) and (
             op.producer, op.sequence) == (gone.producer, gone.sequence))]
         (lost,) = check_history(kept, {"t": ["g"]}, idempotent=True).findings
         assert (lost.kind, lost.producer, lost.sequence) == ("lost", gone.producer,

@@ -13,6 +13,7 @@ import pytest
 from mq import CursorStore, FormatError, StoreError, TopicLog
 from mq._files import VIEW_BODY
 from mq._record import SEGMENT_HEADER
+from mq._topic import Log
 
 Clock = list[float]
 
@@ -284,7 +285,7 @@ def test_cursors_are_replaced_atomically_and_damage_is_reported(
     assert store.load(["billing", "eu/ops group"]) == {}
 
 
-def records(log: TopicLog) -> list[tuple[object, ...]]:
+def records(log: Log) -> list[tuple[object, ...]]:
     """Every record of ``log``, each as its fields."""
     out: list[tuple[object, ...]] = []
     offset = log.start_offset

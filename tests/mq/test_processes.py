@@ -18,6 +18,7 @@ import trio
 from brokermgr import BrokerManager
 from mq import MqClient, ServiceError
 from pump import Pump
+from rdv import Address
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
@@ -359,6 +360,7 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     masters: the history checker reads the whole run."""
     from brokermgr import NameClient
     from mq import History
+    from mq._history import Published
 
     def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
         return ["broker", "run", "--id", name, "--universe", "q", "--manager",
@@ -370,7 +372,7 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     history = History()
 
     def acknowledged() -> int:
-        return sum(op.op == "publish" and op.status == "ok" for op in history)
+        return sum(isinstance(op, Published) and op.status == "ok" for op in history)
 
     async def publish_until(client: MqClient, epoch: int, stop: int) -> None:
         """Publish batches of 5, each recorded with its answer, until ``stop`` are
@@ -396,7 +398,7 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     async def drain(client: MqClient) -> None:
         """Consume from ``client``'s server until every acknowledged message came."""
         want = {(op.producer, op.sequence) for op in history
-                if op.op == "publish" and op.status == "ok"}
+                if isinstance(op, Published) and op.status == "ok"}
         subscription = await client.subscribe("orders", window=500)
         seen: set[tuple[str, int]] = set()
         while not want <= seen:
@@ -416,7 +418,7 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
             _, manager), trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
         await nursery.start(universe.serve_network, "127.0.0.1", 0)
-        names = NameClient(universe, [manager])
+        names = NameClient(universe, [Address(*manager)])
         names.start()
         with trio.fail_after(120):
             async with spawn(*member("s1", 0, manager)) as (s1, _), \

@@ -21,7 +21,8 @@ from mq._record import encode_records
 
 from .test_log import records
 
-TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 0.5}
 
 
 @asynccontextmanager
@@ -90,9 +91,9 @@ async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
         chunks, lengths = encode_records(master_log.read(0, max_count=5), 1 << 20)
         damaged = bytearray(b"".join(bytes(c) for c in chunks))
         damaged[lengths[0] - 2] ^= 0x40  # in the first record's body
-        closed = []
+        closed: list[str] = []
         assert follower.link.queue is not None
-        follower.link.lost = closed.append  # type: ignore[method-assign]
+        follower.link.lost = closed.append  # type: ignore[method-assign,assignment]
         follower.copies(follower.link, {"cmd": "copies", "topic": "orders", "first": 5,
                                         "count": 5, "body": bytes(damaged)})
         assert replica.next_offset == 5 and follower.counts["refused frames"] == 1

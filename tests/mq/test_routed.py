@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 from collections import Counter
+from typing import Any
 
 import pytest
 import trio
@@ -13,7 +14,8 @@ from brokermgr import open_universe
 from brokermgr.tracking import RouteClient, TrackNode, by_key_hash
 from mq import Consumer, MqServer, Producer, ServiceError
 
-TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 0.5}
 
 
 async def test_producers_and_consumers_follow_the_route_table(

@@ -18,7 +18,8 @@ from brokermgr.tracking import TrackNode
 from channels import MessageTooLargeError
 from mq import MqClient, MqServer, ServiceError
 
-TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 0.5}
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 0.5}
 
 
 class Site:

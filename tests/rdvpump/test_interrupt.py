@@ -114,3 +114,18 @@ def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
     running = processes()
     assert [argv for p, argv in below.items() if running.get(p) == argv] == []
     assert [d for d in ours if d.exists()] == []  # Spark's shutdown removed its files
+
+
+def test_ctrl_c_ends_mq_failover_while_it_waits_for_the_manager() -> None:
+    import socket
+
+    with socket.socket() as silent:  # takes the connection, never answers the handshake
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(DEADLINE)
+        port = silent.getsockname()[1]
+        proc = start("mq", "failover", "a", "--to", "1", "--manager", f"127.0.0.1:{port}",
+                     "--timeout", "60")
+        connection, _ = silent.accept()  # it is waiting for the manager's answer now
+        with connection:
+            interrupt_and_check(proc)

@@ -329,7 +329,7 @@ async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> N
         await nursery.start(u.pump.serve)
         await nursery.start(u.serve_network, "127.0.0.1", 0)
         held = {"a0": GroupProgress(100, ("a1",)), "a1": GroupProgress(97)}
-        names = NameClient(u, [manager], groups=places.get, progress=held.get)
+        names = NameClient(u, [Address(*manager)], groups=places.get, progress=held.get)
         names.start()
         status = await trio.run_process(
             [*RDVPUMP, "status", "--universe", "g", "--manager", f"{manager[0]}:{manager[1]}",

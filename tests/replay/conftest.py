@@ -1,4 +1,4 @@
-"""One local Spark session for all replay tests, with settings that start it fast (a small
+"""One local SparkSession for all replay tests, with settings that start it fast (a small
 shuffle, no UI, the quick JVM profile)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="pip install -e '.[spark]' to run the replay tests")
     if shutil.which("java") is None:
         pytest.skip("Spark needs Java 17 or 21 on PATH")
-    from replay import session
+    from replay import start_spark
 
-    spark = session("local[2]", app="rdvpump-tests", jvm="quick",
+    spark = start_spark("local[2]", app="rdvpump-tests", jvm="quick",
                     warehouse=str(tmp_path_factory.mktemp("warehouse")))
     yield spark
     spark.stop()

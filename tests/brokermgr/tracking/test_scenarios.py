@@ -413,7 +413,7 @@ def test_a_server_s_group_and_a_promotion_reach_clients_through_the_tracker(
     a0.close()
     world.run(0.1)
     assert sorted(client.routes.writable_of("orders")) == ["a1:15555"]
-    assert client.routes.server_table["a1:15555"].group.epoch == 2  # type: ignore[union-attr]
+    assert client.routes.server_table["a1:15555"].group == GroupMember("a", 1, "master", 2)
 
 
 def test_rdvpump_routes_shows_each_server_s_group(world: World) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 from brokermgr import BrokerManager
 from brokermgr.tracking import RouteChange, RouteClient, TrackNode
 
-TIMING = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0, "retry": 3.0}
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 3.0}
 
 
 class World:
