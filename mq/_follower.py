@@ -9,8 +9,11 @@ each ``copies`` frame is checked and stored whole (:meth:`~._log.TopicLog.append
 every checksum, offsets in line), made durable, and acknowledged with ``copied {topic,
 next}``, which opens the master's window for more.  A frame that is damaged or out of
 line stores nothing and closes the link with the reason (a protocol error); the next
-connect asks again from what is stored.  A refusal (a replica ahead of its master, a
-memory topic) is kept per topic (:attr:`Follower.refused`) and logged once.
+connect asks again from what is stored.  Each follow names the master epoch of the copy's
+last record; a master whose history parts from the copy answers where, and the copy is
+cut back there (logged, counted in ``counts["cut records"]``) and asked again from there
+(:mod:`._epochs`).  A refusal (a replica ahead of its master, a memory topic) is kept per
+topic (:attr:`Follower.refused`) and logged once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import trio
 from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Outcome, ServiceError
 from brokermgr.tracking import ServerAddress
 
+from ._epochs import Epochs, kept
 from ._log import TopicLog
 from ._record import StoreError
 from ._requests import DEFAULT_FOLLOW_WINDOW
@@ -48,12 +52,9 @@ class Replica(Protocol):
     def replica_stored(self, name: str) -> None:
         """Records were stored in ``name``'s log (its consumers may have more now)."""
 
-    def replica_epoch(self) -> int | None:
-        """The master epoch the replica's records were last written under (None: not
-        known)."""
-
-    def replica_followed(self, epoch: int) -> None:
-        """A master at ``epoch`` is copied from now on."""
+    def replica_cut(self, name: str, offset: int) -> None:
+        """``name``'s log lost its records from ``offset`` on (a tail its master's
+        history replaced)."""
 
 
 class Logs:
@@ -71,10 +72,7 @@ class Logs:
     def replica_stored(self, name: str) -> None:
         pass
 
-    def replica_epoch(self) -> int | None:
-        return None
-
-    def replica_followed(self, epoch: int) -> None:
+    def replica_cut(self, name: str, offset: int) -> None:
         pass
 
 
@@ -116,8 +114,9 @@ class Follower:
         self.refused: dict[str, str] = {}
         self.following: set[str] = set()
         self.followed: set[str] = set()
-        #: Records stored, and frames refused (damaged or out of line).
-        self.counts = {"records": 0, "frames": 0, "refused frames": 0}
+        #: Records stored, frames refused (damaged or out of line), records cut (a
+        #: former master's tail).
+        self.counts = {"records": 0, "frames": 0, "refused frames": 0, "cut records": 0}
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
         self.link = _MasterLink(self, broker, self.master, retry)
@@ -148,26 +147,70 @@ class Follower:
                 topic_log = self.replica.add_replica_topic(name, list(flags))
             if topic_log is None:
                 continue
-            self.following.add(name)  # asked: an answer or the link's loss comes
-            ask = {"cmd": "follow", "topic": name, "start": topic_log.next_offset,
-                   "window": self.window, "replica": self.name}
-            if (epoch := self.replica.replica_epoch()) is not None:
-                ask["epoch"] = epoch
-            self.link.request(ask,
-                              functools.partial(self.answered, name))
+            self._ask(name, topic_log)
+
+    def _ask(self, name: str, topic_log: TopicLog) -> None:
+        """Ask the master to ship ``name`` from this copy's next offset."""
+        self.following.add(name)  # asked: an answer or the link's loss comes
+        start = topic_log.next_offset
+        ask: dict[str, Any] = {"cmd": "follow", "topic": name, "start": start,
+                               "window": self.window, "replica": self.name}
+        if start > 0:
+            ask["epoch"] = topic_log.epochs.epoch_at(start - 1)
+        self.link.request(ask, functools.partial(self.answered, name))
 
     def answered(self, topic: str, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):
             self.following.discard(topic)  # asked again at the next scan
-            if outcome.status and self.refused.get(topic) != outcome.reason:
-                log.error("%s: %s: %s", self.link.name, topic, outcome.reason)
-                self.refused[topic] = outcome.reason
-                self._changed()
+            if outcome.status:
+                self._refuse(topic, outcome.reason)
+            return
+        topic_log = self.replica.replica_logs().get(topic)
+        if topic_log is None:
+            self.following.discard(topic)
+            return
+        try:
+            if outcome.get("cmd") == "diverged":
+                self._cut(topic, topic_log, outcome)
+                return
+            if "epochs" in outcome:
+                topic_log.adopt_epochs(Epochs.parse(outcome["epochs"], "the master's epochs"))
+        except ValueError as exc:
+            self.link.protocol_error(f"{topic}: {exc}")
+            return
+        except StoreError as exc:
+            self.following.discard(topic)
+            self._refuse(topic, str(exc))
             return
         self.refused.pop(topic, None)
         self.followed.add(topic)
-        if type(epoch := outcome.get("epoch")) is int:
-            self.replica.replica_followed(epoch)
+        self._changed()
+
+    def _refuse(self, topic: str, reason: str) -> None:
+        if self.refused.get(topic) != reason:
+            log.error("%s: %s: %s", self.link.name, topic, reason)
+            self.refused[topic] = reason
+            self._changed()
+
+    def _cut(self, topic: str, topic_log: TopicLog, answer: dict[str, Any]) -> None:
+        """The master's history parts from this copy: cut it back (:mod:`._epochs`) and
+        ask again from there."""
+        epoch, end = answer.get("epoch"), answer.get("end")
+        if not (epoch is None or type(epoch) is int) or type(end) is not int:
+            raise ValueError(f"a diverged answer with epoch {epoch!r} and end {end!r}")
+        last = topic_log.next_offset
+        keep = kept(topic_log.epochs, last, epoch, end)
+        if keep >= last:
+            raise ValueError(f"a diverged answer (epoch {epoch}, end {end}) that cuts "
+                             f"nothing from {last}")
+        written = topic_log.epochs.epoch_at(last - 1)
+        cut = topic_log.truncate(keep)
+        self.replica.replica_cut(topic, keep)
+        self.counts["cut records"] += cut
+        log.warning("%s: %s: cut %d records, offsets %d to %d (the last written under "
+                    "epoch %d): the master's history parts from them at %d", self.link.name,
+                    topic, cut, keep, last - 1, written, keep)
+        self._ask(topic, topic_log)
         self._changed()
 
     def copies(self, link: _MasterLink, obj: dict[str, Any]) -> None:

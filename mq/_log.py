@@ -41,6 +41,7 @@ from pathlib import Path
 
 from pump import ConfigError
 
+from ._epochs import EPOCHS, Epochs
 from ._files import VIEW_BODY, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
 from ._record import (
     DEFAULT_MAX_BODY,
@@ -152,6 +153,8 @@ class TopicLog:
             raise StoreError(f"{self.directory}: cannot open the queue: "
                              f"{exc.strerror or exc}") from exc
         self._durable = self.next_offset
+        #: The master epochs its records were written under (:mod:`._epochs`).
+        self.epochs = Epochs.read(self.directory)
 
     # -- state -------------------------------------------------------------------------
 
@@ -386,6 +389,60 @@ class TopicLog:
         if segment.size >= self.segment_bytes:
             self._roll()
         return len(records)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """This log's records are written under master epoch ``epoch`` from its next
+        offset on (kept on disk before it returns)."""
+        if self.epochs.begin(epoch, self.next_offset):
+            write_file(self.directory / EPOCHS, self.epochs.encode())
+
+    def adopt_epochs(self, epochs: Epochs) -> None:
+        """The master's epochs (this replica's records are its master's)."""
+        if epochs.entries != self.epochs.entries:
+            self.epochs = epochs
+            write_file(self.directory / EPOCHS, epochs.encode())
+
+    def truncate(self, offset: int) -> int:
+        """Cut every record from ``offset`` on (a replica's tail that its master's history
+        replaced): later segments are deleted, the one holding ``offset`` is cut there and
+        is the last again, the epochs that began past it go; durable when it returns.  The
+        count of records cut; :class:`StoreError` (nothing cut) below the oldest held."""
+        if offset >= self.next_offset:
+            return 0
+        if self.failed is not None or offset < self.start_offset:
+            raise StoreError(f"{self.directory}: cannot cut from offset {offset}: " + (
+                self.failed or f"the oldest record held is {self.start_offset}"))
+        cut = self.next_offset - offset
+        keep = next(i for i in range(len(self.segments) - 1, -1, -1)
+                    if i == 0 or self.segments[i].base < offset)
+        segment = self.segments[keep]
+        pos = self._position(segment, offset)
+        buf = os.pread(segment.fd, segment.size - pos, pos)
+        at = 0
+        try:
+            while (found := decode(buf, at, self.max_record)) is not None \
+                    and found[0].offset < offset:
+                at = found[1]
+        except BadRecord as exc:
+            raise StoreError(f"{segment.path}: cannot cut from offset {offset}: a damaged "
+                             f"record before it ({exc})") from None
+        for gone in self.segments[keep + 1:]:
+            os.close(gone.fd)
+            gone.path.unlink()
+            gone.index_path.unlink(missing_ok=True)
+        del self.segments[keep + 1:]
+        segment.index_path.unlink(missing_ok=True)  # the last segment has none
+        fsync_dir(self._segdir)
+        os.ftruncate(segment.fd, pos + at)
+        os.fsync(segment.fd)
+        segment.size, segment.bad = pos + at, []
+        self._scan(segment, last=True)
+        self._found.clear()  # damage in what is kept was reported when found
+        self._tail, self._tail_ends, self._tail_start, self._tail_floor = [], [], 0, 0
+        self._durable = self.next_offset
+        self.epochs.cut(offset)
+        write_file(self.directory / EPOCHS, self.epochs.encode())
+        return cut
 
     def _keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
         """Keep the newest records in memory, for readers that keep up: a list read from

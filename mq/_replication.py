@@ -6,9 +6,14 @@ link: from then on the master sends it that topic's records from ``start`` on, a
 are written, in ``copies {topic, first, count}`` frames whose body is the records as the
 log stored them (checksums included: the replica checks each one and stores the bytes as
 they are), never more than ``window`` bytes ahead of what the replica acknowledged
-(``copied {topic, next}``).  A replica whose ``start`` is past the master's last offset
-holds records the master does not (a former master's tail): refused with that reason,
-409.  A memory topic is not replicated (400).
+(``copied {topic, next}``).  The follow names the master epoch of the replica's last
+record: if the replica's records up to ``start`` are not the master's (a former master's
+tail, written after its successor's epoch began), the answer is ``diverged {topic, epoch,
+end}`` and the replica cuts its copy back and asks again (the rule: :mod:`._epochs`); the
+answer that agrees (``following``) carries the master's epochs, which the replica keeps.
+A replica with records of a newer epoch, or with more records of the master's own epoch
+than the master, is refused with that reason (409): those are never cut.  A memory topic
+is not replicated (400).
 
 What each replica acknowledged is kept.  A replica is *in sync* while it has
 acknowledged everything written, or did so within the last ``insync_lag`` seconds
@@ -35,6 +40,8 @@ from pump import ConfigError
 
 from ._catalogue import Catalogue, TopicState
 from ._delivery import FRAME_BYTES, ClientLink
+from ._epochs import diverged
+from ._log import TopicLog
 from ._record import encode_records
 from ._requests import Copied, Follow
 
@@ -97,32 +104,26 @@ class Shipper:
         self.followers: dict[tuple[str, str], _Follower] = {}
         #: produce replies waiting for replicas, by topic, in offset order
         self.held: dict[str, list[_Held]] = {}
-        #: this master's epoch, and where it began in each topic (set on a promotion):
-        #: a replica's records past that, written under an older epoch, may differ
+        #: this master's epoch (each topic's log keeps where each epoch began)
         self.epoch = 0
-        self.epoch_starts: dict[str, int] = {}
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
         self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
 
     def follow(self, link: ClientLink, request: Follow) -> dict[str, Any]:
         state = self.catalogue.get(request.topic)
-        if "memory" in state.flags:
+        log = state.topic.log
+        if not isinstance(log, TopicLog):
             raise ServiceError(Status.BAD_REQUEST,
                                f"topic {request.topic!r} is memory only: not replicated")
-        log = state.topic.log
-        if request.start > log.next_offset:
-            raise ServiceError(Status.CONFLICT,
-                               f"{request.topic}: the replica holds offsets up to "
-                               f"{request.start - 1}, this server's last is "
-                               f"{log.next_offset - 1}: it holds records this one does not")
-        began = self.epoch_starts.get(request.topic)
-        if request.epoch is not None and request.epoch < self.epoch and began is not None \
-                and request.start > began:
-            raise ServiceError(Status.CONFLICT,
-                               f"{request.topic}: the replica's records from offset {began} on "
-                               f"were written under epoch {request.epoch}, and this master's "
-                               f"epoch {self.epoch} began at offset {began}: they may differ "
-                               f"(cutting them is not built)")
+        try:
+            answer = diverged(log.epochs, log.next_offset, self.epoch,
+                              log.epochs.last if request.epoch is None else request.epoch,
+                              request.start) if request.start > 0 else None
+        except ValueError as exc:
+            raise ServiceError(Status.CONFLICT, f"{request.topic}: {exc}") from None
+        if answer is not None:
+            return {"cmd": "diverged", "topic": request.topic, "epoch": answer[0],
+                    "end": answer[1]}
         if request.start < log.start_offset:
             raise ServiceError(Status.CONFLICT,
                                f"{request.topic}: records before {log.start_offset} are gone "
@@ -133,7 +134,7 @@ class Shipper:
             request.replica)
         self.ship(state)
         return {"cmd": "following", "topic": request.topic, "next": log.next_offset,
-                "epoch": self.epoch}
+                "epoch": self.epoch, "epochs": log.epochs.to_json()}
 
     def copied(self, link: ClientLink, request: Copied) -> None:
         follower = self.followers.get((link.caller_id, request.topic))

@@ -167,10 +167,7 @@ class MqServer:
         #: A group's master takes writes only once the name service confirmed it at its
         #: epoch (a former master restarting must not take any: :meth:`confirm`).
         self.confirmed = False
-        #: The master epoch this server's records were last written under (its own, or
-        #: the master's it copies), told to a master it follows.
         group = self.group
-        self.log_epoch: int | None = None if group is None else group.epoch
         if group is not None and group.role == "master":
             self.shipper.epoch = group.epoch
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
@@ -248,6 +245,7 @@ class MqServer:
             state.creator = call.queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
+            self._begin_epoch()
         new_group = group not in state.topic.groups
         old_filter = state.filters.get(group)
         if new_group or request.filter is not None:
@@ -471,6 +469,14 @@ class MqServer:
         """The name service holds this server as its group's master at its epoch: it
         takes writes."""
         self.confirmed = True
+        self._begin_epoch()
+
+    def _begin_epoch(self) -> None:
+        """As its group's master: its epoch writes every topic from its next offset on."""
+        group = self.group
+        if group is not None and group.role == "master":
+            for topic_log in self.replica_logs().values():
+                topic_log.begin_epoch(group.epoch)
 
     def promote(self, epoch: int) -> None:
         """This slave is its group's master from ``epoch`` on: it stops copying, takes
@@ -482,9 +488,8 @@ class MqServer:
             self.follower = None
         self.node.server.set_group(dataclasses.replace(group, role="master", epoch=epoch))
         self.confirmed = True
-        self.log_epoch = self.shipper.epoch = epoch
-        self.shipper.epoch_starts = {name: log.next_offset
-                                     for name, log in self.replica_logs().items()}
+        self.shipper.epoch = epoch
+        self._begin_epoch()
         log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
 
     def demote(self, epoch: int) -> None:
@@ -526,11 +531,11 @@ class MqServer:
         assert isinstance(state.topic.log, TopicLog)
         return state.topic.log
 
-    def replica_epoch(self) -> int | None:
-        return self.log_epoch
-
-    def replica_followed(self, epoch: int) -> None:
-        self.log_epoch = max(self.log_epoch or 0, epoch)
+    def replica_cut(self, name: str, offset: int) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            state.topic.cut(offset)
+            self.catalogue.save_positions(state)
 
     def replica_stored(self, name: str) -> None:
         state = self.catalogue.topics.get(name)

@@ -421,6 +421,17 @@ class Topic:
             group.next_read = self.log.next_offset
             group.dirty = True
 
+    def cut(self, offset: int) -> None:
+        """The log lost its records from ``offset`` on (a replica cut a tail its master
+        never had): no group reads or waits for them any more."""
+        for group in self.groups.values():
+            for late in [o for o in group.in_flight if o >= offset]:
+                group.in_flight.pop(late).consumer.in_flight.discard(late)
+            group.redeliver = deque(r for r in group.redeliver if r[0].offset < offset)
+            if group.next_read > offset:
+                group.next_read = offset
+                group.dirty = True
+
     # -- figures -----------------------------------------------------------------------
 
     def lag(self, group_name: str) -> int:

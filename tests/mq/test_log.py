@@ -360,3 +360,49 @@ def test_copies_that_are_damaged_cut_short_or_out_of_line_store_nothing(
     assert replica.next_offset == 10
     replica.close()
     master.close()
+
+
+def test_a_cut_at_any_offset_keeps_exactly_the_records_before_it(
+        tmp_path: pathlib.Path) -> None:
+    """A replica cuts a tail its master never had: at every offset of a log of several
+    segments (sealed ones with their indexes, the last without), what is before the cut
+    stays, byte for byte, on disk as in memory; the next record gets the cut's offset;
+    the epochs that began past it go; reopening finds the same, nothing torn."""
+    def build(where: pathlib.Path) -> TopicLog:
+        log = TopicLog(where, segment_bytes=400)
+        fill(log, 6)
+        log.begin_epoch(2)
+        fill(log, 8)
+        log.begin_epoch(4)
+        fill(log, 3)
+        return log
+
+    whole = build(tmp_path / "whole")
+    assert len(whole.segments) >= 5 and whole.epochs.entries == [(0, 0), (2, 6), (4, 14)]
+    expected = bodies(whole)
+    whole.close()
+    for offset in range(len(expected) + 1):
+        log = build(tmp_path / str(offset))
+        assert log.truncate(offset) == len(expected) - offset
+        assert log.next_offset == offset and bodies(log) == expected[:offset]
+        assert log.epochs.entries == [e for e in [(0, 0), (2, 6), (4, 14)]
+                                      if e[1] < offset or e == (0, 0)]
+        assert log.append([("t", "p2", 1, b"after the cut")]) == offset
+        log.close()
+        again = TopicLog(tmp_path / str(offset), segment_bytes=400)
+        assert bodies(again) == [*expected[:offset], b"after the cut"]
+        assert again.corruptions == [] and again.cut_bytes == 0
+        assert again.epochs.entries == log.epochs.entries
+        assert len(list((tmp_path / str(offset) / "segments").glob("*.idx"))) == \
+            len(again.segments) - 1
+        again.close()
+
+
+def test_a_cut_before_the_oldest_record_held_is_refused(tmp_path: pathlib.Path) -> None:
+    log = TopicLog(tmp_path, segment_bytes=400)
+    fill(log, 12)
+    assert log.retain(max_bytes=800) > 0 and log.start_offset > 0
+    with pytest.raises(StoreError, match=f"the oldest record held is {log.start_offset}"):
+        log.truncate(log.start_offset - 1)
+    assert log.next_offset == 12 and log.truncate(12) == 0
+    log.close()

@@ -1,7 +1,8 @@
 """Replication, the records' part: a replica follows its master's topic over a link and
 stores its records as the master did, resumes after the link is lost, refuses a damaged
-frame (closing only that link, with the reason), and is refused when it holds records
-its master does not.  On trio's virtual clock, fsyncs on the pump."""
+frame (closing only that link, with the reason), cuts a tail its master's history
+replaced, and is refused when it holds records of its master's epoch that the master
+does not.  On trio's virtual clock, fsyncs on the pump."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import trio
 from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer, TopicLog
+from mq._epochs import Epochs
 from mq._follower import Follower
 from mq._record import encode_records
 
@@ -119,9 +121,9 @@ async def test_a_replica_ahead_of_its_master_is_refused_with_the_reason(
         while "orders" not in follower.refused:
             await follower.changed.wait()
         assert follower.refused["orders"] == (
-            "orders: the replica holds offsets up to 4, this server's last is 2: it holds "
-            "records this one does not")
-        assert ahead.next_offset == 5  # nothing cut here: that is the failover's work
+            "orders: the replica holds offsets up to 4 of epoch 0, this master's last is 2: "
+            "it holds records this one does not")
+        assert ahead.next_offset == 5  # records of the master's own epoch are never cut
         follower.close()
         ahead.close()
 
@@ -231,56 +233,67 @@ async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind
             logs[name].close()
 
 
-async def test_a_former_master_s_records_past_the_new_epoch_s_start_are_refused(
-        tmp_path: pathlib.Path, autojump_clock: object) -> None:
-    """A promoted master knows where its epoch began in each topic: a replica whose
-    records past that were written under an older epoch (a former master's unreplicated
-    tail) is refused with the reason; one that stops before it may follow."""
+async def test_a_former_master_s_tail_is_cut_and_it_copies_its_successor(
+        tmp_path: pathlib.Path, autojump_clock: object, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """s1, master at epoch 1 (``async``), stores a record its replica s2 never got; s2 is
+    promoted at epoch 2 and takes writes at that offset; s1, stepped down, follows s2: it
+    cuts its record (logged, counted), copies s2's, and its consume group, which had
+    been given and had acknowledged the record cut, reads what s2 wrote there.  A copy
+    that stops before epoch 2 began follows with nothing cut."""
     from brokermgr import GroupMember
-    from mq._follower import Logs
-
-    class Former(Logs):
-        def replica_epoch(self) -> int | None:
-            return 1
 
     with trio.fail_after(600):
         async with open_universe("replicated") as universe:
-            node = TrackNode(universe.add_broker("s2"), role="server",
-                             group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
-            server = MqServer(node, tmp_path / "s2", fsync_thread=False)
-            server.add_replica_topic("orders", [])
-            master_log = server.catalogue.topics["orders"].topic.log
-            master_log.append([(None, "p", 1, b"kept")] * 3)  # as if copied from s1
-            chunks, _ = encode_records(master_log.read(0), 1 << 20)
-            copied = b"".join(bytes(c) for c in chunks)
-            server.promote(2)  # its epoch 2 begins at offset 3
-            assert server.group == GroupMember("a", 1, "master", epoch=2)
-            client = MqClient(universe.add_broker("app"), "s2:15555", retry=0.5)
-            await client.publish("orders", b"new at 3")
-            tail = TopicLog(tmp_path / "s1" / "orders")  # s1, the former master
-            tail.append_copies(copied)
-            tail.append([(None, "p", 9, b"never copied")])
-            follower = Follower(universe.add_broker("s1"), "s2:15555",
-                                Former({"orders": tail}), retry=0.5)
-            while "orders" not in follower.refused:
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
+            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
+            s1.confirm()
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+            await client.declare("orders")
+            follower = s2.follow("s1:15555", retry=0.5)
+            await client.publish_many("orders", [b"a", b"b", b"c"])
+            copy = s2.replica_logs()["orders"]
+            while copy.next_offset < 3:
                 await follower.changed.wait()
-            assert follower.refused["orders"] == (
-                "orders: the replica's records from offset 3 on were written under epoch 1, "
-                "and this master's epoch 2 began at offset 3: they may differ (cutting them "
-                "is not built)")
-            follower.close()
-            behind = TopicLog(tmp_path / "s3" / "orders")
-            behind.append_copies(copied)
-            ok = Follower(universe.add_broker("s3"), "s2:15555", Former({"orders": behind}),
-                          retry=0.5)
-            while behind.next_offset < 4:
-                await ok.changed.wait()
-            assert [bytes(r.body) for r in behind.read(3)] == [b"new at 3"]
-            ok.close()
+            s2.promote(2)  # s1 is not told yet: it takes one more write
+            await client.publish("orders", b"s1 alone")
+            subscription = await client.subscribe("orders", window=10)
+            given: list[bytes] = []
+            while len(given) < 4:
+                messages = await subscription.receive_many()
+                given += [m.body for m in messages]
+                await subscription.ack([m.offset for m in messages])
+            assert given == [b"a", b"b", b"c", b"s1 alone"]
+            s1.demote(2)
             client.close()
-            server.close()
-            tail.close()
-            behind.close()
+            writer = MqClient(universe.add_broker("writer"), "s2:15555", retry=0.5)
+            assert (await writer.publish("orders", b"s2 at 3")).offset == 3
+            assert copy.epochs.entries == [(1, 0), (2, 3)]
+            back = s1.follow("s2:15555", retry=0.5)
+            mine = s1.replica_logs()["orders"]
+            while mine.epochs.entries != copy.epochs.entries or mine.next_offset < 4:
+                await back.changed.wait()
+            assert back.counts["cut records"] == 1 and "orders" not in back.refused
+            assert records(mine) == records(copy)
+            assert ("s1 alone" not in str(records(mine))
+                    and "cut 1 records, offsets 3 to 3 (the last written under epoch 1)"
+                    in caplog.text)
+            reader = MqClient(universe.add_broker("reader"), "s1:15555", retry=0.5)
+            assert (await reader.query("orders"))["orders"]["groups"]["orders"]["lag"] == 1
+            after = await (await reader.subscribe("orders", window=10)).receive_many()
+            assert [(m.offset, m.body) for m in after] == [(3, b"s2 at 3")]
+            behind = TopicLog(tmp_path / "s3" / "orders")
+            behind.append_copies(b"".join(bytes(c) for c in encode_records(
+                copy.read(0, max_count=2), 1 << 20)[0]))
+            behind.adopt_epochs(Epochs([(1, 0)]))
+            third = Follower(universe.add_broker("s3"), "s2:15555", {"orders": behind},
+                             retry=0.5)
+            await until(third, behind, 4)
+            assert third.counts["cut records"] == 0 and records(behind) == records(copy)
+            for closing in (third, reader, writer, s1, s2, behind):
+                closing.close()
 
 
 async def test_a_master_that_steps_down_lets_go_of_its_replicas(
