@@ -34,6 +34,7 @@ from channels import MessageQueue
 
 from ._commit import GroupCommit
 from ._cursor import CursorStore
+from ._dedupe import Recent
 from ._files import write_file
 from ._filter import FilterError
 from ._log import TopicLog
@@ -67,6 +68,8 @@ class TopicState:
     error: str | None = None
     #: why a group's position could not be saved, until it is saved again
     group_errors: dict[str, str] = field(default_factory=dict)
+    #: its recent publishes by producer and sequence (None: to be built from the log)
+    recent: Recent | None = None
 
 
 class Catalogue:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -154,14 +155,23 @@ _COLUMNS = (("offsets", True), ("sizes", False), ("tags", False), ("producers", 
             ("sequences", True), ("deliveries", False), ("timestamps", False))
 
 
+def unique_producer(broker_id: str) -> str:
+    """A producer id no other client has: ``broker_id`` and a random suffix (a client
+    started again on the same broker numbers its messages from 1 again)."""
+    return f"{broker_id}~{secrets.token_hex(4)}"
+
+
 class MqClient:
     """``broker``'s client of the MQ server at ``server`` (``"broker:port"``, as in route
-    tables).  ``producer`` names this client's messages (default: the broker id)."""
+    tables).  ``producer`` names this client's messages (default: the broker id and a
+    random suffix, this client's own): the server does not store again a publish retried
+    with the same producer and sequence (:mod:`._dedupe`), so a producer given here must
+    not be another live client's."""
 
     def __init__(self, broker: Broker, server: str, *, producer: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: float = DEFAULT_RETRY) -> None:
         self.server = ServerAddress(server)
-        self.producer = producer or broker.id
+        self.producer = producer or unique_producer(broker.id)
         self.timeout = timeout
         self.sequence = 0
         self.subscriptions: dict[tuple[str, str], Subscription] = {}

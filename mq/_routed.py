@@ -5,11 +5,20 @@
 when that server does not answer, publishes again on another server that
 holds the topic.  **That can store a message twice** (the first server may
 have stored it before it went quiet): the retry keeps the same producer id and
-sequence number, so a consumer that must not see duplicates drops a message
-whose ``(producer, sequence)`` it has seen.
+sequence number, so a server that has those messages already (a slave promoted after
+its master died, which had copied them) answers with where they are and does not store
+them again (:mod:`._dedupe`), and a consumer that must not see duplicates drops a
+message whose ``(producer, sequence)`` it has seen (another server of the topic may
+have stored it).  While every server of the topic refuses (503: a replicated group's
+slave, a master not confirmed yet) or does not answer, a publish waits for the route
+table to change and tries again, for up to ``failover`` seconds: a publish in flight
+when a master dies goes to the member promoted, with its numbers.
 
-:class:`Consumer` consumes the topic on every server that holds it, attaches
-to servers as they join the route table and lets go of those that leave.
+:class:`Consumer` consumes the topic on every server that holds it (of a replicated
+group: its master, or its slaves while it has none), attaches to servers as they join
+the route table or become readable, and lets go of those that leave.  Consume-group
+positions are not replicated: a consumer that moves to a promoted member is given the
+group's messages from that member's own position (at-least-once: some again).
 """
 
 from __future__ import annotations
@@ -22,24 +31,31 @@ import trio
 from brokermgr import ServiceError, Status
 from brokermgr.tracking import ProducerRoute, RouteChange, RouteClient, Selector
 
-from ._client import DEFAULT_TIMEOUT, MqClient, Stored
+from ._client import DEFAULT_TIMEOUT, MqClient, Stored, unique_producer
 from ._subscription import Message, Subscription
 from ._topic import DEFAULT_WINDOW
 
 #: Statuses after which a publish is tried on another server (no answer; server closed).
 RETRYABLE = frozenset({0, 503})
+#: Seconds a publish goes on trying while every server of its topic refuses it (503) or
+#: does not answer (a replicated group's master failing over), by default; and between
+#: its rounds of tries when the route table does not change meanwhile.
+DEFAULT_FAILOVER = 10.0
+RECHECK = 1.0
 
 
 class Producer:
     """Publishes to ``topic`` on the servers ``routes`` knows."""
 
     def __init__(self, routes: RouteClient, topic: str, *, selector: Selector | None = None,
-                 producer: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 producer: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 failover: float = DEFAULT_FAILOVER) -> None:
         self.routes = routes
         self.topic = topic
         self.route = ProducerRoute(routes, topic, selector)
-        self.producer = producer or routes.broker.id
+        self.producer = producer or unique_producer(routes.broker.id)
         self.timeout = timeout
+        self.failover = failover
         self.sequence = 0
         self.clients: dict[str, MqClient] = {}
         #: Publishes tried again on another server (each may have duplicated a message).
@@ -66,13 +82,22 @@ class Producer:
     async def publish_many(self, bodies: Sequence[bytes], *, tag: str | None = None,
                            key: bytes | str | None = None) -> list[Stored]:
         """Store ``bodies`` on one server; tried again on another that holds the topic if
-        the first does not answer (see the module: this can duplicate)."""
+        the first does not answer (see the module: this can duplicate), and for up to
+        ``failover`` seconds while none takes it (a master failing over)."""
         sequence = self.sequence
         self.sequence += len(bodies)
         tried: set[str] = set()
         last: ServiceError | None = None
+        deadline = trio.current_time() + self.failover
         while True:
             candidates = self._candidates(key, tried)
+            if not candidates and last is not None and trio.current_time() < deadline:
+                # every server of the topic refused (503) or did not answer: a master may
+                # be failing over; try them all again at the route table's next change
+                with trio.move_on_at(min(deadline, trio.current_time() + RECHECK)):
+                    await self.routes.changed()
+                tried.clear()
+                continue
             if not candidates:
                 if last is not None:
                     raise last
@@ -117,13 +142,19 @@ class Consumer:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.routes.on_change(self._changed)
-            for address in sorted(self.routes.routes.servers_of(self.topic)):
+            for address in sorted(self._holding()):
                 self._attach(address)
             task_status.started()
             await trio.sleep_forever()
 
+    def _holding(self) -> set[str]:
+        """The servers to read the topic from: a replicated group's master, its slaves
+        while it has none (:meth:`~brokermgr.tracking.RouteTable.readable`)."""
+        readable = set(self.routes.routes.readable())
+        return {a for a in self.routes.routes.servers_of(self.topic) if a in readable}
+
     def _changed(self, change: RouteChange) -> None:
-        holding = set(self.routes.routes.servers_of(self.topic))
+        holding = self._holding()
         for address in sorted(holding - set(self.clients)):
             self._attach(address)
         for address in sorted(set(self.clients) - holding):

@@ -71,6 +71,7 @@ from pump import ConfigError, Repeating
 
 from ._catalogue import FLAGS, Catalogue, TopicState
 from ._commit import Durability, GroupCommit
+from ._dedupe import Recent
 from ._delivery import FRAME_ROOM, Links
 from ._filter import FilterError
 from ._follower import Follower
@@ -148,9 +149,10 @@ class MqServer:
         self.retain_age = retain_age
         self.links = Links()
         self._closed = False
-        #: Counters: stored, delivered, acked, dead letters, errors replied.
-        self.counts = {"stored": 0, "delivered": 0, "acked": 0, "dead": 0, "errors": 0,
-                       "routed": 0, "unroutable": 0}
+        #: Counters: stored, retries not stored again (:mod:`._dedupe`), delivered, acked,
+        #: dead letters, errors replied.
+        self.counts = {"stored": 0, "duplicates": 0, "delivered": 0, "acked": 0, "dead": 0,
+                       "errors": 0, "routed": 0, "unroutable": 0}
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
                                   reply=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
@@ -300,10 +302,18 @@ class MqServer:
         sync = self.shipper.mode == "sync"
         if sync and (refused := self.shipper.refusal(state.topic.name)) is not None:
             raise refused  # too few replicas in sync to acknowledge it: nothing stored
-        first = state.topic.publish(messages)
-        self.counts["stored"] += len(messages)
+        recent = self._recent(state) if request.producer is not None else None
+        first = None if recent is None else recent.original(producer, sequence, len(messages))
         reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
                  "count": len(messages), "server": self.address}
+        if first is not None:  # a retry of messages stored: answered as they were
+            reply["duplicate"] = True
+            self.counts["duplicates"] += len(messages)
+        else:
+            reply["offset"] = first = state.topic.publish(messages)
+            self.counts["stored"] += len(messages)
+            if recent is not None:
+                recent.add(producer, sequence, first, len(messages))
         if self.commit.written(state.topic.name, state.topic.log,
                                (queue, call.seq, reply, state.topic.name)):
             return None  # replied and delivered once the group commit is done
@@ -311,6 +321,15 @@ class MqServer:
         if sync and self.shipper.hold(queue, call.seq, reply):
             return None  # replied once enough replicas stored it
         return reply
+
+    def _recent(self, state: TopicState) -> Recent | None:
+        """The topic's recent publishes, built from its log the first time (None for an
+        RPC topic: its requests are not retried by sequence)."""
+        if "rpc" in state.flags:
+            return None
+        if state.recent is None:
+            state.recent = Recent.of(state.topic.log)
+        return state.recent
 
     def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
                    ) -> None:
@@ -490,6 +509,8 @@ class MqServer:
         self.confirmed = True
         self.shipper.epoch = epoch
         self._begin_epoch()
+        for state in self.catalogue.topics.values():
+            state.recent = None  # built again from the records copied
         log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
 
     def demote(self, epoch: int) -> None:
@@ -535,6 +556,7 @@ class MqServer:
         state = self.catalogue.topics.get(name)
         if state is not None:
             state.topic.cut(offset)
+            state.recent = None
             self.catalogue.save_positions(state)
 
     def replica_stored(self, name: str) -> None:

@@ -74,3 +74,90 @@ async def test_no_server_for_the_topic_is_a_clear_error(autojump_clock: object) 
         routes = RouteClient(universe.add_broker("app"))
         with pytest.raises(ServiceError, match="no server holds topic 'orders'"):
             await Producer(routes, "orders").publish(b"x")
+
+
+async def test_producers_and_consumers_move_to_the_member_promoted(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A replicated group: s1 master (``sync``), s2 its slave.  Consumers read from the
+    master only; producers write there.  A publish is in flight when s1 dies: s2 had
+    stored it, s1's answer never came.  The producer tries s2 (a slave: refused), waits
+    for the route table, and once s2 is promoted sends the same numbers there: s2
+    answers with where it stored the message, without storing it again.  The consumer
+    moves to s2; every message published comes."""
+    from brokermgr import GroupMember
+
+    with trio.fail_after(600):
+        async with open_universe("mq") as universe:
+            TrackNode(universe.add_broker("t1"), role="tracker", **TIMING)
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     trackers=["t1:15555"],
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
+            s1 = MqServer(nodes["s1"], tmp_path / "s1", fsync_thread=False,
+                          replication="sync", insync_lag=60.0)
+            s2 = MqServer(nodes["s2"], tmp_path / "s2", fsync_thread=False)
+            s1.confirm()
+            s1.handle_local({"cmd": "declare", "topic": "orders"})
+            follower = s2.follow("s1:15555", retry=0.5)
+            while "orders" not in follower.followed:
+                await follower.changed.wait()
+            routes = RouteClient(universe.add_broker("app"), retry=0.5)
+            routes.add_tracker("t1:15555")
+            while sorted(routes.routes.servers_of("orders")) != ["s1:15555", "s2:15555"]:
+                await routes.changed()
+            consumer = Consumer(routes, "orders", window=100)
+            producer = Producer(routes, "orders", failover=60.0)
+            got: set[bytes] = set()
+
+            async def consume() -> None:
+                async for message in consumer:
+                    got.add(message.body)
+                    await message.ack()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                nursery.start_soon(consume)
+                assert list(consumer.clients) == ["s1:15555"]  # not the slave
+                before = [await producer.publish(b"m%d" % i) for i in range(5)]
+                assert {s.server for s in before} == {"s1:15555"}
+                # s2 stores the next one, and its acknowledgement is lost: s1 holds the
+                # publish's answer (sync) until it dies
+                copies = follower.copies
+
+                def store_and_lose_the_ack(link: Any, obj: dict[str, Any]) -> None:
+                    send, link.send = link.send, lambda *args, **kwargs: None
+                    try:
+                        copies(link, obj)
+                    finally:
+                        link.send = send
+
+                follower.copies = store_and_lose_the_ack  # type: ignore[method-assign]
+                stored: list[Any] = []
+
+                async def in_flight() -> None:
+                    stored.append(await producer.publish(b"in flight"))
+
+                nursery.start_soon(in_flight)
+                log2 = s2.replica_logs()["orders"]
+                while log2.next_offset < 6:
+                    await follower.changed.wait()
+                s1.close()
+                nodes["s1"].broker.close("killed")
+                while producer.retried < 2:  # s1 did not answer, s2 refused (a slave)
+                    await trio.sleep(0.1)
+                assert not stored
+                s2.promote(2)  # as the name service would, its master lost
+                while not stored:
+                    await trio.sleep(0.5)
+                assert stored[0].server == "s2:15555" and stored[0].offset == 5
+                assert s2.counts["duplicates"] == 1 and log2.next_offset == 6
+                after = await producer.publish(b"after")
+                assert (after.server, after.offset) == ("s2:15555", 6)
+                while not {b"m0", b"in flight", b"after"} <= got:
+                    await trio.sleep(0.5)
+                assert list(consumer.clients) == ["s2:15555"]
+                nursery.cancel_scope.cancel()
+            consumer.close()
+            producer.close()
+            routes.close()
+            s2.close()

@@ -1,0 +1,72 @@
+"""A topic's recent publishes by producer id and sequence, so that a publish tried again
+(its answer was lost: the server died, or the link) is not stored twice.
+
+A client numbers its messages (``producer``, ``sequence``, one more per message) and a
+retry sends the same numbers.  The server keeps, for each topic, the first
+``(producer, sequence)`` of its newest :data:`WINDOW` publishes with where they went;
+a publish whose messages are all there, at consecutive offsets, is a duplicate: it is
+answered with the original offsets (``"duplicate": true``) once they are durable (and
+replicated, under ``sync``) as a new publish would be, and nothing is stored.  A publish
+of which only some messages are there (a master died while shipping it) is stored whole:
+those messages are then held twice, which at-least-once delivery allows, and none is
+lost.
+
+After a restart, a promotion or a cut the list is built again from the
+:data:`REBUILT` newest records of the log (each record carries its producer and
+sequence): a member promoted drops the
+retries of publishes it copied from the master it succeeds.  Only publishes that name
+their producer are checked (every ``MqClient`` does).
+"""
+
+from __future__ import annotations
+
+from ._topic import Log
+
+#: Publishes remembered per topic.
+WINDOW = 4096
+#: Records read back from the log's end when the list is built from it.
+REBUILT = 1024
+
+
+class Recent:
+    """The newest publishes of a topic: first ``(producer, sequence)`` -> (offset,
+    count), oldest first, at most ``limit`` of them."""
+
+    def __init__(self, limit: int = WINDOW) -> None:
+        self.limit = limit
+        self.publishes: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def add(self, producer: str, sequence: int, offset: int, count: int) -> None:
+        publishes = self.publishes
+        publishes[(producer, sequence)] = (offset, count)
+        if len(publishes) > self.limit:
+            del publishes[next(iter(publishes))]
+
+    @classmethod
+    def of(cls, log: Log) -> Recent:
+        """The list built from the :data:`REBUILT` newest records of ``log``, remembered
+        one by one."""
+        recent = cls()
+        offset = max(log.start_offset, log.next_offset - REBUILT)
+        while offset < log.next_offset:
+            records = log.read(offset, max_count=REBUILT)
+            if not records:
+                break
+            for record in records:
+                recent.add(record.producer, record.sequence, record.offset, 1)
+            offset = records[-1].offset + 1
+        return recent
+
+    def original(self, producer: str, sequence: int, count: int) -> int | None:
+        """The first offset of ``count`` messages numbered from ``sequence`` if every one
+        of them is stored already, at consecutive offsets; None otherwise."""
+        found = self.publishes.get((producer, sequence))
+        if found is None:
+            return None
+        offset, stored = found
+        if stored == count:
+            return offset
+        for i in range(1, count):  # remembered record by record: each must be there
+            if self.publishes.get((producer, sequence + i)) != (offset + i, 1):
+                return None
+        return offset
