@@ -29,7 +29,9 @@ from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Outcome, ServiceError
 from brokermgr.tracking import ServerAddress
 
 from ._epochs import Epochs, kept
+from ._filter import FilterError, TagFilter
 from ._log import TopicLog
+from ._names import check_name
 from ._record import StoreError
 from ._requests import DEFAULT_FOLLOW_WINDOW
 
@@ -56,6 +58,11 @@ class Replica(Protocol):
         """``name``'s log lost its records from ``offset`` on (a tail its master's
         history replaced)."""
 
+    def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
+                          ) -> None:
+        """The master's consume groups of ``name``: each one's position (every offset
+        below it handled there) and filter."""
+
 
 class Logs:
     """A :class:`Replica` of plain logs: the topics given, no others."""
@@ -75,6 +82,10 @@ class Logs:
     def replica_cut(self, name: str, offset: int) -> None:
         pass
 
+    def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
+                          ) -> None:
+        pass
+
 
 class _MasterLink(BrokerLink):
     def __init__(self, follower: Follower, broker: Broker, master: ServerAddress,
@@ -91,6 +102,8 @@ class _MasterLink(BrokerLink):
     def pushed(self, obj: dict[str, Any]) -> None:
         if obj.get("cmd") == "copies":
             self.follower.copies(self, obj)
+        elif obj.get("cmd") == "positions":
+            self.follower.positions(self, obj)
         elif obj.get("cmd") == "error":
             log.warning("%s: %s", self.name, ServiceError.of(obj))
 
@@ -115,8 +128,9 @@ class Follower:
         self.following: set[str] = set()
         self.followed: set[str] = set()
         #: Records stored, frames refused (damaged or out of line), records cut (a
-        #: former master's tail).
-        self.counts = {"records": 0, "frames": 0, "refused frames": 0, "cut records": 0}
+        #: former master's tail), consume-group positions taken.
+        self.counts = {"records": 0, "frames": 0, "refused frames": 0, "cut records": 0,
+                       "positions": 0}
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
         self.link = _MasterLink(self, broker, self.master, retry)
@@ -237,6 +251,30 @@ class Follower:
         self.counts["records"] += count
         self.counts["frames"] += 1
         link.send({"cmd": "copied", "topic": topic, "next": topic_log.next_offset})
+        self._changed()
+
+    def positions(self, link: _MasterLink, obj: dict[str, Any]) -> None:
+        """The master's consume groups of a topic: kept by the replica."""
+        topic, groups = obj.get("topic"), obj.get("groups")
+        try:
+            if not isinstance(topic, str) or topic not in self.replica.replica_logs():
+                raise ValueError(f"positions of {topic!r}, which this replica does not follow")
+            if not isinstance(groups, dict):
+                raise ValueError(f"{topic}: positions {groups!r} are not a mapping")
+            parsed: dict[str, tuple[int, str | None]] = {}
+            for name, value in groups.items():
+                check_name(name, "group")
+                if not (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
+                        and value[0] >= 0 and isinstance(value[1], str | None)):
+                    raise ValueError(f"{topic}/{name}: {value!r} is not [floor, filter]")
+                TagFilter.parse(value[1])
+                parsed[name] = (value[0], value[1])
+        except (ValueError, FilterError) as exc:
+            log.error("%s: bad positions: %s", link.name, exc)
+            link.protocol_error(f"bad positions: {exc}")
+            return
+        self.replica.replica_positions(topic, parsed)
+        self.counts["positions"] += 1
         self._changed()
 
     def _changed(self) -> None:

@@ -11,6 +11,11 @@ record: if the replica's records up to ``start`` are not the master's (a former 
 tail, written after its successor's epoch began), the answer is ``diverged {topic, epoch,
 end}`` and the replica cuts its copy back and asks again (the rule: :mod:`._epochs`); the
 answer that agrees (``following``) carries the master's epochs, which the replica keeps.
+Every tick the master also sends each follower the positions of the topic's consume
+groups that changed, with their filters (``positions {topic, groups: {name: [floor,
+filter]}}``, a floor never past what was shipped to it): the replica declares the groups
+it lacks and moves its own forward, so consumers that move to it after a failover are
+given only what the master had not seen handled.
 A replica with records of a newer epoch, or with more records of the master's own epoch
 than the master, is refused with that reason (409): those are never cut.  A memory topic
 is not replicated (400).
@@ -61,6 +66,8 @@ class _Follower:
     caught_up: float = 0.0
     #: the replica's broker id, if it said
     replica: str | None = None
+    #: the consume groups' positions (and filters) it was last sent
+    positions: dict[str, tuple[int, str | None]] = field(default_factory=dict)
 
 
 #: The replication modes.
@@ -187,6 +194,25 @@ class Shipper:
                 follower.in_flight.append((follower.next, size))
                 self.counts["frames"] += 1
                 self.counts["bytes"] += size
+
+    def ship_positions(self, state: TopicState) -> None:
+        """Send each follower of the topic its consume groups' positions that changed
+        (each at most what was shipped to it), and their filters: a ``positions {topic,
+        groups: {name: [floor, filter]}}`` frame (called every tick)."""
+        name = state.topic.name
+        groups = state.topic.groups
+        for (_, topic), follower in self.followers.items():
+            if topic != name:
+                continue
+            changed = {}
+            for group_name, group in groups.items():
+                now = (min(group.floor, follower.next), state.filters.get(group_name))
+                if follower.positions.get(group_name) != now:
+                    changed[group_name] = now
+            if changed:
+                follower.positions.update(changed)
+                follower.link.send(encode({"cmd": "positions", "topic": name, "groups": {
+                    g: list(v) for g, v in changed.items()}}))
 
     def forget(self, link: ClientLink) -> None:
         topics = {k[1] for k in self.followers if k[0] == link.caller_id}

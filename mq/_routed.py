@@ -16,9 +16,10 @@ when a master dies goes to the member promoted, with its numbers.
 
 :class:`Consumer` consumes the topic on every server that holds it (of a replicated
 group: its master, or its slaves while it has none), attaches to servers as they join
-the route table or become readable, and lets go of those that leave.  Consume-group
-positions are not replicated: a consumer that moves to a promoted member is given the
-group's messages from that member's own position (at-least-once: some again).
+the route table or become readable, and lets go of those that leave.  A promoted member
+has its group's position as its master last sent it (every second): a consumer that
+moves there is given what the master had not seen handled (at-least-once: the
+acknowledgements of the last second may come again).
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     Member,
+    Start,
     UnknownGroupError,
 )
 
@@ -559,6 +560,23 @@ class MqServer:
             state.recent = None
             self.catalogue.save_positions(state)
 
+    def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
+                          ) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is None:
+            return
+        declared = False
+        for group, (floor, filter_) in groups.items():
+            if group not in state.topic.groups or state.filters.get(group) != filter_:
+                state.topic.declare_group(group, filter=filter_, start=Start("offset", floor))
+                state.filters[group] = filter_
+                self.node.declare_group(name, group, filter=filter_)
+                declared = True
+            state.topic.advance(group, floor)
+        if declared:
+            self.catalogue.save_meta(state)
+        self.catalogue.save_positions(state)
+
     def replica_stored(self, name: str) -> None:
         state = self.catalogue.topics.get(name)
         if state is not None:
@@ -654,6 +672,8 @@ class MqServer:
                 self._dispatch(state)
             if self.shipper.held:
                 self.shipper.check(state.topic.name)
+            if self.shipper.followers:
+                self.shipper.ship_positions(state)
             self.catalogue.save_positions(state)
 
     def sync_all(self) -> None:

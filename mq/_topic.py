@@ -421,6 +421,18 @@ class Topic:
             group.next_read = self.log.next_offset
             group.dirty = True
 
+    def advance(self, name: str, floor: int) -> None:
+        """Another copy of this topic (its master) handled the group's messages below
+        ``floor``: they are not delivered here (those given out here already stay
+        theirs)."""
+        group = self.groups[name]
+        floor = min(floor, self.log.next_offset)
+        if floor <= group.next_read:
+            return
+        group.next_read = floor
+        group.redeliver = deque(r for r in group.redeliver if r[0].offset >= floor)
+        group.dirty = True
+
     def cut(self, offset: int) -> None:
         """The log lost its records from ``offset`` on (a replica cut a tail its master
         never had): no group reads or waits for them any more."""

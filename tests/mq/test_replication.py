@@ -106,6 +106,19 @@ async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
         await client.publish_many("orders", [b"y"] * 3)
         await until(follower, replica, 8)
         assert records(replica) == records(server.catalogue.topics["orders"].topic.log)
+        # consume-group positions that are not [floor, filter] close the link the same way
+        for groups, why in (({"g": [-1, None]}, "is not [floor, filter]"),
+                            ({"g": [1, "a..b"]}, "empty segment"), ([1], "not a mapping"),
+                            ({"": [1, None]}, "group")):
+            while follower.link.queue is None or "orders" not in follower.followed:
+                await follower.changed.wait()  # connected again, following again
+            closed.clear()
+            follower.positions(follower.link, {"cmd": "positions", "topic": "orders",
+                                               "groups": groups})
+            while not closed:
+                await follower.link.room.wait()
+            assert "bad positions" in closed[0] and why in closed[0], closed
+        assert follower.counts["positions"] == 0
         follower.close()
         replica.close()
 
@@ -201,6 +214,55 @@ async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_
                 await attempt
             assert caught.value.status == Status.UNAVAILABLE
             assert "s2:15555 is a slave of group a" in caught.value.reason
+        reader.close()
+        slave.close()
+
+
+async def test_consume_groups_reach_the_replica_with_their_positions_and_filters(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """The master's consume groups are sent to its replica every tick: a group declared
+    there (with its filter) is declared on the replica, and positions move forward as
+    the master's do.  Promoted, the replica gives each group only what the master had
+    not seen handled, through the group's filter."""
+    from brokermgr import GroupMember
+
+    async with master(tmp_path) as (universe, server, client):
+        slave_node = TrackNode(universe.add_broker("s2"), role="server",
+                               group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+        slave = MqServer(slave_node, tmp_path / "s2", fsync_thread=False)
+        follower = slave.follow("s1:15555", retry=0.5)
+        await client.declare("orders", group="eu", filter="eu.*")
+        for i in range(10):
+            await client.publish("orders", b"m%d" % i, tag="eu.x" if i % 2 == 0 else "us.x")
+        everyone = await client.subscribe("orders", window=100)
+        handled: list[bytes] = []
+        while len(handled) < 6:
+            messages = await everyone.receive_many()
+            messages = messages[:6 - len(handled)]
+            handled += [m.body for m in messages]
+            await everyone.ack([m.offset for m in messages])
+        eu = await client.subscribe("orders", group="eu", window=2)
+        first = [await eu.receive() for _ in range(2)]
+        await eu.ack([m.offset for m in first])
+        await trio.sleep(2)  # two ticks: the positions were sent
+        on_master = server.catalogue.topics["orders"].topic.groups
+        state = slave.catalogue.topics["orders"]
+        assert {g: (state.topic.groups[g].floor, state.filters[g]) for g in ("orders", "eu")} \
+            == {"orders": (on_master["orders"].floor, None), "eu": (on_master["eu"].floor,
+                                                                    "eu.*")}
+        assert on_master["orders"].floor == 6 and on_master["eu"].floor >= 4
+        assert follower.counts["positions"] >= 1
+        eu_floor = on_master["eu"].floor
+        client.close()
+        server.close()
+        slave.promote(2)
+        reader = MqClient(universe.add_broker("reader"), "s2:15555", retry=0.5)
+        rest = await reader.subscribe("orders", window=100)
+        got = await rest.receive_many()
+        assert [m.body for m in got] == [b"m6", b"m7", b"m8", b"m9"]
+        eu_rest = await reader.subscribe("orders", group="eu", window=100)
+        got = await eu_rest.receive_many()
+        assert [m.offset for m in got] == [o for o in range(eu_floor, 10, 2)]
         reader.close()
         slave.close()
 
