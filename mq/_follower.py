@@ -116,11 +116,13 @@ class Follower:
     def __init__(self, broker: Broker, master: str,
                  replica: Replica | Mapping[str, TopicLog], *,
                  window: int = DEFAULT_FOLLOW_WINDOW, retry: float = DEFAULT_RETRY,
-                 rescan: float = DEFAULT_RESCAN) -> None:
+                 rescan: float = DEFAULT_RESCAN, config: str | None = None) -> None:
         self.replica: Replica = Logs(replica) if isinstance(replica, Mapping) else replica
         #: this replica's broker id, told to the master
         self.name = broker.id
         self.window = window
+        #: its group's configuration, compared by the master (None: not said)
+        self.config = config
         self.master = ServerAddress(master)
         #: Why the master refused a topic, until it follows again; the topics asked for on
         #: the current link, and those the master agreed to on it.
@@ -171,6 +173,8 @@ class Follower:
                                "window": self.window, "replica": self.name}
         if start > 0:
             ask["epoch"] = topic_log.epochs.epoch_at(start - 1)
+        if self.config is not None:
+            ask["config"] = self.config
         self.link.request(ask, functools.partial(self.answered, name))
 
     def answered(self, topic: str, outcome: Outcome) -> None:

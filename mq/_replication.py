@@ -18,7 +18,10 @@ it lacks and moves its own forward, so consumers that move to it after a failove
 given only what the master had not seen handled.
 A replica with records of a newer epoch, or with more records of the master's own epoch
 than the master, is refused with that reason (409): those are never cut.  A memory topic
-is not replicated (400).
+is not replicated (400).  Members of a group compare their group's configuration (the
+group, its cluster, the replication mode, ``min_insync``, ``insync_lag``, and a checksum
+of them): a follow whose configuration differs from the master's is refused with both
+(409) and logged once on each side.
 
 What each replica acknowledged is kept.  A replica is *in sync* while it has
 acknowledged everything written, or did so within the last ``insync_lag`` seconds
@@ -35,11 +38,13 @@ answered with that refusal (stored here, not acknowledged: they may or may not s
 
 from __future__ import annotations
 
+import logging
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokermgr import ServiceError, Status, encode
+from brokermgr import GroupMember, ServiceError, Status, encode
 from channels import MessageQueue
 from pump import ConfigError
 
@@ -51,6 +56,8 @@ from ._record import encode_records
 from ._requests import Copied, Follow
 
 _ANY_BODY = 1 << 62
+
+log = logging.getLogger("rdvpump.mq")
 
 @dataclass
 class _Follower:
@@ -113,8 +120,30 @@ class Shipper:
         self.held: dict[str, list[_Held]] = {}
         #: this master's epoch (each topic's log keeps where each epoch began)
         self.epoch = 0
+        #: the replicas refused for a configuration that differs (logged once each)
+        self._config_refused: set[tuple[str | None, str]] = set()
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
         self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
+
+    def config(self, group: GroupMember) -> str:
+        """A group's configuration as its members compare it: the group, its cluster and
+        the replication settings (with a checksum of it all)."""
+        text = (f"group={group.group} cluster={group.cluster} replication={self.mode} "
+                f"min-insync={self.min_insync} insync-lag={self.insync_lag:g}")
+        return f"{text} checksum={zlib.crc32(text.encode()):08x}"
+
+    def check_config(self, request: Follow, group: GroupMember) -> None:
+        """A replica whose group configuration differs from this master's is refused
+        with both (409), and logged here once."""
+        mine = self.config(group)
+        if request.config is None or request.config == mine:
+            return
+        reason = (f"group {group.group}: this master's configuration is '{mine}', the "
+                  f"replica's '{request.config}': members of a group must share one")
+        if (request.replica, request.config) not in self._config_refused:
+            self._config_refused.add((request.replica, request.config))
+            log.error("%s refused: %s", request.replica or "a replica", reason)
+        raise ServiceError(Status.CONFLICT, reason)
 
     def follow(self, link: ClientLink, request: Follow) -> dict[str, Any]:
         state = self.catalogue.get(request.topic)

@@ -123,6 +123,8 @@ class Follow:
     replica: str | None = None
     #: the master epoch its records were last written under
     epoch: int | None = None
+    #: its group's configuration (:func:`group_config`), compared with the master's
+    config: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +253,8 @@ def _follow(f: Fields) -> Follow:
     return Follow(f.string("topic", check=check_name), f.integer("start", None, 0, MAX_INT),
                   f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS),
                   f.optional_string("replica", max_bytes=MAX_LABEL_BYTES),
-                  None if "epoch" not in f else f.integer("epoch", None, 0, MAX_INT))
+                  None if "epoch" not in f else f.integer("epoch", None, 0, MAX_INT),
+                  f.optional_string("config", max_bytes=4 * MAX_LABEL_BYTES))
 
 
 def _copied(f: Fields) -> Copied:

@@ -534,6 +534,9 @@ class MqServer:
         from before, if any, stops."""
         if self.follower is not None:
             self.follower.close()
+        group = self.group
+        if group is not None:
+            options.setdefault("config", self.shipper.config(group))
         self.follower = Follower(self.node.broker, master, self, **options)
         return self.follower
 
@@ -586,6 +589,8 @@ class MqServer:
         if call.queue is None:
             raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
         self._not_a_slave("follow")
+        if (group := self.group) is not None:
+            self.shipper.check_config(request, group)
         return self.shipper.follow(self.links.of(call.queue), request)
 
     def _copied(self, request: Copied, call: Call) -> dict[str, Any] | None:

@@ -390,3 +390,38 @@ async def test_a_master_that_steps_down_lets_go_of_its_replicas(
             client.close()
             s1.close()
             s2.close()
+
+
+async def test_members_with_different_configurations_refuse_each_other(
+        tmp_path: pathlib.Path, autojump_clock: object, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A slave whose replication settings differ from its master's is refused with both
+    configurations, and each side logs it once however often the slave asks again."""
+    from brokermgr import GroupMember
+
+    with trio.fail_after(600):
+        async with open_universe("replicated") as universe:
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
+            s1 = MqServer(nodes["s1"], tmp_path / "s1", fsync_thread=False,
+                          replication="sync", min_insync=1)
+            s2 = MqServer(nodes["s2"], tmp_path / "s2", fsync_thread=False)
+            s1.confirm()
+            s1.handle_local({"cmd": "declare", "topic": "orders"})
+            follower = s2.follow("s1:15555", retry=0.5, rescan=1.0)
+            while "orders" not in follower.refused:
+                await follower.changed.wait()
+            mine = s1.shipper.config(nodes["s1"].server.group)  # type: ignore[union-attr]
+            theirs = s2.shipper.config(nodes["s2"].server.group)  # type: ignore[union-attr]
+            assert mine.startswith("group=a cluster=") and "replication=sync" in mine
+            assert "replication=async" in theirs and "checksum=" in theirs
+            assert follower.refused["orders"] == (
+                f"group a: this master's configuration is '{mine}', the replica's "
+                f"'{theirs}': members of a group must share one")
+            await trio.sleep(5)  # five more scans, five more refusals: logged once a side
+            assert caplog.text.count("members of a group must share one") == 2
+            assert s2.replica_logs()["orders"].next_offset == 0
+            follower.close()
+            s1.close()
+            s2.close()

@@ -78,33 +78,36 @@ async def test_no_server_for_the_topic_is_a_clear_error(autojump_clock: object) 
 
 async def test_producers_and_consumers_move_to_the_member_promoted(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
-    """A replicated group: s1 master (``sync``), s2 its slave.  Consumers read from the
-    master only; producers write there.  A publish is in flight when s1 dies: s2 had
-    stored it, s1's answer never came.  The producer tries s2 (a slave: refused), waits
-    for the route table, and once s2 is promoted sends the same numbers there: s2
-    answers with where it stored the message, without storing it again.  The consumer
-    moves to s2, where the group's position is the one s1 sent: every message published
-    comes, and none that the group had handled on s1 comes again."""
+    """A replicated group (``sync``): s1 master, s2 and s3 its slaves.  Consumers read
+    from the master only; producers write there.  A publish is in flight when s1 dies:
+    s2 and s3 had stored it, s1's answer never came (s2's acknowledgement was lost).
+    The producer tries s2 (a slave: refused), waits for the route table, and once s2 is
+    promoted (s3 copying it) sends the same numbers there: s2 answers with where it
+    stored the message, without storing it again.  The consumer moves to s2, where the
+    group's position is the one s1 sent: every message published comes, and none that
+    the group had handled on s1 comes again."""
     from brokermgr import GroupMember
 
     with trio.fail_after(600):
         async with open_universe("mq") as universe:
             TrackNode(universe.add_broker("t1"), role="tracker", **TIMING)
+            members = (("s1", "master"), ("s2", "slave"), ("s3", "slave"))
             nodes = {name: TrackNode(universe.add_broker(name), role="server",
                                      trackers=["t1:15555"],
                                      group=GroupMember("a", i, role, epoch=1), **TIMING)
-                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
-            s1 = MqServer(nodes["s1"], tmp_path / "s1", fsync_thread=False,
-                          replication="sync", insync_lag=60.0)
-            s2 = MqServer(nodes["s2"], tmp_path / "s2", fsync_thread=False)
+                     for i, (name, role) in enumerate(members)}
+            s1, s2, s3 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False,
+                                   replication="sync", insync_lag=60.0) for n in nodes)
             s1.confirm()
             s1.handle_local({"cmd": "declare", "topic": "orders"})
             follower = s2.follow("s1:15555", retry=0.5)
-            while "orders" not in follower.followed:
+            third = s3.follow("s1:15555", retry=0.5)
+            while not ("orders" in follower.followed and "orders" in third.followed):
                 await follower.changed.wait()
             routes = RouteClient(universe.add_broker("app"), retry=0.5)
             routes.add_tracker("t1:15555")
-            while sorted(routes.routes.servers_of("orders")) != ["s1:15555", "s2:15555"]:
+            while sorted(routes.routes.servers_of("orders")) != [
+                    "s1:15555", "s2:15555", "s3:15555"]:
                 await routes.changed()
             consumer = Consumer(routes, "orders", window=100)
             producer = Producer(routes, "orders", failover=60.0)
@@ -152,6 +155,7 @@ async def test_producers_and_consumers_move_to_the_member_promoted(
                     await trio.sleep(0.1)
                 assert not stored
                 s2.promote(2)  # as the name service would, its master lost
+                s3.follow("s2:15555", retry=0.5)  # and s3 copies the new master
                 while not stored:
                     await trio.sleep(0.5)
                 assert stored[0].server == "s2:15555" and stored[0].offset == 5
@@ -168,3 +172,4 @@ async def test_producers_and_consumers_move_to_the_member_promoted(
             producer.close()
             routes.close()
             s2.close()
+            s3.close()
