@@ -469,9 +469,12 @@ class MqServer:
     def progress(self) -> GroupProgress:
         """How far this server's copy is, for the name service: the records it holds
         over its topics on disk, and (as a master) its replicas in sync."""
-        held = sum(state.topic.log.next_offset for state in self.catalogue.topics.values()
+        return GroupProgress(self._held(), tuple(self.shipper.insync_replicas()))
+
+    def _held(self) -> int:
+        """The records this server holds over its topics on disk."""
+        return sum(state.topic.log.next_offset for state in self.catalogue.topics.values()
                    if "memory" not in state.flags)
-        return GroupProgress(held, tuple(self.shipper.insync_replicas()))
 
     def _not_a_slave(self, what: str) -> None:
         group = self.group
@@ -664,6 +667,8 @@ class MqServer:
     # -- timers ------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        if self.group is not None and self.node.server is not None:
+            self.node.server.set_held(self._held())  # routes show how far a slave is
         if self.retain_bytes is not None or self.retain_age is not None:
             self.catalogue.retain(self.retain_bytes, self.retain_age)
         for state in list(self.catalogue.topics.values()):

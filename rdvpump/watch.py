@@ -42,7 +42,8 @@ def snapshot(routes: RouteTable, now: float,
             "infoVersion": info.info_version, "votes": routes.voters(address),
             "static": address in routes.static,
             "topics": sorted(info.topic_table),
-            "group": None if info.group is None else info.group.to_json()})
+            "group": None if info.group is None else info.group.to_json(),
+            "held": info.held})
     topics = {name: sorted(by_server) for name, by_server in sorted(routes.topic_table.items())}
     return {"time": round(now, 3), "trackers": {names.get(t, t): v.version for t, v in
                                                 sorted(routes.votes.items())},

@@ -188,7 +188,8 @@ class TopicInfo:
 @dataclass(frozen=True)
 class ServerInfo:
     """One server's own view of itself: its topics, versioned, and its place in a
-    replicated group if it has one (``group``: not a zbus field; zbus ignores it)."""
+    replicated group if it has one, with the records it holds over its topics (``group``
+    and ``held``: not zbus fields; zbus ignores them)."""
 
     server_address: ServerAddress
     info_version: int
@@ -197,6 +198,7 @@ class ServerInfo:
     topic_table: dict[str, TopicInfo] = field(default_factory=dict)
     error: str | None = None
     group: GroupMember | None = None
+    held: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         obj = {"serverAddress": self.server_address.to_json(),
@@ -206,6 +208,8 @@ class ServerInfo:
                "topicTable": {name: t.to_json() for name, t in self.topic_table.items()}}
         if self.group is not None:
             obj["group"] = self.group.to_json()
+        if self.held is not None:
+            obj["held"] = self.held
         return obj
 
     @property
@@ -235,7 +239,8 @@ class ServerInfo:
                    _get(o, "serverVersion", str, "", where),
                    tuple(ServerAddress.from_json(t, f"{where}.trackerList[{i}]")
                          for i, t in enumerate(trackers)),
-                   table, _get(o, "error", str, None, where), group)
+                   table, _get(o, "error", str, None, where), group,
+                   _int(o, "held", where) if o.get("held") is not None else None)
 
 
 @dataclass(frozen=True)

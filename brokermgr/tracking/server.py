@@ -52,8 +52,10 @@ class ServerRole:
         self._changed_hook = changed
         self.count = count
         self.topics: dict[str, TopicInfo] = {}
-        #: Its place in a replicated group (published in its ServerInfo), or None.
+        #: Its place in a replicated group (published in its ServerInfo), or None; the
+        #: records it holds, as its MQ server last said (a group's members only).
         self.group = group
+        self.held: int | None = None
         self.info = ServerInfo(address, versions.next(), SERVER_VERSION,
                                tuple(ServerAddress(t) for t in trackers), {}, group=group)
         self.publishers = [_Publisher(self, t) for t in self.info.tracker_list]
@@ -138,6 +140,13 @@ class ServerRole:
             consumer_count=sum(g.consumer_count for g in groups))
         self._changed()
 
+    def set_held(self, held: int) -> None:
+        """The records a replicated group's member holds over its topics now (how far
+        behind its master a slave is): a new ServerInfo when it changed."""
+        if held != self.held:
+            self.held = held
+            self._changed()
+
     def set_group(self, group: GroupMember | None) -> None:
         """A new place in a replicated group (a promotion, say): a new ServerInfo."""
         if group != self.group:
@@ -154,7 +163,7 @@ class ServerRole:
         """A new ServerInfo version, published to every tracker."""
         self.info = ServerInfo(self.address, self._versions.next(), SERVER_VERSION,
                                self.info.tracker_list, dict(sorted(self.topics.items())),
-                               group=self.group)
+                               group=self.group, held=self.held)
         for publisher in self.publishers:
             publisher.publish()
         for queue in list(self.watchers):

@@ -138,6 +138,17 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
+def slave_lags(members: list[tuple[Any, int | None]]) -> list[int | None]:
+    """For each ``(group, held)`` row (a member's group as JSON, the records it said it
+    holds): how many records a group's slave is behind its master; None for a master, a
+    server in no group, or when either count is not known."""
+    masters = {g["name"]: held for g, held in members
+               if g and held is not None and g["role"] == "master"}
+    return [max(0, masters[g["name"]] - held)
+            if g and held is not None and g["role"] == "slave" and g["name"] in masters
+            else None for g, held in members]
+
+
 def group_cell(group: Any, lag: int | None = None) -> str:
     """A replicated group's member in a table: ``name/id role@epoch``, and ``lag N`` (the
     records it is behind its master) when known; "" for none."""

@@ -24,6 +24,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    slave_lags,
     tls_files,
 )
 
@@ -85,10 +86,12 @@ def _routes_table(snap: dict[str, Any]) -> Table:
     grouped = any(server.get("group") for server in snap["servers"])
     for col in ("server", "ssl", "infoVersion", "votes", "topics", *(("group",) * grouped)):
         table.add_column(col, justify="right" if col in ("infoVersion", "votes") else "left")
-    for server in snap["servers"]:
+    lags = slave_lags([(server.get("group"), server.get("held"))
+                       for server in snap["servers"]])
+    for server, lag in zip(snap["servers"], lags, strict=True):
         votes = "static" if server["static"] else str(server["votes"])
         table.add_row(server["address"], "yes" if server["ssl"] else "no",
                       str(server["infoVersion"]),
                       votes, ", ".join(server["topics"]),
-                      *((group_cell(server.get("group")),) * grouped))
+                      *((group_cell(server.get("group"), lag),) * grouped))
     return table

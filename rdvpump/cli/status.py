@@ -21,6 +21,7 @@ from ._common import (
     group_cell,
     guard,
     out,
+    slave_lags,
     tls_files,
 )
 
@@ -45,28 +46,20 @@ def status(
         universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     grouped = any(b.get("group") for b in brokers)
-    masters = _held_by_masters(brokers)
+    lags = slave_lags([(b.get("group"), _held(b)) for b in brokers])
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)",
                 *(("group",) * grouped)):
         table.add_column(col, justify="left" if col in ("broker", "address", "group")
                          else "right")
-    for b in brokers:
+    for b, lag in zip(brokers, lags, strict=True):
         where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
         table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}",
-                      *((group_cell(b.get("group"), _lag(b, masters)),) * grouped))
+                      *((group_cell(b.get("group"), lag),) * grouped))
     out.print(table)
 
 
-def _held_by_masters(brokers: list[dict[str, Any]]) -> dict[str, int]:
-    """The records each group's master holds, as it registered them."""
-    return {b["group"]["name"]: int(b["progress"]["held"]) for b in brokers
-            if b.get("group") and b.get("progress") and b["group"]["role"] == "master"}
-
-
-def _lag(broker: dict[str, Any], masters: dict[str, int]) -> int | None:
-    """The records a group's slave is behind its master, from what each registered."""
-    group, progress = broker.get("group"), broker.get("progress")
-    if not group or not progress or group["role"] != "slave" or group["name"] not in masters:
-        return None
-    return max(0, masters[group["name"]] - int(progress["held"]))
+def _held(broker: dict[str, Any]) -> int | None:
+    """The records a group's member said it holds when it registered, if it did."""
+    progress = broker.get("progress")
+    return int(progress["held"]) if isinstance(progress, dict) else None

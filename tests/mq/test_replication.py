@@ -252,6 +252,7 @@ async def test_consume_groups_reach_the_replica_with_their_positions_and_filters
                                                                     "eu.*")}
         assert on_master["orders"].floor == 6 and on_master["eu"].floor >= 4
         assert follower.counts["positions"] >= 1
+        assert slave_node.server is not None and slave_node.server.held == 10  # for routes
         eu_floor = on_master["eu"].floor
         client.close()
         server.close()

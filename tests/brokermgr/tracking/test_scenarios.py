@@ -416,9 +416,10 @@ def test_a_server_s_group_and_a_promotion_reach_clients_through_the_tracker(
     assert client.routes.server_table["a1:15555"].group == GroupMember("a", 1, "master", 2)
 
 
-def test_rdvpump_routes_shows_each_server_s_group(world: World) -> None:
-    """The JSON snapshot of ``rdvpump routes`` carries each server's group, and its table
-    gets a group column (name/id role@epoch) when a server has one."""
+def test_rdvpump_routes_shows_each_server_s_group_and_a_slave_s_lag(world: World) -> None:
+    """The JSON snapshot of ``rdvpump routes`` carries each server's group and the
+    records it holds, and its table gets a group column (name/id role@epoch, and a
+    slave's lag behind its master) when a server has one."""
     from rich.console import Console
 
     from brokermgr import GroupMember
@@ -426,15 +427,33 @@ def test_rdvpump_routes_shows_each_server_s_group(world: World) -> None:
     from rdvpump.watch import snapshot
 
     world.node("t1", role="tracker")
-    world.node("a1", role="server", trackers=("t1",),
-               group=GroupMember("a", 1, "slave", epoch=4)).declare_topic("orders")
+    a0 = world.node("a0", role="server", trackers=("t1",),
+                    group=GroupMember("a", 0, "master", epoch=4))
+    a1 = world.node("a1", role="server", trackers=("t1",),
+                    group=GroupMember("a", 1, "slave", epoch=4))
+    for node in (a0, a1):
+        node.declare_topic("orders")
     world.node("solo", role="server", trackers=("t1",))
     client = world.client("c", "t1")
     world.run(0.1)
     snap = snapshot(client.routes, world.pump.now())
     groups = {s["address"]: s["group"] for s in snap["servers"]}
-    assert groups == {"a1:15555": {"name": "a", "id": 1, "role": "slave", "epoch": 4,
+    assert groups == {"a0:15555": {"name": "a", "id": 0, "role": "master", "epoch": 4,
+                                   "cluster": "default"},
+                      "a1:15555": {"name": "a", "id": 1, "role": "slave", "epoch": 4,
                                    "cluster": "default"}, "solo:15555": None}
     console = Console(width=200, record=True)
     console.print(_routes_table(snap))
     assert "a/1 slave@4" in console.export_text()
+    assert "lag" not in console.export_text()  # the members have not said what they hold
+    assert a0.server is not None and a1.server is not None
+    a0.server.set_held(120)
+    a1.server.set_held(112)
+    world.run(0.1)
+    snap = snapshot(client.routes, world.pump.now())
+    assert {s["address"]: s["held"] for s in snap["servers"]} == {
+        "a0:15555": 120, "a1:15555": 112, "solo:15555": None}
+    console = Console(width=200, record=True)
+    console.print(_routes_table(snap))
+    text = console.export_text()
+    assert "a/1 slave@4 lag 8" in text and "a/0 master@4 lag" not in text, text
