@@ -25,8 +25,9 @@ from typing import Any, Protocol
 
 import trio
 
-from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Outcome, ServiceError
+from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Outcome, ServiceError, Status
 from brokermgr.tracking import ServerAddress
+from pump import Timer
 
 from ._epochs import Epochs, kept
 from ._filter import FilterError, TagFilter
@@ -37,6 +38,9 @@ from ._requests import DEFAULT_FOLLOW_WINDOW
 
 #: Seconds between a follower's questions for the master's topics, by default.
 DEFAULT_RESCAN = 1.0
+#: Seconds before a follow refused as unavailable (a member promoted that has not taken
+#: over yet) is asked again, instead of at the next rescan.
+UNAVAILABLE_RETRY = 0.05
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -95,11 +99,13 @@ class _MasterLink(BrokerLink):
         self.follower = follower
 
     def opened(self) -> None:
+        self.follower.heard()
         self.follower.following.clear()
         self.follower.followed.clear()
         self.follower.scan()
 
     def pushed(self, obj: dict[str, Any]) -> None:
+        self.follower.heard()
         if obj.get("cmd") == "copies":
             self.follower.copies(self, obj)
         elif obj.get("cmd") == "positions":
@@ -135,9 +141,19 @@ class Follower:
                        "positions": 0}
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
+        #: When the master last said anything (a frame, an answer): it is asked for its
+        #: topics every ``rescan`` seconds, so a live master is heard at least that often.
+        self.now = broker.pump.now
+        self.last_heard = self.now()
         self.link = _MasterLink(self, broker, self.master, retry)
         self.link.connect()
         self._rescan = broker.pump.call_every(rescan, self.scan)
+        self.pump = broker.pump
+        self._soon: Timer | None = None
+
+    def _scan_soon(self) -> None:
+        self._soon = None
+        self.scan()
 
     def scan(self) -> None:
         """Ask the master for its topics; follow those not followed yet."""
@@ -145,6 +161,8 @@ class Follower:
             self.link.request({"cmd": "query"}, self._topics)
 
     def _topics(self, outcome: Outcome) -> None:
+        if not isinstance(outcome, ServiceError) or outcome.status:
+            self.heard()  # an answer (a lost link is not one)
         if isinstance(outcome, ServiceError):
             if outcome.status:
                 log.warning("%s: query: %s", self.link.name, outcome.reason)
@@ -182,6 +200,9 @@ class Follower:
             self.following.discard(topic)  # asked again at the next scan
             if outcome.status:
                 self._refuse(topic, outcome.reason)
+            if outcome.status == Status.UNAVAILABLE and self._soon is None:
+                # a member promoted that has not taken over yet: asked again shortly
+                self._soon = self.pump.call_later(UNAVAILABLE_RETRY, self._scan_soon)
             return
         topic_log = self.replica.replica_logs().get(topic)
         if topic_log is None:
@@ -281,6 +302,14 @@ class Follower:
         self.counts["positions"] += 1
         self._changed()
 
+    def heard(self) -> None:
+        self.last_heard = self.now()
+
+    @property
+    def quiet(self) -> float:
+        """Seconds since the master last said anything."""
+        return self.now() - self.last_heard
+
     def _changed(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
@@ -293,4 +322,6 @@ class Follower:
 
     def close(self) -> None:
         self._rescan.cancel()
+        if self._soon is not None:
+            self._soon.cancel()
         self.link.close()

@@ -173,6 +173,10 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
 
 #: Seconds between a group member's questions to the name service about its group.
 _GROUP_POLL = 0.2
+#: Seconds without a word from the old master (it answers a query every second while it
+#: lives) after which a promoted member takes over though the link is still open: the
+#: old master is hung (the name service found it by its expiry).
+_HUNG = 2.5
 
 
 async def _keep_role(server: MqServer, names: NameClient) -> None:
@@ -180,7 +184,8 @@ async def _keep_role(server: MqServer, names: NameClient) -> None:
     :data:`_GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
     member the name service promoted takes over once the old master no longer ships it
     records (its link gone, or the old master stepped down: it closes its replicas'
-    links and refuses to be followed); a member whose group has another master at its
+    links and refuses to be followed, or it said nothing for :data:`_HUNG` seconds:
+    hung, its link open); a member whose group has another master at its
     epoch or a newer one is a slave and copies that master.  A master registers again
     as soon as its in-sync set changes, not at its next heartbeat."""
     port = server.node.address.port
@@ -201,7 +206,8 @@ async def _keep_role(server: MqServer, names: NameClient) -> None:
         master, epoch = info.get("master"), info.get("epoch") or 0
         if master == me:
             if mine.role == "slave" and epoch > mine.epoch and (
-                    server.follower is None or not server.follower.copying):
+                    server.follower is None or not server.follower.copying
+                    or server.follower.quiet > _HUNG):
                 server.promote(epoch)
                 following = None
                 names.register_now()

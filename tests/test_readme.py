@@ -201,6 +201,8 @@ def test_the_benchmark_block_runs_as_printed(scratch: pathlib.Path,
         pytest.skip("`bench replay` runs Spark, which needs Java 17 or 21")
     if shutil.which("redis-server") is None:
         pytest.skip("`bench mq` needs redis-server (CI installs it)")
+    if shutil.which("nats-server") is None:
+        pytest.skip("`bench failover` needs nats-server (CI installs it)")
     _, bench = shell_chains()
     text = _run_script(scratch, bench, free_ports, {"RDVPUMP_BENCH_SCALE": BENCH_SCALE})
     json_commands = [line for line in bench[0].splitlines() if "--json" in line]

@@ -272,6 +272,49 @@ def bench_mq(
                      f"{r.ratio:.2f}x"])
 
 
+@app.command("failover")
+def bench_failover(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    trials: Annotated[int, typer.Option(help="SIGKILLs of the master (and of NATS's stream "
+                                             "leader).")] = 20,
+    messages: Annotated[int, typer.Option(help="1 KiB publishes per throughput "
+                                               "figure.")] = 20_000,
+    publishers: Annotated[int, typer.Option(help="Concurrent publishers of the throughput "
+                                                 "figures.")] = 32,
+) -> None:
+    """A replicated group's master SIGKILLed: the time to the first publish its successor
+    acknowledges, beside a three-node NATS JetStream cluster; and replication's
+    throughput against a single server."""
+    from ..bench import failover
+
+    if (smoke := _smoke()) < 1:
+        trials, messages = max(1, round(trials * smoke)), max(8, round(messages * smoke))
+    if trials < 1 or messages < 8 or publishers < 1:
+        raise fail("--trials and --publishers must be at least 1, --messages at least 8")
+    with err.status("benchmarking failover ...") as status:
+        results = guard(lambda: interruptible(lambda: failover.run(
+            trials, messages, publishers=publishers, progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=f"rdvpump bench failover ({trials} trials)")
+    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in results:
+        if isinstance(r, failover.FailoverResult):
+            d = r.to_dict()
+            table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
+                          f"{d['max_s']:.3f}")
+    out.print(table)
+    _show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
+          "replication, 1 KiB publishes", ("case", "msgs/s", "baseline", "baseline msgs/s",
+                                           "ratio"),
+          lambda r: [r.case, f"{r.msgs_per_s:,.0f}", r.baseline,
+                     f"{r.baseline_msgs_per_s:,.0f}",
+                     f"{r.msgs_per_s / r.baseline_msgs_per_s:.2f}x"])
+
+
 def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
     try:
         values = [int(s) for s in sizes.split(",") if s.strip()]

@@ -1,0 +1,367 @@
+"""rdvpump bench failover: a replicated group's master SIGKILLed, the time until a publish
+is acknowledged by its successor; beside a three-node NATS JetStream cluster whose stream
+leader is SIGKILLed the same way, in the same run.
+
+Ours: a name service (``manager serve``) and three ``broker run --role server --group
+a`` processes, ``--replication sync``, on 127.0.0.1.  A client in this process publishes
+1 KiB messages to the master; each trial SIGKILLs the master and times from the kill to
+the first publish the new master acknowledges (the client asks the name service which
+member is master, every 5 ms, and publishes there); the killed member is then started
+again on its directory and the next trial waits until it is back in sync.  One more
+trial SIGSTOPs the master instead (hung, its links open): only the name service's
+heartbeat expiry (``--expiry``) finds it.  Throughput: 1 KiB publishes from 32
+concurrent publishers (:data:`PUBLISHERS`) for the single server, the ``async`` group
+and the ``sync`` group.
+
+NATS: three ``nats-server -js`` processes in one cluster, a stream with three replicas,
+the ``nats-py`` client connected to all three; each trial SIGKILLs the stream's leader
+and times from the kill to the first acknowledged ``js.publish`` (tried every 250 ms at
+most), then starts it again and waits until every replica is current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from pump import RdvpumpError
+
+UNIVERSE = "bench-failover"
+RDVPUMP = [sys.executable, "-m", "rdvpump"]
+SIZE = 1024
+#: The name service's heartbeat expiry for the hung-master trial, in seconds.
+EXPIRY = 3.0
+DEADLINE = 60.0
+
+
+class RunError(RdvpumpError):
+    """A benchmark that could not run (a process that did not start, a peer missing)."""
+
+
+@dataclass
+class FailoverResult:
+    case: str
+    trials: int
+    seconds: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = sorted(self.seconds)
+        return {"case": self.case, "trials": len(s),
+                "p50_s": round(statistics.median(s), 4) if s else None,
+                "p99_s": round(s[min(len(s) - 1, round(0.99 * (len(s) - 1)))], 4) if s
+                else None,
+                "max_s": round(s[-1], 4) if s else None}
+
+
+@dataclass
+class ThroughputResult:
+    case: str
+    size: int
+    msgs_per_s: float
+    baseline: str
+    baseline_msgs_per_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "size": self.size, "msgs_per_s": round(self.msgs_per_s, 1),
+                "baseline": self.baseline,
+                "baseline_msgs_per_s": round(self.baseline_msgs_per_s, 1),
+                "ratio": round(self.msgs_per_s / self.baseline_msgs_per_s, 3)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RDVPUMP_")}
+
+
+@asynccontextmanager
+async def _spawn(args: list[str]) -> AsyncIterator[tuple[trio.Process, str]]:
+    """``rdvpump ARGS`` until its ``ready ... HOST:PORT`` line (30 s at most); killed and
+    reaped on the way out."""
+    proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, env=_env())
+    try:
+        assert proc.stdout is not None
+        line = b""
+        with trio.move_on_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                if not chunk:
+                    break
+                line += chunk
+        words = line.decode().split()
+        if not words or words[0] != "ready":
+            raise RunError(f"rdvpump {' '.join(args[:2])} did not start")
+        yield proc, words[-1]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(10):
+            await proc.wait()
+
+
+class _Group:
+    """A name service and a group of three MQ server processes, and this process's
+    client side of them."""
+
+    def __init__(self, tmp: Path, replication: str | None) -> None:
+        self.tmp = tmp
+        self.replication = replication
+        self.procs: dict[str, trio.Process] = {}
+        self.manager = ""
+
+    def member_args(self, name: str, member_id: int) -> list[str]:
+        args = ["broker", "run", "--id", name, "--universe", UNIVERSE, "--manager",
+                self.manager, "--role", "server", "--mq-dir", str(self.tmp / "data"),
+                "--heartbeat", "0.5"]
+        if self.replication is not None:
+            args += ["--group", "a", "--group-id", str(member_id), "--replication",
+                     self.replication]
+        return args
+
+
+async def _master(names: Any, *, not_: str | None = None, insync: int = 2) -> str:
+    """The group's master once one other than ``not_`` is there with ``insync`` members
+    in sync on its topics (polled every 5 ms, bounded)."""
+    with trio.fail_after(DEADLINE):
+        while True:
+            group = await names.group("a")
+            master = group.get("master")
+            if master not in (None, not_) and len(group.get("insync") or []) >= insync:
+                return str(master)
+            await trio.sleep(0.005)
+
+
+async def _publish_until_acked(client: Any, body: bytes, deadline: float) -> None:
+    from brokermgr import ServiceError
+
+    while True:
+        try:
+            await client.publish("bench", body)
+            return
+        except ServiceError:
+            if trio.current_time() > deadline:
+                raise
+            await trio.sleep(0.005)
+
+
+async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
+                progress: Callable[[str], None]) -> tuple[list[FailoverResult],
+                                                          dict[str, float]]:
+    from brokermgr import BrokerManager, NameClient
+    from mq import MqClient
+    from pump import Pump
+    from rdv import Address
+
+    body = b"x" * SIZE
+    rates: dict[str, float] = {}
+    results: list[FailoverResult] = []
+    for replication in (None, "async", "sync"):
+        label = replication or "single"
+        progress(f"rdvpump {label}: starting")
+        group = _Group(tmp / label, replication)
+        async with _spawn(["manager", "serve", "--universe", UNIVERSE, "--listen",
+                           "127.0.0.1:0", "--expiry", str(EXPIRY), "--scan", "0.1"]) as (
+                _, manager), trio.open_nursery() as nursery:
+            group.manager = manager
+            universe = BrokerManager(UNIVERSE, pump=Pump(name="bench"))
+            await nursery.start(universe.pump.serve)
+            await nursery.start(universe.serve_network, "127.0.0.1", 0)
+            names = NameClient(universe, [Address.parse(manager)])
+            names.start()
+            async with AsyncExitStack() as stack:
+                spawned = {}
+                for i in range(1 if replication is None else 3):
+                    spawned[f"s{i}"], _ = await stack.enter_async_context(
+                        _spawn(group.member_args(f"s{i}", i)))
+                first = "s0" if replication is None else await _master(names, insync=0)
+                client = MqClient(universe.add_broker("c-rate"), f"{first}:15555", timeout=10)
+                await client.declare("bench")
+                # the first publish once the replicas follow the topic (sync: in sync)
+                await _publish_until_acked(client, body, trio.current_time() + DEADLINE)
+                rates[label] = await _rate(client, messages, body, publishers)
+                client.close()
+                if replication == "sync":
+                    results += await _trials(universe, names, group, spawned, stack,
+                                             trials, body, progress)
+            names.close()
+            nursery.cancel_scope.cancel()
+    return results, rates
+
+
+#: Concurrent publishers of the throughput figures, by default (``sync`` adds the
+#: replicas' round trip to each publish: with more in flight, one acknowledgement of a
+#: replica covers several).
+PUBLISHERS = 32
+
+
+async def _rate(client: Any, messages: int, body: bytes, publishers: int) -> float:
+    """1 KiB publishes from ``publishers`` concurrent publishers, one message each:
+    messages per second."""
+    per = max(1, messages // publishers)
+
+    async def publisher() -> None:
+        for _ in range(per):
+            await client.publish("bench", body)
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(publishers):
+            nursery.start_soon(publisher)
+    return publishers * per / (time.perf_counter() - start)
+
+
+async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, Any],
+                  stack: AsyncExitStack, trials: int, body: bytes,
+                  progress: Callable[[str], None]) -> list[FailoverResult]:
+    from mq import MqClient
+
+    killed = FailoverResult("failover-rdvpump-sync-sigkill", trials)
+    hung = FailoverResult("failover-rdvpump-sync-sigstop", 1)
+    for trial in range(trials + 1):
+        stop = trial == trials  # the last trial: a hung master, found by the expiry
+        master = await _master(names, insync=2)
+        progress(f"rdvpump sync: trial {trial + 1} of {trials + 1}, master {master}")
+        before = MqClient(universe.add_broker(f"c{trial}"), f"{master}:15555", timeout=5)
+        await before.publish("bench", body)
+        before.close()
+        proc = spawned[master]
+        start = trio.current_time()
+        proc.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
+        successor = await _master(names, not_=master, insync=0)
+        after = MqClient(universe.add_broker(f"d{trial}"), f"{successor}:15555", timeout=1)
+        await _publish_until_acked(after, body, start + DEADLINE)
+        (hung if stop else killed).seconds.append(trio.current_time() - start)
+        after.close()
+        if stop:
+            proc.kill()
+        with trio.move_on_after(10):
+            await proc.wait()
+        member_id = int(master[1:])
+        spawned[master], _ = await stack.enter_async_context(
+            _spawn(group.member_args(master, member_id)))
+    return [killed, hung]
+
+
+# -- NATS JetStream -------------------------------------------------------------------------
+
+
+async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
+                ) -> FailoverResult:
+    import nats
+    from nats.js.api import StreamConfig
+
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise RunError("nats-server not found: apt-get install nats-server")
+    ports = [_free_port() for _ in range(3)]
+    routes = [_free_port() for _ in range(3)]
+
+    def start(i: int) -> subprocess.Popen[bytes]:
+        others = ",".join(f"nats://127.0.0.1:{routes[j]}" for j in range(3) if j != i)
+        return subprocess.Popen(
+            [binary, "-a", "127.0.0.1", "-p", str(ports[i]), "-n", f"n{i}", "-js", "-sd",
+             str(tmp / f"nats{i}"), "--cluster_name", "bench", "--cluster",
+             f"nats://127.0.0.1:{routes[i]}", "--routes", others],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    procs = [start(i) for i in range(3)]
+    result = FailoverResult("failover-nats-jetstream-r3-sigkill", trials)
+    nc = None
+    try:
+        async def quiet(*_: Any) -> None:
+            """The client's reconnects to the killed server are the scenario, not news."""
+
+        nc = await nats.connect(servers=[f"nats://127.0.0.1:{p}" for p in ports],
+                                reconnect_time_wait=0.05, max_reconnect_attempts=-1,
+                                connect_timeout=2, allow_reconnect=True, error_cb=quiet,
+                                disconnected_cb=quiet, reconnected_cb=quiet)
+        js = nc.jetstream(timeout=2)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE
+        while True:  # the cluster elects its meta leader first
+            try:
+                await js.add_stream(StreamConfig(name="bench", subjects=["bench"],
+                                                 num_replicas=3))
+                break
+            except Exception:  # noqa: BLE001 - not ready yet: tried again, bounded
+                if loop.time() > deadline:
+                    raise RunError("the NATS cluster did not take the stream") from None
+                await asyncio.sleep(0.1)
+        body = b"x" * SIZE
+        for trial in range(trials):
+            leader = await _nats_current(js, loop.time() + DEADLINE)
+            progress(f"NATS: trial {trial + 1} of {trials}, leader {leader}")
+            await js.publish("bench", body)
+            i = int(leader[1:])
+            begin = time.perf_counter()
+            procs[i].send_signal(signal.SIGKILL)
+            while True:
+                try:
+                    await js.publish("bench", body, timeout=0.25)
+                    break
+                except Exception:  # noqa: BLE001 - no leader yet: tried again, bounded
+                    if time.perf_counter() - begin > DEADLINE:
+                        raise RunError("NATS: no acknowledged publish after the "
+                                       "leader's kill") from None
+            result.seconds.append(time.perf_counter() - begin)
+            procs[i].wait(timeout=10)
+            procs[i] = start(i)
+    finally:
+        if nc is not None:
+            await nc.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+    return result
+
+
+async def _nats_current(js: Any, deadline: float) -> str:
+    """The stream's leader once every replica is current."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            info = await js.stream_info("bench")
+            cluster = info.cluster
+            replicas = cluster.replicas or []
+            if cluster.leader and len(replicas) == 2 and all(
+                    r.current and not r.offline for r in replicas):
+                return str(cluster.leader)
+        except Exception:  # noqa: BLE001 - a cluster still electing: asked again, bounded
+            pass
+        if loop.time() > deadline:
+            raise RunError("NATS: the stream's replicas did not all become current")
+        await asyncio.sleep(0.05)
+
+
+def run(trials: int = 20, messages: int = 20_000, *, publishers: int = PUBLISHERS,
+        progress: Callable[[str], None] = lambda _: None) -> list[Any]:
+    """Every figure: the failover times (ours killed and hung, NATS killed), then the
+    throughputs of the async and sync groups against the single server."""
+    with tempfile.TemporaryDirectory(prefix="rdvpump-failover-") as tmp:
+        ours, rates = trio.run(_ours, trials, messages, publishers, Path(tmp), progress)
+        theirs = asyncio.run(_nats(trials, Path(tmp), progress))
+    single = rates["single"]
+    return [*ours, theirs,
+            *(ThroughputResult(f"replication-{mode}", SIZE, rates[mode], "single server",
+                               single) for mode in ("async", "sync"))]
