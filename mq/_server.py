@@ -46,7 +46,6 @@ records shipped to replicas in :mod:`._replication`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -76,6 +75,7 @@ from ._delivery import FRAME_ROOM, Links
 from ._filter import FilterError
 from ._follower import Follower
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
+from ._member import GroupRole
 from ._names import check_name, dead_letter_topic, disk_name
 from ._push import Router
 from ._record import Record, StoreError
@@ -99,7 +99,6 @@ from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     Member,
-    Start,
     UnknownGroupError,
 )
 
@@ -165,14 +164,9 @@ class MqServer:
         #: them (``replication``: async or sync; :mod:`._replication`).
         self.shipper = Shipper(self.catalogue, self._reply, mode=replication,
                                min_insync=min_insync, insync_lag=insync_lag)
-        #: Copying from a master, while this server is a replica (:meth:`follow`).
-        self.follower: Follower | None = None
-        #: A group's master takes writes only once the name service confirmed it at its
-        #: epoch (a former master restarting must not take any: :meth:`confirm`).
-        self.confirmed = False
-        group = self.group
-        if group is not None and group.role == "master":
-            self.shipper.epoch = group.epoch
+        #: Its place in a replicated group, and its side as a replica (:mod:`._member`).
+        self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
+                              dispatch=self._dispatch)
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self._produce, "consume": self._consume,
             "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
@@ -236,7 +230,7 @@ class MqServer:
             raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
                                f"{self.catalogue.unavailable[disk_name(name)]}")
         if state is None or group not in state.topic.groups or request.filter is not None:
-            self._not_a_slave("declare")  # what it would change comes from the master
+            self.role.not_a_slave("declare")  # what it would change comes from the master
         start = request.start
         if start is not None and start.kind == "copy" and (
                 state is None or start.value not in state.topic.groups):
@@ -248,7 +242,7 @@ class MqServer:
             state.creator = call.queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
-            self._begin_epoch()
+            self.role.begin_epoch()
         new_group = group not in state.topic.groups
         old_filter = state.filters.get(group)
         if new_group or request.filter is not None:
@@ -275,7 +269,7 @@ class MqServer:
 
     def _produce(self, request: Produce, call: Call) -> dict[str, Any] | None:
         queue = call.queue
-        self._not_a_slave("publish")
+        self.role.not_a_slave("publish")
         state = self.catalogue.get(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer
@@ -459,139 +453,39 @@ class MqServer:
                 del link.consumers[key]
         self.catalogue.drop(state)
 
-    # -- replication: this server's group, and its side as a replica ------------------
+    # -- its replicated group: mq._member ------------------------------------------------
 
     @property
     def group(self) -> GroupMember | None:
         """This server's place in a replicated group (its ServerInfo's), or None."""
-        return None if self.node.server is None else self.node.server.group
+        return self.role.group
+
+    @property
+    def follower(self) -> Follower | None:
+        return self.role.follower
 
     def progress(self) -> GroupProgress:
-        """How far this server's copy is, for the name service: the records it holds
-        over its topics on disk, and (as a master) its replicas in sync."""
-        return GroupProgress(self._held(), tuple(self.shipper.insync_replicas()))
-
-    def _held(self) -> int:
-        """The records this server holds over its topics on disk."""
-        return sum(state.topic.log.next_offset for state in self.catalogue.topics.values()
-                   if "memory" not in state.flags)
-
-    def _not_a_slave(self, what: str) -> None:
-        group = self.group
-        if group is not None and group.role == "slave":
-            raise ServiceError(Status.UNAVAILABLE,
-                               f"{self.address} is a slave of group {group.group}: {what} "
-                               f"at its master")
-        if group is not None and not self.confirmed:
-            raise ServiceError(Status.UNAVAILABLE,
-                               f"{self.address} is not confirmed as the master of group "
-                               f"{group.group} at epoch {group.epoch} by the name service "
-                               f"(yet)")
+        return self.role.progress()
 
     def confirm(self) -> None:
-        """The name service holds this server as its group's master at its epoch: it
-        takes writes."""
-        self.confirmed = True
-        self._begin_epoch()
-
-    def _begin_epoch(self) -> None:
-        """As its group's master: its epoch writes every topic from its next offset on."""
-        group = self.group
-        if group is not None and group.role == "master":
-            for topic_log in self.replica_logs().values():
-                topic_log.begin_epoch(group.epoch)
+        self.role.confirm()
 
     def promote(self, epoch: int) -> None:
-        """This slave is its group's master from ``epoch`` on: it stops copying, takes
-        writes, and says so in its ServerInfo."""
-        group = self.group
-        assert group is not None and self.node.server is not None
-        if self.follower is not None:
-            self.follower.close()
-            self.follower = None
-        self.node.server.set_group(dataclasses.replace(group, role="master", epoch=epoch))
-        self.confirmed = True
-        self.shipper.epoch = epoch
-        self._begin_epoch()
-        for state in self.catalogue.topics.values():
-            state.recent = None  # built again from the records copied
-        log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
+        self.role.promote(epoch)
 
     def demote(self, epoch: int) -> None:
-        """Another member is the master at ``epoch``: this one takes no writes from now
-        on (it copies the master once told where)."""
-        group = self.group
-        assert group is not None and self.node.server is not None
-        if group.role == "master":
-            log.warning("%s: no longer master of group %s: epoch %d is another's",
-                        self.address, group.group, epoch)
-        self.confirmed = False
-        self.node.server.set_group(dataclasses.replace(group, role="slave", epoch=epoch))
-        for link in self.shipper.forget_all():  # its replicas: free to take over
-            link.queue.close(f"{self.address} is no longer the master of group "
-                             f"{group.group}: epoch {epoch} is another's")
+        self.role.demote(epoch)
 
     def follow(self, master: str, **options: Any) -> Follower:
-        """Copy the topics of the master at ``master`` (``"broker:port"``) into this
-        server's (options: :class:`~._follower.Follower`'s); the follower it was copying
-        from before, if any, stops."""
-        if self.follower is not None:
-            self.follower.close()
-        group = self.group
-        if group is not None:
-            options.setdefault("config", self.shipper.config(group))
-        self.follower = Follower(self.node.broker, master, self, **options)
-        return self.follower
+        return self.role.follow(master, **options)
 
     def replica_logs(self) -> dict[str, TopicLog]:
-        return {name: state.topic.log for name, state in self.catalogue.topics.items()
-                if isinstance(state.topic.log, TopicLog)}
-
-    def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
-        if "memory" in flags or self.directory is None:
-            return None
-        state = self.catalogue.open(name, frozenset(f for f in flags if f in FLAGS))
-        state.topic.declare_group(name, start="beginning")
-        state.filters[name] = None
-        self.catalogue.save_meta(state)
-        self.catalogue.save_positions(state)
-        self.node.declare_group(name, name)
-        assert isinstance(state.topic.log, TopicLog)
-        return state.topic.log
-
-    def replica_cut(self, name: str, offset: int) -> None:
-        state = self.catalogue.topics.get(name)
-        if state is not None:
-            state.topic.cut(offset)
-            state.recent = None
-            self.catalogue.save_positions(state)
-
-    def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
-                          ) -> None:
-        state = self.catalogue.topics.get(name)
-        if state is None:
-            return
-        declared = False
-        for group, (floor, filter_) in groups.items():
-            if group not in state.topic.groups or state.filters.get(group) != filter_:
-                state.topic.declare_group(group, filter=filter_, start=Start("offset", floor))
-                state.filters[group] = filter_
-                self.node.declare_group(name, group, filter=filter_)
-                declared = True
-            state.topic.advance(group, floor)
-        if declared:
-            self.catalogue.save_meta(state)
-        self.catalogue.save_positions(state)
-
-    def replica_stored(self, name: str) -> None:
-        state = self.catalogue.topics.get(name)
-        if state is not None:
-            self._dispatch(state)
+        return self.role.replica_logs()
 
     def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
         if call.queue is None:
             raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
-        self._not_a_slave("follow")
+        self.role.not_a_slave("follow")
         if (group := self.group) is not None:
             self.shipper.check_config(request, group)
         return self.shipper.follow(self.links.of(call.queue), request)
@@ -668,7 +562,7 @@ class MqServer:
 
     def _tick(self) -> None:
         if self.group is not None and self.node.server is not None:
-            self.node.server.set_held(self._held())  # routes show how far a slave is
+            self.node.server.set_held(self.role.held())  # routes show how far a slave is
         if self.retain_bytes is not None or self.retain_age is not None:
             self.catalogue.retain(self.retain_bytes, self.retain_age)
         for state in list(self.catalogue.topics.values()):
@@ -696,8 +590,7 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
-        if self.follower is not None:
-            self.follower.close()
+        self.role.close()
         self.commit.close()
         self.sync_all()
         self.catalogue.close()
