@@ -471,3 +471,69 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     report = history.check({"orders": ["orders"]})
     assert report.ok, report.findings[:5]
     assert report.counts["acknowledged"] >= 500
+
+
+async def test_a_hung_master_is_replaced_once_the_name_service_expires_it(
+        tmp_path: pathlib.Path) -> None:
+    """SIGSTOP of a sync group's master: its links stay open and it answers nothing.  The
+    name service expires it (``--expiry 2``) and promotes a slave, which takes over
+    though its link to the hung master is still open (the master has said nothing for
+    2.5 s): a publish is acknowledged there within seconds, and no acknowledged message
+    is lost."""
+    from brokermgr import NameClient
+
+    def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
+        return ["broker", "run", "--id", name, "--universe", "h", "--manager",
+                f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir",
+                str(tmp_path / "data"), "--group", "a", "--group-id", str(member_id),
+                "--replication", "sync", "--heartbeat", "0.5"]
+
+    universe = BrokerManager("h", token=TOKEN, pump=Pump(name="test"))
+    async with spawn("manager", "serve", "--universe", "h", "--listen", "127.0.0.1:0",
+                     "--expiry", "2", "--scan", "0.2") as (_, manager), \
+            trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        names = NameClient(universe, [Address(*manager)])
+        names.start()
+        with trio.fail_after(90):
+            async with spawn(*member("s1", 0, manager)) as (s1, _), \
+                    spawn(*member("s2", 1, manager)), spawn(*member("s3", 2, manager)):
+                client = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
+                await client.declare("orders")
+                acked = []
+                while len(acked) < 20:
+                    try:
+                        acked.append(await client.publish("orders", b"m%d" % len(acked)))
+                    except ServiceError as exc:  # no replica in sync yet
+                        assert exc.status == 503, exc
+                        await trio.sleep(0.05)  # polled, bounded by the deadline
+                client.close()
+                while (await names.group("a"))["insync"] != ["s2", "s3"]:
+                    await trio.sleep(0.05)  # the master's next registration: polled
+                s1.send_signal(signal.SIGSTOP)
+                stopped = trio.current_time()
+                try:
+                    while (group := await names.group("a"))["master"] in (None, "s1"):
+                        await trio.sleep(0.05)  # the expiry: polled, bounded
+                    after = MqClient(universe.add_broker("after"), f"{group['master']}:15555",
+                                     timeout=5, producer="after")
+                    while True:
+                        try:
+                            stored = await after.publish("orders", b"after the hang")
+                            break
+                        except ServiceError as exc:  # taking over, the other copying it
+                            assert exc.status in (0, 503), exc
+                            await trio.sleep(0.05)  # polled, bounded by the deadline
+                    took = trio.current_time() - stopped
+                    assert stored.offset == 20 and took < 10, took
+                    subscription = await after.subscribe("orders", window=100)
+                    got: list[bytes] = []
+                    while len(got) < 21:
+                        got += [m.body for m in await subscription.receive_many()]
+                    assert got == [b"m%d" % i for i in range(20)] + [b"after the hang"]
+                    after.close()
+                finally:
+                    s1.send_signal(signal.SIGCONT)
+        names.close()
+        nursery.cancel_scope.cancel()
