@@ -8,15 +8,13 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-import trio
-
-from brokermgr import GroupMember, open_universe
+from brokermgr import open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer
 from mq._client import unique_producer
 from mq._dedupe import Recent
 
-from .test_replication import TIMING, master
+from .test_replication import TIMING, group_of_two, master
 
 
 def bodies(server: MqServer, topic: str = "orders") -> list[bytes]:
@@ -73,45 +71,39 @@ async def test_the_member_promoted_drops_retries_of_what_it_copied_and_keeps_the
     first publish and the first two messages of a second when s1 is lost.  Promoted, it
     answers the first publish's retry with where it is, and stores the second's whole:
     two messages twice, none lost."""
-    with trio.fail_after(600):
-        async with open_universe("replicated") as universe:
-            nodes = {name: TrackNode(universe.add_broker(name), role="server",
-                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
-                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
-            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
-            s1.confirm()
-            client = MqClient(universe.add_broker("app"), "s1:15555", producer="p",
-                              retry=0.5)
-            await client.declare("orders")
-            follower = s2.follow("s1:15555", retry=0.5, window=1 << 16)
-            whole = [b"a%d" % i * 20_000 for i in range(3)]
-            await client.publish_many("orders", whole)
-            while bodies(s2) != whole:
-                await follower.changed.wait()
-            frames: list[Any] = []
-            copies = follower.copies
+    async with group_of_two(tmp_path) as (universe, s1, s2):
+        client = MqClient(universe.add_broker("app"), "s1:15555", producer="p",
+                          retry=0.5)
+        await client.declare("orders")
+        follower = s2.follow("s1:15555", retry=0.5, window=1 << 16)
+        whole = [b"a%d" % i * 20_000 for i in range(3)]
+        await client.publish_many("orders", whole)
+        while bodies(s2) != whole:
+            await follower.changed.wait()
+        frames: list[Any] = []
+        copies = follower.copies
 
-            def first_frame_only(link: Any, obj: dict[str, Any]) -> None:
-                if not frames:
-                    frames.append(obj["count"])
-                    copies(link, obj)
+        def first_frame_only(link: Any, obj: dict[str, Any]) -> None:
+            if not frames:
+                frames.append(obj["count"])
+                copies(link, obj)
 
-            follower.copies = first_frame_only  # type: ignore[method-assign]
-            part = [b"b%d" % i * 20_000 for i in range(4)]
-            await client.publish_many("orders", part)
-            while not frames:
-                await follower.changed.wait()
-            assert frames == [2] and bodies(s2) == whole + part[:2]
-            client.close()
-            s1.close()
-            s2.promote(2)
-            s2.confirm()
-            retry = MqClient(universe.add_broker("retry"), "s2:15555", producer="p",
-                             retry=0.5)
-            assert [s.offset for s in await retry.publish_many("orders", whole)] == [0, 1, 2]
-            assert [s.offset for s in await retry.publish_many("orders", part)] == [
-                5, 6, 7, 8]
-            assert bodies(s2) == whole + part[:2] + part
-            assert s2.counts["duplicates"] == 3
-            retry.close()
-            s2.close()
+        follower.copies = first_frame_only  # type: ignore[method-assign]
+        part = [b"b%d" % i * 20_000 for i in range(4)]
+        await client.publish_many("orders", part)
+        while not frames:
+            await follower.changed.wait()
+        assert frames == [2] and bodies(s2) == whole + part[:2]
+        client.close()
+        s1.close()
+        s2.promote(2)
+        s2.confirm()
+        retry = MqClient(universe.add_broker("retry"), "s2:15555", producer="p",
+                         retry=0.5)
+        assert [s.offset for s in await retry.publish_many("orders", whole)] == [0, 1, 2]
+        assert [s.offset for s in await retry.publish_many("orders", part)] == [
+            5, 6, 7, 8]
+        assert bodies(s2) == whole + part[:2] + part
+        assert s2.counts["duplicates"] == 3
+        retry.close()
+        s2.close()

@@ -95,12 +95,13 @@ def parted(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
     later = draw(st.lists(st.integers(epoch, epoch + 12), unique=True, max_size=6))
     sides = draw(st.lists(st.booleans(), min_size=len(later), max_size=len(later)))
     logs: dict[bool, list[int]] = {True: [], False: []}
+    side: bool
     for e, side in sorted(zip(later, sides, strict=True)):
         logs[side] += [e] * draw(st.integers(1, 3))
     # the prefix's last epoch may go on, on one side only (the other stopped copying it)
     if common and draw(st.booleans()):
-        side = draw(st.booleans())
-        logs[side] = [common[-1]] * draw(st.integers(1, 3)) + logs[side]
+        one: bool = draw(st.booleans())
+        logs[one] = [common[-1]] * draw(st.integers(1, 3)) + logs[one]
     master, replica = common + logs[True], common + logs[False]
     current = max([*master, draw(st.integers(0, 20))])
     return master, replica, current

@@ -349,6 +349,15 @@ async def test_flipped_bytes_in_sealed_and_active_segments_are_skipped_for_every
         nursery.cancel_scope.cancel()
 
 
+def sync_member(universe: str, name: str, member_id: int, manager: tuple[str, int],
+                data: pathlib.Path) -> list[str]:
+    """``broker run`` arguments of member ``member_id`` of a ``sync`` group ``a``."""
+    return ["broker", "run", "--id", name, "--universe", universe, "--manager",
+            f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir", str(data),
+            "--group", "a", "--group-id", str(member_id), "--replication", "sync",
+            "--heartbeat", "0.5"]
+
+
 async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
         tmp_path: pathlib.Path) -> None:
     """A group of three server processes, ``--replication sync``: a publish the master
@@ -364,10 +373,8 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
     from mq._history import Published
 
     def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
-        return ["broker", "run", "--id", name, "--universe", "q", "--manager",
-                f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir",
-                str(tmp_path / "data"), "--group", "a", "--group-id", str(member_id),
-                "--replication", "sync", "--durability", "sync", "--heartbeat", "0.5"]
+        return [*sync_member("q", name, member_id, manager, tmp_path / "data"),
+                "--durability", "sync"]
 
     universe = BrokerManager("q", token=TOKEN, pump=Pump(name="test"))
     history = History()
@@ -483,10 +490,7 @@ async def test_a_hung_master_is_replaced_once_the_name_service_expires_it(
     from brokermgr import NameClient
 
     def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
-        return ["broker", "run", "--id", name, "--universe", "h", "--manager",
-                f"{manager[0]}:{manager[1]}", "--role", "server", "--mq-dir",
-                str(tmp_path / "data"), "--group", "a", "--group-id", str(member_id),
-                "--replication", "sync", "--heartbeat", "0.5"]
+        return sync_member("h", name, member_id, manager, tmp_path / "data")
 
     universe = BrokerManager("h", token=TOKEN, pump=Pump(name="test"))
     async with spawn("manager", "serve", "--universe", "h", "--listen", "127.0.0.1:0",
@@ -501,7 +505,7 @@ async def test_a_hung_master_is_replaced_once_the_name_service_expires_it(
                     spawn(*member("s2", 1, manager)), spawn(*member("s3", 2, manager)):
                 client = MqClient(universe.add_broker("producer"), "s1:15555", timeout=5)
                 await client.declare("orders")
-                acked = []
+                acked: list[Any] = []
                 while len(acked) < 20:
                     try:
                         acked.append(await client.publish("orders", b"m%d" % len(acked)))

@@ -45,6 +45,27 @@ async def master(tmp_path: pathlib.Path, **options: Any
                 server.close()
 
 
+@asynccontextmanager
+async def group_of_two(tmp_path: pathlib.Path
+                       ) -> AsyncIterator[tuple[BrokerManager, MqServer, MqServer]]:
+    """A universe with replicated group ``a``: s1 its master at epoch 1 (confirmed), s2
+    its slave (not copying yet)."""
+    from brokermgr import GroupMember
+
+    with trio.fail_after(600):  # virtual seconds
+        async with open_universe("replicated") as universe:
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
+            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
+            s1.confirm()
+            try:
+                yield universe, s1, s2
+            finally:
+                s1.close()
+                s2.close()
+
+
 def sync_master(tmp_path: pathlib.Path) -> Any:
     return master(tmp_path, replication="sync", min_insync=1, insync_lag=5.0)
 
@@ -304,59 +325,52 @@ async def test_a_former_master_s_tail_is_cut_and_it_copies_its_successor(
     cuts its record (logged, counted), copies s2's, and its consume group, which had
     been given and had acknowledged the record cut, reads what s2 wrote there.  A copy
     that stops before epoch 2 began follows with nothing cut."""
-    from brokermgr import GroupMember
 
-    with trio.fail_after(600):
-        async with open_universe("replicated") as universe:
-            nodes = {name: TrackNode(universe.add_broker(name), role="server",
-                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
-                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
-            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
-            s1.confirm()
-            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
-            await client.declare("orders")
-            follower = s2.follow("s1:15555", retry=0.5)
-            await client.publish_many("orders", [b"a", b"b", b"c"])
-            copy = s2.replica_logs()["orders"]
-            while copy.next_offset < 3:
-                await follower.changed.wait()
-            s2.promote(2)  # s1 is not told yet: it takes one more write
-            await client.publish("orders", b"s1 alone")
-            subscription = await client.subscribe("orders", window=10)
-            given: list[bytes] = []
-            while len(given) < 4:
-                messages = await subscription.receive_many()
-                given += [m.body for m in messages]
-                await subscription.ack([m.offset for m in messages])
-            assert given == [b"a", b"b", b"c", b"s1 alone"]
-            s1.demote(2)
-            client.close()
-            writer = MqClient(universe.add_broker("writer"), "s2:15555", retry=0.5)
-            assert (await writer.publish("orders", b"s2 at 3")).offset == 3
-            assert copy.epochs.entries == [(1, 0), (2, 3)]
-            back = s1.follow("s2:15555", retry=0.5)
-            mine = s1.replica_logs()["orders"]
-            while mine.epochs.entries != copy.epochs.entries or mine.next_offset < 4:
-                await back.changed.wait()
-            assert back.counts["cut records"] == 1 and "orders" not in back.refused
-            assert records(mine) == records(copy)
-            assert ("s1 alone" not in str(records(mine))
-                    and "cut 1 records, offsets 3 to 3 (the last written under epoch 1)"
-                    in caplog.text)
-            reader = MqClient(universe.add_broker("reader"), "s1:15555", retry=0.5)
-            assert (await reader.query("orders"))["orders"]["groups"]["orders"]["lag"] == 1
-            after = await (await reader.subscribe("orders", window=10)).receive_many()
-            assert [(m.offset, m.body) for m in after] == [(3, b"s2 at 3")]
-            behind = TopicLog(tmp_path / "s3" / "orders")
-            behind.append_copies(b"".join(bytes(c) for c in encode_records(
-                copy.read(0, max_count=2), 1 << 20)[0]))
-            behind.adopt_epochs(Epochs([(1, 0)]))
-            third = Follower(universe.add_broker("s3"), "s2:15555", {"orders": behind},
-                             retry=0.5)
-            await until(third, behind, 4)
-            assert third.counts["cut records"] == 0 and records(behind) == records(copy)
-            for closing in (third, reader, writer, s1, s2, behind):
-                closing.close()
+    async with group_of_two(tmp_path) as (universe, s1, s2):
+        client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+        await client.declare("orders")
+        follower = s2.follow("s1:15555", retry=0.5)
+        await client.publish_many("orders", [b"a", b"b", b"c"])
+        copy = s2.replica_logs()["orders"]
+        while copy.next_offset < 3:
+            await follower.changed.wait()
+        s2.promote(2)  # s1 is not told yet: it takes one more write
+        await client.publish("orders", b"s1 alone")
+        subscription = await client.subscribe("orders", window=10)
+        given: list[bytes] = []
+        while len(given) < 4:
+            messages = await subscription.receive_many()
+            given += [m.body for m in messages]
+            await subscription.ack([m.offset for m in messages])
+        assert given == [b"a", b"b", b"c", b"s1 alone"]
+        s1.demote(2)
+        client.close()
+        writer = MqClient(universe.add_broker("writer"), "s2:15555", retry=0.5)
+        assert (await writer.publish("orders", b"s2 at 3")).offset == 3
+        assert copy.epochs.entries == [(1, 0), (2, 3)]
+        back = s1.follow("s2:15555", retry=0.5)
+        mine = s1.replica_logs()["orders"]
+        while mine.epochs.entries != copy.epochs.entries or mine.next_offset < 4:
+            await back.changed.wait()
+        assert back.counts["cut records"] == 1 and "orders" not in back.refused
+        assert records(mine) == records(copy)
+        assert ("s1 alone" not in str(records(mine))
+                and "cut 1 records, offsets 3 to 3 (the last written under epoch 1)"
+                in caplog.text)
+        reader = MqClient(universe.add_broker("reader"), "s1:15555", retry=0.5)
+        assert (await reader.query("orders"))["orders"]["groups"]["orders"]["lag"] == 1
+        after = await (await reader.subscribe("orders", window=10)).receive_many()
+        assert [(m.offset, m.body) for m in after] == [(3, b"s2 at 3")]
+        behind = TopicLog(tmp_path / "s3" / "orders")
+        behind.append_copies(b"".join(bytes(c) for c in encode_records(
+            copy.read(0, max_count=2), 1 << 20)[0]))
+        behind.adopt_epochs(Epochs([(1, 0)]))
+        third = Follower(universe.add_broker("s3"), "s2:15555", {"orders": behind},
+                         retry=0.5)
+        await until(third, behind, 4)
+        assert third.counts["cut records"] == 0 and records(behind) == records(copy)
+        for closing in (third, reader, writer, s1, s2, behind):
+            closing.close()
 
 
 async def test_a_master_that_steps_down_lets_go_of_its_replicas(
@@ -366,31 +380,25 @@ async def test_a_master_that_steps_down_lets_go_of_its_replicas(
     over (it no longer copies anyone)."""
     from brokermgr import GroupMember
 
-    with trio.fail_after(600):
-        async with open_universe("replicated") as universe:
-            nodes = {name: TrackNode(universe.add_broker(name), role="server",
-                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
-                     for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
-            s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
-            s1.confirm()
-            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
-            await client.declare("orders")
-            follower = s2.follow("s1:15555", retry=0.5)
-            await client.publish("orders", b"under epoch 1")
-            while not follower.copying or s2.replica_logs()["orders"].next_offset < 1:
-                await follower.changed.wait()
-            s1.demote(2)  # s2 holds epoch 2 now, say
-            while follower.copying or "orders" not in follower.refused:
-                await follower.changed.wait()
-            assert follower.refused["orders"] == ("s1:15555 is a slave of group a: follow at "
-                                                  "its master")
-            with pytest.raises(ServiceError, match="s1:15555 is a slave of group a"):
-                await client.publish("orders", b"refused")
-            s2.promote(2)
-            assert s2.group == GroupMember("a", 1, "master", epoch=2) and s2.follower is None
-            client.close()
-            s1.close()
-            s2.close()
+    async with group_of_two(tmp_path) as (universe, s1, s2):
+        client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5)
+        await client.declare("orders")
+        follower = s2.follow("s1:15555", retry=0.5)
+        await client.publish("orders", b"under epoch 1")
+        while not follower.copying or s2.replica_logs()["orders"].next_offset < 1:
+            await follower.changed.wait()
+        s1.demote(2)  # s2 holds epoch 2 now, say
+        while follower.copying or "orders" not in follower.refused:
+            await follower.changed.wait()
+        assert follower.refused["orders"] == ("s1:15555 is a slave of group a: follow at "
+                                              "its master")
+        with pytest.raises(ServiceError, match="s1:15555 is a slave of group a"):
+            await client.publish("orders", b"refused")
+        s2.promote(2)
+        assert s2.group == GroupMember("a", 1, "master", epoch=2) and s2.follower is None
+        client.close()
+        s1.close()
+        s2.close()
 
 
 async def test_members_with_different_configurations_refuse_each_other(
@@ -413,8 +421,8 @@ async def test_members_with_different_configurations_refuse_each_other(
             follower = s2.follow("s1:15555", retry=0.5, rescan=1.0)
             while "orders" not in follower.refused:
                 await follower.changed.wait()
-            mine = s1.shipper.config(nodes["s1"].server.group)  # type: ignore[union-attr]
-            theirs = s2.shipper.config(nodes["s2"].server.group)  # type: ignore[union-attr]
+            assert s1.group is not None and s2.group is not None
+            mine, theirs = s1.shipper.config(s1.group), s2.shipper.config(s2.group)
             assert mine.startswith("group=a cluster=") and "replication=sync" in mine
             assert "replication=async" in theirs and "checksum=" in theirs
             assert follower.refused["orders"] == (

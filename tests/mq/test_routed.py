@@ -41,7 +41,7 @@ async def test_producers_and_consumers_follow_the_route_table(
                 producer = Producer(routes, "orders")
                 stored = [await producer.publish(b"m%d" % i) for i in range(10)]
                 assert Counter(s.server for s in stored) == {"s1:15555": 5, "s2:15555": 5}
-                got = set()
+                got: set[bytes] = set()
                 while len(got) < 10:
                     message = await consumer.receive()
                     got.add(message.body)
