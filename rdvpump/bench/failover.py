@@ -39,7 +39,8 @@ from typing import Any
 
 import trio
 
-from pump import RdvpumpError
+from .._errors import RunError
+from ..children import start_child
 
 UNIVERSE = "bench-failover"
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
@@ -47,10 +48,6 @@ SIZE = 1024
 #: The name service's heartbeat expiry for the hung-master trial, in seconds.
 EXPIRY = 3.0
 DEADLINE = 60.0
-
-
-class RunError(RdvpumpError):
-    """A benchmark that could not run (a process that did not start, a peer missing)."""
 
 
 @dataclass
@@ -95,28 +92,18 @@ def _env() -> dict[str, str]:
 
 @asynccontextmanager
 async def _spawn(args: list[str]) -> AsyncIterator[tuple[trio.Process, str]]:
-    """``rdvpump ARGS`` until its ``ready ... HOST:PORT`` line (30 s at most); killed and
-    reaped on the way out."""
-    proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, env=_env())
+    """``rdvpump ARGS`` once its ``ready`` line came (it ends with this process, see
+    :func:`~rdvpump.children.start_child`); killed and reaped on the way out."""
+    started: list[trio.Process] = []
     try:
-        assert proc.stdout is not None
-        line = b""
-        with trio.move_on_after(30):
-            while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                if not chunk:
-                    break
-                line += chunk
-        words = line.decode().split()
-        if not words or words[0] != "ready":
-            raise RunError(f"rdvpump {' '.join(args[:2])} did not start")
-        yield proc, words[-1]
+        child = await start_child(args, _env(), started)
+        yield child.process, f"{child.address[0]}:{child.address[1]}"
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.move_on_after(10):
-            await proc.wait()
+        for proc in started:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.move_on_after(10):
+                await proc.wait()
 
 
 class _Group:
