@@ -261,7 +261,7 @@ def test_a_flipped_byte_in_a_sealed_segment_is_found_at_open_and_skipped(
     (c,) = again.corruptions
     assert (c.file, c.position, c.first, c.last) == (
         str(sealed), SEGMENT_HEADER.size + 4 * RECORD, 14, 14)
-    offsets = []
+    offsets: list[int] = []
     while records := again.read(offsets[-1] + 1 if offsets else 0, max_count=3):
         offsets += [r.offset for r in records]
     assert offsets == [o for o in range(35) if o != 14]

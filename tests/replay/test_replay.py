@@ -190,7 +190,7 @@ def test_percentiles_are_the_exact_ones_when_latencies_are_a_bucket_apart(
     rng = random.Random(3)
     streams = {"ca": [1e-5 * 1.01 ** i for i in range(1000)],
                "ac": [2e-3 * 1.01 ** i for i in range(401)]}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dir_, latencies in streams.items():
         shuffled = rng.sample(latencies, len(latencies))
         for seq, latency in enumerate(shuffled):
@@ -250,11 +250,11 @@ def test_swaps_on_two_links_are_two_violations_and_a_reorder_across_links_none(
     # Every delivery on server/2 moves after every one on server/1 in the pump's order
     # (and to the front of the file): the order across links changes, each link's holds.
     rows = _rows(clean_jsonl)
-    two = set(_where(rows, "deliver", "server/2", "ca") + _where(rows, "deliver", "server/2",
-                                                                 "ac"))
-    for i in two:
+    moved = set(_where(rows, "deliver", "server/2", "ca") + _where(rows, "deliver", "server/2",
+                                                                   "ac"))
+    for i in moved:
         rows[i]["step"] += 10**6
-    rows = [rows[i] for i in sorted(two)] + [r for i, r in enumerate(rows) if i not in two]
+    rows = [rows[i] for i in sorted(moved)] + [r for i, r in enumerate(rows) if i not in moved]
     summary = _analyze_rows(rows, tmp_path / "across")
     assert summary["violation_count"] == 0 and summary["messages_matched"] == 8000
 
