@@ -23,8 +23,10 @@ with its file, byte position and the offsets it hides (:class:`Corruption`),
 and reading goes on after it.  Damage that appears while the log is open is
 found when it is read, reported the same way and skipped.
 
-The index's format and the reading of a segment's bytes (each record checked, damage
-skipped) are in :mod:`._scan`; durable file writes and fsyncs in :mod:`._files`.
+Opening the segment files, sealing them and recovery are in :mod:`._segment`; the index's
+format and the reading of a segment's bytes (each record checked, damage skipped) in
+:mod:`._scan`; the newest records kept in memory in :mod:`._tail`; durable file writes
+and fsyncs in :mod:`._files`.
 """
 
 from __future__ import annotations
@@ -33,16 +35,14 @@ import bisect
 import contextlib
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pump import ConfigError
 
 from ._epochs import EPOCHS, Epochs
-from ._files import VIEW_BODY, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
+from ._files import SyncPoint, fsync_dir, run_sync, write_chunks, write_file
 from ._record import (
     DEFAULT_MAX_BODY,
     RECORD_OVERHEAD,
@@ -52,24 +52,18 @@ from ._record import (
     FormatError,
     Record,
     StoreError,
-    crc32,
     decode,
     encode_batch,
-    segment_header,
 )
 from ._scan import (
-    INDEX_ENTRY,
-    INDEX_FOOTER,
     INDEX_INTERVAL,
-    INDEX_MAGIC,
-    INDEX_VERSION,
     Corruption,
-    header_base,
     offset_at,
     resync,
     scan_segment,
-    segment_crc,
 )
+from ._segment import Segment, create_segment, open_segments, rescan, seal
+from ._tail import Tail
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -78,28 +72,6 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
 #: served without reading the file back (and checking each record again).
 DEFAULT_TAIL_BYTES = 8 << 20
-
-
-@dataclass
-class _Segment:
-    path: Path
-    base: int
-    fd: int
-    size: int
-    next_offset: int
-    #: (offset - base, position, timestamp), every INDEX_INTERVAL bytes
-    index: list[tuple[int, int, int]] = field(default_factory=list)
-    max_ts: int = 0
-    #: (position, end) stretches to skip
-    bad: list[tuple[int, int]] = field(default_factory=list)
-    last_indexed: int = -INDEX_INTERVAL
-    #: CRC-32 of the file's bytes so far (kept as they are written: a sealed segment's
-    #: index holds it)
-    crc: int = 0
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(".idx")
 
 
 class TopicLog:
@@ -122,19 +94,11 @@ class TopicLog:
         self.max_record = RECORD_OVERHEAD + 2 * 255 + max_body
         self.max_body = max_body
         self.clock = clock
-        self.segments: list[_Segment] = []
-        #: The newest records, as appended (offsets consecutive up to next_offset), from
-        #: ``_tail_start`` on; ``_tail_ends[i]`` counts body bytes up to record i, and
-        #: ``_tail_floor`` those before the first one kept.
-        self._tail: list[Record] = []
-        self._tail_ends: list[int] = []
-        self._tail_start = 0
-        self._tail_floor = 0
-        self.tail_limit = tail_bytes
+        self.segments: list[Segment] = []
+        #: The newest records, as appended, for readers that keep up.
+        self.tail = Tail(tail_bytes)
         #: Corrupt stretches found when opening, in order, then any found when reading.
         self.corruptions: list[Corruption] = []
-        #: Stretches found by the scans of :meth:`_open`, reported once all are loaded.
-        self._found: list[tuple[_Segment, tuple[int, int, str, int, int | None]]] = []
         #: Bytes cut from the tail when opening (a record torn by a crash).
         self.cut_bytes = 0
         #: Why the log refuses writes (a failed fsync), or None.
@@ -188,110 +152,17 @@ class TopicLog:
     # -- opening -----------------------------------------------------------------------
 
     def _open(self) -> None:
-        paths = sorted(self._segdir.glob("*.seg"))
-        if not paths:
-            self.segments.append(self._create(0))
-            return
-        for i, path in enumerate(paths):
-            self.segments.append(self._load(path, last=i == len(paths) - 1))
-        # what a killed process left in the page cache is made durable now, so that
-        # durable_offset can start at next_offset (sealed segments were at their roll)
-        os.fsync(self.segments[-1].fd)
-        for earlier, later in zip(self.segments, self.segments[1:], strict=False):
-            if later.base < earlier.next_offset:
-                raise FormatError(f"{later.path}: starts at offset {later.base}, inside "
-                                  f"{earlier.path} (which ends at {earlier.next_offset})")
-        for segment, hidden in self._found:
-            # damage at the end of a sealed segment hides offsets up to the next one's base
-            i = self.segments.index(segment)
-            last = hidden[4]
-            if last is None and i + 1 < len(self.segments):
-                last = self.segments[i + 1].base
-            corruption = Corruption(str(segment.path), hidden[0], hidden[1], hidden[2],
-                                    hidden[3], None if last is None else last - 1)
-            log.error("%s", corruption)
-            self.corruptions.append(corruption)
-        self._found.clear()
+        opened = open_segments(self._segdir, self.max_record, int(self.clock() * 1000))
+        self.segments = opened.segments
+        self.corruptions.extend(opened.corruptions)
+        self.cut_bytes = opened.cut_bytes
+        self._dir_dirty = True  # a new directory or segment: the first sync covers it
 
-    def _load(self, path: Path, *, last: bool) -> _Segment:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            base, damage = header_base(os.pread(fd, SEGMENT_HEADER.size, 0), path)
-            segment = _Segment(path, base, fd, size, base)
-            if damage is not None:  # the records after it are read all the same
-                self._found.append((segment, (0, SEGMENT_HEADER.size, damage, base, base)))
-            if not last and self._load_index(segment):
-                return segment
-            self._scan(segment, last=last)
-            return segment
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _load_index(self, segment: _Segment) -> bool:
-        """Take a sealed segment on its index if the index checks out and the segment's
-        checksum still matches the one the index keeps; False: read it whole."""
-        try:
-            data = segment.index_path.read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) < INDEX_FOOTER.size or (len(data) - INDEX_FOOTER.size) % INDEX_ENTRY.size:
-            return False
-        magic, version, base, next_offset, size, max_ts, seg_crc, crc = (
-            INDEX_FOOTER.unpack_from(data, len(data) - INDEX_FOOTER.size))
-        if (magic != INDEX_MAGIC or version != INDEX_VERSION or base != segment.base
-                or size != segment.size or crc32(data[:-4]) != crc):
-            return False
-        if segment_crc(segment.fd, segment.size) != seg_crc:
-            return False  # damaged since it was sealed: reading it whole says where
-        segment.index = [INDEX_ENTRY.unpack_from(data, i)
-                         for i in range(0, len(data) - INDEX_FOOTER.size, INDEX_ENTRY.size)]
-        segment.next_offset, segment.max_ts = next_offset, max_ts
-        return True
-
-    def _scan(self, segment: _Segment, *, last: bool) -> None:
-        """Read a segment whole: rebuild its index, find corrupt stretches, cut a torn tail;
-        a sealed segment found whole gets its index (with its checksum) written again."""
-        buf = os.pread(segment.fd, segment.size, 0)
-        scan = scan_segment(buf, segment.base, self.max_record, last=last)
-        segment.index = scan.index
-        segment.last_indexed = scan.index[-1][1] if scan.index else -INDEX_INTERVAL
-        segment.max_ts = scan.max_ts
-        segment.next_offset = scan.next_offset
-        for pos, end, reason, first, following in scan.bad:
-            segment.bad.append((pos, end))
-            self._found.append((segment, (pos, end, reason, first, following)))
-        if scan.torn is not None:
-            self._cut(segment, scan.torn[0], scan.torn[1])
-        segment.crc = crc32(memoryview(buf)[:segment.size])
-        if not last and not scan.bad:
-            self._write_index(segment, segment.crc)
-
-    def _cut(self, segment: _Segment, pos: int, why: str) -> None:
-        cut = segment.size - pos
-        os.ftruncate(segment.fd, pos)
-        os.fsync(segment.fd)
-        segment.size = pos
-        self.cut_bytes += cut
-        log.warning("%s: cut %d bytes at byte %d, from offset %d on (%s); every record "
-                    "before them is kept", segment.path, cut, pos, segment.next_offset, why)
-
-    def _create(self, base: int) -> _Segment:
-        path = self._segdir / f"{base:020d}.seg"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            header = segment_header(base, int(self.clock() * 1000))
-            os.write(fd, header)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
+    def _create(self, base: int) -> Segment:
+        segment = create_segment(self._segdir, base, int(self.clock() * 1000),
+                                 self.segments[-1].max_ts)
         self._dir_dirty = True
-        return _Segment(path, base, fd, len(header), base,
-                        max_ts=self.segments[-1].max_ts if self.segments else 0,
-                        crc=crc32(header))
+        return segment
 
     # -- writing -----------------------------------------------------------------------
 
@@ -325,8 +196,8 @@ class TopicLog:
         segment.crc = crc
         segment.next_offset = offset
         segment.max_ts = now
-        if self.tail_limit > 0:
-            self._keep(first, now, messages)
+        if self.tail.limit > 0:
+            self.tail.keep(first, now, messages)
         if segment.size >= self.segment_bytes:
             self._roll()
         return first
@@ -384,8 +255,8 @@ class TopicLog:
         segment.crc = crc
         segment.next_offset = expected
         segment.max_ts = latest
-        if self.tail_limit > 0:
-            self._keep_records(records)
+        if self.tail.limit > 0:
+            self.tail.keep_records(records)
         if segment.size >= self.segment_bytes:
             self._roll()
         return len(records)
@@ -436,63 +307,14 @@ class TopicLog:
         os.ftruncate(segment.fd, pos + at)
         os.fsync(segment.fd)
         segment.size, segment.bad = pos + at, []
-        self._scan(segment, last=True)
-        self._found.clear()  # damage in what is kept was reported when found
-        self._tail, self._tail_ends, self._tail_start, self._tail_floor = [], [], 0, 0
+        rescan(segment, self.max_record)
+        self.tail.clear()
         self._durable = self.next_offset
         self.epochs.cut(offset)
         write_file(self.directory / EPOCHS, self.epochs.encode())
         return cut
 
-    def _keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
-        """Keep the newest records in memory, for readers that keep up: a list read from
-        ``_tail_start`` on, with the running total of body bytes after each record."""
-        tail, ends = self._tail, self._tail_ends
-        if len(tail) > self._tail_start and tail[-1].offset + 1 != first:
-            self._tail_start = len(tail)  # not contiguous (cannot happen): start afresh
-            self._tail_floor = ends[-1]
-        total = ends[-1] if ends else 0
-        offset = first
-        for tag, producer, sequence, body in messages:
-            # A large body is kept as given, a view of the produce request, not copied (it
-            # holds that request, one batch, beyond the budget); a small one is copied,
-            # which costs less than the view object and frees the request.
-            kept = body if len(body) >= VIEW_BODY else bytes(body)
-            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
-            total += len(kept)
-            ends.append(total)
-            offset += 1
-        self._trim_tail(total)
-
-    def _keep_records(self, records: Sequence[Record]) -> None:
-        """:meth:`_keep` for records made already (copied from another log)."""
-        tail, ends = self._tail, self._tail_ends
-        if len(tail) > self._tail_start and tail[-1].offset + 1 != records[0].offset:
-            self._tail_start = len(tail)
-            self._tail_floor = ends[-1]
-        total = ends[-1] if ends else 0
-        for record in records:
-            tail.append(record)
-            total += len(record.body)
-            ends.append(total)
-        self._trim_tail(total)
-
-    def _trim_tail(self, total: int) -> None:
-        """Drop the oldest records kept whose bodies add up to what is over the budget
-        (``total``: the running total after the newest), keeping one."""
-        tail, ends = self._tail, self._tail_ends
-        excess = total - self._tail_floor - self.tail_limit
-        if excess > 0:
-            cut = min(bisect.bisect_left(ends, self._tail_floor + excess) + 1, len(tail) - 1)
-            if cut > self._tail_start:
-                self._tail_start = cut
-                self._tail_floor = ends[cut - 1]
-        if self._tail_start > 1024 and self._tail_start * 2 > len(tail):
-            del tail[:self._tail_start]
-            del ends[:self._tail_start]
-            self._tail_start = 0
-
-    def _undo(self, segment: _Segment, exc: OSError) -> None:
+    def _undo(self, segment: Segment, exc: OSError) -> None:
         reason = exc.strerror or str(exc)
         try:
             os.ftruncate(segment.fd, segment.size)
@@ -534,21 +356,11 @@ class TopicLog:
         """Seal the last segment (fsynced, its index written) and start a new one."""
         segment = self.segments[-1]
         os.fsync(segment.fd)
-        self._write_index(segment, segment.crc)
+        seal(segment)
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
         self._dir_dirty = False
-
-    def _write_index(self, segment: _Segment, seg_crc: int) -> None:
-        """A sealed segment's index file: its entries, then a footer with the segment's
-        size, next offset, newest timestamp and checksum, and the index's own CRC."""
-        entries = b"".join(INDEX_ENTRY.pack(*e) for e in segment.index)
-        footer = INDEX_FOOTER.pack(INDEX_MAGIC, INDEX_VERSION, segment.base,
-                                   segment.next_offset, segment.size, segment.max_ts,
-                                   seg_crc, 0)
-        body = entries + footer[:-4]
-        write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -558,17 +370,9 @@ class TopicLog:
         ``max_count`` and about ``max_bytes`` of bodies (at least one record); offsets lost
         to corruption are skipped."""
         offset = max(offset, self.start_offset)
-        tail, start = self._tail, self._tail_start
-        if len(tail) > start and tail[start].offset <= offset:
-            first = start + offset - tail[start].offset
-            if first >= len(tail):
-                return []
-            last = min(first + max_count, len(tail))
-            ends = self._tail_ends
-            before = ends[first - 1] if first > 0 else self._tail_floor
-            # about max_bytes of bodies, and at least one record
-            last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
-            return tail[first:last]
+        kept = self.tail.read(offset, max_count, max_bytes)
+        if kept is not None:
+            return kept
         out: list[Record] = []
         budget = [max_count, max_bytes]
         i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
@@ -579,7 +383,7 @@ class TopicLog:
                 break
         return out
 
-    def _read_segment(self, segment: _Segment, offset: int, out: list[Record],
+    def _read_segment(self, segment: Segment, offset: int, out: list[Record],
                       budget: list[int]) -> None:
         pos = self._position(segment, offset)
         want = 64 << 10
@@ -612,7 +416,7 @@ class TopicLog:
                 want = len(buf) * 2  # one record larger than what was read
             pos += at
 
-    def _damaged(self, segment: _Segment, pos: int, reason: str) -> None:
+    def _damaged(self, segment: Segment, pos: int, reason: str) -> None:
         """Damage found while reading (it came after the log was opened): reported like
         damage found at open, and skipped from now on."""
         buf = os.pread(segment.fd, segment.size, 0)
@@ -630,7 +434,7 @@ class TopicLog:
         segment.bad.append((pos, end))
         segment.bad.sort()
 
-    def _position(self, segment: _Segment, offset: int) -> int:
+    def _position(self, segment: Segment, offset: int) -> int:
         i = bisect.bisect_right(segment.index, (offset - segment.base, 1 << 64, 0)) - 1
         return segment.index[i][1] if i >= 0 else SEGMENT_HEADER.size
 

@@ -36,17 +36,18 @@ logged once; the broker and the other topics go on.  Every declare, remove,
 first and last consumer updates the broker's ServerInfo, so trackers and
 route tables follow.
 
-This module holds the command table and its handlers, the links' consumers and the
-timers.  The topics (on disk, their groups and positions, their error states) are in
-:mod:`._catalogue`; durability and the group commit in :mod:`._commit`; the links and
-the frames sent on them in :mod:`._delivery`; RPC replies and pushes in :mod:`._push`;
-records shipped to replicas in :mod:`._replication`.
+This module holds the command table, the handlers of the topics' lifecycle (declare,
+query, remove, empty, dead letters), the links and the timers; ``produce`` is in
+:mod:`._produce`, the consumers' commands in :mod:`._consumers`.  The topics (on disk,
+their groups and positions, their error states) are in :mod:`._catalogue`; durability
+and the group commit in :mod:`._commit`; the links and the frames sent on them in
+:mod:`._delivery`; RPC replies and pushes in :mod:`._push`; records shipped to replicas
+in :mod:`._replication`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -70,13 +71,14 @@ from pump import ConfigError, Repeating
 
 from ._catalogue import FLAGS, Catalogue, TopicState
 from ._commit import Durability, GroupCommit
-from ._dedupe import Recent
+from ._consumers import ConsumerCommands
 from ._delivery import FRAME_ROOM, Links
 from ._filter import FilterError
 from ._follower import Follower
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._member import GroupRole
 from ._names import check_name, dead_letter_topic, disk_name
+from ._produce import ProduceCommand
 from ._push import Router
 from ._record import Record, StoreError
 from ._replication import DEFAULT_INSYNC_LAG, Shipper
@@ -84,21 +86,16 @@ from ._requests import (
     MAX_ACK_RANGE,
     MAX_WINDOW,
     PARSERS,
-    Ack,
-    Consume,
     Copied,
     Declare,
     Empty,
     Follow,
-    Produce,
     Query,
     Remove,
-    Unconsume,
 )
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
-    Member,
     UnknownGroupError,
 )
 
@@ -167,9 +164,15 @@ class MqServer:
         #: Its place in a replicated group, and its side as a replica (:mod:`._member`).
         self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
                               dispatch=self._dispatch)
+        #: consume, unconsume, ack (:mod:`._consumers`)
+        self.consumers = ConsumerCommands(node, self.catalogue, self.links, self.counts,
+                                          self._dispatch, self.address)
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
-            "declare": self._declare, "produce": self._produce, "consume": self._consume,
-            "unconsume": self._unconsume, "ack": self._ack, "query": self._query,
+            "declare": self._declare, "produce": ProduceCommand(
+                self.catalogue, self.links, self.commit, self.shipper, self.role,
+                self.counts, self._dispatch, max_body=self.max_body, address=self.address),
+            "consume": self.consumers.consume, "unconsume": self.consumers.unconsume,
+            "ack": self.consumers.ack, "query": self._query,
             "remove": self._remove, "empty": self._empty, "route": router.route,
             "receive": router.receive, "push": router.push, "follow": self._follow,
             "copied": self._copied}
@@ -267,65 +270,6 @@ class MqServer:
             self.node.declare_group(name, group, filter=request.filter)
         return {"cmd": "declared", "topic": name, "group": group, "created": created}
 
-    def _produce(self, request: Produce, call: Call) -> dict[str, Any] | None:
-        queue = call.queue
-        self.role.not_a_slave("publish")
-        state = self.catalogue.get(request.topic)
-        body, sequence, tag = request.body, request.sequence, request.tag
-        producer = request.producer
-        if producer is None:
-            producer = "" if queue is None else queue.remote_id
-        if "rpc" in state.flags:
-            # a request: replies are routed back to this link by (caller id, request id)
-            if queue is None:
-                raise ServiceError(Status.BAD_REQUEST, "an RPC request needs a link to answer")
-            producer = self.links.of(queue).caller_id
-        sizes = request.sizes
-        if sizes is None:
-            messages = [(tag, producer, sequence, body)]
-        else:
-            view = memoryview(body)  # the messages are cut without copying
-            ends = list(itertools.accumulate(sizes))
-            messages = [(tag, producer, sequence + i, view[end - size:end])
-                        for i, (size, end) in enumerate(zip(sizes, ends, strict=True))]
-        if len(body) > self.max_body and (len(body) if sizes is None else max(sizes)) > (
-                self.max_body):
-            raise ServiceError(Status.TOO_LARGE,
-                               f"a message over {self.max_body} bytes: this server's links "
-                               f"carry frames of at most {self.max_body + FRAME_ROOM} bytes, "
-                               f"a delivery's header included")
-        sync = self.shipper.mode == "sync"
-        if sync and (refused := self.shipper.refusal(state.topic.name)) is not None:
-            raise refused  # too few replicas in sync to acknowledge it: nothing stored
-        recent = self._recent(state) if request.producer is not None else None
-        first = None if recent is None else recent.original(producer, sequence, len(messages))
-        reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
-                 "count": len(messages), "server": self.address}
-        if first is not None:  # a retry of messages stored: answered as they were
-            reply["duplicate"] = True
-            self.counts["duplicates"] += len(messages)
-        else:
-            reply["offset"] = first = state.topic.publish(messages)
-            self.counts["stored"] += len(messages)
-            if recent is not None:
-                recent.add(producer, sequence, first, len(messages))
-        if self.commit.written(state.topic.name, state.topic.log,
-                               (queue, call.seq, reply, state.topic.name)):
-            return None  # replied and delivered once the group commit is done
-        self._dispatch(state)
-        if sync and self.shipper.hold(queue, call.seq, reply):
-            return None  # replied once enough replicas stored it
-        return reply
-
-    def _recent(self, state: TopicState) -> Recent | None:
-        """The topic's recent publishes, built from its log the first time (None for an
-        RPC topic: its requests are not retried by sequence)."""
-        if "rpc" in state.flags:
-            return None
-        if state.recent is None:
-            state.recent = Recent.of(state.topic.log)
-        return state.recent
-
     def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
                    ) -> None:
         """A produce's reply after the group commit: now, or once replicas have it."""
@@ -358,72 +302,6 @@ class MqServer:
         if self.shipper.followers:
             self.shipper.ship(state)
 
-    def _consume(self, request: Consume, call: Call) -> dict[str, Any]:
-        queue = call.queue
-        if queue is None:
-            raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
-        state = self.catalogue.get(request.topic)
-        group = request.group or state.topic.name
-        window = request.window
-        topic_group = state.topic.group(group)
-        link = self.links.of(queue)
-        if (state.topic.name, group) in link.consumers:
-            raise ServiceError(Status.CONFLICT,
-                               f"this link already consumes {state.topic.name}/{group}")
-        if "exclusive" in state.flags and topic_group.consumers:
-            raise ServiceError(Status.CONFLICT,
-                               f"topic {state.topic.name!r} is exclusive: group {group!r} "
-                               f"has a consumer already")
-        consumer = Member(f"{queue.remote_id}#{id(queue) % 100000}", group,
-                            link.batch.append, window=window)
-        link.consumers[(state.topic.name, group)] = consumer
-        state.topic.attach(consumer)
-        self._consumers_changed(state, group)
-        self.pump.post("mq dispatch", lambda: self._dispatch(state), owner=self.node.broker)
-        return {"cmd": "consuming", "topic": state.topic.name, "group": group,
-                "window": window}
-
-    def _unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
-        queue = call.queue
-        state = self.catalogue.get(request.topic)
-        group = request.group or state.topic.name
-        consumer = None if queue is None else self.links.of(queue).consumers.pop(
-            (state.topic.name, group), None)
-        if consumer is None:
-            raise ServiceError(Status.NOT_FOUND,
-                               f"this link does not consume {state.topic.name}/{group}")
-        state.topic.detach(consumer)
-        self._consumers_changed(state, group)
-        self._dispatch(state)
-        return {"cmd": "unconsumed", "topic": state.topic.name, "group": group}
-
-    def _ack(self, request: Ack, call: Call) -> dict[str, Any] | None:
-        """Acknowledge offsets this link's consumer of the group holds.  Offsets it does
-        not hold (never delivered to it, acknowledged already, or gone to another
-        consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
-        all the same."""
-        queue = call.queue
-        state = self.catalogue.get(request.topic)
-        group = request.group or state.topic.name
-        state.topic.group(group)  # 404 for an unknown group
-        consumer = None if queue is None else self.links.of(queue).consumers.get(
-            (state.topic.name, group))
-        if consumer is None:
-            raise ServiceError(Status.CONFLICT,
-                               f"this link does not consume {state.topic.name}/{group}: "
-                               f"its acks are not taken")
-        done, missed = state.topic.ack(group, request.offsets, consumer)
-        self.counts["acked"] += done
-        if done:
-            self._dispatch(state)
-        if missed:
-            raise ServiceError(Status.CONFLICT,
-                               f"{len(missed)} offsets of {state.topic.name}/{group} are not "
-                               f"held by this consumer (never delivered to it, acknowledged "
-                               f"already or redelivered after the ack timeout): "
-                               f"{_offsets(missed)}; {done} acknowledged")
-        return {"cmd": "acked", "topic": state.topic.name, "count": done}
-
     def _query(self, request: Query, call: Call) -> dict[str, Any]:
         names = [self.catalogue.get(request.topic).topic.name] if request.topic else sorted(
             self.catalogue.topics)
@@ -448,9 +326,7 @@ class MqServer:
     def _drop_topic(self, state: TopicState) -> None:
         """A topic goes: its consumers end (their links stay), then the topic and its
         files."""
-        for link in self.links:
-            for key in [k for k in link.consumers if k[0] == state.topic.name]:
-                del link.consumers[key]
+        self.consumers.drop_topic(state.topic.name)
         self.catalogue.drop(state)
 
     # -- its replicated group: mq._member ------------------------------------------------
@@ -516,16 +392,7 @@ class MqServer:
         link = self.links.drop(queue)
         if link is not None:
             self.shipper.forget(link)
-            for (name, group), consumer in link.consumers.items():
-                state = self.catalogue.topics.get(name)
-                if state is not None:
-                    returned = state.topic.detach(consumer)
-                    if returned:
-                        log.info("%s: %s/%s: %d unacknowledged messages of %s go to the "
-                                 "group's other consumers", self.address, name, group,
-                                 returned, queue.remote_id)
-                    self._consumers_changed(state, group)
-                    self._dispatch(state)
+            self.consumers.gone(link, queue)
         self.commit.forget(queue)
         self.shipper.forget_queue(queue)
         for state in list(self.catalogue.topics.values()):
@@ -549,14 +416,6 @@ class MqServer:
             self._dispatch(state)
         log.warning("%s: %s/%s: offset %d went to %s after %d deliveries", self.address,
                     topic, group, record.offset, name, deliveries)
-
-    def _consumers_changed(self, state: TopicState, group: str) -> None:
-        topic_group = state.topic.groups.get(group)
-        if topic_group is None:
-            return
-        names = [c.name for c in topic_group.consumers]
-        self.node.update_group(state.topic.name, group, message_count=state.topic.lag(group),
-                               consumers=names)
 
     # -- timers ------------------------------------------------------------------------
 
@@ -624,9 +483,3 @@ def _translated(handler: Callable[[Any, Call], dict[str, Any] | None]
         except (FilterError, ValueError) as exc:
             raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
     return handle
-
-
-def _offsets(offsets: list[int]) -> str:
-    """Offsets for a message: the first few, and how many more."""
-    shown = ", ".join(map(str, offsets[:5]))
-    return shown if len(offsets) <= 5 else f"{shown} and {len(offsets) - 5} more"

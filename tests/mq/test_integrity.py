@@ -331,8 +331,7 @@ async def test_a_failing_topic_shows_its_error_and_the_others_go_on(
         state = s.server.catalogue.topics["broken"]
         assert isinstance(state.topic.log, TopicLog)
         os.close(state.topic.log.segments[-1].fd)  # its file is gone from under it
-        state.topic.log._tail.clear()  # noqa: SLF001 - reads go to the file
-        state.topic.log._tail_start = 0  # noqa: SLF001
+        state.topic.log.tail.clear()  # reads go to the file
         broken_sub = await client.subscribe("broken", window=3)
         await client.publish("fine", b"still served")
         assert (await sub.receive()).body == b"still served"

@@ -82,7 +82,7 @@ def test_the_tail_in_memory_reads_what_the_files_hold(tmp_path: pathlib.Path) ->
                     for i in range(1 + n % 7)])
     cold = TopicLog(tmp_path, tail_bytes=0, segment_bytes=20_000)
     assert cold.next_offset == log.next_offset > 2_000 and len(log.segments) > 2
-    in_memory = {id(r) for r in log._tail[log._tail_start:]}  # noqa: SLF001
+    in_memory = {id(r) for r in log.tail.held()}
     served_from_memory = 0
     end = log.next_offset
     for offset in sorted({*range(0, end, 7), *range(end - 60, end + 2)}):
@@ -92,7 +92,7 @@ def test_the_tail_in_memory_reads_what_the_files_hold(tmp_path: pathlib.Path) ->
                 offset, max_count, max_bytes)  # every field of every record
             served_from_memory += bool(got) and id(got[0]) in in_memory
     assert served_from_memory > 20
-    held = sum(len(r.body) for r in log._tail[log._tail_start:])  # noqa: SLF001
+    held = sum(len(r.body) for r in log.tail.held())
     assert 5_000 - 400 < held <= 5_000  # bounded; the oldest go first, a body at a time
     log.close()
     cold.close()

@@ -1,0 +1,110 @@
+"""The newest records of a log, kept in memory for readers that keep up.
+
+A consumer that is not behind is served from here, without reading the segment back
+and checking each record's checksum again.  The budget counts body bytes; the newest
+record is always kept, whatever its size.
+
+On the produce path (one :meth:`Tail.keep` per batch, one :meth:`Tail.read` per
+delivery): a list read from ``start`` on, with the running total of body bytes after
+each record, so that trimming and reading by bytes are bisections, and the list is
+compacted only once more than half of it is dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from ._files import VIEW_BODY
+from ._record import Entry, Record
+
+__all__ = ["Tail"]
+
+
+class Tail:
+    """The newest records, offsets consecutive, about ``limit`` bytes of bodies."""
+
+    __slots__ = ("ends", "floor", "limit", "records", "start")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: The records kept are ``records[start:]``; ``ends[i]`` counts body bytes up to
+        #: record i, and ``floor`` those before the first one kept.
+        self.records: list[Record] = []
+        self.ends: list[int] = []
+        self.start = 0
+        self.floor = 0
+
+    def held(self) -> list[Record]:
+        """The records kept, oldest first."""
+        return self.records[self.start:]
+
+    def clear(self) -> None:
+        self.records, self.ends, self.start, self.floor = [], [], 0, 0
+
+    def keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
+        """The records just appended from ``messages``, ``first`` the offset of the
+        first, all with timestamp ``now``."""
+        total = self._total(first)
+        tail, ends = self.records, self.ends
+        offset = first
+        for tag, producer, sequence, body in messages:
+            # A large body is kept as given, a view of the produce request, not copied (it
+            # holds that request, one batch, beyond the budget); a small one is copied,
+            # which costs less than the view object and frees the request.
+            kept = body if len(body) >= VIEW_BODY else bytes(body)
+            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
+            total += len(kept)
+            ends.append(total)
+            offset += 1
+        self._trim(total)
+
+    def keep_records(self, records: Sequence[Record]) -> None:
+        """:meth:`keep` for records made already (copied from another log)."""
+        total = self._total(records[0].offset)
+        tail, ends = self.records, self.ends
+        for record in records:
+            tail.append(record)
+            total += len(record.body)
+            ends.append(total)
+        self._trim(total)
+
+    def read(self, offset: int, max_count: int, max_bytes: int) -> list[Record] | None:
+        """Records from ``offset`` on, at most ``max_count`` and about ``max_bytes`` of
+        bodies (at least one); ``[]`` past the newest; None if ``offset`` is older than
+        what is kept (the file has it)."""
+        tail, start = self.records, self.start
+        if len(tail) <= start or tail[start].offset > offset:
+            return None
+        first = start + offset - tail[start].offset
+        if first >= len(tail):
+            return []
+        last = min(first + max_count, len(tail))
+        ends = self.ends
+        before = ends[first - 1] if first > 0 else self.floor
+        last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
+        return tail[first:last]
+
+    def _total(self, first: int) -> int:
+        """The running total before a record at ``first``; a record that does not follow
+        the newest (cannot happen) starts the list afresh."""
+        tail, ends = self.records, self.ends
+        if len(tail) > self.start and tail[-1].offset + 1 != first:
+            self.start = len(tail)
+            self.floor = ends[-1]
+        return ends[-1] if ends else 0
+
+    def _trim(self, total: int) -> None:
+        """Drop the oldest records kept whose bodies add up to what is over the budget
+        (``total``: the running total after the newest), keeping one."""
+        tail, ends = self.records, self.ends
+        excess = total - self.floor - self.limit
+        if excess > 0:
+            cut = min(bisect.bisect_left(ends, self.floor + excess) + 1, len(tail) - 1)
+            if cut > self.start:
+                self.start = cut
+                self.floor = ends[cut - 1]
+        if self.start > 1024 and self.start * 2 > len(tail):
+            del tail[:self.start]
+            del ends[:self.start]
+            self.start = 0
