@@ -1,0 +1,16 @@
+"""The name service (:mod:`.service`, a BrokerManager served to other processes, like
+RocketMQ's NameServer) and its client (:mod:`.client`, a process's links to the
+managers of its universe)."""
+
+from .client import DEFAULT_NAME_RETRY as DEFAULT_NAME_RETRY
+from .client import NameClient as NameClient
+from .service import DEFAULT_BROKER_EXPIRY as DEFAULT_BROKER_EXPIRY
+from .service import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
+from .service import DEFAULT_LOOKUP_TIMEOUT as DEFAULT_LOOKUP_TIMEOUT
+from .service import DEFAULT_MANAGER_PORT as DEFAULT_MANAGER_PORT
+from .service import DUPLICATE_ID as DUPLICATE_ID
+from .service import MANAGER_ID as MANAGER_ID
+from .service import NAME_PORT as NAME_PORT
+from .service import BrokerRecord as BrokerRecord
+from .service import NameService as NameService
+from .service import record_dict as record_dict

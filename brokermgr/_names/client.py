@@ -1,0 +1,256 @@
+"""The name service's client: a process's links to the managers of its universe.
+
+It registers the process's brokers with every manager and heartbeats (RocketMQ's
+brokers do the same with every NameServer), registers again at once when a manager's
+connection drops, and asks the managers where a broker lives, which brokers there are,
+and what the groups and routes are (:mod:`.service` answers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pump import ConfigError, Repeating
+from rdv import Address, RdvNode
+
+from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
+from .._groups import GroupMember, GroupProgress
+from .._link import Outcome, ReconnectingLink
+from .._service import ReplyObject, ServiceError, Status
+from .service import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_LOOKUP_TIMEOUT,
+    DUPLICATE_ID,
+    MANAGER_ID,
+    NAME_PORT,
+)
+
+log = logging.getLogger("rdvpump.names")
+
+
+#: The longest back-off between dials of a manager that cannot be reached: a manager
+#: that restarts has its brokers registered again within about this long of listening.
+DEFAULT_NAME_RETRY = 0.2
+
+
+class NameClient:
+    """A process's link to one or more managers of its universe.
+
+    Registers the process's brokers with every manager, heartbeats, registers
+    again at once when a manager's connection drops (a restarted manager
+    relearns us immediately: dialling again at once, then backing off up to
+    ``retry``, by default :data:`DEFAULT_NAME_RETRY`), and answers the universe's resolver: each
+    manager in turn is asked where a broker lives (managers may disagree; the
+    first that knows wins).
+    """
+
+    def __init__(self, manager: BrokerManager, managers: list[Address], *,
+                 heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_NAME_RETRY,
+                 lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
+                 topics: Callable[[str], tuple[str, ...]] | None = None,
+                 groups: Callable[[str], GroupMember | None] | None = None,
+                 progress: Callable[[str], GroupProgress | None] | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> None:
+        if not managers:
+            raise ConfigError("a name client needs at least one manager address")
+        if not heartbeat > 0 or not retry > 0:
+            raise ConfigError("heartbeat and retry intervals must be positive")
+        self.manager = manager
+        self.pump = manager.pump
+        self.heartbeat = heartbeat
+        self.retry = retry
+        self.lookup_timeout = lookup_timeout
+        self.version = version
+        self.topics = topics or (lambda broker_id: ())
+        #: Each broker's place in a replicated group, registered with it (None: none).
+        self.groups = groups or (lambda broker_id: None)
+        #: How far each broker's copy is, registered with it (None: not said).
+        self.progress = progress or (lambda broker_id: None)
+        self.on_refused = on_refused
+        #: The rendezvous the links to managers are dialled from.
+        # named by the process and its brokers, so a manager's log says whose connect it
+        # refused
+        mine = "+".join(b for b in manager.broker_ids if not b.startswith("@"))[:100]
+        self.rdv = RdvNode(self.pump, f"@names.{os.getpid()}" + (f".{mine}" if mine else ""),
+                           manager.channels,
+                           lambda _id: None, owner=_NoOwner(), network=manager.net)
+        self.links = [_ManagerLink(self, address) for address in managers]
+        manager.resolver.add_source(self)
+
+    @property
+    def cache(self) -> dict[str, Address]:
+        """Addresses learnt from managers (the universe's resolver keeps them)."""
+        return self.manager.resolver.cache
+
+    def register_now(self) -> None:
+        """Register with every connected manager now (a role changed), not at the next
+        heartbeat."""
+        for link in self.links:
+            if link.queue is not None:
+                link.beat()
+
+    def refused(self, link: Any, reason: str) -> None:
+        """A manager refused a registration for good (``duplicate id``): ``on_refused``
+        decides (``broker run`` ends with the reason), else it is logged."""
+        if self.on_refused is not None:
+            self.on_refused(link.name, reason)
+        else:
+            log.error("%s refused a registration: %s", link.name, reason)
+
+    def start(self) -> None:
+        """Connect to every manager (the network must be served already)."""
+        for link in self.links:
+            link.connect()
+
+    def registrations(self) -> list[dict[str, Any]]:
+        address = self.manager.net.address
+        if address is None:
+            return []
+        found = []
+        for b in self.manager.broker_ids:
+            if not b.startswith("@"):
+                row: dict[str, Any] = {"id": b, "address": list(address),
+                                       "version": self.version, "topics": list(self.topics(b))}
+                if (member := self.groups(b)) is not None:
+                    row["group"] = member.to_json()
+                if (progress := self.progress(b)) is not None:
+                    row["progress"] = progress.to_json()
+                found.append(row)
+        return found
+
+    async def lookup(self, broker_id: str) -> Address | None:
+        """Where ``broker_id`` listens, per the first manager that knows it (a resolver
+        source: the resolver caches the answer)."""
+        for reply in await self._ask({"cmd": "lookup", "id": broker_id}):
+            if reply.get("address") is not None:
+                return Address.of(reply["address"])
+        return None
+
+    async def list(self) -> list[dict[str, Any]] | None:
+        """The brokers registered with the first manager that answers; None if none does."""
+        for reply in await self._ask({"cmd": "list"}, first=True):
+            return list(reply["brokers"])
+        return None
+
+    async def group(self, name: str) -> dict[str, Any]:
+        """A replicated group as the first connected manager knows it (see
+        :meth:`NameService._group`); :class:`ServiceError` when none answers."""
+        return await self._answer({"cmd": "group", "name": name})
+
+    async def failover(self, group: str, to: str) -> dict[str, Any]:
+        """Make member ``to`` (broker id or member id) the group's master (see
+        :meth:`NameService._switch`); the group afterwards."""
+        return await self._answer({"cmd": "failover", "group": group, "to": to})
+
+    async def route(self, topic: str) -> dict[str, Any]:
+        """The groups serving ``topic`` (see :meth:`NameService._route`), per the first
+        manager that knows a route; :class:`ServiceError` (404 with the reason, or the
+        last manager's error) when none does."""
+        return await self._answer({"cmd": "route", "topic": topic})
+
+    async def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply of the first connected manager that answers ``request`` without an
+        error; the last error otherwise."""
+        last: ServiceError | None = None
+        for link in self.links:
+            if link.queue is None:
+                continue
+            try:
+                return await link.call(request, timeout=self.lookup_timeout)
+            except ServiceError as exc:
+                last = exc
+        raise last or ServiceError(Status.NO_REPLY, "no manager is connected")
+
+    async def _ask(self, request: dict[str, Any], *, first: bool = False
+                   ) -> tuple[ReplyObject, ...]:
+        """The replies of the connected managers, in order (only the first that answers
+        when ``first``); a manager that is not connected, or fails, is skipped (logged)."""
+        replies = []
+        for link in self.links:
+            if link.queue is None:
+                continue
+            try:
+                replies.append(await link.call(request, timeout=self.lookup_timeout))
+            except ServiceError as exc:
+                log.info("%s: %s", link.name, exc)
+                continue
+            if first:
+                break
+        return tuple(replies)
+
+    def close(self) -> None:
+        """Unregister this process's brokers (clean shutdown) and close the links."""
+        for link in self.links:
+            link.close()
+
+    async def aclose(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """:meth:`close`, then wait (up to ``timeout`` in all) until the unregisters have
+        left this process: it may end without the managers waiting out its expiry."""
+        queues = [link.queue for link in self.links if link.queue is not None]
+        self.close()
+        await wait_all_sent(queues, timeout)
+
+
+class _NoOwner:
+    """Owner of the name client's own connect tasks: failures are logged by the pump."""
+
+    def task_failed(self, exc: BaseException) -> None:
+        log.error("name client task failed: %r", exc)
+
+    def trace_ids(self) -> tuple[str | None, str | None, int | None, str | None]:
+        return None, MANAGER_ID, NAME_PORT, None
+
+
+class _ManagerLink(ReconnectingLink):
+    """The link to one manager: register at once and on every heartbeat; after a loss,
+    dial again at once (a restarted manager relearns us immediately)."""
+
+    def __init__(self, client: NameClient, address: Address) -> None:
+        node, net = client.rdv, client.manager.net
+        super().__init__(client.pump,
+                         lambda link: net.dial(node, MANAGER_ID, NAME_PORT, link,
+                                               address=address),
+                         name=f"manager {address}", retry=client.retry, after_loss=0)
+        self.client = client
+        self.address = address
+        #: Set when the manager refused a registration for good (a duplicate id).
+        self.refusal: str | None = None
+        #: The last other refusal logged (a fenced master's, at every heartbeat).
+        self.fenced: str | None = None
+        self._beat_timer: Repeating | None = None
+
+    def opened(self) -> None:
+        self.beat()
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+        self._beat_timer = self.pump.call_every(self.client.heartbeat, self.beat)
+
+    def beat(self) -> None:
+        registrations = self.client.registrations()
+        if registrations:
+            self.request({"cmd": "register", "brokers": registrations}, self._registered)
+
+    def _registered(self, outcome: Outcome) -> None:
+        if not isinstance(outcome, ServiceError) or outcome.status == Status.NO_REPLY:
+            return  # registered; or the link closed, and it registers again when back
+        if outcome.detail.get("refused") == DUPLICATE_ID:
+            if not self.refusal:
+                self.refusal = outcome.reason
+                self.client.refused(self, self.refusal)
+        elif outcome.reason != self.fenced:  # a fenced master: said once, not every beat
+            self.fenced = outcome.reason
+            log.error("%s refused a registration: %s", self.name, outcome)
+
+    def lost(self, reason: str) -> None:
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+
+    def goodbye(self) -> None:
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+        ids = [r["id"] for r in self.client.registrations()]
+        if ids:
+            self.send({"cmd": "unregister", "ids": ids})
