@@ -275,23 +275,7 @@ def check_history(operations: Iterable[Operation],
     findings += _lost(statuses, received, groups, counts)
     findings += _stored_twice(stored, tries, idempotent)
     findings += _out_of_order(stored)
-    findings += [HistoryFinding("two histories", topic, f"offset {offset} of {partition} holds "
-                         f"{len(keys)} different messages: "
-                         + ", ".join(f"{p}#{s}" for _, p, s in sorted(keys)),
-                         partition=partition)
-                 for (topic, partition, offset), keys in sorted(at_offset.items())
-                 if len(keys) > 1]
-    refused = {key for key, seen in statuses.items() if seen == {"failed"}}
-    findings += [HistoryFinding("delivered though refused", topic, f"{producer}#{sequence} was "
-                         f"received by {group}, but every publish of it was refused",
-                         producer, sequence, group)
-                 for (topic, group), keys in sorted(received.items())
-                 for (_, producer, sequence) in sorted(keys & refused)]
-    findings += [HistoryFinding("two masters in one epoch", "", f"{partition}: epoch {epoch} "
-                         f"acknowledged by {', '.join(sorted(servers))}",
-                         partition=partition)
-                 for (partition, epoch), servers in sorted(masters.items())
-                 if len(servers) > 1]
+    findings += _conflicts(at_offset, statuses, received, masters)
     counts["messages"] = len(statuses)
     counts["acknowledged"] = sum("ok" in s for s in statuses.values())
     counts["copies"] = sum(len(offsets) for keys in stored.values()
@@ -300,6 +284,31 @@ def check_history(operations: Iterable[Operation],
         counts[kind] = sum(f.kind == kind for f in findings)
     findings.sort(key=lambda f: KINDS.index(f.kind))
     return HistoryReport(findings, dict(sorted(counts.items())))
+
+
+def _conflicts(at_offset: dict[tuple[str, str, int], set[_Key]],
+               statuses: dict[_Key, set[str]], received: dict[tuple[str, str], set[_Key]],
+               masters: dict[tuple[str, int], set[str]]) -> list[HistoryFinding]:
+    """Two messages at one offset, a message received though every publish of it was
+    refused, two servers acknowledging for one partition in one epoch."""
+    found = [HistoryFinding("two histories", topic, f"offset {offset} of {partition} holds "
+                            f"{len(keys)} different messages: "
+                            + ", ".join(f"{p}#{s}" for _, p, s in sorted(keys)),
+                            partition=partition)
+             for (topic, partition, offset), keys in sorted(at_offset.items())
+             if len(keys) > 1]
+    refused = {key for key, seen in statuses.items() if seen == {"failed"}}
+    found += [HistoryFinding("delivered though refused", topic, f"{producer}#{sequence} was "
+                             f"received by {group}, but every publish of it was refused",
+                             producer, sequence, group)
+              for (topic, group), keys in sorted(received.items())
+              for (_, producer, sequence) in sorted(keys & refused)]
+    found += [HistoryFinding("two masters in one epoch", "", f"{partition}: epoch {epoch} "
+                             f"acknowledged by {', '.join(sorted(servers))}",
+                             partition=partition)
+              for (partition, epoch), servers in sorted(masters.items())
+              if len(servers) > 1]
+    return found
 
 
 def _store(stored: dict[tuple[str, str], dict[_Key, set[int]]],

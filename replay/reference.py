@@ -19,79 +19,110 @@ reason, else ``run_ended``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pump.schema import Cause, Kind, Outcome, Violation
 
 
+@dataclass
+class _Rows:
+    """What one pass over the rows keeps."""
+
+    offsets: dict[tuple[str, str], tuple[float, float]]  # (run, pump): latest clock
+    events: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    ends: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (at, reason), failed
+    refusals: dict[str, int] = field(default_factory=dict)
+    # per message: sends, deliveries, sent_at, delivered_at, size, size_max,
+    # delivered_size, delivered_size_max, (least step, least row) of the deliveries
+    messages: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
+    senders: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    receivers: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+
+_COLUMNS = ["run", "pump", "step", "time", "kind", "broker", "link", "dir", "seq", "size",
+            "outcome", "reason", "monotonic"]
+
+
 def figures(directory: Path) -> dict[str, Any]:
     """The figures of the Parquet traces in ``directory`` (see the module's text)."""
     import pyarrow.parquet as pq
 
-    events = 0
-    kinds: dict[str, int] = {}
+    tables = [pq.read_table(path, columns=_COLUMNS)
+              for path in sorted(directory.glob("*.parquet"))]
+    rows = _Rows(_clock_offsets(tables))  # every time is aligned before it is used
+    for table in tables:
+        _tally(table, rows)
+    return _judge(rows)
+
+
+def _clock_offsets(tables: list[Any]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Each pump's latest ``clock`` row: (its time, monotonic minus time)."""
     offsets: dict[tuple[str, str], tuple[float, float]] = {}
-    ends: dict[tuple[str, str], list[Any]] = {}  # first end: (at, reason), failed
-    refusals: dict[str, int] = {}
-    sizes: dict[int, int] = {}
-    # per message: sends, deliveries, sent_at, delivered_at, size, size_max,
-    # delivered_size, delivered_size_max, (least step, least row) of the deliveries
-    messages: dict[tuple[Any, ...], list[Any]] = {}
-    senders: dict[tuple[str, str, str], str] = {}
-    receivers: dict[tuple[str, str, str], str] = {}
-    files = sorted(directory.glob("*.parquet"))
-    columns = ["run", "pump", "step", "time", "kind", "broker", "link", "dir", "seq", "size",
-               "outcome", "reason", "monotonic"]
-    tables = [pq.read_table(path, columns=columns) for path in files]
-    for table in tables:  # clocks first: every time is aligned before it is used
+    for table in tables:
         for run, pump, time_, kind, mono in zip(*(table.column(c).to_pylist() for c in (
                 "run", "pump", "time", "kind", "monotonic")), strict=True):
             if kind == Kind.CLOCK and ((run, pump) not in offsets
                                     or time_ > offsets[(run, pump)][0]):
                 offsets[(run, pump)] = (time_, mono - time_)
-    for table in tables:
-        events += table.num_rows
-        cols = [table.column(c).to_pylist() for c in columns]
-        for row, (run, pump, step, time_, kind, broker, link, dir_, seq, size, outcome,
-                  reason, _) in enumerate(zip(*cols, strict=True)):
-            kinds[kind] = kinds.get(kind, 0) + 1
-            if kind == Kind.SEND or kind == Kind.DELIVER:
-                at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
-                m = messages.get((run, link, dir_, seq))
-                if m is None:
-                    m = messages[(run, link, dir_, seq)] = [0, 0, None, None, None, None,
-                                                            None, None, None]
-                if kind == Kind.SEND:
-                    senders.setdefault((run, link, dir_), broker)
-                    m[0] += 1
-                    m[2] = at if m[2] is None else min(m[2], at)
-                    m[4] = size if m[4] is None else min(m[4], size)
-                    m[5] = size if m[5] is None else max(m[5], size)
-                else:
-                    receivers.setdefault((run, link, dir_), broker)
-                    m[1] += 1
-                    m[3] = at if m[3] is None else min(m[3], at)
-                    m[6] = size if m[6] is None else min(m[6], size)
-                    m[7] = size if m[7] is None else max(m[7], size)
-                    m[8] = (step, row) if m[8] is None else (min(m[8][0], step),
-                                                             min(m[8][1], row))
-            elif kind in (Kind.DISCONNECT, Kind.CLOSE, Kind.FAIL, Kind.PROTOCOL_ERROR) and link:
-                at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
-                end = ends.setdefault((run, link), [None, False])
-                if reason is not None and (end[0] is None or (at, reason) < end[0]):
-                    end[0] = (at, reason)
-                if kind in (Kind.FAIL, Kind.PROTOCOL_ERROR) or (kind == Kind.DISCONNECT
-                                                          and outcome != Outcome.CLEAN):
-                    end[1] = True
-            elif kind == Kind.REFUSE and outcome != Outcome.INBOUND:
-                refusals[reason] = refusals.get(reason, 0) + 1
+    return offsets
+
+
+def _tally(table: Any, rows: _Rows) -> None:
+    """One table's rows into ``rows``: kinds, each message's sends and deliveries, each
+    link's first end, refusals."""
+    offsets, messages, ends = rows.offsets, rows.messages, rows.ends
+    kinds, refusals = rows.kinds, rows.refusals
+    rows.events += table.num_rows
+    cols = [table.column(c).to_pylist() for c in _COLUMNS]
+    for row, (run, pump, step, time_, kind, broker, link, dir_, seq, size, outcome,
+              reason, _) in enumerate(zip(*cols, strict=True)):
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind == Kind.SEND or kind == Kind.DELIVER:
+            at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
+            m = messages.get((run, link, dir_, seq))
+            if m is None:
+                m = messages[(run, link, dir_, seq)] = [0, 0, None, None, None, None,
+                                                        None, None, None]
+            if kind == Kind.SEND:
+                rows.senders.setdefault((run, link, dir_), broker)
+                m[0] += 1
+                m[2] = at if m[2] is None else min(m[2], at)
+                m[4] = size if m[4] is None else min(m[4], size)
+                m[5] = size if m[5] is None else max(m[5], size)
+            else:
+                rows.receivers.setdefault((run, link, dir_), broker)
+                m[1] += 1
+                m[3] = at if m[3] is None else min(m[3], at)
+                m[6] = size if m[6] is None else min(m[6], size)
+                m[7] = size if m[7] is None else max(m[7], size)
+                m[8] = (step, row) if m[8] is None else (min(m[8][0], step),
+                                                         min(m[8][1], row))
+        elif kind in (Kind.DISCONNECT, Kind.CLOSE, Kind.FAIL, Kind.PROTOCOL_ERROR) and link:
+            at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
+            end = ends.setdefault((run, link), [None, False])
+            if reason is not None and (end[0] is None or (at, reason) < end[0]):
+                end[0] = (at, reason)
+            if kind in (Kind.FAIL, Kind.PROTOCOL_ERROR) or (kind == Kind.DISCONNECT
+                                                      and outcome != Outcome.CLEAN):
+                end[1] = True
+        elif kind == Kind.REFUSE and outcome != Outcome.INBOUND:
+            refusals[reason] = refusals.get(reason, 0) + 1
+
+
+def _judge(rows: _Rows) -> dict[str, Any]:
+    """Each message judged in (run, link, dir, seq) order: violations, undelivered causes,
+    latencies, sizes, messages per run, receiver and second; then the figures."""
     violations: list[tuple[Any, ...]] = []
     undelivered: dict[str, int] = {}
     latencies: dict[tuple[str, str, str], list[float]] = {}
     per_second: dict[tuple[str, str, int], list[int]] = {}
-    first_at = min((t + off for t, off in offsets.values()), default=0.0)
+    sizes: dict[int, int] = {}
+    first_at = min((t + off for t, off in rows.offsets.values()), default=0.0)
     last: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    messages, ends = rows.messages, rows.ends
     for key in sorted(messages):
         sends, deliveries, sent_at, delivered_at, size, size_max, dsize, dsize_max, pos = \
             messages[key]
@@ -120,7 +151,7 @@ def figures(directory: Path) -> dict[str, Any]:
         if sends and deliveries:
             latencies.setdefault(stream, []).append(delivered_at - sent_at)
             cell = per_second.setdefault(
-                (key[0], receivers[stream], int(delivered_at - first_at)), [0, 0])
+                (key[0], rows.receivers[stream], int(delivered_at - first_at)), [0, 0])
             cell[0] += 1
             cell[1] += dsize
     percentiles = {}
@@ -132,10 +163,10 @@ def figures(directory: Path) -> dict[str, Any]:
     by_type: dict[str, int] = {}
     for violation in violations:
         by_type[violation[-1]] = by_type.get(violation[-1], 0) + 1
-    return {"events": events, "events_by_kind": kinds, "violations": len(violations),
+    return {"events": rows.events, "events_by_kind": rows.kinds, "violations": len(violations),
             "violations_by_type": by_type,
             "undelivered_by_cause": undelivered,
             "matched": sum(len(v) for v in latencies.values()),
             "latency_per_stream": percentiles, "per_second": per_second,
-            "per_second_rows": len(per_second), "refusals": refusals, "sizes": sizes,
-            "senders": len(senders)}
+            "per_second_rows": len(per_second), "refusals": rows.refusals, "sizes": sizes,
+            "senders": len(rows.senders)}
