@@ -89,7 +89,6 @@ def link_diagram(events: list[dict[str, Any]], link: str,
     hidden: dict[tuple[str, str], list[int]] = {}  # where the note goes, how many
     for e in mine:
         kind, d = e["kind"], e.get("dir")
-        side = _ident(e.get("broker") or "")
         if kind in (Kind.SEND, Kind.DELIVER, Kind.WRITE, Kind.READ) and d in ends:
             if most is not None and shown.get((kind, d), 0) >= most:
                 cut = hidden.setdefault((kind, d), [len(lines), 0])
@@ -98,37 +97,43 @@ def link_diagram(events: list[dict[str, Any]], link: str,
                 cut[1] += 1
                 continue
             shown[(kind, d)] = shown.get((kind, d), 0) + 1
-        if kind in (Kind.SEND, Kind.DELIVER) and d in ends:
-            src, dst = ends[d]
-            if kind == Kind.SEND:
-                lines.append(f"    Note over {_ident(src)}: send message {e['seq']} "
-                             f"({e['size']} B)")
-            else:
-                lines.append(f"    Note over {_ident(dst)}: deliver message {e['seq']} "
-                             f"({e['size']} B)")
-        elif kind == Kind.WRITE and d in ends:
-            src, dst = ends[d]
-            partial = e.get("outcome") == Outcome.PARTIAL
-            arrow = "-)" if partial else "->>"
-            what = f"write {e['size']} B" + (" (partial: the ring is full)" if partial else "")
-            lines.append(f"    {_ident(src)}{arrow}{_ident(dst)}: {what}")
-        elif kind == Kind.READ and d in ends:
-            lines.append(f"    Note over {_ident(ends[d][1])}: read {e['size']} B"
-                         + (" (a partial frame)" if e.get("outcome") == Outcome.PARTIAL else ""))
-        elif kind == Kind.DISCONNECT:
-            other = acceptor if e.get("broker") == connector else connector
-            lines.append(f"    {side}--x{_ident(other)}: disconnect: "
-                         f"{_text(e.get('reason') or '')}")
-        elif kind == Kind.CLOSE:
-            lines.append(f"    Note over {side}: closed: {_text(e.get('reason') or '')}")
-        elif kind in (Kind.PROTOCOL_ERROR, Kind.FAIL):
-            lines.append(f"    Note over {side}: {kind}: {_text(e.get('reason') or '')}")
+        if (line := _event_line(e, ends, acceptor, connector)) is not None:
+            lines.append(line)
     for (kind, d), (at, n) in hidden.items():
         src, dst = ends[d]
         who = src if kind in (Kind.SEND, Kind.WRITE) else dst
         lines[at] = (f"    Note over {_ident(who)}: ... and {n} more {kind} events "
                      f"{src} to {dst}")
     return "\n".join(lines) + "\n"
+
+
+def _event_line(e: dict[str, Any], ends: dict[str, tuple[str, str]], acceptor: str,
+                connector: str) -> str | None:
+    """The diagram's line for one event of the link (None: not drawn)."""
+    kind, d = e["kind"], e.get("dir")
+    side = _ident(e.get("broker") or "")
+    if kind in (Kind.SEND, Kind.DELIVER) and d in ends:
+        src, dst = ends[d]
+        if kind == Kind.SEND:
+            return f"    Note over {_ident(src)}: send message {e['seq']} ({e['size']} B)"
+        return f"    Note over {_ident(dst)}: deliver message {e['seq']} ({e['size']} B)"
+    if kind == Kind.WRITE and d in ends:
+        src, dst = ends[d]
+        partial = e.get("outcome") == Outcome.PARTIAL
+        arrow = "-)" if partial else "->>"
+        what = f"write {e['size']} B" + (" (partial: the ring is full)" if partial else "")
+        return f"    {_ident(src)}{arrow}{_ident(dst)}: {what}"
+    if kind == Kind.READ and d in ends:
+        return (f"    Note over {_ident(ends[d][1])}: read {e['size']} B"
+                + (" (a partial frame)" if e.get("outcome") == Outcome.PARTIAL else ""))
+    if kind == Kind.DISCONNECT:
+        other = acceptor if e.get("broker") == connector else connector
+        return f"    {side}--x{_ident(other)}: disconnect: {_text(e.get('reason') or '')}"
+    if kind == Kind.CLOSE:
+        return f"    Note over {side}: closed: {_text(e.get('reason') or '')}"
+    if kind in (Kind.PROTOCOL_ERROR, Kind.FAIL):
+        return f"    Note over {side}: {kind}: {_text(e.get('reason') or '')}"
+    return None
 
 
 def connect_diagram(events: list[dict[str, Any]], broker: str) -> str:
