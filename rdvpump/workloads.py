@@ -314,38 +314,44 @@ async def run_universe(spec: UniverseSpec, *, trace: Any = None, trace_dir: str 
             if sim is not None:
                 sim.on_crash.append(lambda b: scopes[b].cancel())
                 sim.on_restart.append(lambda broker: servers.start_soon(serve_broker, broker))
-
-                def apply(f: FaultSpec) -> None:
-                    try:
-                        sim.apply(f.action, **f.kwargs())
-                    except SimulationError as exc:
-                        notes.append(f"fault at {f.label}: {exc}")
-
                 for f in faults:
-                    universe.pump.call_at(f.at, apply, f, kind="fault")
+                    universe.pump.call_at(f.at, _apply, sim, f, notes, kind="fault")
 
             async def play(w: WorkloadSpec) -> None:
                 done[w.label] = await drive(brokers[w.source], w, stats[w.source],
                                             payloads(spec, w))
 
+            # One-way workloads are checked at the sinks: every message, in order.
+            expected = sink_expectations(spec)
             with trio.move_on_at(start + limit):
                 async with trio.open_nursery() as clients:
                     for w in spec.workloads:
                         clients.start_soon(play, w)
-                # One-way workloads are checked at the sinks: every message, in order.
-                expected = sink_expectations(spec)
                 while any(stats[b].messages < n and not stats[b].errors
                           for b, n in expected.items()):
                     await trio.sleep(0.01)
-            for w in spec.workloads:
-                report = done.get(w.label)
-                if report is None:
-                    done[w.label] = WorkloadReport(w.label, 0, 0, limit, False,
-                                                   f"did not finish within {limit:g} s")
-                elif report.verified and w.kind in ("stream", "fanout"):
-                    _check_sinks(report, w, stats, expected)
             servers.cancel_scope.cancel()
-    return RunResult([done[w.label] for w in spec.workloads], notes)
+    return RunResult([_report(w, done.get(w.label), stats, expected, limit)
+                      for w in spec.workloads], notes)
+
+
+def _apply(sim: Faults, f: FaultSpec, notes: list[str]) -> None:
+    """A fault at its time; one that cannot apply (a broker already down) is a note."""
+    try:
+        sim.apply(f.action, **f.kwargs())
+    except SimulationError as exc:
+        notes.append(f"fault at {f.label}: {exc}")
+
+
+def _report(w: WorkloadSpec, report: WorkloadReport | None, stats: dict[str, Stats],
+            expected: dict[str, int], limit: float) -> WorkloadReport:
+    """A workload's report, its sinks checked; one that did not finish says so."""
+    if report is None:
+        return WorkloadReport(w.label, 0, 0, limit, False,
+                              f"did not finish within {limit:g} s")
+    if report.verified and w.kind in ("stream", "fanout"):
+        _check_sinks(report, w, stats, expected)
+    return report
 
 
 def _check_sinks(report: WorkloadReport, w: WorkloadSpec, stats: dict[str, Stats],
