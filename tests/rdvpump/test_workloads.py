@@ -138,3 +138,27 @@ def test_ctrl_c_on_universe_up_stops_and_reaps_every_child(tmp_path: pathlib.Pat
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_run_stopped_at_its_limit_reports_what_finished_and_what_did_not(
+        tmp_path: pathlib.Path) -> None:
+    """One stream done and checked at its sink, one whose link is held from the start
+    still waiting at the limit: the run reports both (the second "did not finish"), on
+    the virtual clock."""
+    import functools
+
+    from rdvpump.workloads import run_universe
+
+    path = tmp_path / "two.toml"
+    path.write_text('[universe]\nname = "two"\n'
+                    + "".join(f'[[broker]]\nid = "{b}"\n' for b in ("a", "b", "c", "d"))
+                    + '[[workload]]\nkind = "stream"\nfrom = "a"\nto = "b"\nport = 7\n'
+                      'messages = 10\nsize = 64\n'
+                      '[[workload]]\nkind = "stream"\nfrom = "c"\nto = "d"\nport = 8\n'
+                      'messages = 100000\nsize = 64\n'
+                      '[[fault]]\nat = 0.0\naction = "hold"\nlink = ["c", "d"]\n')
+    spec = load_universe(path)
+    result = run_simulation(functools.partial(run_universe, spec, limit=0.5), seed=1)
+    short, long = result.reports
+    assert short.verified, short.error
+    assert not long.verified and long.error == "did not finish within 0.5 s"
