@@ -19,6 +19,9 @@ Over links:
   service protocol's :class:`ServiceError`); :class:`Caller` and :class:`Service`,
   RPC over ``rpc`` topics; push to named receivers; :class:`Producer` and
   :class:`Consumer`, which follow tracking's route tables.
+* :class:`ClusterNode` -- a server's links to the other servers of its cluster (a
+  cluster file, :func:`load_cluster`: every server linked to every other, a server of
+  another configuration refused on both sides).
 
 Checking what clients saw:
 
@@ -32,6 +35,7 @@ Checking what clients saw:
 from brokermgr import ServiceError, Status
 
 from ._client import MqClient, Stored
+from ._cluster import ClusterConfig, ClusterNode, ClusterServer, load_cluster
 from ._commit import Durability
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
@@ -72,4 +76,5 @@ __all__ = [
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
     "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",
+    "ClusterConfig", "ClusterNode", "ClusterServer", "load_cluster",
 ]

@@ -1,0 +1,166 @@
+"""A cluster's configuration and membership, on the virtual clock: every server linked to
+every other both ways, a server that disagrees refused on both sides (logged once), a
+newer link from a peer replacing the older one, a crashed peer linked again."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import pytest
+import trio
+
+from brokermgr import open_universe
+from mq._cluster import CLUSTER_PORT, ClusterConfig, ClusterNode, load_cluster, parse_cluster
+from pump import ConfigError
+
+
+def config(*servers: tuple[str, str], name: str = "shop") -> ClusterConfig:
+    return parse_cluster({"cluster": {"name": name}, "server": [
+        {"id": i, "address": f"127.0.0.1:{9901 + n}", "type": t}
+        for n, (i, t) in enumerate(servers)]})
+
+
+THREE = config(("a", "primary"), ("b", "primary"), ("c", "backup"))
+
+
+async def until(check: Any, *, within: float = 30.0) -> None:
+    """Wait (virtual seconds) for ``check()``; each turn of the pump may change it."""
+    with trio.fail_after(within):
+        while not check():
+            await trio.sleep(0.05)
+
+
+def test_a_cluster_file_is_read_and_its_problems_named(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text('[cluster]\nname = "shop"\n'
+                    '[[server]]\nid = "a"\naddress = "127.0.0.1:9901"\ntype = "primary"\n'
+                    '[[server]]\nid = "b"\naddress = "127.0.0.1:9902"\ntype = "fanout"\n')
+    loaded = load_cluster(path)
+    assert [(s.id, s.type) for s in loaded.servers] == [("a", "primary"), ("b", "fanout")]
+    assert loaded.checksum == load_cluster(path).checksum
+    # the checksum stands for the whole list: name, order, address and type count
+    assert len({THREE.checksum,
+                config(("b", "primary"), ("a", "primary"), ("c", "backup")).checksum,
+                config(("a", "primary"), ("b", "primary"), ("c", "fanout")).checksum,
+                config(("a", "primary"), ("b", "primary"), ("c", "backup"),
+                       name="other").checksum}) == 4
+    for text, said in (
+            ('[cluster]\nname = "x"\n', "no [[server]]"),
+            ('[[server]]\nid = "a"\naddress = "h:1"\ntype = "primary"\n', "no [cluster] table"),
+            ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\ntype = "root"\n',
+             "server 1: type must be one of primary, backup, fanout, got 'root'"),
+            ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\ntype = "backup"\n',
+             "no primary server"),
+            ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h"\ntype = "primary"\n',
+             "server 1: address must be HOST:PORT, got 'h'"),
+            ('[cluster]\nname = "x"\n' + '[[server]]\nid = "a"\naddress = "h:1"\n'
+             'type = "primary"\n' * 2, "server 2: id 'a' is listed twice"),
+            ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\n', "takes id, "),
+            ("[cluster\n", "not TOML")):
+        path.write_text(text)
+        with pytest.raises(ConfigError) as exc:
+            load_cluster(path)
+        assert str(exc.value).startswith(str(path)) and said in str(exc.value), exc.value
+    with pytest.raises(ConfigError, match="cannot read the cluster file"):
+        load_cluster(tmp_path / "missing.toml")
+
+
+async def test_every_server_is_linked_to_every_other_both_ways(autojump_clock: object) -> None:
+    async with open_universe("u") as universe:
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), THREE) for s in THREE.servers}
+        await until(lambda: all(n.linked() for n in nodes.values()))
+        for node in nodes.values():
+            assert [(r["outgoing"], r["incoming"], r["refusal"]) for r in node.rows()] == [
+                ("up", "up", None)] * 2
+        with pytest.raises(ConfigError, match="'x' is not a server of cluster 'shop'"):
+            ClusterNode(universe.add_broker("x"), THREE)
+        for node in nodes.values():
+            node.close()
+
+
+async def test_a_server_with_another_list_is_refused_on_both_sides_and_logged_once(
+        autojump_clock: object, caplog: pytest.LogCaptureFixture) -> None:
+    """c reads a file where it is a fanout server: a and b refuse its links, and it
+    refuses theirs, with the reason, however often they dial again; a and b agree."""
+    other = config(("a", "primary"), ("b", "primary"), ("c", "fanout"))
+    caplog.set_level(logging.ERROR, logger="rdvpump.mq.cluster")
+    async with open_universe("u") as universe:
+        a = ClusterNode(universe.add_broker("a"), THREE)
+        b = ClusterNode(universe.add_broker("b"), THREE)
+        c = ClusterNode(universe.add_broker("c"), other)
+        await until(lambda: all(r["refusal"] for r in c.rows())
+                    and a.rows()[1]["refusal"] and b.rows()[1]["refusal"])
+        await trio.sleep(20)  # twenty more seconds of dialling: nothing new is said
+        assert a.rows()[0]["outgoing"] == a.rows()[0]["incoming"] == "up"
+        for node in (a, b, c):
+            bad = [r for r in node.rows() if r["refusal"]]
+            assert all(r["outgoing"] == r["incoming"] == "down" for r in bad)
+            assert all("server list differs" in r["refusal"] for r in bad)
+        lines = [r.getMessage() for r in caplog.records]
+        # each side says each of its two reasons (its refusal, the peer's) once a peer
+        for side, peer in (("a", "c"), ("b", "c"), ("c", "a"), ("c", "b")):
+            said = [x for x in lines if x.startswith(f"cluster shop: {side}: ")
+                    and f" {peer}" in x.split(":")[2]]
+            assert len(said) == 2 and len(set(said)) == 2, (side, peer, lines)
+        for node in (a, b, c):
+            node.close()
+
+
+async def test_another_cluster_name_is_refused_with_it(autojump_clock: object) -> None:
+    renamed = config(("a", "primary"), ("b", "primary"), ("c", "backup"), name="depot")
+    async with open_universe("u") as universe:
+        a = ClusterNode(universe.add_broker("a"), THREE)
+        b = ClusterNode(universe.add_broker("b"), renamed)
+        await until(lambda: a.rows()[0]["refusal"] and b.rows()[0]["refusal"])
+        for node in (a, b):  # its own refusal or the peer's, whichever came last
+            why = node.rows()[0]["refusal"]
+            assert ("cluster 'depot' is not this one ('shop')" in why
+                    or "cluster 'shop' is not this one ('depot')" in why), why
+        a.close()
+        b.close()
+
+
+async def test_a_newer_link_from_a_peer_replaces_the_older(autojump_clock: object) -> None:
+    """b's broker dials a's cluster port a second time and says hello: a closes the
+    older link from b, so one link from b to a is live, and answers the newer."""
+    async with open_universe("u") as universe:
+        a = ClusterNode(universe.add_broker("a"), THREE)
+        b_broker = universe.add_broker("b")
+        b = ClusterNode(b_broker, THREE)
+        await until(lambda: a.rows()[0]["incoming"] == "up")
+        first = a.peers["b"].incoming
+        assert first is not None
+        second = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await second.send(b'{"cmd":"hello","cluster":"shop","id":"b","checksum":%d,"seq":1}'
+                          % THREE.checksum)
+        reply = await second.receive()
+        assert b'"welcome"' in reply
+        await until(lambda: first.closed)
+        assert a.peers["b"].incoming is not first and a.rows()[0]["incoming"] == "up"
+        # a hello that names another server than the broker that dialled is refused
+        third = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await third.send(b'{"cmd":"hello","cluster":"shop","id":"c","checksum":%d,"seq":1}'
+                         % THREE.checksum)
+        refusal = await third.receive()
+        assert b"says it is 'c' but its link is from broker 'b'" in refusal
+        await second.aclose()
+        a.close()
+        b.close()
+
+
+async def test_a_crashed_peer_is_linked_again_when_it_comes_back(
+        autojump_clock: object) -> None:
+    async with open_universe("u") as universe:
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), THREE) for s in THREE.servers}
+        await until(lambda: all(n.linked() for n in nodes.values()))
+        nodes["c"].close()
+        universe.broker("c").close("crashed")
+        await until(lambda: all(r["outgoing"] == r["incoming"] == "down"
+                                for n in (nodes["a"], nodes["b"]) for r in n.rows()
+                                if r["id"] == "c"))
+        nodes["c"] = ClusterNode(universe.add_broker("c"), THREE)
+        await until(lambda: all(n.linked() for n in nodes.values()))
+        for node in nodes.values():
+            node.close()
