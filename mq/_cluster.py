@@ -32,7 +32,7 @@ import json
 import logging
 import tomllib
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,7 +187,8 @@ class ClusterNode:
     (whose id must be one of ``config``'s servers) and dials every other server."""
 
     def __init__(self, broker: Broker, config: ClusterConfig, *,
-                 heartbeat: float = HEARTBEAT, retry: float = RETRY) -> None:
+                 heartbeat: float = HEARTBEAT, retry: float = RETRY,
+                 on_change: Callable[[], object] | None = None) -> None:
         me = config.server(broker.id)
         if me is None:
             raise ConfigError(f"broker {broker.id!r} is not a server of cluster "
@@ -201,6 +202,8 @@ class ClusterNode:
                                               "beat": Command(_hello, self._beat)})
         self._closed = False
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
+        #: Called when a peer's links come up or go down.
+        self.on_change = on_change
         broker.listen(CLUSTER_PORT, self)
         for peer in self.peers.values():
             peer.outgoing = _PeerLink(self, peer, retry=retry)
@@ -219,6 +222,7 @@ class ClusterNode:
             old, peer.incoming = peer.incoming, None
             old.close(f"a newer link from {peer.server.id} replaces this one")
         peer.incoming = call.queue
+        self.changed()
         return self._agreed()
 
     def _beat(self, request: _Hello, call: Call) -> ReplyObject:
@@ -271,6 +275,11 @@ class ClusterNode:
         for peer in self.peers.values():
             if peer.incoming is queue:
                 peer.incoming = None
+                self.changed()
+
+    def changed(self) -> None:
+        if self.on_change is not None and not self._closed:
+            self.on_change()
 
     # -- links out ---------------------------------------------------------------------
 
@@ -295,6 +304,14 @@ class ClusterNode:
     def rows(self) -> list[dict[str, Any]]:
         """Each peer: its type, its links out and in (up or down), a refusal."""
         return [peer.row() for peer in self.peers.values()]
+
+    def summary(self) -> str:
+        """Which peers are linked both ways, for a person: ``cluster shop: a linked to
+        b, c (2 of 3 peers)``."""
+        up = [p.server.id for p in self.peers.values() if p.outgoing is not None
+              and p.outgoing.agreed and p.incoming is not None]
+        return (f"cluster {self.config.name}: {self.me.id} ({self.me.type}) linked to "
+                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers)")
 
     def linked(self) -> bool:
         """Every peer linked both ways and agreeing."""
@@ -347,7 +364,7 @@ class _PeerLink(BrokerLink):
     def _answered(self, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):
             if outcome.status != Status.NO_REPLY:  # refused: the peer closes the link
-                self.agreed = False
+                self._down()
                 self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
                                               f"{outcome.reason}")
             return
@@ -358,13 +375,20 @@ class _PeerLink(BrokerLink):
         if why is None and server_id != self.peer.server.id:
             why = f"dialled {self.peer.server.id!r}, answered by {server_id!r}"
         if why is not None:
-            self.agreed = False
+            self._down()
             self.node.refused(self.peer, f"refused {self.peer.server.id}: {why}")
             if self.queue is not None:
                 self.queue.close(f"refused by {self.node.me.id}: {why}")
             return
-        self.agreed = True
         self.peer.refusal = None
+        if not self.agreed:
+            self.agreed = True
+            self.node.changed()
 
     def lost(self, reason: str) -> None:
-        self.agreed = False
+        self._down()
+
+    def _down(self) -> None:
+        if self.agreed:
+            self.agreed = False
+            self.node.changed()

@@ -27,7 +27,7 @@ from brokermgr import (
 )
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
-from mq import DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
+from mq import DEFAULT_SEGMENT_BYTES, ClusterConfig, ClusterNode, MqServer, ServiceError
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
@@ -89,6 +89,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
                       tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
+                      cluster: ClusterConfig | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
@@ -96,7 +97,9 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     print ``stats {json}`` lines, then ``done {json}``, on stdout.  With
     ``tracking`` (keyword arguments of :class:`~brokermgr.tracking.TrackNode`
     plus ``topics``, topics to declare) every broker takes a tracking role;
-    the first tracker of the process also answers as ``@tracker``.
+    the first tracker of the process also answers as ``@tracker``.  With ``cluster``
+    each broker is a server of that cluster, linked to every other (a line on stderr
+    each time which peers are linked changes).
     """
     spec = None
     if plan is not None:
@@ -111,7 +114,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
-                             heartbeat, spec, tracking, ready)
+                             heartbeat, spec, tracking, cluster, ready)
     finally:
         manager.pump.close_trace()
 
@@ -119,6 +122,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
 async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
+                         cluster: ClusterConfig | None,
                          ready: Callable[[Address], None]) -> None:
     refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
     with stop_signals() as until_signalled:
@@ -155,11 +159,14 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                     servers[node.node.broker.id] = node
                     if names is not None:
                         nursery.start_soon(_keep_role, node, names)
+            clustered = [_cluster_node(b, cluster) for b in brokers] if cluster else []
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
                     nursery.start_soon(play_plan, spec, b, manager, names, nursery, report)
             await until_signalled()
+            for member in clustered:
+                member.close()
             for node in nodes:  # MQ servers first: positions saved, files synced
                 node.close()
             if names is not None:
@@ -169,6 +176,21 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             nursery.cancel_scope.cancel()
     if refused:
         raise RunError(refused[0])
+
+
+def _cluster_node(broker: Any, cluster: ClusterConfig) -> ClusterNode:
+    """``broker`` as a server of ``cluster``; a line on stderr each time which peers are
+    linked to it changes."""
+    said: list[str] = []
+
+    def changed() -> None:
+        line = f"broker {broker.id}: {node.summary()}"
+        if not said or said[-1] != line:
+            said.append(line)
+            print(line, file=sys.stderr, flush=True)
+
+    node = ClusterNode(broker, cluster, on_change=changed)
+    return node
 
 
 #: Seconds between a group member's questions to the name service about its group.

@@ -15,7 +15,7 @@ from brokermgr.tracking import (
     DEFAULT_SERVER_EXPIRY,
     DEFAULT_TRACK_PORT,
 )
-from mq import Durability
+from mq import ClusterConfig, Durability, load_cluster
 from pump import ConfigError
 from rdv import Address
 
@@ -45,8 +45,9 @@ def broker_run(
     broker_id: Annotated[list[str], typer.Option("--id", help="Broker id (repeatable).")],
     manager: Annotated[list[str], typer.Option(help="Manager HOST:PORT (repeatable).")],
     universe: UniverseOption = "default",
-    listen: Annotated[str, typer.Option(help="HOST:PORT for links (port 0: any).")] =
-        "127.0.0.1:0",
+    listen: Annotated[str | None, typer.Option(
+        help="HOST:PORT for links (port 0: any); by default 127.0.0.1:0, or a --cluster "
+             "server's address in its file.", show_default=False)] = None,
     token: TokenOption = "",
     echo: Annotated[list[int], typer.Option(help="Echo messages on this port "
                                                  "(repeatable).")] = [80],  # noqa: B006
@@ -100,11 +101,15 @@ def broker_run(
     min_insync: Annotated[int, typer.Option(
         help="Under --replication sync, the members that must have copied a produce "
              "before it is acknowledged.")] = 1,
+    cluster: Annotated[pathlib.Path | None, typer.Option(
+        help="A cluster file: these brokers are servers of that cluster, each linked to "
+             "every other server listed in it (one --id without --listen listens at its "
+             "address there).")] = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
 
     managers = guard(lambda: [Address.parse(m, default_port=DEFAULT_MANAGER_PORT) for m in manager])
-    address = guard(lambda: Address.parse(listen))
+    address = guard(lambda: Address.parse(listen or "127.0.0.1:0"))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
     guard(lambda: Durability.parse(durability))
@@ -123,12 +128,27 @@ def broker_run(
     elif tracker or topic or mq_dir is not None:
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")
+    clustered = None if cluster is None else guard(lambda: _cluster(cluster, broker_id))
+    if clustered is not None and listen is None and len(broker_id) == 1:
+        listed = clustered.server(broker_id[0])
+        assert listed is not None
+        address = guard(lambda: Address.parse(listed.address))  # where the file says
     trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
-        ready=ready_line("brokers"))))
+        cluster=clustered, ready=ready_line("brokers"))))
+
+
+def _cluster(path: pathlib.Path, broker_ids: list[str]) -> ClusterConfig:
+    """The cluster file, every --id one of its servers."""
+    config = load_cluster(path)
+    for b in broker_ids:
+        if config.server(b) is None:
+            raise ConfigError(f"{path}: broker {b!r} is not a server of cluster "
+                              f"{config.name!r} ({', '.join(s.id for s in config.servers)})")
+    return config
 
 
 def _member(group: str | None, group_id: int, broker_ids: list[str],

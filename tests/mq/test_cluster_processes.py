@@ -1,0 +1,94 @@
+"""A cluster of server processes: each links to every other, and says so on stderr; a
+server that reads another cluster file, one that lists it, is refused, and both sides
+say why."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
+
+pytestmark = pytest.mark.slow
+
+
+class Lines:
+    """A process's stderr, read line by line as it comes."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.seen: list[str] = []
+        self._buffer = b""
+
+    async def until(self, *needles: str) -> str:
+        """The first line that holds every needle, waiting for more (bounded)."""
+        assert self.proc.stderr is not None
+        with trio.fail_after(30):
+            while True:
+                found = next((x for x in self.seen if all(n in x for n in needles)), None)
+                if found is not None:
+                    return found
+                chunk = await self.proc.stderr.receive_some(4096)
+                assert chunk, f"exited; stderr: {self.seen}"
+                self._buffer += chunk
+                *lines, self._buffer = self._buffer.split(b"\n")
+                self.seen += [line.decode() for line in lines]
+
+
+@asynccontextmanager
+async def server(*args: str) -> AsyncIterator[Lines]:
+    proc = await trio.lowlevel.open_process(
+        [*RDVPUMP, "broker", "run", *args], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+    try:
+        yield Lines(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(10):
+            await proc.wait()
+
+
+def cluster_file(path: pathlib.Path, servers: list[tuple[str, str]]) -> str:
+    path.write_text('[cluster]\nname = "shop"\n' + "".join(
+        f'[[server]]\nid = "{i}"\naddress = "127.0.0.1:9999"\ntype = "{t}"\n'
+        for i, t in servers))
+    return str(path)
+
+
+async def test_servers_of_one_file_link_up_and_another_file_is_refused(
+        tmp_path: pathlib.Path) -> None:
+    three = [("a", "primary"), ("b", "primary"), ("c", "fanout")]
+    shop = cluster_file(tmp_path / "shop.toml", three)
+    other = cluster_file(tmp_path / "other.toml", [*three, ("d", "backup")])
+    async with spawn("manager", "serve", "--universe", "k", "--listen", "127.0.0.1:0") as (
+            _, manager):
+        common = ["--universe", "k", "--manager", f"{manager[0]}:{manager[1]}", "--listen",
+                  "127.0.0.1:0", "--heartbeat", "0.5"]
+        async with server("--id", "a", "--cluster", shop, *common) as a, \
+                server("--id", "b", "--cluster", shop, *common) as b, \
+                server("--id", "c", "--cluster", shop, *common) as c:
+            for lines, me in ((a, "a (primary)"), (b, "b (primary)"), (c, "c (fanout)")):
+                await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers)")
+            async with server("--id", "d", "--cluster", other, *common) as d:
+                # d is not a server of a's list: each of a, b, c refuses it, and says so
+                why = "'d' is not another server of cluster 'shop' (a, b, c)"
+                for peer in ("a", "b", "c"):
+                    await d.until(f"d: {peer} refused it: {why}")
+                await a.until(f"a: refused d: {why}")
+
+
+def test_a_broker_not_in_the_cluster_file_is_one_line(tmp_path: pathlib.Path) -> None:
+    shop = cluster_file(tmp_path / "shop.toml", [("a", "primary")])
+    proc = subprocess.run([*RDVPUMP, "broker", "run", "--id", "x", "--cluster", shop,
+                           "--manager", "127.0.0.1:1"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (f"error: {shop}: broker 'x' is not a server of cluster 'shop' "
+                           f"(a)\n")
