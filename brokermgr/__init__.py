@@ -7,6 +7,8 @@ from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
 from ._broker import open_universe as open_universe
+from ._fence import STALE_EPOCH as STALE_EPOCH
+from ._fence import fenced as fenced
 from ._groups import GroupMember as GroupMember
 from ._groups import GroupProgress as GroupProgress
 from ._groups import GroupTables as GroupTables
@@ -51,6 +53,7 @@ __all__ = [
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",
     "MAX_INT",
+    "STALE_EPOCH",
     "Body",
     "Call",
     "Command",
@@ -78,6 +81,7 @@ __all__ = [
     "decode",
     "echo",
     "encode",
+    "fenced",
     "open_universe",
     "request_seq",
     "send",

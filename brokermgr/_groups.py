@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._fence import STALE_EPOCH, fenced
+
 #: The roles of a group's member.
 ROLES = ("master", "slave")
-#: A registration refused because a newer (or the same) master epoch is held.
-STALE_EPOCH = "stale epoch"
 DEFAULT_CLUSTER = "default"
 
 
@@ -135,7 +135,7 @@ class GroupTables:
         if held is None:
             return None
         epoch, holder = held
-        if member.epoch < epoch or (member.epoch == epoch and holder != broker_id):
+        if fenced(held, broker_id, member.epoch):
             return (f"{STALE_EPOCH}: group {member.group} has master {holder} at epoch "
                     f"{epoch}; {broker_id} registered as master at epoch {member.epoch}")
         return None

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from brokermgr import (
+    MAX_INT,
+    STALE_EPOCH,
     Broker,
     BrokerLink,
     Call,
@@ -49,9 +51,12 @@ from brokermgr import (
     ServiceError,
     ServiceSession,
     Status,
+    fenced,
 )
 from channels import MessageQueue
 from pump import ConfigError, Repeating
+
+from ._root import candidate, may_take_over
 
 __all__ = ["CLUSTER_PORT", "HEARTBEAT", "SERVER_TYPES", "ClusterConfig", "ClusterNode",
            "ClusterServer", "load_cluster", "parse_cluster"]
@@ -156,11 +161,18 @@ class _Hello:
     cluster: str
     id: str
     checksum: int
+    #: The sender's vote (the most senior primary it sees; None from a backup or fanout
+    #: server), and the root it follows with that root's epoch.
+    vote: str | None = None
+    root: str | None = None
+    epoch: int = 0
 
 
 def _hello(fields: Fields) -> _Hello:
     return _Hello(fields.string("cluster"), fields.string("id"),
-                  fields.integer("checksum", None, 0, 0xFFFFFFFF))
+                  fields.integer("checksum", None, 0, 0xFFFFFFFF),
+                  fields.optional_string("vote"), fields.optional_string("root"),
+                  fields.integer("epoch", 0, 0, MAX_INT))
 
 
 @dataclass
@@ -199,7 +211,13 @@ class ClusterNode:
         self.checksum = config.checksum
         self.peers = {s.id: Peer(s) for s in config.peers(broker.id)}
         self.table = CommandTable("cluster", {"hello": Command(_hello, self._hello),
-                                              "beat": Command(_hello, self._beat)})
+                                              "beat": Command(_hello, self._beat),
+                                              "root": Command(_hello, self._root)})
+        #: The root this server follows (None: none yet, the cluster is not ready) and its
+        #: epoch; each peer's vote as it last said it (:mod:`._root`).
+        self.root: str | None = None
+        self.epoch = 0
+        self.votes: dict[str, str | None] = {}
         self._closed = False
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
         #: Called when a peer's links come up or go down.
@@ -222,7 +240,8 @@ class ClusterNode:
             old, peer.incoming = peer.incoming, None
             old.close(f"a newer link from {peer.server.id} replaces this one")
         peer.incoming = call.queue
-        self.changed()
+        self._heard(request)
+        self.links_changed()
         return self._agreed()
 
     def _beat(self, request: _Hello, call: Call) -> ReplyObject:
@@ -230,11 +249,75 @@ class ClusterNode:
         if peer.incoming is not call.queue:
             raise ServiceError(Status.CONFLICT, f"{peer.server.id}: a beat on a link that "
                                                 f"did not say hello", refused="cluster")
+        self._heard(request)
+        self.elect()
         return self._agreed()
+
+    def _root(self, request: _Hello, call: Call) -> ReplyObject:
+        """A root's announcement: followed unless an epoch this server holds fences it."""
+        self._check(request, call)
+        if request.root != request.id or fenced(self._held(), request.id, request.epoch):
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
+                               f"itself root at epoch {request.epoch}; this server follows "
+                               f"{self.root} at epoch {self.epoch}", refused=STALE_EPOCH)
+        self._follow(request.id, request.epoch)
+        return self._agreed()
+
+    def _heard(self, request: _Hello) -> None:
+        """What a peer's hello or beat says: its vote, and a root under a newer epoch."""
+        self.votes[request.id] = request.vote
+        if request.root is not None and (request.epoch > self.epoch or (
+                self.root is None and request.epoch == self.epoch)):
+            self._follow(request.root, request.epoch)
 
     def _agreed(self) -> ReplyObject:
         return {"cmd": "welcome", "cluster": self.config.name, "id": self.me.id,
                 "checksum": self.checksum}
+
+    # -- the root ----------------------------------------------------------------------
+
+    def active(self) -> list[str]:
+        """This server and the peers linked to it both ways."""
+        return [self.me.id, *(p.server.id for p in self.peers.values()
+                              if p.outgoing is not None and p.outgoing.agreed
+                              and p.incoming is not None)]
+
+    def vote(self) -> str | None:
+        """The primary this server votes for (a primary's vote; None from the others)."""
+        return candidate(self.config, self.active()) if self.me.type == "primary" else None
+
+    def elect(self) -> None:
+        """Take over as root when the rule of :mod:`._root` says so (announced to every
+        peer at the next epoch); step down when it no longer holds (a minority left)."""
+        if self._closed:
+            return
+        active = self.active()
+        if may_take_over(self.config, self.me.id, active, self.votes):
+            if self.root != self.me.id:
+                self._follow(self.me.id, self.epoch + 1)
+                log.warning("cluster %s: %s is root at epoch %d (active: %s)",
+                            self.config.name, self.me.id, self.epoch, ", ".join(active))
+                for peer in self.peers.values():
+                    if peer.outgoing is not None and peer.outgoing.agreed:
+                        peer.outgoing.say("root")
+        elif self.root == self.me.id:
+            log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
+                        self.config.name, self.me.id, self.epoch, ", ".join(active))
+            self.root = None
+            self.changed()
+        elif self.root is not None and self.root not in active:
+            self.root = None  # its root is out of reach: not ready until one is known
+            self.changed()
+
+    def _follow(self, root: str, epoch: int) -> None:
+        if self.root == self.me.id and root != self.me.id:
+            log.warning("cluster %s: %s steps down: %s is root at epoch %d",
+                        self.config.name, self.me.id, root, epoch)
+        self.root, self.epoch = root, epoch
+        self.changed()
+
+    def _held(self) -> tuple[int, str] | None:
+        return None if self.root is None else (self.epoch, self.root)
 
     def _check(self, request: _Hello, call: Call) -> Peer:
         """The peer a hello or beat comes from; 409 with the reason (logged once per peer
@@ -275,7 +358,14 @@ class ClusterNode:
         for peer in self.peers.values():
             if peer.incoming is queue:
                 peer.incoming = None
-                self.changed()
+                self.links_changed()
+
+    def links_changed(self) -> None:
+        """A link came up or went down: the vote may change; say it to every peer now
+        (not at the next beat), and elect again."""
+        self.changed()
+        self._beat_all()
+        self.elect()
 
     def changed(self) -> None:
         if self.on_change is not None and not self._closed:
@@ -310,8 +400,11 @@ class ClusterNode:
         b, c (2 of 3 peers)``."""
         up = [p.server.id for p in self.peers.values() if p.outgoing is not None
               and p.outgoing.agreed and p.incoming is not None]
+        root = (f"root {self.root} at epoch {self.epoch}" if self.root is not None
+                else "no root")
         return (f"cluster {self.config.name}: {self.me.id} ({self.me.type}) linked to "
-                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers)")
+                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers); "
+                f"{root}")
 
     def linked(self) -> bool:
         """Every peer linked both ways and agreeing."""
@@ -359,7 +452,8 @@ class _PeerLink(BrokerLink):
     def say(self, cmd: str) -> None:
         node = self.node
         self.request({"cmd": cmd, "cluster": node.config.name, "id": node.me.id,
-                      "checksum": node.checksum}, self._answered)
+                      "checksum": node.checksum, "vote": node.vote(), "root": node.root,
+                      "epoch": node.epoch}, self._answered)
 
     def _answered(self, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):
@@ -383,7 +477,7 @@ class _PeerLink(BrokerLink):
         self.peer.refusal = None
         if not self.agreed:
             self.agreed = True
-            self.node.changed()
+            self.node.links_changed()
 
     def lost(self, reason: str) -> None:
         self._down()
@@ -391,4 +485,4 @@ class _PeerLink(BrokerLink):
     def _down(self) -> None:
         if self.agreed:
             self.agreed = False
-            self.node.changed()
+            self.node.links_changed()

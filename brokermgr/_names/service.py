@@ -20,7 +20,8 @@ from pump.schema import Kind
 from rdv import Address
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
-from .._groups import STALE_EPOCH, GroupMember, GroupProgress, GroupTables
+from .._fence import STALE_EPOCH
+from .._groups import GroupMember, GroupProgress, GroupTables
 from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from .._rpc import ServiceSession
 from .._service import Call, Command, CommandTable, Fields, ReplyObject, ServiceError, Status

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from brokermgr import open_universe
 from mq._cluster import CLUSTER_PORT, ClusterConfig, ClusterNode, load_cluster, parse_cluster
@@ -162,5 +164,96 @@ async def test_a_crashed_peer_is_linked_again_when_it_comes_back(
                                 if r["id"] == "c"))
         nodes["c"] = ClusterNode(universe.add_broker("c"), THREE)
         await until(lambda: all(n.linked() for n in nodes.values()))
+        for node in nodes.values():
+            node.close()
+
+
+FOUR = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"))
+
+
+def test_the_root_is_the_most_senior_active_primary_with_every_vote_and_a_majority() -> None:
+    from mq._root import candidate, may_take_over
+
+    everyone = ["a", "b", "c", "d"]
+    votes = {"a": "a", "b": "a", "c": "a", "d": None}
+    assert candidate(FOUR, everyone) == "a"
+    assert [s for s in everyone if may_take_over(FOUR, s, everyone, votes)] == ["a"]
+    # a gone: b, once c votes for it; not while c still votes for a
+    left = ["b", "c", "d"]
+    assert may_take_over(FOUR, "b", left, {"c": "b"})
+    assert not may_take_over(FOUR, "b", left, {"c": "a"})
+    # a majority of the primaries listed: c and the backup alone are not one
+    assert candidate(FOUR, ["c", "d"]) == "c"
+    assert not may_take_over(FOUR, "c", ["c", "d"], {"d": "c"})
+    # backups neither vote nor lead
+    assert not may_take_over(FOUR, "d", everyone, {p: "d" for p in everyone})
+    assert may_take_over(FOUR, "b", ["b", "c", "d"], {"c": "b", "d": "a"})
+
+
+@given(st.lists(st.sampled_from(["primary", "backup", "fanout"]), min_size=1, max_size=7),
+       st.data())
+def test_servers_that_see_the_same_peers_elect_at_most_one_root(types: list[str],
+                                                                data: Any) -> None:
+    from mq._root import candidate, may_take_over
+
+    if "primary" not in types:
+        types[0] = "primary"
+    cluster = config(*((f"s{i}", t) for i, t in enumerate(types)))
+    ids = [s.id for s in cluster.servers]
+    active = data.draw(st.lists(st.sampled_from(ids), unique=True))
+    votes = {s: candidate(cluster, active) if t == "primary" else None
+             for s, t in zip(ids, types, strict=True) if s in active}
+    roots = [s for s in active if may_take_over(cluster, s, active, votes)]
+    primaries = [s for s, t in zip(ids, types, strict=True) if t == "primary"]
+    voters = [p for p in primaries if p in active]
+    if len(voters) * 2 > len(primaries):
+        assert roots == [candidate(cluster, active)]
+    else:
+        assert roots == []
+
+
+async def test_a_root_is_elected_replaced_when_it_crashes_and_fenced_when_it_returns(
+        autojump_clock: object) -> None:
+    """a, b, c primaries and d a backup: a is root at epoch 1; a crashes and b is root at
+    epoch 2 once c votes for it; a back, it is the most senior again and takes over at
+    epoch 3; an announcement under an older epoch is refused."""
+    async with open_universe("u") as universe:
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
+
+        def roots(*names: str) -> set[tuple[str | None, int]]:
+            return {(nodes[n].root, nodes[n].epoch) for n in names}
+
+        await until(lambda: roots("a", "b", "c", "d") == {("a", 1)})
+        nodes["a"].close()
+        universe.broker("a").close("crashed")
+        await until(lambda: roots("b", "c", "d") == {("b", 2)})
+        nodes["a"] = ClusterNode(universe.add_broker("a"), FOUR)
+        await until(lambda: roots("a", "b", "c", "d") == {("a", 3)})
+        assert "root a at epoch 3" in nodes["d"].summary()
+        # b says it is root at epoch 2 to c: c follows a at 3 and refuses it
+        with pytest.raises(Exception, match="stale epoch"):
+            await nodes["b"].peers["c"].outgoing.call(  # type: ignore[union-attr]
+                {"cmd": "root", "cluster": "shop", "id": "b", "checksum": FOUR.checksum,
+                 "root": "b", "epoch": 2}, timeout=5)
+        for node in nodes.values():
+            node.close()
+
+
+async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: object) -> None:
+    """c partitioned from a and b: a stays root (two of three primaries); c sees no root
+    (one of three is not a majority) until the partition heals, then follows a."""
+    from rdvpump.testing import Faults
+
+    async with open_universe("u") as universe:
+        faults = Faults(universe, partition_timeout=1.0)
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
+        await until(lambda: all((n.root, n.epoch) == ("a", 1) for n in nodes.values()))
+        faults.partition("c", ["a", "b"])
+        await until(lambda: nodes["c"].root is None)
+        assert (nodes["a"].root, nodes["b"].root) == ("a", "a")
+        await trio.sleep(10)  # ten seconds cut off: c never takes over
+        assert nodes["c"].root is None and nodes["c"].epoch == 1
+        faults.heal("c", ["a", "b"])
+        await until(lambda: all((n.root, n.epoch) == ("a", 1) for n in nodes.values()))
         for node in nodes.values():
             node.close()
