@@ -35,7 +35,8 @@ Checking what clients saw:
 from brokermgr import ServiceError, Status
 
 from ._client import MqClient, Stored
-from ._cluster import ClusterConfig, ClusterNode, ClusterServer, load_cluster
+from ._cluster import ClusterNode
+from ._cluster_file import ClusterConfig, ClusterServer, load_cluster
 from ._commit import Durability
 from ._cursor import CursorStore
 from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches

@@ -1,19 +1,7 @@
 """A cluster of MQ servers: its configuration, and the links that make its membership.
 
-Every server of a cluster reads the same configuration, a cluster file::
-
-    [cluster]
-    name = "shop"                 # like a vhost: a server of another cluster is refused
-
-    [[server]]
-    id = "a"                      # its broker id in the universe
-    address = "127.0.0.1:9901"    # where its process listens
-    type = "primary"              # primary, backup or fanout
-
-The order of the servers is their seniority (the first is the most senior).  The
-configuration's checksum (CRC-32 of its canonical JSON: the name, then each server's
-id, address and type, in order) stands for the whole list, as OpenAMQ's clusters did:
-two servers agree on the cluster only if their checksums are equal.
+Every server of a cluster reads the same configuration, a cluster file
+(:mod:`._cluster_file`: its servers in seniority order, and a checksum of it all).
 
 Membership: each server dials every other on :data:`CLUSTER_PORT` and accepts every
 other's link there, so that a pair has one link each way, fully interconnected.  A link
@@ -28,38 +16,33 @@ one is closed): never two live links one way for one pair.
 
 from __future__ import annotations
 
-import json
 import logging
-import tomllib
-import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from brokermgr import (
-    MAX_INT,
     STALE_EPOCH,
     Broker,
-    BrokerLink,
     Call,
     Command,
     CommandTable,
-    Fields,
     Outcome,
     ReplyObject,
     ServiceError,
-    ServiceSession,
     Status,
     fenced,
 )
 from channels import MessageQueue
 from pump import ConfigError, Repeating
 
+from ._cluster_file import ClusterConfig
+from ._cluster_links import Peer, PeerLink, Said, Session, change_fields, hello_fields, state_fields
+from ._cluster_state import ClusterState, StateError
 from ._root import candidate, may_take_over
 
-__all__ = ["CLUSTER_PORT", "HEARTBEAT", "SERVER_TYPES", "ClusterConfig", "ClusterNode",
-           "ClusterServer", "load_cluster", "parse_cluster"]
+__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode"]
 
 log = logging.getLogger("rdvpump.mq.cluster")
 
@@ -69,129 +52,8 @@ CLUSTER_PORT = 15556
 HEARTBEAT = 1.0
 #: Longest back-off between dials of a peer that cannot be reached or refused us.
 RETRY = 1.0
-SERVER_TYPES = ("primary", "backup", "fanout")
-
-
-@dataclass(frozen=True)
-class ClusterServer:
-    id: str
-    address: str
-    type: str
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """A cluster's name and its servers, most senior first."""
-
-    name: str
-    servers: tuple[ClusterServer, ...]
-
-    @property
-    def checksum(self) -> int:
-        canonical = json.dumps([self.name, [[s.id, s.address, s.type] for s in self.servers]],
-                               separators=(",", ":"))
-        return zlib.crc32(canonical.encode())
-
-    def server(self, server_id: str) -> ClusterServer | None:
-        return next((s for s in self.servers if s.id == server_id), None)
-
-    def peers(self, me: str) -> list[ClusterServer]:
-        return [s for s in self.servers if s.id != me]
-
-
-def parse_cluster(data: Mapping[str, Any], where: str = "cluster") -> ClusterConfig:
-    """A configuration from a cluster file's tables; :class:`ConfigError` naming the
-    field of the first problem."""
-    unknown = set(data) - {"cluster", "server"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown table {sorted(unknown)[0]!r} (a cluster file "
-                          f"has [cluster] and [[server]])")
-    table = data.get("cluster")
-    if table is None:
-        raise ConfigError(f"{where}: no [cluster] table: it names the cluster")
-    if not isinstance(table, dict) or set(table) - {"name"}:
-        raise ConfigError(f"{where}: [cluster] takes one key, name")
-    name = table.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{where}: [cluster] name must be a non-empty string")
-    rows = data.get("server")
-    if not isinstance(rows, list) or not rows:
-        raise ConfigError(f"{where}: no [[server]]: a cluster needs at least one")
-    servers: list[ClusterServer] = []
-    for i, row in enumerate(rows):
-        at = f"{where}: server {i + 1}"
-        if not isinstance(row, dict) or set(row) != {"id", "address", "type"}:
-            raise ConfigError(f"{at}: takes id, address and type, got "
-                              f"{sorted(row) if isinstance(row, dict) else row!r}")
-        for key in ("id", "address", "type"):
-            if not isinstance(row[key], str) or not row[key]:
-                raise ConfigError(f"{at}: {key} must be a non-empty string")
-        if row["id"].startswith("@"):
-            raise ConfigError(f"{at}: id {row['id']!r}: ids starting with @ are the "
-                              f"universe's own")
-        if row["type"] not in SERVER_TYPES:
-            raise ConfigError(f"{at}: type must be one of {', '.join(SERVER_TYPES)}, got "
-                              f"{row['type']!r}")
-        host, _, port = row["address"].rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{at}: address must be HOST:PORT, got {row['address']!r}")
-        if any(s.id == row["id"] for s in servers):
-            raise ConfigError(f"{at}: id {row['id']!r} is listed twice")
-        servers.append(ClusterServer(row["id"], row["address"], row["type"]))
-    if not any(s.type == "primary" for s in servers):
-        raise ConfigError(f"{where}: no primary server: the root is elected among them")
-    return ClusterConfig(name, tuple(servers))
-
-
-def load_cluster(path: str | Path) -> ClusterConfig:
-    """Read a cluster file; :class:`ConfigError` (the file and the field) if it is not
-    one."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the cluster file: "
-                          f"{exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not TOML: {exc}") from None
-    return parse_cluster(data, str(path))
-
-
-@dataclass(frozen=True)
-class _Hello:
-    cluster: str
-    id: str
-    checksum: int
-    #: The sender's vote (the most senior primary it sees; None from a backup or fanout
-    #: server), and the root it follows with that root's epoch.
-    vote: str | None = None
-    root: str | None = None
-    epoch: int = 0
-
-
-def _hello(fields: Fields) -> _Hello:
-    return _Hello(fields.string("cluster"), fields.string("id"),
-                  fields.integer("checksum", None, 0, 0xFFFFFFFF),
-                  fields.optional_string("vote"), fields.optional_string("root"),
-                  fields.integer("epoch", 0, 0, MAX_INT))
-
-
-@dataclass
-class Peer:
-    """What a server knows of another: its link out, its link in, why it was refused."""
-
-    server: ClusterServer
-    outgoing: _PeerLink | None = None
-    incoming: MessageQueue | None = None
-    #: Why the last hello or beat on either link was refused (None: agreed).
-    refusal: str | None = None
-    said: set[str] = field(default_factory=set)
-
-    def row(self) -> dict[str, Any]:
-        out = self.outgoing
-        return {"id": self.server.id, "type": self.server.type,
-                "outgoing": "up" if out is not None and out.agreed else "down",
-                "incoming": "up" if self.incoming is not None else "down",
-                "refusal": self.refusal}
+#: Seconds a change waits for a root before it is refused: the cluster is not ready.
+NOT_READY_WAIT = 10.0
 
 
 class ClusterNode:
@@ -200,7 +62,9 @@ class ClusterNode:
 
     def __init__(self, broker: Broker, config: ClusterConfig, *,
                  heartbeat: float = HEARTBEAT, retry: float = RETRY,
-                 on_change: Callable[[], object] | None = None) -> None:
+                 on_change: Callable[[], object] | None = None,
+                 on_state: Callable[[ClusterState, ClusterState], object] | None = None,
+                 not_ready_wait: float = NOT_READY_WAIT) -> None:
         me = config.server(broker.id)
         if me is None:
             raise ConfigError(f"broker {broker.id!r} is not a server of cluster "
@@ -209,10 +73,24 @@ class ClusterNode:
         self.config = config
         self.me = me
         self.checksum = config.checksum
+        self.port = CLUSTER_PORT
         self.peers = {s.id: Peer(s) for s in config.peers(broker.id)}
-        self.table = CommandTable("cluster", {"hello": Command(_hello, self._hello),
-                                              "beat": Command(_hello, self._beat),
-                                              "root": Command(_hello, self._root)})
+        self.table = CommandTable("cluster", {"hello": Command(hello_fields, self._hello),
+                                              "beat": Command(hello_fields, self._beat),
+                                              "root": Command(hello_fields, self._root),
+                                              "state": Command(state_fields, self._state),
+                                              "change": Command(change_fields, self._change),
+                                              "fetch": Command(hello_fields, self._fetch)})
+        #: The shared topics and groups (:mod:`._cluster_state`); ``on_state(old, new)``
+        #: is told each new state this server takes (its MQ server declares and removes).
+        self.state = ClusterState()
+        self.on_state = on_state
+        self._root_changed = trio.Event()
+        self.not_ready_wait = not_ready_wait
+        #: The state version each peer said last: a primary behind one of them fetches
+        #: that peer's state before it may take over.
+        self.versions: dict[str, int] = {}
+        self._fetching = False
         #: The root this server follows (None: none yet, the cluster is not ready) and its
         #: epoch; each peer's vote as it last said it (:mod:`._root`).
         self.root: str | None = None
@@ -224,16 +102,16 @@ class ClusterNode:
         self.on_change = on_change
         broker.listen(CLUSTER_PORT, self)
         for peer in self.peers.values():
-            peer.outgoing = _PeerLink(self, peer, retry=retry)
+            peer.outgoing = PeerLink(self, peer, retry=retry)
             peer.outgoing.connect()
         self._beats: Repeating = broker.pump.call_every(heartbeat, self._beat_all)
 
     # -- links in ----------------------------------------------------------------------
 
     def accepted(self, queue: MessageQueue) -> None:
-        queue.set_listener(_Session(self, queue))
+        queue.set_listener(Session(self, queue))
 
-    def _hello(self, request: _Hello, call: Call) -> ReplyObject:
+    def _hello(self, request: Said, call: Call) -> ReplyObject:
         peer = self._check(request, call)
         assert call.queue is not None
         if peer.incoming is not None and peer.incoming is not call.queue:
@@ -244,7 +122,7 @@ class ClusterNode:
         self.links_changed()
         return self._agreed()
 
-    def _beat(self, request: _Hello, call: Call) -> ReplyObject:
+    def _beat(self, request: Said, call: Call) -> ReplyObject:
         peer = self._check(request, call)
         if peer.incoming is not call.queue:
             raise ServiceError(Status.CONFLICT, f"{peer.server.id}: a beat on a link that "
@@ -253,7 +131,7 @@ class ClusterNode:
         self.elect()
         return self._agreed()
 
-    def _root(self, request: _Hello, call: Call) -> ReplyObject:
+    def _root(self, request: Said, call: Call) -> ReplyObject:
         """A root's announcement: followed unless an epoch this server holds fences it."""
         self._check(request, call)
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
@@ -263,9 +141,119 @@ class ClusterNode:
         self._follow(request.id, request.epoch)
         return self._agreed()
 
-    def _heard(self, request: _Hello) -> None:
-        """What a peer's hello or beat says: its vote, and a root under a newer epoch."""
+    def _state(self, request: Said, call: Call) -> ReplyObject:
+        """The root's state: taken under a newer epoch whatever its version, under this
+        epoch when newer; from any other server, refused."""
+        self._check(request, call)
+        if request.root != request.id or fenced(self._held(), request.id, request.epoch):
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
+                               f"at epoch {request.epoch}; this server follows {self.root} "
+                               f"at epoch {self.epoch}", refused=STALE_EPOCH)
+        if request.epoch > self.epoch or self.root is None:
+            self._follow(request.id, request.epoch)
+        try:
+            state = ClusterState.of(request.version, request.topics)
+        except StateError as exc:
+            raise ServiceError(Status.BAD_REQUEST, f"state from {request.id}: {exc}") from None
+        if state.version != self.state.version or state.topics != self.state.topics:
+            self._take(state)
+        return {"cmd": "taken", "version": self.state.version}
+
+    def _change(self, request: Said, call: Call) -> ReplyObject:
+        """A change asked of the root; another server says where the root is (503)."""
+        self._check(request, call)
+        if self.root != self.me.id:
+            raise ServiceError(Status.UNAVAILABLE, f"{self.me.id} is not the root; the "
+                               f"root is {self.root or 'not known: the cluster is not ready'}",
+                               root=self.root)
+        assert request.change is not None
+        return {"cmd": "changed", "version": self._apply(*request.change)}
+
+    def _apply(self, op: str, topic: str, group: str | None, filter_: str | None) -> int:
+        """On the root: a change applied and, if it changed anything, a new version sent
+        to every peer."""
+        new = ClusterState.of(self.state.version, self.state.topics)
+        try:
+            changed = new.apply(op, topic, group, filter_)
+        except (StateError, ValueError) as exc:
+            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
+        if changed:
+            new.version += 1
+            self._take(new)
+            self._send_state()
+        return self.state.version
+
+    def _take(self, state: ClusterState) -> None:
+        old, self.state = self.state, state
+        if self.on_state is not None:
+            self.on_state(old, state)
+        self.changed()
+
+    def _send_state(self) -> None:
+        """The whole state to every peer linked (the root's: a change, a joiner)."""
+        for peer in self.peers.values():
+            if peer.outgoing is not None and peer.outgoing.agreed:
+                peer.outgoing.say("state", version=self.state.version,
+                                  topics=self.state.snapshot()["topics"])
+
+    async def change(self, op: str, topic: str, group: str | None = None,
+                     filter_: str | None = None) -> int:
+        """Declare or remove a shared topic (or a group of it) through the root; the
+        state's version once the root has it.  With no root, it waits up to
+        :attr:`not_ready_wait` seconds for one, then :class:`ServiceError` 503 ("cluster
+        not ready")."""
+        with trio.move_on_after(self.not_ready_wait):
+            while True:
+                if self.root == self.me.id:
+                    return self._apply(op, topic, group, filter_)
+                link = None if self.root is None else self.peers[self.root].outgoing
+                if link is not None and link.agreed:
+                    try:
+                        reply = await link.call(
+                            {"cmd": "change", **link.said(), "op": op, "topic": topic,
+                             "group": group, "filter": filter_}, timeout=self.not_ready_wait)
+                    except ServiceError as exc:
+                        if exc.status not in (Status.NO_REPLY, Status.UNAVAILABLE):
+                            raise
+                    else:
+                        return int(reply["version"])
+                await self._root_changed.wait()
+        raise ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name} not ready: no "
+                           f"root within {self.not_ready_wait:g} s")
+
+    def _fetch(self, request: Said, call: Call) -> ReplyObject:
+        """This server's state, for a peer behind it."""
+        self._check(request, call)
+        return {"cmd": "state", **self.state.snapshot()}
+
+    def _behind(self, peer: str) -> None:
+        """A peer has a newer state than this server: fetch it (at most one at a time)."""
+        link = self.peers[peer].outgoing
+        if link is None or not link.agreed or self._fetching:
+            return
+        self._fetching = True
+
+        def fetched(outcome: Outcome) -> None:
+            self._fetching = False
+            if isinstance(outcome, ServiceError):
+                return
+            try:
+                state = ClusterState.of(int(outcome.get("version") or 0), outcome.get("topics"))
+            except (StateError, ValueError):
+                return
+            if state.version > self.state.version:
+                self._take(state)
+                self.elect()
+
+        link.request({"cmd": "fetch", **link.said()}, fetched)
+
+    def _heard(self, request: Said) -> None:
+        """What a peer's hello or beat says: its vote, its state's version (this server
+        fetches a newer one), and a root under a newer epoch."""
         self.votes[request.id] = request.vote
+        self.versions[request.id] = request.version
+        if request.version > self.state.version:
+            self._behind(request.id)
         if request.root is not None and (request.epoch > self.epoch or (
                 self.root is None and request.epoch == self.epoch)):
             self._follow(request.root, request.epoch)
@@ -292,14 +280,19 @@ class ClusterNode:
         if self._closed:
             return
         active = self.active()
-        if may_take_over(self.config, self.me.id, active, self.votes):
-            if self.root != self.me.id:
-                self._follow(self.me.id, self.epoch + 1)
-                log.warning("cluster %s: %s is root at epoch %d (active: %s)",
-                            self.config.name, self.me.id, self.epoch, ", ".join(active))
-                for peer in self.peers.values():
-                    if peer.outgoing is not None and peer.outgoing.agreed:
-                        peer.outgoing.say("root")
+        if self.root == self.me.id and may_take_over(self.config, self.me.id, active,
+                                                     self.votes):
+            return  # root, and still so
+        if may_take_over(self.config, self.me.id, active, self.votes, self.state.version,
+                         self.versions):
+            self._follow(self.me.id, self.epoch + 1)
+            log.warning("cluster %s: %s is root at epoch %d (active: %s)",
+                        self.config.name, self.me.id, self.epoch, ", ".join(active))
+            for peer in self.peers.values():
+                if peer.outgoing is not None and peer.outgoing.agreed:
+                    peer.outgoing.say("root")
+            self.state.version += 1  # the new root's state, counted after any before
+            self._send_state()
         elif self.root == self.me.id:
             log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
                         self.config.name, self.me.id, self.epoch, ", ".join(active))
@@ -319,7 +312,7 @@ class ClusterNode:
     def _held(self) -> tuple[int, str] | None:
         return None if self.root is None else (self.epoch, self.root)
 
-    def _check(self, request: _Hello, call: Call) -> Peer:
+    def _check(self, request: Said, call: Call) -> Peer:
         """The peer a hello or beat comes from; 409 with the reason (logged once per peer
         and reason, the link closed once the reply is sent) if it is not one of ours."""
         remote = call.queue.remote_id if call.queue is not None else "?"
@@ -368,6 +361,8 @@ class ClusterNode:
         self.elect()
 
     def changed(self) -> None:
+        self._root_changed.set()
+        self._root_changed = trio.Event()
         if self.on_change is not None and not self._closed:
             self.on_change()
 
@@ -425,64 +420,3 @@ class ClusterNode:
             self.broker.unbind(CLUSTER_PORT)
 
 
-class _Session(ServiceSession):
-    what = "cluster request"
-
-    def __init__(self, node: ClusterNode, queue: MessageQueue) -> None:
-        super().__init__(queue, node.table)
-        self.node = node
-
-    def closed(self, reason: str) -> None:
-        self.node.incoming_closed(self.queue)
-
-
-class _PeerLink(BrokerLink):
-    """This server's link to one peer: hello on every connect, beats while agreed."""
-
-    def __init__(self, node: ClusterNode, peer: Peer, *, retry: float) -> None:
-        super().__init__(node.broker, peer.server.id, CLUSTER_PORT,
-                         name=f"cluster peer {peer.server.id}", retry=retry)
-        self.node = node
-        self.peer = peer
-        self.agreed = False
-
-    def opened(self) -> None:
-        self.say("hello")
-
-    def say(self, cmd: str) -> None:
-        node = self.node
-        self.request({"cmd": cmd, "cluster": node.config.name, "id": node.me.id,
-                      "checksum": node.checksum, "vote": node.vote(), "root": node.root,
-                      "epoch": node.epoch}, self._answered)
-
-    def _answered(self, outcome: Outcome) -> None:
-        if isinstance(outcome, ServiceError):
-            if outcome.status != Status.NO_REPLY:  # refused: the peer closes the link
-                self._down()
-                self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
-                                              f"{outcome.reason}")
-            return
-        cluster, server_id, checksum = (outcome.get("cluster"), outcome.get("id"),
-                                        outcome.get("checksum"))
-        why = self.node.disagreement(str(cluster), str(server_id),
-                                     checksum if type(checksum) is int else -1)
-        if why is None and server_id != self.peer.server.id:
-            why = f"dialled {self.peer.server.id!r}, answered by {server_id!r}"
-        if why is not None:
-            self._down()
-            self.node.refused(self.peer, f"refused {self.peer.server.id}: {why}")
-            if self.queue is not None:
-                self.queue.close(f"refused by {self.node.me.id}: {why}")
-            return
-        self.peer.refusal = None
-        if not self.agreed:
-            self.agreed = True
-            self.node.links_changed()
-
-    def lost(self, reason: str) -> None:
-        self._down()
-
-    def _down(self) -> None:
-        if self.agreed:
-            self.agreed = False
-            self.node.links_changed()

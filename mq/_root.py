@@ -8,7 +8,10 @@ result, and votes for the primary it finds.  A primary takes over as root only
 * with the unanimous vote of the active primaries (each votes for the most senior
   primary it sees), and
 * when the active primaries, itself included, are more than half of the primaries the
-  cluster file lists.
+  cluster file lists, and
+* when it holds the newest cluster state any active server said it has (a primary that
+  comes back fetches it first): a root never starts from an older state than one the
+  cluster had.
 
 Backup and fanout servers do not vote, and are never root.  A primary cut off with a
 minority of the primaries cannot become root: at most one side of a partition has a
@@ -23,7 +26,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._cluster import ClusterConfig
+    from ._cluster_file import ClusterConfig
 
 __all__ = ["candidate", "may_take_over"]
 
@@ -35,14 +38,18 @@ def candidate(config: ClusterConfig, active: Collection[str]) -> str | None:
 
 
 def may_take_over(config: ClusterConfig, me: str, active: Collection[str],
-                  votes: Mapping[str, str | None]) -> bool:
+                  votes: Mapping[str, str | None], version: int = 0,
+                  versions: Mapping[str, int] | None = None) -> bool:
     """Whether ``me`` takes over as root: ``active`` are the servers it sees (itself
     included), ``votes`` each active primary's vote as it last said it (its own is
-    worked out here)."""
+    worked out here), ``version`` the version of its cluster state and ``versions``
+    those the active servers said."""
     primaries = [s.id for s in config.servers if s.type == "primary"]
     voters = [p for p in primaries if p in active]
     if me not in voters or candidate(config, active) != me:
         return False
     if not len(voters) * 2 > len(primaries):
+        return False
+    if any(v > version for p, v in (versions or {}).items() if p in active):
         return False
     return all(votes.get(p) == me for p in voters if p != me)

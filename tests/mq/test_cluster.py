@@ -14,7 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr import open_universe
-from mq._cluster import CLUSTER_PORT, ClusterConfig, ClusterNode, load_cluster, parse_cluster
+from mq import ServiceError
+from mq._cluster import CLUSTER_PORT, ClusterNode
+from mq._cluster_file import ClusterConfig, load_cluster, parse_cluster
 from pump import ConfigError
 
 
@@ -188,6 +190,9 @@ def test_the_root_is_the_most_senior_active_primary_with_every_vote_and_a_majori
     # backups neither vote nor lead
     assert not may_take_over(FOUR, "d", everyone, {p: "d" for p in everyone})
     assert may_take_over(FOUR, "b", ["b", "c", "d"], {"c": "b", "d": "a"})
+    # not from an older state than an active server said it has (it fetches it first)
+    assert not may_take_over(FOUR, "a", everyone, votes, 4, {"b": 5, "c": 4})
+    assert may_take_over(FOUR, "a", everyone, votes, 5, {"b": 5, "c": 4, "x": 9})
 
 
 @given(st.lists(st.sampled_from(["primary", "backup", "fanout"]), min_size=1, max_size=7),
@@ -257,3 +262,69 @@ async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: obj
         await until(lambda: all((n.root, n.epoch) == ("a", 1) for n in nodes.values()))
         for node in nodes.values():
             node.close()
+
+
+def test_the_state_takes_declares_and_removes() -> None:
+    from mq._cluster_state import ClusterState, StateError
+
+    state = ClusterState()
+    assert state.apply("declare", "orders")
+    assert not state.apply("declare", "orders")  # again: no change
+    assert state.apply("declare", "orders", "audit", "eu.*")
+    assert not state.apply("declare", "orders", "audit", "eu.*")
+    assert state.apply("declare", "orders", "audit", None)  # a new filter is a change
+    assert state.topics == {"orders": {"orders": None, "audit": None}}
+    assert state.apply("remove", "orders", "audit") and not state.apply("remove", "x")
+    assert ClusterState.of(3, state.snapshot()["topics"]) == ClusterState(
+        {"orders": {"orders": None}}, 3)
+    for bad, said in (([1], "topics must be an object"), ({"t": 1}, "its groups"),
+                      ({"": {}}, "topic"), ({"t": {"g": 5}}, "a filter is")):
+        with pytest.raises(StateError, match=said):
+            ClusterState.of(1, bad)
+    with pytest.raises(StateError, match="a change is one of declare, remove"):
+        state.apply("drop", "orders")
+
+
+async def test_the_root_holds_the_state_and_every_server_gets_it(
+        autojump_clock: object) -> None:
+    """Changes go through the root and reach every server; the state outlives the root
+    (b, the next root, has it); a that comes back with an older state fetches the newest
+    before it takes over again; d joining late gets it whole."""
+    async with open_universe("u") as universe:
+        nodes = {s: ClusterNode(universe.add_broker(s), FOUR) for s in ("a", "b", "c")}
+
+        def states(*names: str) -> list[Any]:
+            return [(nodes[n].state.version, nodes[n].state.topics) for n in names]
+
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        await nodes["c"].change("declare", "orders")
+        await nodes["b"].change("declare", "orders", "audit", "eu.*")
+        shared = {"orders": {"orders": None, "audit": "eu.*"}}
+        await until(lambda: [t for _, t in states("a", "b", "c")] == [shared] * 3)
+        nodes["a"].close()
+        universe.broker("a").close("crashed")
+        await until(lambda: nodes["b"].root == "b" and nodes["c"].root == "b")
+        await nodes["c"].change("remove", "orders", "audit")
+        after = {"orders": {"orders": None}}
+        await until(lambda: [t for _, t in states("b", "c")] == [after] * 2)
+        newest = nodes["b"].state.version
+        nodes["a"] = ClusterNode(universe.add_broker("a"), FOUR)  # its state: version 0
+        await until(lambda: all((n.root, n.epoch) == ("a", 3) for n in nodes.values()))
+        assert [t for _, t in states("a", "b", "c")] == [after] * 3
+        assert nodes["a"].state.version > newest
+        nodes["d"] = ClusterNode(universe.add_broker("d"), FOUR)
+        await until(lambda: states("d") == states("a"))
+        for node in nodes.values():
+            node.close()
+
+
+async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
+        autojump_clock: object) -> None:
+    async with open_universe("u") as universe:
+        alone = ClusterNode(universe.add_broker("a"), FOUR, not_ready_wait=3.0)
+        started = trio.current_time()
+        with pytest.raises(ServiceError) as exc:
+            await alone.change("declare", "orders")
+        assert exc.value.status == 503 and trio.current_time() - started == pytest.approx(3)
+        assert str(exc.value) == "cluster shop not ready: no root within 3 s (status 503)"
+        alone.close()

@@ -1,0 +1,156 @@
+"""The messages between a cluster's servers and the two ends of each link.
+
+Every message says the cluster, the sender, its checksum, its vote, the root it follows
+with its epoch, and its state's version (:meth:`_PeerLink.said`); ``hello`` opens a link,
+``beat`` follows each heartbeat, ``root`` announces a new root, ``state`` carries the
+root's state, ``change`` asks the root for one, ``fetch`` asks a peer for its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from brokermgr import MAX_INT, BrokerLink, Fields, Outcome, ServiceError, ServiceSession, Status
+from channels import MessageQueue
+
+from ._cluster_file import ClusterServer
+from ._cluster_state import CHANGES
+
+if TYPE_CHECKING:
+    from ._cluster import ClusterNode
+
+@dataclass(frozen=True)
+class Said:
+    cluster: str
+    id: str
+    checksum: int
+    #: The sender's vote (the most senior primary it sees; None from a backup or fanout
+    #: server), and the root it follows with that root's epoch.
+    vote: str | None = None
+    root: str | None = None
+    epoch: int = 0
+    #: ``state``: the root's state (its version and topics); ``change``: one change.
+    version: int = 0
+    topics: Any = None
+    change: tuple[str, str, str | None, str | None] | None = None
+
+
+def hello_fields(fields: Fields) -> Said:
+    return Said(fields.string("cluster"), fields.string("id"),
+                  fields.integer("checksum", None, 0, 0xFFFFFFFF),
+                  fields.optional_string("vote"), fields.optional_string("root"),
+                  fields.integer("epoch", 0, 0, MAX_INT),
+                  fields.integer("version", 0, 0, MAX_INT))
+
+
+def state_fields(fields: Fields) -> Said:
+    said = hello_fields(fields)
+    return dataclasses.replace(said, version=fields.integer("version", None, 0, MAX_INT),
+                               topics=fields.raw("topics"))
+
+
+def change_fields(fields: Fields) -> Said:
+    said = hello_fields(fields)
+    op = fields.string("op")
+    if op not in CHANGES:
+        raise fields.bad("op", f"one of {', '.join(CHANGES)}")
+    return dataclasses.replace(said, change=(
+        op, fields.string("topic"), fields.optional_string("group"),
+        fields.optional_string("filter")))
+
+
+@dataclass
+class Peer:
+    """What a server knows of another: its link out, its link in, why it was refused."""
+
+    server: ClusterServer
+    outgoing: PeerLink | None = None
+    incoming: MessageQueue | None = None
+    #: Why the last hello or beat on either link was refused (None: agreed).
+    refusal: str | None = None
+    said: set[str] = field(default_factory=set)
+
+    def row(self) -> dict[str, Any]:
+        out = self.outgoing
+        return {"id": self.server.id, "type": self.server.type,
+                "outgoing": "up" if out is not None and out.agreed else "down",
+                "incoming": "up" if self.incoming is not None else "down",
+                "refusal": self.refusal}
+
+
+class Session(ServiceSession):
+    what = "cluster request"
+
+    def __init__(self, node: ClusterNode, queue: MessageQueue) -> None:
+        super().__init__(queue, node.table)
+        self.node = node
+
+    def closed(self, reason: str) -> None:
+        self.node.incoming_closed(self.queue)
+
+
+class PeerLink(BrokerLink):
+    """This server's link to one peer: hello on every connect, beats while agreed."""
+
+    def __init__(self, node: ClusterNode, peer: Peer, *, retry: float) -> None:
+        super().__init__(node.broker, peer.server.id, node.port,
+                         name=f"cluster peer {peer.server.id}", retry=retry)
+        self.node = node
+        self.peer = peer
+        self.agreed = False
+
+    def opened(self) -> None:
+        self.say("hello")
+
+    def said(self) -> dict[str, Any]:
+        """What every message on the link says: the cluster, this server, its checksum,
+        vote, root and epoch."""
+        node = self.node
+        return {"cluster": node.config.name, "id": node.me.id, "checksum": node.checksum,
+                "vote": node.vote(), "root": node.root, "epoch": node.epoch,
+                "version": node.state.version}
+
+    def say(self, cmd: str, **more: Any) -> None:
+        """``hello``, ``beat`` or ``root`` (the answer checked: a ``welcome`` of ours), or
+        ``state`` (a refusal logged)."""
+        self.request({"cmd": cmd, **self.said(), **more},
+                     self._taken if cmd == "state" else self._answered)
+
+    def _taken(self, outcome: Outcome) -> None:
+        if isinstance(outcome, ServiceError) and outcome.status != Status.NO_REPLY:
+            self.node.refused(self.peer, f"{self.peer.server.id} refused the state: "
+                                         f"{outcome.reason}")
+
+    def _answered(self, outcome: Outcome) -> None:
+        if isinstance(outcome, ServiceError):
+            if outcome.status != Status.NO_REPLY:  # refused: the peer closes the link
+                self._down()
+                self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
+                                              f"{outcome.reason}")
+            return
+        cluster, server_id, checksum = (outcome.get("cluster"), outcome.get("id"),
+                                        outcome.get("checksum"))
+        why = self.node.disagreement(str(cluster), str(server_id),
+                                     checksum if type(checksum) is int else -1)
+        if why is None and server_id != self.peer.server.id:
+            why = f"dialled {self.peer.server.id!r}, answered by {server_id!r}"
+        if why is not None:
+            self._down()
+            self.node.refused(self.peer, f"refused {self.peer.server.id}: {why}")
+            if self.queue is not None:
+                self.queue.close(f"refused by {self.node.me.id}: {why}")
+            return
+        self.peer.refusal = None
+        if not self.agreed:
+            self.agreed = True
+            self.node.links_changed()
+
+    def lost(self, reason: str) -> None:
+        self._down()
+
+    def _down(self) -> None:
+        if self.agreed:
+            self.agreed = False
+            self.node.links_changed()
