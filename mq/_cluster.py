@@ -16,8 +16,11 @@ one is closed): never two live links one way for one pair.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -40,7 +43,8 @@ from pump import ConfigError, Repeating
 from ._cluster_file import ClusterConfig
 from ._cluster_links import Peer, PeerLink, Said, Session, change_fields, hello_fields, state_fields
 from ._cluster_state import ClusterState, StateError
-from ._root import candidate, may_take_over
+from ._files import write_file
+from ._root import Ballot, ballot, has_majority, may_take_over
 
 __all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode"]
 
@@ -56,6 +60,19 @@ RETRY = 1.0
 NOT_READY_WAIT = 10.0
 
 
+def _load_votes(path: Path) -> tuple[int, Ballot]:
+    """The epoch and ballot a server kept (0 and no ballot if it kept none)."""
+    try:
+        kept = json.loads(path.read_bytes())
+        vote, epoch = kept["ballot"]
+        return int(kept["epoch"]), (vote if isinstance(vote, str) else None, int(epoch))
+    except FileNotFoundError:
+        return 0, (None, 0)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: the cluster's epoch and vote cannot be read "
+                          f"({exc}); remove the file only if this server never voted") from None
+
+
 class ClusterNode:
     """One server's side of its cluster: it serves :data:`CLUSTER_PORT` on ``broker``
     (whose id must be one of ``config``'s servers) and dials every other server."""
@@ -64,7 +81,8 @@ class ClusterNode:
                  heartbeat: float = HEARTBEAT, retry: float = RETRY,
                  on_change: Callable[[], object] | None = None,
                  on_state: Callable[[ClusterState, ClusterState], object] | None = None,
-                 not_ready_wait: float = NOT_READY_WAIT) -> None:
+                 not_ready_wait: float = NOT_READY_WAIT,
+                 store: str | os.PathLike[str] | None = None) -> None:
         me = config.server(broker.id)
         if me is None:
             raise ConfigError(f"broker {broker.id!r} is not a server of cluster "
@@ -89,13 +107,21 @@ class ClusterNode:
         self.not_ready_wait = not_ready_wait
         #: The state version each peer said last: a primary behind one of them fetches
         #: that peer's state before it may take over.
-        self.versions: dict[str, int] = {}
+        self.versions: dict[str, tuple[int, int]] = {}
         self._fetching = False
         #: The root this server follows (None: none yet, the cluster is not ready) and its
         #: epoch; each peer's vote as it last said it (:mod:`._root`).
         self.root: str | None = None
         self.epoch = 0
-        self.votes: dict[str, str | None] = {}
+        self.votes: dict[str, Ballot] = {}
+        #: This server's vote: a primary and the epoch it would lead (a primary's; (None,
+        #: 0) from the others).
+        self.ballot: Ballot = (None, 0)
+        #: Where this server keeps its epoch and ballot across restarts (None: nowhere;
+        #: then a server that restarts may vote twice in one epoch).
+        self.store = None if store is None else Path(store) / f"cluster-{broker.id}.json"
+        if self.store is not None:
+            self.epoch, self.ballot = _load_votes(self.store)
         self._closed = False
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
         #: Called when a peer's links come up or go down.
@@ -152,10 +178,10 @@ class ClusterNode:
         if request.epoch > self.epoch or self.root is None:
             self._follow(request.id, request.epoch)
         try:
-            state = ClusterState.of(request.version, request.topics)
+            state = ClusterState.of(request.version, request.topics, request.state_epoch)
         except StateError as exc:
             raise ServiceError(Status.BAD_REQUEST, f"state from {request.id}: {exc}") from None
-        if state.version != self.state.version or state.topics != self.state.topics:
+        if state.mark != self.state.mark or state.topics != self.state.topics:
             self._take(state)
         return {"cmd": "taken", "version": self.state.version}
 
@@ -172,7 +198,7 @@ class ClusterNode:
     def _apply(self, op: str, topic: str, group: str | None, filter_: str | None) -> int:
         """On the root: a change applied and, if it changed anything, a new version sent
         to every peer."""
-        new = ClusterState.of(self.state.version, self.state.topics)
+        new = ClusterState.of(self.state.version, self.state.topics, self.epoch)
         try:
             changed = new.apply(op, topic, group, filter_)
         except (StateError, ValueError) as exc:
@@ -193,8 +219,7 @@ class ClusterNode:
         """The whole state to every peer linked (the root's: a change, a joiner)."""
         for peer in self.peers.values():
             if peer.outgoing is not None and peer.outgoing.agreed:
-                peer.outgoing.say("state", version=self.state.version,
-                                  topics=self.state.snapshot()["topics"])
+                peer.outgoing.say("state", **self.state.snapshot())
 
     async def change(self, op: str, topic: str, group: str | None = None,
                      filter_: str | None = None) -> int:
@@ -238,10 +263,12 @@ class ClusterNode:
             if isinstance(outcome, ServiceError):
                 return
             try:
-                state = ClusterState.of(int(outcome.get("version") or 0), outcome.get("topics"))
+                state = ClusterState.of(int(outcome.get("version") or 0), outcome.get("topics"),
+                                        int(outcome.get("state_epoch") or 0))
             except (StateError, ValueError):
                 return
-            if state.version > self.state.version:
+            if state.mark > self.state.mark or (peer == self.root
+                                                and state.mark != self.state.mark):
                 self._take(state)
                 self.elect()
 
@@ -250,12 +277,14 @@ class ClusterNode:
     def _heard(self, request: Said) -> None:
         """What a peer's hello or beat says: its vote, its state's version (this server
         fetches a newer one), and a root under a newer epoch."""
-        self.votes[request.id] = request.vote
-        self.versions[request.id] = request.version
-        if request.version > self.state.version:
+        self.votes[request.id] = (request.vote, request.vote_epoch)
+        mark = (request.state_epoch, request.version)
+        self.versions[request.id] = mark
+        if mark > self.state.mark or (request.id == self.root and mark != self.state.mark):
             self._behind(request.id)
-        if request.root is not None and (request.epoch > self.epoch or (
-                self.root is None and request.epoch == self.epoch)):
+        if request.root is not None and request.root != self.me.id and (
+                request.epoch > self.epoch or (self.root is None
+                                               and request.epoch == self.epoch)):
             self._follow(request.root, request.epoch)
 
     def _agreed(self) -> ReplyObject:
@@ -270,30 +299,47 @@ class ClusterNode:
                               if p.outgoing is not None and p.outgoing.agreed
                               and p.incoming is not None)]
 
-    def vote(self) -> str | None:
-        """The primary this server votes for (a primary's vote; None from the others)."""
-        return candidate(self.config, self.active()) if self.me.type == "primary" else None
+    def vote(self) -> Ballot:
+        """This server's ballot now (:func:`._root.ballot`); (None, 0) from a backup or
+        fanout server."""
+        if self.me.type != "primary":
+            return None, 0
+        active = self.active()
+        heard = [v for p, v in self.votes.items() if p in active]
+        new = ballot(self.config, active, self.ballot, self.epoch, self.root, heard)
+        if new != self.ballot:
+            self.ballot = new
+            self._keep()  # on disk before any peer hears it
+        return self.ballot
+
+    def _keep(self) -> None:
+        if self.store is not None:
+            write_file(self.store, json.dumps({"epoch": self.epoch,
+                                               "ballot": list(self.ballot)}).encode())
 
     def elect(self) -> None:
         """Take over as root when the rule of :mod:`._root` says so (announced to every
-        peer at the next epoch); step down when it no longer holds (a minority left)."""
+        peer at its ballot's epoch); step down when it no longer holds (a minority left,
+        or its own ballot is for another)."""
         if self._closed:
             return
         active = self.active()
-        if self.root == self.me.id and may_take_over(self.config, self.me.id, active,
-                                                     self.votes):
-            return  # root, and still so
-        if may_take_over(self.config, self.me.id, active, self.votes, self.state.version,
-                         self.versions):
-            self._follow(self.me.id, self.epoch + 1)
+        mine = self.vote()
+        if mine[1] > self.epoch and may_take_over(self.config, self.me.id, active,
+                                                  self.votes, mine, self.state.mark,
+                                                  self.versions):
+            self._follow(self.me.id, mine[1])
             log.warning("cluster %s: %s is root at epoch %d (active: %s)",
                         self.config.name, self.me.id, self.epoch, ", ".join(active))
             for peer in self.peers.values():
                 if peer.outgoing is not None and peer.outgoing.agreed:
                     peer.outgoing.say("root")
-            self.state.version += 1  # the new root's state, counted after any before
+            # the new root's state, marked after any before
+            self.state.version += 1
+            self.state.epoch = self.epoch
             self._send_state()
-        elif self.root == self.me.id:
+        elif self.root == self.me.id and (mine[0] != self.me.id
+                                          or not has_majority(self.config, active)):
             log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
                         self.config.name, self.me.id, self.epoch, ", ".join(active))
             self.root = None
@@ -306,7 +352,10 @@ class ClusterNode:
         if self.root == self.me.id and root != self.me.id:
             log.warning("cluster %s: %s steps down: %s is root at epoch %d",
                         self.config.name, self.me.id, root, epoch)
-        self.root, self.epoch = root, epoch
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._keep()
+        self.root = root
         self.changed()
 
     def _held(self) -> tuple[int, str] | None:

@@ -31,8 +31,11 @@ class Said:
     vote: str | None = None
     root: str | None = None
     epoch: int = 0
+    #: The epoch the sender's vote is for (a ballot: :mod:`._root`).
+    vote_epoch: int = 0
     #: ``state``: the root's state (its version and topics); ``change``: one change.
     version: int = 0
+    state_epoch: int = 0
     topics: Any = None
     change: tuple[str, str, str | None, str | None] | None = None
 
@@ -42,12 +45,15 @@ def hello_fields(fields: Fields) -> Said:
                   fields.integer("checksum", None, 0, 0xFFFFFFFF),
                   fields.optional_string("vote"), fields.optional_string("root"),
                   fields.integer("epoch", 0, 0, MAX_INT),
-                  fields.integer("version", 0, 0, MAX_INT))
+                  vote_epoch=fields.integer("vote_epoch", 0, 0, MAX_INT),
+                  version=fields.integer("version", 0, 0, MAX_INT),
+                  state_epoch=fields.integer("state_epoch", 0, 0, MAX_INT))
 
 
 def state_fields(fields: Fields) -> Said:
     said = hello_fields(fields)
     return dataclasses.replace(said, version=fields.integer("version", None, 0, MAX_INT),
+                               state_epoch=fields.integer("state_epoch", 0, 0, MAX_INT),
                                topics=fields.raw("topics"))
 
 
@@ -109,8 +115,9 @@ class PeerLink(BrokerLink):
         vote, root and epoch."""
         node = self.node
         return {"cluster": node.config.name, "id": node.me.id, "checksum": node.checksum,
-                "vote": node.vote(), "root": node.root, "epoch": node.epoch,
-                "version": node.state.version}
+                "vote": node.ballot[0], "vote_epoch": node.ballot[1], "root": node.root,
+                "epoch": node.epoch,
+                "version": node.state.version, "state_epoch": node.state.epoch}
 
     def say(self, cmd: str, **more: Any) -> None:
         """``hello``, ``beat`` or ``root`` (the answer checked: a ``welcome`` of ours), or

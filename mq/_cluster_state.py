@@ -2,9 +2,9 @@
 
 The root holds it and is the only one to change it: a server asks the root for a change,
 the root applies it, counts a new version and sends the whole state to every server it
-is linked to, and again to each server that joins or comes back (application messages
-are not part of it).  A server takes the state of its root: under a newer epoch
-whatever its version, under the same epoch only a newer version.  Topics declared on one
+is linked to (application messages are not part of it).  A state is marked by the root
+epoch it was made under and its version; a server whose mark differs from its root's
+fetches the root's, and one behind another server's mark fetches that one's.  Topics declared on one
 server only (private ones) are not in it.
 """
 
@@ -35,6 +35,13 @@ class ClusterState:
 
     topics: dict[str, dict[str, str | None]] = field(default_factory=dict)
     version: int = 0
+    #: The root epoch under which this version was made: states compare by (epoch,
+    #: version), so that two roots' states of one version are told apart.
+    epoch: int = 0
+
+    @property
+    def mark(self) -> tuple[int, int]:
+        return self.epoch, self.version
 
     def apply(self, op: str, topic: str, group: str | None = None,
               filter_: str | None = None) -> bool:
@@ -62,15 +69,15 @@ class ClusterState:
         return True
 
     def snapshot(self) -> dict[str, Any]:
-        return {"version": self.version,
+        return {"version": self.version, "state_epoch": self.epoch,
                 "topics": {t: dict(groups) for t, groups in sorted(self.topics.items())}}
 
     @classmethod
-    def of(cls, version: int, topics: Any) -> ClusterState:
+    def of(cls, version: int, topics: Any, epoch: int = 0) -> ClusterState:
         """A state as a snapshot carries it; :class:`StateError` naming what is wrong."""
         if not isinstance(topics, Mapping):
             raise StateError(f"topics must be an object, not {type(topics).__name__}")
-        state = cls(version=version)
+        state = cls(version=version, epoch=epoch)
         for topic, groups in topics.items():
             if not isinstance(groups, Mapping):
                 raise StateError(f"topic {topic!r}: its groups must be an object")

@@ -89,7 +89,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
                       tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
-                      cluster: ClusterConfig | None = None,
+                      cluster: ClusterConfig | None = None, cluster_store: Path | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
@@ -99,7 +99,8 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     plus ``topics``, topics to declare) every broker takes a tracking role;
     the first tracker of the process also answers as ``@tracker``.  With ``cluster``
     each broker is a server of that cluster, linked to every other (a line on stderr
-    each time which peers are linked changes).
+    each time which peers are linked or the root changes), its epoch and vote kept in
+    ``cluster_store``.
     """
     spec = None
     if plan is not None:
@@ -114,7 +115,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
-                             heartbeat, spec, tracking, cluster, ready)
+                             heartbeat, spec, tracking, (cluster, cluster_store), ready)
     finally:
         manager.pump.close_trace()
 
@@ -122,7 +123,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
 async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
-                         cluster: ClusterConfig | None,
+                         clustering: tuple[ClusterConfig | None, Path | None],
                          ready: Callable[[Address], None]) -> None:
     refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
     with stop_signals() as until_signalled:
@@ -159,7 +160,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                     servers[node.node.broker.id] = node
                     if names is not None:
                         nursery.start_soon(_keep_role, node, names)
-            clustered = [_cluster_node(b, cluster) for b in brokers] if cluster else []
+            cluster, store = clustering
+            clustered = [_cluster_node(b, cluster, store) for b in brokers] if cluster else []
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
@@ -178,9 +180,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RunError(refused[0])
 
 
-def _cluster_node(broker: Any, cluster: ClusterConfig) -> ClusterNode:
-    """``broker`` as a server of ``cluster``; a line on stderr each time which peers are
-    linked to it changes."""
+def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None) -> ClusterNode:
+    """``broker`` as a server of ``cluster``, its epoch and vote kept in ``store``; a line
+    on stderr each time which peers are linked to it, or its root, changes."""
     said: list[str] = []
 
     def changed() -> None:
@@ -189,7 +191,7 @@ def _cluster_node(broker: Any, cluster: ClusterConfig) -> ClusterNode:
             said.append(line)
             print(line, file=sys.stderr, flush=True)
 
-    node = ClusterNode(broker, cluster, on_change=changed)
+    node = ClusterNode(broker, cluster, on_change=changed, store=store)
     return node
 
 

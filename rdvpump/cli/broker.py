@@ -30,6 +30,7 @@ from ._common import (
     TraceFormatOption,
     TraceOption,
     UniverseOption,
+    err,
     fail,
     guard,
     recorder,
@@ -104,7 +105,8 @@ def broker_run(
     cluster: Annotated[pathlib.Path | None, typer.Option(
         help="A cluster file: these brokers are servers of that cluster, each linked to "
              "every other server listed in it (one --id without --listen listens at its "
-             "address there).")] = None,
+             "address there); their epoch and vote are kept in --state-dir, or --mq-dir.")
+    ] = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
 
@@ -129,6 +131,10 @@ def broker_run(
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")
     clustered = None if cluster is None else guard(lambda: _cluster(cluster, broker_id))
+    if clustered is not None and state_dir is None and mq_dir is None:
+        err.print(f"warning: {cluster}: without --state-dir (or --mq-dir) this server's "
+                  f"epoch and vote are not kept across restarts: one that restarts may vote "
+                  f"twice in an epoch", markup=False, highlight=False)
     if clustered is not None and listen is None and len(broker_id) == 1:
         listed = clustered.server(broker_id[0])
         assert listed is not None
@@ -138,7 +144,7 @@ def broker_run(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
-        cluster=clustered, ready=ready_line("brokers"))))
+        cluster=clustered, cluster_store=state_dir or mq_dir, ready=ready_line("brokers"))))
 
 
 def _cluster(path: pathlib.Path, broker_ids: list[str]) -> ClusterConfig:

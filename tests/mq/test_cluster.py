@@ -174,44 +174,53 @@ FOUR = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backu
 
 
 def test_the_root_is_the_most_senior_active_primary_with_every_vote_and_a_majority() -> None:
-    from mq._root import candidate, may_take_over
+    from mq._root import ballot, candidate, may_take_over
 
     everyone = ["a", "b", "c", "d"]
-    votes = {"a": "a", "b": "a", "c": "a", "d": None}
+    votes: dict[str, Any] = {"b": ("a", 1), "c": ("a", 1)}
     assert candidate(FOUR, everyone) == "a"
-    assert [s for s in everyone if may_take_over(FOUR, s, everyone, votes)] == ["a"]
-    # a gone: b, once c votes for it; not while c still votes for a
+    assert may_take_over(FOUR, "a", everyone, votes, ("a", 1))
+    assert not may_take_over(FOUR, "b", everyone, votes, ("b", 1))
+    # a gone: b, once c votes for it at b's epoch; not while c's ballot is another
     left = ["b", "c", "d"]
-    assert may_take_over(FOUR, "b", left, {"c": "b"})
-    assert not may_take_over(FOUR, "b", left, {"c": "a"})
+    assert may_take_over(FOUR, "b", left, {"c": ("b", 2)}, ("b", 2))
+    assert not may_take_over(FOUR, "b", left, {"c": ("a", 1)}, ("b", 2))
+    assert not may_take_over(FOUR, "b", left, {"c": ("b", 3)}, ("b", 2))
     # a majority of the primaries listed: c and the backup alone are not one
     assert candidate(FOUR, ["c", "d"]) == "c"
-    assert not may_take_over(FOUR, "c", ["c", "d"], {"d": "c"})
+    assert not may_take_over(FOUR, "c", ["c", "d"], {}, ("c", 2))
     # backups neither vote nor lead
-    assert not may_take_over(FOUR, "d", everyone, {p: "d" for p in everyone})
-    assert may_take_over(FOUR, "b", ["b", "c", "d"], {"c": "b", "d": "a"})
+    assert not may_take_over(FOUR, "d", everyone, {p: ("d", 1) for p in "abc"}, ("d", 1))
     # not from an older state than an active server said it has (it fetches it first)
-    assert not may_take_over(FOUR, "a", everyone, votes, 4, {"b": 5, "c": 4})
-    assert may_take_over(FOUR, "a", everyone, votes, 5, {"b": 5, "c": 4, "x": 9})
+    assert not may_take_over(FOUR, "a", everyone, votes, ("a", 1), (1, 4),
+                             {"b": (1, 5), "c": (1, 4)})
+    assert not may_take_over(FOUR, "a", everyone, votes, ("a", 1), (1, 9), {"b": (2, 1)})
+    assert may_take_over(FOUR, "a", everyone, votes, ("a", 1), (1, 5),
+                         {"b": (1, 5), "x": (3, 9)})
+    # ballots: a new primary only with a new epoch, above every epoch known or heard
+    assert ballot(FOUR, everyone, (None, 0), 0, None, []) == ("a", 1)
+    assert ballot(FOUR, everyone, ("a", 1), 1, "a", [("a", 1)]) == ("a", 1)  # it holds
+    assert ballot(FOUR, left, ("a", 1), 1, "a", [("a", 1), ("c", 4)]) == ("b", 5)
+    assert ballot(FOUR, left, ("b", 2), 1, "a", [("b", 3)]) == ("b", 3)  # one epoch
+    assert ballot(FOUR, everyone, ("a", 1), 2, "b", []) == ("a", 3)  # 1 was passed over
 
 
 @given(st.lists(st.sampled_from(["primary", "backup", "fanout"]), min_size=1, max_size=7),
        st.data())
 def test_servers_that_see_the_same_peers_elect_at_most_one_root(types: list[str],
                                                                 data: Any) -> None:
-    from mq._root import candidate, may_take_over
+    from mq._root import ballot, candidate, may_take_over
 
     if "primary" not in types:
         types[0] = "primary"
     cluster = config(*((f"s{i}", t) for i, t in enumerate(types)))
     ids = [s.id for s in cluster.servers]
     active = data.draw(st.lists(st.sampled_from(ids), unique=True))
-    votes = {s: candidate(cluster, active) if t == "primary" else None
-             for s, t in zip(ids, types, strict=True) if s in active}
-    roots = [s for s in active if may_take_over(cluster, s, active, votes)]
+    votes = {s: ballot(cluster, active, (None, 0), 0, None, [])
+             for s, t in zip(ids, types, strict=True) if s in active and t == "primary"}
+    roots = [s for s in votes if may_take_over(cluster, s, active, votes, votes[s])]
     primaries = [s for s, t in zip(ids, types, strict=True) if t == "primary"]
-    voters = [p for p in primaries if p in active]
-    if len(voters) * 2 > len(primaries):
+    if len(votes) * 2 > len(primaries):
         assert roots == [candidate(cluster, active)]
     else:
         assert roots == []
@@ -219,47 +228,56 @@ def test_servers_that_see_the_same_peers_elect_at_most_one_root(types: list[str]
 
 async def test_a_root_is_elected_replaced_when_it_crashes_and_fenced_when_it_returns(
         autojump_clock: object) -> None:
-    """a, b, c primaries and d a backup: a is root at epoch 1; a crashes and b is root at
-    epoch 2 once c votes for it; a back, it is the most senior again and takes over at
-    epoch 3; an announcement under an older epoch is refused."""
+    """a, b, c primaries and d a backup: a is root; a crashes and b is root at a newer
+    epoch once c votes for it; a back, it is the most senior again and takes over at a
+    newer one still; an announcement under an older epoch is refused."""
     async with open_universe("u") as universe:
         nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
 
-        def roots(*names: str) -> set[tuple[str | None, int]]:
-            return {(nodes[n].root, nodes[n].epoch) for n in names}
+        def agreed(*names: str) -> tuple[str | None, int] | None:
+            seen = {(nodes[n].root, nodes[n].epoch) for n in names}
+            return next(iter(seen)) if len(seen) == 1 else None
 
-        await until(lambda: roots("a", "b", "c", "d") == {("a", 1)})
+        await until(lambda: (agreed("a", "b", "c", "d") or (None,))[0] == "a")
+        first = nodes["a"].epoch
         nodes["a"].close()
         universe.broker("a").close("crashed")
-        await until(lambda: roots("b", "c", "d") == {("b", 2)})
+        await until(lambda: (agreed("b", "c", "d") or (None,))[0] == "b")
+        second = nodes["b"].epoch
         nodes["a"] = ClusterNode(universe.add_broker("a"), FOUR)
-        await until(lambda: roots("a", "b", "c", "d") == {("a", 3)})
-        assert "root a at epoch 3" in nodes["d"].summary()
-        # b says it is root at epoch 2 to c: c follows a at 3 and refuses it
-        with pytest.raises(Exception, match="stale epoch"):
+        await until(lambda: (agreed("a", "b", "c", "d") or (None,))[0] == "a")
+        third = nodes["a"].epoch
+        assert first < second < third
+        assert f"root a at epoch {third}" in nodes["d"].summary()
+        # b says it is root at the epoch it led to c: c follows a at a newer one
+        with pytest.raises(ServiceError, match="stale epoch"):
             await nodes["b"].peers["c"].outgoing.call(  # type: ignore[union-attr]
                 {"cmd": "root", "cluster": "shop", "id": "b", "checksum": FOUR.checksum,
-                 "root": "b", "epoch": 2}, timeout=5)
+                 "root": "b", "epoch": second}, timeout=5)
         for node in nodes.values():
             node.close()
 
 
 async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: object) -> None:
     """c partitioned from a and b: a stays root (two of three primaries); c sees no root
-    (one of three is not a majority) until the partition heals, then follows a."""
+    (one of three is not a majority) until the partition heals, then follows a (at the
+    same epoch, or a newer one if c's ballot for itself moved the others' up)."""
     from rdvpump.testing import Faults
 
     async with open_universe("u") as universe:
         faults = Faults(universe, partition_timeout=1.0)
         nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
-        await until(lambda: all((n.root, n.epoch) == ("a", 1) for n in nodes.values()))
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        epoch = nodes["a"].epoch
         faults.partition("c", ["a", "b"])
         await until(lambda: nodes["c"].root is None)
         assert (nodes["a"].root, nodes["b"].root) == ("a", "a")
         await trio.sleep(10)  # ten seconds cut off: c never takes over
-        assert nodes["c"].root is None and nodes["c"].epoch == 1
+        assert nodes["c"].root is None and nodes["c"].epoch == epoch
         faults.heal("c", ["a", "b"])
-        await until(lambda: all((n.root, n.epoch) == ("a", 1) for n in nodes.values()))
+        await until(lambda: len({(n.root, n.epoch) for n in nodes.values()}) == 1
+                    and nodes["c"].root == "a")
+        assert nodes["c"].epoch >= epoch
         for node in nodes.values():
             node.close()
 
@@ -275,8 +293,8 @@ def test_the_state_takes_declares_and_removes() -> None:
     assert state.apply("declare", "orders", "audit", None)  # a new filter is a change
     assert state.topics == {"orders": {"orders": None, "audit": None}}
     assert state.apply("remove", "orders", "audit") and not state.apply("remove", "x")
-    assert ClusterState.of(3, state.snapshot()["topics"]) == ClusterState(
-        {"orders": {"orders": None}}, 3)
+    assert ClusterState.of(3, state.snapshot()["topics"], 2) == ClusterState(
+        {"orders": {"orders": None}}, 3, 2)
     for bad, said in (([1], "topics must be an object"), ({"t": 1}, "its groups"),
                       ({"": {}}, "topic"), ({"t": {"g": 5}}, "a filter is")):
         with pytest.raises(StateError, match=said):
@@ -309,7 +327,9 @@ async def test_the_root_holds_the_state_and_every_server_gets_it(
         await until(lambda: [t for _, t in states("b", "c")] == [after] * 2)
         newest = nodes["b"].state.version
         nodes["a"] = ClusterNode(universe.add_broker("a"), FOUR)  # its state: version 0
-        await until(lambda: all((n.root, n.epoch) == ("a", 3) for n in nodes.values()))
+        led_by_b = nodes["b"].epoch
+        await until(lambda: len({(n.root, n.epoch) for n in nodes.values()}) == 1
+                    and nodes["a"].root == "a" and nodes["a"].epoch > led_by_b)
         assert [t for _, t in states("a", "b", "c")] == [after] * 3
         assert nodes["a"].state.version > newest
         nodes["d"] = ClusterNode(universe.add_broker("d"), FOUR)

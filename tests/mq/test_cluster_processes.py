@@ -71,17 +71,29 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
             _, manager):
         common = ["--universe", "k", "--manager", f"{manager[0]}:{manager[1]}", "--listen",
                   "127.0.0.1:0", "--heartbeat", "0.5"]
-        async with server("--id", "a", "--cluster", shop, *common) as a, \
-                server("--id", "b", "--cluster", shop, *common) as b, \
-                server("--id", "c", "--cluster", shop, *common) as c:
+
+        def member(name: str, file: str) -> list[str]:
+            (tmp_path / name).mkdir()
+            return ["--id", name, "--cluster", file, "--state-dir", str(tmp_path / name),
+                    *common]
+
+        async with server(*member("a", shop)) as a, server(*member("b", shop)) as b, \
+                server(*member("c", shop)) as c:
             for lines, me in ((a, "a (primary)"), (b, "b (primary)"), (c, "c (fanout)")):
-                await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers)")
-            async with server("--id", "d", "--cluster", other, *common) as d:
+                await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers); root a")
+            assert not any("warning" in line for line in a.seen)
+            async with server(*member("d", other)) as d:
                 # d is not a server of a's list: each of a, b, c refuses it, and says so
                 why = "'d' is not another server of cluster 'shop' (a, b, c)"
                 for peer in ("a", "b", "c"):
                     await d.until(f"d: {peer} refused it: {why}")
                 await a.until(f"a: refused d: {why}")
+            # without a place to keep its epoch and vote, a server says what that risks
+            async with server("--id", "b", "--cluster", shop, *common) as forgetful:
+                await forgetful.until(
+                    f"warning: {shop}: without --state-dir (or --mq-dir) this server's epoch "
+                    f"and vote are not kept across restarts: one that restarts may vote "
+                    f"twice in an epoch")
 
 
 def test_a_broker_not_in_the_cluster_file_is_one_line(tmp_path: pathlib.Path) -> None:
@@ -92,3 +104,4 @@ def test_a_broker_not_in_the_cluster_file_is_one_line(tmp_path: pathlib.Path) ->
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == (f"error: {shop}: broker 'x' is not a server of cluster 'shop' "
                            f"(a)\n")
+
