@@ -35,7 +35,7 @@ Checking what clients saw:
 from brokermgr import ServiceError, Status
 
 from ._client import MqClient, Stored
-from ._cluster import ClusterNode
+from ._cluster import ClusterNode, declare_on
 from ._cluster_file import ClusterConfig, ClusterServer, load_cluster
 from ._commit import Durability
 from ._cursor import CursorStore
@@ -77,5 +77,5 @@ __all__ = [
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
     "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",
-    "ClusterConfig", "ClusterNode", "ClusterServer", "load_cluster",
+    "ClusterConfig", "ClusterNode", "ClusterServer", "declare_on", "load_cluster",
 ]

@@ -46,7 +46,7 @@ from ._cluster_state import ClusterState, StateError
 from ._files import write_file
 from ._root import Ballot, ballot, has_majority, may_take_over
 
-__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode"]
+__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode", "declare_on"]
 
 log = logging.getLogger("rdvpump.mq.cluster")
 
@@ -469,3 +469,34 @@ class ClusterNode:
             self.broker.unbind(CLUSTER_PORT)
 
 
+def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
+    """An ``on_state`` for :class:`~mq.ClusterNode`: each new state declared on
+    ``server`` (an :class:`~mq.MqServer`), the topics and groups it holds that the
+    state dropped removed.  A topic this server cannot declare is logged, and the others
+    go on."""
+    def take(old: ClusterState, new: ClusterState) -> None:
+        for topic, groups in new.topics.items():
+            for group, filter_ in groups.items():
+                if old.topics.get(topic, {}).get(group, "") == filter_:
+                    continue
+                request = {"cmd": "declare", "topic": topic, "group": group}
+                if filter_ is not None:
+                    request["filter"] = filter_
+                _local(server, request)
+        for topic, groups in old.topics.items():
+            if topic not in new.topics:
+                _local(server, {"cmd": "remove", "topic": topic})
+                continue
+            for group in groups:
+                if group not in new.topics[topic]:
+                    _local(server, {"cmd": "remove", "topic": topic, "group": group})
+
+    return take
+
+
+def _local(server: Any, request: dict[str, Any]) -> None:
+    try:
+        server.handle_local(request)
+    except ServiceError as exc:  # that topic's refusal (a store error, say): logged
+        log.error("cluster state: %s %s/%s on %s: %s", request["cmd"], request["topic"],
+                  request.get("group", ""), server.address, exc)

@@ -91,3 +91,4 @@ class ClusterState:
                 raise StateError(str(exc)) from None
             state.topics[topic] = dict(groups)
         return state
+

@@ -27,7 +27,14 @@ from brokermgr import (
 )
 from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
-from mq import DEFAULT_SEGMENT_BYTES, ClusterConfig, ClusterNode, MqServer, ServiceError
+from mq import (
+    DEFAULT_SEGMENT_BYTES,
+    ClusterConfig,
+    ClusterNode,
+    MqServer,
+    ServiceError,
+    declare_on,
+)
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
@@ -161,7 +168,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                     if names is not None:
                         nursery.start_soon(_keep_role, node, names)
             cluster, store = clustering
-            clustered = [_cluster_node(b, cluster, store) for b in brokers] if cluster else []
+            mq = {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
+            clustered = [_cluster_node(b, cluster, store, mq.get(b.id))
+                         for b in brokers] if cluster else []
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
@@ -180,9 +189,11 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RunError(refused[0])
 
 
-def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None) -> ClusterNode:
-    """``broker`` as a server of ``cluster``, its epoch and vote kept in ``store``; a line
-    on stderr each time which peers are linked to it, or its root, changes."""
+def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
+                  server: MqServer | None) -> ClusterNode:
+    """``broker`` as a server of ``cluster``, its epoch and vote kept in ``store``, the
+    cluster's shared topics declared on its MQ ``server``; a line on stderr each time
+    which peers are linked to it, or its root, changes."""
     said: list[str] = []
 
     def changed() -> None:
@@ -191,7 +202,8 @@ def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None) -> Cl
             said.append(line)
             print(line, file=sys.stderr, flush=True)
 
-    node = ClusterNode(broker, cluster, on_change=changed, store=store)
+    node = ClusterNode(broker, cluster, on_change=changed, store=store,
+                       on_state=None if server is None else declare_on(server))
     return node
 
 

@@ -348,3 +348,43 @@ async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         assert exc.value.status == 503 and trio.current_time() - started == pytest.approx(3)
         assert str(exc.value) == "cluster shop not ready: no root within 3 s (status 503)"
         alone.close()
+
+
+async def test_each_server_declares_the_shared_topics_in_its_mq_server(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A shared topic declared through c reaches every server's MQ server, a group of it
+    too; a removal removes it everywhere; a private topic stays on its server."""
+    from brokermgr.tracking import TrackNode
+    from mq import MqServer
+    from mq._cluster import declare_on
+
+    timing: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                              "retry": 0.5}
+    async with open_universe("u") as universe:
+        servers, nodes = {}, {}
+        for s in FOUR.servers:
+            broker = universe.add_broker(s.id)
+            servers[s.id] = MqServer(TrackNode(broker, role="server", **timing),
+                                     tmp_path / s.id, fsync_thread=False)
+            nodes[s.id] = ClusterNode(broker, FOUR, on_state=declare_on(servers[s.id]))
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        servers["b"].handle_local({"cmd": "declare", "topic": "private"})
+        await nodes["c"].change("declare", "orders")
+        await nodes["d"].change("declare", "orders", "audit", "eu.*")
+
+        def groups(server: MqServer, topic: str) -> list[str]:
+            topics = server.handle_local({"cmd": "query"})["topics"]
+            return sorted(topics[topic]["groups"]) if topic in topics else []
+
+        await until(lambda: all(groups(s, "orders") == ["audit", "orders"]
+                                for s in servers.values()))
+        await nodes["b"].change("remove", "orders", "audit")
+        await until(lambda: all(groups(s, "orders") == ["orders"] for s in servers.values()))
+        await nodes["a"].change("remove", "orders")
+        await until(lambda: all(groups(s, "orders") == [] for s in servers.values()))
+        assert [bool(groups(s, "private")) for s in servers.values()] == [
+            False, True, False, False]
+        for node in nodes.values():
+            node.close()
+        for server in servers.values():
+            server.close()
