@@ -105,3 +105,42 @@ def test_a_broker_not_in_the_cluster_file_is_one_line(tmp_path: pathlib.Path) ->
     assert proc.stderr == (f"error: {shop}: broker 'x' is not a server of cluster 'shop' "
                            f"(a)\n")
 
+
+
+async def test_the_root_process_sigkilled_is_replaced_and_comes_back_as_root(
+        tmp_path: pathlib.Path) -> None:
+    """Three primaries, a backup and two fanout servers, each a process keeping its
+    ballot in a directory of its own: a is root; SIGKILL a, and b is root on every
+    survivor within 5 s (the links' loss is seen at once); a started again on its
+    directory is the most senior again and takes over at a newer epoch."""
+    import re
+    import signal
+
+    servers = [("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
+               ("e", "fanout"), ("f", "fanout")]
+    shop = cluster_file(tmp_path / "shop.toml", servers)
+    async with spawn("manager", "serve", "--universe", "k", "--listen", "127.0.0.1:0") as (
+            _, manager):
+        def member(name: str) -> list[str]:
+            (tmp_path / name).mkdir(exist_ok=True)
+            return ["--id", name, "--cluster", shop, "--state-dir", str(tmp_path / name),
+                    "--universe", "k", "--manager", f"{manager[0]}:{manager[1]}",
+                    "--listen", "127.0.0.1:0", "--heartbeat", "0.5"]
+
+        async with server(*member("a")) as a, server(*member("b")) as b, \
+                server(*member("c")) as c, server(*member("d")) as d, \
+                server(*member("e")) as e, server(*member("f")) as f:
+            everyone = {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f}
+            first = {n: await lines.until("(5 of 5 peers); root a at epoch")
+                     for n, lines in everyone.items()}
+            epoch = int(re.search(r"epoch (\d+)", first["a"]).group(1))  # type: ignore[union-attr]
+            killed_at = trio.current_time()
+            a.proc.send_signal(signal.SIGKILL)
+            for name in "bcdef":
+                with trio.fail_after(5):
+                    line = await everyone[name].until("(4 of 5 peers); root b at epoch")
+                assert int(line.rsplit(" ", 1)[1]) > epoch
+            assert trio.current_time() - killed_at < 5
+            async with server(*member("a")) as back:
+                line = await back.until("(5 of 5 peers); root a at epoch")
+                assert int(line.rsplit(" ", 1)[1]) > epoch + 1
