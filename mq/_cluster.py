@@ -450,6 +450,12 @@ class ClusterNode:
                 f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers); "
                 f"{root}")
 
+    def info(self) -> dict[str, Any]:
+        """What this server registers with the name service (``rdvpump status`` shows it):
+        its cluster and type, the root it follows, the epoch, its state's version."""
+        return {"name": self.config.name, "type": self.me.type, "root": self.root,
+                "epoch": self.epoch, "version": self.state.version}
+
     def linked(self) -> bool:
         """Every peer linked both ways and agreeing."""
         return all(p.outgoing is not None and p.outgoing.agreed and p.incoming is not None

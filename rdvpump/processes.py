@@ -147,7 +147,10 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
 
             group = None if tracking is None else tracking.get("group")
             servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
+            clustered: dict[str, ClusterNode] = {}  # a cluster's server, by broker id
             names = NameClient(manager, managers, heartbeat=heartbeat,
+                               clusters=lambda b: clustered[b].info() if b in clustered
+                               else None,
                                groups=lambda b: servers[b].group if b in servers
                                else group if b in broker_ids else None,
                                progress=lambda b: None if b not in servers or group is None
@@ -169,14 +172,15 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                         nursery.start_soon(_keep_role, node, names)
             cluster, store = clustering
             mq = {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
-            clustered = [_cluster_node(b, cluster, store, mq.get(b.id))
-                         for b in brokers] if cluster else []
+            if cluster is not None:
+                for b in brokers:
+                    clustered[b.id] = _cluster_node(b, cluster, store, mq.get(b.id), names)
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:
                     nursery.start_soon(play_plan, spec, b, manager, names, nursery, report)
             await until_signalled()
-            for member in clustered:
+            for member in clustered.values():
                 member.close()
             for node in nodes:  # MQ servers first: positions saved, files synced
                 node.close()
@@ -190,10 +194,11 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
 
 
 def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
-                  server: MqServer | None) -> ClusterNode:
+                  server: MqServer | None, names: NameClient | None) -> ClusterNode:
     """``broker`` as a server of ``cluster``, its epoch and vote kept in ``store``, the
     cluster's shared topics declared on its MQ ``server``; a line on stderr each time
-    which peers are linked to it, or its root, changes."""
+    which peers are linked to it, or its root, changes, and a registration with the
+    name service then (``rdvpump status`` shows the root and epoch)."""
     said: list[str] = []
 
     def changed() -> None:
@@ -201,6 +206,8 @@ def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
         if not said or said[-1] != line:
             said.append(line)
             print(line, file=sys.stderr, flush=True)
+            if names is not None:
+                names.register_now()
 
     node = ClusterNode(broker, cluster, on_change=changed, store=store,
                        on_state=None if server is None else declare_on(server))

@@ -52,6 +52,7 @@ class NameClient:
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
                  topics: Callable[[str], tuple[str, ...]] | None = None,
                  groups: Callable[[str], GroupMember | None] | None = None,
+                 clusters: Callable[[str], dict[str, Any] | None] | None = None,
                  progress: Callable[[str], GroupProgress | None] | None = None,
                  on_refused: Callable[[str, str], None] | None = None) -> None:
         if not managers:
@@ -67,6 +68,8 @@ class NameClient:
         self.topics = topics or (lambda broker_id: ())
         #: Each broker's place in a replicated group, registered with it (None: none).
         self.groups = groups or (lambda broker_id: None)
+        #: Each broker's place in an MQ cluster, registered with it (None: none).
+        self.clusters = clusters or (lambda broker_id: None)
         #: How far each broker's copy is, registered with it (None: not said).
         self.progress = progress or (lambda broker_id: None)
         self.on_refused = on_refused
@@ -116,6 +119,8 @@ class NameClient:
                                        "version": self.version, "topics": list(self.topics(b))}
                 if (member := self.groups(b)) is not None:
                     row["group"] = member.to_json()
+                if (cluster := self.clusters(b)) is not None:
+                    row["cluster"] = cluster
                 if (progress := self.progress(b)) is not None:
                     row["progress"] = progress.to_json()
                 found.append(row)

@@ -51,6 +51,8 @@ class BrokerRecord:
     topics: tuple[str, ...] = ()
     group: GroupMember | None = None
     progress: GroupProgress | None = None
+    #: Its place in an MQ cluster: name, type, the root it follows, epoch, state version.
+    cluster: tuple[tuple[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,23 @@ def _registration(item: Any) -> Registration:
     progress = None if item.get("progress") is None else GroupProgress.from_json(
         item["progress"])
     return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
-                                     group, progress), version)
+                                     group, progress, _cluster(item.get("cluster"))), version)
+
+
+#: A cluster registration's fields and the types they take.
+_CLUSTER_FIELDS = {"name": (str,), "type": (str,), "root": (str, type(None)), "epoch": (int,),
+                   "version": (int,)}
+
+
+def _cluster(value: Any) -> tuple[tuple[str, Any], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != set(_CLUSTER_FIELDS):
+        raise ValueError(f"its cluster must be an object of {', '.join(_CLUSTER_FIELDS)}")
+    for key, types in _CLUSTER_FIELDS.items():
+        if type(value[key]) not in types:
+            raise ValueError(f"its cluster's {key} is not a {types[0].__name__}")
+    return tuple((key, value[key]) for key in _CLUSTER_FIELDS)
 
 
 def _broker_id(value: Any) -> str:
@@ -156,6 +174,8 @@ def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, obj
         row["group"] = r.group.to_json()
     if r.progress is not None:
         row["progress"] = r.progress.to_json()
+    if r.cluster is not None:
+        row["cluster"] = dict(r.cluster)
     return row
 
 

@@ -38,7 +38,8 @@ def status(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the manager (and "
                                                 "--wait brokers).")] = 5.0,
 ) -> None:
-    """The brokers a manager knows, with their age and last heartbeat."""
+    """The brokers a manager knows, with their age and last heartbeat (and a replicated
+    group's member's role, a cluster's server's root and epoch)."""
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
@@ -46,17 +47,27 @@ def status(
         universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     grouped = any(b.get("group") for b in brokers)
+    clustered = any(b.get("cluster") for b in brokers)
     lags = slave_lags([(b.get("group"), _held(b)) for b in brokers])
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)",
-                *(("group",) * grouped)):
-        table.add_column(col, justify="left" if col in ("broker", "address", "group")
-                         else "right")
+                *(("group",) * grouped), *(("cluster",) * clustered)):
+        table.add_column(col, justify="left" if col in ("broker", "address", "group",
+                                                        "cluster") else "right")
     for b, lag in zip(brokers, lags, strict=True):
         where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
         table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}",
-                      *((group_cell(b.get("group"), lag),) * grouped))
+                      *((group_cell(b.get("group"), lag),) * grouped),
+                      *((_cluster_cell(b.get("cluster")),) * clustered))
     out.print(table)
+
+
+def _cluster_cell(cluster: Any) -> str:
+    """A cluster's server in the table: ``shop primary, root a@3, state v5``."""
+    if not cluster:
+        return ""
+    root = f"root {cluster['root']}@{cluster['epoch']}" if cluster["root"] else "no root"
+    return f"{cluster['name']} {cluster['type']}, {root}, state v{cluster['version']}"
 
 
 def _held(broker: dict[str, Any]) -> int | None:

@@ -59,6 +59,10 @@ async def ask(queue: AsyncMessageQueue, obj: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("service", "request_", "field"), [
     ("name-service", {"cmd": "register", "brokers": [{"id": "", "address": ["h", 1]}]},
      "brokers[0]"),
+    ("name-service", {"cmd": "register", "brokers": [
+        {"id": "a", "address": ["h", 1], "cluster": {"name": "c", "type": "primary",
+                                                     "root": 5, "epoch": 1, "version": 0}}]},
+     "brokers[0]"),
     ("name-service", {"cmd": "lookup", "id": 7}, "id"),
     ("tracking", {"cmd": "track_sub", "deltas": "yes"}, "deltas"),
     ("mq", {"cmd": "consume", "topic": "orders", "window": "many"}, "window"),

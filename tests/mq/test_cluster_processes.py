@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,12 +27,14 @@ class Lines:
         self.seen: list[str] = []
         self._buffer = b""
 
-    async def until(self, *needles: str) -> str:
-        """The first line that holds every needle, waiting for more (bounded)."""
+    async def until(self, *needles: str, after: int = 0) -> str:
+        """The first line (from line ``after`` on) that holds every needle, waiting for
+        more (bounded)."""
         assert self.proc.stderr is not None
         with trio.fail_after(30):
             while True:
-                found = next((x for x in self.seen if all(n in x for n in needles)), None)
+                found = next((x for x in self.seen[after:] if all(n in x for n in needles)),
+                             None)
                 if found is not None:
                     return found
                 chunk = await self.proc.stderr.receive_some(4096)
@@ -82,6 +85,19 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
             for lines, me in ((a, "a (primary)"), (b, "b (primary)"), (c, "c (fanout)")):
                 await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers); root a")
             assert not any("warning" in line for line in a.seen)
+            # rdvpump status shows each server's cluster, type, root, epoch, state version
+            with trio.fail_after(30):
+                while True:
+                    shown = await trio.run_process(
+                        [*RDVPUMP, "status", "--universe", "k", "--manager",
+                         f"{manager[0]}:{manager[1]}"], capture_stdout=True,
+                        env={**os.environ, "RDVPUMP_TOKEN": TOKEN, "COLUMNS": "200"})
+                    text = shown.stdout.decode()
+                    if all(re.search(rf"{b} .* shop {t}, root a@\d+, state v\d+", text)
+                           for b, t in (("a", "primary"), ("b", "primary"),
+                                        ("c", "fanout"))):
+                        break
+                    await trio.sleep(0.2)  # polled: the next registration, bounded
             async with server(*member("d", other)) as d:
                 # d is not a server of a's list: each of a, b, c refuses it, and says so
                 why = "'d' is not another server of cluster 'shop' (a, b, c)"
@@ -113,7 +129,6 @@ async def test_the_root_process_sigkilled_is_replaced_and_comes_back_as_root(
     ballot in a directory of its own: a is root; SIGKILL a, and b is root on every
     survivor within 5 s (the links' loss is seen at once); a started again on its
     directory is the most senior again and takes over at a newer epoch."""
-    import re
     import signal
 
     servers = [("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
@@ -131,14 +146,19 @@ async def test_the_root_process_sigkilled_is_replaced_and_comes_back_as_root(
                 server(*member("c")) as c, server(*member("d")) as d, \
                 server(*member("e")) as e, server(*member("f")) as f:
             everyone = {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f}
-            first = {n: await lines.until("(5 of 5 peers); root a at epoch")
-                     for n, lines in everyone.items()}
-            epoch = int(re.search(r"epoch (\d+)", first["a"]).group(1))  # type: ignore[union-attr]
+            for lines in everyone.values():
+                await lines.until("(5 of 5 peers); root a at epoch")
+            # the newest epoch any of them said (a root may be chosen again as ballots
+            # meet: the epoch can move on after the first)
+            epoch = max(int(m) for lines in everyone.values() for line in lines.seen
+                        for m in re.findall(r"at epoch (\d+)", line))
             killed_at = trio.current_time()
+            said = {n: len(lines.seen) for n, lines in everyone.items()}
             a.proc.send_signal(signal.SIGKILL)
             for name in "bcdef":
                 with trio.fail_after(5):
-                    line = await everyone[name].until("(4 of 5 peers); root b at epoch")
+                    line = await everyone[name].until("(4 of 5 peers); root b at epoch",
+                                                      after=said[name])
                 assert int(line.rsplit(" ", 1)[1]) > epoch
             assert trio.current_time() - killed_at < 5
             async with server(*member("a")) as back:
