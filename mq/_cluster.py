@@ -12,6 +12,14 @@ reason; it closes the link).  The same check runs on every heartbeat (``beat``, 
 :data:`HEARTBEAT` seconds).  Each side logs a refusal once per peer and reason, however
 often the peer dials again.  A second link from one peer replaces the first (the older
 one is closed): never two live links one way for one pair.
+
+The root: every message also carries the sender's ballot, the root it follows with its
+epoch, and the mark of its cluster state; each server works out the election itself
+(:mod:`._root`), keeps its epoch and ballot on disk before a peer hears them, and the
+root announces itself (``root``).  Cluster state (:mod:`._cluster_state`): changed only
+by the root (``change``, asked of it by the others, held with a bounded wait while there
+is no root: the cluster is not ready), sent whole to every server (``state``), fetched
+by a server that is behind (``fetch``).
 """
 
 from __future__ import annotations
