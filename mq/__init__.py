@@ -48,6 +48,7 @@ from ._history import (
     check_history,
 )
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
+from ._member import keep_role
 from ._memory import MemoryLog
 from ._names import MAX_NAME_BYTES, check_name, disk_name
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
@@ -78,4 +79,5 @@ __all__ = [
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
     "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",
     "ClusterConfig", "ClusterNode", "ClusterServer", "declare_on", "load_cluster",
+    "keep_role",
 ]

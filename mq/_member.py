@@ -2,16 +2,19 @@
 its ServerInfo says, whether the name service confirmed it as master, the moves between
 roles (confirm, promote, demote, follow), and its side as a replica: the
 :class:`~._follower.Replica` its follower stores the master's records, epochs and consume
-groups into."""
+groups into; :func:`keep_role`, the loop that keeps a server's role as the name service
+holds it (``broker run --group`` runs it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from brokermgr import GroupMember, GroupProgress, ServiceError, Status
+import trio
+
+from brokermgr import GroupMember, GroupProgress, NameClient, ServiceError, Status
 from brokermgr.tracking import TrackNode
 
 from ._catalogue import FLAGS, Catalogue, TopicState
@@ -19,6 +22,9 @@ from ._follower import Follower
 from ._log import TopicLog
 from ._replication import Shipper
 from ._topic import Start
+
+if TYPE_CHECKING:
+    from ._server import MqServer
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -177,3 +183,56 @@ class GroupRole:
         state = self.catalogue.topics.get(name)
         if state is not None:
             self.dispatch(state)
+
+
+#: Seconds between a group member's questions to the name service about its group.
+GROUP_POLL = 0.2
+#: Seconds without a word from the old master (it answers a query every second while it
+#: lives) after which a promoted member takes over though the link is still open: the
+#: old master is hung (the name service found it by its expiry).
+HUNG = 2.5
+
+
+async def keep_role(server: MqServer, names: NameClient) -> None:
+    """A group member's role, as the name service holds it (asked every
+    :data:`GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
+    member the name service promoted takes over once the old master no longer ships it
+    records (its link gone, or the old master stepped down: it closes its replicas'
+    links and refuses to be followed, or it said nothing for :data:`HUNG` seconds:
+    hung, its link open); a member whose group has another master at its
+    epoch or a newer one is a slave and copies that master.  A master registers again
+    as soon as its in-sync set changes, not at its next heartbeat."""
+    port = server.node.address.port
+    me = server.node.broker.id
+    following: str | None = None
+    insync = server.progress().insync
+    while True:
+        mine = server.group
+        assert mine is not None
+        if mine.role == "master" and (now := server.progress().insync) != insync:
+            insync = now  # the failover's choice follows the in-sync set: said at once
+            names.register_now()
+        try:
+            info = await names.group(mine.group)
+        except ServiceError as exc:
+            log.info("group %s: no answer from the name service: %s", mine.group, exc)
+            info = {}
+        master, epoch = info.get("master"), info.get("epoch") or 0
+        if master == me:
+            if mine.role == "slave" and epoch > mine.epoch and (
+                    server.follower is None or not server.follower.copying
+                    or server.follower.quiet > HUNG):
+                server.promote(epoch)
+                following = None
+                names.register_now()
+            elif mine.role == "master" and epoch == mine.epoch:
+                server.confirm()
+        elif isinstance(master, str) and epoch >= mine.epoch:
+            if mine.role == "master" or epoch > mine.epoch:
+                server.demote(epoch)
+                names.register_now()
+            if master != following:
+                log.info("group %s: %s follows master %s", mine.group, me, master)
+                server.follow(f"{master}:{port}")
+                following = master
+        await trio.sleep(GROUP_POLL)

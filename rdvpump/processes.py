@@ -34,6 +34,7 @@ from mq import (
     MqServer,
     ServiceError,
     declare_on,
+    keep_role,
 )
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
@@ -169,7 +170,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 if isinstance(node, MqServer) and group is not None:
                     servers[node.node.broker.id] = node
                     if names is not None:
-                        nursery.start_soon(_keep_role, node, names)
+                        nursery.start_soon(keep_role, node, names)
             cluster, store = clustering
             mq = {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
             if cluster is not None:
@@ -212,59 +213,6 @@ def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
     node = ClusterNode(broker, cluster, on_change=changed, store=store,
                        on_state=None if server is None else declare_on(server))
     return node
-
-
-#: Seconds between a group member's questions to the name service about its group.
-_GROUP_POLL = 0.2
-#: Seconds without a word from the old master (it answers a query every second while it
-#: lives) after which a promoted member takes over though the link is still open: the
-#: old master is hung (the name service found it by its expiry).
-_HUNG = 2.5
-
-
-async def _keep_role(server: MqServer, names: NameClient) -> None:
-    """A group member's role, as the name service holds it (asked every
-    :data:`_GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
-    member the name service promoted takes over once the old master no longer ships it
-    records (its link gone, or the old master stepped down: it closes its replicas'
-    links and refuses to be followed, or it said nothing for :data:`_HUNG` seconds:
-    hung, its link open); a member whose group has another master at its
-    epoch or a newer one is a slave and copies that master.  A master registers again
-    as soon as its in-sync set changes, not at its next heartbeat."""
-    port = server.node.address.port
-    me = server.node.broker.id
-    following: str | None = None
-    insync = server.progress().insync
-    while True:
-        mine = server.group
-        assert mine is not None
-        if mine.role == "master" and (now := server.progress().insync) != insync:
-            insync = now  # the failover's choice follows the in-sync set: said at once
-            names.register_now()
-        try:
-            info = await names.group(mine.group)
-        except ServiceError as exc:
-            log.info("group %s: no answer from the name service: %s", mine.group, exc)
-            info = {}
-        master, epoch = info.get("master"), info.get("epoch") or 0
-        if master == me:
-            if mine.role == "slave" and epoch > mine.epoch and (
-                    server.follower is None or not server.follower.copying
-                    or server.follower.quiet > _HUNG):
-                server.promote(epoch)
-                following = None
-                names.register_now()
-            elif mine.role == "master" and epoch == mine.epoch:
-                server.confirm()
-        elif isinstance(master, str) and epoch >= mine.epoch:
-            if mine.role == "master" or epoch > mine.epoch:
-                server.demote(epoch)
-                names.register_now()
-            if master != following:
-                log.info("group %s: %s follows master %s", mine.group, me, master)
-                server.follow(f"{master}:{port}")
-                following = master
-        await trio.sleep(_GROUP_POLL)
 
 
 async def _watch_link(link: Any, brokers: str, refused: list[str],
