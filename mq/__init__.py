@@ -35,7 +35,7 @@ Checking what clients saw:
 from brokermgr import ServiceError, Status
 
 from ._client import MqClient, Stored
-from ._cluster import ClusterNode, declare_on
+from ._cluster import ClusterNode
 from ._cluster_file import ClusterConfig, ClusterServer, load_cluster
 from ._commit import Durability
 from ._cursor import CursorStore
@@ -56,6 +56,7 @@ from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._scan import INDEX_INTERVAL, Corruption
 from ._server import FLAGS, MqServer
+from ._shared import declare_on
 from ._subscription import Message as Message
 from ._subscription import Pushed, Receiver, Subscription
 from ._topic import (

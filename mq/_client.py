@@ -215,8 +215,13 @@ class MqClient:
         return await self.link.call(obj, timeout=self.timeout, body=body)
 
     async def declare(self, topic: str, *, flags: Sequence[str] = (), group: str | None = None,
-                      filter: str | None = None, start: str | None = None) -> ReplyObject:
+                      filter: str | None = None, start: str | None = None,
+                      shared: bool = False) -> ReplyObject:
+        """Declare a topic (and a group); ``shared``: a topic of the server's cluster,
+        declared through its root on every server of it."""
         obj: dict[str, Any] = {"cmd": "declare", "topic": topic, "flags": list(flags)}
+        if shared:
+            obj["shared"] = True
         for key, value in (("group", group), ("filter", filter), ("start", start)):
             if value is not None:
                 obj[key] = value

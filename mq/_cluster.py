@@ -31,8 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from brokermgr import (
     STALE_EPOCH,
     Broker,
@@ -46,7 +44,7 @@ from brokermgr import (
     fenced,
 )
 from channels import MessageQueue
-from pump import ConfigError, Repeating
+from pump import ConfigError, Future, Repeating
 
 from ._cluster_file import ClusterConfig
 from ._cluster_links import Peer, PeerLink, Said, Session, change_fields, hello_fields, state_fields
@@ -54,7 +52,7 @@ from ._cluster_state import ClusterState, StateError
 from ._files import write_file
 from ._root import Ballot, ballot, has_majority, may_take_over
 
-__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode", "declare_on"]
+__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode"]
 
 log = logging.getLogger("rdvpump.mq.cluster")
 
@@ -64,8 +62,9 @@ CLUSTER_PORT = 15556
 HEARTBEAT = 1.0
 #: Longest back-off between dials of a peer that cannot be reached or refused us.
 RETRY = 1.0
-#: Seconds a change waits for a root before it is refused: the cluster is not ready.
-NOT_READY_WAIT = 10.0
+#: Seconds a change waits for a root before it is refused: the cluster is not ready (less
+#: than a client's default timeout, so that the client hears why).
+NOT_READY_WAIT = 5.0
 
 
 def _load_votes(path: Path) -> tuple[int, Ballot]:
@@ -111,7 +110,6 @@ class ClusterNode:
         #: is told each new state this server takes (its MQ server declares and removes).
         self.state = ClusterState()
         self.on_state = on_state
-        self._root_changed = trio.Event()
         self.not_ready_wait = not_ready_wait
         #: The state version each peer said last: a primary behind one of them fetches
         #: that peer's state before it may take over.
@@ -229,30 +227,63 @@ class ClusterNode:
             if peer.outgoing is not None and peer.outgoing.agreed:
                 peer.outgoing.say("state", **self.state.snapshot())
 
+    def change_soon(self, op: str, topic: str, group: str | None, filter_: str | None,
+                    done: Callable[[int | ServiceError], object]) -> None:
+        """Declare or remove a shared topic (or a group of it) through the root;
+        ``done(version)`` once the root has it, or ``done(ServiceError)``: the root's
+        refusal, or 503 ("cluster not ready") when no root answered within
+        :attr:`not_ready_wait` seconds (asked again every 0.1 s meanwhile, on the
+        pump)."""
+        pump = self.broker.pump
+        deadline = pump.now() + self.not_ready_wait
+
+        def attempt() -> None:
+            if self._closed:
+                done(ServiceError(Status.UNAVAILABLE, f"{self.me.id}: the cluster server "
+                                                      f"is closed"))
+            elif self.root == self.me.id:
+                try:
+                    done(self._apply(op, topic, group, filter_))
+                except ServiceError as exc:
+                    done(exc)
+            elif (link := self._root_link()) is not None:
+                link.request({"cmd": "change", **link.said(), "op": op, "topic": topic,
+                              "group": group, "filter": filter_}, replied)
+            else:
+                again()
+
+        def replied(outcome: Outcome) -> None:
+            if not isinstance(outcome, ServiceError):
+                done(int(outcome["version"]))
+            elif outcome.status in (Status.NO_REPLY, Status.UNAVAILABLE):
+                again()  # the root went, or is not root any more: ask the next one
+            else:
+                done(outcome)
+
+        def again() -> None:
+            left = deadline - pump.now()
+            if left <= 0:
+                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name} not "
+                                  f"ready: no root within {self.not_ready_wait:g} s"))
+            else:
+                pump.call_later(min(0.1, left), attempt, owner=self.broker)
+
+        attempt()
+
+    def _root_link(self) -> PeerLink | None:
+        link = None if self.root is None else self.peers[self.root].outgoing
+        return link if link is not None and link.agreed else None
+
     async def change(self, op: str, topic: str, group: str | None = None,
                      filter_: str | None = None) -> int:
-        """Declare or remove a shared topic (or a group of it) through the root; the
-        state's version once the root has it.  With no root, it waits up to
-        :attr:`not_ready_wait` seconds for one, then :class:`ServiceError` 503 ("cluster
-        not ready")."""
-        with trio.move_on_after(self.not_ready_wait):
-            while True:
-                if self.root == self.me.id:
-                    return self._apply(op, topic, group, filter_)
-                link = None if self.root is None else self.peers[self.root].outgoing
-                if link is not None and link.agreed:
-                    try:
-                        reply = await link.call(
-                            {"cmd": "change", **link.said(), "op": op, "topic": topic,
-                             "group": group, "filter": filter_}, timeout=self.not_ready_wait)
-                    except ServiceError as exc:
-                        if exc.status not in (Status.NO_REPLY, Status.UNAVAILABLE):
-                            raise
-                    else:
-                        return int(reply["version"])
-                await self._root_changed.wait()
-        raise ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name} not ready: no "
-                           f"root within {self.not_ready_wait:g} s")
+        """:meth:`change_soon`, awaited: the state's version once the root has it, or
+        the :class:`ServiceError`."""
+        outcome: Future[int | ServiceError] = Future()
+        self.change_soon(op, topic, group, filter_, outcome.set)
+        result = await outcome.wait()
+        if isinstance(result, ServiceError):
+            raise result
+        return result
 
     def _fetch(self, request: Said, call: Call) -> ReplyObject:
         """This server's state, for a peer behind it."""
@@ -418,8 +449,6 @@ class ClusterNode:
         self.elect()
 
     def changed(self) -> None:
-        self._root_changed.set()
-        self._root_changed = trio.Event()
         if self.on_change is not None and not self._closed:
             self.on_change()
 
@@ -482,35 +511,3 @@ class ClusterNode:
         if not self.broker.closed:
             self.broker.unbind(CLUSTER_PORT)
 
-
-def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
-    """An ``on_state`` for :class:`~mq.ClusterNode`: each new state declared on
-    ``server`` (an :class:`~mq.MqServer`), the topics and groups it holds that the
-    state dropped removed.  A topic this server cannot declare is logged, and the others
-    go on."""
-    def take(old: ClusterState, new: ClusterState) -> None:
-        for topic, groups in new.topics.items():
-            for group, filter_ in groups.items():
-                if old.topics.get(topic, {}).get(group, "") == filter_:
-                    continue
-                request = {"cmd": "declare", "topic": topic, "group": group}
-                if filter_ is not None:
-                    request["filter"] = filter_
-                _local(server, request)
-        for topic, groups in old.topics.items():
-            if topic not in new.topics:
-                _local(server, {"cmd": "remove", "topic": topic})
-                continue
-            for group in groups:
-                if group not in new.topics[topic]:
-                    _local(server, {"cmd": "remove", "topic": topic, "group": group})
-
-    return take
-
-
-def _local(server: Any, request: dict[str, Any]) -> None:
-    try:
-        server.handle_local(request)
-    except ServiceError as exc:  # that topic's refusal (a store error, say): logged
-        log.error("cluster state: %s %s/%s on %s: %s", request["cmd"], request["topic"],
-                  request.get("group", ""), server.address, exc)

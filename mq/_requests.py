@@ -43,6 +43,8 @@ class Declare:
     group: str | None = None
     filter: str | None = None
     start: Start | None = None
+    #: A topic of the server's cluster (declared through its root, on every server).
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,11 @@ def _declare(f: Fields) -> Declare:
         Fields({"start": parsed.value}, f.cmd).string("start", check=check_name)
     if parsed is not None and isinstance(parsed.value, int) and parsed.value > MAX_INT:
         raise f.bad("start", f"is past {MAX_INT}")
-    return Declare(topic, frozenset(flags), group, filter, parsed)
+    shared = f.boolean("shared", False)
+    if shared and (flags or parsed is not None):
+        raise f.bad("shared", "a shared topic takes no flags and no start (its groups start "
+                              "at its beginning)")
+    return Declare(topic, frozenset(flags), group, filter, parsed, shared)
 
 
 def _produce(f: Fields) -> Produce:

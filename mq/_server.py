@@ -3,9 +3,11 @@
 Commands (JSON, a binary body behind a NUL byte where there is one; every
 request may carry a ``seq`` that its reply echoes):
 
-* ``declare {topic, flags?, group?, filter?, start?}`` -- a topic (flags:
+* ``declare {topic, flags?, group?, filter?, start?, shared?}`` -- a topic (flags:
   ``memory``, ``rpc``, ``exclusive``, ``delete-on-exit``) and a group; the
-  topic's default group is its name.
+  topic's default group is its name.  ``shared``: a topic of the server's cluster
+  (:meth:`MqServer.join_cluster`), declared through its root on every server of it and
+  answered once the root has it.
 * ``produce {topic, producer, sequence, tag?, sizes?}`` + body -- one
   message, or ``len(sizes)`` messages cut from the body; the reply
   ``stored {offset, count, server}`` comes once they are stored as the
@@ -70,6 +72,7 @@ from channels import MessageQueue
 from pump import ConfigError, Repeating
 
 from ._catalogue import FLAGS, Catalogue, TopicState
+from ._cluster import ClusterNode
 from ._commit import Durability, GroupCommit
 from ._consumers import ConsumerCommands
 from ._delivery import FRAME_ROOM, Links
@@ -93,6 +96,7 @@ from ._requests import (
     Query,
     Remove,
 )
+from ._shared import declare_shared
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
@@ -146,6 +150,8 @@ class MqServer:
         self.retain_age = retain_age
         self.links = Links()
         self._closed = False
+        #: The cluster this server is one of (:meth:`join_cluster`), or None.
+        self.cluster: ClusterNode | None = None
         #: Counters: stored, retries not stored again (:mod:`._dedupe`), delivered, acked,
         #: dead letters, errors replied.
         self.counts = {"stored": 0, "duplicates": 0, "delivered": 0, "acked": 0, "dead": 0,
@@ -159,7 +165,7 @@ class MqServer:
                                    max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
         #: The replicas that follow this server's topics, and whether a produce waits for
         #: them (``replication``: async or sync; :mod:`._replication`).
-        self.shipper = Shipper(self.catalogue, self._reply, mode=replication,
+        self.shipper = Shipper(self.catalogue, self.reply, mode=replication,
                                min_insync=min_insync, insync_lag=insync_lag)
         #: Its place in a replicated group, and its side as a replica (:mod:`._member`).
         self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
@@ -203,7 +209,7 @@ class MqServer:
             reply = self.table.answer(obj, queue)
         if reply is not None and (seq is not None or reply["cmd"] == "error"
                                   or cmd not in ANSWERED_IF_ASKED):
-            self._reply(queue, seq, reply)
+            self.reply(queue, seq, reply)
 
     def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A request from this process (declare at start, say): the reply, or
@@ -215,8 +221,9 @@ class MqServer:
         assert reply is not None
         return reply
 
-    def _reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
-               ) -> None:
+    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+              ) -> None:
+        """Send ``reply`` on ``queue`` (with ``seq`` when there is one); errors counted."""
         if reply.get("cmd") == "error":
             self.counts["errors"] += 1
         if queue is None:
@@ -225,7 +232,14 @@ class MqServer:
             reply["seq"] = seq
         self.links.of(queue).send(encode(reply))
 
-    def _declare(self, request: Declare, call: Call) -> dict[str, Any]:
+    def join_cluster(self, cluster: ClusterNode) -> None:
+        """This server is ``cluster``'s: a ``shared`` declare goes through its root."""
+        self.cluster = cluster
+
+    def _declare(self, request: Declare, call: Call) -> dict[str, Any] | None:
+        if request.shared:
+            declare_shared(self, request, call)
+            return None  # answered once the cluster's root has it
         name = request.topic
         group = request.group or name
         state = self.catalogue.topics.get(name)
@@ -274,7 +288,7 @@ class MqServer:
                    ) -> None:
         """A produce's reply after the group commit: now, or once replicas have it."""
         if self.shipper.mode != "sync" or not self.shipper.hold(queue, seq, reply):
-            self._reply(queue, seq, reply)
+            self.reply(queue, seq, reply)
 
     def _commit_failed(self, name: str, reason: str) -> None:
         state = self.catalogue.topics.get(name)

@@ -176,6 +176,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             if cluster is not None:
                 for b in brokers:
                     clustered[b.id] = _cluster_node(b, cluster, store, mq.get(b.id), names)
+                    if b.id in mq:
+                        mq[b.id].join_cluster(clustered[b.id])
             ready(address)
             if spec is not None and names is not None:
                 for b in broker_ids:

@@ -48,15 +48,21 @@ def mq_declare(
     filter: Annotated[str | None, typer.Option(help="The group's tag filter.")] = None,
     start: Annotated[str | None, typer.Option(
         help="Where a new group starts: end, beginning, offset:N, time:MS, copy:GROUP.")] = None,
+    shared: Annotated[bool, typer.Option(
+        "--shared", help="A topic of the server's cluster: declared through its root, on "
+                         "every server of the cluster.")] = False,
     universe: UniverseOption = "default", token: TokenOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
 ) -> None:
     """Declare a topic (and a consume group)."""
     reply = _run(universe, server, token, track_port, timeout, lambda c: c.declare(
-        topic, flags=flag, group=group, filter=filter, start=start))
+        topic, flags=flag, group=group, filter=filter, start=start, shared=shared))
     if as_json:
         print(json.dumps({k: v for k, v in reply.items() if k != "seq"}))
+    elif reply.get("shared"):  # declared through the cluster's root, on every server
+        out.print(f"declared {topic}, group {reply['group']}, shared (cluster state "
+                  f"v{reply['version']})")
     else:
         out.print(f"{'declared' if reply.get('created') else 'updated'} {topic}, "
                   f"group {reply['group']}")

@@ -355,8 +355,7 @@ async def test_each_server_declares_the_shared_topics_in_its_mq_server(
     """A shared topic declared through c reaches every server's MQ server, a group of it
     too; a removal removes it everywhere; a private topic stays on its server."""
     from brokermgr.tracking import TrackNode
-    from mq import MqServer
-    from mq._cluster import declare_on
+    from mq import MqClient, MqServer, declare_on
 
     timing: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
                               "retry": 0.5}
@@ -384,6 +383,25 @@ async def test_each_server_declares_the_shared_topics_in_its_mq_server(
         await until(lambda: all(groups(s, "orders") == [] for s in servers.values()))
         assert [bool(groups(s, "private")) for s in servers.values()] == [
             False, True, False, False]
+        # a client declares a shared topic on any server: answered once the root has it,
+        # declared there at once and on every other server as the state reaches it
+        for s_id, server in servers.items():
+            server.join_cluster(nodes[s_id])
+        client = MqClient(universe.add_broker("app"), "c:15555", timeout=30)
+        reply = await client.declare("events", group="audit", shared=True)
+        assert (reply["shared"], reply["group"]) == (True, "audit") and reply["version"] > 0
+        assert groups(servers["c"], "events") == ["audit", "events"]
+        await until(lambda: all(groups(s, "events") == ["audit", "events"]
+                                for s in servers.values()))
+        with pytest.raises(ServiceError, match="a shared topic takes no flags"):
+            await client.declare("x", flags=["memory"], shared=True)
+        loner = MqServer(TrackNode(universe.add_broker("z"), role="server", **timing), None)
+        alone = MqClient(universe.add_broker("app2"), "z:15555", timeout=30)
+        with pytest.raises(ServiceError, match="z:15555 is in no cluster"):
+            await alone.declare("x", shared=True)
+        client.close()
+        alone.close()
+        loner.close()
         for node in nodes.values():
             node.close()
         for server in servers.values():

@@ -4,6 +4,7 @@ say why."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -20,12 +21,23 @@ pytestmark = pytest.mark.slow
 
 
 class Lines:
-    """A process's stderr, read line by line as it comes."""
+    """A process's stderr, read line by line as it comes (and its stdout's ready line)."""
 
     def __init__(self, proc: trio.Process) -> None:
         self.proc = proc
         self.seen: list[str] = []
         self._buffer = b""
+
+    async def address(self) -> str:
+        """HOST:PORT from the process's ``ready brokers HOST:PORT`` line."""
+        assert self.proc.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await self.proc.stdout.receive_some(1)
+                assert chunk, f"exited before it was ready; stderr: {self.seen}"
+                line += chunk
+        return line.decode().split()[-1]
 
     async def until(self, *needles: str, after: int = 0) -> str:
         """The first line (from line ``after`` on) that holds every needle, waiting for
@@ -47,7 +59,7 @@ class Lines:
 @asynccontextmanager
 async def server(*args: str) -> AsyncIterator[Lines]:
     proc = await trio.lowlevel.open_process(
-        [*RDVPUMP, "broker", "run", *args], stdout=subprocess.DEVNULL,
+        [*RDVPUMP, "broker", "run", *args], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
     try:
         yield Lines(proc)
@@ -78,13 +90,31 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
         def member(name: str, file: str) -> list[str]:
             (tmp_path / name).mkdir()
             return ["--id", name, "--cluster", file, "--state-dir", str(tmp_path / name),
-                    *common]
+                    "--role", "server", "--mq-dir", str(tmp_path / name), *common]
 
         async with server(*member("a", shop)) as a, server(*member("b", shop)) as b, \
                 server(*member("c", shop)) as c:
             for lines, me in ((a, "a (primary)"), (b, "b (primary)"), (c, "c (fanout)")):
                 await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers); root a")
             assert not any("warning" in line for line in a.seen)
+            # a shared topic declared on c through the CLI reaches every server
+            where = {n: await lines.address() for n, lines in (("a", a), ("b", b), ("c", c))}
+            declared = await trio.run_process(
+                [*RDVPUMP, "mq", "declare", "orders", "--shared", "--server",
+                 f"c@{where['c']}", "--universe", "k"], capture_stdout=True,
+                env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+            assert declared.stdout.decode().startswith("declared orders, group orders, "
+                                                       "shared (cluster state v")
+            for name in ("a", "b"):
+                with trio.fail_after(30):
+                    while True:
+                        topics = await trio.run_process(
+                            [*RDVPUMP, "mq", "topics", "--server", f"{name}@{where[name]}",
+                             "--universe", "k", "--json"], capture_stdout=True,
+                            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+                        if "orders" in json.loads(topics.stdout):
+                            break
+                        await trio.sleep(0.2)  # polled: the state's way to it, bounded
             # rdvpump status shows each server's cluster, type, root, epoch, state version
             with trio.fail_after(30):
                 while True:
