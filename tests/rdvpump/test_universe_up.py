@@ -76,6 +76,16 @@ def children_of(plan: pathlib.Path, universe: str) -> set[int]:
         str(plan).encode() in argv or (b"serve" in argv and universe.encode() in argv))}
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has; one that is gone
+    between two reads of /proc has too)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_bytes().split(b") ")[-1][:1]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != b"Z"
+
+
 def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None:
     plan = long_universe(tmp_path)
     proc = start_up(plan)
@@ -88,9 +98,7 @@ def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None
     proc.communicate()
     deadline = time.monotonic() + 30
     try:
-        while left := {k for k in kids if pathlib.Path(f"/proc/{k}").exists()
-                       and b"Z" not in (pathlib.Path(f"/proc/{k}/stat").read_bytes()
-                                        .split(b") ")[-1][:1])}:
+        while left := {k for k in kids if _running(k)}:
             assert time.monotonic() < deadline, f"still running: {left}"
             time.sleep(0.05)  # processes to exit: polled, bounded
     finally:
