@@ -47,7 +47,7 @@ from channels import MessageQueue
 from pump import ConfigError, Future, Repeating
 
 from ._cluster_file import ClusterConfig
-from ._cluster_links import Peer, PeerLink, Said, Session, change_fields, hello_fields, state_fields
+from ._cluster_links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
 from ._cluster_state import ClusterState, StateError
 from ._files import write_file
 from ._root import Ballot, ballot, has_majority, may_take_over
@@ -141,7 +141,7 @@ class ClusterNode:
     # -- links in ----------------------------------------------------------------------
 
     def accepted(self, queue: MessageQueue) -> None:
-        queue.set_listener(Session(self, queue))
+        queue.set_listener(Inbound(self, queue))
 
     def _hello(self, request: Said, call: Call) -> ReplyObject:
         peer = self._check(request, call)

@@ -86,7 +86,9 @@ class Peer:
                 "refusal": self.refusal}
 
 
-class Session(ServiceSession):
+class Inbound(ServiceSession):
+    """A link another server dialled to this one: its requests go to the node's table."""
+
     what = "cluster request"
 
     def __init__(self, node: ClusterNode, queue: MessageQueue) -> None:
