@@ -63,7 +63,8 @@ class ReconnectingLink(QueueListener):
         self._attempted = trio.Event()
         self._seq = 0
         self._waiting: dict[int, Callable[[Outcome], object]] = {}
-        #: Set while the link is up.
+        #: Set while the link is up, and for good once it is closed (so that nothing
+        #: waits on a link that will not come up again).
         self.up = trio.Event()
         #: Set (and renewed) each time the link takes messages again after its high-water
         #: mark, and when it closes.
@@ -102,7 +103,8 @@ class ReconnectingLink(QueueListener):
 
     def closed(self, reason: str) -> None:
         self.queue = None
-        self.up = trio.Event()
+        if not self._closing:
+            self.up = trio.Event()
         waiting, self._waiting = self._waiting, {}
         for on_reply in waiting.values():
             on_reply(ServiceError(Status.NO_REPLY, f"{self.name}: the link closed before "
@@ -135,6 +137,7 @@ class ReconnectingLink(QueueListener):
     def close(self) -> None:
         """Stop dialling; say :meth:`goodbye` on an open link, then close it (flushing)."""
         self._closing = True
+        self.up.set()  # a caller waiting for the link to come up is told it is closed
         if self._timer is not None:
             self._timer.cancel()
         if self.queue is not None:
@@ -188,12 +191,17 @@ class ReconnectingLink(QueueListener):
         within ``timeout`` seconds) for the link to be up and to have room, then for the
         reply.  Raises the :class:`ServiceError` of an error reply, or status
         :data:`Status.NO_REPLY` if none came (then the request may or may not have been
-        carried out); :class:`~channels.MessageTooLargeError` if it can never be sent."""
+        carried out); :class:`~channels.MessageTooLargeError` if it can never be sent.
+        On a closed link (or one that closes while this waits for it to come up) it
+        raises status :data:`Status.NO_REPLY` at once: nothing was sent."""
         reply: Future[Outcome] = Future()
         what = obj.get("cmd", "the request")
         with trio.move_on_after(timeout):
             while True:
                 while self.queue is None:
+                    if self._closing:
+                        raise ServiceError(Status.NO_REPLY, f"{self.name}: closed; {what} "
+                                                            f"was not sent")
                     await self.up.wait()
                 if self.request(obj, reply.set, body=body):
                     seq = self._seq

@@ -204,9 +204,13 @@ class MqClient:
                         reply.get("for", "a request"), error)
 
     async def connected(self) -> None:
-        """Wait until the link to the server is up."""
+        """Wait until the link to the server is up; :class:`~brokermgr.ServiceError`
+        (status 0) if the client is closed."""
         with trio.fail_after(self.timeout):
             await self.link.up.wait()
+        if self.link.closing:
+            raise ServiceError(Status.NO_REPLY, f"{self.server.address}: the client is "
+                                                f"closed")
 
     async def request(self, obj: dict[str, Any], body: Body | None = None) -> ReplyObject:
         """One request and its reply (:meth:`~brokermgr.ReconnectingLink.call`, within
@@ -266,7 +270,8 @@ class MqClient:
             await self.request({"cmd": "consume", "topic": topic, "group": key[1],
                                 "window": window})
         except BaseException:
-            del self.subscriptions[key]
+            if self.subscriptions.get(key) is subscription:  # close() may have ended it
+                del self.subscriptions[key]
             raise
         subscription.active = True
         return subscription
@@ -279,7 +284,8 @@ class MqClient:
             try:
                 await self.request({"cmd": "receive", "name": name})
             except BaseException:
-                del self.receivers[name]
+                if self.receivers.get(name) is receiver:
+                    del self.receivers[name]
                 raise
         return receiver
 
@@ -334,7 +340,8 @@ class MqClient:
             if not isinstance(outcome, ServiceError):
                 subscription.active = True
                 return
-            self.subscriptions.pop(key, None)
+            if self.subscriptions.get(key) is subscription:  # close() may have ended it
+                del self.subscriptions[key]
             if on_error is not None:
                 on_error(outcome)
 

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from tests.rdvpump.procs import reap
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
@@ -64,10 +65,7 @@ async def server(*args: str) -> AsyncIterator[Lines]:
     try:
         yield Lines(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.move_on_after(10):
-            await proc.wait()
+        await reap(proc)
 
 
 def cluster_file(path: pathlib.Path, servers: list[tuple[str, str]]) -> str:

@@ -19,6 +19,7 @@ from brokermgr import BrokerManager
 from mq import MqClient, ServiceError
 from pump import Pump
 from rdv import Address
+from tests.rdvpump.procs import reap
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
@@ -131,9 +132,7 @@ async def test_a_killed_consumer_s_messages_reach_the_other(tmp_path: pathlib.Pa
             *whole, _cut = buffer.split(b"\n")  # a line cut by the kill was not acked
             printed += [json.loads(line)["offset"] for line in whole if line]
         finally:
-            killed.kill()
-            with trio.move_on_after(10):
-                await killed.wait()
+            await reap(killed)
         subscription = await client.subscribe("orders", window=500)
         got: set[int] = set()
         with trio.fail_after(30):
@@ -261,9 +260,7 @@ async def test_ctrl_c_on_mq_consume_is_one_line_and_exit_130(tmp_path: pathlib.P
             assert consumer.returncode == 130
             assert errors.decode().strip() == "interrupted"  # one line, no traceback
         finally:
-            consumer.kill()
-            with trio.move_on_after(10):
-                await consumer.wait()
+            await reap(consumer)
 
 
 async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.Path) -> None:

@@ -424,3 +424,56 @@ async def test_a_message_too_large_for_a_link_is_refused_before_it_is_sent(
                 assert client.link.connects == 1  # the link was never closed
             finally:
                 s.server.close()
+
+
+async def test_closing_a_client_ends_requests_waiting_for_its_link(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A subscribe waiting for a server that is down ends with status 0 ("closed") when
+    its client is closed, at once rather than at its timeout; a subscribe cancelled after
+    the close ends as cancelled (no error of the client's own); and a closed client says
+    so to the next request."""
+    async with site(tmp_path) as s:
+        await s.client("p").declare("orders")
+        s.crash()  # nobody answers at s1 now: the client keeps dialling
+        ended: list[tuple[float, BaseException]] = []
+
+        async def subscribe(client: MqClient) -> None:
+            try:
+                await client.subscribe("orders")
+            except BaseException as exc:  # what the caller sees, and when
+                ended.append((trio.current_time(), exc))
+                if not isinstance(exc, ServiceError):
+                    raise
+
+        client = s.client("c", timeout=60)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(subscribe, client)
+            await trio.sleep(1)
+            closed_at = trio.current_time()
+            client.close()
+        assert ended[-1][0] == closed_at  # at once, not at the 60 s timeout
+        assert isinstance(ended[-1][1], ServiceError) and ended[-1][1].status == 0
+        assert "closed; consume was not sent" in str(ended[-1][1])
+        assert client.subscriptions == {}
+
+        # a subscribe sent, then its client closed and its task cancelled before the
+        # reply (as a consumer that closes its clients and then its tasks does)
+        s.start()
+        other = s.client("d", timeout=60)
+        await other.connected()
+        send = other.link.request
+        async with trio.open_nursery() as nursery:
+            def request(*args: Any, **kwargs: Any) -> bool:
+                sent = send(*args, **kwargs)
+                other.close()
+                nursery.cancel_scope.cancel()
+                return sent
+
+            other.link.request = request  # type: ignore[method-assign]
+            nursery.start_soon(subscribe, other)
+        assert isinstance(ended[-1][1], trio.Cancelled)
+        assert other.subscriptions == {}
+        with pytest.raises(ServiceError, match="closed; declare was not sent"):
+            await other.declare("orders")
+        with pytest.raises(ServiceError, match="the client is closed"):
+            await other.connected()

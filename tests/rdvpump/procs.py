@@ -1,5 +1,5 @@
-"""Helpers for tests that drive real rdvpump processes: read a pipe up to a marker, and
-list the processes running with their command lines."""
+"""Helpers for tests that drive real rdvpump processes: read a pipe up to a marker, list
+the processes running with their command lines, and reap a child however a test ends."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import selectors
 import subprocess
 import time
 from typing import IO
+
+import trio
 
 DEADLINE = 60.0
 
@@ -52,3 +54,16 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[bytes,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def reap(proc: trio.Process, timeout: float = 10.0) -> None:
+    """Kill ``proc`` if it runs, wait for it and close its pipes, shielded: a test that
+    fails inside a nursery runs its cleanup in a cancelled scope, where an unshielded
+    wait returns at once and leaves the child running and unreaped."""
+    if proc.returncode is None:
+        proc.kill()
+    with trio.move_on_after(timeout, shield=True):
+        await proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                await stream.aclose()

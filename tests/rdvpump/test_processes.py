@@ -18,6 +18,7 @@ import trio
 
 from brokermgr import BrokerManager, NameClient
 from rdv import Address
+from tests.rdvpump.procs import reap
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +45,7 @@ async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, tuple[str, int]
         assert words[0] == "ready", line
         yield proc, Address.parse(words[-1])
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.move_on_after(10):
-            await proc.wait()
+        await reap(proc)
 
 
 async def test_killed_broker_process_is_dropped_and_survivors_lose_nothing() -> None:

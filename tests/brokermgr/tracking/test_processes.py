@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.rdvpump.procs import reap
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
@@ -103,9 +104,7 @@ async def test_killed_and_hung_servers_leave_the_clients_route_tables() -> None:
                 assert names(snap) == {"s3:15555"}
             finally:
                 s2.send_signal(signal.SIGKILL)
-                watcher.kill()
-                with trio.move_on_after(10):
-                    await watcher.wait()
+                await reap(watcher)
 
 
 async def test_routes_once_prints_a_table_and_fails_clearly_without_trackers(
