@@ -44,83 +44,90 @@ def rdvpump_inproc(size: int, count: int, *, ring: int = 1 << 18,
         return _rdvpump_inproc(size, count, ring, high_water, recorder, batch)
 
 
+class _Counting:
+    """The consumer's side: takes every message, keeps nothing (the queue counts)."""
+
+    def received(self, message: bytes) -> None:
+        pass
+
+    def closed(self, reason: str) -> None:
+        pass
+
+
+class _Accept:
+    def __init__(self) -> None:
+        self.queues: list[MessageQueue] = []
+
+    def accepted(self, queue: MessageQueue) -> None:
+        queue.set_listener(_Counting())
+        self.queues.append(queue)
+
+
+class _Flooder(_Counting):
+    """The producer's side: sends ``count`` messages as fast as the queue takes them
+    (one ``send`` each, or ``send_many`` of ``batch``), again each time it drains."""
+
+    def __init__(self, msg: bytes, count: int, batch: int) -> None:
+        self.msg = msg
+        self.left = count
+        self.batch = batch
+
+    def connected(self, queue: MessageQueue) -> None:
+        self.queue = queue
+        queue.set_listener(self)
+        self.drained()
+
+    def refused(self, reason: str) -> None:
+        raise RunError(reason)
+
+    def drained(self) -> None:
+        if self.batch:
+            self.drained_batched()
+            return
+        send = self.queue.send
+        msg = self.msg
+        left = self.left
+        sent = 0
+        try:
+            for sent in range(1, left + 1):  # noqa: B007
+                send(msg)
+        except QueueFullError:
+            sent -= 1
+        self.left = left - sent
+
+    def drained_batched(self) -> None:
+        send_many = self.queue.send_many
+        batch = self.batch
+        chunk = [self.msg] * batch
+        left = self.left
+        try:
+            while left >= batch:
+                n = send_many(chunk)
+                left -= n
+                if n < batch:
+                    return
+            if left:
+                left -= send_many(chunk[:left])
+        except QueueFullError:
+            pass
+        finally:
+            self.left = left
+
+
 def _rdvpump_inproc(size: int, count: int, ring: int, high_water: int,
                     recorder: TraceRecorder | None, batch: int) -> float:
     pump = Pump(trace=recorder)
     universe = BrokerManager("bench", pump=pump, ring_capacity=ring, high_water=high_water,
                              max_message_size=max(high_water, size))
     a, b = universe.add_broker("producer"), universe.add_broker("consumer")
-    queues: list[MessageQueue] = []
-
-    class Accept:
-        def accepted(self, queue: MessageQueue) -> None:
-            queue.set_listener(CountingListener())
-            queues.append(queue)
-
-    class CountingListener:
-        def received(self, message: bytes) -> None:
-            pass
-
-        def closed(self, reason: str) -> None:
-            pass
-
-    msg = b"x" * size
-
-    class Flooder:
-        left = count
-
-        def connected(self, queue: MessageQueue) -> None:
-            self.queue = queue
-            queue.set_listener(self)
-            self.drained()
-
-        def refused(self, reason: str) -> None:
-            raise RunError(reason)
-
-        def drained(self) -> None:
-            if batch:
-                self.drained_batched()
-                return
-            send = self.queue.send
-            left = self.left
-            sent = 0
-            try:
-                for sent in range(1, left + 1):  # noqa: B007
-                    send(msg)
-            except QueueFullError:
-                sent -= 1
-            self.left = left - sent
-
-        def drained_batched(self) -> None:
-            send_many = self.queue.send_many
-            chunk = [msg] * batch
-            left = self.left
-            try:
-                while left >= batch:
-                    n = send_many(chunk)
-                    left -= n
-                    if n < batch:
-                        return
-                if left:
-                    left -= send_many(chunk[:left])
-            except QueueFullError:
-                pass
-            finally:
-                self.left = left
-
-        def received(self, message: bytes) -> None:
-            pass
-
-        def closed(self, reason: str) -> None:
-            pass
-
-    b.bind(1, Accept())
-    a.connect("consumer", 1, Flooder())
+    accept = _Accept()
+    b.bind(1, accept)
+    a.connect("consumer", 1, _Flooder(b"x" * size, count, batch))
     start = time.perf_counter()  # includes the rendezvous: a handful of pump steps
     pump.run_until_idle()
     pump.close_trace()
     elapsed = time.perf_counter() - start
-    got = queues[0].statistics().messages_received
+    got = accept.queues[0].statistics().messages_received
     if got != count:
         raise RunError(f"rdvpump bench delivered {got} of {count} messages")
     return elapsed
