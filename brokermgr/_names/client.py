@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pump import ConfigError, Repeating
 from rdv import Address, RdvNode
@@ -27,6 +27,9 @@ from .service import (
     MANAGER_ID,
     NAME_PORT,
 )
+
+if TYPE_CHECKING:
+    from .._broker import Broker
 
 log = logging.getLogger("rdvpump.names")
 
@@ -45,22 +48,37 @@ class NameClient:
     ``retry``, by default :data:`DEFAULT_NAME_RETRY`), and answers the universe's resolver: each
     manager in turn is asked where a broker lives (managers may disagree; the
     first that knows wins).
+
+    A manager is the address of a manager process (reached over TCP), or the id of a
+    broker of this universe that serves the name service (:class:`NameService` with
+    that ``broker_id``), reached over in-memory links from ``broker``: then the client
+    registers ``broker`` alone, at ``address``.  That is how a simulation gives each
+    server a name client of its own, which a partition or a crash can cut off as a
+    network would.
     """
 
-    def __init__(self, manager: BrokerManager, managers: list[Address], *,
+    def __init__(self, manager: BrokerManager, managers: Sequence[Address | str], *,
                  heartbeat: float = DEFAULT_HEARTBEAT, retry: float = DEFAULT_NAME_RETRY,
                  lookup_timeout: float = DEFAULT_LOOKUP_TIMEOUT, version: int = 0,
                  topics: Callable[[str], tuple[str, ...]] | None = None,
                  groups: Callable[[str], GroupMember | None] | None = None,
                  clusters: Callable[[str], dict[str, Any] | None] | None = None,
                  progress: Callable[[str], GroupProgress | None] | None = None,
-                 on_refused: Callable[[str, str], None] | None = None) -> None:
+                 on_refused: Callable[[str, str], None] | None = None,
+                 broker: Broker | None = None, address: Address | None = None) -> None:
         if not managers:
             raise ConfigError("a name client needs at least one manager address")
+        if broker is None and any(isinstance(m, str) for m in managers):
+            raise ConfigError("a name client reaches name services of its universe (by "
+                              "broker id) only from a broker: give broker=")
         if not heartbeat > 0 or not retry > 0:
             raise ConfigError("heartbeat and retry intervals must be positive")
         self.manager = manager
         self.pump = manager.pump
+        #: The one broker registered, when not every broker of ``manager``.
+        self.broker = broker
+        #: The address registered (None: where ``manager`` serves its network).
+        self.address = address
         self.heartbeat = heartbeat
         self.retry = retry
         self.lookup_timeout = lookup_timeout
@@ -109,11 +127,12 @@ class NameClient:
             link.connect()
 
     def registrations(self) -> list[dict[str, Any]]:
-        address = self.manager.net.address
+        address = self.address or self.manager.net.address
         if address is None:
             return []
         found = []
-        for b in self.manager.broker_ids:
+        ids = self.manager.broker_ids if self.broker is None else [self.broker.id]
+        for b in ids:
             if not b.startswith("@"):
                 row: dict[str, Any] = {"id": b, "address": list(address),
                                        "version": self.version, "topics": list(self.topics(b))}
@@ -213,12 +232,22 @@ class _ManagerLink(ReconnectingLink):
     """The link to one manager: register at once and on every heartbeat; after a loss,
     dial again at once (a restarted manager relearns us immediately)."""
 
-    def __init__(self, client: NameClient, address: Address) -> None:
-        node, net = client.rdv, client.manager.net
-        super().__init__(client.pump,
-                         lambda link: net.dial(node, MANAGER_ID, NAME_PORT, link,
-                                               address=address),
-                         name=f"manager {address}", retry=client.retry, after_loss=0)
+    def __init__(self, client: NameClient, address: Address | str) -> None:
+        dial: Callable[[ReconnectingLink], None]
+        if isinstance(address, str):
+            broker = client.broker
+            assert broker is not None
+
+            def dial(link: ReconnectingLink) -> None:
+                if not broker.closed:
+                    broker.connect(address, NAME_PORT, link)
+        else:
+            node, net = client.rdv, client.manager.net
+
+            def dial(link: ReconnectingLink) -> None:
+                net.dial(node, MANAGER_ID, NAME_PORT, link, address=address)
+        super().__init__(client.pump, dial, name=f"manager {address}", retry=client.retry,
+                         after_loss=0)
         self.client = client
         self.address = address
         #: Set when the manager refused a registration for good (a duplicate id).

@@ -185,11 +185,14 @@ class NameService:
 
     A broker is dropped at once when the connection it registered over drops,
     and otherwise when no heartbeat came within ``expiry`` (checked every
-    ``scan_interval``).
+    ``scan_interval``).  The service is the broker ``broker_id`` of ``manager``'s
+    universe (:data:`MANAGER_ID`, which a manager process serves over TCP; another id
+    puts a second service in one universe, as a simulation does).
     """
 
     def __init__(self, manager: BrokerManager, *, expiry: float = DEFAULT_BROKER_EXPIRY,
-                 scan_interval: float = DEFAULT_SCAN_INTERVAL) -> None:
+                 scan_interval: float = DEFAULT_SCAN_INTERVAL,
+                 broker_id: str = MANAGER_ID) -> None:
         if not scan_interval > 0:
             raise ConfigError(f"scan interval must be positive, got {scan_interval!r}")
         self.manager = manager
@@ -207,7 +210,7 @@ class NameService:
             "group": Command(_group, self._group),
             "failover": Command(_switch, self._switch),
         })
-        self.broker = manager.add_broker(MANAGER_ID)
+        self.broker = manager.add_broker(broker_id)
         self.broker.listen(NAME_PORT, self)
         self._scan_timer = self.pump.call_every(scan_interval, self._scan)
 
