@@ -242,8 +242,10 @@ class GroupTables:
 
     def group(self, name: str) -> dict[str, Any]:
         """A group as a route shows it: cluster, newest epoch, permission, master, the
-        master's in-sync members, and the members (by id) with the records each holds and
-        its lag (the master's count less its own; None without a master or a count)."""
+        members in sync (what the failover would choose from: as the master last
+        reported them, less a member promoted since; the master waits for each), and the
+        members (by id) with the records each holds and its lag (the master's count less
+        its own; None without a master or a count)."""
         live = sorted((m for m in self.members.values() if m.member.group == name),
                       key=lambda m: (m.member.member_id, m.broker_id))
         master = self.master(name)
@@ -252,8 +254,7 @@ class GroupTables:
         return {"cluster": live[0].member.cluster if live else None, "epoch": epoch,
                 "perm": "rw" if master is not None else "r",
                 "master": None if master is None else master.broker_id,
-                "insync": [] if master is None or master.progress is None
-                else sorted(master.progress.insync),
+                "insync": sorted(self.insync.get(name, ())),
                 "members": [{"id": m.member.member_id, "broker": m.broker_id,
                              "address": list(m.address), "role": m.member.role,
                              "epoch": m.member.epoch, "version": m.version,

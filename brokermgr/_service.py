@@ -119,6 +119,9 @@ class Fields:
                max_bytes: int | None = None) -> str:
         """A required string; ``check(value, key)`` (raising ValueError) for a rule of its
         own, ``max_bytes`` for a bound on its UTF-8 length."""
+        value = self.obj.get(key)
+        if type(value) is str and check is None and max_bytes is None:
+            return value  # the common case, without a second call
         value = self.optional_string(key, check=check, max_bytes=max_bytes)
         if value is None:
             raise self.bad(key, "is missing")
@@ -255,11 +258,16 @@ class CommandTable:
         envelope; None for none.  A handler that fails with anything but a
         :class:`ServiceError` is a bug: logged with its traceback, answered 500."""
         cmd = obj.get("cmd")
-        known = cmd if isinstance(cmd, str) and cmd in self.commands else None
+        command = self.commands.get(cmd) if isinstance(cmd, str) else None
+        known = None if command is None else cmd
         try:
-            name, command = self.command(obj)
-            request = command.parse(Fields(obj, name))
-            return command.handle(request, Call(queue, request_seq(obj), name))
+            if command is None:
+                self.command(obj)  # raises the refusal
+            assert command is not None and known is not None
+            request = command.parse(Fields(obj, known))
+            seq = obj.get("seq")  # request_seq, inline: this runs for every request
+            return command.handle(request, Call(
+                queue, seq if type(seq) is int and 0 <= seq <= MAX_INT else None, known))
         except ServiceError as exc:
             return self.refusal(obj, exc, known)
         except Exception:

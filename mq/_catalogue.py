@@ -70,6 +70,11 @@ class TopicState:
     group_errors: dict[str, str] = field(default_factory=dict)
     #: its recent publishes by producer and sequence (None: to be built from the log)
     recent: Recent | None = None
+    #: on a member of a group replicated ``sync``: the offsets below this are stored by
+    #: enough replicas (acknowledged, never cut by a failover), and only those are
+    #: delivered; a master moves it as its replicas acknowledge, a replica as its master
+    #: says (:mod:`._replication`)
+    committed: int = 0
 
 
 class Catalogue:
@@ -91,6 +96,9 @@ class Catalogue:
         self.dead = dead
         self.tick = tick
         self.topics: dict[str, TopicState] = {}
+        #: Set on a server whose group replicates ``sync``: a topic on disk delivers only
+        #: what is committed (:attr:`TopicState.committed`).
+        self.deliver_committed = False
         #: topics found on disk that cannot be opened, by directory name: why
         self.unavailable: dict[str, str] = {}
 
@@ -273,10 +281,22 @@ class Catalogue:
             return "waiting for a consumer"
         if all(c.credits <= 0 for c in g.consumers):
             return f"every consumer's window is full ({len(g.in_flight)} unacknowledged)"
-        if g.next_read >= self.commit.visible(state.topic.log) and not g.redeliver:
-            return "waiting for messages to be stored" if g.next_read < (
-                state.topic.log.next_offset) else "ok"
+        if g.next_read >= self.visible(state) and not g.redeliver:
+            if g.next_read >= state.topic.log.next_offset:
+                return "ok"
+            if g.next_read >= self.commit.visible(state.topic.log):
+                return "waiting for messages to be stored"
+            return "waiting for replicas to store messages"
         return "ok"
+
+    def visible(self, state: TopicState) -> int:
+        """The offsets below this may be delivered: what the durability policy made
+        durable and, on a server of a group replicated ``sync``, what enough replicas
+        stored (a message a failover may cut is never delivered)."""
+        end = self.commit.visible(state.topic.log)
+        if self.deliver_committed and "memory" not in state.flags:
+            return min(end, state.committed)
+        return end
 
     def close(self) -> None:
         """Save every position and close the files (the group commit has synced them)."""

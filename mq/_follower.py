@@ -67,6 +67,10 @@ class Replica(Protocol):
         """The master's consume groups of ``name``: each one's position (every offset
         below it handled there) and filter."""
 
+    def replica_committed(self, name: str, offset: int) -> None:
+        """The master says that ``name``'s records below ``offset`` are committed (stored
+        by enough replicas, under ``sync``)."""
+
 
 class Logs:
     """A :class:`Replica` of plain logs: the topics given, no others."""
@@ -90,6 +94,9 @@ class Logs:
                           ) -> None:
         pass
 
+    def replica_committed(self, name: str, offset: int) -> None:
+        pass
+
 
 class _MasterLink(BrokerLink):
     def __init__(self, follower: Follower, broker: Broker, master: ServerAddress,
@@ -110,6 +117,8 @@ class _MasterLink(BrokerLink):
             self.follower.copies(self, obj)
         elif obj.get("cmd") == "positions":
             self.follower.positions(self, obj)
+        elif obj.get("cmd") == "committed":
+            self.follower.committed(self, obj.get("topic"), obj.get("offset"))
         elif obj.get("cmd") == "error":
             log.warning("%s: %s", self.name, ServiceError.of(obj))
 
@@ -272,11 +281,23 @@ class Follower:
             link.protocol_error(f"a bad copies frame: {exc}")
             return
         topic_log.sync()
+        if "committed" in obj:
+            self.committed(link, topic, obj["committed"])
         self.replica.replica_stored(str(topic))
         self.counts["records"] += count
         self.counts["frames"] += 1
         link.send({"cmd": "copied", "topic": topic, "next": topic_log.next_offset})
         self._changed()
+
+    def committed(self, link: _MasterLink, topic: Any, offset: Any) -> None:
+        """The master's committed offset of a topic (sent with copies, or alone when it
+        moves without them): kept by the replica."""
+        if not isinstance(topic, str) or topic not in self.replica.replica_logs() or \
+                type(offset) is not int or offset < 0:
+            log.error("%s: a bad committed offset %r of %r", link.name, offset, topic)
+            link.protocol_error(f"a bad committed offset {offset!r} of {topic!r}")
+            return
+        self.replica.replica_committed(topic, offset)
 
     def positions(self, link: _MasterLink, obj: dict[str, Any]) -> None:
         """The master's consume groups of a topic: kept by the replica."""

@@ -160,7 +160,14 @@ class GroupRole:
         if state is not None:
             state.topic.cut(offset)
             state.recent = None
+            state.committed = min(state.committed, offset)
             self.catalogue.save_positions(state)
+
+    def replica_committed(self, name: str, offset: int) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None and offset > state.committed:
+            state.committed = offset
+            self.dispatch(state)
 
     def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
                           ) -> None:
@@ -219,6 +226,8 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
             info = {}
         master, epoch = info.get("master"), info.get("epoch") or 0
         if master == me:
+            # the members a failover would choose from: this master waits for each
+            server.shipper.confirm_insync(frozenset(info.get("insync") or ()) - {me})
             if mine.role == "slave" and epoch > mine.epoch and (
                     server.follower is None or not server.follower.copying
                     or server.follower.quiet > HUNG):

@@ -34,6 +34,24 @@ longer, and is no longer one the failover may choose.  Under
 ``sync`` with fewer replicas in sync than that, a produce is refused (503, the reason
 says how many are in sync; nothing stored), and the produces waiting for replicas are
 answered with that refusal (stored here, not acknowledged: they may or may not stay).
+
+Under ``sync`` the replicas waited for are also those the name service holds in sync
+(:meth:`Shipper.confirm_insync`, from the group's answer): those are the ones a failover
+may promote, and the name service learns that one fell out of sync only from this
+master's next registration.  A master cut off from the name service therefore stops
+acknowledging once such a replica falls behind, instead of going on without it while
+the name service may still promote it (Kafka's rule: the in-sync set shrinks only once
+the controller has it).
+
+Under ``sync`` each topic also has a *committed* offset (Kafka's high watermark): the
+records below it are stored by enough replicas by the same rule, so no failover cuts
+them, and only those are delivered to consumers (:meth:`Catalogue.visible
+<._catalogue.Catalogue.visible>`); otherwise a consumer could see a message that a
+failover then cuts and another replaces at its offset.  The master moves it as its
+replicas acknowledge and sends it to them with the records (``copies`` carries
+``committed``) or alone when it moves without records (``committed {topic, offset}``);
+a replica delivers to its own consumers only up to what its master said.  It lives in
+memory: a restarted member delivers again once its replicas, or its master, confirm it.
 """
 
 from __future__ import annotations
@@ -75,6 +93,8 @@ class _Follower:
     replica: str | None = None
     #: the consume groups' positions (and filters) it was last sent
     positions: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    #: the committed offset it was last sent
+    committed: int = 0
 
 
 #: The replication modes.
@@ -100,7 +120,8 @@ class Shipper:
     def __init__(self, catalogue: Catalogue,
                  reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None], *,
                  mode: str = "async", min_insync: int = 1,
-                 insync_lag: float = DEFAULT_INSYNC_LAG) -> None:
+                 insync_lag: float = DEFAULT_INSYNC_LAG,
+                 dispatch: Callable[[TopicState], None] = lambda state: None) -> None:
         if mode not in MODES:
             raise ConfigError(f"replication is async or sync, not {mode!r}")
         if type(min_insync) is not int or min_insync < 1:
@@ -110,8 +131,10 @@ class Shipper:
                               f"{insync_lag!r}")
         self.catalogue = catalogue
         self.reply = reply
+        self.dispatch = dispatch
         self.now = catalogue.node.pump.now
         self.mode = mode
+        catalogue.deliver_committed = mode == "sync"
         self.min_insync = min_insync
         self.insync_lag = insync_lag
         #: by the link's id and the topic
@@ -120,6 +143,10 @@ class Shipper:
         self.held: dict[str, list[_Held]] = {}
         #: this master's epoch (each topic's log keeps where each epoch began)
         self.epoch = 0
+        #: the replicas (broker ids) that the name service holds in sync with this master:
+        #: the failover may promote any of them, so under ``sync`` each is waited for
+        #: until the name service has dropped it (:meth:`confirm_insync`)
+        self.confirmed: frozenset[str] = frozenset()
         #: the replicas refused for a configuration that differs (logged once each)
         self._config_refused: set[tuple[str | None, str]] = set()
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
@@ -218,11 +245,17 @@ class Shipper:
                 chunks, lengths = encode_records(records, _ANY_BODY)
                 size = sum(lengths)
                 link.send(encode({"cmd": "copies", "topic": name, "first": follower.next,
-                                  "count": len(records)}, chunks))
+                                  "count": len(records), "committed": state.committed},
+                                 chunks))
+                follower.committed = state.committed
                 follower.next += len(records)
                 follower.in_flight.append((follower.next, size))
                 self.counts["frames"] += 1
                 self.counts["bytes"] += size
+            if follower.committed != state.committed and self._replicated(name):
+                follower.committed = state.committed
+                link.send(encode({"cmd": "committed", "topic": name,
+                                  "offset": state.committed}))
 
     def ship_positions(self, state: TopicState) -> None:
         """Send each follower of the topic its consume groups' positions that changed
@@ -335,13 +368,59 @@ class Shipper:
         return self.mode == "sync" and state is not None and "memory" not in state.flags
 
     def _enough(self, topic: str, end: int) -> bool:
-        """Whether the replicas have ``topic`` up to ``end``: every one in sync, and at
-        least ``min_insync``."""
-        have = {caller for (caller, t), f in self.followers.items()
-                if t == topic and f.acked >= end}
-        return len(have) >= self.min_insync and set(self.in_sync(topic)) <= have
+        """Whether the replicas have ``topic`` up to ``end``: every one in sync (here, or
+        as the name service holds it), and at least ``min_insync``."""
+        have = sum(1 for (_, t), f in self.followers.items() if t == topic and f.acked >= end)
+        required = self._stored_by(topic)
+        return have >= self.min_insync and required is not None and all(
+            acked >= end for acked in required)
+
+    def confirm_insync(self, replicas: frozenset[str]) -> None:
+        """The name service holds ``replicas`` in sync with this master (what a failover
+        would choose from): waited for from now on, and no longer those it dropped."""
+        if replicas != self.confirmed:
+            self.confirmed = replicas
+            for topic in list(self.catalogue.topics):
+                self.check(topic)
+
+    def _stored_by(self, topic: str) -> list[int] | None:
+        """Under ``sync``, the next offsets of the replicas that must have a record before
+        it counts as stored by enough of them: every replica in sync here, and every one
+        the name service holds in sync (:attr:`confirmed`), which a failover may promote
+        (so this master never acknowledges past one of those that it cannot reach: it
+        waits until the name service dropped it).  None while one of those does not
+        follow the topic."""
+        insync = set(self.in_sync(topic))
+        required = []
+        named = set()
+        for (caller, t), f in self.followers.items():
+            if t == topic and (caller in insync or f.replica in self.confirmed):
+                required.append(f.acked)
+                if f.replica is not None:
+                    named.add(f.replica)
+        if not self.confirmed <= named:
+            return None
+        return required
+
+    def _commit(self, topic: str) -> None:
+        """Under ``sync``, move the topic's committed offset up to what enough replicas
+        stored (the rule of :meth:`_enough`), and deliver and tell the replicas what it
+        opens."""
+        state = self.catalogue.topics.get(topic)
+        if state is None or not self._replicated(topic):
+            return
+        acked = sorted((f.acked for (_, t), f in self.followers.items() if t == topic),
+                       reverse=True)
+        required = self._stored_by(topic)
+        if len(acked) < self.min_insync or required is None:
+            return
+        end = min([acked[self.min_insync - 1], state.topic.log.next_offset, *required])
+        if end > state.committed:
+            state.committed = end
+            self.dispatch(state)
 
     def _release(self, topic: str) -> None:
+        self._commit(topic)
         held = self.held.get(topic)
         while held and self._enough(topic, held[0].end):
             waiting = held.pop(0)

@@ -166,7 +166,8 @@ class MqServer:
         #: The replicas that follow this server's topics, and whether a produce waits for
         #: them (``replication``: async or sync; :mod:`._replication`).
         self.shipper = Shipper(self.catalogue, self.reply, mode=replication,
-                               min_insync=min_insync, insync_lag=insync_lag)
+                               min_insync=min_insync, insync_lag=insync_lag,
+                               dispatch=self._dispatch)
         #: Its place in a replicated group, and its side as a replica (:mod:`._member`).
         self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
                               dispatch=self._dispatch)
@@ -303,13 +304,14 @@ class MqServer:
         """Push what a topic's groups may have now; a failure stays with the topic (its
         error state, logged once), and the broker and the other topics go on."""
         try:
-            sent = state.topic.dispatch(self.commit.visible(state.topic.log))
+            sent = state.topic.dispatch(self.catalogue.visible(state))
         except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
             self.catalogue.failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
             sent = 0
             self.links.clear_batches()
         else:
-            self.catalogue.works_again(state)
+            if state.error is not None:
+                self.catalogue.works_again(state)
         if sent:
             self.counts["delivered"] += sent
             self.links.flush()
@@ -447,8 +449,8 @@ class MqServer:
                 expired = 0
             if expired:
                 self._dispatch(state)
-            if self.shipper.held:
-                self.shipper.check(state.topic.name)
+            if self.shipper.held or self.shipper.followers:
+                self.shipper.check(state.topic.name)  # the in-sync set moves with time
             if self.shipper.followers:
                 self.shipper.ship_positions(state)
             self.catalogue.save_positions(state)

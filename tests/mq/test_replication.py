@@ -239,6 +239,114 @@ async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_
         slave.close()
 
 
+async def test_under_sync_only_what_a_replica_stored_is_delivered_on_master_and_replica(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A message the master stored but no replica has yet is not delivered: a failover
+    could cut it, and a consumer that saw it would have seen a history that did not
+    last.  It is delivered once the replica acknowledged it (with the produce's answer).
+    The replica's own consumers get what the master says is committed, not what the
+    replica merely holds."""
+    from brokermgr import GroupMember
+
+    async with sync_master(tmp_path) as (universe, server, client):
+        slave_node = TrackNode(universe.add_broker("s2"), role="server",
+                               group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+        slave = MqServer(slave_node, tmp_path / "s2", fsync_thread=False,
+                         replication="sync", insync_lag=5.0)
+        follower = slave.follow("s1:15555", retry=0.5)
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+        reader = MqClient(universe.add_broker("reader"), "s1:15555", retry=0.5)
+        on_master = await reader.subscribe("orders", window=100)
+        replica_reader = MqClient(universe.add_broker("r2"), "s2:15555", retry=0.5)
+        on_replica = await replica_reader.subscribe("orders", window=100)
+
+        held: list[tuple[Any, dict[str, Any]]] = []
+        copies = follower.copies
+        follower.copies = lambda link, obj: held.append((link, obj))  # type: ignore
+        answered: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            async def publish() -> None:
+                answered.append(await client.publish("orders", b"one"))
+
+            nursery.start_soon(publish)
+            while server.catalogue.topics["orders"].topic.log.next_offset < 1 or not held:
+                await trio.sleep(0.1)
+            with trio.move_on_after(3):  # stored on the master, shipped, not stored there
+                await on_master.receive()
+                raise AssertionError("delivered before a replica stored it")
+            assert not answered
+            follower.copies = copies  # type: ignore[method-assign]
+            for link, obj in held:
+                copies(link, obj)
+            with trio.fail_after(5):
+                message = await on_master.receive()
+        assert message.body == b"one" and answered[0].offset == 0
+        with trio.fail_after(5):
+            assert (await on_replica.receive()).body == b"one"
+
+        # the replica holds a second message, but the master's word that it is committed
+        # does not reach it: its consumers do not get it
+        said = follower.committed
+        follower.committed = lambda *args: None  # type: ignore[method-assign]
+        assert (await client.publish("orders", b"two")).offset == 1
+        assert slave.catalogue.topics["orders"].topic.log.next_offset == 2
+        with trio.fail_after(5):
+            assert (await on_master.receive()).body == b"two"
+        with trio.move_on_after(3):
+            await on_replica.receive()
+            raise AssertionError("the replica delivered what it did not know committed")
+        follower.committed = said  # type: ignore[method-assign]
+        assert (await client.publish("orders", b"three")).offset == 2
+        with trio.fail_after(5):
+            got = [(await on_replica.receive()).body for _ in range(2)]
+        assert got == [b"two", b"three"]
+        reader.close()
+        replica_reader.close()
+        slave.close()
+
+
+async def test_a_replica_the_name_service_holds_in_sync_is_waited_for_until_it_is_dropped(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Under ``sync`` a master acknowledges only what every replica that a failover may
+    promote stored: those in sync here, and those the name service still holds in sync
+    (the set it promotes from).  A replica that stops copying leaves the master's own
+    in-sync set after the lag, but while the name service holds it in sync (the master
+    could not tell it otherwise: cut off from it) the master does not acknowledge
+    without it; once the name service dropped it, the produce is answered."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
+        followers = {name: Follower(universe.add_broker(name), "s1:15555",
+                                    {"orders": logs[name]}, retry=0.5) for name in logs}
+        for follower in followers.values():
+            while "orders" not in follower.followed:
+                await follower.changed.wait()
+        await client.publish("orders", b"both")
+        assert server.shipper.insync_replicas() == ["r1", "r2"]
+        server.shipper.confirm_insync(frozenset({"r1", "r2"}))  # as the name service says
+        followers["r2"].copies = lambda link, obj: None  # type: ignore[method-assign]
+        answered: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            async def publish() -> None:
+                answered.append(await client.publish("orders", b"r2 lacks it"))
+
+            nursery.start_soon(publish)
+            await trio.sleep(30)  # well past the in-sync lag (5 s): r1 alone in sync here
+            assert server.shipper.insync_replicas() == ["r1"]
+            assert logs["r1"].next_offset == 2 and logs["r2"].next_offset == 1
+            assert not answered  # the name service may still promote r2
+            assert server.catalogue.topics["orders"].committed == 1  # nor delivered
+            server.shipper.confirm_insync(frozenset({"r1"}))  # it dropped r2
+            with trio.fail_after(5):
+                while not answered:
+                    await trio.sleep(0.1)
+        assert answered[0].offset == 1
+        assert server.catalogue.topics["orders"].committed == 2
+        for name, follower in followers.items():
+            follower.close()
+            logs[name].close()
+
+
 async def test_consume_groups_reach_the_replica_with_their_positions_and_filters(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """The master's consume groups are sent to its replica every tick: a group declared
