@@ -174,7 +174,21 @@ class GroupTables:
                 self._drop(topic, group)
         return said
 
-    def _promote(self, group: str, held: tuple[int, str]) -> str:
+    def recover(self, group: str) -> str | None:
+        """A group left with no master (its master lost while no member in sync lived)
+        gets one as soon as a member the master reported in sync is back, at the next
+        epoch.  (The former master itself back holds its epoch again: :meth:`master`
+        names it, and it resumes.)  What happened, to log; None if nothing did."""
+        held = self.epochs.get(group)
+        if held is None or self.master(group) is not None:
+            return None
+        insync = set(self.insync.get(group, ())) - {held[1]}
+        if not any(m.member.group == group and m.broker_id in insync
+                   for m in self.members.values()):
+            return None
+        return self._promote(group, held, returned=True)
+
+    def _promote(self, group: str, held: tuple[int, str], *, returned: bool = False) -> str:
         epoch, lost = held
         insync = set(self.insync.get(group, ())) - {lost}
         candidates = [m for m in self.members.values()
@@ -187,6 +201,10 @@ class GroupTables:
         self.epochs[group] = (epoch + 1, winner.broker_id)
         self.insync[group] = tuple(sorted(insync - {winner.broker_id}))
         records = winner.progress.held if winner.progress is not None else 0
+        if returned:
+            return (f"group {group}: without a master since epoch {epoch}; "
+                    f"{winner.broker_id} is back and promoted at epoch {epoch + 1} "
+                    f"(holding {records} records)")
         return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
                 f"promoted at epoch {epoch + 1} (in sync, holding {records} records)")
 

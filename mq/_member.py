@@ -234,8 +234,14 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                 server.promote(epoch)
                 following = None
                 names.register_now()
+            elif mine.role == "master" and epoch > mine.epoch:
+                server.promote(epoch)  # back as master at a newer epoch (a restart)
+                names.register_now()
             elif mine.role == "master" and epoch == mine.epoch:
                 server.confirm()
+        elif master is None and mine.role == "master" and epoch > mine.epoch:
+            server.demote(epoch)  # the group moved on without this master: fenced
+            names.register_now()
         elif isinstance(master, str) and epoch >= mine.epoch:
             if mine.role == "master" or epoch > mine.epoch:
                 server.demote(epoch)

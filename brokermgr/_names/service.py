@@ -10,6 +10,7 @@ for replicated groups ``route``, ``group`` and ``switch`` (the tables of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -239,12 +240,19 @@ class NameService:
                 log.warning("refused the registration of broker %s: %s", record.broker_id,
                             why)
                 fenced.append(why)
-                continue
+                # a fenced master is a member all the same (a slave until told otherwise):
+                # it may hold what a group left without a master needs
+                assert record.group is not None
+                record = dataclasses.replace(record, group=dataclasses.replace(
+                    record.group, role="slave"))
             self.table.report(record.broker_id, record, now=now,
                               version=registration.version, connection=call.queue)
             if record.group is not None:
                 self.groups.update(record.broker_id, record.address, record.group,
                                    record.topics, registration.version, record.progress)
+                said = self.groups.recover(record.group.group)
+                if said is not None:
+                    log.warning("%s", said)
             elif held is not None and held.value.group is not None:
                 self._forget(record.broker_id)
         if refused:

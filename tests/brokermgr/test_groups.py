@@ -126,10 +126,10 @@ async def test_the_name_service_answers_routes_and_refuses_a_fenced_master(
         again.start()
         await wait_until(lambda: again.links[0].fenced is not None)  # refused, and told
         assert "stale epoch: group a has master a1 at epoch 2" in str(again.links[0].fenced)
-        assert "a0" not in service.table
+        # a member all the same, as a slave: not the master
         a = (await names.route("orders"))["groups"]["a"]
-        assert (a["master"], a["epoch"], [m["broker"] for m in a["members"]]) == (
-            "a1", 2, ["a1"])
+        assert (a["master"], a["epoch"], [(m["broker"], m["role"]) for m in a["members"]]
+                ) == ("a1", 2, [("a0", "slave"), ("a1", "master")])
 
 
 def test_a_group_shows_its_masters_in_sync_members_and_each_member_s_lag() -> None:
@@ -175,6 +175,38 @@ def test_when_the_master_is_lost_the_in_sync_member_holding_most_is_promoted() -
     assert t.forget("a1") == ("group a: master a1 lost at epoch 3; no member it reported "
                               "in sync is alive: no master")
     assert t.master("a") is None and t.route("orders")["groups"]["a"]["perm"] == "r"
+
+
+def test_a_group_left_without_a_master_gets_one_when_a_member_holding_all_is_back(
+        ) -> None:
+    """The master is lost while no member it reported in sync lives: no master.  A member
+    that was not in sync coming back changes nothing (it may lack acknowledged
+    messages); one the master reported in sync coming back is promoted at the next
+    epoch; the former master coming back, even fenced (a restart registers as master at
+    the first epoch), is named master at the epoch it held (it stored all it
+    acknowledged), which it resumes."""
+    from brokermgr import GroupProgress
+
+    def lost_group() -> GroupTables:
+        t = GroupTables()
+        t.update("a0", ("h", 1), member("a", 0), ("orders",), 1, GroupProgress(100, ("a1",)))
+        t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(40))  # behind
+        assert t.forget("a2") is None
+        assert "no master" in str(t.forget("a0"))
+        assert t.recover("a") is None  # nobody is back
+        return t
+
+    t = lost_group()
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(40))
+    assert t.recover("a") is None and t.master("a") is None  # not in sync: not a master
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(100))  # in sync: back
+    assert t.recover("a") == ("group a: without a master since epoch 1; a1 is back and "
+                              "promoted at epoch 2 (holding 100 records)")
+    assert t.group("a")["master"] == "a1" and t.epochs["a"] == (2, "a1")
+
+    t = lost_group()
+    t.update("a0", ("h", 1), member("a", 0, epoch=1), (), 1, GroupProgress(100))
+    assert t.recover("a") is None and t.group("a")["master"] == "a0"  # it resumes
 
 
 def test_a_failover_by_hand_goes_only_to_a_live_member_in_sync() -> None:
