@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -200,15 +201,32 @@ GROUP_POLL = 0.2
 HUNG = 2.5
 
 
+def _decide(views: list[dict[str, Any]], managers: int, me: str
+            ) -> tuple[str | None, int, bool, int, frozenset[str]]:
+    """What the name services that answered say of a group: the master and epoch that
+    most of them name, whether that is a majority of all ``managers`` (each names one
+    master per epoch, so two members never both have a majority for one epoch), the
+    newest epoch any names, and the members in sync as the views naming ``me`` master
+    hold them (each of them may promote one)."""
+    votes = Counter((v.get("master"), v.get("epoch") or 0) for v in views)
+    (master, epoch), count = max(votes.items(), key=lambda kv: (kv[1], kv[0][1]),
+                                 default=((None, 0), 0))
+    newest = max((v.get("epoch") or 0 for v in views), default=0)
+    insync = frozenset(m for v in views if v.get("master") == me
+                       and (v.get("epoch") or 0) == epoch for m in v.get("insync") or ())
+    return master, epoch, count > managers // 2, newest, insync - {me}
+
+
 async def keep_role(server: MqServer, names: NameClient) -> None:
-    """A group member's role, as the name service holds it (asked every
-    :data:`GROUP_POLL` seconds): a master takes writes once confirmed at its epoch; a
-    member the name service promoted takes over once the old master no longer ships it
-    records (its link gone, or the old master stepped down: it closes its replicas'
-    links and refuses to be followed, or it said nothing for :data:`HUNG` seconds:
-    hung, its link open); a member whose group has another master at its
-    epoch or a newer one is a slave and copies that master.  A master registers again
-    as soon as its in-sync set changes, not at its next heartbeat."""
+    """A group member's role, as the name services hold it (asked every
+    :data:`GROUP_POLL` seconds; with several, what a majority of them say): a master
+    takes writes once confirmed at its epoch; a member promoted takes over once the old
+    master no longer ships it records (its link gone, or the old master stepped down: it
+    closes its replicas' links and refuses to be followed, or it said nothing for
+    :data:`HUNG` seconds: hung, its link open); a member whose group has another master
+    at its epoch or a newer one is a slave and copies that master; a master that any
+    name service says the group left for a newer epoch steps down.  A master registers
+    again as soon as its in-sync set changes, not at its next heartbeat."""
     port = server.node.address.port
     me = server.node.broker.id
     following: str | None = None
@@ -219,15 +237,13 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
         if mine.role == "master" and (now := server.progress().insync) != insync:
             insync = now  # the failover's choice follows the in-sync set: said at once
             names.register_now()
-        try:
-            info = await names.group(mine.group)
-        except ServiceError as exc:
-            log.info("group %s: no answer from the name service: %s", mine.group, exc)
-            info = {}
-        master, epoch = info.get("master"), info.get("epoch") or 0
-        if master == me:
+        views = await names.group_views(mine.group)
+        if not views:
+            log.info("group %s: no answer from the name service", mine.group)
+        master, epoch, decided, newest, named_insync = _decide(views, len(names.links), me)
+        if decided and master == me:
             # the members a failover would choose from: this master waits for each
-            server.shipper.confirm_insync(frozenset(info.get("insync") or ()) - {me})
+            server.shipper.confirm_insync(named_insync)
             if mine.role == "slave" and epoch > mine.epoch and (
                     server.follower is None or not server.follower.copying
                     or server.follower.quiet > HUNG):
@@ -239,10 +255,10 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                 names.register_now()
             elif mine.role == "master" and epoch == mine.epoch:
                 server.confirm()
-        elif master is None and mine.role == "master" and epoch > mine.epoch:
-            server.demote(epoch)  # the group moved on without this master: fenced
+        elif mine.role == "master" and newest > mine.epoch:
+            server.demote(newest)  # the group moved on without this master: fenced
             names.register_now()
-        elif isinstance(master, str) and epoch >= mine.epoch:
+        if decided and isinstance(master, str) and master != me and epoch >= mine.epoch:
             if mine.role == "master" or epoch > mine.epoch:
                 server.demote(epoch)
                 names.register_now()

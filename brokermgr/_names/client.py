@@ -8,6 +8,7 @@ and what the groups and routes are (:mod:`.service` answers).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -163,6 +164,12 @@ class NameClient:
         """A replicated group as the first connected manager knows it (see
         :meth:`NameService._group`); :class:`ServiceError` when none answers."""
         return await self._answer({"cmd": "group", "name": name})
+
+    async def group_views(self, name: str) -> builtins.list[dict[str, Any]]:
+        """A replicated group as each connected manager that answers knows it (one reply
+        each; a manager that does not answer is left out): with several name services,
+        a member acts on what a majority of :attr:`links` say (:func:`mq.keep_role`)."""
+        return [dict(reply) for reply in await self._ask({"cmd": "group", "name": name})]
 
     async def failover(self, group: str, to: str) -> dict[str, Any]:
         """Make member ``to`` (broker id or member id) the group's master (see

@@ -1,19 +1,21 @@
 """A replicated group under random faults, on the virtual clock, one run per seed.
 
 Three MQ servers form group ``a`` (``sync`` replication, one replica in sync needed);
-each registers with the name service through a name client of its own and keeps its
-role as the name service holds it (:func:`mq.keep_role`), exactly as ``broker run
---group`` does, but over in-memory links that the fault kit cuts: partitions between
-the master and its slaves, between servers and the name service, and between the
-clients and the servers; crashes and restarts of any server (each keeps its directory).
+each registers with the name services (one, or three of which a majority decides)
+through a name client of its own and keeps its role as they hold it
+(:func:`mq.keep_role`), exactly as ``broker run --group`` does, but over in-memory links
+that the fault kit cuts: partitions between the master and its slaves, between servers
+and name services, and between the clients and the servers; crashes and restarts of any
+server (each keeps its directory).
 A producer publishes throughout and a consumer consumes, both following the tracker's
 route table.  Once the faults stop and every server is back, the consumer must get every
 acknowledged message, and the history checker (:func:`mq.check_history`) must find
 nothing: no acknowledged message lost, nothing stored twice by a server that recognises
 retries, no order broken within the group, no two masters acknowledging in one epoch.
 
-``RDVPUMP_GROUP_SEEDS`` sets how many seeds the test runs (24 by default; the 1,000 of
-a full check: ``RDVPUMP_GROUP_SEEDS=1000 pytest tests/mq/test_group_simulation.py``).
+``RDVPUMP_GROUP_SEEDS`` sets how many seeds the test runs with one name service and with
+three (12 each by default; a full check runs 1,000 each:
+``RDVPUMP_GROUP_SEEDS=1000 pytest tests/mq/test_group_simulation.py``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from rdvpump.testing import open_simulation, run_simulation
 pytestmark = pytest.mark.slow
 
 SERVERS = ("s1", "s2", "s3")
-NAMES = "@manager"
+#: The name services, by count: one (a universe's manager) or three (a majority decides).
+NAMES = {1: ("@manager",), 3: ("@n1", "@n2", "@n3")}
 TRACKER = "t1"
 CLIENTS = ("producer", "consumer")
 TIMING: dict[str, Any] = {"report_interval": 1.0, "expiry": 4.0, "scan_interval": 0.5,
                           "retry": 0.2}
-SEEDS = int(os.environ.get("RDVPUMP_GROUP_SEEDS", "24"))
+SEEDS = int(os.environ.get("RDVPUMP_GROUP_SEEDS", "12"))
 #: Seeds run by one test (the test is split so that xdist can spread it).
 PER_TEST = 12
 #: The members' directories: in memory where the machine has a tmpfs (what is checked
@@ -54,14 +57,14 @@ class Member:
     MQ server on its directory, its name client, the task that keeps its role."""
 
     def __init__(self, broker: Any, index: int, store: pathlib.Path,
-                 nursery: trio.Nursery, mode: str) -> None:
+                 nursery: trio.Nursery, mode: str, names: tuple[str, ...]) -> None:
         self.id = broker.id
         node = TrackNode(broker, role="server", trackers=[f"{TRACKER}:15555"],
                          group=GroupMember("a", index, "master" if index == 0 else "slave",
                                            epoch=1), **TIMING)
         self.server = MqServer(node, store / self.id, fsync_thread=False, durability="sync",
                                replication=mode, min_insync=1, insync_lag=2.0)
-        self.names = NameClient(broker.manager, [NAMES], heartbeat=0.5, retry=0.2,
+        self.names = NameClient(broker.manager, list(names), heartbeat=0.5, retry=0.2,
                                 lookup_timeout=1.0, broker=broker,
                                 address=Address("127.0.0.1", 1 + index),
                                 groups=lambda b: self.server.group,
@@ -80,20 +83,23 @@ class Member:
         self.server.close()
 
 
-async def one_run(seed: int, store: pathlib.Path, mode: str = "sync") -> dict[str, Any]:
+async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: int = 1
+                  ) -> dict[str, Any]:
     rng = random.Random(seed)
     history = History()
     masters: dict[int, set[str]] = {}  # epoch -> servers that acknowledged in it
     acked: dict[int, str] = {}  # sequence -> the server that acknowledged it
     async with open_simulation("group", seed=seed, partition_timeout=1.0) as faults:
         universe = faults.universe
-        NameService(universe, expiry=3.0, scan_interval=0.5)
+        names = NAMES[services]
+        for name in names:
+            NameService(universe, expiry=3.0, scan_interval=0.5, broker_id=name)
         TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
         members: dict[str, Member] = {}
         async with trio.open_nursery() as nursery:
             def start(broker: Any) -> None:
                 index = SERVERS.index(broker.id)
-                members[broker.id] = Member(broker, index, store, nursery, mode)
+                members[broker.id] = Member(broker, index, store, nursery, mode, names)
 
             for name in SERVERS:
                 start(universe.add_broker(name))
@@ -168,7 +174,8 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync") -> dict[st
                         side = [rng.choice(SERVERS)]
                         other = [s for s in SERVERS if s not in side]
                     elif kind == "names":
-                        side, other = rng.sample(SERVERS, rng.randint(1, 2)), [NAMES]
+                        side = rng.sample(SERVERS, rng.randint(1, 2))
+                        other = rng.sample(names, rng.randint(1, len(names)))
                     else:
                         side, other = [rng.choice(CLIENTS)], [rng.choice(SERVERS)]
                     faults.partition(side, other)
@@ -214,12 +221,15 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync") -> dict[st
             "kept": sorted(kept)}
 
 
+@pytest.mark.parametrize("services", sorted(NAMES))
 @pytest.mark.parametrize("first", range(0, SEEDS, PER_TEST))
-def test_sync_group_loses_no_acknowledged_message_under_faults(first: int) -> None:
+def test_sync_group_loses_no_acknowledged_message_under_faults(first: int,
+                                                               services: int) -> None:
     acked = 0
     for seed in range(first, min(first + PER_TEST, SEEDS)):
         with tempfile.TemporaryDirectory(prefix="rdvpump-group-", dir=MEMORY) as store:
-            run = run_simulation(one_run, seed, pathlib.Path(store), seed=seed)
+            run = run_simulation(one_run, seed, pathlib.Path(store), "sync", services,
+                                 seed=seed)
         twice = {epoch: who for epoch, who in run["masters"].items() if len(who) > 1}
         assert not twice, (seed, twice)
         assert not run["missing"], (seed, run["missing"][:10], run["state"])
