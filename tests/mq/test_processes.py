@@ -538,3 +538,96 @@ async def test_a_hung_master_is_replaced_once_the_name_service_expires_it(
                     s1.send_signal(signal.SIGCONT)
         names.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_routed_clients_follow_a_sync_group_s_failover_by_themselves(
+        tmp_path: pathlib.Path) -> None:
+    """A tracker and a ``sync`` group of three server processes; an ``mq.Producer`` and
+    an ``mq.Consumer`` follow the tracker's route table, as an application would, and the
+    test does nothing for them.  SIGKILL the master mid-stream, then restart it on its
+    directory: publishes go on at the member promoted (a publish in flight is tried
+    again there with its numbers), the consumer moves to it, and every acknowledged
+    message is consumed; the history checker finds nothing."""
+    from brokermgr.tracking import RouteClient
+    from mq import Consumer, History, Producer
+
+    quick = ["--report-interval", "0.5", "--track-expiry", "3", "--track-scan", "0.5"]
+
+    def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
+        return [*sync_member("f", name, member_id, manager, tmp_path / "data"),
+                "--durability", "sync", "--tracker", "t1:15555", *quick]
+
+    universe = BrokerManager("f", token=TOKEN, pump=Pump(name="test"))
+    history = History()
+    acked: set[int] = set()
+    seen: set[int] = set()
+    async with spawn("manager", "serve", "--universe", "f", "--listen", "127.0.0.1:0") as (
+            _, manager), \
+            spawn("broker", "run", "--id", "t1", "--universe", "f", "--manager",
+                  f"{manager[0]}:{manager[1]}", "--role", "tracker", *quick) as (_, t1), \
+            trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        universe.directory["t1"] = t1
+        with trio.fail_after(120):
+            async with spawn(*member("s1", 0, manager)) as (s1, a1), \
+                    spawn(*member("s2", 1, manager)) as (_, a2), \
+                    spawn(*member("s3", 2, manager)) as (_, a3):
+                universe.directory.update({"s1": a1, "s2": a2, "s3": a3})
+                admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=5)
+                while True:
+                    try:
+                        await admin.declare("orders")  # once s1 is confirmed master
+                        break
+                    except ServiceError as exc:
+                        assert exc.status == 503, exc
+                        await trio.sleep(0.05)  # polled, bounded by the deadline
+                admin.close()
+                routes = RouteClient(universe.add_broker("app"), retry=0.2)
+                routes.add_tracker("t1:15555")
+                while len(routes.routes.servers_of("orders")) < 3:
+                    await routes.changed()
+                producer = Producer(routes, "orders", timeout=2, failover=30)
+                consumer = Consumer(routes, "orders", window=200)
+                await nursery.start(consumer.run)
+
+                async def consume() -> None:
+                    async for message in consumer:
+                        where = message.subscription.client.server.address
+                        history.consume("orders", message.group, message.producer,
+                                        message.sequence, partition="a",
+                                        offset=message.offset, consumer=where)
+                        seen.add(message.sequence)
+                        await message.ack()
+
+                async def publish(count: int) -> None:
+                    for _ in range(count):
+                        stored = await producer.publish(b"%06d" % (producer.sequence + 1))
+                        acked.add(producer.sequence)
+                        history.publish("orders", producer.producer, producer.sequence,
+                                        partition="a", offset=stored.offset,
+                                        server=stored.server)
+
+                nursery.start_soon(consume)
+                await publish(100)
+                async with trio.open_nursery() as stream:
+                    stream.start_soon(publish, 200)  # the kill lands in this stream
+                    while len(acked) < 150:
+                        await trio.sleep(0.01)  # polled, bounded by the deadline
+                    s1.send_signal(signal.SIGKILL)
+                assert producer.retried >= 1  # a publish went unanswered and was retried
+                async with spawn(*member("s1", 0, manager)) as (_, back):
+                    universe.directory["s1"] = back
+                    await publish(50)  # at the promoted member, s1 back as its slave
+                    while not acked <= seen:
+                        await trio.sleep(0.05)  # the consumer's deliveries: polled
+                    masters = {stored.server for stored in
+                               [await producer.publish(b"last")]}
+                    assert masters & {"s2:15555", "s3:15555"}
+                producer.close()
+                consumer.close()
+                routes.close()
+        nursery.cancel_scope.cancel()
+    report = history.check({"orders": ["orders"]}, idempotent=True)
+    assert report.ok, [str(f) for f in report.findings[:5]]
+    assert report.counts["acknowledged"] == 350
