@@ -208,6 +208,27 @@ class GroupTables:
         return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
                 f"promoted at epoch {epoch + 1} (in sync, holding {records} records)")
 
+    def claim(self, group: str, broker_id: str, epoch: int) -> tuple[bool, int]:
+        """A member asks to be the group's master at ``epoch`` (several name services that
+        cannot agree on one: :func:`mq.keep_role`).  Granted when ``epoch`` is newer than
+        every epoch this table has seen and the member holds every acknowledged message
+        as far as this table knows (the master in its newest epoch, or a member that
+        master reported in sync): then it is the master at ``epoch`` here.  A table
+        grants one member per epoch, so a member granted by a majority of the name
+        services is the only one.  (Granted, newest epoch.)"""
+        held = self.epochs.get(group)
+        newest = 0 if held is None else held[0]
+        member = self.members.get(broker_id)
+        if member is None or member.member.group != group or epoch <= newest:
+            return False, newest
+        eligible = held is None or broker_id == held[1] or broker_id in self.insync.get(
+            group, ())
+        if not eligible:
+            return False, newest
+        self.epochs[group] = (epoch, broker_id)
+        self.insync[group] = tuple(sorted(set(self.insync.get(group, ())) - {broker_id}))
+        return True, epoch
+
     def switch(self, group: str, to: str) -> int:
         """A failover by hand: ``to`` (a live member's broker id, or its member id) is the
         group's master at the next epoch, if the master reported it in sync; the new

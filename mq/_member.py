@@ -195,6 +195,9 @@ class GroupRole:
 
 #: Seconds between a group member's questions to the name service about its group.
 GROUP_POLL = 0.2
+#: Seconds (at random up to twice as long) that a member of a group whose several name
+#: services name no master by a majority waits before it claims the next epoch itself.
+CLAIM_AFTER = 2.0
 #: Seconds without a word from the old master (it answers a query every second while it
 #: lives) after which a promoted member takes over though the link is still open: the
 #: old master is hung (the name service found it by its expiry).
@@ -226,11 +229,19 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
     :data:`HUNG` seconds: hung, its link open); a member whose group has another master
     at its epoch or a newer one is a slave and copies that master; a master that any
     name service says the group left for a newer epoch steps down.  A master registers
-    again as soon as its in-sync set changes, not at its next heartbeat."""
+    again as soon as its in-sync set changes, not at its next heartbeat.
+
+    Several name services decide each on its own and may name different masters; when
+    no majority names one for :data:`CLAIM_AFTER` seconds (jittered), a member claims
+    the next epoch at each (:meth:`~brokermgr.NameClient.claim`): a name service grants
+    one member per epoch, and only one that holds every acknowledged message as far as
+    it knows, so the members granted by a majority are one, and it is safe."""
     port = server.node.address.port
     me = server.node.broker.id
+    random = server.node.broker.pump.random
     following: str | None = None
     insync = server.progress().insync
+    claim_at: float | None = None
     while True:
         mine = server.group
         assert mine is not None
@@ -241,6 +252,18 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
         if not views:
             log.info("group %s: no answer from the name service", mine.group)
         master, epoch, decided, newest, named_insync = _decide(views, len(names.links), me)
+        if decided or len(names.links) == 1 or not views:
+            claim_at = None
+        elif claim_at is None:
+            claim_at = trio.current_time() + CLAIM_AFTER * (1 + random.random())
+        elif trio.current_time() >= claim_at:
+            claim_at = None
+            granted = await names.claim(mine.group, me, newest + 1)
+            if granted > len(names.links) // 2:
+                log.warning("group %s: %s claimed epoch %d; %d of %d name services "
+                            "granted it", mine.group, me, newest + 1, granted,
+                            len(names.links))
+                continue  # asked again at once: now a majority names it
         if decided and master == me:
             # the members a failover would choose from: this master waits for each
             server.shipper.confirm_insync(named_insync)
@@ -258,8 +281,9 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
         elif mine.role == "master" and newest > mine.epoch:
             server.demote(newest)  # the group moved on without this master: fenced
             names.register_now()
-        if decided and isinstance(master, str) and master != me and epoch >= mine.epoch:
-            if mine.role == "master" or epoch > mine.epoch:
+        if decided and isinstance(master, str) and master != me:
+            # the master a majority names, whatever epoch a minority may have seen since
+            if mine.role == "master" or epoch != mine.epoch:
                 server.demote(epoch)
                 names.register_now()
             if master != following:

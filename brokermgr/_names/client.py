@@ -171,6 +171,13 @@ class NameClient:
         a member acts on what a majority of :attr:`links` say (:func:`mq.keep_role`)."""
         return [dict(reply) for reply in await self._ask({"cmd": "group", "name": name})]
 
+    async def claim(self, group: str, broker_id: str, epoch: int) -> int:
+        """Ask every connected manager to make ``broker_id`` the master of ``group`` at
+        ``epoch`` (see :meth:`NameService._claim`): how many granted it."""
+        replies = await self._ask({"cmd": "claim", "group": group, "id": broker_id,
+                                   "epoch": epoch})
+        return sum(1 for reply in replies if reply.get("granted") is True)
+
     async def failover(self, group: str, to: str) -> dict[str, Any]:
         """Make member ``to`` (broker id or member id) the group's master (see
         :meth:`NameService._switch`); the group afterwards."""

@@ -25,7 +25,16 @@ from .._fence import STALE_EPOCH
 from .._groups import GroupMember, GroupProgress, GroupTables
 from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from .._rpc import ServiceSession
-from .._service import Call, Command, CommandTable, Fields, ReplyObject, ServiceError, Status
+from .._service import (
+    MAX_INT,
+    Call,
+    Command,
+    CommandTable,
+    Fields,
+    ReplyObject,
+    ServiceError,
+    Status,
+)
 
 log = logging.getLogger("rdvpump.names")
 
@@ -100,6 +109,13 @@ class Switch:
     to: str
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    group: str
+    id: str
+    epoch: int
+
+
 def _registration(item: Any) -> Registration:
     broker_id = item["id"]
     if not isinstance(broker_id, str) or not broker_id:
@@ -164,6 +180,11 @@ def _switch(fields: Fields) -> Switch:
     return Switch(fields.string("group"), fields.string("to"))
 
 
+def _claim(fields: Fields) -> Claim:
+    return Claim(fields.string("group"), fields.string("id"),
+                 fields.integer("epoch", None, 1, MAX_INT))
+
+
 def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
     """A registration as the ``list`` reply carries it."""
     r = entry.value
@@ -210,6 +231,7 @@ class NameService:
             "route": Command(_route, self._route),
             "group": Command(_group, self._group),
             "failover": Command(_switch, self._switch),
+            "claim": Command(_claim, self._claim),
         })
         self.broker = manager.add_broker(broker_id)
         self.broker.listen(NAME_PORT, self)
@@ -307,6 +329,15 @@ class NameService:
         log.warning("group %s: failover by hand to %s at epoch %d", request.group,
                     request.to, epoch)
         return {"cmd": "failover", "name": request.group, **self.groups.group(request.group)}
+
+    def _claim(self, request: Claim, call: Call) -> ReplyObject:
+        """A member's claim to be its group's master at an epoch (:meth:`GroupTables.claim`):
+        ``granted`` or not, and the newest epoch here."""
+        granted, newest = self.groups.claim(request.group, request.id, request.epoch)
+        if granted:
+            log.warning("group %s: %s claimed epoch %d: granted", request.group, request.id,
+                        request.epoch)
+        return {"cmd": "claim", "granted": granted, "epoch": newest}
 
     def connection_lost(self, queue: MessageQueue, reason: str) -> None:
         for broker_id in self.table.connection_lost(queue):

@@ -209,6 +209,27 @@ def test_a_group_left_without_a_master_gets_one_when_a_member_holding_all_is_bac
     assert t.recover("a") is None and t.group("a")["master"] == "a0"  # it resumes
 
 
+def test_a_claim_is_granted_once_per_epoch_and_only_to_a_member_holding_all() -> None:
+    """Several name services that name different masters are brought to one by claims:
+    each table grants an epoch newer than any it has seen, once, to a live member that
+    holds every acknowledged message as far as it knows (its newest master, or one that
+    master reported in sync)."""
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1, GroupProgress(100, ("a1",)))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(100))
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(60))  # not in sync
+    assert t.claim("a", "a2", 2) == (False, 1)  # may lack acknowledged messages
+    assert t.claim("a", "a9", 2) == (False, 1)  # not a live member
+    assert t.claim("a", "a1", 1) == (False, 1)  # not newer than what this table saw
+    assert t.claim("a", "a1", 2) == (True, 2)
+    assert t.group("a")["master"] == "a1" and t.epochs["a"] == (2, "a1")
+    assert t.claim("a", "a0", 2) == (False, 2)  # epoch 2 went to a1: once per epoch
+    assert t.claim("a", "a0", 3) == (False, 2)  # a0 is neither a1 nor in sync with it
+    assert t.claim("a", "a1", 3) == (True, 3)  # the master itself, at a newer epoch
+
+
 def test_a_failover_by_hand_goes_only_to_a_live_member_in_sync() -> None:
     from brokermgr import GroupProgress
 

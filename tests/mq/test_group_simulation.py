@@ -194,20 +194,31 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
                 faults.heal(side, other)
             for server in sorted(crashed):
                 faults.restart(server)
-            await trio.sleep(5.0)  # the group settles with every server back
+            await trio.sleep(5.0)  # publishes go on a while with every server back
             publishing.cancel()
+
+            def kept() -> dict[str, set[int]]:
+                """The messages on each member's disk."""
+                return {m.id: {int(bytes(r.body)) for r in m.server.catalogue.topics[
+                    "orders"].topic.log.read(0, max_count=1 << 20)}
+                    for m in members.values() if "orders" in m.server.catalogue.topics}
+
+            def settled() -> bool:
+                """Every member holds the same messages (each copies one master), and the
+                consumer has had every acknowledged one of them."""
+                held = list(kept().values())
+                return len(held) == len(SERVERS) and all(h == held[0] for h in held) and \
+                    set(acked) & held[0] <= seen
             with trio.move_on_after(120) as waited:  # virtual seconds
-                while not set(acked) <= seen:
+                while not settled():
                     await trio.sleep(0.5)
             missing = sorted(set(acked) - seen)
             state = {m.id: (m.server.group, m.server.progress().held)
                      for m in members.values()}
             # every acknowledged message is on the disk of every member (all in sync now)
-            kept = {m.id: {int(bytes(r.body)) for r in m.server.catalogue.topics[
-                "orders"].topic.log.read(0, max_count=1 << 20)} for m in members.values()
-                if "orders" in m.server.catalogue.topics}
+            on_disk = kept()
             not_kept = {server: sorted(set(acked) - held)
-                        for server, held in kept.items() if not set(acked) <= held}
+                        for server, held in on_disk.items() if not set(acked) <= held}
             producer.close()
             consumer.close()
             routes.close()
@@ -218,7 +229,7 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
     report = history.check({"orders": ["orders"]}, idempotent=True)
     return {"missing": missing, "timed_out": waited.cancelled_caught, "report": report,
             "masters": masters, "acked": len(acked), "state": state, "not_kept": not_kept,
-            "kept": sorted(kept)}
+            "kept": sorted(on_disk)}
 
 
 @pytest.mark.parametrize("services", sorted(NAMES))
@@ -232,6 +243,7 @@ def test_sync_group_loses_no_acknowledged_message_under_faults(first: int,
                                  seed=seed)
         twice = {epoch: who for epoch, who in run["masters"].items() if len(who) > 1}
         assert not twice, (seed, twice)
+        assert not run["timed_out"], (seed, "did not settle within 120 s", run["state"])
         assert not run["missing"], (seed, run["missing"][:10], run["state"])
         assert run["kept"] == list(SERVERS) and not run["not_kept"], (
             seed, {server: lost[:10] for server, lost in run["not_kept"].items()})
