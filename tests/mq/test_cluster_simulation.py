@@ -21,6 +21,8 @@ from mq._cluster import ClusterNode
 from mq._cluster_file import parse_cluster
 from rdvpump.testing import open_simulation, run_simulation
 
+from .chaos import Chaos
+
 pytestmark = pytest.mark.slow
 
 CLUSTER = parse_cluster({"cluster": {"name": "sim"}, "server": [
@@ -51,8 +53,7 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
             start(universe.add_broker(server))
         faults.on_crash.append(lambda b: nodes[b].close())
         faults.on_restart.append(start)
-        crashed: set[str] = set()
-        cut: list[tuple[list[str], list[str]]] = []
+        chaos = Chaos(faults, rng, IDS)
 
         async def change(node: ClusterNode, topic: str) -> None:
             with contextlib.suppress(ServiceError):  # not ready, or the root went
@@ -63,28 +64,16 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
                 await trio.sleep(rng.uniform(0.1, 2.0))
                 action = rng.choice(("partition", "heal", "crash", "restart", "change",
                                      "change"))
-                live = [s for s in IDS if s not in crashed]
                 if action == "partition":
                     side = rng.sample(IDS, rng.randint(1, 2))
-                    other = [s for s in IDS if s not in side]
-                    faults.partition(side, other)
-                    cut.append((side, other))
-                elif action == "heal" and cut:
-                    faults.heal(*cut.pop(rng.randrange(len(cut))))
-                elif action == "crash" and len(live) > 1:
-                    victim = rng.choice(live)
-                    faults.crash(victim)
-                    crashed.add(victim)
-                elif action == "restart" and crashed:
-                    back = rng.choice(sorted(crashed))
-                    faults.restart(back)
-                    crashed.discard(back)
-                elif action == "change" and live:
-                    nursery.start_soon(change, nodes[rng.choice(live)], f"t{step}")
-        for side, other in cut:
-            faults.heal(side, other)
-        for server in sorted(crashed):
-            faults.restart(server)
+                    chaos.partition(side, [s for s in IDS if s not in side])
+                elif action == "change":
+                    if chaos.live:
+                        nursery.start_soon(change, nodes[rng.choice(chaos.live)],
+                                           f"t{step}")
+                else:
+                    chaos.apply(action)
+        chaos.end()
         with trio.fail_after(120):  # virtual seconds: the cluster settles or fails
             while len({json.dumps([n.root, n.epoch, n.state.mark, n.state.topics],
                                   sort_keys=True) for n in nodes.values()}) != 1 \

@@ -35,6 +35,8 @@ from mq import Consumer, History, MqServer, Producer, keep_role
 from rdv import Address
 from rdvpump.testing import open_simulation, run_simulation
 
+from .chaos import Chaos
+
 pytestmark = pytest.mark.slow
 
 SERVERS = ("s1", "s2", "s3")
@@ -162,12 +164,10 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
                     await publish()
 
             nursery.start_soon(publish_until_stopped)
-            crashed: set[str] = set()
-            cut: list[tuple[list[str], list[str]]] = []
+            chaos = Chaos(faults, rng, SERVERS)
             for _step in range(10):
                 await trio.sleep(rng.uniform(0.2, 3.0))
                 action = rng.choice(("partition", "partition", "heal", "crash", "restart"))
-                live = [s for s in SERVERS if s not in crashed]
                 if action == "partition":
                     kind = rng.choice(("servers", "names", "clients"))
                     if kind == "servers":
@@ -178,22 +178,10 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
                         other = rng.sample(names, rng.randint(1, len(names)))
                     else:
                         side, other = [rng.choice(CLIENTS)], [rng.choice(SERVERS)]
-                    faults.partition(side, other)
-                    cut.append((side, other))
-                elif action == "heal" and cut:
-                    faults.heal(*cut.pop(rng.randrange(len(cut))))
-                elif action == "crash" and len(live) > 1:
-                    victim = rng.choice(live)
-                    faults.crash(victim)
-                    crashed.add(victim)
-                elif action == "restart" and crashed:
-                    back = rng.choice(sorted(crashed))
-                    faults.restart(back)
-                    crashed.discard(back)
-            for side, other in cut:
-                faults.heal(side, other)
-            for server in sorted(crashed):
-                faults.restart(server)
+                    chaos.partition(side, other)
+                else:
+                    chaos.apply(action)
+            chaos.end()
             await trio.sleep(5.0)  # publishes go on a while with every server back
             publishing.cancel()
 

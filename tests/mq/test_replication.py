@@ -66,6 +66,18 @@ async def group_of_two(tmp_path: pathlib.Path
                 s2.close()
 
 
+async def two_replicas(universe: BrokerManager, tmp_path: pathlib.Path
+                       ) -> tuple[dict[str, TopicLog], dict[str, Follower]]:
+    """Replicas r1 and r2 of s1's topic ``orders`` (plain logs), following it."""
+    logs = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
+    followers = {name: Follower(universe.add_broker(name), "s1:15555",
+                                {"orders": logs[name]}, retry=0.5) for name in logs}
+    for follower in followers.values():
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+    return logs, followers
+
+
 def sync_master(tmp_path: pathlib.Path) -> Any:
     return master(tmp_path, replication="sync", min_insync=1, insync_lag=5.0)
 
@@ -315,12 +327,7 @@ async def test_a_replica_the_name_service_holds_in_sync_is_waited_for_until_it_i
     could not tell it otherwise: cut off from it) the master does not acknowledge
     without it; once the name service dropped it, the produce is answered."""
     async with sync_master(tmp_path) as (universe, server, client):
-        logs = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
-        followers = {name: Follower(universe.add_broker(name), "s1:15555",
-                                    {"orders": logs[name]}, retry=0.5) for name in logs}
-        for follower in followers.values():
-            while "orders" not in follower.followed:
-                await follower.changed.wait()
+        logs, followers = await two_replicas(universe, tmp_path)
         await client.publish("orders", b"both")
         assert server.shipper.insync_replicas() == ["r1", "r2"]
         server.shipper.confirm_insync(frozenset({"r1", "r2"}))  # as the name service says
@@ -403,12 +410,7 @@ async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind
     replica that stops acknowledging holds it until it falls out of sync (the in-sync
     lag, 5 s here), then the others' copies are enough."""
     async with sync_master(tmp_path) as (universe, server, client):
-        logs = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
-        followers = {name: Follower(universe.add_broker(name), "s1:15555",
-                                    {"orders": logs[name]}, retry=0.5) for name in logs}
-        for follower in followers.values():
-            while "orders" not in follower.followed:
-                await follower.changed.wait()
+        logs, followers = await two_replicas(universe, tmp_path)
         await client.publish_many("orders", [b"both"] * 3)
         assert logs["r1"].next_offset == logs["r2"].next_offset == 3
         followers["r2"].copies = lambda link, obj: None  # type: ignore[method-assign]

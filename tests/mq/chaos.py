@@ -1,0 +1,52 @@
+"""The random faults the seeded simulations of this folder apply with the fault kit."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+from rdvpump.testing import Faults
+
+
+class Chaos:
+    """Partitions (kept until healed), heals, crashes and restarts of ``servers`` (one
+    always stays up), chosen with ``rng``; :meth:`end` heals every partition and brings
+    every server back."""
+
+    def __init__(self, faults: Faults, rng: random.Random, servers: Iterable[str]) -> None:
+        self.faults = faults
+        self.rng = rng
+        self.servers = tuple(servers)
+        self.crashed: set[str] = set()
+        self.cut: list[tuple[list[str], list[str]]] = []
+
+    @property
+    def live(self) -> list[str]:
+        return [s for s in self.servers if s not in self.crashed]
+
+    def partition(self, side: list[str], other: list[str]) -> None:
+        self.faults.partition(side, other)
+        self.cut.append((side, other))
+
+    def apply(self, action: str) -> None:
+        """``heal`` a partition, ``crash`` a live server or ``restart`` a crashed one, at
+        random, when there is one to act on."""
+        rng = self.rng
+        if action == "heal" and self.cut:
+            self.faults.heal(*self.cut.pop(rng.randrange(len(self.cut))))
+        elif action == "crash" and len(self.live) > 1:
+            victim = rng.choice(self.live)
+            self.faults.crash(victim)
+            self.crashed.add(victim)
+        elif action == "restart" and self.crashed:
+            back = rng.choice(sorted(self.crashed))
+            self.faults.restart(back)
+            self.crashed.discard(back)
+
+    def end(self) -> None:
+        for side, other in self.cut:
+            self.faults.heal(side, other)
+        self.cut.clear()
+        for server in sorted(self.crashed):
+            self.faults.restart(server)
+        self.crashed.clear()
