@@ -205,19 +205,21 @@ HUNG = 2.5
 
 
 def _decide(views: list[dict[str, Any]], managers: int, me: str
-            ) -> tuple[str | None, int, bool, int, frozenset[str]]:
+            ) -> tuple[str | None, int, bool, int, int, frozenset[str]]:
     """What the name services that answered say of a group: the master and epoch that
     most of them name, whether that is a majority of all ``managers`` (each names one
     master per epoch, so two members never both have a majority for one epoch), the
-    newest epoch any names, and the members in sync as the views naming ``me`` master
-    hold them (each of them may promote one)."""
+    newest epoch any names, the newest any names for another member or for none, and
+    the members in sync as the views naming ``me`` master hold them (each of them may
+    promote one)."""
     votes = Counter((v.get("master"), v.get("epoch") or 0) for v in views)
     (master, epoch), count = max(votes.items(), key=lambda kv: (kv[1], kv[0][1]),
                                  default=((None, 0), 0))
     newest = max((v.get("epoch") or 0 for v in views), default=0)
+    others = max((v.get("epoch") or 0 for v in views if v.get("master") != me), default=0)
     insync = frozenset(m for v in views if v.get("master") == me
                        and (v.get("epoch") or 0) == epoch for m in v.get("insync") or ())
-    return master, epoch, count > managers // 2, newest, insync - {me}
+    return master, epoch, count > managers // 2, newest, others, insync - {me}
 
 
 async def keep_role(server: MqServer, names: NameClient) -> None:
@@ -251,8 +253,12 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
         views = await names.group_views(mine.group)
         if not views:
             log.info("group %s: no answer from the name service", mine.group)
-        master, epoch, decided, newest, named_insync = _decide(views, len(names.links), me)
-        if decided or len(names.links) == 1 or not views:
+        master, epoch, decided, newest, others, named_insync = _decide(
+            views, len(names.links), me)
+        # no majority, or one that names this member at an epoch older than its own: the
+        # name services saw different things; a claim of a newer epoch brings them to one
+        stuck = not decided or (master == me and epoch < mine.epoch)
+        if not stuck or len(names.links) == 1 or not views:
             claim_at = None
         elif claim_at is None:
             claim_at = trio.current_time() + CLAIM_AFTER * (1 + random.random())
@@ -264,7 +270,7 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                             "granted it", mine.group, me, newest + 1, granted,
                             len(names.links))
                 continue  # asked again at once: now a majority names it
-        if decided and master == me:
+        if decided and master == me and not stuck:
             # the members a failover would choose from: this master waits for each
             server.shipper.confirm_insync(named_insync)
             if mine.role == "slave" and epoch > mine.epoch and (
@@ -278,8 +284,8 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                 names.register_now()
             elif mine.role == "master" and epoch == mine.epoch:
                 server.confirm()
-        elif mine.role == "master" and newest > mine.epoch:
-            server.demote(newest)  # the group moved on without this master: fenced
+        elif mine.role == "master" and others > mine.epoch:
+            server.demote(others)  # the group moved on without this master: fenced
             names.register_now()
         if decided and isinstance(master, str) and master != me:
             # the master a majority names, whatever epoch a minority may have seen since
