@@ -49,7 +49,8 @@ them, and only those are delivered to consumers (:meth:`Catalogue.visible
 <._catalogue.Catalogue.visible>`); otherwise a consumer could see a message that a
 failover then cuts and another replaces at its offset.  The master moves it as its
 replicas acknowledge and sends it to them with the records (``copies`` carries
-``committed``) or alone when it moves without records (``committed {topic, offset}``);
+``committed``) or, at the next tick, alone when no records carried it (``committed
+{topic, offset}``);
 a replica delivers to its own consumers only up to what its master said.  It lives in
 memory: a restarted member delivers again once its replicas, or its master, confirm it.
 """
@@ -252,15 +253,12 @@ class Shipper:
                 follower.in_flight.append((follower.next, size))
                 self.counts["frames"] += 1
                 self.counts["bytes"] += size
-            if follower.committed != state.committed and self._replicated(name):
-                follower.committed = state.committed
-                link.send(encode({"cmd": "committed", "topic": name,
-                                  "offset": state.committed}))
 
     def ship_positions(self, state: TopicState) -> None:
         """Send each follower of the topic its consume groups' positions that changed
         (each at most what was shipped to it), and their filters: a ``positions {topic,
-        groups: {name: [floor, filter]}}`` frame (called every tick)."""
+        groups: {name: [floor, filter]}}`` frame; and the committed offset if no copies
+        frame carried it since (called every tick)."""
         name = state.topic.name
         groups = state.topic.groups
         for (_, topic), follower in self.followers.items():
@@ -275,6 +273,11 @@ class Shipper:
                 follower.positions.update(changed)
                 follower.link.send(encode({"cmd": "positions", "topic": name, "groups": {
                     g: list(v) for g, v in changed.items()}}))
+            if follower.committed != state.committed and self._replicated(name):
+                # what no copies frame carried since (they carry it as they go)
+                follower.committed = state.committed
+                follower.link.send(encode({"cmd": "committed", "topic": name,
+                                           "offset": state.committed}))
 
     def forget(self, link: ClientLink) -> None:
         topics = {k[1] for k in self.followers if k[0] == link.caller_id}
