@@ -13,6 +13,8 @@ import pytest
 import trio
 
 from brokermgr import BrokerManager, NameClient, NameService
+from brokermgr._liveness import DEFAULT_SCAN_INTERVAL
+from brokermgr._names.service import DEFAULT_BROKER_EXPIRY
 from channels import AsyncMessageQueue
 from pump import Pump
 from rdv import RefusedError
@@ -59,9 +61,12 @@ class World:
         await self.nursery.start(run)
         return proc
 
-    async def manager(self, address: tuple[str, int], **kw: float) -> tuple[NameService, Process]:
+    async def manager(self, address: tuple[str, int], *,
+                      expiry: float = DEFAULT_BROKER_EXPIRY,
+                      scan_interval: float = DEFAULT_SCAN_INTERVAL
+                      ) -> tuple[NameService, Process]:
         proc = Process(BrokerManager("u", pump=Pump(name="manager"), token="t"))
-        service = NameService(proc.u, **kw)
+        service = NameService(proc.u, expiry=expiry, scan_interval=scan_interval)
         proc = await self._start(proc, address)
         return service, proc
 

@@ -568,12 +568,13 @@ async def test_routed_clients_follow_a_sync_group_s_failover_by_themselves(
             trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
         await nursery.start(universe.serve_network, "127.0.0.1", 0)
-        universe.directory["t1"] = t1
+        universe.directory["t1"] = Address(*t1)
         with trio.fail_after(120):
             async with spawn(*member("s1", 0, manager)) as (s1, a1), \
                     spawn(*member("s2", 1, manager)) as (_, a2), \
                     spawn(*member("s3", 2, manager)) as (_, a3):
-                universe.directory.update({"s1": a1, "s2": a2, "s3": a3})
+                universe.directory.update({"s1": Address(*a1), "s2": Address(*a2),
+                                           "s3": Address(*a3)})
                 admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=5)
                 while True:
                     try:
@@ -617,7 +618,7 @@ async def test_routed_clients_follow_a_sync_group_s_failover_by_themselves(
                     s1.send_signal(signal.SIGKILL)
                 assert producer.retried >= 1  # a publish went unanswered and was retried
                 async with spawn(*member("s1", 0, manager)) as (_, back):
-                    universe.directory["s1"] = back
+                    universe.directory["s1"] = Address(*back)
                     await publish(50)  # at the promoted member, s1 back as its slave
                     while not acked <= seen:
                         await trio.sleep(0.05)  # the consumer's deliveries: polled
