@@ -230,6 +230,25 @@ def test_a_claim_is_granted_once_per_epoch_and_only_to_a_member_holding_all() ->
     assert t.claim("a", "a1", 3) == (True, 3)  # the master itself, at a newer epoch
 
 
+def test_a_bad_claim_is_a_400_naming_the_field_and_changes_nothing() -> None:
+    from brokermgr import BrokerManager, NameService
+    from pump import Pump
+
+    service = NameService(BrokerManager("u", pump=Pump(name="m"), token="t"))
+    for request, field in (({"group": "a", "id": "s1", "epoch": "2"}, "epoch"),
+                           ({"group": "a", "id": "s1", "epoch": 0}, "epoch"),
+                           ({"group": "a", "epoch": 2}, "id"),
+                           ({"group": 7, "id": "s1", "epoch": 2}, "group")):
+        reply = service.commands.answer({"cmd": "claim", **request}, None)
+        assert reply is not None and reply["status"] == 400, reply
+        assert f"claim: {field}" in reply["error"], reply
+    assert service.groups.epochs == {}
+    # a claim of a group nobody registered is refused, not an error
+    assert service.commands.answer({"cmd": "claim", "group": "a", "id": "s1", "epoch": 2},
+                                   None) == {"cmd": "claim", "granted": False, "epoch": 0}
+    service.close()
+
+
 def test_a_failover_by_hand_goes_only_to_a_live_member_in_sync() -> None:
     from brokermgr import GroupProgress
 

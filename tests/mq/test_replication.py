@@ -152,6 +152,16 @@ async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
                 await follower.link.room.wait()
             assert "bad positions" in closed[0] and why in closed[0], closed
         assert follower.counts["positions"] == 0
+        # and so does a committed offset that is not one, or of a topic not followed
+        for topic, offset, why in (("orders", -1, "-1"), ("orders", "3", "'3'"),
+                                   ("other", 3, "'other'")):
+            while follower.link.queue is None or "orders" not in follower.followed:
+                await follower.changed.wait()
+            closed.clear()
+            follower.committed(follower.link, topic, offset)
+            while not closed:
+                await follower.link.room.wait()
+            assert "a bad committed offset" in closed[0] and why in closed[0], closed
         follower.close()
         replica.close()
 
