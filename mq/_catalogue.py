@@ -126,6 +126,7 @@ class Catalogue:
                               exc)
                     continue
                 state.filters[group] = filter
+                self.node.declare_group(name, group, filter=filter)  # routes show it
             log.info("%s: topic %s: %d messages, groups %s", self.address, name,
                      state.topic.log.next_offset - state.topic.log.start_offset,
                      sorted(state.filters))

@@ -72,11 +72,38 @@ def _stored(reply: ReplyObject, count: int) -> list[Stored]:
 
 
 class _ServerLink(BrokerLink):
-    def __init__(self, client: MqClient, broker: Broker, server: ServerAddress,
+    """The client's link: to the first of its servers, and to the next one (round the
+    list) each time a server refuses it or the link to it is lost."""
+
+    def __init__(self, client: MqClient, broker: Broker, servers: list[ServerAddress],
                  retry: float) -> None:
-        super().__init__(broker, server.broker_id, server.port, name=f"mq {server.address}",
+        first = servers[0]
+        super().__init__(broker, first.broker_id, first.port, name=f"mq {first.address}",
                          retry=retry)
+        self._dial = self._dial_current
         self.client = client
+        self.servers = servers
+        self.at = 0
+
+    @property
+    def server(self) -> ServerAddress:
+        return self.servers[self.at]
+
+    def _dial_current(self, link: Any) -> None:
+        server = self.server
+        self.name = f"mq {server.address}"
+        self.broker.connect(server.broker_id, server.port, self)
+
+    def _next(self) -> None:
+        if len(self.servers) > 1:
+            self.at = (self.at + 1) % len(self.servers)
+
+    def refused(self, reason: str) -> None:
+        self._next()
+        super().refused(reason)
+
+    def lost(self, reason: str) -> None:
+        self._next()
 
     def opened(self) -> None:
         for subscription in self.client.subscriptions.values():
@@ -163,14 +190,20 @@ def unique_producer(broker_id: str) -> str:
 
 class MqClient:
     """``broker``'s client of the MQ server at ``server`` (``"broker:port"``, as in route
-    tables).  ``producer`` names this client's messages (default: the broker id and a
-    random suffix, this client's own): the server does not store again a publish retried
-    with the same producer and sequence (:mod:`._dedupe`), so a producer given here must
-    not be another live client's."""
+    tables), or of the first of several that answers (a cluster's servers, say: when its
+    server goes or refuses it, the client moves on to the next, round the list, and
+    consumes again there; :attr:`server` is the one it is on).  ``producer`` names this
+    client's messages (default: the broker id and a random suffix, this client's own):
+    the server does not store again a publish retried with the same producer and
+    sequence (:mod:`._dedupe`), so a producer given here must not be another live
+    client's."""
 
-    def __init__(self, broker: Broker, server: str, *, producer: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, retry: float = DEFAULT_RETRY) -> None:
-        self.server = ServerAddress(server)
+    def __init__(self, broker: Broker, server: str | Sequence[str], *,
+                 producer: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 retry: float = DEFAULT_RETRY) -> None:
+        servers = [ServerAddress(s) for s in ([server] if isinstance(server, str) else server)]
+        if not servers:
+            raise ConfigError("an MQ client needs at least one server")
         self.producer = producer or unique_producer(broker.id)
         self.timeout = timeout
         self.sequence = 0
@@ -185,8 +218,13 @@ class MqClient:
         #: Called with the error of a fire-and-forget request that no subscription owns
         #: (a route or push sent without waiting); without it such errors are logged.
         self.on_error: Callable[[ServiceError], object] | None = None
-        self.link = _ServerLink(self, broker, self.server, retry)
+        self.link = _ServerLink(self, broker, servers, retry)
         self.link.connect()
+
+    @property
+    def server(self) -> ServerAddress:
+        """The server this client is on (or dials next)."""
+        return self.link.server
 
     def failed(self, reply: ReplyObject) -> None:
         """An error reply that no request waits for: to the subscription whose topic and

@@ -130,8 +130,10 @@ class ClusterNode:
             self.epoch, self.ballot = _load_votes(self.store)
         self._closed = False
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
-        #: Called when a peer's links come up or go down.
+        #: Called when a peer's links come up or go down, or the root changes; and the
+        #: same for each of ``watchers`` (this server's MQ relay: :mod:`._relay`).
         self.on_change = on_change
+        self.watchers: list[Callable[[], object]] = []
         broker.listen(CLUSTER_PORT, self)
         for peer in self.peers.values():
             peer.outgoing = PeerLink(self, peer, retry=retry)
@@ -449,8 +451,12 @@ class ClusterNode:
         self.elect()
 
     def changed(self) -> None:
-        if self.on_change is not None and not self._closed:
+        if self._closed:
+            return
+        if self.on_change is not None:
             self.on_change()
+        for watcher in list(self.watchers):
+            watcher()
 
     # -- links out ---------------------------------------------------------------------
 

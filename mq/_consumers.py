@@ -19,6 +19,7 @@ from channels import MessageQueue
 
 from ._catalogue import Catalogue, TopicState
 from ._delivery import ClientLink, Links
+from ._relay import Relay
 from ._requests import Ack, Consume, Unconsume
 from ._topic import Member
 
@@ -40,8 +41,12 @@ class ConsumerCommands:
         self.counts = counts
         self.dispatch = dispatch
         self.address = address
+        #: A cluster's server: a shared topic is consumed through the root (:mod:`._relay`).
+        self.relay: Relay | None = None
 
-    def consume(self, request: Consume, call: Call) -> dict[str, Any]:
+    def consume(self, request: Consume, call: Call) -> dict[str, Any] | None:
+        if self.relay is not None and self.relay.takes(request.topic):
+            return self.relay.consume(request, call)
         queue = call.queue
         if queue is None:
             raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
@@ -69,6 +74,9 @@ class ConsumerCommands:
 
     def unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
         queue = call.queue
+        if self.relay is not None and self.relay.consumes(queue, request.topic,
+                                                          request.group or request.topic):
+            return self.relay.unconsume(request, call)
         state = self.catalogue.get(request.topic)
         group = request.group or state.topic.name
         consumer = None if queue is None else self.links.of(queue).consumers.pop(
@@ -87,6 +95,9 @@ class ConsumerCommands:
         consumer after its ack timeout) are a 409 naming them: the rest are acknowledged
         all the same."""
         queue = call.queue
+        if self.relay is not None and self.relay.consumes(queue, request.topic,
+                                                          request.group or request.topic):
+            return self.relay.ack(request, call)
         state = self.catalogue.get(request.topic)
         group = request.group or state.topic.name
         state.topic.group(group)  # 404 for an unknown group

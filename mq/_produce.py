@@ -20,6 +20,7 @@ from ._commit import GroupCommit
 from ._dedupe import Recent
 from ._delivery import FRAME_ROOM, Links
 from ._member import GroupRole
+from ._relay import Relay
 from ._replication import Shipper
 from ._requests import Produce
 
@@ -43,15 +44,20 @@ class ProduceCommand:
         self.dispatch = dispatch
         self.max_body = max_body
         self.address = address
+        #: A cluster's server: a shared topic's produce goes to the root (:mod:`._relay`).
+        self.relay: Relay | None = None
 
     def __call__(self, request: Produce, call: Call) -> dict[str, Any] | None:
         queue = call.queue
+        if self.relay is not None and self.relay.takes(request.topic):
+            self.relay.produce(request, call)
+            return None  # answered with the root's reply
         self.role.not_a_slave("publish")
         state = self.catalogue.get(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer
         if producer is None:
-            producer = "" if queue is None else queue.remote_id
+            producer = request.origin or ("" if queue is None else queue.remote_id)
         if "rpc" in state.flags:
             # a request: replies are routed back to this link by (caller id, request id)
             if queue is None:

@@ -56,6 +56,9 @@ class Produce:
     tag: str | None = None
     #: the bodies' sizes when the body holds several messages back to back
     sizes: tuple[int, ...] | None = None
+    #: who produced it, as a cluster's server that relays it names them (stored as its
+    #: producer when ``producer`` is None; never checked for duplicates)
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +200,8 @@ def _produce(f: Fields) -> Produce:
     sequence = f.integer("sequence", 0, 0, MAX_INT - count)
     return Produce(topic, body, f.optional_string("producer", max_bytes=MAX_LABEL_BYTES),
                    sequence, f.optional_string("tag", max_bytes=MAX_LABEL_BYTES),
-                   None if sizes is None else tuple(sizes))
+                   None if sizes is None else tuple(sizes),
+                   f.optional_string("origin", max_bytes=MAX_LABEL_BYTES))
 
 
 def _consume(f: Fields) -> Consume:

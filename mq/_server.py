@@ -84,6 +84,7 @@ from ._names import check_name, dead_letter_topic, disk_name
 from ._produce import ProduceCommand
 from ._push import Router
 from ._record import Record, StoreError
+from ._relay import Relay
 from ._replication import DEFAULT_INSYNC_LAG, Shipper
 from ._requests import (
     MAX_ACK_RANGE,
@@ -174,10 +175,13 @@ class MqServer:
         #: consume, unconsume, ack (:mod:`._consumers`)
         self.consumers = ConsumerCommands(node, self.catalogue, self.links, self.counts,
                                           self._dispatch, self.address)
+        self.produce = ProduceCommand(
+            self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
+            self._dispatch, max_body=self.max_body, address=self.address)
+        #: A cluster's shared topics' messages, relayed through its root (:mod:`._relay`).
+        self.relay: Relay | None = None
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
-            "declare": self._declare, "produce": ProduceCommand(
-                self.catalogue, self.links, self.commit, self.shipper, self.role,
-                self.counts, self._dispatch, max_body=self.max_body, address=self.address),
+            "declare": self._declare, "produce": self.produce,
             "consume": self.consumers.consume, "unconsume": self.consumers.unconsume,
             "ack": self.consumers.ack, "query": self._query,
             "remove": self._remove, "empty": self._empty, "route": router.route,
@@ -234,8 +238,10 @@ class MqServer:
         self.links.of(queue).send(encode(reply))
 
     def join_cluster(self, cluster: ClusterNode) -> None:
-        """This server is ``cluster``'s: a ``shared`` declare goes through its root."""
+        """This server is ``cluster``'s: a ``shared`` declare goes through its root, and
+        the shared topics' messages too (:mod:`._relay`)."""
         self.cluster = cluster
+        self.relay = self.produce.relay = self.consumers.relay = Relay(self, cluster)
 
     def _declare(self, request: Declare, call: Call) -> dict[str, Any] | None:
         if request.shared:
@@ -409,6 +415,8 @@ class MqServer:
         if link is not None:
             self.shipper.forget(link)
             self.consumers.gone(link, queue)
+        if self.relay is not None:
+            self.relay.gone(queue)
         self.commit.forget(queue)
         self.shipper.forget_queue(queue)
         for state in list(self.catalogue.topics.values()):
@@ -454,6 +462,8 @@ class MqServer:
             if self.shipper.followers:
                 self.shipper.ship_positions(state)
             self.catalogue.save_positions(state)
+        if self.relay is not None:
+            self.relay.tick()
 
     def sync_all(self) -> None:
         """fsync every topic now, on the pump."""
@@ -465,6 +475,8 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
+        if self.relay is not None:
+            self.relay.close()
         self.role.close()
         self.commit.close()
         self.sync_all()

@@ -212,6 +212,24 @@ async def test_a_restart_redelivers_what_was_not_acknowledged(
         assert (await client.publish("orders", b"d")).offset == 3
 
 
+async def test_a_restarted_server_serves_and_routes_every_group_it_had(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A group other than the topic's own is consumed after a restart, and the
+    server's ServerInfo (what route tables show) lists it again."""
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders", group="audit", filter="eu.*")
+        await client.publish("orders", b"x", tag="eu.fr")
+        s.crash()
+        await trio.sleep(0.1)
+        s.start()  # the same directory
+        groups = {g.group_name: g.filter
+                  for g in s.node.server.topics["orders"].consume_group_list}  # type: ignore[union-attr]
+        assert groups == {"orders": None, "audit": "eu.*"}
+        sub = await client.subscribe("orders", group="audit")
+        assert (await sub.receive()).body == b"x"
+
+
 async def test_a_failed_write_fails_the_publish_and_loses_nothing_acknowledged(
         tmp_path: pathlib.Path, autojump_clock: object,
         monkeypatch: pytest.MonkeyPatch) -> None:

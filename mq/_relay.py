@@ -1,0 +1,598 @@
+"""Messages of a cluster's shared topics: every server but the root relays them.
+
+A shared topic's queue is the root's.  A server that is not the root
+
+* forwards each ``produce`` of a shared topic to the root over one link of its own
+  (:class:`Upstream`, to the root's MQ port) and answers the client with the root's
+  reply once the root stored it (a producer that names itself keeps its name, so the
+  root's duplicate check holds across servers; a message from one that does not is
+  stored under its *origin*, ``<link>@<server>``);
+* serves each consume group of a shared topic its local clients consume from one
+  subscription at the root (:class:`RelayGroup`): the root sends each message once per
+  server, whatever the number of consumers there, and the server hands the messages
+  out among its consumers (round robin, as far as each one's window goes) and passes
+  their acks on.  A consumer that goes leaves its unacknowledged messages to the
+  others here; the last one to go ends the subscription, and the root gives what the
+  server held to the group's other servers;
+* drains what its own copy of a shared topic holds from a time it was root: those
+  messages are sent to the root (stored under their producers as origins) and then
+  counted as handled here, so that no message stored under one root is stranded when
+  another takes over (a message may then reach a group twice: at least once).
+
+While the cluster has no root (the cluster is not ready), a produce or consume of a
+shared topic waits at most :data:`~._cluster.NOT_READY_WAIT` seconds for one, then is
+refused (503).  When the root changes, every client link that consumes a shared topic
+here is closed with that reason: a client consumes again as it reconnects, through the
+new root.  The root serves its shared topics itself, as any topic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
+from channels import Gather, MessageQueue
+
+from ._delivery import FRAME_BYTES, ClientLink
+from ._requests import Ack, Consume, Produce, Unconsume
+from ._wire import pack_column, unpack_column
+
+if TYPE_CHECKING:
+    from ._catalogue import TopicState
+    from ._cluster import ClusterNode
+    from ._record import Record
+    from ._server import MqServer
+
+__all__ = ["RELAY_WINDOW", "Relay", "RelayGroup"]
+
+log = logging.getLogger("rdvpump.mq.cluster")
+
+#: Credits of a server's subscription to a group at the root: what it may hold of the
+#: group's messages, not acknowledged yet by its consumers, at once.
+RELAY_WINDOW = 1024
+#: Messages of a drain sent to the root at once.
+DRAIN_BATCH = 256
+
+
+@dataclass(slots=True)
+class Relayed:
+    """A message the root delivered to this server for one of its consumers."""
+
+    offset: int
+    tag: str | None
+    producer: str
+    sequence: int
+    deliveries: int
+    timestamp: int
+    body: bytes
+
+
+@dataclass(eq=False)
+class LocalConsumer:
+    """A client link here consuming a shared topic's group through the root."""
+
+    link: ClientLink
+    window: int
+    held: dict[int, Relayed] = field(default_factory=dict)
+    #: Offsets held when the root's link was lost: their acks are not passed on (the
+    #: root delivers them again).
+    stale: set[int] = field(default_factory=set)
+
+    @property
+    def credits(self) -> int:
+        return self.window - len(self.held)
+
+
+@dataclass(eq=False)
+class RelayGroup:
+    """One consume group of a shared topic, as this server serves it from the root."""
+
+    topic: str
+    group: str
+    consumers: list[LocalConsumer] = field(default_factory=list)
+    #: Messages from the root waiting for a consumer with credits.
+    pending: deque[Relayed] = field(default_factory=deque)
+    #: The root answered this server's consume on the current link.
+    subscribed: bool = False
+    turn: int = 0
+
+    def pick(self) -> LocalConsumer | None:
+        n = len(self.consumers)
+        for k in range(n):
+            consumer = self.consumers[(self.turn + k) % n]
+            if consumer.credits > 0:
+                self.turn = (self.turn + k + 1) % n
+                return consumer
+        return None
+
+
+class Upstream(BrokerLink):
+    """This server's link to its cluster's root, on the root's MQ port."""
+
+    def __init__(self, relay: Relay, root: str) -> None:
+        super().__init__(relay.server.node.broker, root, relay.port,
+                         name=f"cluster root {root}", retry=0.5)
+        self.relay = relay
+        self.root = root
+
+    def opened(self) -> None:
+        self.relay.upstream_up(self)
+
+    def lost(self, reason: str) -> None:
+        self.relay.upstream_lost(self, reason)
+
+    def pushed(self, obj: dict[str, Any]) -> None:
+        self.relay.pushed(self, obj)
+
+    def room_again(self) -> None:
+        self.relay.run_waiting()
+
+
+@dataclass
+class _Waiting:
+    deadline: float
+    again: Callable[[], object]
+    refuse: Callable[[ServiceError], object]
+
+
+class Relay:
+    """The shared topics' messages on ``server``, a server of ``cluster`` (see the
+    module)."""
+
+    def __init__(self, server: MqServer, cluster: ClusterNode, *,
+                 window: int = RELAY_WINDOW) -> None:
+        self.server = server
+        self.cluster = cluster
+        self.me = cluster.me.id
+        self.pump = server.pump
+        #: The MQ port of every server of the cluster: this server's own.
+        self.port = server.node.address.port
+        self.window = window
+        self.upstream: Upstream | None = None
+        self.groups: dict[tuple[str, str], RelayGroup] = {}
+        self.waiting: list[_Waiting] = []
+        self._draining: set[str] = set()
+        #: The root this server last acted on (its clients' consumes were made for it).
+        self._root = cluster.root
+        self.counts = {"forwarded": 0, "relayed": 0, "drained": 0}
+        cluster.watchers.append(self.root_changed)
+        self.root_changed()
+
+    # -- which way a request goes ------------------------------------------------------
+
+    def takes(self, topic: str) -> bool:
+        """Whether a request on ``topic`` goes through the root: a shared topic, and this
+        server not the root (or no root known yet)."""
+        return topic in self.cluster.state.topics and self.cluster.root != self.me
+
+    def _hold(self, call: Call, again: Callable[[], object], what: str) -> None:
+        """Wait for a root (bounded), then ``again``; refused 503 after the wait."""
+        queue, seq = call.queue, call.seq
+
+        def refuse(error: ServiceError) -> None:
+            self.server.reply(queue, seq, self.server.table.refusal({"cmd": what}, error,
+                                                                    what))
+
+        self.waiting.append(_Waiting(self.pump.now() + self.cluster.not_ready_wait, again,
+                                     refuse))
+
+    # -- produce -----------------------------------------------------------------------
+
+    def produce(self, request: Produce, call: Call) -> None:
+        """Forward a produce of a shared topic to the root; answered with its reply."""
+        upstream = self.upstream
+        if upstream is None or upstream.queue is None:
+            self._hold(call, lambda: self._produce_again(request, call), "produce")
+            return
+        obj: dict[str, Any] = {"cmd": "produce", "topic": request.topic,
+                               "sequence": request.sequence}
+        if request.producer is not None:
+            obj["producer"] = request.producer
+        elif call.queue is not None:
+            obj["origin"] = f"{call.queue.remote_id}@{self.me}"
+        if request.tag is not None:
+            obj["tag"] = request.tag
+        if request.sizes is not None:
+            obj["sizes"] = list(request.sizes)
+        queue, seq = call.queue, call.seq
+
+        def answered(outcome: Outcome) -> None:
+            if isinstance(outcome, ServiceError):
+                if outcome.status == Status.NO_REPLY:
+                    outcome = ServiceError(Status.UNAVAILABLE, f"{self.server.address}: the "
+                                           f"link to the cluster's root closed before it "
+                                           f"answered ({outcome.reason}); it may or may not "
+                                           f"be stored")
+                self.server.reply(queue, seq, self.server.table.refusal(
+                    {"cmd": "produce", "topic": request.topic}, outcome, "produce"))
+                return
+            self.counts["forwarded"] += 1
+            reply = {k: v for k, v in outcome.items() if k != "seq"}
+            reply["via"] = self.server.address
+            self.server.reply(queue, seq, reply)
+
+        if not upstream.request(obj, answered, body=request.body):
+            self._hold(call, lambda: self._produce_again(request, call), "produce")
+
+    def _produce_again(self, request: Produce, call: Call) -> None:
+        if self.takes(request.topic):
+            self.produce(request, call)
+        elif call.queue is not None:  # this server became the root meanwhile: stored here
+            self.server.handle(call.queue, request_object(request, call))
+
+    # -- consume, unconsume, ack -------------------------------------------------------
+
+    def consume(self, request: Consume, call: Call) -> dict[str, Any] | None:
+        queue = call.queue
+        if queue is None:
+            raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
+        if self.cluster.root is None:
+            self._hold(call, lambda: self._consume_again(request, call), "consume")
+            return None
+        group = request.group or request.topic
+        if group not in self.cluster.state.topics.get(request.topic, {}):
+            raise ServiceError(Status.NOT_FOUND, f"topic {request.topic!r} has no consume "
+                                                 f"group {group!r}")
+        link = self.server.links.of(queue)
+        relay_group = self.groups.get((request.topic, group))
+        if relay_group is None:
+            relay_group = self.groups[(request.topic, group)] = RelayGroup(request.topic,
+                                                                           group)
+        if any(c.link is link for c in relay_group.consumers):
+            raise ServiceError(Status.CONFLICT,
+                               f"this link already consumes {request.topic}/{group}")
+        relay_group.consumers.append(LocalConsumer(link, request.window))
+        if not relay_group.subscribed:
+            self._subscribe(relay_group)
+        self._dispatch(relay_group)
+        return {"cmd": "consuming", "topic": request.topic, "group": group,
+                "window": request.window, "via": self.cluster.root}
+
+    def _consume_again(self, request: Consume, call: Call) -> None:
+        if call.queue is None or call.queue.closed:
+            return
+        try:
+            reply = (self.consume(request, call) if self.takes(request.topic)
+                     else self.server.consumers.consume(request, call))
+        except ServiceError as exc:
+            self.server.reply(call.queue, call.seq, self.server.table.refusal(
+                {"cmd": "consume", "topic": request.topic}, exc, "consume"))
+            return
+        if reply is not None:
+            self.server.reply(call.queue, call.seq, reply)
+
+    def unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
+        group = request.group or request.topic
+        relay_group = self.groups.get((request.topic, group))
+        consumer = None if relay_group is None or call.queue is None else next(
+            (c for c in relay_group.consumers if c.link.queue is call.queue), None)
+        if relay_group is None or consumer is None:
+            raise ServiceError(Status.NOT_FOUND,
+                               f"this link does not consume {request.topic}/{group}")
+        self._drop(relay_group, consumer)
+        return {"cmd": "unconsumed", "topic": request.topic, "group": group}
+
+    def consumes(self, queue: MessageQueue | None, topic: str, group: str) -> bool:
+        relay_group = self.groups.get((topic, group))
+        return relay_group is not None and any(c.link.queue is queue
+                                               for c in relay_group.consumers)
+
+    def ack(self, request: Ack, call: Call) -> dict[str, Any] | None:
+        group = request.group or request.topic
+        relay_group = self.groups.get((request.topic, group))
+        consumer = None if relay_group is None or call.queue is None else next(
+            (c for c in relay_group.consumers if c.link.queue is call.queue), None)
+        if relay_group is None or consumer is None:
+            raise ServiceError(Status.CONFLICT,
+                               f"this link does not consume {request.topic}/{group}: its "
+                               f"acks are not taken")
+        passed, missed = [], []
+        for offset in request.offsets:
+            if consumer.held.pop(offset, None) is not None:
+                passed.append(offset)
+            elif offset in consumer.stale:
+                consumer.stale.discard(offset)  # the root delivers it again
+            else:
+                missed.append(offset)
+        if passed:
+            self._ack_upstream(relay_group, passed)
+            self._dispatch(relay_group)
+        if missed:
+            raise ServiceError(Status.CONFLICT,
+                               f"{len(missed)} offsets of {request.topic}/{group} are not held "
+                               f"by this consumer: {', '.join(map(str, missed[:5]))}; "
+                               f"{len(passed)} acknowledged")
+        return {"cmd": "acked", "topic": request.topic, "count": len(passed)}
+
+    def gone(self, queue: MessageQueue) -> None:
+        """A client link closed: its consumers' messages go to the group's others here."""
+        for relay_group in list(self.groups.values()):
+            for consumer in [c for c in relay_group.consumers if c.link.queue is queue]:
+                self._drop(relay_group, consumer)
+
+    def _drop(self, relay_group: RelayGroup, consumer: LocalConsumer) -> None:
+        relay_group.consumers.remove(consumer)
+        back = sorted(consumer.held.values(), key=lambda m: m.offset, reverse=True)
+        for message in back:
+            message.deliveries += 1
+            relay_group.pending.appendleft(message)
+        consumer.held.clear()
+        if relay_group.consumers:
+            self._dispatch(relay_group)
+            return
+        # the last consumer here: the root gives what this server held to the others
+        del self.groups[(relay_group.topic, relay_group.group)]
+        upstream = self.upstream
+        if upstream is not None and relay_group.subscribed:
+            upstream.send({"cmd": "unconsume", "topic": relay_group.topic,
+                           "group": relay_group.group})
+
+    # -- the root's side ---------------------------------------------------------------
+
+    def _subscribe(self, relay_group: RelayGroup) -> None:
+        upstream = self.upstream
+        if upstream is None or upstream.queue is None:
+            return  # when the link comes up
+        key = (relay_group.topic, relay_group.group)
+
+        def answered(outcome: Outcome) -> None:
+            current = self.groups.get(key)
+            if isinstance(outcome, ServiceError):
+                if current is relay_group and outcome.status != Status.NO_REPLY:
+                    log.warning("%s: consume %s/%s at root %s refused: %s (tried again "
+                                "each second)", self.server.address, *key, upstream.root,
+                                outcome.reason)
+                return
+            if current is relay_group and upstream is self.upstream:
+                relay_group.subscribed = True
+
+        upstream.request({"cmd": "consume", "topic": relay_group.topic,
+                          "group": relay_group.group, "window": self.window}, answered)
+
+    def _ack_upstream(self, relay_group: RelayGroup, offsets: list[int]) -> None:
+        upstream = self.upstream
+        if upstream is None or upstream.queue is None:
+            return  # lost with the link: the root delivers them again
+        request: dict[str, Any] = {"cmd": "ack", "topic": relay_group.topic,
+                                   "group": relay_group.group, "offsets": offsets}
+        if type(first := pack_column(offsets, counting=True)) is int:
+            request.update(offsets=first, count=len(offsets))
+        upstream.send(request)
+
+    def pushed(self, upstream: Upstream, obj: dict[str, Any]) -> None:
+        if upstream is not self.upstream:
+            return
+        cmd = obj.get("cmd")
+        if cmd == "messages":
+            try:
+                self._take(obj)
+            except (KeyError, TypeError, ValueError) as exc:
+                upstream.protocol_error(f"a bad messages frame from the root: {exc}")
+        elif cmd == "error":
+            # an ack the root no longer held (redelivered after its ack timeout): that
+            # message comes again, at least once
+            log.info("%s: root %s: %s", self.server.address, upstream.root,
+                     obj.get("reason"))
+
+    def _take(self, obj: dict[str, Any]) -> None:
+        relay_group = self.groups.get((obj["topic"], obj["group"]))
+        count = obj["count"]
+        if type(count) is not int or count < 1:
+            raise ValueError(f"count {count!r}")
+        offsets = unpack_column(obj["offsets"], count, counting=True)
+        sizes = unpack_column(obj["sizes"], count)
+        tags = unpack_column(obj["tags"], count)
+        producers = unpack_column(obj["producers"], count)
+        sequences = unpack_column(obj["sequences"], count, counting=True)
+        deliveries = unpack_column(obj["deliveries"], count)
+        timestamps = unpack_column(obj["timestamps"], count)
+        body = bytes(obj.get("body", b""))
+        if sum(sizes) != len(body):
+            raise ValueError(f"sizes add up to {sum(sizes)}, the body has {len(body)} bytes")
+        if relay_group is None:
+            # the last consumer left: the root takes them back with the unconsume
+            return
+        start = 0
+        for i in range(count):
+            end = start + sizes[i]
+            relay_group.pending.append(Relayed(offsets[i], tags[i], producers[i],
+                                               sequences[i], deliveries[i], timestamps[i],
+                                               body[start:end]))
+            start = end
+        self.counts["relayed"] += count
+        self._dispatch(relay_group)
+
+    def _dispatch(self, relay_group: RelayGroup) -> None:
+        """Hand out what waits, a frame per consumer turn, while consumers have credits."""
+        pending = relay_group.pending
+        while pending:
+            consumer = relay_group.pick()
+            if consumer is None:
+                return
+            frame: list[Relayed] = []
+            size = 0
+            while pending and len(frame) < consumer.credits and size < FRAME_BYTES:
+                message = pending.popleft()
+                frame.append(message)
+                size += len(message.body)
+            for message in frame:
+                consumer.held[message.offset] = message
+            consumer.link.send(_frame(relay_group, frame))
+
+    def upstream_up(self, upstream: Upstream) -> None:
+        if upstream is not self.upstream:
+            return
+        for relay_group in self.groups.values():
+            relay_group.subscribed = False
+            self._subscribe(relay_group)
+        self.run_waiting()
+
+    def upstream_lost(self, upstream: Upstream, reason: str) -> None:
+        """The root's link closed: what it had delivered here and was not acknowledged
+        is the root's to deliver again (after the link comes up, or elsewhere)."""
+        if upstream is not self.upstream:
+            return
+        self._forget_deliveries()
+
+    def _forget_deliveries(self) -> None:
+        for relay_group in self.groups.values():
+            relay_group.subscribed = False
+            relay_group.pending.clear()
+            for consumer in relay_group.consumers:
+                consumer.stale.update(consumer.held)
+                consumer.held.clear()
+                if len(consumer.stale) > 4 * self.window:
+                    consumer.stale.clear()
+
+    # -- the root changes --------------------------------------------------------------
+
+    def root_changed(self) -> None:
+        """Follow the cluster's root: a link to a new one, waiting requests run, and
+        consumers sent to consume again when this server becomes the root or stops being
+        it (see the module)."""
+        root = self.cluster.root
+        was_root = self._root == self.me
+        self._root = root
+        if self.upstream is not None and self.upstream.root != root:
+            self.upstream.close()
+            self.upstream = None
+            self._forget_deliveries()
+        if root is not None and root != self.me and self.upstream is None:
+            self.upstream = Upstream(self, root)
+            self.upstream.connect()
+        if root == self.me and not was_root and self.groups:
+            self._send_away({c.link.queue for g in self.groups.values()
+                             for c in g.consumers}, root)
+            self.groups.clear()
+        elif was_root and root != self.me:
+            shared = self.cluster.state.topics
+            self._send_away({link.queue for link in self.server.links
+                             if any(topic in shared for topic, _ in link.consumers)}, root)
+        self.run_waiting()
+
+    @staticmethod
+    def _send_away(queues: set[MessageQueue], root: str | None) -> None:
+        """Close client links consuming a shared topic here: each consumes again, the way
+        the new root says, once it reconnects."""
+        for queue in queues:
+            queue.close(f"the cluster's root is now {root or 'unknown'}: consume again")
+
+    def run_waiting(self) -> None:
+        if self.cluster.root is None or not self.waiting:
+            return
+        if self.cluster.root != self.me and (self.upstream is None
+                                             or self.upstream.queue is None):
+            return
+        waiting, self.waiting = self.waiting, []
+        for held in waiting:
+            held.again()
+
+    def tick(self) -> None:
+        """Each second: refuse what waited too long for a root, subscribe groups the root
+        refused (a group its state did not hold yet), drain."""
+        now = self.pump.now()
+        late = [w for w in self.waiting if w.deadline <= now]
+        if late:
+            self.waiting = [w for w in self.waiting if w.deadline > now]
+            for held in late:
+                held.refuse(ServiceError(
+                    Status.UNAVAILABLE, f"{self.server.address}: cluster "
+                                        f"{self.cluster.config.name!r} is not ready: no root "
+                                        f"within {self.cluster.not_ready_wait} s"))
+        self.run_waiting()
+        for relay_group in self.groups.values():
+            if not relay_group.subscribed:
+                self._subscribe(relay_group)
+        self.drain()
+
+    # -- draining ----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Send the root what this server's copies of shared topics hold and no group
+        here handled (stored while this server was root)."""
+        upstream = self.upstream
+        if upstream is None or upstream.queue is None or self.cluster.root == self.me:
+            return
+        for name in self.cluster.state.topics:
+            state = self.server.catalogue.topics.get(name)
+            if state is None or name in self._draining or not state.topic.groups:
+                continue
+            topic = state.topic
+            floor = min(group.floor for group in topic.groups.values())
+            if floor >= topic.log.next_offset:
+                continue
+            records = topic.log.read(floor, max_count=DRAIN_BATCH)
+            if records:
+                self._drain(upstream, state, records)
+
+    def _drain(self, upstream: Upstream, state: TopicState, records: list[Record]) -> None:
+        name = state.topic.name
+        self._draining.add(name)
+        left = [len(records)]
+        failed: list[str] = []
+        end = records[-1].offset + 1
+
+        def stored(outcome: Outcome) -> None:
+            if isinstance(outcome, ServiceError):
+                failed.append(outcome.reason)
+            left[0] -= 1
+            if left[0]:
+                return
+            self._draining.discard(name)
+            if failed:
+                log.warning("%s: drain of %s to root %s: %s (tried again)",
+                            self.server.address, name, upstream.root, failed[0])
+                return
+            if self.server.catalogue.topics.get(name) is not state:
+                return
+            for group in list(state.topic.groups):
+                state.topic.advance(group, end)
+            self.server.catalogue.save_positions(state)
+            self.counts["drained"] += len(records)
+            log.info("%s: %d messages of %s stored under an earlier root sent to root %s",
+                     self.server.address, len(records), name, upstream.root)
+
+        for record in records:
+            obj: dict[str, Any] = {"cmd": "produce", "topic": name, "origin": record.producer,
+                                   "sequence": record.sequence}
+            if record.tag is not None:
+                obj["tag"] = record.tag
+            if not upstream.request(obj, stored, body=record.body):
+                stored(ServiceError(Status.UNAVAILABLE, "the root's link is full or down"))
+
+    def close(self) -> None:
+        if self.root_changed in self.cluster.watchers:
+            self.cluster.watchers.remove(self.root_changed)
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+
+
+def request_object(request: Produce, call: Call) -> dict[str, Any]:
+    """A produce as the request it was (with its ``seq``), to handle it again here."""
+    obj: dict[str, Any] = {"cmd": "produce", "topic": request.topic,
+                           "sequence": request.sequence, "body": request.body}
+    for key, value in (("producer", request.producer), ("tag", request.tag),
+                       ("sizes", None if request.sizes is None else list(request.sizes)),
+                       ("seq", call.seq)):
+        if value is not None:
+            obj[key] = value
+    return obj
+
+
+def _frame(relay_group: RelayGroup, messages: list[Relayed]) -> bytes | Gather:
+    """A ``messages`` frame of ``messages``, as the root's are made."""
+    header = {"cmd": "messages", "topic": relay_group.topic, "group": relay_group.group,
+              "count": len(messages),
+              "offsets": pack_column([m.offset for m in messages], counting=True),
+              "sizes": pack_column([len(m.body) for m in messages]),
+              "tags": pack_column([m.tag for m in messages]),
+              "producers": pack_column([m.producer for m in messages]),
+              "sequences": pack_column([m.sequence for m in messages], counting=True),
+              "deliveries": pack_column([m.deliveries for m in messages]),
+              "timestamps": pack_column([m.timestamp for m in messages])}
+    return encode(header, [m.body for m in messages])

@@ -1,0 +1,142 @@
+"""Messages through a cluster, on the virtual clock: a shared topic's messages published
+on any server are stored in the root's queue and reach the consumers of every server,
+each server subscribed once per group at the root; when the root crashes, another takes
+over, the consumers keep receiving, and what the old root held is sent to the new one
+when it is back."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import trio
+
+from brokermgr import BrokerManager, open_universe
+from brokermgr.tracking import TrackNode
+from mq import MqClient, MqServer, Subscription, declare_on
+from mq._cluster import ClusterNode
+from mq._cluster_file import ClusterConfig
+from tests.mq.test_cluster import config, until
+
+#: Three primaries, a backup and two fanout servers.
+SIX = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
+             ("e", "fanout"), ("f", "fanout"))
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 0.5}
+
+
+class Cluster:
+    """The servers of ``config`` in one universe, each an MQ server on its directory."""
+
+    def __init__(self, universe: BrokerManager, config: ClusterConfig, root: pathlib.Path
+                 ) -> None:
+        self.universe, self.config, self.root = universe, config, root
+        self.servers: dict[str, MqServer] = {}
+        self.nodes: dict[str, ClusterNode] = {}
+        for server in config.servers:
+            self.start(server.id)
+
+    def start(self, server_id: str) -> None:
+        broker = self.universe.add_broker(server_id)
+        server = MqServer(TrackNode(broker, role="server", **TIMING), self.root / server_id,
+                          fsync_thread=False)
+        node = ClusterNode(broker, self.config, on_state=declare_on(server),
+                           store=self.root / server_id)
+        server.join_cluster(node)
+        self.servers[server_id], self.nodes[server_id] = server, node
+
+    def crash(self, server_id: str) -> None:
+        self.nodes.pop(server_id).close()
+        self.servers.pop(server_id).close()
+        self.universe.broker(server_id).close("crashed")
+
+    def roots(self) -> set[str | None]:
+        return {node.root for node in self.nodes.values()}
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+        for server in self.servers.values():
+            server.close()
+
+
+async def take(subscription: Subscription, into: list[bytes]) -> None:
+    """Consume and acknowledge every message, keeping its body (until cancelled)."""
+    async for message in subscription:
+        into.append(message.body)
+        await message.ack()
+
+
+async def test_a_shared_topic_s_messages_go_through_the_root_to_every_server_s_consumers(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster = Cluster(universe, SIX, tmp_path)
+        await until(lambda: cluster.roots() == {"a"})
+        admin = MqClient(universe.add_broker("admin"), "e:15555", timeout=30)
+        await admin.declare("orders", shared=True)
+        await admin.declare("orders", group="audit", shared=True)
+        await until(lambda: all("audit" in s.catalogue.topics["orders"].topic.groups
+                                for s in cluster.servers.values() if "orders" in
+                                s.catalogue.topics) and all(
+            "orders" in s.catalogue.topics for s in cluster.servers.values()))
+        got: dict[str, list[bytes]] = {"orders": [], "audit": []}
+        clients = {}
+        # c5 is given a list of servers: it consumes on the first that answers
+        for name, servers, group in (("c1", "e", "orders"), ("c2", "e", "orders"),
+                                     ("c3", "b", "orders"), ("c4", "f", "audit"),
+                                     ("c5", "nobody,f", "orders")):
+            clients[name] = MqClient(universe.add_broker(name),
+                                     [f"{s}:15555" for s in servers.split(",")], timeout=30)
+            subscription = await clients[name].subscribe("orders", group=group, window=8)
+            nursery.start_soon(take, subscription, got[group])
+        assert clients["c5"].server.address == "f:15555"
+        producer = MqClient(universe.add_broker("p"), "d:15555", timeout=30)
+        sent = [b"m%03d" % i for i in range(100)]
+        stored = [await producer.publish("orders", body) for body in sent]
+        # stored at the root, in its queue's order, whichever server took them
+        assert {s.server for s in stored} == {"a:15555"}
+        assert [s.offset for s in stored] == list(range(100))
+        await until(lambda: len(got["orders"]) >= 100 and len(got["audit"]) >= 100)
+        assert sorted(got["orders"]) == sent and sorted(got["audit"]) == sent
+        # the root serves each group once per server that consumes it, not per consumer
+        groups = cluster.servers["a"].catalogue.topics["orders"].topic.groups
+        assert (len(groups["orders"].consumers), len(groups["audit"].consumers)) == (3, 1)
+        assert cluster.servers["a"].counts["delivered"] == 200
+        relay = cluster.servers["e"].relay
+        assert relay is not None and relay.counts["relayed"] > 0
+        # nothing is stored anywhere else
+        for server_id in "bcdef":
+            assert cluster.servers[server_id].catalogue.topics["orders"].topic.log.next_offset == 0
+
+        # the root crashes: b takes over; the consumers keep receiving, the producer's
+        # publishes wait for the new root and are stored there (the audit group has no
+        # consumer meanwhile: what b stores stays in b's queue for it)
+        await clients.pop("c4").aclose()
+        cluster.crash("a")
+        await until(lambda: cluster.roots() == {"b"})
+        more = [b"n%03d" % i for i in range(100)]
+        stored = [await producer.publish("orders", body) for body in more]
+        assert {s.server for s in stored} == {"b:15555"}
+        await until(lambda: set(more) <= set(got["orders"]))
+        assert cluster.servers["b"].catalogue.topics["orders"].topic.lag("audit") == 100
+
+        # a comes back, the most senior primary: root again; b sends it what it stored
+        # meanwhile, so none of it is stranded in b's queue
+        cluster.start("a")
+        await until(lambda: cluster.roots() == {"a"})
+        await until(lambda: cluster.servers["b"].catalogue.topics["orders"].topic.lag(
+            "audit") == 0)
+        drained = cluster.servers["b"].relay
+        assert drained is not None and drained.counts["drained"] == 100
+        clients["c4"] = MqClient(universe.add_broker("c4b"), "f:15555", timeout=30)
+        nursery.start_soon(take, await clients["c4"].subscribe("orders", group="audit"),
+                           got["audit"])
+        last = [b"o%03d" % i for i in range(20)]
+        for body in last:
+            await producer.publish("orders", body)
+        await until(lambda: set(last) <= set(got["orders"]) and set(last) <= set(got["audit"]))
+        assert set(got["orders"]) == set(got["audit"]) == set(sent + more + last)
+        nursery.cancel_scope.cancel()
+        for client in (admin, producer, *clients.values()):
+            client.close()
+        cluster.close()
