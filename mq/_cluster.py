@@ -67,16 +67,20 @@ RETRY = 1.0
 NOT_READY_WAIT = 5.0
 
 
-def _load_votes(path: Path) -> tuple[int, Ballot]:
-    """The epoch and ballot a server kept (0 and no ballot if it kept none)."""
+def _load_votes(path: Path) -> tuple[int, Ballot, ClusterState]:
+    """The epoch, ballot and cluster state a server kept (0, no ballot and an empty state
+    if it kept none)."""
     try:
         kept = json.loads(path.read_bytes())
         vote, epoch = kept["ballot"]
-        return int(kept["epoch"]), (vote if isinstance(vote, str) else None, int(epoch))
+        state = kept.get("state")
+        return int(kept["epoch"]), (vote if isinstance(vote, str) else None, int(epoch)), (
+            ClusterState() if state is None else ClusterState.of(
+                int(state["version"]), state["topics"], int(state["state_epoch"])))
     except FileNotFoundError:
-        return 0, (None, 0)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: the cluster's epoch and vote cannot be read "
+        return 0, (None, 0), ClusterState()
+    except (OSError, ValueError, KeyError, TypeError, StateError) as exc:
+        raise ConfigError(f"{path}: the cluster's epoch, vote and state cannot be read "
                           f"({exc}); remove the file only if this server never voted") from None
 
 
@@ -127,7 +131,7 @@ class ClusterNode:
         #: then a server that restarts may vote twice in one epoch).
         self.store = None if store is None else Path(store) / f"cluster-{broker.id}.json"
         if self.store is not None:
-            self.epoch, self.ballot = _load_votes(self.store)
+            self.epoch, self.ballot, self.state = _load_votes(self.store)
         self._closed = False
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
         #: Called when a peer's links come up or go down, or the root changes; and the
@@ -219,6 +223,7 @@ class ClusterNode:
 
     def _take(self, state: ClusterState) -> None:
         old, self.state = self.state, state
+        self._keep()
         if self.on_state is not None:
             self.on_state(old, state)
         self.changed()
@@ -354,9 +359,13 @@ class ClusterNode:
         return self.ballot
 
     def _keep(self) -> None:
+        """The epoch, ballot and cluster state to disk (the state too: a server that
+        restarts must not take over with an empty one while the others that held it
+        are down)."""
         if self.store is not None:
             write_file(self.store, json.dumps({"epoch": self.epoch,
-                                               "ballot": list(self.ballot)}).encode())
+                                               "ballot": list(self.ballot),
+                                               "state": self.state.snapshot()}).encode())
 
     def elect(self) -> None:
         """Take over as root when the rule of :mod:`._root` says so (announced to every
@@ -378,6 +387,7 @@ class ClusterNode:
             # the new root's state, marked after any before
             self.state.version += 1
             self.state.epoch = self.epoch
+            self._keep()
             self._send_state()
         elif self.root == self.me.id and (mine[0] != self.me.id
                                           or not has_majority(self.config, active)):

@@ -169,13 +169,15 @@ class Relay:
         server not the root (or no root known yet)."""
         return topic in self.cluster.state.topics and self.cluster.root != self.me
 
-    def _hold(self, call: Call, again: Callable[[], object], what: str) -> None:
-        """Wait for a root (bounded), then ``again``; refused 503 after the wait."""
+    def _hold(self, call: Call, again: Callable[[], object], what: str, topic: str,
+              group: str | None = None) -> None:
+        """Wait for a root (bounded), then ``again``; refused 503 after the wait (naming
+        the topic and group, so that a client can tell whose refusal it is)."""
         queue, seq = call.queue, call.seq
+        named = {"cmd": what, "topic": topic, "group": group or topic}
 
         def refuse(error: ServiceError) -> None:
-            self.server.reply(queue, seq, self.server.table.refusal({"cmd": what}, error,
-                                                                    what))
+            self.server.reply(queue, seq, self.server.table.refusal(named, error, what))
 
         self.waiting.append(_Waiting(self.pump.now() + self.cluster.not_ready_wait, again,
                                      refuse))
@@ -186,7 +188,8 @@ class Relay:
         """Forward a produce of a shared topic to the root; answered with its reply."""
         upstream = self.upstream
         if upstream is None or upstream.queue is None:
-            self._hold(call, lambda: self._produce_again(request, call), "produce")
+            self._hold(call, lambda: self._produce_again(request, call), "produce",
+                       request.topic)
             return
         obj: dict[str, Any] = {"cmd": "produce", "topic": request.topic,
                                "sequence": request.sequence}
@@ -216,7 +219,8 @@ class Relay:
             self.server.reply(queue, seq, reply)
 
         if not upstream.request(obj, answered, body=request.body):
-            self._hold(call, lambda: self._produce_again(request, call), "produce")
+            self._hold(call, lambda: self._produce_again(request, call), "produce",
+                       request.topic)
 
     def _produce_again(self, request: Produce, call: Call) -> None:
         if self.takes(request.topic):
@@ -231,7 +235,8 @@ class Relay:
         if queue is None:
             raise ServiceError(Status.BAD_REQUEST, "consume needs a link to deliver to")
         if self.cluster.root is None:
-            self._hold(call, lambda: self._consume_again(request, call), "consume")
+            self._hold(call, lambda: self._consume_again(request, call), "consume",
+                       request.topic, request.group)
             return None
         group = request.group or request.topic
         if group not in self.cluster.state.topics.get(request.topic, {}):
@@ -260,7 +265,8 @@ class Relay:
                      else self.server.consumers.consume(request, call))
         except ServiceError as exc:
             self.server.reply(call.queue, call.seq, self.server.table.refusal(
-                {"cmd": "consume", "topic": request.topic}, exc, "consume"))
+                {"cmd": "consume", "topic": request.topic,
+                 "group": request.group or request.topic}, exc, "consume"))
             return
         if reply is not None:
             self.server.reply(call.queue, call.seq, reply)
@@ -394,7 +400,11 @@ class Relay:
         if sum(sizes) != len(body):
             raise ValueError(f"sizes add up to {sum(sizes)}, the body has {len(body)} bytes")
         if relay_group is None:
-            # the last consumer left: the root takes them back with the unconsume
+            # no consumer here any more: the root takes them back for the group's others
+            upstream = self.upstream
+            if upstream is not None:
+                upstream.send({"cmd": "unconsume", "topic": obj["topic"],
+                               "group": obj["group"]})
             return
         start = 0
         for i in range(count):

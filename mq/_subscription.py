@@ -11,6 +11,7 @@ of one of those is not sent (the server delivers them again after a reconnect).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections import deque
@@ -119,6 +120,8 @@ class Subscription:
             self.on_error(error)
         elif self._error is None:
             self._error = error
+            with contextlib.suppress(trio.ClosedResourceError):
+                self.inbox.send_nowait([])  # a receive waiting for a frame raises it now
 
     def _raise_failed(self) -> None:
         error, self._error = self._error, None
@@ -170,6 +173,8 @@ class Subscription:
             await trio.lowlevel.checkpoint()
         while not ready:  # (another task may have taken them meanwhile)
             ready.extend(await self._frames.receive())
+            if not ready:
+                self._raise_failed()  # woken by an error (see failed)
         return ready
 
     async def ack(self, offsets: Sequence[int]) -> None:

@@ -258,6 +258,31 @@ async def test_a_root_is_elected_replaced_when_it_crashes_and_fenced_when_it_ret
             node.close()
 
 
+async def test_every_server_restarted_on_its_store_keeps_the_cluster_state(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """The state is kept with the epoch and vote: every server restarted (the primaries
+    first, while the backup that also held it is down) still holds the shared topic;
+    the new root never takes over with an empty state."""
+    async with open_universe("u") as universe:
+        def start(server_id: str) -> ClusterNode:
+            return ClusterNode(universe.add_broker(server_id), THREE, store=tmp_path)
+
+        nodes = {s.id: start(s.id) for s in THREE.servers}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        await nodes["b"].change("declare", "orders")
+        await until(lambda: all("orders" in n.state.topics for n in nodes.values()))
+        for server_id in ("c", "a", "b"):
+            nodes.pop(server_id).close()
+            universe.broker(server_id).close("crashed")
+        nodes = {server_id: start(server_id) for server_id in ("a", "b")}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        nodes["c"] = start("c")
+        await until(lambda: nodes["c"].root == "a")
+        assert all(set(n.state.topics) == {"orders"} for n in nodes.values())
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: object) -> None:
     """c partitioned from a and b: a stays root (two of three primaries); c sees no root
     (one of three is not a majority) until the partition heals, then follows a (at the

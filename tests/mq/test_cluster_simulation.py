@@ -8,7 +8,9 @@ disk, across its restarts."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import pathlib
 import random
 from typing import Any
@@ -97,3 +99,153 @@ def test_no_epoch_has_two_roots_and_the_cluster_settles_on_one_state(
         states = {json.dumps([root, epoch, topics], sort_keys=True)
                   for root, epoch, topics in run["final"].values()}
         assert len(states) == 1, (seed, run["final"])
+
+
+#: Seeds of the simulation with messages the suite runs (more: RDVPUMP_CLUSTER_SEEDS).
+MESSAGE_SEEDS = int(os.environ.get("RDVPUMP_CLUSTER_SEEDS", "12"))
+SERVERS = [f"{s}:15555" for s in IDS]
+TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
+                          "retry": 0.5}
+
+
+async def one_run_with_messages(seed: int, store: pathlib.Path) -> dict[str, Any]:
+    """The same faults, with an MQ server on every server of the cluster (its topics in
+    a directory of its own, kept across its restarts): a shared topic with two consume
+    groups, a producer publishing throughout and a consumer of each group, each client
+    given every server's address (the producer in one order, each consumer in another);
+    once the faults stop, the run waits until every group had every acknowledged
+    message."""
+    from brokermgr.tracking import TrackNode
+    from mq import MqClient, MqServer, declare_on
+
+    rng = random.Random(seed)
+    claims: dict[int, set[str]] = {}
+    nodes: dict[str, ClusterNode] = {}
+    servers: dict[str, MqServer] = {}
+    acked: list[bytes] = []
+    got: dict[str, set[bytes]] = {"orders": set(), "audit": set()}
+    consumers: dict[str, Any] = {}
+    async with open_simulation("sim", seed=seed, partition_timeout=1.0) as faults:
+        universe = faults.universe
+
+        def start(broker: Any) -> None:
+            def changed() -> None:
+                node = nodes[broker.id]
+                if node.root == node.me.id:
+                    claims.setdefault(node.epoch, set()).add(node.me.id)
+
+            server = servers[broker.id] = MqServer(
+                TrackNode(broker, role="server", **TIMING), store / broker.id,
+                fsync_thread=False)
+            nodes[broker.id] = ClusterNode(broker, CLUSTER, not_ready_wait=2.0,
+                                           on_change=changed, store=store / broker.id,
+                                           on_state=declare_on(server))
+            server.join_cluster(nodes[broker.id])
+
+        def crash(broker_id: str) -> None:
+            nodes[broker_id].close()
+            servers[broker_id].close()
+
+        for server in IDS:
+            start(universe.add_broker(server))
+        faults.on_crash.append(crash)
+        faults.on_restart.append(start)
+        admin = MqClient(universe.add_broker("admin"), SERVERS, timeout=5)
+        with trio.fail_after(60):
+            while True:
+                with contextlib.suppress(ServiceError):
+                    await admin.declare("orders", shared=True)
+                    await admin.declare("orders", group="audit", shared=True)
+                    break
+        chaos = Chaos(faults, rng, IDS)
+        stop = trio.Event()
+
+        async def produce() -> None:
+            client = MqClient(universe.add_broker("p"), SERVERS[::-1], timeout=5)
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                body, sequence = b"%d" % n, client.sequence
+                while True:
+                    try:
+                        await client.publish("orders", body)
+                        break
+                    except ServiceError:
+                        client.sequence = sequence  # a retry keeps its sequence
+                        await trio.sleep(0.2)
+                acked.append(body)
+                await trio.sleep(0.05)
+
+        async def consume(group: str, order: list[str]) -> None:
+            broker = universe.add_broker(f"c-{group}")
+            while True:  # a consume refused (no root yet, say): a new client, again
+                client = consumers[group] = MqClient(broker, order, timeout=5)
+                with contextlib.suppress(ServiceError, trio.EndOfChannel):
+                    subscription = await client.subscribe("orders", group=group, window=16)
+                    async for message in subscription:
+                        got[group].add(bytes(message.body))
+                        await message.ack()
+                client.close()
+                await trio.sleep(0.2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume, "orders", SERVERS[3:] + SERVERS[:3])
+            nursery.start_soon(consume, "audit", SERVERS[4:] + SERVERS[:4])
+            async with trio.open_nursery() as producing:
+                producing.start_soon(produce)
+                for _ in range(10):
+                    await trio.sleep(rng.uniform(0.1, 2.0))
+                    action = rng.choice(("partition", "heal", "crash", "restart"))
+                    if action == "partition":
+                        side = rng.sample(IDS, rng.randint(1, 2))
+                        chaos.partition(side, [s for s in IDS if s not in side])
+                    else:
+                        chaos.apply(action)
+                chaos.end()
+                stop.set()
+            with trio.move_on_after(120):  # virtual seconds: it settles or fails
+                while not all(set(acked) <= seen for seen in got.values()) or len(
+                        {(n.root, n.epoch) for n in nodes.values()}) != 1:
+                    await trio.sleep(0.5)
+            missing = {g: sorted(set(acked) - seen)[:5] for g, seen in got.items()}
+            assert not any(missing.values()), (
+                seed, "not delivered", missing, {k: (n.root, n.epoch, dict(n.state.topics))
+                                                 for k, n in nodes.items()},
+                {k: _diagnosis(srv) for k, srv in servers.items()},
+                {g: (c.server.address, c.link.queue is not None, c.link.last_refusal,
+                     {k: v.active for k, v in c.subscriptions.items()})
+                 for g, c in consumers.items()})
+            nursery.cancel_scope.cancel()
+        for node in nodes.values():
+            node.close()
+        for mq_server in servers.values():
+            mq_server.close()
+    return {"claims": claims, "acked": len(acked),
+            "relayed": sum(s.relay.counts["relayed"] for s in servers.values() if s.relay)}
+
+
+@pytest.mark.parametrize("seed", range(MESSAGE_SEEDS))
+def test_every_acknowledged_message_reaches_each_group_through_faults(
+        seed: int, tmp_path: pathlib.Path) -> None:
+    run = run_simulation(one_run_with_messages, seed, tmp_path, seed=seed)
+    twice = {epoch: roots for epoch, roots in run["claims"].items() if len(roots) > 1}
+    assert not twice, (seed, twice)
+    assert run["acked"] > 0, run
+
+
+def _diagnosis(server: Any) -> dict[str, Any]:
+    """Where a server's messages of the shared topic are, for a failure's message."""
+    state = server.catalogue.topics.get("orders")
+    out: dict[str, Any] = {}
+    if state is not None:
+        out["next"] = state.topic.log.next_offset
+        out["groups"] = {g.name: (g.floor, len(g.in_flight), len(g.redeliver),
+                                  [(c.name, c.credits) for c in g.consumers])
+                         for g in state.topic.groups.values()}
+    relay = server.relay
+    if relay is not None and relay.upstream is not None:
+        out["upstream"] = (relay.upstream.root, relay.upstream.queue is not None)
+        out["relayed"] = {f"{t}/{g}": (r.subscribed, len(r.pending),
+                                       [(len(c.held), c.credits) for c in r.consumers])
+                          for (t, g), r in relay.groups.items()}
+    return out

@@ -230,6 +230,29 @@ async def test_a_restarted_server_serves_and_routes_every_group_it_had(
         assert (await sub.receive()).body == b"x"
 
 
+async def test_a_receive_waiting_raises_when_the_repeated_consume_is_refused(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """The server comes back without the topic: the consume the client repeats after
+    reconnecting is refused, and a receive already waiting raises that refusal (it
+    would otherwise wait for messages that never come)."""
+    import shutil
+
+    async with site(tmp_path / "s") as s:
+        client = s.client("c")
+        await client.declare("orders")
+        sub = await client.subscribe("orders")
+        def without_the_topic() -> None:
+            s.crash()
+            shutil.rmtree(tmp_path / "s")
+            s.start()
+
+        s.universe.pump.call_later(1.0, without_the_topic)
+        with pytest.raises(ServiceError, match="no topic 'orders'") as caught:
+            with trio.fail_after(30):
+                await sub.receive()  # waiting when the refusal comes
+        assert caught.value.status == 404
+
+
 async def test_a_failed_write_fails_the_publish_and_loses_nothing_acknowledged(
         tmp_path: pathlib.Path, autojump_clock: object,
         monkeypatch: pytest.MonkeyPatch) -> None:
