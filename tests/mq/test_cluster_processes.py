@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -192,3 +193,108 @@ async def test_the_root_process_sigkilled_is_replaced_and_comes_back_as_root(
             async with server(*member("a")) as back:
                 line = await back.until("(5 of 5 peers); root a at epoch")
                 assert int(line.rsplit(" ", 1)[1]) > epoch + 1
+
+
+async def test_consumers_on_fanout_servers_keep_receiving_when_the_root_is_sigkilled(
+        tmp_path: pathlib.Path) -> None:
+    """Three primaries, a backup and two fanout servers, each an MQ server process: a
+    shared topic published on the backup (a client there, retrying what was not
+    answered with the same sequence) and consumed on the two fanout servers (one
+    group, a consumer on each).  SIGKILL the root: b is root within 5 s (the links' loss is
+    seen at once),
+    both consumers keep receiving what is published after it, and once a is back (root
+    again, the most senior), every acknowledged message was consumed."""
+    import signal
+
+    from mq import ServiceError
+    from rdvpump.mqtool import connect
+
+    servers = [("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
+               ("e", "fanout"), ("f", "fanout")]
+    shop = cluster_file(tmp_path / "shop.toml", servers)
+    acked: list[bytes] = []
+    got: dict[str, list[bytes]] = {"e": [], "f": []}
+    async with spawn("manager", "serve", "--universe", "k", "--listen", "127.0.0.1:0") as (
+            _, manager):
+        def member(name: str) -> list[str]:
+            (tmp_path / name).mkdir(exist_ok=True)
+            return ["--id", name, "--cluster", shop, "--state-dir", str(tmp_path / name),
+                    "--role", "server", "--mq-dir", str(tmp_path / name), "--universe", "k",
+                    "--manager", f"{manager[0]}:{manager[1]}", "--listen", "127.0.0.1:0",
+                    "--heartbeat", "0.5"]
+
+        async with server(*member("a")) as a, server(*member("b")) as b, \
+                server(*member("c")) as c, server(*member("d")) as d, \
+                server(*member("e")) as e, server(*member("f")) as f:
+            everyone = {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f}
+            where = {n: await lines.address() for n, lines in everyone.items()}
+            for lines in everyone.values():
+                await lines.until("(5 of 5 peers); root a at epoch")
+            async with connect("k", f"d@{where['d']}", token=TOKEN, timeout=30) as producer, \
+                    connect("k", f"e@{where['e']}", token=TOKEN, timeout=30) as on_e, \
+                    connect("k", f"f@{where['f']}", token=TOKEN, timeout=30) as on_f, \
+                    trio.open_nursery() as nursery:
+                await producer.declare("orders", shared=True)
+
+                async def consume(client: Any, into: list[bytes]) -> None:
+                    with trio.fail_after(30):
+                        while True:  # the state's way to this server, bounded
+                            try:
+                                subscription = await client.subscribe("orders", window=4)
+                                break
+                            except ServiceError:
+                                client.subscriptions.clear()
+                                await trio.sleep(0.1)
+                    async for message in subscription:
+                        into.append(bytes(message.body))
+                        await message.ack()
+
+                nursery.start_soon(consume, on_e, got["e"])
+                nursery.start_soon(consume, on_f, got["f"])
+
+                async def publish(n: int) -> None:
+                    body, sequence = b"%d" % n, producer.sequence
+                    with trio.fail_after(30):
+                        while True:
+                            try:
+                                await producer.publish("orders", body)
+                                break
+                            except ServiceError:  # not answered: again, same sequence
+                                producer.sequence = sequence
+                                await trio.sleep(0.1)
+                    acked.append(body)
+
+                published = trio.Event()
+
+                async def publish_all() -> None:
+                    for n in range(400):
+                        await publish(n)
+                    published.set()
+
+                nursery.start_soon(publish_all)
+                with trio.fail_after(30):
+                    while len(acked) < 200:
+                        await trio.sleep(0.01)  # polled: the producer's progress, bounded
+                said = {n: len(lines.seen) for n, lines in everyone.items()}
+                killed_at = trio.current_time()
+                a.proc.send_signal(signal.SIGKILL)  # under load: publishing goes on
+                before = len(acked)
+                with trio.fail_after(5):  # the new root, on every survivor
+                    for name in "bcdef":
+                        await everyone[name].until("root b at epoch", after=said[name])
+                print(f"root b on every survivor {trio.current_time() - killed_at:.3f} s "
+                      f"after the SIGKILL")
+                with trio.fail_after(60):
+                    await published.wait()
+                late = set(acked[before + 1:])
+                with trio.fail_after(30):
+                    while not late <= set(got["e"]) | set(got["f"]):
+                        await trio.sleep(0.1)  # polled: the consumers' progress, bounded
+                # both fanout servers' consumers received messages published after the kill
+                assert late & set(got["e"]) and late & set(got["f"])
+                async with server(*member("a")) as back:
+                    await back.until("(5 of 5 peers); root a at epoch")
+                    with trio.fail_after(60):
+                        while not set(acked) <= set(got["e"]) | set(got["f"]):
+                            await trio.sleep(0.1)  # polled, bounded
+                nursery.cancel_scope.cancel()
