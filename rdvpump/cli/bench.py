@@ -315,6 +315,38 @@ def bench_failover(
                      f"{r.msgs_per_s / r.baseline_msgs_per_s:.2f}x"])
 
 
+@app.command("cluster")
+def bench_cluster(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    brokers: Annotated[int, typer.Option(help="Fanout servers (B) beside the root.")] = 3,
+    queues: Annotated[int, typer.Option(help="Consume groups (Q) on each fanout "
+                                             "server, a client each.")] = 4,
+    messages: Annotated[int, typer.Option(help="1,000-byte messages the faucet "
+                                               "publishes.")] = 20_000,
+) -> None:
+    """A cluster's external switching rate: one faucet into a shared topic at the root,
+    B x Q clients on B fanout servers each receiving every message, against OpenAMQ's
+    figure for B = Q = 4."""
+    from ..bench import cluster
+
+    if (smoke := _smoke()) < 1:
+        messages = max(BATCH_MIN, round(messages * smoke))
+    if brokers < 1 or queues < 1 or messages < 1:
+        raise fail("--brokers, --queues and --messages must be at least 1")
+    with err.status("benchmarking a cluster ...") as status:
+        results = guard(lambda: interruptible(lambda: cluster.run(
+            brokers, queues, messages, progress=status.update)))
+    _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes)",
+          ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio"),
+          lambda r: [r.case, str(r.brokers), str(r.queues), f"{r.deliveries_per_s:,.0f}",
+                     r.baseline, f"{r.baseline_per_s:,.0f}",
+                     f"{r.deliveries_per_s / r.baseline_per_s:.2f}x"])
+
+
+#: The fewest messages of a smoke run of ``bench cluster``.
+BATCH_MIN = 100
+
+
 def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
     try:
         values = [int(s) for s in sizes.split(",") if s.strip()]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -33,3 +36,18 @@ def test_bench_mq_moves_every_message_end_to_end(tmp_path: pathlib.Path) -> None
         assert mq.ours(1024, 300, durability, tmp_path) > 0  # raises if any went missing
     assert mq.plain_append(1024, 300, "sync", tmp_path) > 0
     assert list(tmp_path.iterdir()) == []  # every temporary file removed
+
+
+@pytest.mark.slow
+def test_bench_cluster_gives_every_client_every_message() -> None:
+    """Two fanout servers with two groups each: every one of the four clients received
+    all 300 messages (the run waits for that), and the figure says so."""
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "cluster", "--brokers",
+                           "2", "--queues", "2", "--messages", "300", "--json"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (result["case"], result["brokers"], result["queues"], result["messages"]) == (
+        "cluster-xsr", 2, 2, 300)
+    assert result["deliveries_per_s"] > 0 and result["ratio"] == round(
+        result["deliveries_per_s"] / 480_000, 3)
