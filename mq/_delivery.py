@@ -11,8 +11,9 @@ backlog never makes a frame larger than a link carries.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from brokermgr import Sent, encode, send
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
@@ -20,7 +21,7 @@ from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
 from ._topic import Delivery, Member
 from ._wire import pack_column
 
-__all__ = ["FRAME_BYTES", "FRAME_ROOM", "ClientLink", "Links"]
+__all__ = ["FRAME_BYTES", "FRAME_ROOM", "ClientLink", "Links", "messages_frame"]
 
 #: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
 #: the last): frames that fit a link's ring are taken out of it whole, larger ones are
@@ -87,19 +88,40 @@ class ClientLink:
             self._send_frame(topic, group, deliveries[start:])
 
     def _send_frame(self, topic: str, group: str, deliveries: list[Delivery]) -> None:
-        records = [d.record for d in deliveries]
-        header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
-                  "offsets": pack_column([r.offset for r in records], counting=True),
-                  "sizes": pack_column([len(r.body) for r in records]),
-                  "tags": pack_column([r.tag for r in records]),
-                  "producers": pack_column([r.producer for r in records]),
-                  "sequences": pack_column([r.sequence for r in records], counting=True),
-                  "deliveries": pack_column([d.deliveries for d in deliveries]),
-                  "timestamps": pack_column([r.timestamp for r in records])}
-        self.send(encode(header, [r.body for r in records]))
+        self.send(messages_frame(topic, group, [d.record for d in deliveries],
+                                 [d.deliveries for d in deliveries]))
 
     def _what(self) -> str:
         return f"mq client {self.queue.remote_id}"
+
+
+class _Stored(Protocol):
+    """What a ``messages`` frame carries of a message (a :class:`~._record.Record`, or
+    a message a cluster's server relays)."""
+
+    offset: int
+    tag: str | None
+    producer: str
+    sequence: int
+    timestamp: int
+
+    @property
+    def body(self) -> bytes | memoryview: ...
+
+
+def messages_frame(topic: str, group: str, records: Sequence[_Stored],
+                   deliveries: list[int]) -> bytes | Gather:
+    """One ``messages`` frame: the records' fields as columns (:mod:`._wire`), each one's
+    count of ``deliveries``, their bodies back to back."""
+    header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
+              "offsets": pack_column([r.offset for r in records], counting=True),
+              "sizes": pack_column([len(r.body) for r in records]),
+              "tags": pack_column([r.tag for r in records]),
+              "producers": pack_column([r.producer for r in records]),
+              "sequences": pack_column([r.sequence for r in records], counting=True),
+              "deliveries": pack_column(deliveries),
+              "timestamps": pack_column([r.timestamp for r in records])}
+    return encode(header, [r.body for r in records])
 
 
 class Links:

@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
+from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status
 from channels import Gather, MessageQueue
 
-from ._delivery import FRAME_BYTES, ClientLink
+from ._delivery import FRAME_BYTES, ClientLink, messages_frame
 from ._requests import Ack, Consume, Produce, Unconsume
 from ._wire import pack_column, unpack_column
 
@@ -273,25 +273,28 @@ class Relay:
 
     def unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
         group = request.group or request.topic
-        relay_group = self.groups.get((request.topic, group))
-        consumer = None if relay_group is None or call.queue is None else next(
-            (c for c in relay_group.consumers if c.link.queue is call.queue), None)
+        relay_group, consumer = self._consumer(call.queue, request.topic, group)
         if relay_group is None or consumer is None:
             raise ServiceError(Status.NOT_FOUND,
                                f"this link does not consume {request.topic}/{group}")
         self._drop(relay_group, consumer)
         return {"cmd": "unconsumed", "topic": request.topic, "group": group}
 
-    def consumes(self, queue: MessageQueue | None, topic: str, group: str) -> bool:
+    def _consumer(self, queue: MessageQueue | None, topic: str, group: str
+                  ) -> tuple[RelayGroup | None, LocalConsumer | None]:
+        """The relayed group of ``topic`` and ``group``, and ``queue``'s consumer of it."""
         relay_group = self.groups.get((topic, group))
-        return relay_group is not None and any(c.link.queue is queue
-                                               for c in relay_group.consumers)
+        if relay_group is None:
+            return None, None
+        return relay_group, next((c for c in relay_group.consumers if c.link.queue is queue),
+                                 None)
+
+    def consumes(self, queue: MessageQueue | None, topic: str, group: str) -> bool:
+        return self._consumer(queue, topic, group)[1] is not None
 
     def ack(self, request: Ack, call: Call) -> dict[str, Any] | None:
         group = request.group or request.topic
-        relay_group = self.groups.get((request.topic, group))
-        consumer = None if relay_group is None or call.queue is None else next(
-            (c for c in relay_group.consumers if c.link.queue is call.queue), None)
+        relay_group, consumer = self._consumer(call.queue, request.topic, group)
         if relay_group is None or consumer is None:
             raise ServiceError(Status.CONFLICT,
                                f"this link does not consume {request.topic}/{group}: its "
@@ -596,13 +599,5 @@ def request_object(request: Produce, call: Call) -> dict[str, Any]:
 
 def _frame(relay_group: RelayGroup, messages: list[Relayed]) -> bytes | Gather:
     """A ``messages`` frame of ``messages``, as the root's are made."""
-    header = {"cmd": "messages", "topic": relay_group.topic, "group": relay_group.group,
-              "count": len(messages),
-              "offsets": pack_column([m.offset for m in messages], counting=True),
-              "sizes": pack_column([len(m.body) for m in messages]),
-              "tags": pack_column([m.tag for m in messages]),
-              "producers": pack_column([m.producer for m in messages]),
-              "sequences": pack_column([m.sequence for m in messages], counting=True),
-              "deliveries": pack_column([m.deliveries for m in messages]),
-              "timestamps": pack_column([m.timestamp for m in messages])}
-    return encode(header, [m.body for m in messages])
+    return messages_frame(relay_group.topic, relay_group.group, messages,
+                          [m.deliveries for m in messages])
