@@ -54,6 +54,9 @@ from ._wire import unpack_column
 
 #: Seconds a request waits for its reply by default.
 DEFAULT_TIMEOUT = 10.0
+#: Most servers a client keeps in its list (those it was given, and those redirects
+#: named).
+MAX_SERVERS = 64
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -84,6 +87,8 @@ class _ServerLink(BrokerLink):
         self.client = client
         self.servers = servers
         self.at = 0
+        #: The server a redirect named: the one dialled after this link is lost.
+        self.redirected: int | None = None
 
     @property
     def server(self) -> ServerAddress:
@@ -95,8 +100,27 @@ class _ServerLink(BrokerLink):
         self.broker.connect(server.broker_id, server.port, self)
 
     def _next(self) -> None:
-        if len(self.servers) > 1:
+        if self.redirected is not None:
+            self.at, self.redirected = self.redirected, None
+        elif len(self.servers) > 1:
             self.at = (self.at + 1) % len(self.servers)
+
+    def redirect(self, server: object) -> None:
+        """The server said where to go when it goes: that one is dialled next (added to
+        the list, up to :data:`MAX_SERVERS`)."""
+        try:
+            target = ServerAddress(str(server))
+        except ValueError:
+            log.warning("%s: a redirect to %r, not BROKER:PORT: ignored", self.name, server)
+            return
+        known = next((i for i, s in enumerate(self.servers) if s.address == target.address),
+                     None)
+        if known is None:
+            if len(self.servers) >= MAX_SERVERS:
+                return
+            self.servers.append(target)
+            known = len(self.servers) - 1
+        self.redirected = known
 
     def refused(self, reason: str) -> None:
         self._next()
@@ -122,6 +146,9 @@ class _ServerLink(BrokerLink):
         return self.send(encode(obj, body))
 
     def pushed(self, obj: dict[str, Any]) -> None:
+        if obj.get("cmd") == "redirect":
+            self.redirect(obj.get("server"))
+            return
         if obj.get("cmd") == "pushed":
             receiver = self.client.receivers.get(obj.get("to"))  # type: ignore[arg-type]
             if receiver is not None:

@@ -14,16 +14,18 @@ A shared topic's queue is the root's.  A server that is not the root
   their acks on.  A consumer that goes leaves its unacknowledged messages to the
   others here; the last one to go ends the subscription, and the root gives what the
   server held to the group's other servers;
-* drains what its own copy of a shared topic holds from a time it was root: those
-  messages are sent to the root (stored under their producers as origins) and then
-  counted as handled here, so that no message stored under one root is stranded when
-  another takes over (a message may then reach a group twice: at least once).
+* drains what its own copy of a shared topic holds from a time it was root to the root
+  (:mod:`._drain`), so that no message stored under one root is stranded when another
+  takes over.
 
 While the cluster has no root (the cluster is not ready), a produce or consume of a
 shared topic waits at most :data:`~._cluster.NOT_READY_WAIT` seconds for one, then is
-refused (503).  When the root changes, every client link that consumes a shared topic
-here is closed with that reason: a client consumes again as it reconnects, through the
-new root.  The root serves its shared topics itself, as any topic.
+refused (503).  When another server becomes the root, this one subscribes its groups
+there and its consumers stay; when this server becomes the root, or stops being it,
+every client link that consumes a shared topic here is closed with that reason: a client
+consumes again as it reconnects, the new way.  A server that stops tells its clients
+where to go first (``redirect {server}``: the root, or another server of the cluster).
+The root serves its shared topics itself, as any topic.
 """
 
 from __future__ import annotations
@@ -34,17 +36,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status
+from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
 from channels import Gather, MessageQueue
 
 from ._delivery import FRAME_BYTES, ClientLink, messages_frame
+from ._drain import Drain
 from ._requests import Ack, Consume, Produce, Unconsume
 from ._wire import pack_column, unpack_column
 
 if TYPE_CHECKING:
-    from ._catalogue import TopicState
     from ._cluster import ClusterNode
-    from ._record import Record
     from ._server import MqServer
 
 __all__ = ["RELAY_WINDOW", "Relay", "RelayGroup"]
@@ -54,8 +55,6 @@ log = logging.getLogger("rdvpump.mq.cluster")
 #: Credits of a server's subscription to a group at the root: what it may hold of the
 #: group's messages, not acknowledged yet by its consumers, at once.
 RELAY_WINDOW = 1024
-#: Messages of a drain sent to the root at once.
-DRAIN_BATCH = 256
 
 
 @dataclass(slots=True)
@@ -155,10 +154,11 @@ class Relay:
         self.upstream: Upstream | None = None
         self.groups: dict[tuple[str, str], RelayGroup] = {}
         self.waiting: list[_Waiting] = []
-        self._draining: set[str] = set()
         #: The root this server last acted on (its clients' consumes were made for it).
         self._root = cluster.root
         self.counts = {"forwarded": 0, "relayed": 0, "drained": 0}
+        #: What this server stored while it was root, sent to the root (:mod:`._drain`).
+        self.drain = Drain(self)
         cluster.watchers.append(self.root_changed)
         self.root_changed()
 
@@ -520,62 +520,20 @@ class Relay:
         for relay_group in self.groups.values():
             if not relay_group.subscribed:
                 self._subscribe(relay_group)
-        self.drain()
+        self.drain.run()
 
-    # -- draining ----------------------------------------------------------------------
-
-    def drain(self) -> None:
-        """Send the root what this server's copies of shared topics hold and no group
-        here handled (stored while this server was root)."""
-        upstream = self.upstream
-        if upstream is None or upstream.queue is None or self.cluster.root == self.me:
+    def redirect_clients(self) -> None:
+        """This server is going: each client link is told where to go next (the root, or
+        else another server of the cluster linked to this one), before it closes."""
+        root = self.cluster.root
+        target = root if root is not None and root != self.me else next(
+            (p.server.id for p in self.cluster.peers.values()
+             if p.outgoing is not None and p.outgoing.agreed), None)
+        if target is None:
             return
-        for name in self.cluster.state.topics:
-            state = self.server.catalogue.topics.get(name)
-            if state is None or name in self._draining or not state.topic.groups:
-                continue
-            topic = state.topic
-            floor = min(group.floor for group in topic.groups.values())
-            if floor >= topic.log.next_offset:
-                continue
-            records = topic.log.read(floor, max_count=DRAIN_BATCH)
-            if records:
-                self._drain(upstream, state, records)
-
-    def _drain(self, upstream: Upstream, state: TopicState, records: list[Record]) -> None:
-        name = state.topic.name
-        self._draining.add(name)
-        left = [len(records)]
-        failed: list[str] = []
-        end = records[-1].offset + 1
-
-        def stored(outcome: Outcome) -> None:
-            if isinstance(outcome, ServiceError):
-                failed.append(outcome.reason)
-            left[0] -= 1
-            if left[0]:
-                return
-            self._draining.discard(name)
-            if failed:
-                log.warning("%s: drain of %s to root %s: %s (tried again)",
-                            self.server.address, name, upstream.root, failed[0])
-                return
-            if self.server.catalogue.topics.get(name) is not state:
-                return
-            for group in list(state.topic.groups):
-                state.topic.advance(group, end)
-            self.server.catalogue.save_positions(state)
-            self.counts["drained"] += len(records)
-            log.info("%s: %d messages of %s stored under an earlier root sent to root %s",
-                     self.server.address, len(records), name, upstream.root)
-
-        for record in records:
-            obj: dict[str, Any] = {"cmd": "produce", "topic": name, "origin": record.producer,
-                                   "sequence": record.sequence}
-            if record.tag is not None:
-                obj["tag"] = record.tag
-            if not upstream.request(obj, stored, body=record.body):
-                stored(ServiceError(Status.UNAVAILABLE, "the root's link is full or down"))
+        message = encode({"cmd": "redirect", "server": f"{target}:{self.port}"})
+        for link in self.server.links:
+            link.send(message)
 
     def close(self) -> None:
         if self.root_changed in self.cluster.watchers:

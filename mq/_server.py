@@ -25,6 +25,8 @@ request may carry a ``seq`` that its reply echoes):
 * ``follow {topic, start, window?}`` and ``copied {topic, next}`` -- a replica follows a
   topic's records from ``start`` on: :mod:`._replication`.
 * RPC replies (``route``) and pushes (``receive``, ``push``): :mod:`._push`.
+* A cluster's shared topics on a server that is not the root: :mod:`._relay` (its
+  clients are told ``redirect {server}`` when the server stops).
 
 Every request is parsed whole first (:mod:`._requests`): a bad field is a 400
 naming it and changes nothing.  Every error is replied, with a status and the
@@ -476,6 +478,7 @@ class MqServer:
         self._closed = True
         self._tick_timer.cancel()
         if self.relay is not None:
+            self.relay.redirect_clients()  # a cluster's server: its clients go elsewhere
             self.relay.close()
         self.role.close()
         self.commit.close()

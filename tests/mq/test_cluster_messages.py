@@ -140,3 +140,34 @@ async def test_a_shared_topic_s_messages_go_through_the_root_to_every_server_s_c
         for client in (admin, producer, *clients.values()):
             client.close()
         cluster.close()
+
+
+async def test_a_server_that_stops_redirects_its_clients_to_the_root(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A consumer given only fanout server f: f stops (cleanly) and tells its clients
+    where to go, the root; the consumer goes there and receives what is published next."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster = Cluster(universe, SIX, tmp_path)
+        await until(lambda: cluster.roots() == {"a"})
+        producer = MqClient(universe.add_broker("p"), "d:15555", timeout=30)
+        await producer.declare("orders", shared=True)
+        await until(lambda: all("orders" in s.catalogue.topics
+                                for s in cluster.servers.values()))
+        consumer = MqClient(universe.add_broker("cons"), "f:15555", timeout=30)
+        got: list[bytes] = []
+        nursery.start_soon(take, await consumer.subscribe("orders"), got)
+        await producer.publish("orders", b"before")
+        await until(lambda: got == [b"before"])
+        cluster.servers.pop("f").close()  # stops: says where to go, then its links close
+        cluster.nodes.pop("f").close()
+        await universe.broker("f").aclose("stopped")  # as broker run stops
+        await producer.publish("orders", b"after")
+        await until(lambda: b"after" in got)
+        assert consumer.server.address == "a:15555"
+        # a redirect that names no server is ignored (and logged)
+        consumer.link.pushed({"cmd": "redirect", "server": "no port"})
+        assert consumer.link.redirected is None
+        nursery.cancel_scope.cancel()
+        producer.close()
+        consumer.close()
+        cluster.close()

@@ -1,0 +1,93 @@
+"""What a cluster's server stored while it was root, sent to the root that followed.
+
+A server that is not the root serves no group of a shared topic from its own copy (its
+clients consume through the root: :mod:`._relay`), so what that copy holds beyond the
+lowest position of its groups was stored while this server was root and may have reached
+no group of the cluster yet.  Each second, while the server is linked to the root, it
+sends the root the next :data:`DRAIN_BATCH` of those messages, each stored there under
+its producer as the origin (never checked for duplicates), and once the root stored all
+of them, every group here moves past them.  A message may then reach a group twice (it
+had reached it here before): at least once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from brokermgr import Outcome, ServiceError, Status
+
+if TYPE_CHECKING:
+    from ._catalogue import TopicState
+    from ._record import Record
+    from ._relay import Relay, Upstream
+
+__all__ = ["DRAIN_BATCH", "Drain"]
+
+log = logging.getLogger("rdvpump.mq.cluster")
+
+#: Messages of a drain sent to the root at once.
+DRAIN_BATCH = 256
+
+
+class Drain:
+    """``relay``'s server's copies of shared topics, sent to the root (see the module)."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        #: Topics with a batch on its way to the root.
+        self.busy: set[str] = set()
+
+    def run(self) -> None:
+        """The next batch of each shared topic that has one, to the root."""
+        relay = self.relay
+        upstream = relay.upstream
+        if upstream is None or upstream.queue is None or relay.cluster.root == relay.me:
+            return
+        for name in relay.cluster.state.topics:
+            state = relay.server.catalogue.topics.get(name)
+            if state is None or name in self.busy or not state.topic.groups:
+                continue
+            topic = state.topic
+            floor = min(group.floor for group in topic.groups.values())
+            if floor >= topic.log.next_offset:
+                continue
+            records = topic.log.read(floor, max_count=DRAIN_BATCH)
+            if records:
+                self._send(upstream, state, records)
+
+    def _send(self, upstream: Upstream, state: TopicState, records: list[Record]) -> None:
+        relay = self.relay
+        name = state.topic.name
+        self.busy.add(name)
+        left = [len(records)]
+        failed: list[str] = []
+        end = records[-1].offset + 1
+
+        def stored(outcome: Outcome) -> None:
+            if isinstance(outcome, ServiceError):
+                failed.append(outcome.reason)
+            left[0] -= 1
+            if left[0]:
+                return
+            self.busy.discard(name)
+            if failed:
+                log.warning("%s: drain of %s to root %s: %s (tried again)",
+                            relay.server.address, name, upstream.root, failed[0])
+                return
+            if relay.server.catalogue.topics.get(name) is not state:
+                return
+            for group in list(state.topic.groups):
+                state.topic.advance(group, end)
+            relay.server.catalogue.save_positions(state)
+            relay.counts["drained"] += len(records)
+            log.info("%s: %d messages of %s stored under an earlier root sent to root %s",
+                     relay.server.address, len(records), name, upstream.root)
+
+        for record in records:
+            obj: dict[str, Any] = {"cmd": "produce", "topic": name, "origin": record.producer,
+                                   "sequence": record.sequence}
+            if record.tag is not None:
+                obj["tag"] = record.tag
+            if not upstream.request(obj, stored, body=record.body):
+                stored(ServiceError(Status.UNAVAILABLE, "the root's link is full or down"))
