@@ -194,6 +194,15 @@ class _ServerLink(BrokerLink):
         held = subscription.held
         for message in messages:
             held[message.offset] = None
+        if subscription.no_local:
+            own = [m.offset for m in messages if m.producer == self.client.producer]
+            if own:  # this client's own messages: acknowledged, not handed out
+                ack = subscription.ack_request(own)
+                if ack is not None:
+                    self.send(ack)  # (past the high-water mark: delivered again, skipped)
+                messages = [m for m in messages if m.producer != self.client.producer]
+                if not messages:
+                    return
         if len(held) > subscription.max_held:  # never acknowledged: forget the oldest
             for offset in list(itertools.islice(held, len(held) - subscription.max_held)):
                 del held[offset]
@@ -324,12 +333,17 @@ class MqClient:
         return _stored(reply, len(bodies))
 
     async def subscribe(self, topic: str, *, group: str | None = None,
-                        window: int = DEFAULT_WINDOW) -> Subscription:
-        """Consume ``topic`` in ``group`` (default: the topic's own group)."""
+                        window: int = DEFAULT_WINDOW, no_local: bool = False
+                        ) -> Subscription:
+        """Consume ``topic`` in ``group`` (default: the topic's own group).  With
+        ``no_local`` the messages this client published (its :attr:`producer`'s, through
+        whichever server of a cluster) are acknowledged as they come and not handed
+        out."""
         key = (topic, group or topic)
         if key in self.subscriptions:
             raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")
         subscription = Subscription(self, key[0], key[1], window)
+        subscription.no_local = no_local
         self.subscriptions[key] = subscription
         try:
             await self.request({"cmd": "consume", "topic": topic, "group": key[1],

@@ -104,6 +104,8 @@ class Subscription:
         self.held: dict[int, None] = {}
         self.stale: dict[int, None] = {}
         self.max_held = 4 * window + 1024
+        #: Messages of this client's own producer are acknowledged, not handed out.
+        self.no_local = False
 
     def link_lost(self) -> None:
         stale = self.stale
@@ -183,7 +185,7 @@ class Subscription:
         earlier ack, if one came."""
         self._raise_failed()
         link = self.client.link
-        message = self._ack_request(offsets)
+        message = self.ack_request(offsets)
         if message is None:
             await trio.lowlevel.checkpoint()
             return
@@ -196,11 +198,11 @@ class Subscription:
         its high-water mark (nothing sent: ack again from ``on_drained``).  Raises the
         error of an earlier ack when there is no ``on_error``."""
         self._raise_failed()
-        message = self._ack_request(offsets)
+        message = self.ack_request(offsets)
         if message is not None and self.client.link.send(message) is Sent.FULL:
             raise QueueFullError("the link is past its high-water mark; ack again later")
 
-    def _ack_request(self, offsets: Sequence[int]) -> dict[str, Any] | None:
+    def ack_request(self, offsets: Sequence[int]) -> dict[str, Any] | None:
         """The ack of ``offsets``, less those delivered on a link since lost (None if that
         leaves none); offsets never delivered stay in it, for the server to refuse."""
         held, stale = self.held, self.stale

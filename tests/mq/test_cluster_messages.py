@@ -171,3 +171,31 @@ async def test_a_server_that_stops_redirects_its_clients_to_the_root(
         producer.close()
         consumer.close()
         cluster.close()
+
+
+async def test_a_no_local_consumer_skips_its_own_messages_through_the_cluster(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A client publishing on e and consuming on e with no_local, another publishing on
+    d: the first receives every message of the second and none of its own (its own
+    acknowledged, so the group moves past them)."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster = Cluster(universe, SIX, tmp_path)
+        await until(lambda: cluster.roots() == {"a"})
+        other = MqClient(universe.add_broker("other"), "d:15555", timeout=30)
+        await other.declare("orders", shared=True)
+        await until(lambda: all("orders" in s.catalogue.topics
+                                for s in cluster.servers.values()))
+        me = MqClient(universe.add_broker("me"), "e:15555", timeout=30)
+        got: list[bytes] = []
+        nursery.start_soon(take, await me.subscribe("orders", no_local=True), got)
+        for i in range(20):
+            await me.publish("orders", b"mine %d" % i)
+            await other.publish("orders", b"theirs %d" % i)
+        await until(lambda: len(got) == 20)
+        assert sorted(got) == sorted(b"theirs %d" % i for i in range(20))
+        await until(lambda: cluster.servers["a"].catalogue.topics["orders"].topic.lag(
+            "orders") == 0)
+        nursery.cancel_scope.cancel()
+        for client in (me, other):
+            client.close()
+        cluster.close()

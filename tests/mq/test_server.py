@@ -118,7 +118,7 @@ async def test_frames_and_acks_name_consecutive_offsets_by_the_first(
         assert [(m.offset, m.body, m.tag, m.sequence) for m in got] == [
             (0, b"a", "t", 1), (1, b"bb", "t", 2), (2, b"", "t", 3), (3, b"dddd", "t", 4),
             (4, b"e", None, 5)]
-        assert sub._ack_request([2, 3, 4])["offsets"] == 2  # noqa: SLF001
+        assert sub.ack_request([2, 3, 4])["offsets"] == 2
         await sub.ack([0, 1, 2, 3, 4])
         await producer.publish_many("orders", [b"f"] * 6)  # credits came back: all six
         assert [m.offset for m in await sub.receive_many()] == [5, 6, 7, 8, 9, 10]
