@@ -142,9 +142,28 @@ async def _xsr(brokers: int, queues: int, messages: int, tmp: Path,
                          SEED_XSR)
 
 
-def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *,
+#: OpenAMQ's tentative capacity of one broker, messages per second: its internal switching
+#: rate into B brokers of Q queues each is B x Q times it.
+SEED_BROKER = 25_000
+
+
+def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool = True,
         progress: Callable[[str], None] = lambda _: None) -> list[ClusterResult]:
+    """The XSR figure (``brokers`` x ``queues``), then, with ``isr``, the internal one's
+    configuration (B = 7, Q = 12), its 84 groups each consumed by a client of this
+    process that discards what it gets: OpenAMQ's sinks are queues with no consumer,
+    which cost a root nothing here (it sends a group's messages only to consumers)."""
     import tempfile
 
+    results = []
     with tempfile.TemporaryDirectory(prefix="rdvpump-cluster-") as tmp:
-        return [trio.run(_xsr, brokers, queues, messages, Path(tmp), progress)]
+        (Path(tmp) / "xsr").mkdir()
+        results.append(trio.run(_xsr, brokers, queues, messages, Path(tmp) / "xsr",
+                                progress))
+        if isr:
+            (Path(tmp) / "isr").mkdir()
+            internal = trio.run(_xsr, 7, 12, messages, Path(tmp) / "isr", progress)
+            results.append(ClusterResult("cluster-isr-discarding-clients", 7, 12, messages,
+                                         internal.deliveries_per_s,
+                                         "OpenAMQ ISR B x Q x 25 K", 7 * 12 * SEED_BROKER))
+    return results

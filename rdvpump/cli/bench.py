@@ -323,10 +323,13 @@ def bench_cluster(
                                              "server, a client each.")] = 4,
     messages: Annotated[int, typer.Option(help="1,000-byte messages the faucet "
                                                "publishes.")] = 20_000,
+    isr: Annotated[bool, typer.Option(help="Also B = 7, Q = 12 into clients that "
+                                           "discard (the internal rate's "
+                                           "configuration).")] = True,
 ) -> None:
     """A cluster's external switching rate: one faucet into a shared topic at the root,
     B x Q clients on B fanout servers each receiving every message, against OpenAMQ's
-    figure for B = Q = 4."""
+    figure for B = Q = 4; and the internal rate's configuration."""
     from ..bench import cluster
 
     if (smoke := _smoke()) < 1:
@@ -335,7 +338,7 @@ def bench_cluster(
         raise fail("--brokers, --queues and --messages must be at least 1")
     with err.status("benchmarking a cluster ...") as status:
         results = guard(lambda: interruptible(lambda: cluster.run(
-            brokers, queues, messages, progress=status.update)))
+            brokers, queues, messages, isr=isr, progress=status.update)))
     _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes)",
           ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio"),
           lambda r: [r.case, str(r.brokers), str(r.queues), f"{r.deliveries_per_s:,.0f}",
