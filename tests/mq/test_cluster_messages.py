@@ -60,6 +60,18 @@ class Cluster:
             server.close()
 
 
+async def with_orders(universe: BrokerManager, root: pathlib.Path, client: str
+                      ) -> tuple[Cluster, MqClient]:
+    """:data:`SIX` with root a, and shared topic ``orders`` declared on every server by
+    a client on d (named ``client``), which is returned with the cluster."""
+    cluster = Cluster(universe, SIX, root)
+    await until(lambda: cluster.roots() == {"a"})
+    on_d = MqClient(universe.add_broker(client), "d:15555", timeout=30)
+    await on_d.declare("orders", shared=True)
+    await until(lambda: all("orders" in s.catalogue.topics for s in cluster.servers.values()))
+    return cluster, on_d
+
+
 async def take(subscription: Subscription, into: list[bytes]) -> None:
     """Consume and acknowledge every message, keeping its body (until cancelled)."""
     async for message in subscription:
@@ -147,12 +159,7 @@ async def test_a_server_that_stops_redirects_its_clients_to_the_root(
     """A consumer given only fanout server f: f stops (cleanly) and tells its clients
     where to go, the root; the consumer goes there and receives what is published next."""
     async with open_universe("u") as universe, trio.open_nursery() as nursery:
-        cluster = Cluster(universe, SIX, tmp_path)
-        await until(lambda: cluster.roots() == {"a"})
-        producer = MqClient(universe.add_broker("p"), "d:15555", timeout=30)
-        await producer.declare("orders", shared=True)
-        await until(lambda: all("orders" in s.catalogue.topics
-                                for s in cluster.servers.values()))
+        cluster, producer = await with_orders(universe, tmp_path, "p")
         consumer = MqClient(universe.add_broker("cons"), "f:15555", timeout=30)
         got: list[bytes] = []
         nursery.start_soon(take, await consumer.subscribe("orders"), got)
@@ -179,12 +186,7 @@ async def test_a_no_local_consumer_skips_its_own_messages_through_the_cluster(
     d: the first receives every message of the second and none of its own (its own
     acknowledged, so the group moves past them)."""
     async with open_universe("u") as universe, trio.open_nursery() as nursery:
-        cluster = Cluster(universe, SIX, tmp_path)
-        await until(lambda: cluster.roots() == {"a"})
-        other = MqClient(universe.add_broker("other"), "d:15555", timeout=30)
-        await other.declare("orders", shared=True)
-        await until(lambda: all("orders" in s.catalogue.topics
-                                for s in cluster.servers.values()))
+        cluster, other = await with_orders(universe, tmp_path, "other")
         me = MqClient(universe.add_broker("me"), "e:15555", timeout=30)
         got: list[bytes] = []
         nursery.start_soon(take, await me.subscribe("orders", no_local=True), got)
