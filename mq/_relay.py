@@ -522,6 +522,27 @@ class Relay:
                 self._subscribe(relay_group)
         self.drain.run()
 
+    def describe(self, topics: dict[str, Any]) -> None:
+        """What ``query`` shows of the shared topics among ``topics`` (as the catalogue
+        describes them): the root, and on a server that relays them, each group's
+        consumers here and the messages they hold, and where the group is served from
+        (its lag is the root's, not shown here)."""
+        root = self.cluster.root
+        for name, described in topics.items():
+            if name not in self.cluster.state.topics:
+                continue
+            described["shared"] = True
+            described["root"] = root
+            if not self.takes(name):
+                continue
+            for group, shown in described["groups"].items():
+                relay_group = self.groups.get((name, group))
+                consumers = [] if relay_group is None else relay_group.consumers
+                shown["consumers"] = len(consumers)
+                shown["inFlight"] = sum(len(c.held) for c in consumers)
+                shown["status"] = (f"served from root {root}" if root is not None
+                                   else "waiting for a root")
+
     def redirect_clients(self) -> None:
         """This server is going: each client link is told where to go next (the root, or
         else another server of the cluster linked to this one), before it closes."""

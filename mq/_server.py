@@ -336,6 +336,8 @@ class MqServer:
                 reply["topics"][name]["replicas"] = replicas
         if self.catalogue.unavailable and not request.topic:
             reply["unavailable"] = dict(self.catalogue.unavailable)
+        if self.relay is not None:
+            self.relay.describe(reply["topics"])  # a cluster's shared topics
         return reply
 
     def _remove(self, request: Remove, call: Call) -> dict[str, Any]:

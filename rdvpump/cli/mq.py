@@ -150,6 +150,8 @@ def mq_topics(
     for name, t in sorted(topics.items()):
         first = True
         label = f"{name} ({', '.join(t['flags'])})" if t["flags"] else name
+        if t.get("shared"):
+            label += f" (shared, root {t.get('root') or 'not known'})"
         for group, g in sorted(t["groups"].items()):
             table.add_row(label if first else "", f"{t['next'] - t['start']:,}" if first else "",
                           f"{t['depth']:,}" if first else "", group, g["filter"] or "",

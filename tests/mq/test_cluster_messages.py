@@ -116,6 +116,11 @@ async def test_a_shared_topic_s_messages_go_through_the_root_to_every_server_s_c
         assert cluster.servers["a"].counts["delivered"] == 200
         relay = cluster.servers["e"].relay
         assert relay is not None and relay.counts["relayed"] > 0
+        # a query on e says the queue is the root's and what e's consumers hold
+        shown = (await admin.query("orders"))["orders"]
+        assert (shown["shared"], shown["root"]) == (True, "a")
+        assert (shown["groups"]["orders"]["consumers"],
+                shown["groups"]["orders"]["status"]) == (2, "served from root a")
         # nothing is stored anywhere else
         for server_id in "bcdef":
             assert cluster.servers[server_id].catalogue.topics["orders"].topic.log.next_offset == 0
