@@ -31,18 +31,18 @@ The root serves its shared topics itself, as any topic.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
-from channels import Gather, MessageQueue
+from channels import MessageQueue
 
-from ._delivery import FRAME_BYTES, ClientLink, messages_frame
+from ._delivery import FRAME_BYTES
 from ._drain import Drain
+from ._relay_groups import LocalConsumer, Relayed, RelayGroup, relayed_messages
 from ._requests import Ack, Consume, Produce, Unconsume
-from ._wire import pack_column, unpack_column
+from ._wire import pack_column
 
 if TYPE_CHECKING:
     from ._cluster import ClusterNode
@@ -55,58 +55,6 @@ log = logging.getLogger("rdvpump.mq.cluster")
 #: Credits of a server's subscription to a group at the root: what it may hold of the
 #: group's messages, not acknowledged yet by its consumers, at once.
 RELAY_WINDOW = 1024
-
-
-@dataclass(slots=True)
-class Relayed:
-    """A message the root delivered to this server for one of its consumers."""
-
-    offset: int
-    tag: str | None
-    producer: str
-    sequence: int
-    deliveries: int
-    timestamp: int
-    body: bytes
-
-
-@dataclass(eq=False)
-class LocalConsumer:
-    """A client link here consuming a shared topic's group through the root."""
-
-    link: ClientLink
-    window: int
-    held: dict[int, Relayed] = field(default_factory=dict)
-    #: Offsets held when the root's link was lost: their acks are not passed on (the
-    #: root delivers them again).
-    stale: set[int] = field(default_factory=set)
-
-    @property
-    def credits(self) -> int:
-        return self.window - len(self.held)
-
-
-@dataclass(eq=False)
-class RelayGroup:
-    """One consume group of a shared topic, as this server serves it from the root."""
-
-    topic: str
-    group: str
-    consumers: list[LocalConsumer] = field(default_factory=list)
-    #: Messages from the root waiting for a consumer with credits.
-    pending: deque[Relayed] = field(default_factory=deque)
-    #: The root answered this server's consume on the current link.
-    subscribed: bool = False
-    turn: int = 0
-
-    def pick(self) -> LocalConsumer | None:
-        n = len(self.consumers)
-        for k in range(n):
-            consumer = self.consumers[(self.turn + k) % n]
-            if consumer.credits > 0:
-                self.turn = (self.turn + k + 1) % n
-                return consumer
-        return None
 
 
 class Upstream(BrokerLink):
@@ -389,19 +337,7 @@ class Relay:
 
     def _take(self, obj: dict[str, Any]) -> None:
         relay_group = self.groups.get((obj["topic"], obj["group"]))
-        count = obj["count"]
-        if type(count) is not int or count < 1:
-            raise ValueError(f"count {count!r}")
-        offsets = unpack_column(obj["offsets"], count, counting=True)
-        sizes = unpack_column(obj["sizes"], count)
-        tags = unpack_column(obj["tags"], count)
-        producers = unpack_column(obj["producers"], count)
-        sequences = unpack_column(obj["sequences"], count, counting=True)
-        deliveries = unpack_column(obj["deliveries"], count)
-        timestamps = unpack_column(obj["timestamps"], count)
-        body = bytes(obj.get("body", b""))
-        if sum(sizes) != len(body):
-            raise ValueError(f"sizes add up to {sum(sizes)}, the body has {len(body)} bytes")
+        messages = relayed_messages(obj)
         if relay_group is None:
             # no consumer here any more: the root takes them back for the group's others
             upstream = self.upstream
@@ -409,14 +345,8 @@ class Relay:
                 upstream.send({"cmd": "unconsume", "topic": obj["topic"],
                                "group": obj["group"]})
             return
-        start = 0
-        for i in range(count):
-            end = start + sizes[i]
-            relay_group.pending.append(Relayed(offsets[i], tags[i], producers[i],
-                                               sequences[i], deliveries[i], timestamps[i],
-                                               body[start:end]))
-            start = end
-        self.counts["relayed"] += count
+        relay_group.pending.extend(messages)
+        self.counts["relayed"] += len(messages)
         self._dispatch(relay_group)
 
     def _dispatch(self, relay_group: RelayGroup) -> None:
@@ -434,7 +364,7 @@ class Relay:
                 size += len(message.body)
             for message in frame:
                 consumer.held[message.offset] = message
-            consumer.link.send(_frame(relay_group, frame))
+            consumer.link.send(relay_group.frame(frame))
 
     def upstream_up(self, upstream: Upstream) -> None:
         if upstream is not self.upstream:
@@ -574,9 +504,3 @@ def request_object(request: Produce, call: Call) -> dict[str, Any]:
         if value is not None:
             obj[key] = value
     return obj
-
-
-def _frame(relay_group: RelayGroup, messages: list[Relayed]) -> bytes | Gather:
-    """A ``messages`` frame of ``messages``, as the root's are made."""
-    return messages_frame(relay_group.topic, relay_group.group, messages,
-                          [m.deliveries for m in messages])

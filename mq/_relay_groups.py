@@ -1,0 +1,99 @@
+"""The consume groups a cluster's server serves from its root (:mod:`._relay`): the
+messages the root delivered, the consumers here, and the frames between them."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels import Gather
+
+from ._delivery import ClientLink, messages_frame
+from ._wire import unpack_column
+
+__all__ = ["LocalConsumer", "RelayGroup", "Relayed", "relayed_messages"]
+
+
+@dataclass(slots=True)
+class Relayed:
+    """A message the root delivered to this server for one of its consumers."""
+
+    offset: int
+    tag: str | None
+    producer: str
+    sequence: int
+    deliveries: int
+    timestamp: int
+    body: bytes
+
+
+@dataclass(eq=False)
+class LocalConsumer:
+    """A client link here consuming a shared topic's group through the root."""
+
+    link: ClientLink
+    window: int
+    held: dict[int, Relayed] = field(default_factory=dict)
+    #: Offsets held when the root's link was lost: their acks are not passed on (the
+    #: root delivers them again).
+    stale: set[int] = field(default_factory=set)
+
+    @property
+    def credits(self) -> int:
+        return self.window - len(self.held)
+
+
+@dataclass(eq=False)
+class RelayGroup:
+    """One consume group of a shared topic, as this server serves it from the root."""
+
+    topic: str
+    group: str
+    consumers: list[LocalConsumer] = field(default_factory=list)
+    #: Messages from the root waiting for a consumer with credits.
+    pending: deque[Relayed] = field(default_factory=deque)
+    #: The root answered this server's consume on the current link.
+    subscribed: bool = False
+    turn: int = 0
+
+    def pick(self) -> LocalConsumer | None:
+        n = len(self.consumers)
+        for k in range(n):
+            consumer = self.consumers[(self.turn + k) % n]
+            if consumer.credits > 0:
+                self.turn = (self.turn + k + 1) % n
+                return consumer
+        return None
+
+    def frame(self, messages: list[Relayed]) -> bytes | Gather:
+        """A ``messages`` frame of ``messages`` for a consumer here, as the root's are
+        made."""
+        return messages_frame(self.topic, self.group, messages,
+                              [m.deliveries for m in messages])
+
+
+def relayed_messages(obj: dict[str, Any]) -> list[Relayed]:
+    """The messages of a ``messages`` frame from the root; ValueError (or KeyError,
+    TypeError) if it is not one."""
+    count = obj["count"]
+    if type(count) is not int or count < 1:
+        raise ValueError(f"count {count!r}")
+    offsets = unpack_column(obj["offsets"], count, counting=True)
+    sizes = unpack_column(obj["sizes"], count)
+    tags = unpack_column(obj["tags"], count)
+    producers = unpack_column(obj["producers"], count)
+    sequences = unpack_column(obj["sequences"], count, counting=True)
+    deliveries = unpack_column(obj["deliveries"], count)
+    timestamps = unpack_column(obj["timestamps"], count)
+    body = bytes(obj.get("body", b""))
+    if sum(sizes) != len(body):
+        raise ValueError(f"sizes add up to {sum(sizes)}, the body has {len(body)} bytes")
+    messages = []
+    start = 0
+    for i in range(count):
+        end = start + sizes[i]
+        messages.append(Relayed(offsets[i], tags[i], producers[i], sequences[i],
+                                deliveries[i], timestamps[i], body[start:end]))
+        start = end
+    return messages
