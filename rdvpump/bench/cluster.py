@@ -3,19 +3,22 @@ on this machine.
 
 A cluster of 1 + B server processes on 127.0.0.1 (a root, the one primary, and B fanout
 servers; ``broker run --cluster``, ``--durability interval:1``), one shared topic with
-B x Q consume groups, Q on each fanout server, and B x Q external clients in this
-process, one per group, each consuming on its group's fanout server: every message
-reaches every client (OpenAMQ's B brokers each fanning one faucet out to Q queues).  One
-external faucet in this process publishes 1,000-byte messages to the root, in batches.
+B x Q consume groups, Q on each fanout server, and B x Q external clients, one per group,
+each consuming on its group's fanout server (the Q clients of each fanout server in a
+process of their own, this module run as a program): every message reaches every client
+(OpenAMQ's B brokers each fanning one faucet out to Q queues).  One external faucet in
+this process publishes 1,000-byte messages to the root, in batches.
 The figure: deliveries per second, from the first publish to the last delivery,
 against the target those figures set for B = 3, Q = 4 (480 K messages/s).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 import trio
 
 from .._errors import RunError
-from .failover import _spawn
+from .failover import _env, _spawn
 
 UNIVERSE = "bench-cluster"
 SIZE = 1000
@@ -103,35 +106,21 @@ async def _xsr(brokers: int, queues: int, messages: int, tmp: Path,
                 return await faucet.declare("feed", group=group, shared=True)
 
             await _until_ok(declare)
-        counts = [0] * len(groups)
-        done = trio.Event()
-
-        async def sink(index: int, server: str, group: str) -> None:
-            client = MqClient(universe.add_broker(f"client-{group}"), f"{server}:15555",
-                              timeout=30)
-            subscription = await _until_ok(lambda: client.subscribe(
-                "feed", group=group, window=2000))
-            subscribed.append(group)
-            while counts[index] < messages:
-                got = await subscription.receive_many(2000)
-                counts[index] += len(got)
-                await subscription.ack([m.offset for m in got])
-            if all(c >= messages for c in counts):
-                done.set()
-
-        subscribed: list[str] = []
-        for index, (server, group) in enumerate(groups):
-            nursery.start_soon(sink, index, server, group)
-        with trio.fail_after(DEADLINE):
-            while len(subscribed) < len(groups):
-                await trio.sleep(0.05)
+        per_server: dict[str, list[str]] = {}
+        for server, group in groups:
+            per_server.setdefault(server, []).append(group)
+        # each fanout server's clients in a process of their own (external clients)
+        procs = [await stack.enter_async_context(_clients_process(
+            manager, server, messages, names_)) for server, names_ in per_server.items()]
+        for proc in procs:
+            await _expect(proc, "ready")
         progress(f"{messages} messages of {SIZE} bytes to {len(groups)} clients")
         body = b"x" * SIZE
         start = time.perf_counter()
         for first in range(0, messages, BATCH):
             await faucet.publish_many("feed", [body] * min(BATCH, messages - first))
-        with trio.fail_after(DEADLINE):
-            await done.wait()
+        for proc in procs:
+            await _expect(proc, "done")
         elapsed = time.perf_counter() - start
         names.close()
         nursery.cancel_scope.cancel()
@@ -140,6 +129,86 @@ async def _xsr(brokers: int, queues: int, messages: int, tmp: Path,
     return ClusterResult("cluster-xsr", brokers, queues, messages,
                          messages * len(groups) / elapsed, "OpenAMQ XSR target (B=Q=4)",
                          SEED_XSR)
+
+
+@asynccontextmanager
+async def _clients_process(manager: str, server: str, messages: int, groups: list[str]
+                           ) -> AsyncIterator[_Lines]:
+    """A process of this module (:func:`_clients`) consuming ``groups`` on ``server``;
+    killed and reaped on the way out."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "rdvpump.bench.cluster", manager, server, str(messages),
+         *groups], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_env())
+    try:
+        yield _Lines(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(10):
+            await proc.wait()
+
+
+class _Lines:
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.buffer = b""
+
+    async def line(self) -> str:
+        assert self.proc.stdout is not None
+        while b"\n" not in self.buffer:
+            chunk = await self.proc.stdout.receive_some(4096)
+            if not chunk:
+                raise RunError(f"a clients process ended (exit {self.proc.returncode})")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+
+async def _expect(proc: _Lines, word: str) -> None:
+    with trio.fail_after(DEADLINE):
+        line = await proc.line()
+    if line != word:
+        raise RunError(f"a clients process said {line!r}, not {word!r}")
+
+
+async def _clients(manager: str, server: str, messages: int, groups: list[str]) -> None:
+    """One client per group consuming on ``server``: ``ready`` once all consume, ``done``
+    once each had ``messages`` (acknowledged as they come)."""
+    from brokermgr import BrokerManager, NameClient
+    from mq import MqClient
+    from pump import Pump
+    from rdv import Address
+
+    universe = BrokerManager(UNIVERSE, pump=Pump(name="clients"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        names = NameClient(universe, [Address.parse(manager)])
+        names.start()
+        subscriptions = []
+        for group in groups:
+            client = MqClient(universe.add_broker(f"client-{group}"), f"{server}:15555",
+                              timeout=30)
+
+            async def subscribe(client: Any = client, group: str = group) -> Any:
+                return await client.subscribe("feed", group=group, window=2000)
+
+            subscriptions.append(await _until_ok(subscribe))
+        print("ready", flush=True)
+
+        async def sink(subscription: Any) -> None:
+            count = 0
+            while count < messages:
+                got = await subscription.receive_many(2000)
+                count += len(got)
+                await subscription.ack([m.offset for m in got])
+
+        async with trio.open_nursery() as sinks:
+            for subscription in subscriptions:
+                sinks.start_soon(sink, subscription)
+        print("done", flush=True)
+        names.close()
+        nursery.cancel_scope.cancel()
 
 
 #: OpenAMQ's tentative capacity of one broker, messages per second: its internal switching
@@ -167,3 +236,7 @@ def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool 
                                          internal.deliveries_per_s,
                                          "OpenAMQ ISR B x Q x 25 K", 7 * 12 * SEED_BROKER))
     return results
+
+
+if __name__ == "__main__":  # a process of external clients (see _clients_process)
+    trio.run(_clients, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:])
