@@ -132,3 +132,30 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def stop_spark(spark: Any, timeout: float = 10.0) -> None:
+    """Stop ``spark`` and its JVM within ``timeout`` seconds: the session is stopped
+    through the gateway (which cancels its jobs) and the JVM is killed if that has not
+    returned by then.  After a Ctrl-C the gateway connection may be left in the middle of
+    a call, and a stop sent on it may never be answered; a command must still end."""
+    import threading
+
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - the JVM may be gone already; it is killed below
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=stop, name="spark-stop", daemon=True).start()
+    if done.wait(timeout):
+        return
+    gateway = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()

@@ -232,7 +232,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from replay import analyze, start_spark
+    from replay import analyze, start_spark, stop_spark
 
     try:
         if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
@@ -247,7 +247,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
                     else latency_floor(spark, traces)
                 seconds = time.perf_counter() - start
         finally:
-            spark.stop()
+            stop_spark(spark)
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
         send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"))
     else:

@@ -112,7 +112,7 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
               on_interrupt: Callable[[Any], None]) -> dict[str, Any]:
     """The analysis on a SparkSession started here (its JVM's output to
     ``target/spark.log`` unless ``verbose``), stopped after."""
-    from replay import analyze, jvm_for, start_spark
+    from replay import analyze, jvm_for, start_spark, stop_spark
 
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     stage(f"starting Spark ({master}, {profile} JVM)")
@@ -123,8 +123,7 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
         summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
                                                         progress=stage))
     finally:
-        with contextlib.suppress(Exception):  # after Ctrl-C the JVM may be gone
-            spark.stop()
+        stop_spark(spark)
     return summary
 
 

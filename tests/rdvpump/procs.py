@@ -47,13 +47,20 @@ def processes() -> dict[int, list[bytes]]:
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[bytes, bytes]:
-    """stdout and stderr of ``proc`` once it ends; killed and reaped if it does not."""
+    """stdout and stderr of ``proc`` once it ends; killed, reaped and its pipes closed if
+    it does not end within ``timeout`` (the failure then shows the end of its stderr)."""
     try:
         return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, errs = proc.communicate()
+        raise AssertionError(f"{proc.args!r} did not end within {timeout} s; its stderr "
+                             f"ends: {(errs or b'').decode(errors='replace')[-2000:]}"
+                             ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()
 
 
 async def reap(proc: trio.Process, timeout: float = 10.0) -> None:

@@ -209,3 +209,29 @@ def test_a_held_block_that_comes_back_short_is_an_error_not_a_silent_loss() -> N
         os.ftruncate(held.file.fileno(), 120)
         with pytest.raises(OSError, match="a held block of piece 3 came back short"):
             held.pop(3)
+
+
+def test_a_stop_that_is_never_answered_ends_with_the_jvm_killed() -> None:
+    """After a Ctrl-C the gateway may never answer the session's stop: the command still
+    ends within the stop's bound, with the JVM's process killed and reaped."""
+    import subprocess
+    import sys
+    import threading
+    import time
+    import types
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    never = threading.Event()
+    try:
+        session = types.SimpleNamespace(
+            stop=never.wait,  # a stop that hangs, as on a connection left mid-call
+            sparkContext=types.SimpleNamespace(_gateway=types.SimpleNamespace(proc=proc)))
+        start = time.monotonic()
+        jvm.stop_spark(session, timeout=0.5)
+        assert time.monotonic() - start < 5
+        assert proc.returncode == -9
+    finally:
+        never.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
