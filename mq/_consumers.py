@@ -55,6 +55,7 @@ class ConsumerCommands:
         window = request.window
         topic_group = state.topic.group(group)
         link = self.links.of(queue)
+        link.shared_frames |= request.shared_frames
         if (state.topic.name, group) in link.consumers:
             raise ServiceError(Status.CONFLICT,
                                f"this link already consumes {state.topic.name}/{group}")

@@ -3,7 +3,9 @@ frames, replies, RPC replies and pushes, each kept in order while a link's queue
 
 A dispatch appends each delivery to its consumer's link (``ClientLink.batch``); the
 server then flushes each link's batch as one ``messages`` frame per topic and group:
-the records' fields as columns (:mod:`._wire`), their bodies back to back.  A frame
+the records' fields as columns (:mod:`._wire`), their bodies back to back.  A link that
+asked for shared frames (a cluster's server relaying several groups of a topic) gets one
+frame for the groups handed the same messages, naming them all.  A frame
 ends once it holds :data:`FRAME_BYTES` of bodies, so that a wide window behind a deep
 backlog never makes a frame larger than a link carries.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from brokermgr import Sent, encode, send
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
@@ -45,6 +47,9 @@ class ClientLink:
     outbox: deque[bytes | Gather] = field(default_factory=deque)
     #: deliveries of the dispatch under way, sent as one ``messages`` frame each
     batch: list[Delivery] = field(default_factory=list)
+    #: the link takes one frame for several groups of a topic (a cluster's server that
+    #: relays them): groups handed the same messages in one dispatch share a frame
+    shared_frames: bool = False
 
     def send(self, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries,
@@ -69,27 +74,46 @@ class ClientLink:
         self.batch.clear()
         first = batch[0]
         if all(d.group == first.group and d.topic == first.topic for d in batch):
-            self._send_messages(first.topic, first.group, batch)
+            self._send_messages(first.topic, [first.group], batch)
             return
         by_group: dict[tuple[str, str], list[Delivery]] = {}
         for delivery in batch:
             by_group.setdefault((delivery.topic, delivery.group), []).append(delivery)
+        if self.shared_frames:
+            self._send_shared(by_group)
+            return
         for (topic, group), deliveries in by_group.items():
-            self._send_messages(topic, group, deliveries)
+            self._send_messages(topic, [group], deliveries)
 
-    def _send_messages(self, topic: str, group: str, deliveries: list[Delivery]) -> None:
+    def _send_shared(self, by_group: dict[tuple[str, str], list[Delivery]]) -> None:
+        """One frame for the groups of a topic that were handed the same messages (the
+        same offsets, each delivered as many times): a cluster's root sends a message
+        once to a server for all the groups the server relays."""
+        alike: dict[tuple[str, tuple[int, ...], tuple[int, ...]],
+                    tuple[list[str], list[Delivery]]] = {}
+        for (topic, group), deliveries in by_group.items():
+            key = (topic, tuple(d.record.offset for d in deliveries),
+                   tuple(d.deliveries for d in deliveries))
+            alike.setdefault(key, ([], deliveries))[0].append(group)
+        for (topic, _, _), (groups, deliveries) in alike.items():
+            self._send_messages(topic, groups, deliveries)
+
+    def _send_messages(self, topic: str, groups: list[str], deliveries: list[Delivery]
+                       ) -> None:
         start = size = 0
         for i, delivery in enumerate(deliveries):
             size += len(delivery.record.body)
             if size >= FRAME_BYTES:
-                self._send_frame(topic, group, deliveries[start:i + 1])
+                self._send_frame(topic, groups, deliveries[start:i + 1])
                 start, size = i + 1, 0
         if start < len(deliveries):
-            self._send_frame(topic, group, deliveries[start:])
+            self._send_frame(topic, groups, deliveries[start:])
 
-    def _send_frame(self, topic: str, group: str, deliveries: list[Delivery]) -> None:
-        self.send(messages_frame(topic, group, [d.record for d in deliveries],
-                                 [d.deliveries for d in deliveries]))
+    def _send_frame(self, topic: str, groups: list[str], deliveries: list[Delivery]
+                    ) -> None:
+        self.send(messages_frame(topic, groups[0], [d.record for d in deliveries],
+                                 [d.deliveries for d in deliveries],
+                                 groups if len(groups) > 1 else None))
 
     def _what(self) -> str:
         return f"mq client {self.queue.remote_id}"
@@ -110,17 +134,22 @@ class _Stored(Protocol):
 
 
 def messages_frame(topic: str, group: str, records: Sequence[_Stored],
-                   deliveries: list[int]) -> bytes | Gather:
+                   deliveries: list[int], groups: list[str] | None = None
+                   ) -> bytes | Gather:
     """One ``messages`` frame: the records' fields as columns (:mod:`._wire`), each one's
-    count of ``deliveries``, their bodies back to back."""
-    header = {"cmd": "messages", "topic": topic, "group": group, "count": len(records),
-              "offsets": pack_column([r.offset for r in records], counting=True),
-              "sizes": pack_column([len(r.body) for r in records]),
-              "tags": pack_column([r.tag for r in records]),
-              "producers": pack_column([r.producer for r in records]),
-              "sequences": pack_column([r.sequence for r in records], counting=True),
-              "deliveries": pack_column(deliveries),
-              "timestamps": pack_column([r.timestamp for r in records])}
+    count of ``deliveries``, their bodies back to back; ``groups``, when the frame serves
+    several groups at once (``group`` is the first of them)."""
+    header: dict[str, Any] = {
+        "cmd": "messages", "topic": topic, "group": group, "count": len(records),
+        "offsets": pack_column([r.offset for r in records], counting=True),
+        "sizes": pack_column([len(r.body) for r in records]),
+        "tags": pack_column([r.tag for r in records]),
+        "producers": pack_column([r.producer for r in records]),
+        "sequences": pack_column([r.sequence for r in records], counting=True),
+        "deliveries": pack_column(deliveries),
+        "timestamps": pack_column([r.timestamp for r in records])}
+    if groups is not None:
+        header["groups"] = groups
     return encode(header, [r.body for r in records])
 
 

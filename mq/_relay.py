@@ -9,7 +9,8 @@ A shared topic's queue is the root's.  A server that is not the root
   stored under its *origin*, ``<link>@<server>``);
 * serves each consume group of a shared topic its local clients consume from one
   subscription at the root (:class:`RelayGroup`): the root sends each message once per
-  server, whatever the number of consumers there, and the server hands the messages
+  server, whatever the number of consumers there, in one frame for all the groups
+  here it hands the same messages at once (``groups``), and the server hands the messages
   out among its consumers (round robin, as far as each one's window goes) and passes
   their acks on.  A consumer that goes leaves its unacknowledged messages to the
   others here; the last one to go ends the subscription, and the root gives what the
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
@@ -274,9 +275,8 @@ class Relay:
     def _drop(self, relay_group: RelayGroup, consumer: LocalConsumer) -> None:
         relay_group.consumers.remove(consumer)
         back = sorted(consumer.held.values(), key=lambda m: m.offset, reverse=True)
-        for message in back:
-            message.deliveries += 1
-            relay_group.pending.appendleft(message)
+        for message in back:  # a copy: a frame for several groups shares its messages
+            relay_group.pending.appendleft(replace(message, deliveries=message.deliveries + 1))
         consumer.held.clear()
         if relay_group.consumers:
             self._dispatch(relay_group)
@@ -308,7 +308,8 @@ class Relay:
                 relay_group.subscribed = True
 
         upstream.request({"cmd": "consume", "topic": relay_group.topic,
-                          "group": relay_group.group, "window": self.window}, answered)
+                          "group": relay_group.group, "window": self.window,
+                          "shared_frames": True}, answered)
 
     def _ack_upstream(self, relay_group: RelayGroup, offsets: list[int]) -> None:
         upstream = self.upstream
@@ -336,18 +337,24 @@ class Relay:
                      obj.get("reason"))
 
     def _take(self, obj: dict[str, Any]) -> None:
-        relay_group = self.groups.get((obj["topic"], obj["group"]))
+        """A ``messages`` frame from the root, for one group or (``groups``) for several
+        groups of its topic at once."""
+        topic = obj["topic"]
+        groups = obj.get("groups", [obj["group"]])
+        if type(groups) is not list or not all(type(g) is str for g in groups):
+            raise ValueError(f"groups {groups!r}")
         messages = relayed_messages(obj)
-        if relay_group is None:
-            # no consumer here any more: the root takes them back for the group's others
-            upstream = self.upstream
-            if upstream is not None:
-                upstream.send({"cmd": "unconsume", "topic": obj["topic"],
-                               "group": obj["group"]})
-            return
-        relay_group.pending.extend(messages)
-        self.counts["relayed"] += len(messages)
-        self._dispatch(relay_group)
+        for group in groups:
+            relay_group = self.groups.get((topic, group))
+            if relay_group is None:
+                # no consumer here any more: the root takes them back for the group's others
+                upstream = self.upstream
+                if upstream is not None:
+                    upstream.send({"cmd": "unconsume", "topic": topic, "group": group})
+                continue
+            relay_group.pending.extend(messages)
+            self.counts["relayed"] += len(messages)
+            self._dispatch(relay_group)
 
     def _dispatch(self, relay_group: RelayGroup) -> None:
         """Hand out what waits, a frame per consumer turn, while consumers have credits."""

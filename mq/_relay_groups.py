@@ -17,7 +17,8 @@ __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "relayed_messages"]
 
 @dataclass(slots=True)
 class Relayed:
-    """A message the root delivered to this server for one of its consumers."""
+    """A message the root delivered to this server for one of its consumers.  Never
+    changed once made: the groups of one frame share it."""
 
     offset: int
     tag: str | None

@@ -66,6 +66,9 @@ class Consume:
     topic: str
     group: str | None = None
     window: int = DEFAULT_WINDOW
+    #: The link takes a ``messages`` frame that serves several groups of one topic at
+    #: once (its ``groups``): a cluster's server relaying the topic's groups asks so.
+    shared_frames: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +210,8 @@ def _produce(f: Fields) -> Produce:
 def _consume(f: Fields) -> Consume:
     return Consume(f.string("topic", check=check_name),
                    f.optional_string("group", check=check_name),
-                   f.integer("window", DEFAULT_WINDOW, 1, MAX_WINDOW))
+                   f.integer("window", DEFAULT_WINDOW, 1, MAX_WINDOW),
+                   f.boolean("shared_frames", False))
 
 
 def _unconsume(f: Fields) -> Unconsume:

@@ -206,3 +206,36 @@ async def test_a_no_local_consumer_skips_its_own_messages_through_the_cluster(
         for client in (me, other):
             client.close()
         cluster.close()
+
+
+async def test_the_root_sends_a_message_once_to_a_server_for_all_its_groups(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Four groups consumed on fanout server e: each message reaches every group there,
+    and the root's link to e carries one frame per dispatch for the four (a server's
+    share of the root's sending does not grow with its groups)."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        groups = ["g0", "g1", "g2", "g3"]
+        for group in groups:
+            await producer.declare("orders", group=group, shared=True)
+        got: dict[str, list[bytes]] = {group: [] for group in groups}
+        for group in groups:
+            client = MqClient(universe.add_broker(f"c-{group}"), "e:15555", timeout=30)
+            nursery.start_soon(take, await client.subscribe("orders", group=group), got[group])
+        relay = cluster.servers["e"].relay
+        assert relay is not None
+        await until(lambda: all(g.subscribed for g in relay.groups.values())
+                    and len(relay.groups) == 4)
+        upstream = relay.upstream
+        assert upstream is not None and upstream.queue is not None
+        before = upstream.queue.statistics().messages_received
+        sent = [b"m%03d" % i for i in range(50)]
+        for body in sent:
+            await producer.publish("orders", body)
+        await until(lambda: all(len(got[group]) == 50 for group in groups))
+        assert all(sorted(got[group]) == sent for group in groups)
+        # 200 deliveries to e's groups, in at most one frame per published message
+        assert upstream.queue.statistics().messages_received - before <= 50
+        nursery.cancel_scope.cancel()
+        producer.close()
+        cluster.close()
