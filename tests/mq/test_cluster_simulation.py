@@ -1,9 +1,11 @@
 """A cluster under random faults, on the virtual clock, one run per seed: partitions
-between any servers, crashes and restarts of any of them (the root too), changes of the
-shared state asked of any server meanwhile.  Checked each run: no epoch ever has two
-roots; once the faults stop, every server follows one root at one epoch and holds the
-same state.  Each server keeps its epoch and ballot in a directory of its own, as on
-disk, across its restarts."""
+between any servers, crashes and restarts of any of them (the root too), a server that
+joins late, another that joins with a configuration of its own, changes of the shared
+state asked of any server meanwhile.  Checked each run: no epoch ever has two roots;
+once the faults stop, every server follows one root at one epoch and holds the same
+state, and the server with the other configuration is refused by every one of them and
+never gets their state.  Each server keeps its epoch and ballot in a directory of its
+own, as on disk, across its restarts."""
 
 from __future__ import annotations
 
@@ -27,11 +29,21 @@ from .chaos import Chaos
 
 pytestmark = pytest.mark.slow
 
-CLUSTER = parse_cluster({"cluster": {"name": "sim"}, "server": [
-    {"id": i, "address": f"127.0.0.1:{9901 + n}", "type": t} for n, (i, t) in enumerate(
-        (("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
-         ("e", "fanout")))]})
-IDS = [s.id for s in CLUSTER.servers]
+SERVERS_OF = (("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backup"),
+              ("e", "fanout"), ("x", "fanout"))
+
+
+def _config(servers: tuple[tuple[str, str], ...]) -> Any:
+    return parse_cluster({"cluster": {"name": "sim"}, "server": [
+        {"id": i, "address": f"127.0.0.1:{9901 + n}", "type": t}
+        for n, (i, t) in enumerate(servers)]})
+
+
+#: Six servers; x, a fanout server, only ever starts with :data:`MISMATCHED`.
+CLUSTER = _config(SERVERS_OF)
+IDS = [s.id for s in CLUSTER.servers if s.id != "x"]
+#: The file x reads: the same servers, but x a primary (a checksum of its own).
+MISMATCHED = _config((*SERVERS_OF[:-1], ("x", "primary")))
 SEEDS = 200
 
 
@@ -56,6 +68,12 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
         faults.on_crash.append(lambda b: nodes[b].close())
         faults.on_restart.append(start)
         chaos = Chaos(faults, rng, IDS)
+        # a late joiner: one server is down from the start until a restart brings it
+        late = rng.choice(IDS)
+        faults.crash(late)
+        chaos.crashed.add(late)
+        stranger: ClusterNode | None = None  # joins at a random step with MISMATCHED
+        stranger_at = rng.randrange(12)
 
         async def change(node: ClusterNode, topic: str) -> None:
             with contextlib.suppress(ServiceError):  # not ready, or the root went
@@ -64,6 +82,9 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:  # each change ends within its wait
             for step in range(12):
                 await trio.sleep(rng.uniform(0.1, 2.0))
+                if step == stranger_at:
+                    stranger = ClusterNode(universe.add_broker("x"), MISMATCHED,
+                                           not_ready_wait=2.0, store=store)
                 action = rng.choice(("partition", "heal", "crash", "restart", "change",
                                      "change"))
                 if action == "partition":
@@ -82,9 +103,17 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
                     or next(iter(nodes.values())).root is None:
                 await trio.sleep(0.5)
         final = {n.me.id: (n.root, n.epoch, dict(n.state.topics)) for n in nodes.values()}
+        assert stranger is not None
+        # every server refuses the one with the other list, which never gets a root
+        with trio.fail_after(60):
+            while not all(row["refusal"] and "server list differs" in row["refusal"]
+                          for row in stranger.rows()):
+                await trio.sleep(0.5)
+        outsider = (stranger.root, dict(stranger.state.topics))
+        stranger.close()
         for node in nodes.values():
             node.close()
-    return {"claims": claims, "final": final}
+    return {"claims": claims, "final": final, "outsider": outsider}
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, 50))
@@ -99,6 +128,7 @@ def test_no_epoch_has_two_roots_and_the_cluster_settles_on_one_state(
         states = {json.dumps([root, epoch, topics], sort_keys=True)
                   for root, epoch, topics in run["final"].values()}
         assert len(states) == 1, (seed, run["final"])
+        assert run["outsider"] == (None, {}), (seed, run["outsider"])
 
 
 #: Seeds of the simulation with messages the suite runs (more: RDVPUMP_CLUSTER_SEEDS).
