@@ -291,7 +291,8 @@ class MqServer:
             raise StoreError(f"{name}: not declared: {exc.strerror or exc}") from exc
         if new_group or request.filter is not None:
             self.node.declare_group(name, group, filter=request.filter)
-        return {"cmd": "declared", "topic": name, "group": group, "created": created}
+        return {"cmd": "declared", "topic": name, "group": group, "created": created,
+                "group_created": new_group}
 
     def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
                    ) -> None:

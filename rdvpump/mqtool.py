@@ -90,7 +90,10 @@ async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
 async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,
                   idle: float, window: int,
                   show: Callable[[Any], None]) -> int:
-    """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one."""
+    """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one.
+    When ``show`` raises (the reader of the output went away), what it showed before is
+    acknowledged and the error goes on: the message it could not show is not, so the
+    group gets it again."""
     subscription = await client.subscribe(topic, group=group, window=window)
     seen = 0
     acks: list[int] = []
@@ -99,7 +102,12 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
             message = await subscription.receive()
         if scope.cancelled_caught:
             break
-        show(message)
+        try:
+            show(message)
+        except Exception:
+            if acks:
+                await subscription.ack(acks)
+            raise
         seen += 1
         acks.append(message.offset)
         if len(acks) >= max(1, window // 2):

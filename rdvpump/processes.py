@@ -7,6 +7,7 @@ shut down cleanly (brokers unregister).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -402,17 +403,29 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
     emit(DONE, {"reports": reports})
 
 
+def exit_status(code: int) -> str:
+    """How a child process ended, for a person: ``exited with status 3``, ``killed by
+    SIGKILL``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                       on_change: Callable[[dict[str, ChildState]], None],
-                      timeout: float = 600.0, trace_args: Sequence[str] = (),
+                      timeout: float | None = None, trace_args: Sequence[str] = (),
                       outcome: dict[str, Any] | None = None) -> dict[str, ChildState]:
     """Start the manager and the broker processes, run the workloads, stop everything.
 
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
     The universe stops when every workload is done, when a child reports an error or
-    exits early (its :attr:`ChildState.error`), on SIGINT or SIGTERM, or after
-    ``timeout``; ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal``
-    or ``timeout``.
+    exits while the universe runs, whatever its role (its :attr:`ChildState.error`), on
+    SIGINT or SIGTERM, or after ``timeout`` seconds (None: no limit);
+    ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal`` or
+    ``timeout``, and ``outcome["waiting"]`` what the universe still waited for.
     """
     outcome = {} if outcome is None else outcome
     env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
@@ -425,18 +438,26 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
             state.take(line)
             on_change(states)
         code = await child.process.wait()  # its stdout closed: the process is ending
-        if state.reports is None and state.error is None:
-            state.error = f"exited with status {code} before its workloads were done"
+        # Every child runs until this process stops it (a broker that serves, or whose
+        # workloads are done, goes on serving): one that exits first stops the universe.
+        if state.error is None:
+            state.error = (f"{exit_status(code)} before its workloads were done"
+                           if state.reports is None else
+                           f"{exit_status(code)} while the universe ran")
             on_change(states)
 
-    def finished() -> bool:
+    def waiting() -> list[str]:
+        """What the universe waits for: drivers whose workloads are not done, sinks that
+        have not had every message."""
         for b in expected:  # a sink compares every message: a mismatch stops the universe
             errors = states[b].stats.get("errors") or []
             if errors and states[b].error is None:
                 states[b].error = f"sink check failed: {errors[0]}"
-        drivers_done = all(states[w.source].reports is not None for w in spec.workloads)
-        sinks_full = all(states[b].stats.get("messages", 0) >= n for b, n in expected.items())
-        return drivers_done and sinks_full
+        left = [f"{b}'s workloads" for b in dict.fromkeys(w.source for w in spec.workloads)
+                if states[b].reports is None]
+        left += [f"{b}'s sink ({states[b].stats.get('messages', 0):,} of {n:,} messages)"
+                 for b, n in expected.items() if states[b].stats.get("messages", 0) < n]
+        return left
 
     try:
         # Signals are ours from the start: Ctrl-C while children start still stops them all.
@@ -462,8 +483,9 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                         env, children)
                     nursery.start_soon(follow, child, states[b])
                 outcome["stopped_by"] = "timeout"
-                with trio.move_on_after(timeout):
-                    while not finished():
+                with trio.move_on_after(math.inf if timeout is None else timeout):
+                    while left := waiting():
+                        outcome["waiting"] = left
                         if any(st.error for st in states.values()):
                             outcome["stopped_by"] = "error"
                             break

@@ -59,9 +59,6 @@ ROLES = ("server", "tracker", "both")
 TRACKER_ALIAS = "@tracker"
 
 
-_warned_clock = False
-
-
 class Extension(Protocol):
     """More commands on a tracking port (the MQ server): ``handle`` gets each request
     whose ``cmd`` is in ``commands``, with the link it came on."""
@@ -112,23 +109,13 @@ def _track_sub(fields: Fields) -> TrackSub:
 TRACKING_COMMANDS = frozenset({"track_pub", "track_sub", "server_sub", "tracker", "server"})
 
 
-def _warn_clock_versions(address: str) -> None:
-    """Once a process: versions seeded from the clock depend on the clock."""
-    global _warned_clock
-    if not _warned_clock:
-        _warned_clock = True
-        log.warning("tracking %s: no state_dir: InfoVersions start from the wall clock, so "
-                    "they keep increasing across a restart only if the clock does; give a "
-                    "state_dir (broker run --state-dir) to persist them", address)
-
-
 class TrackNode:
     """A broker's tracking roles on one rendezvous port: server, tracker, or both.
 
     ``trackers`` are the addresses (``"broker:port"``) the server role
     publishes to.  ``state_dir`` keeps the InfoVersion epochs so versions
     keep increasing across restarts whatever the clock does (without it they
-    start from the wall clock, with a warning; see
+    start from the wall clock; `broker run` says so; see
     :class:`~.info.VersionCounter`).  :attr:`server` and :attr:`tracker` are
     the roles (None when not taken).  ``group`` is the server's place in a replicated
     group, published in its ServerInfo (route tables send writes to masters only).  Call
@@ -160,8 +147,6 @@ class TrackNode:
         self.extensions: list[Extension] = []
         self._closed = False
         state = None if state_dir is None else Path(state_dir)
-        if state is None:
-            _warn_clock_versions(self.address.address)
 
         def counter(kind: str) -> VersionCounter:
             return VersionCounter(None if state is None else state / f"{broker.id}.{kind}.epoch")

@@ -88,7 +88,7 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
     except _EXPECTED as exc:
         raise fail(str(exc)) from None
     except BaseExceptionGroup as group:  # errors raised inside trio nurseries
-        leaf = _first_leaf(group)
+        leaf = first_leaf(group)
         if not isinstance(leaf, _EXPECTED):
             raise
         raise fail(str(leaf)) from None
@@ -120,13 +120,15 @@ def interruptible(fn: Callable[[], T]) -> T:
     try:
         return guard(fn)
     except BaseException as exc:
-        if isinstance(_first_leaf(exc), KeyboardInterrupt):
+        if isinstance(first_leaf(exc), KeyboardInterrupt):
             err.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
         raise
 
 
-def _first_leaf(exc: BaseException) -> BaseException:
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first exception inside ``exc``'s trio exception groups (``exc`` itself if it is
+    not one)."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc

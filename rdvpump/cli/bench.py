@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from pump import ConfigError
 
@@ -363,17 +364,19 @@ def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
 def _show(results: list[Any], json_out: bool, title: str, columns: tuple[str, ...],
           row: Callable[[Any], list[str]], console: Any = None) -> None:
     """JSON lines on stdout, or one rich table (``case`` and ``baseline`` left-aligned,
-    folded onto more lines rather than cut where the terminal is narrow)."""
+    folded onto more lines where the terminal is narrow; the figures are never cut)."""
     if json_out:
         for r in results:
             print(json.dumps(r.to_dict()))
         return
+    rows = [row(r) for r in results]
     table = Table(title=title)
-    for col in columns:
+    for i, col in enumerate(columns):
         named = col in ("case", "baseline")
-        table.add_column(col, justify="left" if named else "right",
-                         overflow="fold" if named else "ellipsis", min_width=8 if named
-                         else None)
-    for r in results:
-        table.add_row(*row(r))
+        # a figure's column is never narrower than its widest figure (its title may wrap)
+        widest = max([1, *(Text.from_markup(cells[i]).cell_len for cells in rows)])
+        table.add_column(col, justify="left" if named else "right", overflow="fold",
+                         min_width=8 if named else widest)
+    for cells in rows:
+        table.add_row(*cells)
     (console or out).print(table)

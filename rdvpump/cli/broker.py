@@ -121,12 +121,18 @@ def broker_run(
             raise fail("--mq-dir needs a server role (--role server or both)")
         tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
                     "report_interval": report_interval, "expiry": track_expiry,
-                    "scan_interval": track_scan, "state_dir": state_dir,
+                    # an MQ server's directory keeps its versions' epochs too
+                    "scan_interval": track_scan, "state_dir": state_dir or mq_dir,
                     "mq_dir": mq_dir, "durability": durability,
                     "segment_bytes": guard(lambda: _segment_bytes(segment_mb)),
                     "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
                     "retain_age": None if retain_hours is None else retain_hours * 3600,
                     "group": member, "replication": replication, "min_insync": min_insync}
+        if state_dir is None and mq_dir is None:
+            err.print("note: tracking without --state-dir (or --mq-dir): the versions of "
+                      "this process's route information start from the wall clock, so they "
+                      "keep increasing across a restart only if the clock does",
+                      markup=False, highlight=False)
     elif tracker or topic or mq_dir is not None:
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import pathlib
+import sys
 from typing import Annotated, Any
 
 import trio
@@ -13,10 +16,20 @@ from rich.table import Table
 from brokermgr import DEFAULT_MANAGER_PORT
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import History, verify
+from pump import RdvpumpError
 from rdv import Address
 
 from .. import mqtool
-from ._common import TokenOption, UniverseOption, err, fail, guard, interruptible, out
+from ._common import (
+    TokenOption,
+    UniverseOption,
+    err,
+    fail,
+    first_leaf,
+    guard,
+    interruptible,
+    out,
+)
 
 app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
                        "--role server --mq-dir DIR).", no_args_is_help=True)
@@ -63,9 +76,14 @@ def mq_declare(
     elif reply.get("shared"):  # declared through the cluster's root, on every server
         out.print(f"declared {topic}, group {reply['group']}, shared (cluster state "
                   f"v{reply['version']})")
+    elif reply.get("created"):
+        out.print(f"declared {topic}, group {reply['group']}")
+    elif reply.get("group_created"):
+        out.print(f"declared group {reply['group']} of {topic}")
+    elif filter is not None:
+        out.print(f"updated {topic}, group {reply['group']}: filter {filter}")
     else:
-        out.print(f"{'declared' if reply.get('created') else 'updated'} {topic}, "
-                  f"group {reply['group']}")
+        out.print(f"{topic}, group {reply['group']}: declared already, unchanged")
 
 
 @app.command("publish")
@@ -109,23 +127,62 @@ def mq_consume(
     idle: Annotated[float, typer.Option(help="Stop after this many seconds without a "
                                              "message.")] = 2.0,
     window: Annotated[int, typer.Option(help="Unacknowledged messages held at most.")] = 100,
+    out_dir: Annotated[pathlib.Path | None, typer.Option(
+        "--out", help="Write each message's exact bytes to a file of its own in this "
+                      "directory (named by its offset), and print the file's path.")] = None,
     universe: UniverseOption = "default", token: TokenOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
-    as_json: JsonOption = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="A JSON object per message: its fields, and its body as text "
+                       "(\"body\") when it is UTF-8, else in base64 (\"body_base64\").")] = False,
 ) -> None:
-    """Print messages of a topic and acknowledge them."""
-    def show(m: Any) -> None:
-        if as_json:
-            print(json.dumps({"offset": m.offset, "tag": m.tag, "producer": m.producer,
-                              "sequence": m.sequence, "deliveries": m.deliveries,
-                              "timestamp": m.timestamp,
-                              "body": m.body.decode(errors="replace")}), flush=True)
-        else:
-            print(m.body.decode(errors="replace"), flush=True)
+    """Print messages of a topic and acknowledge them.
 
-    seen = _run(universe, server, token, track_port, timeout, lambda c: mqtool.consume(
-        c, topic, group=group, count=count, idle=idle, window=window, show=show))
+    By default each message's bytes go to stdout as they are, each followed by a newline:
+    exact, but messages that hold newlines or binary data cannot be told apart there (use
+    --out or --json).  A reader that stops reading (``| head``) ends the command quietly;
+    what it did not read is not acknowledged.
+    """
+    if out_dir is not None:
+        guard(lambda: out_dir.mkdir(parents=True, exist_ok=True), arg="--out")
+    stdout = sys.stdout.buffer
+
+    def show(m: Any) -> None:
+        try:
+            if out_dir is not None:
+                path = out_dir / f"{m.offset:012d}.msg"
+                path.write_bytes(m.body)
+                line = str(path).encode() + b"\n"
+            elif as_json:
+                fields = {"offset": m.offset, "tag": m.tag, "producer": m.producer,
+                          "sequence": m.sequence, "deliveries": m.deliveries,
+                          "timestamp": m.timestamp}
+                try:
+                    fields["body"] = m.body.decode()
+                except UnicodeDecodeError:
+                    fields["body_base64"] = base64.b64encode(m.body).decode()
+                line = json.dumps(fields).encode() + b"\n"
+            else:
+                line = m.body + b"\n"
+            stdout.write(line)
+            stdout.flush()
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+    try:
+        seen = _run(universe, server, token, track_port, timeout, lambda c: mqtool.consume(
+            c, topic, group=group, count=count, idle=idle, window=window, show=show))
+    except BaseException as exc:
+        if not isinstance(first_leaf(exc), _ReaderGone):
+            raise
+        # the reader is gone: nothing more to say, and no error at exit for the flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
     err.print(f"{seen:,} consumed and acknowledged", highlight=False)
+
+
+class _ReaderGone(RdvpumpError):
+    """What ``mq consume`` writes has no reader any more (a pipe closed)."""
 
 
 @app.command("topics")

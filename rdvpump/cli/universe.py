@@ -20,6 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from pump import ConfigError
 
@@ -49,17 +50,29 @@ app = typer.Typer(help="Universes from TOML files: echo, stream, fanout and mq w
 
 def _reports_table(title: str, reports: list[dict[str, object]],
                    seconds_label: str = "seconds") -> Table:
-    table = Table(title=title)
-    table.add_column("workload", no_wrap=True)
-    for col in ("messages", "MB", seconds_label, "msgs/s", "MB/s", "checked"):
-        table.add_column(col, justify="right")
+    """The workloads' results.  The figures never shrink (in 80 columns the workload's
+    name wraps instead); a run in which no time passed (the virtual clock never moved)
+    has no rate, and the table says why."""
+    rows = []
+    still = False
     for r in reports:
         seconds = float(r["seconds"])  # type: ignore[arg-type]
         msgs, nbytes = int(r["messages"]), int(r["bytes"])  # type: ignore[call-overload]
-        table.add_row(str(r["workload"]), f"{msgs:,}", f"{nbytes / 1e6:,.1f}",
-                      f"{seconds:.3f}", f"{msgs / seconds:,.0f}" if seconds else "-",
-                      f"{nbytes / 1e6 / seconds:,.1f}" if seconds else "-",
-                      "[green]ok[/green]" if r["verified"] else "[red]FAILED[/red]")
+        still |= not seconds
+        rows.append((str(r["workload"]), f"{msgs:,}", f"{nbytes / 1e6:,.1f}",
+                     f"{seconds:.3f}", f"{msgs / seconds:,.0f}" if seconds else "-",
+                     f"{nbytes / 1e6 / seconds:,.1f}" if seconds else "-",
+                     "[green]ok[/green]" if r["verified"] else "[red]FAILED[/red]"))
+    caption = ("-: no rate where no time passed (a virtual clock moves only to a timer: "
+               "run with --clock real for rates)") if still else None
+    table = Table(title=title, caption=caption, pad_edge=False)
+    table.add_column("workload", overflow="fold")
+    for i, col in enumerate(("messages", "MB", seconds_label, "msgs/s", "MB/s", "checked")):
+        # never narrower than its widest figure (its title may wrap)
+        widest = max([1, *(Text.from_markup(row[i + 1]).cell_len for row in rows)])
+        table.add_column(col, justify="right", min_width=widest)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -164,10 +177,15 @@ def universe_up_cmd(
     file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
     token: TokenOption = "",
     trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop the universe after this many seconds if its workloads are not done "
+             "(exit 1, saying what it waited for); no limit by default.")] = None,
 ) -> None:
-    """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all."""
-
-
+    """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all.
+    A broker process that exits while the universe runs, whatever its role, stops the
+    universe at once with its name and how it ended (exit 1)."""
+    if timeout is not None and not timeout > 0:
+        raise fail(f"--timeout must be more than 0 seconds, got {timeout:g}")
     spec = guard(lambda: load_universe(file), arg="universe file")
     if spec.faults or spec.explore:
         err.print("note: faults are simulated in one process (universe run); up runs this "
@@ -186,8 +204,7 @@ def universe_up_cmd(
             table.add_column(col, justify="left" if col in ("broker", "state") else "right")
         for s in states.values():
             st = s.stats
-            state = (f"exited {s.exit_code}" if s.exit_code is not None else
-                     "done" if s.reports is not None else "running")
+            state = _state(s)
             table.add_row(s.broker, str(st.get("links", 0)), f"{st.get('messages', 0):,}",
                           f"{st.get('bytes', 0) / 1e6:,.1f}", f"{s.rate[0]:,.0f}",
                           f"{s.rate[1] / 1e6:,.1f}", state)
@@ -200,19 +217,19 @@ def universe_up_cmd(
                   refresh_per_second=4, transient=False) as live:
             states = guard(lambda: trio.run(lambda: universe_up(
                 spec, file, token=token, on_change=lambda st: live.update(live_table(st)),
-                trace_args=trace_args, outcome=outcome)))
+                timeout=timeout, trace_args=trace_args, outcome=outcome)))
             # the last frame is the results: no stale counts of children that have exited
             live.update(_reports_table(title, _reports(states)))
     else:  # a pipe or a file: one plain line per change of a child's state, no live table
         lines = _StateLines()
         states = guard(lambda: trio.run(lambda: universe_up(
-            spec, file, token=token, on_change=lines.show, trace_args=trace_args,
-            outcome=outcome)))
+            spec, file, token=token, on_change=lines.show, timeout=timeout,
+            trace_args=trace_args, outcome=outcome)))
         out.print(_reports_table(title, _reports(states)))
     reports = _reports(states)
     stopped_by = outcome.get("stopped_by")
-    if stopped_by == "signal":
-        finished = [r["workload"] for r in reports]
+    if stopped_by == "signal":  # a workload is finished once its messages were checked
+        finished = [r["workload"] for r in reports if r["verified"]]
         err.print(f"interrupted; finished before it: {', '.join(finished) or 'no workload'}",
                   highlight=False)
         raise typer.Exit(130)
@@ -220,10 +237,21 @@ def universe_up_cmd(
     if failed:
         raise fail("; ".join(f"broker {b}: {e}" for b, e in failed))
     if stopped_by == "timeout":
-        raise fail("the universe did not finish within 600 s")
+        raise fail(f"the universe did not finish within {timeout:g} s (--timeout): it "
+                   f"waited for {', '.join(outcome.get('waiting', [])) or 'nothing'}")
     done = all(states[w.source].reports is not None for w in spec.workloads)
     if not done or not all(r["verified"] for r in reports):
         raise fail("the universe stopped before every workload was checked")
+
+
+def _state(child: ChildState) -> str:
+    """A child's state for a person: a broker with no workload of its own serves (a
+    server, a sink) until the universe stops; "done" is for one whose workloads are."""
+    if child.exit_code is not None:
+        return f"exited {child.exit_code}"
+    if child.reports is None:
+        return "running"
+    return "done" if child.reports else "serving"
 
 
 def _reports(states: dict[str, ChildState]) -> list[dict[str, Any]]:
@@ -238,10 +266,7 @@ class _StateLines:
 
     def show(self, states: dict[str, ChildState]) -> None:
         for b, st in states.items():
-            now = (f"error: {st.error}" if st.error else
-                   f"exited {st.exit_code}" if st.exit_code is not None else
-                   "done" if st.reports is not None else
-                   "running" if st.stats else "")
+            now = f"error: {st.error}" if st.error else _state(st) if st.stats else ""
             if now and self.seen.get(b) != now:
                 self.seen[b] = now
                 print(f"{b}: {now}", flush=True)

@@ -632,3 +632,79 @@ async def test_routed_clients_follow_a_sync_group_s_failover_by_themselves(
     report = history.check({"orders": ["orders"]}, idempotent=True)
     assert report.ok, [str(f) for f in report.findings[:5]]
     assert report.counts["acknowledged"] == 350
+
+
+async def test_mq_consume_gives_binary_bodies_exactly(tmp_path: pathlib.Path) -> None:
+    """Bodies that are not text come back byte for byte: one file each with ``--out``,
+    base64 in ``--json``; text bodies stay text in JSON.  (Its groups declared with
+    ``mq declare``, which says a new group is declared and an old one unchanged.)"""
+    bodies = [os.urandom(1 << 20), bytes(range(256)) * 3, "naïve\n".encode()]
+    async with a_server_and_a_client(tmp_path / "store", 0) as (client, where):
+        group = ["--server", where, "--universe", "q", "--count", "3"]
+        env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+        for name, said in (("files", "declared group files of orders"),
+                           ("json", "declared group json of orders"),
+                           ("json", "orders, group json: declared already, unchanged")):
+            declared = await trio.run_process(
+                [*RDVPUMP, "mq", "declare", "orders", "--group", name, *group[:4]],
+                capture_stdout=True, capture_stderr=True, check=False, env=env)
+            assert declared.stdout.decode().strip() == said, declared.stderr.decode()
+        await client.publish_many("orders", bodies)
+        out = tmp_path / "got"
+        files = await trio.run_process(
+            [*RDVPUMP, "mq", "consume", "orders", *group, "--group", "files", "--out",
+             str(out)], capture_stdout=True, capture_stderr=True, check=False, env=env)
+        assert files.returncode == 0, files.stderr.decode()
+        written = [pathlib.Path(p) for p in files.stdout.decode().splitlines()]
+        assert [p.read_bytes() for p in written] == bodies
+        assert sorted(out.iterdir()) == written
+        as_json = await trio.run_process(
+            [*RDVPUMP, "mq", "consume", "orders", *group, "--group", "json", "--json"],
+            capture_stdout=True, capture_stderr=True, check=False, env=env)
+        assert as_json.returncode == 0, as_json.stderr.decode()
+        rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+        import base64
+        assert [base64.b64decode(r["body_base64"]) for r in rows[:2]] == bodies[:2]
+        assert rows[2]["body"] == "naïve\n" and "body_base64" not in rows[2]
+
+
+async def test_mq_consume_into_a_reader_that_stops_ends_quietly(tmp_path: pathlib.Path
+                                                                 ) -> None:
+    """``mq consume | head -1``: the command ends without a word when the pipe closes;
+    what it printed is acknowledged, what it could not is delivered again."""
+    async with a_server_and_a_client(tmp_path, 10) as (client, where):
+        read, write = os.pipe()
+        consumer = await trio.lowlevel.open_process(
+            [*RDVPUMP, "mq", "consume", "orders", "--server", where, "--universe", "q",
+             "--window", "10", "--idle", "30"], stdout=write, stderr=subprocess.PIPE,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        os.close(write)
+        try:
+            with trio.fail_after(30):
+                first = await trio.to_thread.run_sync(os.read, read, 2)
+            assert first == b"0\n"  # it prints: it consumes
+            os.close(read)  # the reader goes, as head does after its line
+            await client.publish_many("orders", [b"late %d" % i for i in range(100)])
+            with trio.fail_after(30):
+                await consumer.wait()
+            assert consumer.stderr is not None
+            errors = await consumer.stderr.receive_some(65536)
+            assert consumer.returncode == 0 and errors == b"", errors
+        finally:
+            await reap(consumer)
+        with trio.fail_after(10):
+            while True:  # the consumer's link has ended at the server
+                group = (await client.query("orders"))["orders"]["groups"]["orders"]
+                if group["consumers"] == 0:
+                    break
+                await trio.sleep(0.01)
+        # the message the pipe did not take, and those after it, are the group's still
+        # (the line read may have been the only one written before the pipe closed)
+        rest = await client.subscribe("orders", window=1000)
+        got: list[Any] = []
+        with trio.fail_after(30):
+            while not got or got[-1].body != b"late 99":
+                got += await rest.receive_many(1000)
+        assert got[0].offset > 0  # the one it printed was acknowledged
+        assert [m.body for m in got if m.body.startswith(b"late ")] == [
+            b"late %d" % i for i in range(100)]

@@ -4,6 +4,7 @@ the broker and the manager; an unreachable manager is a warning while it dials a
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -176,3 +177,21 @@ async def test_a_tracker_that_refuses_for_good_ends_broker_run_naming_the_tracke
         for proc in (tracker, manager):
             proc.send_signal(signal.SIGINT)
             finish(proc, timeout=30)
+
+
+@pytest.mark.parametrize("store", [None, "--mq-dir", "--state-dir"])
+def test_tracking_without_a_store_says_so_once_and_with_one_not_at_all(
+        store: str | None, tmp_path: pathlib.Path) -> None:
+    """The note that versions follow the wall clock is for a process that keeps nothing;
+    an MQ server's directory keeps them, as a state directory does."""
+    port = free_port()  # no manager: the broker dials and goes on
+    args = ["broker", "run", "--universe", "shop", "--id", "s1", "--manager",
+            f"127.0.0.1:{port}", "--role", "server"]
+    if store is not None:
+        args += [store, str(tmp_path)]
+    broker = rdvpump(*args, token="secret")
+    seen = read_until(broker, broker.stderr, b"unreachable").decode()
+    broker.send_signal(signal.SIGINT)
+    _, errs = finish(broker, timeout=30)
+    said = (seen + errs.decode()).count("note: tracking without --state-dir")
+    assert said == (1 if store is None else 0), seen + errs.decode()

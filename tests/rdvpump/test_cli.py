@@ -173,6 +173,44 @@ def test_bench_tables_fold_long_case_names_instead_of_cutting_them() -> None:
         assert case in cells, (case, text)
 
 
+def test_result_tables_keep_every_figure_whole_in_80_columns() -> None:
+    """The figure a command is run for is readable in 80 columns: long workload names
+    wrap, numbers are never cut; a run where no time passed says why it has no rate."""
+    from rich.console import Console
+
+    from rdvpump.cli.universe import _reports_table
+
+    reports: list[dict[str, object]] = [
+        {"workload": "fanout faucet->q1,q2,q3,q4:5672", "messages": 20000,
+         "bytes": 20_000_000, "seconds": 0.41, "verified": True},
+        {"workload": "echo client1->server:80", "messages": 2000, "bytes": 2_048_000,
+         "seconds": 0.0, "verified": True}]
+    console = Console(width=80, record=True)
+    console.print(_reports_table("universe 'fanout', one pump, real clock", reports))
+    text = console.export_text()
+    assert "…" not in text
+    for figure in ("20,000", "20.0", "0.410", "48,780", "48.8", "2,000"):
+        assert f" {figure} " in text, (figure, text)
+    assert "no rate where no time passed" in " ".join(text.split())
+    # bench tables: the figures whole however long the names beside them
+    from dataclasses import dataclass
+
+    from rdvpump.cli.bench import _show
+
+    @dataclass
+    class Row:
+        case: str
+
+    console = Console(width=80, record=True)
+    _show([Row("rdvpump-inproc-traced-parquet-send-many-1024")], False, "t",
+          ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"),
+          lambda r: [r.case, "1024", "12,345,678", "12,641.9", "pyzmq-inproc-push-pull",
+                     "1,234,567", "10.000x"], console=console)
+    text = console.export_text()
+    for figure in ("12,345,678", "12,641.9", "1,234,567", "10.000x"):
+        assert f" {figure} " in text, (figure, text)
+
+
 def test_paths_in_the_way_are_one_line_naming_the_argument(tmp_path: pathlib.Path) -> None:
     a_file = tmp_path / "afile"
     a_file.write_text("")

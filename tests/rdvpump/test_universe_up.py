@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -55,9 +56,49 @@ def test_a_child_that_dies_stops_the_universe_with_its_name(tmp_path: pathlib.Pa
     os.kill(child_pid(plan, "client1"), signal.SIGKILL)
     out, errs = finish_text(proc)
     assert proc.returncode == 1
-    assert errs.strip() == ("error: broker client1: exited with status -9 before its "
+    assert errs.strip() == ("error: broker client1: killed by SIGKILL before its "
                             "workloads were done")
     assert "\x1b[" not in seen.decode() + out  # no live-table escapes into the pipe
+
+
+def long_stream(tmp_path: pathlib.Path) -> pathlib.Path:
+    spec = (ROOT / "examples/stream.toml").read_text()
+    spec = spec.replace('name = "stream"', f'name = "stream{os.getpid()}"')
+    spec = spec.replace("messages = 20000", "messages = 100000000")
+    path = tmp_path / "stream.toml"
+    path.write_text(spec)
+    return path
+
+
+@pytest.mark.parametrize(("universe", "victim", "shown"), [
+    (long_stream, "sink", "sink: serving"), (long_universe, "server", "server: serving")])
+def test_a_serving_child_that_dies_stops_the_universe_at_once_with_its_name(
+        tmp_path: pathlib.Path, universe: Any, victim: str, shown: str) -> None:
+    """A sink or a server has no workload of its own: it serves (so it says, not "done")
+    until the universe stops, and its death stops the universe as a client's does."""
+    plan = universe(tmp_path)
+    proc = start_up(plan)
+    seen = read_until(proc, proc.stdout, shown.encode())  # serving, never "done"
+    assert f"{victim}: done" not in seen.decode()
+    killed = time.monotonic()
+    os.kill(child_pid(plan, victim), signal.SIGKILL)
+    out, errs = finish_text(proc)
+    assert time.monotonic() - killed < 10  # at once, not after a limit
+    assert proc.returncode == 1
+    assert f"broker {victim}: killed by SIGKILL while the universe ran" in errs, errs
+    assert len(errs.strip().splitlines()) == 1 and "Traceback" not in errs
+
+
+def test_a_limit_given_says_what_the_universe_still_waited_for(
+        tmp_path: pathlib.Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "rdvpump", "universe", "up",
+                             str(long_stream(tmp_path)), "--timeout", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, errs = finish_text(proc)
+    assert proc.returncode == 1
+    assert errs.startswith("error: the universe did not finish within 3 s (--timeout): it "
+                           "waited for producer's workloads, sink's sink ("), errs
+    assert errs.rstrip().endswith(" of 100,000,000 messages)"), errs
 
 
 def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import pathlib
 
 import pytest
@@ -50,20 +49,6 @@ def test_a_restarted_server_reaches_every_kind_of_client_within_one_report_inter
     for client in clients:
         assert topics(client) == ["after"], client.broker.id
         assert client.routes.server_table["s1:15555"].info_version > old[client]
-
-
-def test_without_a_state_dir_a_warning_says_versions_follow_the_clock(
-        caplog: pytest.LogCaptureFixture) -> None:
-    import brokermgr.tracking.node as node
-
-    node._warned_clock = False
-    world = World()
-    with caplog.at_level(logging.WARNING, logger="rdvpump.tracking"):
-        world.node("s1", role="server")
-        world.node("s2", role="server")  # once a process
-    warnings = [r.getMessage() for r in caplog.records if "state_dir" in r.getMessage()]
-    assert len(warnings) == 1 and "wall clock" in warnings[0]
-    world.universe.close()
 
 
 def test_a_static_server_stays_current(world: World) -> None:
