@@ -25,7 +25,6 @@ from ._common import (
     UniverseOption,
     err,
     fail,
-    first_leaf,
     guard,
     interruptible,
     out,
@@ -169,15 +168,18 @@ def mq_consume(
         except BrokenPipeError:
             raise _ReaderGone from None
 
-    try:
-        seen = _run(universe, server, token, track_port, timeout, lambda c: mqtool.consume(
-            c, topic, group=group, count=count, idle=idle, window=window, show=show))
-    except BaseException as exc:
-        if not isinstance(first_leaf(exc), _ReaderGone):
-            raise
+    async def consume(client: Any) -> int | None:
+        try:
+            return await mqtool.consume(client, topic, group=group, count=count, idle=idle,
+                                        window=window, show=show)
+        except _ReaderGone:
+            return None
+
+    seen = _run(universe, server, token, track_port, timeout, consume)
+    if seen is None:
         # the reader is gone: nothing more to say, and no error at exit for the flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+        raise typer.Exit(0)
     err.print(f"{seen:,} consumed and acknowledged", highlight=False)
 
 

@@ -688,8 +688,10 @@ async def test_mq_consume_into_a_reader_that_stops_ends_quietly(tmp_path: pathli
             with trio.fail_after(30):
                 await consumer.wait()
             assert consumer.stderr is not None
-            errors = await consumer.stderr.receive_some(65536)
-            assert consumer.returncode == 0 and errors == b"", errors
+            errors = b""
+            while chunk := await consumer.stderr.receive_some(65536):
+                errors += chunk
+            assert consumer.returncode == 0 and errors == b"", errors.decode()
         finally:
             await reap(consumer)
         with trio.fail_after(10):

@@ -21,13 +21,20 @@ pytestmark = pytest.mark.slow  # real processes
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def long_universe(tmp_path: pathlib.Path) -> pathlib.Path:
-    spec = (ROOT / "examples/echo.toml").read_text()
-    spec = spec.replace('name = "echo"', f'name = "long{os.getpid()}"')
-    spec = spec.replace("messages = 2000\nsize = 64", "messages = 100000000\nsize = 64")
-    path = tmp_path / "long.toml"
+def _longer(tmp_path: pathlib.Path, example: str, workload: str) -> pathlib.Path:
+    """``examples/EXAMPLE.toml`` under a name of this process's own, with ``workload``
+    (its ``messages = N`` line, and what follows it) sending 100,000,000 messages."""
+    spec = (ROOT / f"examples/{example}.toml").read_text()
+    spec = spec.replace(f'name = "{example}"', f'name = "{example}{os.getpid()}"')
+    spec = spec.replace(workload, "messages = 100000000" + workload.partition("\n")[1]
+                        + workload.partition("\n")[2])
+    path = tmp_path / f"{example}.toml"
     path.write_text(spec)
     return path
+
+
+def long_universe(tmp_path: pathlib.Path) -> pathlib.Path:
+    return _longer(tmp_path, "echo", "messages = 2000\nsize = 64")
 
 
 def start_up(path: pathlib.Path) -> subprocess.Popen[bytes]:
@@ -62,12 +69,7 @@ def test_a_child_that_dies_stops_the_universe_with_its_name(tmp_path: pathlib.Pa
 
 
 def long_stream(tmp_path: pathlib.Path) -> pathlib.Path:
-    spec = (ROOT / "examples/stream.toml").read_text()
-    spec = spec.replace('name = "stream"', f'name = "stream{os.getpid()}"')
-    spec = spec.replace("messages = 20000", "messages = 100000000")
-    path = tmp_path / "stream.toml"
-    path.write_text(spec)
-    return path
+    return _longer(tmp_path, "stream", "messages = 20000")
 
 
 @pytest.mark.parametrize(("universe", "victim", "shown"), [
@@ -132,7 +134,7 @@ def test_children_exit_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None
     proc = start_up(plan)
     read_until(proc, proc.stdout, b"client1: running")
     deadline = time.monotonic() + DEADLINE
-    while len(kids := children_of(plan, f"long{os.getpid()}") - {proc.pid}) < 4:
+    while len(kids := children_of(plan, f"echo{os.getpid()}") - {proc.pid}) < 4:
         assert time.monotonic() < deadline, kids  # the manager, server, client1, client2
         time.sleep(0.05)  # processes listed by the OS: polled, bounded
     proc.kill()  # SIGKILL: the parent cannot stop them
