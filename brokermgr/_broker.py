@@ -10,7 +10,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -31,6 +31,11 @@ from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
 #: what was sent, and the link's end, to leave this process.
 DEFAULT_CLOSE_TIMEOUT = 2.0
+#: Seconds an async call waits for the pump's answer before it checks that something
+#: runs the pump at all.
+UNDRIVEN_CHECK = 1.0
+
+T = TypeVar("T")
 
 
 async def wait_all_sent(queues: Iterable[MessageQueue], timeout: float) -> bool:
@@ -157,13 +162,26 @@ class Broker:
 
         self.rdv.connect(broker_id, port, _Waiter())
         try:
-            result = await outcome.wait()
+            result = await self._driven(outcome, f"connect to {broker_id}:{port}")
         except trio.Cancelled:
             outcome.set("cancelled")
             raise
         if isinstance(result, str):
             raise RefusedError(result, broker_id, port)
         return result
+
+    async def _driven(self, outcome: Future[T], what: str) -> T:
+        """``outcome``'s value once the pump sets it; :class:`ConfigError` if nothing runs
+        the pump (checked each :data:`UNDRIVEN_CHECK` seconds), instead of waiting for
+        ever."""
+        while True:
+            with trio.move_on_after(UNDRIVEN_CHECK):
+                return await outcome.wait()
+            if not self.pump.driven:
+                raise ConfigError(
+                    f"{what}: nothing runs the pump of universe {self.manager.name!r}, so "
+                    f"nothing would ever answer: serve it (`await nursery.start("
+                    f"manager.pump.serve)`, as open_universe does)")
 
     async def accept_queue(self, port: int, *,
                            receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
@@ -180,7 +198,7 @@ class Broker:
 
         self.rdv.bind(port, _Waiter())
         try:
-            accepted = await outcome.wait()
+            accepted = await self._driven(outcome, f"accept on port {port}")
         finally:
             outcome.set(None)
             if port in self.rdv.core.bound_ports():
@@ -338,26 +356,58 @@ class BrokerManager:
 @asynccontextmanager
 async def open_universe(name: str, *, seed: int = 0, trace: TraceRecorder | None = None,
                         trace_dir: str | None = None, trace_format: str = "jsonl",
-                        run: str | None = None, **options: Any) -> AsyncIterator[BrokerManager]:
+                        run: str | None = None, managers: Iterable[str | Address] = (),
+                        listen: str | Address = "127.0.0.1:0", connect_timeout: float = 10.0,
+                        **options: Any) -> AsyncIterator[BrokerManager]:
     """A universe whose pump is served by trio for the duration of the block.
 
-    ``options`` are those of :class:`BrokerManager` (``ring_capacity``, ...).
+    ``options`` are those of :class:`BrokerManager` (``ring_capacity``, ``token``, ...).
     With ``trace_dir`` the pump records a trace there (``trace_format`` jsonl
     or parquet; ``run`` names the run, by default ``<name>-<seed>``); or pass
     a recorder as ``trace``.  On exit every broker is closed, the pump stops
     and the trace file is complete.
+
+    With ``managers`` (``HOST:PORT`` of ``rdvpump manager serve`` processes) this
+    process joins that universe over TCP: it listens at ``listen``, registers its
+    brokers with the managers, and the block starts once one of them has accepted it
+    (within ``connect_timeout`` seconds, else :class:`OSError`), so that brokers of
+    other processes (``rdvpump broker run``) are reached by id from the first line.
     """
+    from ._names import DEFAULT_MANAGER_PORT, NameClient
+
     if trace_dir is not None:
         trace = open_trace(trace_dir, pump=name, run=run or f"{name}-{seed}",
                            format=trace_format)
+    addresses = [Address.parse(m, default_port=DEFAULT_MANAGER_PORT)
+                 if isinstance(m, str) else m for m in managers]
     manager = BrokerManager(name, pump=Pump(seed=seed, trace=trace, name=name), **options)
+    names = None
+    failed: OSError | None = None  # raised once the nursery is closed: a plain OSError
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         try:
-            yield manager
+            if addresses:
+                where = Address.parse(listen) if isinstance(listen, str) else listen
+                await nursery.start(manager.serve_network, where[0], where[1])
+                names = NameClient(manager, addresses)
+                names.start()
+                with trio.move_on_after(connect_timeout) as waited:
+                    await names.connected()
+                if waited.cancelled_caught:
+                    failed = OSError(
+                        f"no manager of universe {name!r} accepted this process within "
+                        f"{connect_timeout:g} s (dialled: "
+                        f"{', '.join(f'{a[0]}:{a[1]}' for a in addresses)})")
+            if failed is None:
+                yield manager
         finally:
+            if names is not None:
+                with trio.CancelScope(shield=True):
+                    await names.aclose()
             manager.close()
             nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
     if trace_dir is not None:
         manager.pump.close_trace()
 

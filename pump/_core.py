@@ -124,6 +124,13 @@ class PumpCore:
             target = self._collapsing[logger.name] = CollapsingLog(logger, self)
         target.warn(key, line)
 
+    @property
+    def driven(self) -> bool:
+        """Whether something runs the pump now: ``serve`` inside trio, or a ``run_*`` call
+        on the virtual clock.  Awaiting an outcome from a pump nobody drives waits for
+        ever."""
+        return self._serving or self._running
+
     # -- time --------------------------------------------------------------------------
 
     def now(self) -> float:

@@ -5,7 +5,9 @@ Returns a summary; printing is the CLI's job.
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -56,8 +58,10 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
     report = DemoReport(universe=name, seed=seed, ring_capacity=ring_capacity)
     start = time.perf_counter()
     async with open_universe(name, seed=seed, ring_capacity=ring_capacity) as universe:
+        if max_size > universe.max_message_size:
+            raise ConfigError(f"max_size {max_size:,} is above the largest message a link "
+                              f"carries, {universe.max_message_size:,} bytes")
         server = universe.add_broker("Server")
-        rng = universe.pump.random
 
         async def count_and_echo(queue: AsyncMessageQueue) -> None:
             report.server_links += 1
@@ -67,19 +71,22 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
             broker = universe.add_broker(f"client{i}")
             rep = ClientReport(broker.id)
             report.clients.append(rep)
-            for _ in range(connects):
+            for c in range(connects):
                 async with await broker.connect_queue("Server", 80) as queue:
                     rep.links += 1
-                    sent = [rng.randbytes(rng.randint(1, max_size)) for _ in range(messages)]
+                    # each link's messages from a source of its own, made as they go (and
+                    # made again to check the echoes): the same bytes whatever order the
+                    # clients run in, and no list of every message in memory
+                    link_seed = f"{seed}/{i}/{c}"
                     async with trio.open_nursery() as nursery:
 
                         async def send_all(queue: AsyncMessageQueue = queue,
-                                           sent: list[bytes] = sent) -> None:
-                            for m in sent:
+                                           link_seed: str = link_seed) -> None:
+                            for m in _messages(link_seed, messages, max_size):
                                 await queue.send(m)
 
                         nursery.start_soon(send_all)
-                        for want in sent:
+                        for want in _messages(link_seed, messages, max_size):
                             got = await queue.receive()
                             rep.messages += 1
                             rep.bytes += len(got)
@@ -95,3 +102,11 @@ async def run_echo_demo(*, clients: int = 4, connects: int = 3, messages: int = 
     report.clients.sort(key=lambda c: c.client)
     report.elapsed_s = time.perf_counter() - start
     return report
+
+
+def _messages(link_seed: str, count: int, max_size: int) -> Iterator[bytes]:
+    """A link's messages: ``count`` random ones of 1 to ``max_size`` bytes, the same for
+    the same ``link_seed``."""
+    rng = random.Random(link_seed)
+    for _ in range(count):
+        yield rng.randbytes(rng.randint(1, max_size))

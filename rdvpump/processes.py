@@ -6,6 +6,7 @@ shut down cleanly (brokers unregister).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -69,6 +70,11 @@ def _tls(tls: TLSFiles | None) -> dict[str, Any]:
         return {}
     server, client = tls_contexts(*tls)
     return {"tls_server": server, "tls_client": client}
+
+
+#: Seconds ``broker run`` waits for a manager to accept its brokers before its ready
+#: line when none answers (it goes on dialling).
+REGISTER_WAIT = 2.0
 
 
 async def run_manager(universe: str, listen: Address, *, token: str = "",
@@ -179,10 +185,21 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                     clustered[b.id] = _cluster_node(b, cluster, store, mq.get(b.id), names)
                     if b.id in mq:
                         mq[b.id].join_cluster(clustered[b.id])
-            ready(address)
-            if spec is not None and names is not None:
-                for b in broker_ids:
-                    nursery.start_soon(play_plan, spec, b, manager, names, nursery, report)
+            async def announce() -> None:
+                if names is not None:
+                    # ready means registered: from the ready line on, other processes
+                    # find these brokers by id (a refusal for good ends the process);
+                    # with no manager in reach, ready after a bound, dialling on
+                    with contextlib.suppress(ConnectionRefusedError), \
+                            trio.move_on_after(REGISTER_WAIT):
+                        await names.connected()
+                ready(address)
+                if spec is not None and names is not None:
+                    for b in broker_ids:
+                        nursery.start_soon(play_plan, spec, b, manager, names, nursery,
+                                           report)
+
+            nursery.start_soon(announce)  # while a manager is out of reach, signals stop it
             await until_signalled()
             for member in clustered.values():
                 member.close()

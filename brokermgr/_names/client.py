@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pump import ConfigError, Repeating
+from pump import ConfigError, Future, Repeating
 from rdv import Address, RdvNode
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
@@ -101,6 +101,9 @@ class NameClient:
                            lambda _id: None, owner=_NoOwner(), network=manager.net)
         self.links = [_ManagerLink(self, address) for address in managers]
         manager.resolver.add_source(self)
+        #: Set once a manager accepted this process's brokers (None), or refused them
+        #: for good (the reason): what :meth:`connected` waits for.
+        self._accepted: Future[str | None] = Future()
 
     @property
     def cache(self) -> dict[str, Address]:
@@ -126,6 +129,22 @@ class NameClient:
         """Connect to every manager (the network must be served already)."""
         for link in self.links:
             link.connect()
+
+    def answered(self, refusal: str | None) -> None:
+        """A manager accepted this process's brokers (``refusal`` None), or refused them
+        for good: the first such answer ends :meth:`connected`."""
+        self._accepted.set(refusal)
+
+    async def connected(self) -> None:
+        """Wait until a manager is connected and has accepted this process's brokers (at
+        once when it has none to register): from then on brokers of other processes are
+        found by id (:meth:`lookup`, ``connect_queue``), and others find these.  Bound it
+        with ``trio.fail_after``: a manager that cannot be reached is dialled again for
+        ever.  :class:`ConnectionRefusedError` if a manager refused the brokers for good
+        (an id registered by a live process already)."""
+        refusal = await self._accepted.wait()
+        if refusal is not None:
+            raise ConnectionRefusedError(refusal)
 
     def registrations(self) -> list[dict[str, Any]]:
         address = self.address or self.manager.net.address
@@ -271,6 +290,8 @@ class _ManagerLink(ReconnectingLink):
         self._beat_timer: Repeating | None = None
 
     def opened(self) -> None:
+        if not self.client.registrations():
+            self.client.answered(None)  # nothing to register: connected is enough
         self.beat()
         if self._beat_timer is not None:
             self._beat_timer.cancel()
@@ -282,11 +303,15 @@ class _ManagerLink(ReconnectingLink):
             self.request({"cmd": "register", "brokers": registrations}, self._registered)
 
     def _registered(self, outcome: Outcome) -> None:
-        if not isinstance(outcome, ServiceError) or outcome.status == Status.NO_REPLY:
-            return  # registered; or the link closed, and it registers again when back
+        if not isinstance(outcome, ServiceError):
+            self.client.answered(None)
+            return
+        if outcome.status == Status.NO_REPLY:
+            return  # the link closed: it registers again when back
         if outcome.detail.get("refused") == DUPLICATE_ID:
             if not self.refusal:
                 self.refusal = outcome.reason
+                self.client.answered(f"{self.name} refused it: {outcome.reason}")
                 self.client.refused(self, self.refusal)
         elif outcome.reason != self.fenced:  # a fenced master: said once, not every beat
             self.fenced = outcome.reason

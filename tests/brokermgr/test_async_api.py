@@ -269,3 +269,30 @@ async def test_a_links_aclose_waits_for_its_last_bytes_or_says_it_gave_up(
         else:
             assert not channel.sent_out
         nursery.cancel_scope.cancel()
+
+
+async def test_an_async_call_on_a_pump_nothing_runs_fails_with_the_reason() -> None:
+    """A BrokerManager built by hand whose pump nobody serves: a connect says so within
+    a second instead of waiting for ever."""
+    from brokermgr import BrokerManager
+    from pump import ConfigError
+
+    manager = BrokerManager("hand")
+    manager.add_broker("server")
+    with trio.fail_after(10), pytest.raises(ConfigError, match="nothing runs the pump of "
+                                                               "universe 'hand'"):
+        await manager.add_broker("client").connect_queue("server", 80)
+    manager.close()
+
+
+async def test_joining_managers_that_do_not_answer_is_an_os_error_naming_them() -> None:
+    import socket
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with trio.fail_after(10), pytest.raises(OSError, match=f"no manager of universe 'far' "
+                                                           f"accepted this process within "
+                                                           f"0.5 s \\(dialled: 127.0.0.1:{port}"):
+        async with open_universe("far", managers=[f"127.0.0.1:{port}"], connect_timeout=0.5):
+            raise AssertionError("the block runs only once a manager accepted it")
