@@ -6,7 +6,6 @@ from ._broker import Broker as Broker
 from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
-from ._broker import open_universe as open_universe
 from ._fence import STALE_EPOCH as STALE_EPOCH
 from ._fence import fenced as fenced
 from ._groups import GroupMember as GroupMember
@@ -42,6 +41,7 @@ from ._service import ReplyObject as ReplyObject
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
 from ._service import request_seq as request_seq
+from ._universe import open_universe as open_universe
 
 __all__ = [
     "DEFAULT_BROKER_EXPIRY",
