@@ -60,6 +60,14 @@ def test_bad_options_give_one_clear_line_and_exit_1() -> None:
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["demo", "--clients", "0"])
     assert result.exit_code == 1 and "at least 1" in result.output
+    result = runner.invoke(app, ["universe", "up", str(ROOT / "examples/echo.toml"),
+                                 "--timeout", "0"])
+    assert result.exit_code == 1 and "--timeout must be more than 0 seconds" in result.output
+    in_the_way = ROOT / "README.md"  # a file where --out wants a directory
+    result = runner.invoke(app, ["mq", "consume", "orders", "--server", "s1@127.0.0.1:1",
+                                 "--out", str(in_the_way)])
+    assert result.exit_code == 1 and "--out" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
     result = runner.invoke(app, ["bench", "inproc", "--sizes", "64,big"])
     assert result.exit_code == 1 and "--sizes must be integers" in result.output
     result = runner.invoke(app, ["bench", "failover", "--trials", "0"])
