@@ -46,11 +46,24 @@ class Census:
                 key = (r["run"], r["pump"])
                 if key not in latest or (r["t1"], r["clock"]) > latest[key]:
                     latest[key] = (r["t1"], r["clock"])
-        self.offsets = {key: clock for key, (_, clock) in latest.items()}
-        shifted = [(r["t0"] + self.offset(r), r["t1"] + self.offset(r)) for r in good
-                   if r["t0"] is not None]
-        self.start = min((a for a, _ in shifted), default=0.0)
-        self.duration = max((b for _, b in shifted), default=0.0) - self.start
+        clocks = {key: clock for key, (_, clock) in latest.items()}
+        # Each run on its own time axis, from its first event: runs of one directory may
+        # have been recorded hours apart, or one on the virtual clock and one on the real.
+        spans: dict[str | None, list[float]] = {}
+        for r in good:
+            if r["t0"] is not None:
+                shift = clocks.get((r["run"], r["pump"]), 0.0)
+                span = spans.setdefault(r["run"], [r["t0"] + shift, r["t1"] + shift])
+                span[0], span[1] = min(span[0], r["t0"] + shift), max(span[1], r["t1"] + shift)
+        self.offsets = {(r["run"], r["pump"]): clocks.get((r["run"], r["pump"]), 0.0)
+                        - spans[r["run"]][0] for r in good if r["run"] in spans}
+        #: Each run's clock (``real`` when a pump of it mapped its time to the machine's
+        #: clock, else ``virtual``) and duration.
+        self.run_clocks = {run: "real" if any(key[0] == run for key in clocks) else "virtual"
+                           for run in spans}
+        self.run_durations = {run: b - a for run, (a, b) in spans.items()}
+        self.start = 0.0
+        self.duration = max(self.run_durations.values(), default=0.0)
         self.refusals: dict[str, int] = {}
         self.service_refusals: dict[str, int] = {}
         for r in good:

@@ -94,6 +94,10 @@ def measure(engine: Engine, census: Census, out: str | None) -> dict[str, Any]:
     for r in found["streams"]:
         r["out of order"] += late[(r["run"], r["link"], r["dir"])]
     found["overall"] = _overall_row(by_part[_BIN], quantiles.get(None), census)
+    found["runs"] = {run: _overall_row([r for r in by_part[_BIN]
+                                        if census.stream_of(r)[0] == run],
+                                       quantiles.get((run,)), census)
+                     for run in census.run_durations}
 
     def binned(rows: list[Any]) -> list[dict[str, Any]]:
         return [{**dict(zip(_STREAM, census.stream_of(r), strict=True)), "bin": r["k1"],
@@ -127,17 +131,18 @@ def measure(engine: Engine, census: Census, out: str | None) -> dict[str, Any]:
 
 
 def _quantiles(latency: list[Any], census: Census
-               ) -> dict[tuple[str, str, str] | None, list[float]]:
-    """The percentiles of each stream's latency, and (key None) of every latency but the
-    name service's, from the fine latency buckets: the largest latency of the bucket
-    where each percentile's rank falls (ranks counted from 1, the rank of q being
-    ceil(q n))."""
+               ) -> dict[tuple[str | None, ...] | None, list[float]]:
+    """The percentiles of each stream's latency, of every latency but the name service's
+    (key None) and of each run's (key ``(run,)``), from the fine latency buckets: the
+    largest latency of the bucket where each percentile's rank falls (ranks counted from
+    1, the rank of q being ceil(q n))."""
     # per stream, and over the run: each bucket's count and largest latency (a stream's
     # bucket comes in a row from each of its pieces)
-    cells: dict[tuple[str, str, str] | None, dict[int, list[Any]]] = {}
+    cells: dict[tuple[str | None, ...] | None, dict[int, list[Any]]] = {}
     for r in latency:
         stream = census.stream_of(r)
-        for key in (stream, None) if stream[:2] not in census.service_links else (stream,):
+        for key in ((stream, None, (stream[0],)) if stream[:2] not in census.service_links
+                    else (stream,)):
             cell = cells.setdefault(key, {}).setdefault(r["k1"], [0, r["max"]])
             cell[0] += r["journeys"]
             cell[1] = max(cell[1], r["max"])

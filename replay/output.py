@@ -50,7 +50,6 @@ def summarize(traces: str, census: Census, corrupt: list[dict[str, Any]],
             by_cause[cause] = by_cause.get(cause, 0) + r["undelivered"]
         if census.crosses_pumps(key):
             across += r["messages"]
-    n = overall["n"] if overall is not None else 0
     return {
         "schema_version": SCHEMA_VERSION,
         "traces": traces,
@@ -72,17 +71,36 @@ def summarize(traces: str, census: Census, corrupt: list[dict[str, Any]],
         "undelivered_count": sum(by_cause.values()),
         "undelivered_by_cause": dict(sorted(by_cause.items())),
         "undelivered": [u for u in found["undelivered"] if not u["service"]][:SUMMARY_LIMIT],
-        "latency_s": None if not n else {
-            "p50": overall["q"][0], "p90": overall["q"][1], "p99": overall["q"][2],
-            "max": overall["max"]},
-        "delivered_per_s": (n / (overall["last"] - overall["first"])
-                            if n and overall["last"] > overall["first"] else None),
+        "latency_s": _latency(overall),
+        # over several runs, each on its own time axis, a rate of them all means nothing
+        "delivered_per_s": _rate(overall) if len(census.run_durations) < 2 else None,
+        "by_run": {str(run): {"clock": census.run_clocks[run],
+                              "duration_s": census.run_durations[run],
+                              "messages_matched": found["runs"][run]["n"],
+                              "latency_s": _latency(found["runs"][run]),
+                              "delivered_per_s": _rate(found["runs"][run])}
+                   for run in sorted(census.run_durations, key=str)},
         "refusals": dict(sorted(census.refusals.items())),
         "name_service": service,
         "message_size": census.sent_sizes,
         "duration_s": census.duration,
         "bin_width_s": found["bin_width"],
     }
+
+
+def _latency(found: dict[str, Any]) -> dict[str, Any] | None:
+    """The percentiles and max of an overall row of :func:`replay.measure.measure`."""
+    if not found["n"]:
+        return None
+    return {"p50": found["q"][0], "p90": found["q"][1], "p99": found["q"][2],
+            "max": found["max"]}
+
+
+def _rate(found: dict[str, Any]) -> float | None:
+    """Messages delivered per second between the first and the last delivery."""
+    n = found["n"]
+    return n / (found["last"] - found["first"]) if n and found["last"] > found["first"] \
+        else None
 
 
 def tables_of(census: Census, found: dict[str, Any]) -> dict[str, Any]:
@@ -180,22 +198,27 @@ def write(target: Path, census: Census, found: dict[str, Any],
             shutil.rmtree(folder)
         folder.mkdir()
         pq.write_table(table, folder / "part-00000.parquet")
-    title = "run " + ", ".join(census.runs)
+    several = len(census.runs) > 1
+    title = ("runs " + ", ".join(census.runs) + ", each from its start") if several \
+        else "run " + ", ".join(census.runs)
     width = found["bin_width"]
     per_broker: dict[str, dict[int, int]] = {}
     per_link: dict[tuple[str, str], dict[int, int]] = {}
     for r in found["bins"]:
         receiver = census.streams.get((r["run"], r["link"], r["dir"]), {}).get("receiver")
-        series = per_broker.setdefault(receiver or "?", {})
-        series[r["bin"]] = series.get(r["bin"], 0) + r["messages"]
         cells = per_link.setdefault((r["run"], r["link"]), {})
         cells[r["bin"]] = cells.get(r["bin"], 0) + r["messages"]
+        if (r["run"], r["link"]) in census.service_links:
+            continue  # the name service's own messages: not the brokers' throughput
+        name = f"{r['run']}:{receiver or '?'}" if several else receiver or "?"
+        series = per_broker.setdefault(name, {})
+        series[r["bin"]] = series.get(r["bin"], 0) + r["messages"]
     _plots.throughput(target / "throughput.png", per_broker, width=width,
                       bins=math.ceil(census.duration / width) + 1,
                       duration=census.duration, title=title)
     _plots.latency(target / "latency.png", _latency_histogram(found),
                    summary["latency_s"], least=_fold.LEAST_LATENCY_S, title=title)
-    lives = [{"link": f"{link}" if len(census.runs) == 1 else f"{run}:{link}",
+    lives = [{"link": f"{run}:{link}" if several else f"{link}",
               "start": None if life["accepted_at"] is None
               else life["accepted_at"] - census.start,
               "end": None if life["ended_at"] is None else life["ended_at"] - census.start,
@@ -220,7 +243,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("violations", f"{summary['violation_count']:,}"),
         ("undelivered", ", ".join(f"{k}: {v:,}" for k, v in
                                   summary["undelivered_by_cause"].items()) or "0"),
-        ("latency p50 / p90 / p99 / max", " / ".join(
+        ("latency p50 / p90 / p99 / max" + (" (all runs)" if len(summary["by_run"]) > 1
+                                            else ""), " / ".join(
             "-" if lat.get(k) is None else f"{lat[k] * 1e6:,.1f} us"
             for k in ("p50", "p90", "p99", "max"))),
         ("refusals", ", ".join(f"{k}: {v}" for k, v in summary["refusals"].items()) or "0"),
@@ -230,6 +254,13 @@ def print_summary(summary: dict[str, Any]) -> None:
           else []),
         ("corrupt lines", str(summary["corrupt_line_count"])),
     ]
+    runs = summary["by_run"]
+    if len(runs) > 1:  # each on its own time axis: say which, and each one's figures
+        rows[1:1] = [(f"run {name} ({run['clock']} clock, {run['duration_s']:,.3f} s)",
+                      f"{run['messages_matched']:,} delivered, p50 " + (
+                          "-" if run["latency_s"] is None
+                          else f"{run['latency_s']['p50'] * 1e6:,.1f} us"))
+                     for name, run in runs.items()]
     try:
         from rich.console import Console
         from rich.table import Table

@@ -10,9 +10,10 @@ fold (:mod:`replay.fold`, which both engines run) is held to it by the tests, an
 baseline.  It writes no files and draws no plots.
 
 The rules, as the code states them: times are aligned by each pump's latest ``clock``
-row; a message is (run, link, dir, seq); its first send and first delivery give its
-latency; a delivery is out of order when it reached its receiver (by pump step, then
-row) before an earlier seq of the same stream did; an undelivered message's cause is
+row, and each run's seconds counted from its first event; a message is (run, link, dir,
+seq); its first send and first delivery give its latency; a delivery is out of order
+when it reached its receiver (by pump step, then row) before an earlier seq of the same
+stream did; an undelivered message's cause is
 ``peer_failed`` when its link ended by a failure, ``in_flight`` when it ended with a
 reason, else ``run_ended``.
 """
@@ -40,6 +41,7 @@ class _Rows:
     messages: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
     senders: dict[tuple[str, str, str], str] = field(default_factory=dict)
     receivers: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    firsts: dict[str, float] = field(default_factory=dict)  # each run's first aligned time
 
 
 _COLUMNS = ["run", "pump", "step", "time", "kind", "broker", "link", "dir", "seq", "size",
@@ -74,14 +76,16 @@ def _tally(table: Any, rows: _Rows) -> None:
     """One table's rows into ``rows``: kinds, each message's sends and deliveries, each
     link's first end, refusals."""
     offsets, messages, ends = rows.offsets, rows.messages, rows.ends
-    kinds, refusals = rows.kinds, rows.refusals
+    kinds, refusals, firsts = rows.kinds, rows.refusals, rows.firsts
     rows.events += table.num_rows
     cols = [table.column(c).to_pylist() for c in _COLUMNS]
     for row, (run, pump, step, time_, kind, broker, link, dir_, seq, size, outcome,
               reason, _) in enumerate(zip(*cols, strict=True)):
         kinds[kind] = kinds.get(kind, 0) + 1
+        at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
+        if at < firsts.get(run, at + 1.0):
+            firsts[run] = at
         if kind == Kind.SEND or kind == Kind.DELIVER:
-            at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
             m = messages.get((run, link, dir_, seq))
             if m is None:
                 m = messages[(run, link, dir_, seq)] = [0, 0, None, None, None, None,
@@ -101,7 +105,6 @@ def _tally(table: Any, rows: _Rows) -> None:
                 m[8] = (step, row) if m[8] is None else (min(m[8][0], step),
                                                          min(m[8][1], row))
         elif kind in (Kind.DISCONNECT, Kind.CLOSE, Kind.FAIL, Kind.PROTOCOL_ERROR) and link:
-            at = time_ + offsets.get((run, pump), (0.0, 0.0))[1]
             end = ends.setdefault((run, link), [None, False])
             if reason is not None and (end[0] is None or (at, reason) < end[0]):
                 end[0] = (at, reason)
@@ -120,7 +123,6 @@ def _judge(rows: _Rows) -> dict[str, Any]:
     latencies: dict[tuple[str, str, str], list[float]] = {}
     per_second: dict[tuple[str, str, int], list[int]] = {}
     sizes: dict[int, int] = {}
-    first_at = min((t + off for t, off in rows.offsets.values()), default=0.0)
     last: dict[tuple[str, str, str], tuple[Any, ...]] = {}
     messages, ends = rows.messages, rows.ends
     for key in sorted(messages):
@@ -151,7 +153,8 @@ def _judge(rows: _Rows) -> dict[str, Any]:
         if sends and deliveries:
             latencies.setdefault(stream, []).append(delivered_at - sent_at)
             cell = per_second.setdefault(
-                (key[0], rows.receivers[stream], int(delivered_at - first_at)), [0, 0])
+                (key[0], rows.receivers[stream], int(delivered_at - rows.firsts[key[0]])),
+                [0, 0])
             cell[0] += 1
             cell[1] += dsize
     percentiles = {}

@@ -36,7 +36,7 @@ def _load(name: str, module: str, function: str | None) -> Any:
     if function is None:
         command: Any = typer.main.get_group(loaded.app)
     else:
-        one = typer.Typer(add_completion=False)
+        one = typer.Typer(rich_markup_mode=None, add_completion=False)
         one.command(name)(getattr(loaded, function))
         command = typer.main.get_command(one)
     command.name = name
@@ -79,7 +79,7 @@ class _Lazy(TyperGroup):
                                    for name, module, function in COMMANDS})
 
 
-app = typer.Typer(cls=_Lazy,
+app = typer.Typer(rich_markup_mode=None, cls=_Lazy,
                   help="rdvpump: an event-pump actor framework for broker-to-broker links.",
                   no_args_is_help=True, add_completion=False,
                   context_settings={"help_option_names": ["-h", "--help"]})

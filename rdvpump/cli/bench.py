@@ -15,7 +15,8 @@ from pump import ConfigError
 
 from ._common import check_format, err, fail, guard, interruptible, out
 
-app = typer.Typer(help="Benchmarks against the libraries users would pick instead. "
+app = typer.Typer(rich_markup_mode=None,
+                  help="Benchmarks against the libraries users would pick instead. "
                        "RDVPUMP_BENCH_SCALE=F (0 < F <= 1) runs each at that fraction "
                        "of its work, once: a smoke run, whose figures are not comparable.",
                   no_args_is_help=True)

@@ -37,7 +37,7 @@ from ._common import (
     tls_files,
 )
 
-app = typer.Typer(help="Brokers in a process of their own.",
+app = typer.Typer(rich_markup_mode=None, help="Brokers in a process of their own.",
                   no_args_is_help=True)
 
 

@@ -9,7 +9,7 @@ import typer
 
 from ._common import err, guard
 
-app = typer.Typer(help="Diagrams generated from the code.",
+app = typer.Typer(rich_markup_mode=None, help="Diagrams generated from the code.",
                   no_args_is_help=True)
 
 

@@ -26,7 +26,7 @@ from ._common import (
     tls_files,
 )
 
-app = typer.Typer(help="The universe's BrokerManager as a name service.",
+app = typer.Typer(rich_markup_mode=None, help="The universe's BrokerManager as a name service.",
                   no_args_is_help=True)
 
 

@@ -30,7 +30,8 @@ from ._common import (
     out,
 )
 
-app = typer.Typer(help="Topics, publishing and consuming on an MQ server (broker run "
+app = typer.Typer(rich_markup_mode=None,
+                  help="Topics, publishing and consuming on an MQ server (broker run "
                        "--role server --mq-dir DIR).", no_args_is_help=True)
 
 ServerOption = Annotated[str, typer.Option(

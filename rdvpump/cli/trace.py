@@ -17,7 +17,7 @@ import typer
 
 from ._common import err, fail, guard
 
-app = typer.Typer(help="Analyse and draw pump traces.",
+app = typer.Typer(rich_markup_mode=None, help="Analyse and draw pump traces.",
                   no_args_is_help=True)
 
 

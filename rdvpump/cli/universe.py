@@ -43,7 +43,8 @@ from ._common import (
     out,
 )
 
-app = typer.Typer(help="Universes from TOML files: echo, stream, fanout and mq workloads, "
+app = typer.Typer(rich_markup_mode=None,
+                  help="Universes from TOML files: echo, stream, fanout and mq workloads, "
                   "simulated with faults or run for real.",
                   no_args_is_help=True)
 

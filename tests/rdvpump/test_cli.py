@@ -162,6 +162,27 @@ def test_help_shows_no_type_for_flags_and_arguments_as_names() -> None:
         assert "<bool>" not in result.output, path
         usage = next(line for line in result.output.splitlines() if "Usage:" in line)
         assert not re.search(r"\{\w+\}", usage), (path, usage)
+        # every word of the help text is shown, those in square brackets too
+        # ("[[fault]] tables", "[explore]"), which a markup language would take for tags
+        context = _context(path)
+        shown = " ".join(result.output.split())
+        texts = [context.command.help or "",
+                 *(getattr(p, "help", None) or "" for p in context.command.params)]
+        for text in texts:
+            for bracketed in re.findall(r"\[+[a-z][^\]]*\]+", text):
+                assert bracketed in shown, (path, bracketed)
+
+
+def _context(path: list[str]) -> Any:
+    """The click context of the command at ``path``."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    context = command.make_context("rdvpump", ["--help"], resilient_parsing=True)
+    for name in path:
+        command = command.get_command(context, name)
+        context = command.make_context(name, [], parent=context, resilient_parsing=True)
+    return context
 
 
 def test_every_top_level_command_is_in_the_readme() -> None:

@@ -45,6 +45,34 @@ def test_analyze_one_file_writes_beside_it_in_this_process(tmp_path: pathlib.Pat
     assert not (out / "spark.log").exists() and "Spark" not in proc.stderr
 
 
+@pytest.mark.slow  # starts processes
+def test_runs_on_two_clocks_in_one_directory_are_analysed_each_on_its_own_axis(
+        tmp_path: pathlib.Path) -> None:
+    """The README's recipe: a run on the virtual clock and one on the real clock, their
+    traces in one directory.  Each run's times start at its own first event: the
+    analysis spans the longer run (not the hours between them), names each run with its
+    clock and figures, gives no rate over both, and plots each run's brokers apart."""
+    traces = tmp_path / "traces"
+    echo_trace(traces)  # the virtual clock
+    real = rdvpump("universe", "run", str(ROOT / "examples/echo.toml"), "--trace",
+                   str(traces), "--clock", "real", "--run", "r2")
+    assert real.returncode == 0, real.stderr
+    out = tmp_path / "analysis"
+    proc = rdvpump("trace", "analyze", str(traces), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["by_run"]
+    assert sorted(runs) == sorted(summary["runs"]) and len(runs) == 2 and "r2" in runs
+    (virtual,) = [name for name in runs if name != "r2"]
+    assert runs["r2"]["clock"] == "real" and runs[virtual]["clock"] == "virtual"
+    assert summary["duration_s"] == max(r["duration_s"] for r in runs.values()) < 60
+    assert summary["delivered_per_s"] is None and runs["r2"]["delivered_per_s"] > 0
+    assert runs["r2"]["latency_s"]["p50"] > 0
+    assert sum(r["messages_matched"] for r in runs.values()) == summary["messages_matched"]
+    for name in runs:
+        assert f"run {name} ({runs[name]['clock']} clock" in proc.stdout, proc.stdout
+
+
 @pytest.mark.spark
 def test_analyze_on_spark_keeps_spark_quiet(tmp_path: pathlib.Path) -> None:
     trace = echo_trace(tmp_path / "traces")
