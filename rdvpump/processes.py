@@ -335,13 +335,22 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
         await names.aclose()  # a clean close: the manager hears why, not a lost connection
         nursery.cancel_scope.cancel()
     if link.queue is None and brokers is None:
-        raise OSError(f"{where}: {link.last_refusal or 'timed out'}")
+        raise OSError(_refused(where, link.last_refusal))
     if brokers is None:
         raise OSError(f"{where} did not answer")
     missing = [w for w in wait if w not in {str(b["id"]) for b in brokers}]
     if missing:
         raise OSError(f"{where}: {', '.join(missing)} not registered within {timeout} s")
     return brokers
+
+
+def _refused(where: str, refusal: object) -> str:
+    """Why a manager could not be asked: a process that answers without a manager (a
+    broker process's address given for the manager's) says so in those words."""
+    if getattr(refusal, "refusal", None) == Refusal.UNKNOWN_BROKER:
+        return (f"no {where}: the process there answers, but runs no manager (is it a "
+                f"broker process's address?)")
+    return f"{where}: {refusal or 'timed out'}"
 
 
 #: How often ``status --wait`` dials a manager that is starting, and asks its list again.
@@ -369,7 +378,7 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
                 while link.queue is None and link.last_refusal is None:
                     await link.attempted()
                 if link.queue is None:
-                    raise OSError(f"{where}: {link.last_refusal}")
+                    raise OSError(_refused(where, link.last_refusal))
                 info = await names.failover(group, to)
                 master = info["master"]
                 while not any(m["broker"] == master and m["role"] == "master"

@@ -17,7 +17,7 @@ import trio
 from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
 from pump import ConfigError, Pump
-from rdv import Address, is_final, parse_located
+from rdv import Address, Refusal, is_final, parse_located
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
@@ -54,14 +54,16 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                        track_port: int = DEFAULT_TRACK_PORT, token: str = "",
                        vote_factor: float = 0.5, tls_client: ssl.SSLContext | None = None,
                        once: bool = False, timeout: float = 10.0, refresh: float = 0.0,
-                       show: Callable[[dict[str, Any]], None]) -> None:
+                       show: Callable[[dict[str, Any]], None],
+                       warn: Callable[[str], None] | None = None) -> None:
     """Subscribe to ``trackers`` and call ``show(snapshot)`` once the first tracker has
     answered, then on every change (and every ``refresh`` seconds, if set), until
     cancelled.  A tracker's final refusal (``unauthorized``, ``unknown broker``) ends it
     at once with OSError naming the tracker.
 
     With ``once``: wait until every tracker has answered (or ``timeout``), show
-    one snapshot and return; OSError if no tracker answered at all.
+    one snapshot and return; OSError if no tracker answered at all.  Otherwise ``warn``
+    is told, once until it answers, of each tracker that could not be reached yet.
     """
     manager = BrokerManager(universe, token=token, pump=Pump(name="routes"),
                             tls_client=tls_client)
@@ -72,10 +74,14 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
         await nursery.start(manager.serve_network, "127.0.0.1", 0)
         client = RouteClient(manager.add_broker(f"@routes.{id(manager):x}"),
                              vote_factor=vote_factor)
-        for broker_id, _ in trackers:
+        given = {}  # each tracker as the user gave it, not by the alias dialled
+        for broker_id, (host, port) in trackers:
             client.add_tracker(f"{broker_id}:{track_port}")
+            given[f"{broker_id}:{track_port}"] = f"{host}:{port}" if broker_id.startswith(
+                TRACKER_ALIAS) else f"{broker_id}@{host}:{port}"
         for where, sub in client.trackers.items():
-            nursery.start_soon(_refusals, where, sub)
+            nursery.start_soon(_refusals, given.get(str(where), str(where)), track_port, sub,
+                               None if once else warn)
 
         def current() -> dict[str, Any]:
             names = {a: s.reported for a, s in client.trackers.items() if s.reported}
@@ -90,7 +96,7 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                         else:
                             await client.changed()
             if not client.routes.votes:
-                why = "; ".join(f"{a}: {s.last_refusal or 'no answer'}"
+                why = "; ".join(f"{given.get(str(a), a)}: {s.last_refusal or 'no answer'}"
                                 for a, s in client.trackers.items())
                 raise OSError(f"no tracker answered within {timeout} s ({why})")
             show(current())
@@ -109,9 +115,36 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
             show(current())
 
 
-async def _refusals(address: object, sub: Any) -> None:
+#: How long a broker that answers but has no tracker on the port may take to bind it (a
+#: tracker process binds it before it prints its ready line): then ``routes`` says so.
+NOT_BOUND_GRACE = 1.0
+
+
+async def _refusals(tracker: str, track_port: int, sub: Any,
+                    warn: Callable[[str], None] | None) -> None:
+    """End ``routes`` with the reason when ``tracker`` refuses for good, or answers
+    without a tracker on ``track_port`` for :data:`NOT_BOUND_GRACE`; ``warn`` of the
+    first refusal since it last answered."""
+    unbound_since = None
+    warned = False
     while True:
         await sub.attempted()
         reason = sub.last_refusal
+        refusal = getattr(reason, "refusal", None)
+        if refusal == Refusal.UNKNOWN_BROKER and "@" not in tracker:
+            raise OSError(f"no tracker at {tracker}: the process there answers, but runs no "
+                          f"tracker (is it a broker run --role tracker?)")
         if reason is not None and is_final(reason):
-            raise OSError(f"tracker {address} refused: {reason}")
+            raise OSError(f"tracker {tracker} refused: {reason}")
+        if refusal == Refusal.NOT_BOUND and sub.queue is None:
+            unbound_since = unbound_since or trio.current_time()
+            if trio.current_time() - unbound_since >= NOT_BOUND_GRACE:
+                raise OSError(f"no tracker at {tracker}: the broker answers, but nothing is "
+                              f"bound on its port {track_port} (is it a broker run --role "
+                              f"tracker?)")
+        else:
+            unbound_since = None
+        warned = warned and sub.queue is None
+        if warn is not None and sub.queue is None and reason is not None and not warned:
+            warn(f"tracker {tracker}: {reason}; dialling again")
+            warned = True

@@ -40,13 +40,44 @@ def find_traces(traces: str) -> tuple[list[str], list[str]]:
 
 
 def check_traces(traces: str) -> tuple[list[str], list[str]]:
-    """:func:`find_traces`, and each Parquet trace readable with the trace's columns (from
-    its footer: no rows are read), so that what is no trace is said before a JVM
-    starts."""
+    """:func:`find_traces`, each Parquet trace readable with the trace's columns (from its
+    footer: no rows are read), and the first row of each file of this schema version,
+    so that what is no trace, or a trace this version does not read, is said before a
+    JVM starts.  (The engines check every row's version.)"""
     jsonl, parquet = find_traces(traces)
+    other: list[tuple[str, int]] = []
     for path in parquet:
-        parquet_metadata(path)
+        meta = parquet_metadata(path)
+        if meta.num_row_groups and meta.row_group(0).num_rows:
+            stats = meta.row_group(0).column(meta.schema.names.index("v")).statistics
+            if stats is not None and stats.has_min_max:
+                other += [(path, v) for v in sorted({stats.min, stats.max})
+                          if v != SCHEMA_VERSION]
+    for path in jsonl:
+        version = _first_version(path)
+        if version is not None and version != SCHEMA_VERSION:
+            other.append((path, version))
+    if other:
+        listing = "; ".join(f"{f} has version {v}" for f, v in other[:5])
+        raise TraceError(f"trace schema version {SCHEMA_VERSION} expected: {listing}"
+                         + (OLDER if any(v < SCHEMA_VERSION for _, v in other) else ""))
     return jsonl, parquet
+
+
+def _first_version(path: str, lines: int = 10) -> int | None:
+    """The schema version of the first trace row among a JSON Lines file's first
+    ``lines`` lines (corrupt ones are skipped here and reported by the engines)."""
+    import json
+
+    with open(path, "rb") as f:
+        for _, line in zip(range(lines), f, strict=False):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("v"), int):
+                return int(row["v"])
+    return None
 
 
 def parquet_metadata(path: str) -> Any:

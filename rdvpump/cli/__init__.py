@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import signal
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Annotated, Any
 
@@ -111,6 +112,11 @@ def _root(version_: Annotated[bool, typer.Option(
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    # A shell starts a script's background jobs (``cmd &``) with SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt: every command stops on SIGINT all the
+    # same, as the serving ones (which catch it themselves) do.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     app()
 
 

@@ -20,6 +20,7 @@ from ._common import (
     KeyOption,
     TokenOption,
     UniverseOption,
+    err,
     group_cell,
     guard,
     interruptible,
@@ -67,7 +68,9 @@ def routes(
         interruptible(lambda: trio.run(lambda: watch_routes(
             universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
             tls_client=None if tls is None else _client_context(tls), once=once,
-            timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show)))
+            timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show,
+            warn=lambda text: err.print(f"warning: {text}", style="yellow", markup=False,
+                                        highlight=False))))
     except KeyboardInterrupt:
         pass
     finally:

@@ -38,8 +38,9 @@ def test_a_wrong_token_or_universe_ends_broker_run_naming_both_sides() -> None:
         for universe, token in (("shop", "wrong"), ("other", "secret")):
             broker = rdvpump("broker", "run", "--universe", universe, "--id", "orders",
                              "--manager", f"127.0.0.1:{port}", "--echo", "80", token=token)
-            _, errs = finish(broker, timeout=30)
+            out, errs = finish(broker, timeout=30)
             assert broker.returncode == 1, errs
+            assert out == b"", out  # no ready line: the broker never was
             assert errs.decode().strip() == (
                 f"error: broker orders: manager 127.0.0.1:{port} refused it: unauthorized "
                 "(the token or the universe name is not the manager's)")

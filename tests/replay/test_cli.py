@@ -101,6 +101,24 @@ def test_a_file_that_is_not_a_trace_is_named_so(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow  # starts processes
+def test_a_trace_of_another_version_is_refused_before_spark_starts(
+        tmp_path: pathlib.Path) -> None:
+    """The version is read from the first row of each file before an engine starts: on
+    Spark the error comes without a JVM (which takes seconds to start)."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "old.echo.jsonl").write_text(
+        '{"v":2,"step":0,"time":0.0,"kind":"clock","reason":"12.5"}\n')
+    out = tmp_path / "out"
+    proc = rdvpump("trace", "analyze", str(old), "--engine", "spark", "--out", str(out))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: trace schema version 3 expected: {old}/old.echo.jsonl has "
+                           "version 2; traces of an older schema are not read"), line
+    assert not out.exists()  # nothing started: Spark's log would be there
+
+
+@pytest.mark.slow  # starts processes
 def test_a_parquet_file_that_is_no_trace_is_one_clear_line(tmp_path: pathlib.Path) -> None:
     """pyarrow reads the Parquet traces: a file it cannot read, and a Parquet file
     without the trace's columns (an older schema), are each one line, exit 1."""
