@@ -202,11 +202,10 @@ def mq_topics(
         print(json.dumps(topics if not unavailable else {**topics,
                                                          "unavailable": unavailable}))
         return
-    table = Table(title=f"topics on {server}")
-    for col in ("topic", "stored", "depth", "group", "filter", "lag", "consumers", "unacked",
-                "dead", "status"):
-        table.add_column(col, overflow="fold", justify="right" if col in (
-            "stored", "depth", "lag", "consumers", "unacked", "dead") else "left")
+    filtered = any(g["filter"] for t in topics.values() for g in t["groups"].values())
+    table = _narrow_table(f"topics on {server}", "topic", "#stored", "#depth", "group",
+                          *(("filter",) * filtered), "#lag", "#consumers", "#unacked",
+                          "#dead", "status")
     for name, t in sorted(topics.items()):
         first = True
         label = f"{name} ({', '.join(t['flags'])})" if t["flags"] else name
@@ -214,7 +213,8 @@ def mq_topics(
             label += f" (shared, root {t.get('root') or 'not known'})"
         for group, g in sorted(t["groups"].items()):
             table.add_row(label if first else "", f"{t['next'] - t['start']:,}" if first else "",
-                          f"{t['depth']:,}" if first else "", group, g["filter"] or "",
+                          f"{t['depth']:,}" if first else "", group,
+                          *((g["filter"] or "",) * filtered),
                           f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
                           str(g["deadLetters"]), g.get("status", ""))
             first = False
@@ -247,14 +247,26 @@ def mq_groups(
     if as_json:
         print(json.dumps(groups))
         return
-    table = Table(title=f"{topic} on {server}")
-    for col in ("group", "filter", "lag", "consumers", "unacked", "dead letters", "status"):
-        table.add_column(col, overflow="fold",
-                         justify="left" if col in ("group", "filter", "status") else "right")
+    filtered = any(g["filter"] for g in groups.values())
+    table = _narrow_table(f"{topic} on {server}", "group", *(("filter",) * filtered), "#lag",
+                          "#consumers", "#unacked", "#dead letters", "status")
     for name, g in sorted(groups.items()):
-        table.add_row(name, g["filter"] or "", f"{g['lag']:,}", str(g["consumers"]),
-                      str(g["inFlight"]), str(g["deadLetters"]), g.get("status", ""))
+        table.add_row(name, *((g["filter"] or "",) * filtered), f"{g['lag']:,}",
+                      str(g["consumers"]), str(g["inFlight"]), str(g["deadLetters"]),
+                      g.get("status", ""))
     out.print(table)
+
+
+def _narrow_table(title: str, *columns: str) -> Table:
+    """A table whose figures stay whole in 80 columns: a column named ``#name`` holds
+    numbers (right-aligned, never wrapped); the text columns fold, and no padding is
+    spent at the cells' edges."""
+    table = Table(title=title, pad_edge=False)
+    for col in columns:
+        number = col.startswith("#")
+        table.add_column(col.lstrip("#"), justify="right" if number else "left",
+                         no_wrap=number, overflow="fold")
+    return table
 
 
 @app.command("verify")

@@ -666,6 +666,17 @@ async def test_mq_consume_gives_binary_bodies_exactly(tmp_path: pathlib.Path) ->
         import base64
         assert [base64.b64decode(r["body_base64"]) for r in rows[:2]] == bodies[:2]
         assert rows[2]["body"] == "naïve\n" and "body_base64" not in rows[2]
+        # the tables keep names and figures whole in an 80-column terminal
+        for command in (["topics"], ["groups", "orders"]):
+            shown = await trio.run_process(
+                [*RDVPUMP, "mq", *command, *group[:4]], capture_stdout=True,
+                capture_stderr=True, check=False, env={**env, "COLUMNS": "80"})
+            assert shown.returncode == 0, shown.stderr.decode()
+            lines = shown.stdout.decode().splitlines()
+            assert max(map(len, lines)) <= 80, lines
+            cells = [[c.strip() for c in line.split("│")] for line in lines if "│" in line]
+            at = 4 if command == ["topics"] else 1  # the group's cell: topic, stored, depth
+            assert {"files", "json", "orders"} <= {c[at] for c in cells}, lines
 
 
 async def test_mq_consume_into_a_reader_that_stops_ends_quietly(tmp_path: pathlib.Path
