@@ -225,7 +225,8 @@ def write(target: Path, census: Census, found: dict[str, Any],
               "connect": None if life["connected_at"] is None
               else life["connected_at"] - census.start,
               "bins": per_link.get((run, link), {})}
-             for (run, link), life in census.links.items()]
+             for (run, link), life in census.links.items()
+             if (run, link) not in census.service_links]  # the name service's: not shown
     _plots.timeline(target / "links.png", lives, width=width, duration=census.duration,
                     title=title)
 

@@ -153,7 +153,7 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
     chosen = sorted(links, key=lambda x: (x["start"] is None, x["start"] or 0.0,
                                           x["link"]))[:TIMELINE_LINKS]
     height = max(2.5, 0.9 + 0.35 * len(chosen))
-    fig, ax = _figure(height, left=_text_inches([x["link"] for x in chosen]), top=0.2)
+    fig, ax = _figure(height, left=_text_inches([x["link"] for x in chosen]), top=0.45)
     unit, scale = _time_unit(duration)
     top = max((n for x in chosen for n in x["bins"].values()), default=1)
     shade = colors.LogNorm(vmin=1, vmax=max(top, 2))
@@ -186,7 +186,7 @@ def timeline(path: Path, links: Sequence[Mapping[str, Any]], *, width: float,
     ax.set_xlabel(f"time since the start of the run ({unit})")
     more = f", first {len(chosen)} of {len(links)}" if len(links) > len(chosen) else ""
     instant = f"\nall at one instant: {AT_ONE_INSTANT}" if duration <= 0 else ""
-    ax.set_title(f"Links over time, {title}{more}: connect (o), accepted (>), messages "
+    ax.set_title(f"Links over time, {title}{more}\nconnect (o), accepted (>), messages "
                  f"delivered (darker: more per {_seconds(width)}), ended (X){instant}",
                  fontsize="medium")
     if not chosen:

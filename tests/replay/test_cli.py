@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -47,15 +48,17 @@ def test_analyze_one_file_writes_beside_it_in_this_process(tmp_path: pathlib.Pat
 
 @pytest.mark.slow  # starts processes
 def test_runs_on_two_clocks_in_one_directory_are_analysed_each_on_its_own_axis(
-        tmp_path: pathlib.Path) -> None:
-    """The README's recipe: a run on the virtual clock and one on the real clock, their
-    traces in one directory.  Each run's times start at its own first event: the
-    analysis spans the longer run (not the hours between them), names each run with its
-    clock and figures, gives no rate over both, and plots each run's brokers apart."""
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's recipe: a run on the virtual clock and one on the real clock (a
+    process per broker, found through the name service), their traces in one directory.
+    Each run's times start at its own first event: the analysis spans the longer run
+    (not the hours between them), names each run with its clock and figures, gives no
+    rate over both, and plots each run's brokers and links apart, the name service's
+    left out."""
     traces = tmp_path / "traces"
     echo_trace(traces)  # the virtual clock
-    real = rdvpump("universe", "run", str(ROOT / "examples/echo.toml"), "--trace",
-                   str(traces), "--clock", "real", "--run", "r2")
+    real = rdvpump("universe", "up", str(ROOT / "examples/echo.toml"), "--trace",
+                   str(traces), "--run", "r2")  # a process per broker, and a manager
     assert real.returncode == 0, real.stderr
     out = tmp_path / "analysis"
     proc = rdvpump("trace", "analyze", str(traces), "--out", str(out))
@@ -71,6 +74,17 @@ def test_runs_on_two_clocks_in_one_directory_are_analysed_each_on_its_own_axis(
     assert sum(r["messages_matched"] for r in runs.values()) == summary["messages_matched"]
     for name in runs:
         assert f"run {name} ({runs[name]['clock']} clock" in proc.stdout, proc.stdout
+    # the plots: each run's brokers apart, the name service's links and messages left out
+    from replay import analyze, plots
+
+    drawn: dict[str, Any] = {}
+    monkeypatch.setattr(plots, "throughput", lambda *a, **k: drawn.update(brokers=a[1]))
+    monkeypatch.setattr(plots, "timeline", lambda *a, **k: drawn.update(links=a[1]))
+    analyze(str(traces), str(tmp_path / "again"))
+    assert set(drawn["brokers"]) == {f"{run}:{broker}" for run in runs
+                                     for broker in ("server", "client1", "client2")}
+    assert {x["link"] for x in drawn["links"]} == {f"{run}:server/{n}" for run in runs
+                                                   for n in (1, 2)}
 
 
 @pytest.mark.spark
