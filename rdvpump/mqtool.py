@@ -15,13 +15,12 @@ from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
 from pump import ConfigError, Pump
-from rdv import Address, Refusal, is_final, parse_located
+from rdv import Address, is_final, parse_located
+
+from ._dial import NotBound
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
 CLI_RETRY = 0.1
-#: How long a broker that answers but has no server on the port may take to bind it
-#: (a server process binds it before it prints its ready line): then the CLI says so.
-NOT_BOUND_GRACE = 1.0
 
 
 def parse_server(text: str) -> tuple[str, Address]:
@@ -50,21 +49,16 @@ async def connect(universe: str, server: str, *, token: str = "",
         # a server that is still starting is dialled again until ``timeout``; a refusal
         # that dialling cannot mend (unauthorized, unknown broker) ends it at once, and a
         # broker that answers without a server on the port ends it after a grace
-        unbound_since = None
+        unbound = NotBound()
         with trio.move_on_after(timeout):
             while link.queue is None:
                 await link.attempted()
                 if link.queue is None and is_final(link.last_refusal):
                     raise OSError(f"{server}: {link.last_refusal}")
-                refusal = getattr(link.last_refusal, "refusal", None)
-                if link.queue is None and refusal == Refusal.NOT_BOUND:
-                    unbound_since = unbound_since or trio.current_time()
-                    if trio.current_time() - unbound_since >= NOT_BOUND_GRACE:
-                        raise OSError(f"{server}: no MQ server there: broker {broker_id} "
-                                      f"answers, but nothing is bound on its port "
-                                      f"{track_port} (is it a broker run --role server?)")
-                else:
-                    unbound_since = None
+                if unbound.too_long(link.last_refusal, link.queue is not None):
+                    raise OSError(f"{server}: no MQ server there: broker {broker_id} "
+                                  f"answers, but nothing is bound on its port "
+                                  f"{track_port} (is it a broker run --role server?)")
         if link.queue is None:
             why = f": {link.last_refusal}" if link.last_refusal is not None else ""
             raise OSError(f"{server}: no link within {timeout} s{why}")

@@ -19,6 +19,8 @@ from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, R
 from pump import ConfigError, Pump
 from rdv import Address, Refusal, is_final, parse_located
 
+from ._dial import NotBound
+
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
                   ) -> tuple[str, Address]:
@@ -115,17 +117,12 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
             show(current())
 
 
-#: How long a broker that answers but has no tracker on the port may take to bind it (a
-#: tracker process binds it before it prints its ready line): then ``routes`` says so.
-NOT_BOUND_GRACE = 1.0
-
-
 async def _refusals(tracker: str, track_port: int, sub: Any,
                     warn: Callable[[str], None] | None) -> None:
     """End ``routes`` with the reason when ``tracker`` refuses for good, or answers
-    without a tracker on ``track_port`` for :data:`NOT_BOUND_GRACE`; ``warn`` of the
+    without a tracker on ``track_port`` for a grace (:class:`NotBound`); ``warn`` of the
     first refusal since it last answered."""
-    unbound_since = None
+    unbound = NotBound()
     warned = False
     while True:
         await sub.attempted()
@@ -136,14 +133,10 @@ async def _refusals(tracker: str, track_port: int, sub: Any,
                           f"tracker (is it a broker run --role tracker?)")
         if reason is not None and is_final(reason):
             raise OSError(f"tracker {tracker} refused: {reason}")
-        if refusal == Refusal.NOT_BOUND and sub.queue is None:
-            unbound_since = unbound_since or trio.current_time()
-            if trio.current_time() - unbound_since >= NOT_BOUND_GRACE:
-                raise OSError(f"no tracker at {tracker}: the broker answers, but nothing is "
-                              f"bound on its port {track_port} (is it a broker run --role "
-                              f"tracker?)")
-        else:
-            unbound_since = None
+        if unbound.too_long(reason, sub.queue is not None):
+            raise OSError(f"no tracker at {tracker}: the broker answers, but nothing is "
+                          f"bound on its port {track_port} (is it a broker run --role "
+                          f"tracker?)")
         warned = warned and sub.queue is None
         if warn is not None and sub.queue is None and reason is not None and not warned:
             warn(f"tracker {tracker}: {reason}; dialling again")
