@@ -29,6 +29,24 @@ COMMANDS = (("demo", "demo", "demo"), ("routes", "routes", "routes"),
             ("diagram", "diagram", None), ("trace", "trace", None),
             ("manager", "manager", None), ("broker", "broker", None), ("mq", "mq", None),
             ("universe", "universe", None))
+#: Each command's line in ``rdvpump --help``, so that the help imports no command module
+#: (each would import trio and the brokers); a test holds them equal to the commands'.
+SHORT_HELP = {
+    "demo": "Run an in-process echo universe end to end and print what happened.",
+    "routes": "The live route table built from trackers: servers, topics, versions and "
+              "votes.",
+    "status": "The brokers a manager knows, with their age and last heartbeat (and a "
+              "replicated group's member's role, a cluster's server's root and epoch).",
+    "bench": "Benchmarks against the libraries users would pick instead.",
+    "diagram": "Diagrams generated from the code.",
+    "trace": "Analyse and draw pump traces.",
+    "manager": "The universe's BrokerManager as a name service.",
+    "broker": "Brokers in a process of their own.",
+    "mq": "Topics, publishing and consuming on an MQ server (broker run --role server "
+          "--mq-dir DIR).",
+    "universe": "Universes from TOML files: echo, stream, fanout and mq workloads, "
+                "simulated with faults or run for real.",
+}
 
 
 def _load(name: str, module: str, function: str | None) -> Any:
@@ -72,12 +90,23 @@ class _Commands(MutableMapping[str, Any]):
 
 
 class _Lazy(TyperGroup):
-    """The top-level group, its commands loaded as they are used."""
+    """The top-level group, its commands loaded as they are used; its help lists them
+    from :data:`SHORT_HELP` without loading any."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = _Commands({name: functools.partial(_load, name, module, function)
                                    for name, module, function in COMMANDS})
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        import click
+
+        # each line cut to the terminal as click cuts a command's own help
+        width = formatter.width - 6 - max(len(name) for name, _, _ in COMMANDS)
+        rows = [(name, click.Command(name, help=SHORT_HELP[name]).get_short_help_str(width))
+                for name, _, _ in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 app = typer.Typer(rich_markup_mode=None, cls=_Lazy,

@@ -10,13 +10,13 @@ import pathlib
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-import trio
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pump import FORMATS, ConfigError, RdvpumpError, open_trace
-
+#: ``brokermgr.DEFAULT_MANAGER_PORT``, for the options' defaults and help: written here so
+#: that ``--help`` does not import the brokers (a test holds the two equal).
+MANAGER_PORT = 9876
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
 UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
@@ -38,9 +38,13 @@ def tls_files(cert: pathlib.Path | None, key: pathlib.Path | None,
     if cert is None and key is None and ca is None:
         return None
     if cert is None or key is None:
+        from pump import ConfigError
+
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
     for path in (cert, key, ca):
         if path is not None and not path.is_file():
+            from pump import ConfigError
+
             raise ConfigError(f"no such file: {path}")
     return str(cert), str(key), None if ca is None else str(ca)
 
@@ -53,7 +57,14 @@ T = TypeVar("T")
 #: What the CLI says in one line: rdvpump's own errors (a bad setting is a
 #: ``ConfigError``, a failed run a ``RunError``), the system's, and a link trio saw
 #: break.  Anything else is a bug and keeps its traceback.
-_EXPECTED = (RdvpumpError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+def _expected() -> tuple[type[BaseException], ...]:
+    # imported when an error is to be judged, not when the CLI starts: ``--help`` and
+    # the commands that need neither do without trio and the pump
+    import trio
+
+    from pump import RdvpumpError
+
+    return (RdvpumpError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 #: How an OS error on a path reads, by errno, after the path (and the option naming it).
@@ -85,13 +96,15 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
         return fn()
     except OSError as exc:
         raise fail(os_message(exc, arg)) from None
-    except _EXPECTED as exc:
-        raise fail(str(exc)) from None
     except BaseExceptionGroup as group:  # errors raised inside trio nurseries
         leaf = first_leaf(group)
-        if not isinstance(leaf, _EXPECTED):
+        if not isinstance(leaf, _expected()):
             raise
         raise fail(str(leaf)) from None
+    except Exception as exc:
+        if not isinstance(exc, _expected()):
+            raise
+        raise fail(str(exc)) from None
 
 
 def check_trace_dir(trace: pathlib.Path | None) -> None:
@@ -106,10 +119,14 @@ def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> An
     if trace is None:
         return None
     check_trace_dir(trace)
+    from pump import open_trace
+
     return guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt), arg="--trace")
 
 
 def check_format(fmt: str) -> None:
+    from pump import FORMATS, ConfigError
+
     if fmt not in FORMATS:
         raise ConfigError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import trio
 import typer
-from rich.table import Table
 
-from brokermgr import DEFAULT_MANAGER_PORT
-from rdv import Address
-
-from ..processes import query_status
 from ._common import (
+    MANAGER_PORT,
     CAOption,
     CertOption,
     KeyOption,
@@ -28,7 +23,7 @@ from ._common import (
 
 def status(
     manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = (
-        f"127.0.0.1:{DEFAULT_MANAGER_PORT}"),
+        f"127.0.0.1:{MANAGER_PORT}"),
     universe: UniverseOption = "default",
     token: TokenOption = "",
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
@@ -40,8 +35,15 @@ def status(
 ) -> None:
     """The brokers a manager knows, with their age and last heartbeat (and a replicated
     group's member's role, a cluster's server's root and epoch)."""
+    # imported here: ``status --help`` starts without trio and the brokers
+    import trio
+    from rich.table import Table
 
-    address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
+    from rdv import Address
+
+    from ..processes import query_status
+
+    address = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     brokers = guard(lambda: trio.run(lambda: query_status(
         universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))

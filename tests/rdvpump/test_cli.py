@@ -185,6 +185,40 @@ def _context(path: list[str]) -> Any:
     return context
 
 
+def test_the_help_lists_each_command_as_the_command_says_itself() -> None:
+    import click
+    import typer.main
+
+    from brokermgr import DEFAULT_MANAGER_PORT
+    from rdvpump.cli import COMMANDS, SHORT_HELP
+    from rdvpump.cli._common import MANAGER_PORT
+
+    group = typer.main.get_command(app)
+    context = click.Context(group)
+    said = {name: group.get_command(context, name).get_short_help_str(10**6)
+            for name, _, _ in COMMANDS}
+    assert said == SHORT_HELP
+    assert MANAGER_PORT == DEFAULT_MANAGER_PORT
+
+
+@pytest.mark.slow  # starts processes
+def test_help_starts_without_trio_and_the_brokers() -> None:
+    """``rdvpump --help`` and ``rdvpump status --help`` load no command module that
+    pulls in trio, the pump or the brokers: what makes them start in a blink."""
+    import subprocess
+    import sys
+
+    for args in ([], ["status"]):
+        code = ("import sys\nfrom rdvpump.cli import app\n"
+                "try:\n    app([*sys.argv[1:], '--help'])\nexcept SystemExit:\n    pass\n"
+                "print(sorted(m for m in ('trio', 'pump', 'brokermgr', 'mq', 'rich.table') "
+                "if m in sys.modules))")
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, timeout=60, check=True)
+        assert "Usage:" in proc.stdout
+        assert proc.stdout.strip().splitlines()[-1] == "[]", (args, proc.stdout[-300:])
+
+
 def test_every_top_level_command_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     top = {path[0] for path in _commands() if len(path) == 1}
