@@ -177,7 +177,7 @@ def _context(path: list[str]) -> Any:
     """The click context of the command at ``path``."""
     import typer.main
 
-    command = typer.main.get_command(app)
+    command: Any = typer.main.get_command(app)
     context = command.make_context("rdvpump", ["--help"], resilient_parsing=True)
     for name in path:
         command = command.get_command(context, name)
@@ -193,7 +193,7 @@ def test_the_help_lists_each_command_as_the_command_says_itself() -> None:
     from rdvpump.cli import COMMANDS, SHORT_HELP
     from rdvpump.cli._common import MANAGER_PORT
 
-    group = typer.main.get_command(app)
+    group: Any = typer.main.get_command(app)
     context = click.Context(group)
     said = {name: group.get_command(context, name).get_short_help_str(10**6)
             for name, _, _ in COMMANDS}
