@@ -34,7 +34,13 @@ def _longer(tmp_path: pathlib.Path, example: str, workload: str) -> pathlib.Path
 
 
 def long_universe(tmp_path: pathlib.Path) -> pathlib.Path:
-    return _longer(tmp_path, "echo", "messages = 2000\nsize = 64")
+    """The echo example with both clients' workloads long: neither is done before a test
+    kills or interrupts it (client1's 2,000 messages alone took milliseconds)."""
+    path = _longer(tmp_path, "echo", "messages = 2000\nsize = 64")
+    spec = path.read_text().replace("messages = 2000\nsize = 1024",
+                                    "messages = 100000000\nsize = 1024")
+    path.write_text(spec)
+    return path
 
 
 def start_up(path: pathlib.Path) -> subprocess.Popen[bytes]:
