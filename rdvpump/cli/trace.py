@@ -150,6 +150,8 @@ def _stopped_by_ctrl_c() -> Iterator[Callable[[Any], None]]:
     signal.signal(signal.SIGINT, on_sigint)
     try:
         yield started
+        if interrupted:  # a library swallowed the KeyboardInterrupt: the user still asked
+            raise KeyboardInterrupt
     except BaseException as exc:
         if interrupted or isinstance(exc, KeyboardInterrupt):  # ours, or pyspark's handler
             err.print("interrupted", highlight=False)
