@@ -169,7 +169,10 @@ def _timed_in_a_fresh_jvm(master: str, jvm: str, work: str, traces: str,
     loaded and its code compiled, and would be timed warm.
 
     The child ignores SIGINT: on Ctrl-C this process stops it (its JVM ends with it),
-    so an interrupted run leaves neither processes nor Spark's tracebacks behind.
+    so an interrupted run leaves neither processes nor Spark's tracebacks behind.  The
+    JVM's own output (its start-up lines, and what Spark logs when it is stopped in the
+    middle of starting) goes to a file of the child's, whose end a failed run's error
+    quotes.
     """
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
@@ -234,26 +237,32 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from replay import analyze, start_spark, stop_spark
 
-    try:
-        if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
-            os.sched_setaffinity(0, cpus)
-        spark = start_spark(master, jvm=jvm, driver_memory="6g")
-        seen = _jvm_cpus()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
+    with tempfile.TemporaryFile() as log:  # the JVM's stdout and stderr: it inherits both
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
         try:
-            for _ in range(2 if warm else 1):  # the last pass is the one timed
-                start = time.perf_counter()
-                result = analyze(traces, out, spark=spark) if work == "job" \
-                    else latency_floor(spark, traces)
-                seconds = time.perf_counter() - start
+            if cpus is not None:  # before the JVM starts: it and its Python workers inherit it
+                os.sched_setaffinity(0, cpus)
+            spark = start_spark(master, jvm=jvm, driver_memory="6g")
+            seen = _jvm_cpus()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
+            try:
+                for _ in range(2 if warm else 1):  # the last pass is the one timed
+                    start = time.perf_counter()
+                    result = analyze(traces, out, spark=spark) if work == "job" \
+                        else latency_floor(spark, traces)
+                    seconds = time.perf_counter() - start
+            finally:
+                stop_spark(spark)
+        except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+            log.seek(0)
+            said = log.read().decode(errors="replace").strip().splitlines()[-10:]
+            send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
+                             + "".join(f"\n  {line}" for line in said)))
+        else:
+            send.send((False, (result, seconds, seen)))
         finally:
-            stop_spark(spark)
-    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-        send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"))
-    else:
-        send.send((False, (result, seconds, seen)))
-    finally:
-        send.close()
+            send.close()
 
 
 def _jvm_cpus() -> int:

@@ -99,7 +99,6 @@ def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
     proc = start("bench", "replay", "--events", "200000", "--master", "local[1]",
                  "--jvm", "quick", "--no-floor", group=True,
                  env={"SPARK_LOCAL_DIRS": str(tmp)})
-    seen = read_until(proc, proc.stderr, b"Setting default log level")  # the JVM is up
     deadline = time.monotonic() + DEADLINE
     while True:  # the job is running: its first shuffle has written a file
         ours = set(tmp.glob("blockmgr-*")) - before
@@ -109,8 +108,10 @@ def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
         time.sleep(0.05)  # a file to appear: polled, bounded
     below = _descendants(proc.pid)
     assert any(b"java" in argv[0] for argv in below.values()), below  # the scenario
-    errs = interrupt_and_check(proc, seen, group=True)
-    assert b"ERROR" not in errs, errs.decode()[-2000:]
+    errs = interrupt_and_check(proc, group=True)
+    # neither Spark's start-up lines nor what it logs when stopped while a later run's
+    # JVM starts (the Ctrl-C may land there): those go to the run's own log
+    assert b"ERROR" not in errs and b"Setting default log level" not in errs, errs.decode()
     running = processes()
     assert [argv for p, argv in below.items() if running.get(p) == argv] == []
     assert [d for d in ours if d.exists()] == []  # Spark's shutdown removed its files
