@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -27,17 +27,7 @@ from brokermgr import (
     NameService,
     echo,
 )
-from brokermgr.tracking import TRACKER_ALIAS, TrackNode
 from channels import DEFAULT_RING_CAPACITY
-from mq import (
-    DEFAULT_SEGMENT_BYTES,
-    ClusterConfig,
-    ClusterNode,
-    MqServer,
-    ServiceError,
-    declare_on,
-    keep_role,
-)
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
@@ -56,6 +46,9 @@ from .children import (
 )
 from .universe_file import UniverseSpec, load_universe
 from .workloads import Stats, drive, payloads, serve_role, sink_expectations, sink_payloads
+
+if TYPE_CHECKING:  # loaded by the brokers that take a tracking, MQ or cluster role
+    from mq import ClusterConfig, ClusterNode, MqServer
 
 #: Listen on loopback, on a port the kernel picks.
 ANY_LOCAL = Address("127.0.0.1", 0)
@@ -174,17 +167,20 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 for publisher in getattr(getattr(node, "server", None), "publishers", ()):
                     nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
                                        nursery.cancel_scope)
-                if isinstance(node, MqServer) and group is not None:
-                    servers[node.node.broker.id] = node
-                    if names is not None:
-                        nursery.start_soon(keep_role, node, names)
+            mq_servers = _mq_servers(nodes)
+            if group is not None:
+                servers.update(mq_servers)
+                if names is not None and mq_servers:
+                    from mq import keep_role
+
+                    for server in mq_servers.values():
+                        nursery.start_soon(keep_role, server, names)
             cluster, store = clustering
-            mq = {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
             if cluster is not None:
                 for b in brokers:
-                    clustered[b.id] = _cluster_node(b, cluster, store, mq.get(b.id), names)
-                    if b.id in mq:
-                        mq[b.id].join_cluster(clustered[b.id])
+                    clustered[b.id] = _cluster_node(b, cluster, store, mq_servers.get(b.id), names)
+                    if b.id in mq_servers:
+                        mq_servers[b.id].join_cluster(clustered[b.id])
             async def announce() -> None:
                 if names is not None:
                     # ready means registered: from the ready line on, other processes
@@ -214,12 +210,23 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
         raise RunError(refused[0])
 
 
+def _mq_servers(nodes: list[Any]) -> dict[str, MqServer]:
+    """The MQ servers among ``nodes``, by broker id."""
+    if not nodes:
+        return {}
+    from mq import MqServer
+
+    return {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
+
+
 def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
                   server: MqServer | None, names: NameClient | None) -> ClusterNode:
     """``broker`` as a server of ``cluster``, its epoch and vote kept in ``store``, the
     cluster's shared topics declared on its MQ ``server``; a line on stderr each time
     which peers are linked to it, or its root, changes, and a registration with the
     name service then (``rdvpump status`` shows the root and epoch)."""
+    from mq import ClusterNode, declare_on
+
     said: list[str] = []
 
     def changed() -> None:
@@ -268,6 +275,9 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
                     tracking: dict[str, Any]) -> list[Any]:
     """TrackNodes (and, with ``mq_dir``, an MQ server on each server role, its topics in
     ``mq_dir/<broker id>``); what to close, in order."""
+    from brokermgr.tracking import TRACKER_ALIAS, TrackNode
+    from mq import DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
+
     options = dict(tracking)
     topics = options.pop("topics", ())
     mq_dir = options.pop("mq_dir", None)

@@ -16,9 +16,7 @@ from typing import Any
 import trio
 
 from brokermgr import Broker, open_universe
-from brokermgr.tracking import TrackNode
 from channels import AsyncMessageQueue
-from mq import MqClient, MqServer
 from pump import RdvpumpError
 
 from .testing import Faults, SimulationError
@@ -115,7 +113,10 @@ async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
     """Echo every message back, count and compare them (a sink: ``expected`` holds what
     each sender sends, in order), or run a memory-only MQ server (``mq``), on ``port``
     until cancelled."""
-    if kind == "mq":
+    if kind == "mq":  # loaded here: brokers of the other roles start without the MQ
+        from brokermgr.tracking import TrackNode
+        from mq import MqServer
+
         node = TrackNode(broker, role="server", port=port)
         server = MqServer(node, None)
         try:
@@ -224,6 +225,8 @@ async def _drive_mq(broker: Broker, w: WorkloadSpec, stats: Stats, payload: list
                     done: list[int]) -> WorkloadReport:
     """Publish ``messages`` to the server's topic ``workload.<source>`` in batches and
     consume them back through it, each compared with what was sent, then acknowledged."""
+    from mq import MqClient
+
     (target,) = w.targets
     client = MqClient(broker, f"{target}:{w.port}")
     topic = f"workload.{w.source}"

@@ -8,11 +8,12 @@ from __future__ import annotations
 import errno
 import pathlib
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: ``brokermgr.DEFAULT_MANAGER_PORT``, for the options' defaults and help: written here so
 #: that ``--help`` does not import the brokers (a test holds the two equal).
@@ -49,9 +50,25 @@ def tls_files(cert: pathlib.Path | None, key: pathlib.Path | None,
     return str(cert), str(key), None if ca is None else str(ca)
 
 
+class _FirstUse:
+    """A rich ``Console`` made when first used: a command that prints nothing through it
+    (``broker run``, ``manager serve``) starts without importing rich."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
 # no emoji codes: rich would print "127.0.0.1:100: refused" as "127.0.0.1💯 refused"
-out = Console(emoji=False)
-err = Console(stderr=True, soft_wrap=True, emoji=False)
+out = cast("Console", _FirstUse(emoji=False))
+err = cast("Console", _FirstUse(stderr=True, soft_wrap=True, emoji=False))
 T = TypeVar("T")
 
 #: What the CLI says in one line: rdvpump's own errors (a bad setting is a
@@ -153,6 +170,8 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 def fail(message: str) -> typer.Exit:
     """One red line on stderr; raise the returned Exit."""
+    from rich.markup import escape
+
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(1)
 

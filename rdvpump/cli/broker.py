@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import trio
 import typer
@@ -15,7 +15,6 @@ from brokermgr.tracking import (
     DEFAULT_SERVER_EXPIRY,
     DEFAULT_TRACK_PORT,
 )
-from mq import ClusterConfig, Durability, load_cluster
 from pump import ConfigError
 from rdv import Address
 
@@ -36,6 +35,9 @@ from ._common import (
     recorder,
     tls_files,
 )
+
+if TYPE_CHECKING:
+    from mq import ClusterConfig
 
 app = typer.Typer(rich_markup_mode=None, help="Brokers in a process of their own.",
                   no_args_is_help=True)
@@ -114,7 +116,10 @@ def broker_run(
     address = guard(lambda: Address.parse(listen or "127.0.0.1:0"))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
-    guard(lambda: Durability.parse(durability))
+    if durability != "sync" or mq_dir is not None:  # the default needs no check, and a
+        from mq import Durability  # broker with no MQ server starts without loading mq
+
+        guard(lambda: Durability.parse(durability))
     member = guard(lambda: _member(group, group_id, broker_id, mq_dir, replication, min_insync))
     if role is not None:
         if mq_dir is not None and role == "tracker":
@@ -155,6 +160,8 @@ def broker_run(
 
 def _cluster(path: pathlib.Path, broker_ids: list[str]) -> ClusterConfig:
     """The cluster file, every --id one of its servers."""
+    from mq import load_cluster
+
     config = load_cluster(path)
     for b in broker_ids:
         if config.server(b) is None:

@@ -20,7 +20,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("Spark needs Java 17 or 21 on PATH")
     from replay import start_spark
 
-    spark = start_spark("local[2]", app="rdvpump-tests", jvm="quick",
+    spark = start_spark("local[2]", app="rdvpump-tests", jvm="quick", shuffle_partitions=2,
                     warehouse=str(tmp_path_factory.mktemp("warehouse")))
     yield spark
     spark.stop()
