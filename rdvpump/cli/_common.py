@@ -58,12 +58,22 @@ class _FirstUse:
         self._options = options
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _made(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._made(), name)
+
+    # ``with console:`` (rich's Live and Progress do it) looks these up on the type
+    def __enter__(self) -> Console:
+        return self._made().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._made().__exit__(*exc)
 
 
 # no emoji codes: rich would print "127.0.0.1:100: refused" as "127.0.0.1💯 refused"
