@@ -305,22 +305,28 @@ class MqClient:
                 obj[key] = value
         return await self.request(obj)
 
-    async def publish(self, topic: str, body: bytes, *, tag: str | None = None) -> Stored:
+    async def publish(self, topic: str, body: bytes, *, tag: str | None = None,
+                      immediate: bool = False) -> Stored:
         """Store one message; returns once the server has stored it as its durability
-        policy says."""
+        policy says.  ``immediate``: only if a consumer of one of the topic's groups is
+        there to take it (on a cluster: anywhere in it); else it is returned, not stored:
+        :class:`ServiceError` with status 410 (``GONE``) and ``detail["returned"]``."""
         self.sequence += 1
         obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
                                "sequence": self.sequence}
         if tag is not None:
             obj["tag"] = tag
+        if immediate:
+            obj["immediate"] = True
         reply = await self.request(obj, bytes(body))
         return Stored(str(reply["server"]), int(reply["offset"]))
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
-                           tag: str | None = None) -> list[Stored]:
+                           tag: str | None = None, immediate: bool = False) -> list[Stored]:
         """Store several messages in one request (one fsync under ``sync``);
         :class:`~channels.MessageTooLargeError` (nothing sent) if the request is larger
-        than the link carries."""
+        than the link carries.  ``immediate`` as for :meth:`publish`: all are returned
+        or none."""
         if not bodies:
             return []
         first_sequence = self.sequence + 1
@@ -329,6 +335,8 @@ class MqClient:
                                "sequence": first_sequence, "sizes": [len(b) for b in bodies]}
         if tag is not None:
             obj["tag"] = tag
+        if immediate:
+            obj["immediate"] = True
         reply = await self.request(obj, list(bodies))
         return _stored(reply, len(bodies))
 

@@ -87,6 +87,11 @@ class ProduceCommand:
         if first is not None:  # a retry of messages stored: answered as they were
             reply["duplicate"] = True
             self.counts["duplicates"] += len(messages)
+        elif request.immediate and not self._taken_now(state, tag):
+            self.counts["returned"] += len(messages)
+            raise ServiceError(Status.GONE, f"returned: no consumer of topic "
+                               f"{state.topic.name!r} on {self.address} takes it now; not "
+                               f"stored", returned=len(messages))
         else:
             reply["offset"] = first = state.topic.publish(messages)
             self.counts["stored"] += len(messages)
@@ -99,6 +104,13 @@ class ProduceCommand:
         if sync and self.shipper.hold(queue, call.seq, reply):
             return None  # replied once enough replicas stored it
         return reply
+
+    @staticmethod
+    def _taken_now(state: TopicState, tag: str | None) -> bool:
+        """A consumer of one of the topic's groups, whose filter passes ``tag``, is there
+        (a cluster's server with consumers of a shared topic is one at the root)."""
+        return any(group.consumers and (group.filter is None or group.filter.matches(tag))
+                   for group in state.topic.groups.values())
 
     @staticmethod
     def _recent(state: TopicState) -> Recent | None:

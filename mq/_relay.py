@@ -150,6 +150,8 @@ class Relay:
             obj["tag"] = request.tag
         if request.sizes is not None:
             obj["sizes"] = list(request.sizes)
+        if request.immediate:
+            obj["immediate"] = True  # a return comes back as the root's reply
         queue, seq = call.queue, call.seq
 
         def answered(outcome: Outcome) -> None:

@@ -59,6 +59,9 @@ class Produce:
     #: who produced it, as a cluster's server that relays it names them (stored as its
     #: producer when ``producer`` is None; never checked for duplicates)
     origin: str | None = None
+    #: returned to the producer, not stored, when no consumer of any of the topic's
+    #: groups (that its filter lets take the message) is there to take it now
+    immediate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +207,8 @@ def _produce(f: Fields) -> Produce:
     return Produce(topic, body, f.optional_string("producer", max_bytes=MAX_LABEL_BYTES),
                    sequence, f.optional_string("tag", max_bytes=MAX_LABEL_BYTES),
                    None if sizes is None else tuple(sizes),
-                   f.optional_string("origin", max_bytes=MAX_LABEL_BYTES))
+                   f.optional_string("origin", max_bytes=MAX_LABEL_BYTES),
+                   f.boolean("immediate", False))
 
 
 def _consume(f: Fields) -> Consume:

@@ -155,10 +155,11 @@ class MqServer:
         self._closed = False
         #: The cluster this server is one of (:meth:`join_cluster`), or None.
         self.cluster: ClusterNode | None = None
-        #: Counters: stored, retries not stored again (:mod:`._dedupe`), delivered, acked,
-        #: dead letters, errors replied.
-        self.counts = {"stored": 0, "duplicates": 0, "delivered": 0, "acked": 0, "dead": 0,
-                       "errors": 0, "routed": 0, "unroutable": 0}
+        #: Counters: stored, retries not stored again (:mod:`._dedupe`), returned
+        #: (``immediate`` with no consumer there), delivered, acked, dead letters, errors
+        #: replied.
+        self.counts = {"stored": 0, "duplicates": 0, "returned": 0, "delivered": 0,
+                       "acked": 0, "dead": 0, "errors": 0, "routed": 0, "unroutable": 0}
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
                                   reply=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+import pytest
 import trio
 
-from brokermgr import BrokerManager, open_universe
+from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer, Subscription, declare_on
 from mq._cluster import ClusterNode
@@ -204,6 +205,44 @@ async def test_a_no_local_consumer_skips_its_own_messages_through_the_cluster(
             "orders") == 0)
         nursery.cancel_scope.cancel()
         for client in (me, other):
+            client.close()
+        cluster.close()
+
+
+async def test_an_immediate_message_no_consumer_takes_is_returned_to_its_producer(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A producer on fanout server e publishes ``immediate``: with no consumer anywhere
+    the root returns it (410, through e, to the producer) and stores nothing; once a
+    consumer on f consumes the shared topic, the same publish is stored and reaches it;
+    a group whose filter leaves the message out does not take it."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, on_d = await with_orders(universe, tmp_path, "admin")
+        producer = MqClient(universe.add_broker("producer"), "e:15555", timeout=30)
+        root_topic = cluster.servers["a"].catalogue.topics["orders"].topic
+        with pytest.raises(ServiceError) as returned:
+            await producer.publish_many("orders", [b"1", b"2"], immediate=True)
+        assert returned.value.status == Status.GONE
+        assert returned.value.detail["returned"] == 2
+        assert "returned: no consumer of topic 'orders' on a:15555" in returned.value.reason
+        assert root_topic.log.next_offset == 0 and cluster.servers["a"].counts["returned"] == 2
+        await producer.publish("orders", b"kept")  # not immediate: stored for later
+        assert root_topic.log.next_offset == 1
+
+        await on_d.declare("orders", shared=True, group="blue", filter="blue")
+        consumer = MqClient(universe.add_broker("consumer"), "f:15555", timeout=30)
+        nursery.start_soon(take, await consumer.subscribe("orders", group="blue"), [])
+        await until(lambda: root_topic.groups["blue"].consumers != [])
+        with pytest.raises(ServiceError):  # blue's filter does not take untagged ones
+            await producer.publish("orders", b"untagged", immediate=True)
+
+        got: list[bytes] = []
+        nursery.start_soon(take, await consumer.subscribe("orders"), got)
+        await until(lambda: root_topic.groups["orders"].consumers != [])
+        stored = await producer.publish("orders", b"now", immediate=True)
+        assert stored.offset == 1
+        await until(lambda: got == [b"kept", b"now"])
+        nursery.cancel_scope.cancel()
+        for client in (producer, consumer, on_d):
             client.close()
         cluster.close()
 
