@@ -93,6 +93,10 @@ class QueueStatistics:
     max_message_size: int
     reading_paused: bool
     state: str
+    #: bytes this end wrote to its outgoing ring and read from its incoming one, each
+    #: message's 4-byte length prefix included
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class MessageQueue:
@@ -586,6 +590,10 @@ class MessageQueue:
         self._forget_frame()
         if self._observer is not None:
             self._observer.closed(self._reason or reason)
+        tally = self.pump.tally
+        if tally is not None:
+            tally("close", {"broker": self._channel.local,
+                            "cause": (self._cause or cause).value})
         listener = self._listener
         if listener is not None:
             listener.closed(self._reason or reason)
@@ -604,6 +612,8 @@ class MessageQueue:
             max_message_size=self.max_message_size,
             reading_paused=self._paused,
             state=self._state.value,
+            bytes_sent=self._tx.total_written,
+            bytes_received=self._rx.total_read,
         )
 
 

@@ -130,6 +130,16 @@ class RingBuffer:
         """Bytes writable now."""
         return int(_rb_free_space(self._rb))
 
+    @property
+    def total_written(self) -> int:
+        """Bytes ever written to the ring."""
+        return int(lib.rb_total_written(self._rb))
+
+    @property
+    def total_read(self) -> int:
+        """Bytes ever read from the ring."""
+        return int(lib.rb_total_read(self._rb))
+
     def __len__(self) -> int:
         return int(lib.rb_used(self._rb))
 

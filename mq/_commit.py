@@ -15,8 +15,10 @@ nothing to fsync), ``finish_sync`` back on the pump, and its ``durable_offset``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from queue import SimpleQueue
@@ -63,6 +65,11 @@ class Durability:
 Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
 
 
+#: Upper bounds, in seconds, of the buckets a commit's fsync time is counted in
+#: (:attr:`GroupCommit.fsync_buckets`); the last bucket takes the rest.
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 class GroupCommit:
     """The fsyncs of a server's topics under its :class:`Durability`, and the replies
     that wait for them.
@@ -99,6 +106,10 @@ class GroupCommit:
                 self._token = trio.lowlevel.current_trio_token()
             except RuntimeError:
                 self._token = None
+        #: How long each commit's fsyncs took, counted by :data:`FSYNC_BUCKETS` (one
+        #: bucket more, past the last bound), and their sum in seconds
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)
+        self.fsync_seconds = 0.0
         self._timer: Repeating | None = None
         if durability.kind == "interval":
             self._timer = pump.call_every(durability.interval, self._interval)
@@ -159,18 +170,23 @@ class GroupCommit:
             if point is not None:
                 points[name] = point
         waiting, self._waiting = self._waiting, []
+        started = time.perf_counter()
         if not points or self._token is None:
-            self._done(points, _run_syncs(points), failed, waiting)
+            self._done(points, _run_syncs(points), failed, waiting, started)
             return
         self._running = True
         if self._syncer is None:
             self._syncer = _Syncer(self._token)
         self._syncer.submit(points, lambda errors: self.pump.post(
-            "mq committed", self._done, points, errors, failed, waiting))
+            "mq committed", self._done, points, errors, failed, waiting, started))
 
     def _done(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
-              failed: dict[str, str], waiting: list[Waiting]) -> None:
+              failed: dict[str, str], waiting: list[Waiting], started: float) -> None:
         self._running = False
+        if points:
+            took = time.perf_counter() - started
+            self.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, took)] += 1
+            self.fsync_seconds += took
         if self._closed:
             return
         for name, point in points.items():

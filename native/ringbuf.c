@@ -49,6 +49,8 @@ void rb_free(rb_ring *rb) {
 size_t rb_capacity(const rb_ring *rb) { return rb->capacity; }
 
 size_t rb_used(const rb_ring *rb) { return LOAD_ACQ(&rb->head) - LOAD_ACQ(&rb->tail); }
+size_t rb_total_written(const rb_ring *rb) { return LOAD_ACQ(&rb->head); }
+size_t rb_total_read(const rb_ring *rb) { return LOAD_ACQ(&rb->tail); }
 
 size_t rb_free_space(const rb_ring *rb) { return rb->capacity - rb_used(rb); }
 

@@ -35,6 +35,9 @@ void rb_free(rb_ring *rb);
 size_t rb_capacity(const rb_ring *rb);
 size_t rb_used(const rb_ring *rb);
 size_t rb_free_space(const rb_ring *rb);
+/* Bytes ever written to / read from the ring (a link's byte counters). */
+size_t rb_total_written(const rb_ring *rb);
+size_t rb_total_read(const rb_ring *rb);
 
 /* Byte stream: copy in / out as much as fits; return the count moved. */
 size_t rb_write(rb_ring *rb, const char *data, size_t n);

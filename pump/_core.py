@@ -95,6 +95,10 @@ class PumpCore:
         self.seed = seed
         self.random = random.Random(seed)
         self.trace: TraceRecorder | None = trace
+        #: Told of every semantic event (kind, fields) as well, traced or not, when set: a
+        #: process's metrics count refusals and closes there (events of links, never of
+        #: messages, so the messages' path pays nothing for it).
+        self.tally: Callable[[str, dict[str, Any]], None] | None = None
         if trace is not None:
             trace.attach(name)
         self._ready: deque[tuple[str, Callable[..., object], tuple[Any, ...], Owner | None]] = (
@@ -204,6 +208,9 @@ class PumpCore:
         trace = self.trace
         if trace is not None:
             trace.event(self.step_number, self.now(), kind, **fields)
+        tally = self.tally
+        if tally is not None:
+            tally(kind, fields)
 
     def link_trace(self, broker: str, peer: str, port: int, link: str, tx_dir: str,
                    rx_dir: str) -> LinkTrace | None:

@@ -8,6 +8,7 @@ that was dialled: the same as in memory.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import ssl
@@ -133,6 +134,8 @@ class NetNode:
         self.rejected: list[str] = []  # reasons bad connections were closed, newest last
         #: the cause of each of them (what a flood of them is collapsed by in the log)
         self.rejected_causes: list[str] = []
+        #: Every connection closed at its handshake, by kind (a process's metrics)
+        self.rejections: collections.Counter[str] = collections.Counter()
 
     # -- serving ----------------------------------------------------------------------
 
@@ -247,6 +250,7 @@ class NetNode:
                                           f"{reason}")
         self.rejected.append(reason)
         self.rejected_causes.append(str(kind))
+        self.rejections[str(kind)] += 1
         del self.rejected[:-100], self.rejected_causes[:-100]
 
     def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event

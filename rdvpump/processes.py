@@ -50,6 +50,8 @@ from .workloads import Stats, drive, payloads, serve_role, sink_expectations, si
 if TYPE_CHECKING:  # loaded by the brokers that take a tracking, MQ or cluster role
     from mq import ClusterConfig, ClusterNode, MqServer
 
+    from .metrics import Metrics
+
 #: Listen on loopback, on a port the kernel picks.
 ANY_LOCAL = Address("127.0.0.1", 0)
 log = logging.getLogger("rdvpump.mq")
@@ -74,6 +76,7 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
                       expiry: float = DEFAULT_BROKER_EXPIRY,
                       scan_interval: float = DEFAULT_SCAN_INTERVAL,
                       tls: TLSFiles | None = None, trace: TraceRecorder | None = None,
+                      metrics: Address | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"),
                             **_tls(tls))
@@ -83,6 +86,9 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
             async with trio.open_nursery() as nursery:
                 await nursery.start(manager.pump.serve)
                 address = await nursery.start(manager.serve_network, *listen)
+                watched = await start_metrics(nursery, manager, metrics, "manager")
+                if watched is not None:
+                    watched.watch(service)
                 ready(address)
                 await until_signalled()
                 await service.aclose()  # the brokers hear a close, not a lost connection
@@ -98,6 +104,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       plan: str | None = None, trace: TraceRecorder | None = None,
                       tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
                       cluster: ClusterConfig | None = None, cluster_store: Path | None = None,
+                      metrics: Address | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     """Brokers of one process: registered with the managers, echoing on ``echo_ports``.
 
@@ -108,7 +115,8 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     the first tracker of the process also answers as ``@tracker``.  With ``cluster``
     each broker is a server of that cluster, linked to every other (a line on stderr
     each time which peers are linked or the root changes), its epoch and vote kept in
-    ``cluster_store``.
+    ``cluster_store``.  With ``metrics`` the process serves its Prometheus metrics there
+    (:mod:`rdvpump.metrics`).
     """
     spec = None
     if plan is not None:
@@ -123,7 +131,8 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
-                             heartbeat, spec, tracking, (cluster, cluster_store), ready)
+                             heartbeat, spec, tracking, (cluster, cluster_store), metrics,
+                             ready)
     finally:
         manager.pump.close_trace()
 
@@ -132,7 +141,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
                          heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
                          clustering: tuple[ClusterConfig | None, Path | None],
-                         ready: Callable[[Address], None]) -> None:
+                         metrics: Address | None, ready: Callable[[Address], None]) -> None:
     refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
     with stop_signals() as until_signalled:
         async with trio.open_nursery() as nursery:
@@ -181,6 +190,16 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                     clustered[b.id] = _cluster_node(b, cluster, store, mq_servers.get(b.id), names)
                     if b.id in mq_servers:
                         mq_servers[b.id].join_cluster(clustered[b.id])
+            watched = await start_metrics(nursery, manager, metrics,
+                                          "broker " + "+".join(broker_ids))
+            if watched is not None:
+                watched.watch(*nodes, *([] if names is None else [names.rdv]))
+                if names is not None:  # ``rdvpump status`` shows where
+                    names.metrics = watched.address
+                    names.register_now()
+                for broker_id, member in clustered.items():
+                    watched.watch_cluster(broker_id, member)
+
             async def announce() -> None:
                 if names is not None:
                     # ready means registered: from the ready line on, other processes
@@ -208,6 +227,20 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             nursery.cancel_scope.cancel()
     if refused:
         raise RunError(refused[0])
+
+
+async def start_metrics(nursery: trio.Nursery, manager: BrokerManager, where: Address | None,
+                        who: str) -> Metrics | None:
+    """The process's metrics of ``manager``'s brokers served at ``where`` (None: off), with
+    a line on stderr that says where."""
+    if where is None:
+        return None
+    from .metrics import Metrics, serve_metrics
+
+    metrics = Metrics(manager)
+    metrics.address = await nursery.start(serve_metrics, metrics, where.host, where.port)
+    print(f"{who}: metrics on http://{metrics.address}/metrics", file=sys.stderr, flush=True)
+    return metrics
 
 
 def _mq_servers(nodes: list[Any]) -> dict[str, MqServer]:

@@ -91,6 +91,9 @@ class NameClient:
         self.clusters = clusters or (lambda broker_id: None)
         #: How far each broker's copy is, registered with it (None: not said).
         self.progress = progress or (lambda broker_id: None)
+        #: Where the process serves its metrics (``HOST:PORT``), registered with each of
+        #: its brokers (None: it serves none).
+        self.metrics: str | None = None
         self.on_refused = on_refused
         #: The rendezvous the links to managers are dialled from.
         # named by the process and its brokers, so a manager's log says whose connect it
@@ -162,6 +165,8 @@ class NameClient:
                     row["cluster"] = cluster
                 if (progress := self.progress(b)) is not None:
                     row["progress"] = progress.to_json()
+                if self.metrics is not None:
+                    row["metrics"] = self.metrics
                 found.append(row)
         return found
 

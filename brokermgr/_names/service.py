@@ -63,6 +63,8 @@ class BrokerRecord:
     progress: GroupProgress | None = None
     #: Its place in an MQ cluster: name, type, the root it follows, epoch, state version.
     cluster: tuple[tuple[str, Any], ...] | None = None
+    #: Where its process serves Prometheus metrics (``HOST:PORT``), if it does.
+    metrics: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,12 @@ def _registration(item: Any) -> Registration:
     group = None if item.get("group") is None else GroupMember.from_json(item["group"])
     progress = None if item.get("progress") is None else GroupProgress.from_json(
         item["progress"])
+    metrics = item.get("metrics")
+    if metrics is not None and (not isinstance(metrics, str) or len(metrics) > 300):
+        raise ValueError("its metrics must be a HOST:PORT string")
     return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
-                                     group, progress, _cluster(item.get("cluster"))), version)
+                                     group, progress, _cluster(item.get("cluster")),
+                                     metrics), version)
 
 
 #: A cluster registration's fields and the types they take.
@@ -198,6 +204,8 @@ def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, obj
         row["progress"] = r.progress.to_json()
     if r.cluster is not None:
         row["cluster"] = dict(r.cluster)
+    if r.metrics is not None:
+        row["metrics"] = r.metrics
     return row
 
 

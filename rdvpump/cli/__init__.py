@@ -36,7 +36,8 @@ SHORT_HELP = {
     "routes": "The live route table built from trackers: servers, topics, versions and "
               "votes.",
     "status": "The brokers a manager knows, with their age and last heartbeat (and a "
-              "replicated group's member's role, a cluster's server's root and epoch).",
+              "replicated group's member's role, a cluster's server's root and epoch, and "
+              "where a process serves its metrics).",
     "bench": "Benchmarks against the libraries users would pick instead.",
     "diagram": "Diagrams generated from the code.",
     "trace": "Analyse and draw pump traces.",

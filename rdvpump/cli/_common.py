@@ -27,6 +27,10 @@ TraceFormatOption = Annotated[str, typer.Option(
     "--trace-format", help="Trace file format: jsonl or parquet.")]
 RunOption = Annotated[str | None, typer.Option(
     "--run", help="Run id written in every trace row (default: derived from the universe).")]
+MetricsOption = Annotated[str | None, typer.Option(
+    "--metrics", metavar="HOST:PORT", help="Serve this process's Prometheus metrics at "
+    "http://HOST:PORT/metrics (port 0: one the kernel picks; stderr says which). Off by "
+    "default.")]
 CertOption = Annotated[pathlib.Path | None, typer.Option(
     "--tls-cert", help="PEM certificate: links and manager connections use TLS.")]
 KeyOption = Annotated[pathlib.Path | None, typer.Option("--tls-key", help="PEM private key.")]

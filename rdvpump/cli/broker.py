@@ -24,6 +24,7 @@ from ._common import (
     CAOption,
     CertOption,
     KeyOption,
+    MetricsOption,
     RunOption,
     TokenOption,
     TraceFormatOption,
@@ -109,11 +110,13 @@ def broker_run(
              "every other server listed in it (one --id without --listen listens at its "
              "address there); their epoch and vote are kept in --state-dir, or --mq-dir.")
     ] = None,
+    metrics: MetricsOption = None,
 ) -> None:
     """Run brokers in this process, registered with the managers, until Ctrl-C."""
 
     managers = guard(lambda: [Address.parse(m, default_port=DEFAULT_MANAGER_PORT) for m in manager])
     address = guard(lambda: Address.parse(listen or "127.0.0.1:0"))
+    metrics_at = None if metrics is None else guard(lambda: Address.parse(metrics))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
     if durability != "sync" or mq_dir is not None:  # the default needs no check, and a
@@ -155,7 +158,8 @@ def broker_run(
         universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
-        cluster=clustered, cluster_store=state_dir or mq_dir, ready=ready_line("brokers"))))
+        cluster=clustered, cluster_store=state_dir or mq_dir, metrics=metrics_at,
+        ready=ready_line("brokers"))))
 
 
 def _cluster(path: pathlib.Path, broker_ids: list[str]) -> ClusterConfig:

@@ -16,6 +16,7 @@ from ._common import (
     CAOption,
     CertOption,
     KeyOption,
+    MetricsOption,
     RunOption,
     TokenOption,
     TraceFormatOption,
@@ -42,12 +43,15 @@ def manager_serve(
                                                "is dropped.")] = DEFAULT_BROKER_EXPIRY,
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
     trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
+    metrics: MetricsOption = None,
 ) -> None:
     """Serve the universe's name service until Ctrl-C."""
 
     address = guard(lambda: Address.parse(listen))
+    metrics_at = None if metrics is None else guard(lambda: Address.parse(metrics))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     trace_recorder = recorder(trace, trace_format, pump="manager", run=run or universe)
     guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
                                                 scan_interval=scan, tls=tls, trace=trace_recorder,
+                                                metrics=metrics_at,
                                                 ready=ready_line("manager"))))

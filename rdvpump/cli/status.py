@@ -34,7 +34,8 @@ def status(
                                                 "--wait brokers).")] = 5.0,
 ) -> None:
     """The brokers a manager knows, with their age and last heartbeat (and a replicated
-    group's member's role, a cluster's server's root and epoch)."""
+    group's member's role, a cluster's server's root and epoch, and where a process
+    serves its metrics)."""
     # imported here: ``status --help`` starts without trio and the brokers
     import trio
     from rich.table import Table
@@ -50,17 +51,20 @@ def status(
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     grouped = any(b.get("group") for b in brokers)
     clustered = any(b.get("cluster") for b in brokers)
+    metered = any(b.get("metrics") for b in brokers)
     lags = slave_lags([(b.get("group"), _held(b)) for b in brokers])
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)",
-                *(("group",) * grouped), *(("cluster",) * clustered)):
+                *(("group",) * grouped), *(("cluster",) * clustered),
+                *(("metrics",) * metered)):
         table.add_column(col, justify="left" if col in ("broker", "address", "group",
-                                                        "cluster") else "right")
+                                                        "cluster", "metrics") else "right")
     for b, lag in zip(brokers, lags, strict=True):
         where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
         table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}",
                       *((group_cell(b.get("group"), lag),) * grouped),
-                      *((_cluster_cell(b.get("cluster")),) * clustered))
+                      *((_cluster_cell(b.get("cluster")),) * clustered),
+                      *((str(b.get("metrics") or ""),) * metered))
     out.print(table)
 
 

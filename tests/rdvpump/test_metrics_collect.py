@@ -1,0 +1,78 @@
+"""The metrics of tracking and of a cluster, read from a universe on the virtual clock
+(the page's text as Prometheus reads it)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from brokermgr import open_universe
+from brokermgr.tracking import TrackNode
+from rdvpump.metrics import Metrics
+from tests.mq.test_cluster import until
+from tests.mq.test_cluster_messages import SIX, Cluster
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    text = generate_latest(registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def test_a_tracker_s_servers_and_versions(autojump_clock: object) -> None:
+    async with open_universe("u") as universe:
+        metrics = Metrics(universe)
+        tracker = TrackNode(universe.add_broker("t1"), role="tracker")
+        servers = [TrackNode(universe.add_broker(f"s{i}"), role="server",
+                             trackers=["t1:15555"]) for i in (1, 2)]
+        metrics.watch(tracker, *servers)
+        assert tracker.tracker is not None
+        await until(lambda: len(tracker.tracker.tracked.entries()) == 2)
+        got = samples(metrics)
+        where = frozenset({("tracker", "t1:15555")})
+        assert got[("rdvpump_tracker_servers", where)] == 2
+        # versions are floats on the page (exact below 2**53; wall-clock ones are near)
+        assert got[("rdvpump_tracker_version", where)] == float(tracker.tracker.version)
+        for server in servers:
+            key = frozenset({*where, ("server", server.address.address)})
+            entry = tracker.tracker.tracked.get(server.address.address)
+            assert entry is not None
+            assert got[("rdvpump_tracker_server_version", key)] == float(entry.version)
+        # the links between them, both ends in this process
+        sent = [ls for (name, ls) in got if name == "rdvpump_link_messages_sent_total"]
+        assert {dict(ls)["broker"] for ls in sent} >= {"t1", "s1", "s2"}
+        for node in (tracker, *servers):
+            node.close()
+
+
+async def test_every_cluster_server_says_its_root_and_epoch(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with open_universe("u") as universe:
+        cluster = Cluster(universe, SIX, tmp_path)
+        await until(lambda: cluster.roots() == {"a"})
+        metrics = Metrics(universe)
+        for server_id, node in cluster.nodes.items():
+            metrics.watch_cluster(server_id, node)
+        metrics.watch(*cluster.servers.values())
+        got = samples(metrics)
+        epoch = cluster.nodes["a"].epoch
+        for server in SIX.servers:
+            labels = frozenset({("server", server.id), ("cluster", SIX.name),
+                                ("type", server.type)})
+            assert got[("rdvpump_cluster_epoch", labels)] == epoch
+            assert got[("rdvpump_cluster_is_root", labels)] == (server.id == "a")
+            assert got[("rdvpump_cluster_has_root", labels)] == 1
+        cluster.crash("a")
+        del metrics.clusters["a"]  # its process, and its page, are gone with it
+        await until(lambda: cluster.roots() == {"b"})
+        got = samples(metrics)
+        roots = [dict(ls)["server"] for (name, ls), v in got.items()
+                 if name == "rdvpump_cluster_is_root" and v == 1]
+        assert roots == ["b"]
+        await trio.sleep(0)
+        cluster.close()
