@@ -14,6 +14,8 @@ from brokermgr.tracking import TrackNode
 from rdvpump.metrics import Metrics
 from tests.mq.test_cluster import until
 from tests.mq.test_cluster_messages import SIX, Cluster
+from tests.mq.test_replication import sync_master, two_replicas
+from tests.mq.test_replication import until as until_copied
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -76,3 +78,32 @@ async def test_every_cluster_server_says_its_root_and_epoch(
         assert roots == ["b"]
         await trio.sleep(0)
         cluster.close()
+
+
+async def test_a_master_s_replicas_lag_and_sync(tmp_path: pathlib.Path,
+                                                 autojump_clock: object) -> None:
+    """Two replicas following a master's topic under ``sync``: once they hold what was
+    acknowledged, each is in sync with no lag; one that goes is no longer listed."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs, followers = await two_replicas(universe, tmp_path)
+        metrics = Metrics(universe)
+        metrics.watch(server)
+        await client.publish_many("orders", [b"o%d" % i for i in range(20)])
+        for name in followers:
+            await until_copied(followers[name], logs[name], 20)
+        await trio.sleep(1)  # their acks reach the master
+        def by_replica(name: str) -> dict[str, float]:
+            # a replica is named by its link's caller id: its broker's, then "#" and a number
+            return {dict(ls)["replica"].split("#")[0]: v
+                    for (n, ls), v in samples(metrics).items() if n == name}
+
+        assert by_replica("rdvpump_mq_replica_lag") == {"r1": 0, "r2": 0}
+        assert by_replica("rdvpump_mq_replica_in_sync") == {"r1": 1, "r2": 1}
+        followers["r2"].close()
+        await client.publish_many("orders", [b"p%d" % i for i in range(10)])
+        await until_copied(followers["r1"], logs["r1"], 30)
+        await trio.sleep(1)
+        # a replica whose link closed is no longer shipped to, and no longer shown
+        assert by_replica("rdvpump_mq_replica_lag") == {"r1": 0}
+        for follower in followers.values():
+            follower.close()
