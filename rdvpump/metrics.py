@@ -16,7 +16,7 @@ pump), so a scrape reads the state between two pump steps.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import trio
@@ -122,24 +122,15 @@ class Metrics(Collector):
                 families["queued"].add_metric(values, stats.bytes_queued)
                 families["high_water"].add_metric(values, stats.high_water)
         yield from families.values()
-        refusals = CounterMetricFamily(
-            "rdvpump_connects_refused", "Connects refused at the rendezvous, by the broker "
-            "that saw the refusal and its reason.", labels=["broker", "reason"])
-        for (broker_id, reason), n in sorted(self.refusals.items()):
-            refusals.add_metric([broker_id, reason], n)
-        yield refusals
-        closes = CounterMetricFamily(
-            "rdvpump_link_closes", "Link ends closed, by broker and cause (clean, aborted, "
-            "lost, protocol_error).", labels=["broker", "cause"])
-        for (broker_id, cause), n in sorted(self.closes.items()):
-            closes.add_metric([broker_id, cause], n)
-        yield closes
-        rejected = CounterMetricFamily(
-            "rdvpump_handshakes_rejected", "Connections to this process closed at their "
-            "handshake, by kind.", labels=["kind"])
-        for kind, n in sorted(self.manager.net.rejections.items()):
-            rejected.add_metric([kind], n)
-        yield rejected
+        yield _counted("rdvpump_connects_refused", "Connects refused at the rendezvous, by "
+                       "the broker that saw the refusal and its reason.", ["broker", "reason"],
+                       self.refusals.items())
+        yield _counted("rdvpump_link_closes", "Link ends closed, by broker and cause (clean, "
+                       "aborted, lost, protocol_error).", ["broker", "cause"],
+                       self.closes.items())
+        yield _counted("rdvpump_handshakes_rejected", "Connections to this process closed at "
+                       "their handshake, by kind.", ["kind"],
+                       [((kind,), n) for kind, n in self.manager.net.rejections.items()])
 
     # -- the name service, tracking ------------------------------------------------------
 
@@ -205,6 +196,15 @@ class Metrics(Collector):
             ready.add_metric(values, 0 if info["root"] is None else 1)
             state.add_metric(values, info["version"])
         yield from (epoch, root, ready, state)
+
+
+def _counted(name: str, documentation: str, labels: list[str],
+             counts: Iterable[tuple[tuple[str, ...], int]]) -> CounterMetricFamily:
+    """A counter family from (the labels' values, count) pairs."""
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for values, n in sorted(counts):
+        family.add_metric(list(values), n)
+    return family
 
 
 def _mq(server: Any) -> Iterator[Metric]:
