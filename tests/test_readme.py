@@ -30,7 +30,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Ports the README's shell blocks use: the manager, the MQ server, the tracker, Spark.
-PORTS = (9876, 9877, 9878, 7077, 9100)
+PORTS = (9876, 9877, 9878, 7077, 9100, 8080)
 #: The fraction of their work the benchmark commands do here.
 BENCH_SCALE = "0.002"
 SHELL_DEADLINE = 1500.0

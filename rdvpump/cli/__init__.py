@@ -25,7 +25,8 @@ tidy_help()
 #: The top-level commands, in the order of the help: (name, module, a function of the
 #: module for a command or None for the module's ``app``, a group).
 COMMANDS = (("demo", "demo", "demo"), ("routes", "routes", "routes"),
-            ("status", "status", "status"), ("bench", "bench", None),
+            ("status", "status", "status"), ("console", "console", "console"),
+            ("bench", "bench", None),
             ("diagram", "diagram", None), ("trace", "trace", None),
             ("manager", "manager", None), ("broker", "broker", None), ("mq", "mq", None),
             ("universe", "universe", None))
@@ -38,6 +39,10 @@ SHORT_HELP = {
     "status": "The brokers a manager knows, with their age and last heartbeat (and a "
               "replicated group's member's role, a cluster's server's root and epoch, and "
               "where a process serves its metrics).",
+    "console": "A live web page of a running universe: its brokers, links and their "
+               "rates, MQ groups' lag, trackers and recent warnings, read from the name "
+               "service and the processes' --metrics pages once a second; it changes "
+               "nothing.",
     "bench": "Benchmarks against the libraries users would pick instead.",
     "diagram": "Diagrams generated from the code.",
     "trace": "Analyse and draw pump traces.",

@@ -1,0 +1,46 @@
+"""rdvpump console: a live web page of a running universe."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ._common import MANAGER_PORT, TokenOption, UniverseOption, err, guard
+
+
+def console(
+    manager: Annotated[str, typer.Option(help="Manager HOST:PORT.")] = (
+        f"127.0.0.1:{MANAGER_PORT}"),
+    universe: UniverseOption = "default",
+    token: TokenOption = "",
+    listen: Annotated[str, typer.Option(
+        help="HOST:PORT the page is served on (port 0: one the kernel picks).")] = (
+        "127.0.0.1:8080"),
+) -> None:
+    """A live web page of a running universe: its brokers, links and their rates, MQ
+    groups' lag, trackers and recent warnings, read from the name service and the
+    processes' --metrics pages once a second; it changes nothing."""
+    # imported here: ``rdvpump --help`` starts without trio and the brokers
+    import trio
+
+    from rdv import Address
+
+    from ..children import stop_signals
+    from ..console import UniverseConsole, serve_console
+
+    where = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
+    at = guard(lambda: Address.parse(listen))
+
+    async def run() -> None:
+        watched = UniverseConsole(universe, where, token=token)
+        with stop_signals() as until_signalled:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(watched.run)
+                bound = await nursery.start(serve_console, watched, at.host, at.port)
+                err.print(f"console of universe {universe!r} on http://{bound}/",
+                          markup=False, highlight=False)
+                await until_signalled()
+                nursery.cancel_scope.cancel()
+
+    guard(lambda: trio.run(run))

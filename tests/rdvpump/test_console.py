@@ -1,0 +1,142 @@
+"""``rdvpump console`` over real processes: the page, and the snapshots its event stream
+carries as a universe changes (a broker listed, an MQ group's lag going down as it
+consumes, a link's rate while a workload runs, a killed broker shown as gone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import pytest
+
+from .procs import DEADLINE, finish, read_until
+
+pytestmark = pytest.mark.slow  # real processes
+
+ENV = {**os.environ, "RDVPUMP_TOKEN": "secret", "COLUMNS": "200"}
+
+
+def start(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "rdvpump", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=ENV)
+
+
+def rdvpump(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", *args], input=stdin, text=True,
+                          capture_output=True, timeout=60, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def snapshots(stream: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """The events of the page's stream, each a snapshot."""
+    data = b""
+    for line in stream:
+        if line.startswith(b"data: "):
+            data = line[6:]
+        elif line == b"\n" and data:
+            yield json.loads(data)
+            data = b""
+
+
+def wait_for(events: Iterator[dict[str, Any]], check: Callable[[dict[str, Any]], bool]
+             ) -> dict[str, Any]:
+    """The first snapshot ``check`` holds for (within the deadline)."""
+    deadline = time.monotonic() + DEADLINE
+    for snapshot in events:
+        if check(snapshot):
+            return snapshot
+        assert time.monotonic() < deadline, snapshot
+    raise AssertionError("the event stream ended")
+
+
+def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        manager = start("manager", "serve", "--universe", "shop", "--listen", "127.0.0.1:0",
+                        "--expiry", "3", "--scan", "0.5")
+        procs.append(manager)
+        where = read_until(manager, manager.stdout, b"\n").decode().split()[-1]
+        server = start("broker", "run", "--universe", "shop", "--id", "s1", "--manager", where,
+                       "--listen", "127.0.0.1:0", "--role", "server", "--mq-dir",
+                       str(tmp_path / "data"), "--metrics", "127.0.0.1:0",
+                       "--heartbeat", "0.5")
+        procs.append(server)
+        at = read_until(server, server.stdout, b"\n").decode().split()[-1]
+        echo = start("broker", "run", "--universe", "shop", "--id", "e1", "--manager", where,
+                     "--listen", "127.0.0.1:0", "--echo", "80", "--metrics", "127.0.0.1:0",
+                     "--heartbeat", "0.5")
+        procs.append(echo)
+        read_until(echo, echo.stdout, b"\n")
+        console = start("console", "--universe", "shop", "--manager", where,
+                        "--listen", "127.0.0.1:0")
+        procs.append(console)
+        said = read_until(console, console.stderr, b"/\n").decode()
+        found = re.search(r"on (http://\S+/)", said)
+        assert found is not None, said
+        url = found.group(1)
+
+        with urllib.request.urlopen(url, timeout=10) as page:
+            html = page.read().decode()
+        assert "<title>rdvpump console</title>" in html and 'EventSource("/events")' in html
+        assert "<script src" not in html  # nothing from the network
+
+        mq: Any = ("--server", f"s1@{at}", "--universe", "shop")
+        rdvpump("mq", "declare", "orders", *mq)
+        rdvpump("mq", "publish", "orders", *mq, stdin="".join(f"{i}\n" for i in range(50)))
+        with urllib.request.urlopen(url + "events", timeout=30) as stream:
+            events = snapshots(stream)
+            first = wait_for(events, lambda s: {b["id"] for b in s["brokers"]} == {"s1", "e1"}
+                             and s["groups"])
+            assert first["groups"] == [{"server": "s1:15555", "topic": "orders",
+                                        "group": "orders", "lag": 50}]
+            assert all(b["metrics"] for b in first["brokers"])
+            rdvpump("mq", "consume", "orders", *mq, "--count", "20")
+            wait_for(events, lambda s: [g["lag"] for g in s["groups"]] == [30])
+            # a workload on a link: its rate rises above zero on the page
+            load = subprocess.Popen(
+                [sys.executable, "-c", _ECHO_LOAD, where], env=ENV,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            procs.append(load)
+            busy = wait_for(events, lambda s: any(
+                link["broker"] == "e1" and link["rate"] > 0 for link in s["links"]))
+            assert any(w for w in busy["links"] if w["peer"] == "load")
+            load.kill()
+            echo.send_signal(signal.SIGKILL)
+            echo.wait()
+            killed = time.monotonic()
+            gone = wait_for(events, lambda s: "e1" not in {b["id"] for b in s["brokers"]})
+            # the manager's expiry (3 s) and scan (0.5 s), then a snapshot a second, with
+            # room for a loaded machine
+            assert time.monotonic() - killed < 3 + 0.5 + 2 + 4
+            assert any("broker e1 is gone" in w for w in gone["warnings"])
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+            finish(proc)
+
+
+#: A client broker in a process of its own that echoes through e1 until killed.
+_ECHO_LOAD = """
+import sys, trio
+from brokermgr import open_universe
+
+async def main():
+    async with open_universe("shop", token="secret", managers=[sys.argv[1]]) as universe:
+        queue = await universe.add_broker("load").connect_queue("e1", 80)
+        while True:
+            await queue.send(b"x" * 100)
+            await queue.receive()
+
+trio.run(main)
+"""
