@@ -173,20 +173,11 @@ async def serve_console(console: UniverseConsole, host: str, port: int, *,
                         ) -> None:
     """The page at ``/`` and its snapshots at ``/events`` (server-sent events) on
     ``host:port``; ``task_status.started(address)``."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
+    from ._asgi import serve_asgi
 
     page = resources.files("rdvpump").joinpath("console.html").read_bytes()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
         if scope["path"] == "/":
             await _answer(send, 200, "text/html; charset=utf-8", page)
         elif scope["path"] == "/snapshot":
@@ -197,14 +188,7 @@ async def serve_console(console: UniverseConsole, host: str, port: int, *,
         else:
             await _answer(send, 404, "text/plain", b"not found\n")
 
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.loglevel = "WARNING"
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(app, config, task_status=task_status))
-        task_status.started(binds[0].removeprefix("http://"))
+    await serve_asgi(app, host, port, task_status=task_status)
 
 
 async def _answer(send: Any, status: int, kind: str, body: bytes) -> None:

@@ -295,31 +295,10 @@ async def serve_metrics(metrics: Metrics, host: str, port: int, *,
                         ) -> None:
     """Serve ``/metrics`` on ``host:port`` (0: a port the kernel picks) until cancelled;
     ``task_status.started(address)`` with the address it listens on."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
     from prometheus_client import make_asgi_app
+
+    from ._asgi import serve_asgi
 
     registry = CollectorRegistry(auto_describe=True)
     registry.register(metrics)
-    page = make_asgi_app(registry)
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":  # nothing to start or stop: said so at once
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        await page(scope, receive, send)
-
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.loglevel = "WARNING"
-
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(app, config, task_status=task_status))
-        task_status.started(binds[0].removeprefix("http://"))
+    await serve_asgi(make_asgi_app(registry), host, port, task_status=task_status)
