@@ -1,0 +1,120 @@
+"""``rdvpump console`` in headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by Selenium): what a person sees on the page as a universe of
+real processes changes.  Screenshots go to ``$RDVPUMP_SCREENSHOTS`` (default: the test's
+temporary directory); the README's comes from there."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .procs import DEADLINE, finish, read_until
+from .test_console import _ECHO_LOAD, ENV, rdvpump, start
+
+pytestmark = pytest.mark.slow  # real processes and a browser
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser(tmp_path: pathlib.Path) -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="pip install selenium")
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1100,1300",
+                 f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager downloads nothing
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def rows(driver: Any, table: str) -> list[list[str]]:
+    """The cells' text of each row of one of the page's tables, as a person reads it."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+        ".map(tr => [...tr.children].map(td => td.textContent))", "#" + table)
+
+
+def until(driver: Any, check: Callable[[Any], bool]) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, DEADLINE, poll_frequency=0.2).until(check)
+
+
+def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
+        tmp_path: pathlib.Path, browser: Any) -> None:
+    shots = pathlib.Path(os.environ.get("RDVPUMP_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        manager = start("manager", "serve", "--universe", "shop", "--listen", "127.0.0.1:0",
+                        "--expiry", "3", "--scan", "0.5")
+        procs.append(manager)
+        where = read_until(manager, manager.stdout, b"\n").decode().split()[-1]
+        for broker, role in (("s1", ["--role", "server", "--mq-dir", str(tmp_path / "data")]),
+                             ("e1", ["--echo", "80"])):
+            procs.append(start("broker", "run", "--universe", "shop", "--id", broker,
+                               "--manager", where, "--listen", "127.0.0.1:0", *role,
+                               "--metrics", "127.0.0.1:0", "--heartbeat", "0.5"))
+            ready = read_until(procs[-1], procs[-1].stdout, b"\n").decode().split()[-1]
+            if broker == "s1":
+                at = ready
+        server, echo = procs[1], procs[2]
+        console = start("console", "--universe", "shop", "--manager", where,
+                        "--listen", "127.0.0.1:0")
+        procs.append(console)
+        found = re.search(r"on (http://\S+/)",
+                          read_until(console, console.stderr, b"/\n").decode())
+        assert found is not None
+        mq: Any = ("--server", f"s1@{at}", "--universe", "shop")
+        rdvpump("mq", "declare", "orders", *mq)
+        rdvpump("mq", "publish", "orders", *mq, stdin="".join(f"{i}\n" for i in range(50)))
+
+        browser.get(found.group(1))
+        assert browser.title == "rdvpump console"
+        until(browser, lambda d: sorted(r[0] for r in rows(d, "brokers")) == ["e1", "s1"])
+        until(browser, lambda d: rows(d, "groups") == [["s1:15555", "orders", "orders", "50"]])
+        browser.save_screenshot(str(shots / "console.png"))
+        rdvpump("mq", "consume", "orders", *mq, "--count", "20")
+        until(browser, lambda d: [r[3] for r in rows(d, "groups")] == ["30"])
+
+        load = subprocess.Popen([sys.executable, "-c", _ECHO_LOAD, where], env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(load)
+        # the links table: broker, peer, port, sent, msgs/s, queued / high-water
+        until(browser, lambda d: any(r[0] == "e1" and r[1] == "load" and float(r[4]) > 0
+                                     for r in rows(d, "links")))
+        browser.save_screenshot(str(shots / "console-load.png"))
+        load.kill()
+        echo.send_signal(signal.SIGKILL)
+        echo.wait()
+        until(browser, lambda d: [r[0] for r in rows(d, "brokers")] == ["s1"])
+        warnings = browser.execute_script(
+            "return [...document.querySelectorAll('#warnings li')].map(li => li.textContent)")
+        assert any("broker e1 is gone" in w for w in warnings), warnings
+        assert server.poll() is None
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+            finish(proc)
