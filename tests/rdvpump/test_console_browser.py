@@ -36,7 +36,8 @@ def browser(tmp_path: pathlib.Path) -> Iterator[Any]:
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1100,1300",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1100,1300",
                  f"--user-data-dir={tmp_path / 'chromium'}"):
         options.add_argument(flag)
     os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager downloads nothing
