@@ -4,6 +4,7 @@ consumes, a link's rate while a workload runs, a killed broker shown as gone).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 
 import pytest
@@ -59,32 +61,52 @@ def wait_for(events: Iterator[dict[str, Any]], check: Callable[[dict[str, Any]],
     raise AssertionError("the event stream ended")
 
 
-def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> None:
+@dataclass
+class Watched:
+    """A universe of real processes watched by a console: the manager's address, MQ
+    server s1's, the echo broker e1's process, the console's URL, and every process."""
+
+    where: str
+    at: str
+    echo: subprocess.Popen[bytes]
+    url: str
+    procs: list[subprocess.Popen[bytes]]
+
+
+@contextlib.contextmanager
+def watched_universe(tmp_path: pathlib.Path) -> Iterator[Watched]:
+    """A manager (expiry 3 s), MQ server s1 and echo broker e1 serving metrics, and the
+    console; every process reaped after."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         manager = start("manager", "serve", "--universe", "shop", "--listen", "127.0.0.1:0",
                         "--expiry", "3", "--scan", "0.5")
         procs.append(manager)
         where = read_until(manager, manager.stdout, b"\n").decode().split()[-1]
-        server = start("broker", "run", "--universe", "shop", "--id", "s1", "--manager", where,
-                       "--listen", "127.0.0.1:0", "--role", "server", "--mq-dir",
-                       str(tmp_path / "data"), "--metrics", "127.0.0.1:0",
-                       "--heartbeat", "0.5")
-        procs.append(server)
-        at = read_until(server, server.stdout, b"\n").decode().split()[-1]
-        echo = start("broker", "run", "--universe", "shop", "--id", "e1", "--manager", where,
-                     "--listen", "127.0.0.1:0", "--echo", "80", "--metrics", "127.0.0.1:0",
-                     "--heartbeat", "0.5")
-        procs.append(echo)
-        read_until(echo, echo.stdout, b"\n")
+        ready = []
+        for broker, role in (("s1", ["--role", "server", "--mq-dir", str(tmp_path / "data")]),
+                             ("e1", ["--echo", "80"])):
+            procs.append(start("broker", "run", "--universe", "shop", "--id", broker,
+                               "--manager", where, "--listen", "127.0.0.1:0", *role,
+                               "--metrics", "127.0.0.1:0", "--heartbeat", "0.5"))
+            ready.append(read_until(procs[-1], procs[-1].stdout, b"\n").decode().split()[-1])
         console = start("console", "--universe", "shop", "--manager", where,
                         "--listen", "127.0.0.1:0")
         procs.append(console)
         said = read_until(console, console.stderr, b"/\n").decode()
         found = re.search(r"on (http://\S+/)", said)
         assert found is not None, said
-        url = found.group(1)
+        yield Watched(where, ready[0], procs[2], found.group(1), procs)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+            finish(proc)
 
+
+def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> None:
+    with watched_universe(tmp_path) as universe:
+        where, at, echo, url = universe.where, universe.at, universe.echo, universe.url
         with urllib.request.urlopen(url, timeout=10) as page:
             html = page.read().decode()
         assert "<title>rdvpump console</title>" in html and 'EventSource("/events")' in html
@@ -106,7 +128,7 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
             load = subprocess.Popen(
                 [sys.executable, "-c", _ECHO_LOAD, where], env=ENV,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            procs.append(load)
+            universe.procs.append(load)
             busy = wait_for(events, lambda s: any(
                 link["broker"] == "e1" and link["rate"] > 0 for link in s["links"]))
             assert any(w for w in busy["links"] if w["peer"] == "load")
@@ -119,11 +141,6 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
             # room for a loaded machine
             assert time.monotonic() - killed < 3 + 0.5 + 2 + 4
             assert any("broker e1 is gone" in w for w in gone["warnings"])
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-            finish(proc)
 
 
 #: A client broker in a process of its own that echoes through e1 until killed.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import shutil
 import signal
 import subprocess
@@ -17,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from .procs import DEADLINE, finish, read_until
-from .test_console import _ECHO_LOAD, ENV, rdvpump, start
+from .procs import DEADLINE
+from .test_console import _ECHO_LOAD, ENV, rdvpump, watched_universe
 
 pytestmark = pytest.mark.slow  # real processes and a browser
 
@@ -66,32 +65,12 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         tmp_path: pathlib.Path, browser: Any) -> None:
     shots = pathlib.Path(os.environ.get("RDVPUMP_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        manager = start("manager", "serve", "--universe", "shop", "--listen", "127.0.0.1:0",
-                        "--expiry", "3", "--scan", "0.5")
-        procs.append(manager)
-        where = read_until(manager, manager.stdout, b"\n").decode().split()[-1]
-        for broker, role in (("s1", ["--role", "server", "--mq-dir", str(tmp_path / "data")]),
-                             ("e1", ["--echo", "80"])):
-            procs.append(start("broker", "run", "--universe", "shop", "--id", broker,
-                               "--manager", where, "--listen", "127.0.0.1:0", *role,
-                               "--metrics", "127.0.0.1:0", "--heartbeat", "0.5"))
-            ready = read_until(procs[-1], procs[-1].stdout, b"\n").decode().split()[-1]
-            if broker == "s1":
-                at = ready
-        server, echo = procs[1], procs[2]
-        console = start("console", "--universe", "shop", "--manager", where,
-                        "--listen", "127.0.0.1:0")
-        procs.append(console)
-        found = re.search(r"on (http://\S+/)",
-                          read_until(console, console.stderr, b"/\n").decode())
-        assert found is not None
-        mq: Any = ("--server", f"s1@{at}", "--universe", "shop")
+    with watched_universe(tmp_path) as universe:
+        mq: Any = ("--server", f"s1@{universe.at}", "--universe", "shop")
         rdvpump("mq", "declare", "orders", *mq)
         rdvpump("mq", "publish", "orders", *mq, stdin="".join(f"{i}\n" for i in range(50)))
 
-        browser.get(found.group(1))
+        browser.get(universe.url)
         assert browser.title == "rdvpump console"
         until(browser, lambda d: sorted(r[0] for r in rows(d, "brokers")) == ["e1", "s1"])
         until(browser, lambda d: rows(d, "groups") == [["s1:15555", "orders", "orders", "50"]])
@@ -99,23 +78,18 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         rdvpump("mq", "consume", "orders", *mq, "--count", "20")
         until(browser, lambda d: [r[3] for r in rows(d, "groups")] == ["30"])
 
-        load = subprocess.Popen([sys.executable, "-c", _ECHO_LOAD, where], env=ENV,
+        load = subprocess.Popen([sys.executable, "-c", _ECHO_LOAD, universe.where], env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        procs.append(load)
+        universe.procs.append(load)
         # the links table: broker, peer, port, sent, msgs/s, queued / high-water
         until(browser, lambda d: any(r[0] == "e1" and r[1] == "load" and float(r[4]) > 0
                                      for r in rows(d, "links")))
         browser.save_screenshot(str(shots / "console-load.png"))
         load.kill()
-        echo.send_signal(signal.SIGKILL)
-        echo.wait()
+        universe.echo.send_signal(signal.SIGKILL)
+        universe.echo.wait()
         until(browser, lambda d: [r[0] for r in rows(d, "brokers")] == ["s1"])
         warnings = browser.execute_script(
             "return [...document.querySelectorAll('#warnings li')].map(li => li.textContent)")
         assert any("broker e1 is gone" in w for w in warnings), warnings
-        assert server.poll() is None
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-            finish(proc)
+        assert universe.procs[1].poll() is None  # s1 served on throughout
