@@ -35,6 +35,20 @@ async def serve_asgi(app: App, host: str, port: int, *,
     config.accesslog = None
     config.loglevel = "WARNING"
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(with_lifespan, config, task_status=task_status))
+        try:
+            binds = await nursery.start(
+                lambda task_status: serve(with_lifespan, config, task_status=task_status))
+        except* OSError as failed:  # the address taken, or not this machine's
+            exc = _first(failed)
+            why = (exc.strerror or str(exc)).lower()
+            raise OSError(f"cannot serve on {host}:{port}: {why}") from None
         task_status.started(binds[0].removeprefix("http://"))
+
+
+def _first(group: BaseExceptionGroup[OSError]) -> OSError:
+    """The first OSError of a group (hypercorn's nurseries nest them)."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    assert isinstance(found, OSError)
+    return found

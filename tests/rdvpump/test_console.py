@@ -157,3 +157,28 @@ async def main():
 
 trio.run(main)
 """
+
+
+def test_a_taken_or_bad_address_is_one_line(tmp_path: pathlib.Path) -> None:
+    """The console's and a broker's metrics page: an address in use or not an address is
+    one line naming it, and exit 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, said in (
+                (["console", "--manager", "127.0.0.1:1", "--listen", f"127.0.0.1:{port}"],
+                 f"error: cannot serve on 127.0.0.1:{port}: address already in use"),
+                (["broker", "run", "--id", "b1", "--manager", "127.0.0.1:1", "--listen",
+                  "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}"],
+                 f"error: cannot serve on 127.0.0.1:{port}: address already in use"),
+                (["console", "--listen", "127.0.0.1:x"],
+                 "error: address '127.0.0.1:x' must be HOST:PORT with a port within "
+                 "0..65535")):
+            proc = subprocess.run([sys.executable, "-m", "rdvpump", *args], text=True,
+                                  capture_output=True, timeout=60, env=ENV)
+            assert proc.returncode == 1, proc.stderr
+            assert proc.stderr.strip().splitlines()[-1] == said
+            assert "Traceback" not in proc.stderr

@@ -50,9 +50,10 @@ def browser(tmp_path: pathlib.Path) -> Iterator[Any]:
 
 def rows(driver: Any, table: str) -> list[list[str]]:
     """The cells' text of each row of one of the page's tables, as a person reads it."""
-    return driver.execute_script(
+    cells: list[list[str]] = driver.execute_script(
         "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
         ".map(tr => [...tr.children].map(td => td.textContent))", "#" + table)
+    return cells
 
 
 def until(driver: Any, check: Callable[[Any], bool]) -> None:
