@@ -9,6 +9,8 @@ from typing import Any
 
 import trio
 
+from ._errors import first_leaf
+
 App = Callable[[Any, Any, Any], Awaitable[None]]
 
 
@@ -39,16 +41,8 @@ async def serve_asgi(app: App, host: str, port: int, *,
             binds = await nursery.start(
                 lambda task_status: serve(with_lifespan, config, task_status=task_status))
         except* OSError as failed:  # the address taken, or not this machine's
-            exc = _first(failed)
+            exc = first_leaf(failed)  # hypercorn's nurseries nest the OSError
+            assert isinstance(exc, OSError)
             why = (exc.strerror or str(exc)).lower()
             raise OSError(f"cannot serve on {host}:{port}: {why}") from None
         task_status.started(binds[0].removeprefix("http://"))
-
-
-def _first(group: BaseExceptionGroup[OSError]) -> OSError:
-    """The first OSError of a group (hypercorn's nurseries nest them)."""
-    found: BaseException = group
-    while isinstance(found, BaseExceptionGroup):
-        found = found.exceptions[0]
-    assert isinstance(found, OSError)
-    return found

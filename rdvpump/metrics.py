@@ -163,6 +163,9 @@ class Metrics(Collector):
         server_version = GaugeMetricFamily("rdvpump_tracker_server_version",
                                            "The version of each server a tracker holds.",
                                            labels=["tracker", "server"])
+        topic_servers = GaugeMetricFamily("rdvpump_tracker_topic_servers",
+                                          "Servers a tracker's table has serving a topic.",
+                                          labels=["tracker", "topic"])
         for node in self.nodes:
             tracker = getattr(node, "tracker", None)
             if tracker is None:
@@ -171,9 +174,13 @@ class Metrics(Collector):
             name = tracker.address.address
             servers.add_metric([name], len(entries))
             version.add_metric([name], tracker.version)
+            serving: collections.Counter[str] = collections.Counter()
             for entry in entries:
                 server_version.add_metric([name, entry.key], entry.version)
-        yield from (servers, version, server_version)
+                serving.update(entry.value.topic_table.keys())
+            for topic, count in sorted(serving.items()):
+                topic_servers.add_metric([name, topic], count)
+        yield from (servers, version, server_version, topic_servers)
 
     def _cluster(self) -> Iterator[Metric]:
         if not self.clusters:

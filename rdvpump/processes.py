@@ -7,6 +7,7 @@ shut down cleanly (brokers unregister).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -212,7 +213,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 if spec is not None and names is not None:
                     for b in broker_ids:
                         nursery.start_soon(play_plan, spec, b, manager, names, nursery,
-                                           report)
+                                           report, None if watched is None else watched.watch)
 
             nursery.start_soon(announce)  # while a manager is out of reach, signals stop it
             await until_signalled()
@@ -400,6 +401,11 @@ def _refused(where: str, refusal: object) -> str:
 _WAIT_POLL = 0.1
 
 
+def master_switched(group: str, info: dict[str, Any]) -> str:
+    """What ``rdvpump mq failover`` (and the console's) says once the member took over."""
+    return f"group {group}: {info['master']} is master at epoch {info['epoch']}"
+
+
 async def switch_master(universe: str, manager_address: Address, group: str, to: str, *,
                         token: str = "", timeout: float = 5.0, tls: TLSFiles | None = None
                         ) -> dict[str, Any]:
@@ -439,14 +445,16 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
 
 async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
                     names: NameClient, nursery: trio.Nursery,
-                    emit: Callable[[str, Mapping[str, object]], None]) -> None:
-    """The child side: serve this broker's roles, drive its workloads, report."""
+                    emit: Callable[[str, Mapping[str, object]], None],
+                    watch: Callable[[Any], None] | None = None) -> None:
+    """The child side: serve this broker's roles (an MQ server given to ``watch``, the
+    process's metrics), drive its workloads, report."""
     broker = manager.broker(broker_id)
     stats = Stats()
     serves, drives = spec.roles(broker_id)
     for kind, port in serves:
-        await nursery.start(serve_role, broker, kind, port, stats,
-                            sink_payloads(spec, broker_id))
+        await nursery.start(functools.partial(serve_role, broker, kind, port, stats,
+                                              sink_payloads(spec, broker_id), watch=watch))
 
     async def report() -> None:
         while True:
@@ -486,8 +494,17 @@ def exit_status(code: int) -> str:
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                       on_change: Callable[[dict[str, ChildState]], None],
                       timeout: float | None = None, trace_args: Sequence[str] = (),
-                      outcome: dict[str, Any] | None = None) -> dict[str, ChildState]:
+                      outcome: dict[str, Any] | None = None,
+                      console: Address | None = None, admin: bool = False,
+                      on_console: Callable[[str, bool], None] = lambda url, done: None
+                      ) -> dict[str, ChildState]:
     """Start the manager and the broker processes, run the workloads, stop everything.
+
+    With ``console`` (an address to serve on), every process serves its metrics and
+    the universe's console (``rdvpump console``, ``admin`` as its ``--admin``) is served
+    there from this process: ``on_console(url, False)`` once it listens.  The universe
+    then stays up once its workloads are done, for the page, until SIGINT or SIGTERM
+    (``on_console(url, True)`` says so); ``stopped_by`` stays ``done``.
 
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
     The universe stops when every workload is done, when a child reports an error or
@@ -535,21 +552,33 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
 
                 async def interrupted() -> None:
                     async for _ in signals:
-                        outcome["stopped_by"] = "signal"
+                        if outcome.get("stopped_by") != "done":
+                            outcome["stopped_by"] = "signal"
                         nursery.cancel_scope.cancel()
                         return
 
                 nursery.start_soon(interrupted)
+                metrics = [] if console is None else ["--metrics", "127.0.0.1:0"]
                 manager = await start_child(
                     ["manager", "serve", "--universe", spec.name, "--listen", "127.0.0.1:0",
-                     "--scan", "1", "--expiry", "10", *trace_args], env, children)
+                     "--scan", "1", "--expiry", "10", *metrics, *trace_args], env, children)
                 nursery.start_soon(manager.discard)  # it says nothing more; not to block
                 where = f"{manager.address[0]}:{manager.address[1]}"
+                url = ""
+                if console is not None:
+                    from .console import UniverseConsole, serve_console
+
+                    watched = UniverseConsole(spec.name, manager.address,
+                                              token=env["RDVPUMP_TOKEN"], admin=admin)
+                    await nursery.start(watched.run)
+                    url = "http://{}/".format(await nursery.start(
+                        serve_console, watched, console.host, console.port))
+                    on_console(url, False)
                 for b in spec.brokers:
                     child = await start_child(
                         ["broker", "run", "--id", b, "--universe", spec.name, "--manager",
-                         where, "--heartbeat", "2", "--plan", str(path), *trace_args],
-                        env, children)
+                         where, "--heartbeat", "2", "--plan", str(path), *metrics,
+                         *trace_args], env, children)
                     nursery.start_soon(follow, child, states[b])
                 outcome["stopped_by"] = "timeout"
                 with trio.move_on_after(math.inf if timeout is None else timeout):
@@ -561,6 +590,10 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                         await trio.sleep(0.05)
                     else:
                         outcome["stopped_by"] = "done"
+                if console is not None and outcome["stopped_by"] == "done":
+                    on_console(url, True)
+                    while not any(st.error for st in states.values()):
+                        await trio.sleep(0.05)  # the page stays until a signal
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):

@@ -10,6 +10,7 @@ The files themselves are read by :mod:`rdvpump.universe_file`.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from brokermgr import Broker, open_universe
 from channels import AsyncMessageQueue
 from pump import RdvpumpError
 
+from ._errors import first_leaf
 from .testing import Faults, SimulationError
 from .universe_file import FaultSpec, UniverseSpec, WorkloadSpec
 
@@ -109,16 +111,19 @@ class _Cycle:
 
 async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
                      expected: dict[tuple[str, int], list[bytes]] | None = None, *,
+                     watch: Callable[[Any], None] | None = None,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Echo every message back, count and compare them (a sink: ``expected`` holds what
     each sender sends, in order), or run a memory-only MQ server (``mq``), on ``port``
-    until cancelled."""
+    until cancelled.  ``watch`` is given the MQ server (the process's metrics)."""
     if kind == "mq":  # loaded here: brokers of the other roles start without the MQ
         from brokermgr.tracking import TrackNode
         from mq import MqServer
 
         node = TrackNode(broker, role="server", port=port)
         server = MqServer(node, None)
+        if watch is not None:
+            watch(server)
         try:
             task_status.started()
             await trio.sleep_forever()
@@ -173,14 +178,9 @@ async def drive(broker: Broker, w: WorkloadSpec, stats: Stats,
         found, rest = group.split(_LINK_ERRORS)
         if found is None or rest is not None:
             raise
-        error = _first(found)
+        error = first_leaf(found)
     return WorkloadReport(w.label, done[0], done[0] * w.size, trio.current_time() - start,
                           False, str(error) or repr(error))
-
-
-def _first(group: BaseExceptionGroup[Any]) -> BaseException:
-    first = group.exceptions[0]
-    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _drive_links(broker: Broker, w: WorkloadSpec, stats: Stats, payload: list[bytes],

@@ -41,8 +41,8 @@ SHORT_HELP = {
               "where a process serves its metrics).",
     "console": "A live web page of a running universe: its brokers, links and their "
                "rates, MQ groups' lag, trackers and recent warnings, read from the name "
-               "service and the processes' --metrics pages once a second; it changes "
-               "nothing.",
+               "service and the processes' --metrics pages once a second; read-only "
+               "unless started with --admin.",
     "bench": "Benchmarks against the libraries users would pick instead.",
     "diagram": "Diagrams generated from the code.",
     "trace": "Analyse and draw pump traces.",

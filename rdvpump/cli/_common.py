@@ -128,6 +128,8 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
     except OSError as exc:
         raise fail(os_message(exc, arg)) from None
     except BaseExceptionGroup as group:  # errors raised inside trio nurseries
+        from .._errors import first_leaf
+
         leaf = first_leaf(group)
         if not isinstance(leaf, _expected()):
             raise
@@ -168,18 +170,12 @@ def interruptible(fn: Callable[[], T]) -> T:
     try:
         return guard(fn)
     except BaseException as exc:
+        from .._errors import first_leaf
+
         if isinstance(first_leaf(exc), KeyboardInterrupt):
             err.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
         raise
-
-
-def first_leaf(exc: BaseException) -> BaseException:
-    """The first exception inside ``exc``'s trio exception groups (``exc`` itself if it is
-    not one)."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def fail(message: str) -> typer.Exit:

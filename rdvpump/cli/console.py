@@ -17,10 +17,13 @@ def console(
     listen: Annotated[str, typer.Option(
         help="HOST:PORT the page is served on (port 0: one the kernel picks).")] = (
         "127.0.0.1:8080"),
+    admin: Annotated[bool, typer.Option(
+        "--admin", help="Let the page declare topics and consume groups and switch a "
+        "replicated group's master, as mq declare and mq failover do.")] = False,
 ) -> None:
     """A live web page of a running universe: its brokers, links and their rates, MQ
     groups' lag, trackers and recent warnings, read from the name service and the
-    processes' --metrics pages once a second; it changes nothing."""
+    processes' --metrics pages once a second; read-only unless started with --admin."""
     # imported here: ``rdvpump --help`` starts without trio and the brokers
     import trio
 
@@ -33,13 +36,16 @@ def console(
     at = guard(lambda: Address.parse(listen))
 
     async def run() -> None:
-        watched = UniverseConsole(universe, where, token=token)
+        watched = UniverseConsole(universe, where, token=token, admin=admin)
         with stop_signals() as until_signalled:
             async with trio.open_nursery() as nursery:
                 await nursery.start(watched.run)
                 bound = await nursery.start(serve_console, watched, at.host, at.port)
                 err.print(f"console of universe {universe!r} on http://{bound}/",
                           markup=False, highlight=False)
+                if admin:
+                    err.print("--admin: the page may declare topics and groups and switch "
+                              "a replicated group's master", markup=False, highlight=False)
                 await until_signalled()
                 nursery.cancel_scope.cancel()
 

@@ -73,17 +73,8 @@ def mq_declare(
         topic, flags=flag, group=group, filter=filter, start=start, shared=shared))
     if as_json:
         print(json.dumps({k: v for k, v in reply.items() if k != "seq"}))
-    elif reply.get("shared"):  # declared through the cluster's root, on every server
-        out.print(f"declared {topic}, group {reply['group']}, shared (cluster state "
-                  f"v{reply['version']})")
-    elif reply.get("created"):
-        out.print(f"declared {topic}, group {reply['group']}")
-    elif reply.get("group_created"):
-        out.print(f"declared group {reply['group']} of {topic}")
-    elif filter is not None:
-        out.print(f"updated {topic}, group {reply['group']}: filter {filter}")
     else:
-        out.print(f"{topic}, group {reply['group']}: declared already, unchanged")
+        out.print(mqtool.declared(topic, reply, filter))
 
 
 @app.command("publish")
@@ -357,10 +348,9 @@ def mq_failover(
     """Switch a replicated group's master by hand: the member (it must be in sync with
     the master) is master at the next epoch, the old master steps down and copies it.
     Waits until the member says it is master."""
-    from ..processes import switch_master
+    from ..processes import master_switched, switch_master
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
     info = interruptible(lambda: trio.run(lambda: switch_master(
         universe, address, group, to, token=token, timeout=timeout)))
-    out.print(f"group {group}: {info['master']} is master at epoch {info['epoch']}",
-              highlight=False)
+    out.print(master_switched(group, info), highlight=False)

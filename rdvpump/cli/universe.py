@@ -181,12 +181,25 @@ def universe_up_cmd(
     timeout: Annotated[float | None, typer.Option(
         help="Stop the universe after this many seconds if its workloads are not done "
              "(exit 1, saying what it waited for); no limit by default.")] = None,
+    console: Annotated[str | None, typer.Option(
+        "--console", metavar="HOST:PORT",
+        help="Serve the universe's console there (as rdvpump console; port 0: one the "
+             "kernel picks), every process serving its metrics; the universe then stays "
+             "up once its workloads are done, until Ctrl-C.")] = None,
+    admin: Annotated[bool, typer.Option(
+        "--admin", help="The console may change the universe (as console --admin).")
+    ] = False,
 ) -> None:
     """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all.
     A broker process that exits while the universe runs, whatever its role, stops the
     universe at once with its name and how it ended (exit 1)."""
+    from rdv import Address
+
     if timeout is not None and not timeout > 0:
         raise fail(f"--timeout must be more than 0 seconds, got {timeout:g}")
+    if admin and console is None:
+        raise fail("--admin is for the console: give --console HOST:PORT too")
+    at = None if console is None else guard(lambda: Address.parse(console))
     spec = guard(lambda: load_universe(file), arg="universe file")
     if spec.faults or spec.explore:
         err.print("note: faults are simulated in one process (universe run); up runs this "
@@ -213,19 +226,25 @@ def universe_up_cmd(
 
     outcome: dict[str, Any] = {}
     title = f"universe {spec.name!r}, one process per broker"
+
+    def console_says(url: str, done: bool) -> None:
+        err.print(f"workloads done; the console stays up at {url} until Ctrl-C" if done
+                  else f"console of universe {spec.name!r} on {url}",
+                  markup=False, highlight=False)
+
+    up = functools.partial(universe_up, spec, file, token=token, timeout=timeout,
+                           trace_args=trace_args, outcome=outcome, console=at, admin=admin,
+                           on_console=console_says)
     if out.is_terminal:
         with Live(live_table({b: ChildState(b) for b in spec.brokers}), console=out,
                   refresh_per_second=4, transient=False) as live:
-            states = guard(lambda: trio.run(lambda: universe_up(
-                spec, file, token=token, on_change=lambda st: live.update(live_table(st)),
-                timeout=timeout, trace_args=trace_args, outcome=outcome)))
+            states = guard(lambda: trio.run(lambda: up(
+                on_change=lambda st: live.update(live_table(st)))))
             # the last frame is the results: no stale counts of children that have exited
             live.update(_reports_table(title, _reports(states)))
     else:  # a pipe or a file: one plain line per change of a child's state, no live table
         lines = _StateLines()
-        states = guard(lambda: trio.run(lambda: universe_up(
-            spec, file, token=token, on_change=lines.show, timeout=timeout,
-            trace_args=trace_args, outcome=outcome)))
+        states = guard(lambda: trio.run(lambda: up(on_change=lines.show)))
         out.print(_reports_table(title, _reports(states)))
     reports = _reports(states)
     stopped_by = outcome.get("stopped_by")

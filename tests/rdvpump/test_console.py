@@ -1,6 +1,7 @@
 """``rdvpump console`` over real processes: the page, and the snapshots its event stream
 carries as a universe changes (a broker listed, an MQ group's lag going down as it
-consumes, a link's rate while a workload runs, a killed broker shown as gone)."""
+consumes, a link's rate while a workload runs, a killed broker shown as gone); what a
+read-only console refuses and what one started with ``--admin`` changes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +39,26 @@ def rdvpump(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=60, env=ENV)
     assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def post(url: str, action: str, fields: dict[str, Any], *,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """The console's answer to an admin request: its HTTP status and its JSON."""
+    request = urllib.request.Request(
+        f"{url}admin/{action}", data=json.dumps(fields).encode(), method="POST",
+        headers={"content-type": "application/json"} if headers is None else headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def console_url(proc: subprocess.Popen[bytes]) -> str:
+    said = read_until(proc, proc.stderr, b"/\n").decode()
+    found = re.search(r"on (http://\S+/)", said)
+    assert found is not None, said
+    return found.group(1)
 
 
 def snapshots(stream: IO[bytes]) -> Iterator[dict[str, Any]]:
@@ -74,9 +96,9 @@ class Watched:
 
 
 @contextlib.contextmanager
-def watched_universe(tmp_path: pathlib.Path) -> Iterator[Watched]:
+def watched_universe(tmp_path: pathlib.Path, *, admin: bool = False) -> Iterator[Watched]:
     """A manager (expiry 3 s), MQ server s1 and echo broker e1 serving metrics, and the
-    console; every process reaped after."""
+    console (``--admin`` if ``admin``); every process reaped after."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         manager = start("manager", "serve", "--universe", "shop", "--listen", "127.0.0.1:0",
@@ -91,12 +113,9 @@ def watched_universe(tmp_path: pathlib.Path) -> Iterator[Watched]:
                                "--metrics", "127.0.0.1:0", "--heartbeat", "0.5"))
             ready.append(read_until(procs[-1], procs[-1].stdout, b"\n").decode().split()[-1])
         console = start("console", "--universe", "shop", "--manager", where,
-                        "--listen", "127.0.0.1:0")
+                        "--listen", "127.0.0.1:0", *(["--admin"] if admin else []))
         procs.append(console)
-        said = read_until(console, console.stderr, b"/\n").decode()
-        found = re.search(r"on (http://\S+/)", said)
-        assert found is not None, said
-        yield Watched(where, ready[0], procs[2], found.group(1), procs)
+        yield Watched(where, ready[0], procs[2], console_url(console), procs)
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -114,6 +133,10 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
 
         mq: Any = ("--server", f"s1@{at}", "--universe", "shop")
         rdvpump("mq", "declare", "orders", *mq)
+        # read-only: an admin request is refused, and changes nothing
+        assert post(url, "declare", {"server": "s1", "topic": "audit"}) == (403, {
+            "error": "this console is read-only: start it with --admin to change the "
+                     "universe from the page"})
         rdvpump("mq", "publish", "orders", *mq, stdin="".join(f"{i}\n" for i in range(50)))
         with urllib.request.urlopen(url + "events", timeout=30) as stream:
             events = snapshots(stream)
@@ -122,6 +145,8 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
                              and s["groups"] == [{"server": "s1:15555", "topic": "orders",
                                                   "group": "orders", "lag": 50}])
             assert all(b["metrics"] for b in first["brokers"])
+            assert [b["health"] for b in first["brokers"]] == ["ok", "ok"]
+            assert not first["admin"] and first["actions"] == []
             rdvpump("mq", "consume", "orders", *mq, "--count", "20")
             wait_for(events, lambda s: [g["lag"] for g in s["groups"]] == [30])
             # a workload on a link: its rate rises above zero on the page
@@ -141,6 +166,77 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
             # room for a loaded machine
             assert time.monotonic() - killed < 3 + 0.5 + 2 + 4
             assert any("broker e1 is gone" in w for w in gone["warnings"])
+
+
+def test_an_admin_console_changes_the_universe_as_the_cli_does(tmp_path: pathlib.Path
+                                                                ) -> None:
+    """``console --admin``: the page's requests declare a consume group on an MQ server
+    (as ``rdvpump mq declare``) and switch a replicated group's master (as ``rdvpump mq
+    failover``), each listed among its actions; a request from another origin, one not
+    sent as JSON, one missing a field, and what the universe refuses are each answered
+    with the reason, and change nothing."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        manager = start("manager", "serve", "--universe", "ops", "--listen", "127.0.0.1:0")
+        procs.append(manager)
+        where = read_until(manager, manager.stdout, b"\n").decode().split()[-1]
+        for member, broker in enumerate(("g1", "g2")):
+            procs.append(start(
+                "broker", "run", "--universe", "ops", "--id", broker, "--manager", where,
+                "--listen", "127.0.0.1:0", "--role", "server", "--mq-dir",
+                str(tmp_path / broker), "--group", "a", "--group-id", str(member),
+                "--replication", "sync", "--heartbeat", "0.5", "--metrics", "127.0.0.1:0"))
+            read_until(procs[-1], procs[-1].stdout, b"\n")
+        console = start("console", "--universe", "ops", "--manager", where, "--listen",
+                        "127.0.0.1:0", "--admin")
+        procs.append(console)
+        url = console_url(console)
+        with urllib.request.urlopen(url + "events", timeout=30) as stream:
+            events = snapshots(stream)
+            wait_for(events, lambda s: s["admin"] and s["replicated"] == [
+                {"group": "a", "master": "g1", "members": ["g1", "g2"]}])
+            for fields, headers, answer in (
+                    ({"server": "g1", "topic": "orders"},
+                     {"content-type": "application/json", "origin": "http://example.com"},
+                     (403, "an admin request from another origin (http://example.com) "
+                           "is refused")),
+                    ({"server": "g1", "topic": "orders"},
+                     {"content-type": "application/x-www-form-urlencoded"},
+                     (415, "an admin request is a JSON object (content-type: "
+                           "application/json)")),
+                    ({"server": "g1"}, None, (400, "topic is required (a non-empty string)")),
+                    ({"server": "g9", "topic": "orders"}, None,
+                     (404, "no broker 'g9' is registered in universe 'ops'"))):
+                status, said = post(url, "declare", fields, headers=headers)
+                assert (status, said["error"]) == answer
+            status, said = post(url, "failover", {"group": "b", "to": "g2"})
+            assert (status, said["error"]) == (
+                409, "group 'b' has no master to switch from (status 404)")
+
+            assert post(url, "declare", {"server": "g1", "topic": "orders", "group": "audit",
+                                         "start": "beginning"}) == (
+                200, {"said": "g1: declared orders, group audit"})
+            wait_for(events, lambda s: ("orders", "audit") in {
+                (g["topic"], g["group"]) for g in s["groups"]})
+            deadline = time.monotonic() + DEADLINE
+            while True:  # the master reports g2 in sync within a heartbeat or two
+                status, said = post(url, "failover", {"group": "a", "to": "g2"})
+                if status == 200 or "is not in sync" not in said.get("error", ""):
+                    break
+                assert time.monotonic() < deadline, said
+                time.sleep(0.2)
+            assert (status, said) == (200, {"said": "group a: g2 is master at epoch 2"})
+            done = wait_for(events, lambda s: s["replicated"] == [
+                {"group": "a", "master": "g2", "members": ["g1", "g2"]}])
+            assert [a.split(" ", 1)[1] for a in done["actions"]] == [
+                "g1: declared orders, group audit", "group a: g2 is master at epoch 2"]
+        status_table = rdvpump("status", "--universe", "ops", "--manager", where).stdout
+        assert re.search(r"g2 .* a/1 master@2", status_table), status_table
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+            finish(proc)
 
 
 #: A client broker in a process of its own that echoes through e1 until killed.

@@ -66,7 +66,7 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         tmp_path: pathlib.Path, browser: Any) -> None:
     shots = pathlib.Path(os.environ.get("RDVPUMP_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
-    with watched_universe(tmp_path) as universe:
+    with watched_universe(tmp_path, admin=True) as universe:
         mq: Any = ("--server", f"s1@{universe.at}", "--universe", "shop")
         rdvpump("mq", "declare", "orders", *mq)
         rdvpump("mq", "publish", "orders", *mq, stdin="".join(f"{i}\n" for i in range(50)))
@@ -78,6 +78,18 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         browser.save_screenshot(str(shots / "console.png"))
         rdvpump("mq", "consume", "orders", *mq, "--count", "20")
         until(browser, lambda d: [r[3] for r in rows(d, "groups")] == ["30"])
+
+        # --admin: a consume group declared from the page's form, as mq declare would
+        assert browser.find_element("id", "admin").is_displayed()
+        form = browser.find_element("id", "declare")
+        for name, value in (("server", "s1"), ("topic", "orders"), ("group", "audit"),
+                            ("start", "beginning")):
+            form.find_element("name", name).send_keys(value)
+        form.find_element("tag name", "button").click()
+        until(browser, lambda d: d.find_element("id", "said").text
+              == "s1: declared group audit of orders")
+        until(browser, lambda d: [r[2:] for r in rows(d, "groups")] == [
+            ["audit", "50"], ["orders", "30"]])
 
         load = subprocess.Popen([sys.executable, "-c", _ECHO_LOAD, universe.where], env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

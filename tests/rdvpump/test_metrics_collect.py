@@ -34,8 +34,26 @@ async def test_a_tracker_s_servers_and_versions(autojump_clock: object) -> None:
                              trackers=["t1:15555"]) for i in (1, 2)]
         metrics.watch(tracker, *servers)
         assert tracker.tracker is not None
-        await until(lambda: len(tracker.tracker.tracked.entries()) == 2)
+        for server, topics in zip(servers, (["orders", "audit"], ["orders"]), strict=True):
+            assert server.server is not None
+            for topic in topics:
+                server.server.declare_topic(topic)
+        await until(lambda: sum(len(e.value.topic_table)
+                                for e in tracker.tracker.tracked.entries()) == 3)
         got = samples(metrics)
+        # the topics in the tracker's table, each with the servers serving it
+        assert {dict(ls)["topic"]: v for (name, ls), v in got.items()
+                if name == "rdvpump_tracker_topic_servers"} == {"orders": 2, "audit": 1}
+        # as the console reads them from the page
+        from rdv import Address
+        from rdvpump.console import UniverseConsole
+
+        shown = UniverseConsole("u", Address("127.0.0.1", 1))._figures({"p": got}, 0.0)
+        assert shown["topics"] == [
+            {"tracker": "t1:15555", "topic": "audit", "servers": 1},
+            {"tracker": "t1:15555", "topic": "orders", "servers": 2}]
+        assert shown["trackers"] == [{"tracker": "t1:15555", "servers": 2,
+                                      "version": int(float(tracker.tracker.version))}]
         where = frozenset({("tracker", "t1:15555")})
         assert got[("rdvpump_tracker_servers", where)] == 2
         # versions are floats on the page (exact below 2**53; wall-clock ones are near)

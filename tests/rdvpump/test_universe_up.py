@@ -1,5 +1,6 @@
 """universe up as a user meets it: in a pipe it prints plain lines; a child that dies stops
-the universe with its name and status; Ctrl-C says what finished and exits 130."""
+the universe with its name and status; Ctrl-C says what finished and exits 130; with
+``--console`` the universe's console is served beside it and stays up once it is done."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -117,6 +119,48 @@ def test_ctrl_c_says_what_finished_and_exits_130(tmp_path: pathlib.Path) -> None
     assert proc.returncode == 130, errs
     assert errs.strip().splitlines()[-1] == "interrupted; finished before it: no workload"
     assert "Traceback" not in errs
+
+
+def test_console_serves_the_universe_s_page_and_stays_until_ctrl_c(
+        tmp_path: pathlib.Path) -> None:
+    """``universe up --console``: every process serves its metrics, and the console shows
+    them (both brokers, healthy; the MQ workload's group on its server, with its lag) from
+    the universe's start; once the workloads are done the universe and the console stay
+    up, saying so, until Ctrl-C, and it exits 0 with the results.  ``--admin`` without a
+    console is one line."""
+    from .test_console import snapshots, wait_for
+
+    plan = ROOT / "examples" / "mq.toml"
+    proc = subprocess.Popen([sys.executable, "-m", "rdvpump", "universe", "up", str(plan),
+                             "--console", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "160"})
+    try:
+        said = read_until(proc, proc.stderr, b"until Ctrl-C\n").decode().splitlines()
+        url = said[0].split()[-1]
+        assert said == [f"console of universe 'mq' on {url}",
+                        f"workloads done; the console stays up at {url} until Ctrl-C"]
+        with urllib.request.urlopen(url + "events", timeout=30) as stream:
+            shown = wait_for(snapshots(stream), lambda s: len(s["brokers"]) == 2 and any(
+                g["topic"] == "workload.app" for g in s["groups"]))
+        assert [(b["id"], b["health"], bool(b["metrics"])) for b in shown["brokers"]] == [
+            ("app", "ok", True), ("server", "ok", True)]
+        assert [g["lag"] for g in shown["groups"] if g["topic"] == "workload.app"] == [0]
+        assert proc.poll() is None  # done, and still up for the page
+        proc.send_signal(signal.SIGINT)
+        out, errs = finish_text(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            finish(proc)
+    assert proc.returncode == 0, errs
+    assert "mq app->server:15555" in out and "ok" in out
+    assert "interrupted" not in errs and "Traceback" not in errs
+
+    alone = subprocess.run([sys.executable, "-m", "rdvpump", "universe", "up", str(plan),
+                            "--admin"], capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 1
+    assert alone.stderr.strip() == ("error: --admin is for the console: give --console "
+                                    "HOST:PORT too")
 
 
 def children_of(plan: pathlib.Path, universe: str) -> set[int]:
