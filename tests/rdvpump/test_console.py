@@ -226,7 +226,7 @@ def test_an_admin_console_changes_the_universe_as_the_cli_does(tmp_path: pathlib
                 assert time.monotonic() < deadline, said
                 time.sleep(0.2)
             assert (status, said) == (200, {"said": "group a: g2 is master at epoch 2"})
-            done = wait_for(events, lambda s: s["replicated"] == [
+            done = wait_for(events, lambda s: len(s["actions"]) == 2 and s["replicated"] == [
                 {"group": "a", "master": "g2", "members": ["g1", "g2"]}])
             assert [a.split(" ", 1)[1] for a in done["actions"]] == [
                 "g1: declared orders, group audit", "group a: g2 is master at epoch 2"]

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -101,7 +102,11 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         load.kill()
         universe.echo.send_signal(signal.SIGKILL)
         universe.echo.wait()
+        killed = time.monotonic()
         until(browser, lambda d: [r[0] for r in rows(d, "brokers")] == ["s1"])
+        # the manager's expiry (3 s) and scan (0.5 s), then a snapshot a second, with
+        # room for a loaded machine
+        assert time.monotonic() - killed < 3 + 0.5 + 2 + 4
         warnings = browser.execute_script(
             "return [...document.querySelectorAll('#warnings li')].map(li => li.textContent)")
         assert any("broker e1 is gone" in w for w in warnings), warnings
