@@ -38,6 +38,33 @@ _INT_RANGE = {"int32": (-(1 << 31), (1 << 31) - 1), "int": (-(1 << 63), (1 << 63
 _LOCATED = 1000
 
 
+def leave_pandas_out() -> None:
+    """Tell pyarrow, in a process that runs only this engine, that pandas is absent.
+
+    pyarrow imports pandas (if installed) the first time almost any of its functions
+    runs, only to recognise pandas objects if it is handed any; this engine hands it
+    none, and the import is a fifth of a small trace's analysis.  pyarrow tries the
+    import once and remembers the outcome: here it fails, so nothing else imports it.
+    A later ``to_pandas()`` still imports pandas then.  Not for a process where pyarrow
+    may be handed pandas objects (Spark's driver, a notebook)."""
+    import sys
+
+    if "pandas" in sys.modules:
+        return
+
+    class _Absent:
+        @staticmethod
+        def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+            if name == "pandas":
+                raise ModuleNotFoundError("left out", name=name)
+
+    sys.meta_path.insert(0, _Absent)
+    try:
+        pa.array([0])  # the one import pyarrow tries
+    finally:
+        sys.meta_path.remove(_Absent)
+
+
 class Local:
     """:class:`replay.analysis.Engine` in this process."""
 

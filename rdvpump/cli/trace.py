@@ -91,6 +91,9 @@ def trace_analyze(
     with err.status(f"analysing {traces} {where} ...") as status, \
             _stopped_by_ctrl_c() as on_interrupt:
         if engine == "local":
+            from replay.local import leave_pandas_out
+
+            leave_pandas_out()
             summary = guard(lambda: analyze(str(traces), str(target), progress=stage))
         else:
             summary = _on_spark(traces, target, master or "local[2]", jvm, verbose, stage,

@@ -45,6 +45,34 @@ def test_analyze_one_file_writes_beside_it_in_this_process(tmp_path: pathlib.Pat
     assert (out / "summary.json").is_file() and (out / "links.png").is_file()
     assert not (out / "spark.log").exists() and "Spark" not in proc.stderr
 
+    # the CLI's process leaves pandas out (pyarrow would import it for nothing), and
+    # gives what the analysis gives in a process with pandas loaded
+    import pandas  # noqa: F401
+
+    from replay.analysis import analyze
+
+    again = subprocess.run([sys.executable, "-c", _SAYS_IF_PANDAS_WAS_LOADED, "trace",
+                            "analyze", str(trace), "--out", str(tmp_path / "cli")],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.splitlines()[-1] == "pandas loaded: False"
+    here = analyze(str(trace), str(tmp_path / "here"))
+    cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert {k: v for k, v in cli.items() if k != "out"} == {
+        k: v for k, v in json.loads(json.dumps(here, default=str)).items() if k != "out"}
+    for plot in ("throughput.png", "latency.png", "links.png"):
+        assert (tmp_path / "cli" / plot).read_bytes() == (tmp_path / "here" / plot
+                                                          ).read_bytes()
+
+
+#: ``rdvpump ARGS``, then a last line on stderr: whether pandas was loaded by the end.
+_SAYS_IF_PANDAS_WAS_LOADED = """
+import atexit, runpy, sys
+atexit.register(lambda: print("pandas loaded:", "pandas" in sys.modules, file=sys.stderr))
+sys.argv = ["rdvpump", *sys.argv[1:]]
+runpy.run_module("rdvpump", run_name="__main__")
+"""
+
 
 @pytest.mark.slow  # starts processes
 def test_runs_on_two_clocks_in_one_directory_are_analysed_each_on_its_own_axis(
