@@ -8,6 +8,13 @@ producer's start to the consumer's last ack.  Baselines in the same run:
   ``appendonly yes`` and ``appendfsync everysec`` (``always`` beside ``sync``),
   a producer process with pipelined ``XADD`` and a consumer process with
   ``XREADGROUP COUNT`` and ``XACK``, batches the same size as ours;
+* NATS JetStream: Debian's ``nats-server -js`` started here on 127.0.0.1 (one server,
+  file storage), a producer process publishing a batch at a time (each publish's
+  acknowledgement awaited together, as a pipeline), and a consumer process on a durable
+  pull consumer (``fetch`` in batches, one acknowledgement per batch with the
+  ``all`` ack policy), through ``nats-py``.  Its file store fsyncs on its own schedule
+  (every two minutes in nats-server 2.9, which has no setting for it): a weaker
+  promise than either of ours, so the same baseline stands beside both policies;
 * the physical limit: one process appending the same bytes to a file with
   the same fsync policy (every batch for ``sync``, every second otherwise).
 
@@ -80,6 +87,11 @@ def child_main(argv: list[str] | None = None) -> None:
     elif kind in ("redis-producer", "redis-consumer"):
         port, size, count = int(args[1]), int(args[2]), int(args[3])
         print(json.dumps(_redis(kind, port, size, count)), flush=True)
+    elif kind in ("nats-producer", "nats-consumer"):
+        import asyncio
+
+        port, size, count = int(args[1]), int(args[2]), int(args[3])
+        print(json.dumps(asyncio.run(_nats(kind, port, size, count))), flush=True)
     else:
         raise SystemExit(f"unknown bench child {kind!r}")
 
@@ -155,6 +167,48 @@ def _redis(kind: str, port: int, size: int, count: int) -> dict[str, float]:
         pipe.execute()
         sent += n
     return {"start": start, "end": time.time()}
+
+
+async def _nats(kind: str, port: int, size: int, count: int) -> dict[str, float]:
+    import asyncio
+
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=5)
+    js = nc.jetstream(timeout=30)
+    batch = batch_for(size)
+    if kind == "nats-consumer":
+        await js.add_stream(StreamConfig(name="bench", subjects=["bench"],
+                                         storage=StorageType.FILE))
+        fetched = max(500, batch)
+        sub = await js.pull_subscribe("bench", durable="g", config=ConsumerConfig(
+            ack_policy=AckPolicy.ALL, max_ack_pending=4 * fetched))
+        print("subscribed", flush=True)
+        got, first = 0, 0.0
+        while got < count:
+            try:
+                messages = await sub.fetch(fetched, timeout=5)
+            except nats.errors.TimeoutError:
+                continue
+            if not got:
+                first = time.time()
+            got += len(messages)
+            await messages[-1].ack()  # the ``all`` policy: every message up to this one
+        await nc.flush()
+        result = {"first": first, "end": time.time()}
+    else:
+        body = b"x" * size
+        start = time.time()
+        sent = 0
+        while sent < count:
+            n = min(batch, count - sent)
+            # a batch published at once, its acknowledgements awaited together
+            await asyncio.gather(*[await js.publish_async("bench", body) for _ in range(n)])
+            sent += n
+        result = {"start": start, "end": time.time()}
+    await nc.close()
+    return result
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -264,16 +318,40 @@ def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
                                appendfsync, "--save", ""], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RunError("redis-server did not start") from None
-                time.sleep(0.05)
+        _wait_for_port(port, "redis-server")
         sent, got = _pair("redis-", [str(port), str(size), str(count)])
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+    return count / (got["end"] - sent["start"])
+
+
+def _wait_for_port(port: int, name: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RunError(f"{name} did not start") from None
+            time.sleep(0.05)
+
+
+def nats_jetstream(size: int, count: int, tmp: Path) -> float:
+    """Messages per second end to end through one ``nats-server -js`` (file storage)."""
+    server_bin = shutil.which("nats-server")
+    if server_bin is None:
+        raise RunError("nats-server not found: apt-get install nats-server")
+    port = _free_port()
+    data = tmp / f"nats-{size}"
+    server = subprocess.Popen([server_bin, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+                               str(data)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(port, "nats-server")
+        sent, got = _pair("nats-", [str(port), str(size), str(count)])
     finally:
         server.kill()
         server.wait(timeout=30)
@@ -373,6 +451,10 @@ def run(sizes: list[int], *, durabilities: list[str], scale: float = 1.0, repeat
                     best[f"redis-streams-{fsync}"] = max(
                         best.get(f"redis-streams-{fsync}", 0),
                         redis_streams(size, count, fsync, tmp))
+                    if progress:
+                        progress(f"{size} B, {durability}: NATS JetStream ...")
+                    best["nats-jetstream-file"] = max(best.get("nats-jetstream-file", 0),
+                                                      nats_jetstream(size, count, tmp))
                     if progress:
                         progress(f"{size} B, {durability}: plain append ...")
                     best["plain-append"] = max(best.get("plain-append", 0),

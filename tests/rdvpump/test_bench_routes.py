@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +36,8 @@ def test_bench_mq_moves_every_message_end_to_end(tmp_path: pathlib.Path) -> None
     for durability in ("sync", "interval:1"):
         assert mq.ours(1024, 300, durability, tmp_path) > 0  # raises if any went missing
     assert mq.plain_append(1024, 300, "sync", tmp_path) > 0
+    if shutil.which("nats-server") is not None:  # the NATS JetStream peer, to the end
+        assert mq.nats_jetstream(1024, 300, tmp_path) > 0
     assert list(tmp_path.iterdir()) == []  # every temporary file removed
 
 
