@@ -307,51 +307,43 @@ def ours(size: int, count: int, durability: str, tmp: Path) -> float:
 
 
 def redis_streams(size: int, count: int, appendfsync: str, tmp: Path) -> float:
-    server_bin = shutil.which("redis-server")
-    if server_bin is None:
-        raise RunError("redis-server not found: apt-get install redis-server")
-    port = _free_port()
+    """Messages per second end to end through one ``redis-server`` (append-only file)."""
     data = tmp / f"redis-{size}-{appendfsync}"
-    data.mkdir()
-    server = subprocess.Popen([server_bin, "--port", str(port), "--bind", "127.0.0.1",
-                               "--dir", str(data), "--appendonly", "yes", "--appendfsync",
-                               appendfsync, "--save", ""], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_port(port, "redis-server")
-        sent, got = _pair("redis-", [str(port), str(size), str(count)])
-    finally:
-        server.kill()
-        server.wait(timeout=30)
-        shutil.rmtree(data, ignore_errors=True)
-    return count / (got["end"] - sent["start"])
-
-
-def _wait_for_port(port: int, name: str) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RunError(f"{name} did not start") from None
-            time.sleep(0.05)
+    return _peer("redis-server", "apt-get install redis-server", lambda port: [
+        "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly",
+        "yes", "--appendfsync", appendfsync, "--save", ""], "redis-", data, size, count)
 
 
 def nats_jetstream(size: int, count: int, tmp: Path) -> float:
     """Messages per second end to end through one ``nats-server -js`` (file storage)."""
-    server_bin = shutil.which("nats-server")
-    if server_bin is None:
-        raise RunError("nats-server not found: apt-get install nats-server")
-    port = _free_port()
     data = tmp / f"nats-{size}"
-    server = subprocess.Popen([server_bin, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
-                               str(data)], stdout=subprocess.DEVNULL,
+    return _peer("nats-server", "apt-get install nats-server", lambda port: [
+        "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data)], "nats-", data, size,
+        count)
+
+
+def _peer(binary: str, install: str, args: Callable[[int], list[str]], prefix: str,
+          data: Path, size: int, count: int) -> float:
+    """A peer's server on a free port of 127.0.0.1 (its files in ``data``), then the
+    peer's consumer and producer children (``prefix``): messages per second end to end."""
+    found = shutil.which(binary)
+    if found is None:
+        raise RunError(f"{binary} not found: {install}")
+    data.mkdir()
+    port = _free_port()
+    server = subprocess.Popen([found, *args(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        _wait_for_port(port, "nats-server")
-        sent, got = _pair("nats-", [str(port), str(size), str(count)])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RunError(f"{binary} did not start") from None
+                time.sleep(0.05)
+        sent, got = _pair(prefix, [str(port), str(size), str(count)])
     finally:
         server.kill()
         server.wait(timeout=30)
