@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from brokermgr import BrokerManager
+from brokermgr import BrokerManager, ServiceError, Status
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
 from pump import ConfigError, Pump
@@ -84,15 +84,25 @@ async def connect(universe: str, server: str, *, token: str = "",
 
 
 async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
-                  tag: str | None, batch: int,
-                  progress: Callable[[int], None]) -> dict[str, Any]:
-    count = 0
+                  tag: str | None, batch: int, progress: Callable[[int], None],
+                  immediate: bool = False) -> dict[str, Any]:
+    """``rdvpump mq publish``: ``messages`` in batches of ``batch``, each acknowledged
+    before the next.  ``immediate``: a batch no consumer takes now is returned by the
+    server, not stored, and counted in ``returned``; the next batches are still sent."""
+    count = returned = 0
     first = last = None
     pending: list[bytes] = []
 
     async def flush() -> None:
-        nonlocal count, first, last
-        stored = await client.publish_many(topic, pending, tag=tag)
+        nonlocal count, first, last, returned
+        try:
+            stored = await client.publish_many(topic, pending, tag=tag, immediate=immediate)
+        except ServiceError as exc:
+            if exc.status != Status.GONE:
+                raise
+            returned += int(exc.detail.get("returned", len(pending)))
+            pending.clear()
+            return
         first = stored[0].offset if first is None else first
         last = stored[-1].offset
         count += len(stored)
@@ -106,7 +116,7 @@ async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
     if pending:
         await flush()
     return {"topic": topic, "published": count, "first": first, "last": last,
-            "server": client.server.address}
+            "returned": returned, "server": client.server.address}
 
 
 async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,

@@ -86,6 +86,9 @@ def mq_publish(
              "stdin.")] = [],  # noqa: B006
     tag: Annotated[str | None, typer.Option(help="Tag of every message.")] = None,
     batch: Annotated[int, typer.Option(help="Messages per request.")] = 100,
+    immediate: Annotated[bool, typer.Option(
+        "--immediate", help="Store a batch only if a consumer of one of the topic's groups "
+        "is there to take it now; else the server returns it (counted; exit 1).")] = False,
     universe: UniverseOption = "default", token: TokenOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
@@ -99,13 +102,17 @@ def mq_publish(
             err.print(f"{n:,} published", highlight=False)
 
     result = _run(universe, server, token, track_port, timeout, lambda c: mqtool.publish(
-        c, topic, mqtool.stdin_messages(file), tag=tag, batch=batch, progress=progress))
+        c, topic, mqtool.stdin_messages(file), tag=tag, batch=batch, progress=progress,
+        immediate=immediate))
     if as_json:
         print(json.dumps(result))
     else:
         out.print(f"published {result['published']:,} to {topic} on {result['server']}"
                   + (f", offsets {result['first']}..{result['last']}"
                      if result["published"] else ""))
+    if result["returned"]:
+        raise fail(f"{result['returned']:,} messages returned, not stored: no consumer of "
+                   f"topic {topic} was there to take them (--immediate)")
 
 
 @app.command("consume")

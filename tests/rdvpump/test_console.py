@@ -133,6 +133,17 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
 
         mq: Any = ("--server", f"s1@{at}", "--universe", "shop")
         rdvpump("mq", "declare", "orders", *mq)
+        # no consumer: an immediate publish is returned, counted, and stores nothing
+        returned = subprocess.run(
+            [sys.executable, "-m", "rdvpump", "mq", "publish", "orders", *mq, "--immediate",
+             "--json", "--batch", "2"], input="a\nb\nc\n", text=True, capture_output=True,
+            timeout=60, env=ENV)
+        assert returned.returncode == 1
+        assert json.loads(returned.stdout)["published"] == 0
+        assert json.loads(returned.stdout)["returned"] == 3
+        assert returned.stderr.strip() == (
+            "error: 3 messages returned, not stored: no consumer of topic orders was there "
+            "to take them (--immediate)")
         # read-only: an admin request is refused, and changes nothing
         assert post(url, "declare", {"server": "s1", "topic": "audit"}) == (403, {
             "error": "this console is read-only: start it with --admin to change the "
