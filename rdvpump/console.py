@@ -32,7 +32,7 @@ from rdv import Address
 
 from ._errors import first_leaf
 
-__all__ = ["AdminError", "UniverseConsole", "serve_console"]
+__all__ = ["AdminError", "UniverseConsole", "check_admin_address", "serve_console"]
 
 #: Seconds between two snapshots, and how many the charts keep (five minutes).
 INTERVAL = 1.0
@@ -45,6 +45,22 @@ HEARTBEAT_LATE = 5.0
 ADMIN_TIMEOUT = 10.0
 #: The largest admin request body read.
 ADMIN_BODY = 64 * 1024
+
+
+def check_admin_address(host: str) -> None:
+    """``--admin`` serves on a loopback address only: whoever reaches the page may change
+    the universe with the console's token.  ConfigError otherwise."""
+    import ipaddress
+
+    from pump import ConfigError
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(f"--admin serves only on a loopback address (127.0.0.1): whoever "
+                          f"reaches the page on {host} could change the universe")
 
 
 class AdminError(RdvpumpError):

@@ -30,10 +30,12 @@ def console(
     from rdv import Address
 
     from ..children import stop_signals
-    from ..console import UniverseConsole, serve_console
+    from ..console import UniverseConsole, check_admin_address, serve_console
 
     where = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
     at = guard(lambda: Address.parse(listen))
+    if admin:
+        guard(lambda: check_admin_address(at.host))
 
     async def run() -> None:
         watched = UniverseConsole(universe, where, token=token, admin=admin)

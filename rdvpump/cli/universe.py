@@ -200,6 +200,10 @@ def universe_up_cmd(
     if admin and console is None:
         raise fail("--admin is for the console: give --console HOST:PORT too")
     at = None if console is None else guard(lambda: Address.parse(console))
+    if admin and at is not None:
+        from ..console import check_admin_address
+
+        guard(lambda: check_admin_address(at.host))
     spec = guard(lambda: load_universe(file), arg="universe file")
     if spec.faults or spec.explore:
         err.print("note: faults are simulated in one process (universe run); up runs this "

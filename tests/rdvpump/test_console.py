@@ -268,7 +268,8 @@ trio.run(main)
 
 def test_a_taken_or_bad_address_is_one_line(tmp_path: pathlib.Path) -> None:
     """The console's and a broker's metrics page: an address in use or not an address is
-    one line naming it, and exit 1."""
+    one line naming it, and exit 1; so is an admin console on an address off this
+    machine's loopback."""
     import socket
 
     with socket.socket() as taken:
@@ -283,7 +284,10 @@ def test_a_taken_or_bad_address_is_one_line(tmp_path: pathlib.Path) -> None:
                  f"error: cannot serve on 127.0.0.1:{port}: address already in use"),
                 (["console", "--listen", "127.0.0.1:x"],
                  "error: address '127.0.0.1:x' must be HOST:PORT with a port within "
-                 "0..65535")):
+                 "0..65535"),
+                (["console", "--admin", "--listen", "0.0.0.0:0"],
+                 "error: --admin serves only on a loopback address (127.0.0.1): whoever "
+                 "reaches the page on 0.0.0.0 could change the universe")):
             proc = subprocess.run([sys.executable, "-m", "rdvpump", *args], text=True,
                                   capture_output=True, timeout=60, env=ENV)
             assert proc.returncode == 1, proc.stderr

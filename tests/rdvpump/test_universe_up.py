@@ -127,7 +127,7 @@ def test_console_serves_the_universe_s_page_and_stays_until_ctrl_c(
     them (both brokers, healthy; the MQ workload's group on its server, with its lag) from
     the universe's start; once the workloads are done the universe and the console stay
     up, saying so, until Ctrl-C, and it exits 0 with the results.  ``--admin`` without a
-    console is one line."""
+    console, or with one off the loopback, is one line."""
     from .test_console import snapshots, wait_for
 
     plan = ROOT / "examples" / "mq.toml"
@@ -161,6 +161,13 @@ def test_console_serves_the_universe_s_page_and_stays_until_ctrl_c(
     assert alone.returncode == 1
     assert alone.stderr.strip() == ("error: --admin is for the console: give --console "
                                     "HOST:PORT too")
+    exposed = subprocess.run([sys.executable, "-m", "rdvpump", "universe", "up", str(plan),
+                              "--console", "0.0.0.0:0", "--admin"], capture_output=True,
+                             text=True, timeout=60)
+    assert exposed.returncode == 1
+    assert exposed.stderr.strip() == (
+        "error: --admin serves only on a loopback address (127.0.0.1): whoever reaches the "
+        "page on 0.0.0.0 could change the universe")
 
 
 def children_of(plan: pathlib.Path, universe: str) -> set[int]:
