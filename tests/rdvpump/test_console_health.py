@@ -16,7 +16,7 @@ def registered(since_heartbeat: float, metrics: str | None = "127.0.0.1:9100"
 
 def test_a_broker_is_ok_until_something_is_wrong_and_then_says_what() -> None:
     page = "127.0.0.1:9100"
-    answered = {page: {}}
+    answered: dict[str, Any] = {page: {}}
     assert _broker_row(registered(0.5), answered, {})["health"] == "ok"
     assert _broker_row(registered(0.5, None), {}, {})["health"] == "ok"  # no page to ask
     assert _broker_row(registered(HEARTBEAT_LATE + 2), answered, {})["health"] == (
