@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 from brokermgr import Sent, encode, send
@@ -32,6 +34,13 @@ FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.
 FRAME_ROOM = 64 << 10
+
+
+_topic_group = attrgetter("topic", "group")
+_offset = attrgetter("record.offset")
+_count = attrgetter("deliveries")
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 @dataclass
@@ -72,13 +81,15 @@ class ClientLink:
         past :data:`FRAME_BYTES`) per topic and group."""
         batch = self.batch[:]
         self.batch.clear()
-        first = batch[0]
-        if all(d.group == first.group and d.topic == first.topic for d in batch):
-            self._send_messages(first.topic, [first.group], batch)
+        keys = list(map(_topic_group, batch))
+        first = keys[0]
+        if keys.count(first) == len(keys):
+            self._send_messages(first[0], [first[1]], batch)
             return
         by_group: dict[tuple[str, str], list[Delivery]] = {}
-        for delivery in batch:
-            by_group.setdefault((delivery.topic, delivery.group), []).append(delivery)
+        # runs of one topic and group, each kept in order
+        for key, run in groupby(zip(keys, batch, strict=True), _first):
+            by_group.setdefault(key, []).extend(map(_second, run))
         if self.shared_frames:
             self._send_shared(by_group)
             return
@@ -92,8 +103,7 @@ class ClientLink:
         alike: dict[tuple[str, tuple[int, ...], tuple[int, ...]],
                     tuple[list[str], list[Delivery]]] = {}
         for (topic, group), deliveries in by_group.items():
-            key = (topic, tuple(d.record.offset for d in deliveries),
-                   tuple(d.deliveries for d in deliveries))
+            key = (topic, tuple(map(_offset, deliveries)), tuple(map(_count, deliveries)))
             alike.setdefault(key, ([], deliveries))[0].append(group)
         for (topic, _, _), (groups, deliveries) in alike.items():
             self._send_messages(topic, groups, deliveries)

@@ -20,9 +20,11 @@ its floor, so what was delivered but not acknowledged is delivered again
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 from pump import ConfigError, RdvpumpError
@@ -38,6 +40,10 @@ DEFAULT_ACK_TIMEOUT = 30.0
 DEFAULT_MAX_DELIVERIES = 16
 #: Unacknowledged messages a consumer holds by default (zbus's consume window).
 DEFAULT_WINDOW = 100
+
+
+_offset = attrgetter("offset")
+_holder = attrgetter("consumer")
 
 
 class UnknownGroupError(RdvpumpError, KeyError):
@@ -129,16 +135,19 @@ class Delivery:
 
 class Member:
     """One member of a consume group (a consumer, server side): ``deliver(delivery)`` is
-    called for each message it gets."""
+    called for each message it gets, or ``deliver_many(deliveries)``, when given, for a
+    run of them in order (a consumer that has the group's messages to itself)."""
 
     def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
-                 window: int = DEFAULT_WINDOW) -> None:
+                 window: int = DEFAULT_WINDOW,
+                 deliver_many: Callable[[list[Delivery]], object] | None = None) -> None:
         if window < 1:
             raise ConfigError(f"window must be at least 1, got {window}")
         self.name = name
         self.group = group
         self.window = window
         self.deliver = deliver
+        self.deliver_many = deliver_many
         #: offsets delivered and not acknowledged
         self.in_flight: set[int] = set()
 
@@ -335,6 +344,8 @@ class Topic:
         record was handled (False: a record at ``limit``, or no credits left)."""
         consumers = group.consumers
         n = len(consumers)
+        if n == 1 and group.filter is None:
+            return self._hand_to_one(group, consumers[0], records, limit, deadline)
         ready = [c for k in range(n) if (c := consumers[(group.turn + k) % n]).credits > 0]
         left = [c.window - len(c.in_flight) for c in ready]
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
@@ -370,6 +381,33 @@ class Topic:
             group.turn = (consumers.index(last) + 1) % n
         return sent, done
 
+    def _hand_to_one(self, group: Group, consumer: Member, records: list[Record], limit: int,
+                     deadline: float) -> tuple[int, bool]:
+        """:meth:`_hand_out` for a group of one consumer and no filter (a relaying
+        server's group, a lone consumer): the records below ``limit``, as many as its
+        credits allow, in one run."""
+        room = consumer.window - len(consumer.in_flight)
+        if room <= 0:
+            return 0, False
+        take = records[:room]
+        if take[-1].offset >= limit:  # offsets ascend: keep those below the limit
+            take = take[:bisect_left(take, limit, key=_offset)]
+            if not take:
+                return 0, False
+        topic, name = self.name, group.name
+        run = [Delivery(topic, name, record, 1, consumer, deadline) for record in take]
+        offsets = [record.offset for record in take]
+        group.in_flight.update(zip(offsets, run, strict=True))
+        consumer.in_flight.update(offsets)
+        group.next_read = offsets[-1] + 1
+        group.turn = 0
+        if consumer.deliver_many is not None:
+            consumer.deliver_many(run)
+        else:
+            for delivery in run:
+                consumer.deliver(delivery)
+        return len(run), len(run) == len(records)
+
     def _send(self, group: Group, consumer: Member, record: Record, deliveries: int,
               deadline: float) -> None:
         delivery = Delivery(self.name, group.name, record, deliveries, consumer, deadline)
@@ -383,9 +421,19 @@ class Topic:
         how many were acknowledged, and the offsets that were not pending (for that
         consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
+        in_flight = group.in_flight
+        offsets = offsets if type(offsets) is list else list(offsets)
+        if consumer is not None and offsets:
+            # the common case in one pass of C: each offset once, all held by ``consumer``
+            held = list(map(in_flight.get, offsets))
+            if (None not in held and len(set(offsets)) == len(offsets)
+                    and set(map(_holder, held)) == {consumer}):
+                deque(map(in_flight.__delitem__, offsets), maxlen=0)
+                consumer.in_flight.difference_update(offsets)
+                group.dirty = True
+                return len(offsets), []
         done = 0
         missed: list[int] = []
-        in_flight = group.in_flight
         for offset in offsets:
             pending = in_flight.get(offset)
             if pending is None or (consumer is not None and pending.consumer is not consumer):

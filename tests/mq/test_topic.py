@@ -1,11 +1,14 @@
 """Consume-group semantics, sans-I/O on a manual clock: groups, filters, start positions,
-credits, acks, redelivery on consumer loss and on ack timeout, dead letters, restarts."""
+credits, acks, redelivery on consumer loss and on ack timeout, dead letters, restarts; a
+lone consumer's run of deliveries against the one-by-one hand-out."""
 
 from __future__ import annotations
 
 import pathlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mq import CursorStore, TopicLog
 from mq._memory import MemoryLog
@@ -206,3 +209,86 @@ def test_a_memory_topic_keeps_a_bounded_ring() -> None:
     assert log.start_offset == 2 and log.dropped == 2
     assert [r.offset for r in log.read(0)] == [2, 3, 4]
     assert isinstance(log.read(4)[0], Record)
+
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(1, 40)),
+    st.tuples(st.just("dispatch"), st.integers(0, 10)),  # this many stored stay unseen
+    st.tuples(st.just("ack"), st.integers(0, 2**16)),  # a bit mask over what is out
+    st.tuples(st.just("expire"), st.just(0))), max_size=25)
+
+
+@given(window=st.integers(1, 12), steps=_STEPS)
+def test_a_lone_consumer_gets_what_the_one_by_one_hand_out_gives(
+        window: int, steps: list[tuple[str, int]]) -> None:
+    """A group of one consumer and no filter is handed its messages in one run (the
+    relaying servers of a cluster, a lone consumer); a filter that passes every message
+    takes the one-by-one path.  Both give the same deliveries, in flight, positions and
+    redeliveries, step by step, and the run reaches the consumer's ``deliver_many``."""
+    worlds, inboxes, runs = [], [], []
+    for filter_ in (None, "#"):
+        w = World(ack_timeout=5.0)
+        w.topic.declare_group("orders", filter=filter_)
+        got: list[Delivery] = []
+        calls: list[int] = []
+
+        def many(run: list[Delivery], got: list[Delivery] = got, calls: list[int] = calls
+                 ) -> None:
+            calls.append(len(run))
+            got.extend(run)
+
+        w.topic.attach(Member("c", "orders", got.append, window=window, deliver_many=many))
+        worlds.append(w)
+        inboxes.append(got)
+        runs.append(calls)
+    for op, arg in steps:
+        for w in worlds:
+            topic = w.topic
+            if op == "publish":
+                topic.publish([("t", "p", i, b"m") for i in range(arg)])
+            elif op == "dispatch":
+                topic.dispatch(max(0, topic.log.next_offset - arg))
+            elif op == "ack":
+                out = sorted(topic.group("orders").in_flight)
+                topic.ack("orders", [o for i, o in enumerate(out) if arg >> (i % 17) & 1])
+            else:
+                w.now += 6.0
+                topic.expire()
+                topic.dispatch()
+        fast, slow = (w.topic.group("orders") for w in worlds)
+        assert [(d.record.offset, d.deliveries) for d in inboxes[0]] == [
+            (d.record.offset, d.deliveries) for d in inboxes[1]]
+        assert sorted(fast.in_flight) == sorted(slow.in_flight)
+        assert (fast.next_read, fast.floor) == (slow.next_read, slow.floor)
+        assert [(r.offset, n) for r, n in fast.redeliver] == [
+            (r.offset, n) for r, n in slow.redeliver]
+    assert runs[1] == []  # the filtered group went one by one
+    first = [d for d in inboxes[0] if d.deliveries == 1]
+    assert sum(runs[0]) == len(first)  # every first delivery came in a run
+
+
+@given(acks=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 30), max_size=12)),
+                     max_size=8))
+def test_acks_take_exactly_what_the_acking_consumer_holds(
+        acks: list[tuple[bool, list[int]]]) -> None:
+    """Acks naming offsets held by the acking consumer, by the other one, by no one,
+    twice in one ack or again later: exactly the acker's own are taken, each once; the
+    rest are named as missed, in the order given."""
+    w = World()
+    w.topic.declare_group("orders")
+    a, b = w.consumer("a", window=12), w.consumer("b", window=12)
+    w.publish(*[None] * 24)
+    for by_a, offsets in acks:
+        acker = (a if by_a else b).consumer
+        held = dict(w.topic.group("orders").in_flight)
+        taken: set[int] = set()
+        missed = []
+        for offset in offsets:
+            pending = held.get(offset)
+            if pending is None or pending.consumer is not acker or offset in taken:
+                missed.append(offset)
+            else:
+                taken.add(offset)
+        assert w.topic.ack("orders", offsets, acker) == (len(taken), missed)
+        assert set(w.topic.group("orders").in_flight) == set(held) - taken
+        assert acker.in_flight == {o for o, d in held.items() if d.consumer is acker} - taken
