@@ -1,6 +1,6 @@
-"""What a relaying server makes of the root's frames, sans-I/O: the messages of a
-``messages`` frame read back as they were framed, and the frames it cuts for its local
-consumers, against the rule applied one message at a time."""
+"""Frames and acks taken a batch at a time, sans-I/O, against the rules applied one
+message at a time: a relaying server reads the root's ``messages`` frames back as they
+were framed and cuts frames for its local consumers; a client acks what it holds."""
 
 from __future__ import annotations
 
@@ -45,3 +45,36 @@ def test_a_frame_for_a_local_consumer_ends_where_credits_or_its_bytes_do(
     pending = deque(messages)
     assert take_frame(pending, credits, frame_bytes) == expected
     assert list(pending) == list(rest)
+
+
+@given(held=st.sets(st.integers(0, 20)), stale=st.sets(st.integers(0, 20)),
+       offsets=st.lists(st.integers(0, 20), min_size=1, max_size=12))
+def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
+        held: set[int], stale: set[int], offsets: list[int]) -> None:
+    """Each offset the subscription holds is taken (once), one that came on a lost link
+    is dropped from the ack (delivered again), any other is kept for the server to
+    refuse; a consecutive run goes as its first offset and a count."""
+    from mq._subscription import Subscription
+
+    sub = Subscription(None, "t", "g", 10)  # type: ignore[arg-type]
+    sub.held = dict.fromkeys(sorted(held))
+    sub.stale = dict.fromkeys(sorted(stale - held))
+    left_held, left_stale, kept = set(held), set(stale - held), []
+    for offset in offsets:  # the rule, one offset at a time
+        if offset in left_held:
+            left_held.discard(offset)
+            kept.append(offset)
+        elif offset in left_stale:
+            left_stale.discard(offset)
+        else:
+            kept.append(offset)
+    request = sub.ack_request(offsets)
+    if not kept:
+        assert request is None
+    else:
+        assert request is not None
+        sent = request["offsets"]
+        if "count" in request:
+            sent = list(range(sent, sent + request["count"]))
+        assert sent == kept
+    assert (set(sub.held), set(sub.stale)) == (left_held, left_stale)
