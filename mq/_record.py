@@ -21,7 +21,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 from zlib_ng.zlib_ng import crc32 as crc32  # re-exported: one CRC for every mq file
 
@@ -109,18 +108,6 @@ def encode_batch(first: int, timestamp: int,
     """Records for ``(tag, producer id, sequence, body)`` messages from offset ``first``:
     the pieces to write back to back (bodies are not copied) and each record's length.
     ValueError for a body over ``max_body`` or a tag or producer id over 255 bytes."""
-    if messages:
-        tags, producers, sequences, bodies = zip(*messages, strict=True)
-        n = len(messages)
-        if tags.count(tags[0]) == n and producers.count(producers[0]) == n:
-            return _encode_run(first, timestamp, tags[0], producers[0], sequences, bodies,
-                               max_body)
-    return _encode_each(first, timestamp, messages, max_body)
-
-
-def _encode_each(first: int, timestamp: int, messages: Sequence[Entry], max_body: int
-                 ) -> tuple[list[bytes | memoryview], list[int]]:
-    """:func:`encode_batch` one message at a time (names packed once per run of them)."""
     chunks: list[bytes | memoryview] = []
     lengths: list[int] = []
     add, pack_fields, pack_length_crc, crc = (
@@ -143,31 +130,6 @@ def _encode_each(first: int, timestamp: int, messages: Sequence[Entry], max_body
         add(body)
         lengths.append(length)
         offset += 1
-    return chunks, lengths
-
-
-def _encode_run(first: int, timestamp: int, tag: str | None, producer: str,
-                sequences: Sequence[int], bodies: Sequence[bytes | memoryview], max_body: int
-                ) -> tuple[list[bytes | memoryview], list[int]]:
-    """:func:`encode_batch` for messages of one tag and one producer id: each record's
-    fields packed, checksummed and measured by C iterators (the same bytes)."""
-    sizes = list(map(len, bodies))
-    if sizes[0] <= max_body:  # (errors in the order the one-by-one loop finds them)
-        packed, tag_len, producer_len = names(tag, producer)
-    if max(sizes) > max_body:
-        big = next(size for size in sizes if size > max_body)
-        raise ConfigError(f"a body of {big} bytes exceeds the queue's maximum of "
-                          f"{max_body}")
-    n = len(bodies)
-    fields = map(_FIELDS.pack, range(first, first + n), repeat(timestamp), sequences,
-                 repeat(0), repeat(tag_len), repeat(producer_len), repeat(0))
-    heads = list(map(bytes.__add__, fields, repeat(packed)))
-    lengths = list(map((8 + _FIELDS.size + len(packed)).__add__, sizes))
-    crcs = map(crc32, bodies, map(crc32, heads))
-    chunks: list[bytes | memoryview] = [b""] * (3 * n)
-    chunks[0::3] = list(map(_LENGTH_CRC.pack, lengths, crcs))
-    chunks[1::3] = heads
-    chunks[2::3] = bodies
     return chunks, lengths
 
 

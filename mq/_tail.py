@@ -13,8 +13,7 @@ compacted only once more than half of it is dropped.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
-from itertools import accumulate, repeat
+from collections.abc import Sequence
 
 from ._files import VIEW_BODY
 from ._record import Entry, Record
@@ -47,27 +46,18 @@ class Tail:
         """The records just appended from ``messages``, ``first`` the offset of the
         first, all with timestamp ``now``."""
         total = self._total(first)
-        if not messages:
-            self._trim(total)
-            return
-        tags, producers, sequences, bodies = zip(*messages, strict=True)
-        sizes = list(map(len, bodies))
-        # A large body is kept as given, a view of the produce request, not copied (it
-        # holds that request, one batch, beyond the budget); a small one is copied, which
-        # costs less than the view object and frees the request.
-        if max(sizes) < VIEW_BODY:
-            kept: Iterable[bytes | memoryview] = map(bytes, bodies)
-        else:
-            kept = [body if size >= VIEW_BODY else bytes(body)
-                    for body, size in zip(bodies, sizes, strict=True)]
-        if "" in tags:  # an empty tag is no tag
-            tags = tuple(tag or None for tag in tags)
-        # made by C iterators: no Python loop per record
-        self.records.extend(map(Record, range(first, first + len(sizes)), repeat(now),
-                                sequences, tags, producers, kept))
-        self.ends.extend(accumulate(sizes, initial=total))
-        del self.ends[-len(sizes) - 1]  # the running total before them, there already
-        self._trim(self.ends[-1])
+        tail, ends = self.records, self.ends
+        offset = first
+        for tag, producer, sequence, body in messages:
+            # A large body is kept as given, a view of the produce request, not copied (it
+            # holds that request, one batch, beyond the budget); a small one is copied,
+            # which costs less than the view object and frees the request.
+            kept = body if len(body) >= VIEW_BODY else bytes(body)
+            tail.append(Record(offset, now, sequence, tag or None, producer, kept))
+            total += len(kept)
+            ends.append(total)
+            offset += 1
+        self._trim(total)
 
     def keep_records(self, records: Sequence[Record]) -> None:
         """:meth:`keep` for records made already (copied from another log)."""
