@@ -27,7 +27,6 @@ import itertools
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any, NamedTuple
 
 import trio
@@ -179,25 +178,22 @@ class _ServerLink(BrokerLink):
                        _COLUMNS]
             if sum(columns[1]) != len(body):
                 raise ValueError("sizes that do not add up to the body")
-            offsets, sizes, tags, producers, sequences, deliveries, timestamps = columns
-            ends = list(itertools.accumulate(sizes))
-            cut = map(slice, [0, *ends[:-1]], ends)
             if len(body) < count * SMALL_PIECE:
                 body = bytes(body)  # small bodies: one copy, then cheap slices of bytes
-                bodies = map(body.__getitem__, cut)
-            else:
-                bodies = map(bytes, map(body.__getitem__, cut))
-            # one Message per message, made by C iterators (no Python loop per message)
-            messages = list(map(Message, repeat(topic), repeat(group), offsets, tags,
-                                producers, sequences, deliveries, timestamps, bodies,
-                                repeat(subscription)))
-            if len(messages) != count:
-                raise ValueError(f"{len(messages)} messages for a count of {count}")
+            at = 0
+            messages = []
+            for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
+                    *columns, strict=True):
+                messages.append(Message(topic, group, offset, tag, producer, sequence,
+                                        deliveries, timestamp, bytes(body[at:at + size]),
+                                        subscription))
+                at += size
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")
             return
         held = subscription.held
-        held.update(dict.fromkeys(offsets))
+        for message in messages:
+            held[message.offset] = None
         if subscription.no_local:
             own = [m.offset for m in messages if m.producer == self.client.producer]
             if own:  # this client's own messages: acknowledged, not handed out

@@ -41,13 +41,6 @@ _offset = attrgetter("record.offset")
 _count = attrgetter("deliveries")
 _first = itemgetter(0)
 _second = itemgetter(1)
-# the columns of a messages frame, read from its records
-_record_offset = attrgetter("offset")
-_body = attrgetter("body")
-_tag = attrgetter("tag")
-_producer = attrgetter("producer")
-_sequence = attrgetter("sequence")
-_timestamp = attrgetter("timestamp")
 
 
 @dataclass
@@ -158,16 +151,16 @@ def messages_frame(topic: str, group: str, records: Sequence[_Stored],
     several groups at once (``group`` is the first of them)."""
     header: dict[str, Any] = {
         "cmd": "messages", "topic": topic, "group": group, "count": len(records),
-        "offsets": pack_column(list(map(_record_offset, records)), counting=True),
-        "sizes": pack_column(list(map(len, bodies := list(map(_body, records))))),
-        "tags": pack_column(list(map(_tag, records))),
-        "producers": pack_column(list(map(_producer, records))),
-        "sequences": pack_column(list(map(_sequence, records)), counting=True),
+        "offsets": pack_column([r.offset for r in records], counting=True),
+        "sizes": pack_column([len(r.body) for r in records]),
+        "tags": pack_column([r.tag for r in records]),
+        "producers": pack_column([r.producer for r in records]),
+        "sequences": pack_column([r.sequence for r in records], counting=True),
         "deliveries": pack_column(deliveries),
-        "timestamps": pack_column(list(map(_timestamp, records)))}
+        "timestamps": pack_column([r.timestamp for r in records])}
     if groups is not None:
         header["groups"] = groups
-    return encode(header, bodies)
+    return encode(header, [r.body for r in records])
 
 
 class Links:

@@ -34,8 +34,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
@@ -46,8 +44,6 @@ from ._drain import Drain
 from ._relay_groups import LocalConsumer, RelayGroup, relayed_messages, take_frame
 from ._requests import Ack, Consume, Produce, Unconsume
 from ._wire import pack_column
-
-_offset = attrgetter("offset")
 
 if TYPE_CHECKING:
     from ._cluster import ClusterNode
@@ -254,20 +250,14 @@ class Relay:
             raise ServiceError(Status.CONFLICT,
                                f"this link does not consume {request.topic}/{group}: its "
                                f"acks are not taken")
-        offsets = request.offsets
-        taken = list(map(consumer.held.pop, offsets, repeat(None)))  # in order, in C
-        passed: list[int] = []
-        missed: list[int] = []
-        if None not in taken:
-            passed = list(offsets)
-        else:
-            for offset, message in zip(offsets, taken, strict=True):
-                if message is not None:
-                    passed.append(offset)
-                elif offset in consumer.stale:
-                    consumer.stale.discard(offset)  # the root delivers it again
-                else:
-                    missed.append(offset)
+        passed, missed = [], []
+        for offset in request.offsets:
+            if consumer.held.pop(offset, None) is not None:
+                passed.append(offset)
+            elif offset in consumer.stale:
+                consumer.stale.discard(offset)  # the root delivers it again
+            else:
+                missed.append(offset)
         if passed:
             self._ack_upstream(relay_group, passed)
             self._dispatch(relay_group)
@@ -376,7 +366,8 @@ class Relay:
             if consumer is None:
                 return
             frame = take_frame(pending, consumer.credits, FRAME_BYTES)
-            consumer.held.update(zip(map(_offset, frame), frame, strict=True))
+            for message in frame:
+                consumer.held[message.offset] = message
             consumer.link.send(relay_group.frame(frame))
 
     def upstream_up(self, upstream: Upstream) -> None:

@@ -3,11 +3,8 @@ messages the root delivered, the consumers here, and the frames between them."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import accumulate, islice
-from operator import attrgetter
 from typing import Any
 
 from channels import Gather
@@ -93,24 +90,25 @@ def relayed_messages(obj: dict[str, Any]) -> list[Relayed]:
     body = bytes(obj.get("body", b""))
     if sum(sizes) != len(body):
         raise ValueError(f"sizes add up to {sum(sizes)}, the body has {len(body)} bytes")
-    ends = list(accumulate(sizes))
-    bodies = map(body.__getitem__, map(slice, [0, *ends[:-1]], ends))
-    return list(map(Relayed, offsets, tags, producers, sequences, deliveries, timestamps,
-                    bodies))
+    messages = []
+    start = 0
+    for i in range(count):
+        end = start + sizes[i]
+        messages.append(Relayed(offsets[i], tags[i], producers[i], sequences[i],
+                                deliveries[i], timestamps[i], body[start:end]))
+        start = end
+    return messages
 
-
-_body = attrgetter("body")
 
 
 def take_frame(pending: deque[Relayed], credits: int, frame_bytes: int) -> list[Relayed]:
     """The next frame for a consumer with ``credits`` (at least 1) out of ``pending``
     (not empty), taken from it: as many messages as the credits allow, ending with the
     one whose body brings the frame's bodies to ``frame_bytes`` or past."""
-    frame = list(islice(pending, credits))
-    ends = list(accumulate(map(len, map(_body, frame))))
-    if ends[-1] >= frame_bytes:
-        del frame[bisect_left(ends, frame_bytes) + 1:]
-    popleft = pending.popleft
-    for _ in frame:
-        popleft()
+    frame: list[Relayed] = []
+    size = 0
+    while pending and len(frame) < credits and size < frame_bytes:
+        message = pending.popleft()
+        frame.append(message)
+        size += len(message.body)
     return frame

@@ -205,25 +205,6 @@ class Subscription:
     def ack_request(self, offsets: Sequence[int]) -> dict[str, Any] | None:
         """The ack of ``offsets``, less those delivered on a link since lost (None if that
         leaves none); offsets never delivered stay in it, for the server to refuse."""
-        held = self.held
-        unique = set(offsets)
-        if len(unique) == len(offsets) and held.keys() >= unique:  # all held, each once
-            deque(map(held.__delitem__, offsets), maxlen=0)
-            kept = list(offsets)
-        else:
-            kept = self._kept(offsets)
-        if not kept:
-            return None
-        offsets = kept
-        request: dict[str, Any] = {"cmd": "ack", "topic": self.topic, "group": self.group,
-                                   "offsets": offsets}
-        if offsets and type(first := pack_column(offsets, counting=True)) is int:
-            request.update(offsets=first, count=len(offsets))  # consecutive: the first
-        return request
-
-    def _kept(self, offsets: Sequence[int]) -> list[int]:
-        """:meth:`ack_request`'s offsets one by one: those held are taken, those of a lost
-        link dropped, the rest kept for the server to refuse."""
         held, stale = self.held, self.stale
         kept = []
         for offset in offsets:
@@ -234,7 +215,14 @@ class Subscription:
                 del stale[offset]  # came on a lost link: delivered again, acked then
             else:
                 kept.append(offset)  # not held: the server says why (409)
-        return kept
+        if not kept:
+            return None
+        offsets = kept
+        request: dict[str, Any] = {"cmd": "ack", "topic": self.topic, "group": self.group,
+                                   "offsets": offsets}
+        if offsets and type(first := pack_column(offsets, counting=True)) is int:
+            request.update(offsets=first, count=len(offsets))  # consecutive: the first
+        return request
 
     async def close(self) -> None:
         self.client.subscriptions.pop((self.topic, self.group), None)

@@ -43,7 +43,6 @@ DEFAULT_WINDOW = 100
 
 
 _offset = attrgetter("offset")
-_holder = attrgetter("consumer")
 
 
 class UnknownGroupError(RdvpumpError, KeyError):
@@ -422,16 +421,6 @@ class Topic:
         consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
         in_flight = group.in_flight
-        offsets = offsets if type(offsets) is list else list(offsets)
-        if consumer is not None and offsets:
-            # the common case in one pass of C: each offset once, all held by ``consumer``
-            held = list(map(in_flight.get, offsets))
-            if (None not in held and len(set(offsets)) == len(offsets)
-                    and set(map(_holder, held)) == {consumer}):
-                deque(map(in_flight.__delitem__, offsets), maxlen=0)
-                consumer.in_flight.difference_update(offsets)
-                group.dirty = True
-                return len(offsets), []
         done = 0
         missed: list[int] = []
         for offset in offsets:

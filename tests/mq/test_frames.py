@@ -1,6 +1,6 @@
-"""Frames and acks taken a batch at a time, sans-I/O, against the rules applied one
-message at a time: a relaying server reads the root's ``messages`` frames back as they
-were framed and cuts frames for its local consumers; a client acks what it holds."""
+"""The rules of ``messages`` frames and acks, sans-I/O: a relaying server reads the
+root's frames back as they were framed and ends the frames for its local consumers where
+credits or bytes say; a client acks what it holds and drops what came on a lost link."""
 
 from __future__ import annotations
 
