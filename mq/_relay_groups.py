@@ -100,7 +100,6 @@ def relayed_messages(obj: dict[str, Any]) -> list[Relayed]:
     return messages
 
 
-
 def take_frame(pending: deque[Relayed], credits: int, frame_bytes: int) -> list[Relayed]:
     """The next frame for a consumer with ``credits`` (at least 1) out of ``pending``
     (not empty), taken from it: as many messages as the credits allow, ending with the

@@ -420,9 +420,9 @@ class Topic:
         how many were acknowledged, and the offsets that were not pending (for that
         consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
-        in_flight = group.in_flight
         done = 0
         missed: list[int] = []
+        in_flight = group.in_flight
         for offset in offsets:
             pending = in_flight.get(offset)
             if pending is None or (consumer is not None and pending.consumer is not consumer):
