@@ -39,6 +39,7 @@ from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
 from ._ring import RingBuffer as RingBuffer
+from ._ring import split_bodies as split_bodies
 from ._stream import DEFAULT_ADAPTIVE_POLL as DEFAULT_ADAPTIVE_POLL
 from ._stream import StreamLink as StreamLink
 
@@ -83,4 +84,5 @@ __all__ = [
     "close_frame",
     "coalesce",
     "gather",
+    "split_bodies",
 ]

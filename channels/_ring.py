@@ -56,9 +56,10 @@ _MAX_SPLITTERS = 256
 
 
 def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
-    """``data`` (bodies joined: bytes, or a cffi buffer, whose slices are bytes) cut into
-    bytes of the lengths ``lens``, in order.  Bodies of one size are cut by one
-    ``struct`` unpack in C (faster than slicing in Python)."""
+    """``data`` (bodies joined) cut into pieces of the lengths ``lens``, in order.  Bodies
+    of one size are cut by one ``struct`` unpack in C (faster than slicing in Python),
+    which gives bytes whatever ``data`` is (bytes, a memoryview, a cffi buffer); other
+    bodies are slices of ``data``, bytes when ``data`` is bytes or a cffi buffer."""
     first, count = lens[0], len(lens)
     if lens.count(first) == count:
         unpack = _SPLITTERS.get((first, count))

@@ -10,15 +10,17 @@ created by a produce.  The hot path of the server: one call per produce request.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from brokermgr import Call, ServiceError, Status
+from channels import split_bodies
 
 from ._catalogue import Catalogue, TopicState
 from ._commit import GroupCommit
 from ._dedupe import Recent
 from ._delivery import FRAME_ROOM, Links
+from ._files import VIEW_BODY
 from ._member import GroupRole
 from ._relay import Relay
 from ._replication import Shipper
@@ -67,10 +69,8 @@ class ProduceCommand:
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
         else:
-            view = memoryview(body)  # the messages are cut without copying
-            ends = list(itertools.accumulate(sizes))
-            messages = [(tag, producer, sequence + i, view[end - size:end])
-                        for i, (size, end) in enumerate(zip(sizes, ends, strict=True))]
+            messages = [(tag, producer, sequence + i, one)
+                        for i, one in enumerate(cut_bodies(body, sizes))]
         if len(body) > self.max_body and (len(body) if sizes is None else max(sizes)) > (
                 self.max_body):
             raise ServiceError(Status.TOO_LARGE,
@@ -121,3 +121,18 @@ class ProduceCommand:
         if state.recent is None:
             state.recent = Recent.of(state.topic.log)
         return state.recent
+
+
+def cut_bodies(body: bytes | memoryview, sizes: Sequence[int]) -> Sequence[bytes | memoryview]:
+    """The messages of a produce request's body, whose sizes are ``sizes``.  Small ones
+    (every one under :data:`~._files.VIEW_BODY`) come out as bytes, cut in C when they
+    are of one size: the log's tail keeps them as they are, where views of the request
+    would each be copied there.  Larger ones are views of the request: they are written
+    and kept without a copy."""
+    if max(sizes) >= VIEW_BODY:
+        view = memoryview(body)
+        ends = itertools.accumulate(sizes)
+        return [view[end - size:end] for size, end in zip(sizes, ends, strict=True)]
+    if sizes.count(sizes[0]) != len(sizes) and type(body) is not bytes:
+        body = bytes(body)  # cut in slices, which are bytes only of bytes
+    return split_bodies(body, list(sizes))

@@ -50,9 +50,10 @@ class Tail:
         offset = first
         for tag, producer, sequence, body in messages:
             # A large body is kept as given, a view of the produce request, not copied (it
-            # holds that request, one batch, beyond the budget); a small one is copied,
-            # which costs less than the view object and frees the request.
-            kept = body if len(body) >= VIEW_BODY else bytes(body)
+            # holds that request, one batch, beyond the budget); a small one is bytes (the
+            # produce command cuts small ones so) or copied, which costs less than the
+            # view object and frees the request.
+            kept = body if type(body) is bytes or len(body) >= VIEW_BODY else bytes(body)
             tail.append(Record(offset, now, sequence, tag or None, producer, kept))
             total += len(kept)
             ends.append(total)

@@ -1,4 +1,5 @@
-"""The rules of ``messages`` frames and acks, sans-I/O: a relaying server reads the
+"""The rules of ``produce`` and ``messages`` frames and acks, sans-I/O: a server cuts a
+produce request's body into its messages as the sizes say; a relaying server reads the
 root's frames back as they were framed and ends the frames for its local consumers where
 credits or bytes say; a client acks what it holds and drops what came on a lost link."""
 
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 
 from brokermgr import decode
 from mq._delivery import messages_frame
+from mq._files import VIEW_BODY
+from mq._produce import cut_bodies
 from mq._relay_groups import Relayed, relayed_messages, take_frame
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
@@ -21,6 +24,24 @@ _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_f
 def _relayed(rows: list[tuple[str | None, str, int, int, bytes]]) -> list[Relayed]:
     return [Relayed(100 + i, tag, producer, 7 + seq, deliveries, 1_000 + i, body)
             for i, (tag, producer, seq, deliveries, body) in enumerate(rows)]
+
+
+@given(sizes=st.one_of(
+    st.lists(st.integers(0, 300), min_size=1, max_size=40),  # small, of many sizes
+    st.tuples(st.integers(0, 300), st.integers(1, 40)).map(lambda p: [p[0]] * p[1]),  # one
+    st.lists(st.sampled_from([0, 5, VIEW_BODY - 1, VIEW_BODY, VIEW_BODY + 3]), min_size=1,
+             max_size=6)),
+       as_view=st.booleans())
+def test_a_produce_body_is_cut_as_its_sizes_say(sizes: list[int], as_view: bool) -> None:
+    """Every message as sent, in order; bytes (the log's tail keeps them without a copy)
+    unless one is large, when all are views of the request (written and kept uncopied)."""
+    data = bytes(i % 251 for i in range(sum(sizes)))
+    body = memoryview(data) if as_view else data
+    cut = cut_bodies(body, tuple(sizes))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    assert [bytes(m) for m in cut] == [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
+    large = max(sizes) >= VIEW_BODY
+    assert {type(m) for m in cut} == {memoryview if large else bytes}
 
 
 @given(rows=_MESSAGES)
