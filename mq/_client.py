@@ -45,7 +45,7 @@ from brokermgr import (
     encode,
 )
 from brokermgr.tracking import ServerAddress
-from channels import SMALL_PIECE, QueueFullError
+from channels import SMALL_PIECE, QueueFullError, split_bodies
 from pump import ConfigError
 
 from ._subscription import Message, Pushed, Receiver, Subscription
@@ -174,26 +174,18 @@ class _ServerLink(BrokerLink):
             count = obj["count"]
             if type(count) is not int or count < 1:
                 raise ValueError(f"count {count!r}")
-            columns = [unpack_column(obj[name], count, counting=counting) for name, counting in
-                       _COLUMNS]
-            if sum(columns[1]) != len(body):
-                raise ValueError("sizes that do not add up to the body")
-            if len(body) < count * SMALL_PIECE:
-                body = bytes(body)  # small bodies: one copy, then cheap slices of bytes
-            at = 0
-            messages = []
-            for offset, size, tag, producer, sequence, deliveries, timestamp in zip(
-                    *columns, strict=True):
-                messages.append(Message(topic, group, offset, tag, producer, sequence,
-                                        deliveries, timestamp, bytes(body[at:at + size]),
-                                        subscription))
-                at += size
+            columns: list[Any] = [
+                unpack_column(obj[name], count, counting=counting) for name, counting in _COLUMNS]
+            columns[1] = cut_bodies(body, columns[1])
+            messages = [Message(topic, group, offset, tag, producer, sequence, deliveries,
+                                timestamp, one, subscription)
+                        for offset, one, tag, producer, sequence, deliveries, timestamp in zip(
+                            *columns, strict=True)]
+            held = subscription.held
+            held.update(dict.fromkeys(columns[0]))  # in order, as the messages came
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")
             return
-        held = subscription.held
-        for message in messages:
-            held[message.offset] = None
         if subscription.no_local:
             own = [m.offset for m in messages if m.producer == self.client.producer]
             if own:  # this client's own messages: acknowledged, not handed out
@@ -211,6 +203,25 @@ class _ServerLink(BrokerLink):
         else:
             for message in messages:
                 subscription.on_message(message)
+
+
+def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
+    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each: of one size,
+    cut in one C call; small ones of several sizes, sliced from one copy of them all;
+    large ones copied one by one out of the frame.  ValueError unless ``sizes`` are
+    non-negative integers adding up to the body's length."""
+    uniform = sizes.count(sizes[0]) == len(sizes)
+    if ({type(sizes[0])} if uniform else set(map(type, sizes))) != {int} or min(sizes) < 0:
+        raise ValueError(f"sizes must be non-negative integers, not {sizes[:8]!r}")
+    if sum(sizes) != len(body):
+        raise ValueError("sizes that do not add up to the body")
+    if uniform:
+        return split_bodies(body, sizes)
+    if len(body) < len(sizes) * SMALL_PIECE:
+        return split_bodies(bytes(body), sizes)  # slices of bytes are bytes
+    view = memoryview(body)
+    return [bytes(view[a:b]) for a, b in itertools.pairwise(itertools.accumulate(sizes,
+                                                                                   initial=0))]
 
 
 #: The columns of a ``messages`` frame, in Message's order, and which of them count.

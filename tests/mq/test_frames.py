@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr import decode
+from mq._client import cut_bodies as client_cut_bodies
 from mq._delivery import messages_frame
 from mq._files import VIEW_BODY
 from mq._produce import cut_bodies
@@ -42,6 +44,29 @@ def test_a_produce_body_is_cut_as_its_sizes_say(sizes: list[int], as_view: bool)
     assert [bytes(m) for m in cut] == [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
     large = max(sizes) >= VIEW_BODY
     assert {type(m) for m in cut} == {memoryview if large else bytes}
+
+
+@given(sizes=st.one_of(
+    st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    st.tuples(st.integers(0, 300), st.integers(1, 40)).map(lambda p: [p[0]] * p[1]),
+    st.lists(st.sampled_from([0, 7, 4095, 4096, 9000]), min_size=1, max_size=6)),
+       as_view=st.booleans())
+def test_a_client_cuts_a_frame_s_bodies_into_bytes_as_its_sizes_say(sizes: list[int],
+                                                                   as_view: bool) -> None:
+    data = bytes(i % 251 for i in range(sum(sizes)))
+    cut = client_cut_bodies(memoryview(data) if as_view else data, sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    assert list(cut) == [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
+    assert {type(m) for m in cut} == {bytes}
+
+
+@pytest.mark.parametrize(("sizes", "why"), [
+    ([3, 3], "do not add up"), ([2, 5], "do not add up"), ([-1, 6], "non-negative"),
+    ([2.5, 2.5], "integers"), ([True] * 5, "integers"), (["5"], "integers"),
+    ([5, None], "integers")])
+def test_a_client_refuses_sizes_that_are_not_its_body_s(sizes: list[object], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        client_cut_bodies(b"hello", sizes)
 
 
 @given(rows=_MESSAGES)
