@@ -46,6 +46,49 @@ POLL_YIELD = 1e-3
 _recent: dict[StreamLink, float] = {}
 
 
+#: How long a reading of the machine's runnable threads stands (seconds).
+CORES_CHECK_EVERY = 5e-3
+
+
+def runnable(loadavg: bytes) -> int:
+    """The threads runnable now, from Linux's ``/proc/loadavg`` (its fourth field,
+    ``runnable/total``); ValueError if it is not that."""
+    fields = loadavg.split()
+    if len(fields) < 4 or fields[3].count(b"/") != 1:
+        raise ValueError(f"not a /proc/loadavg line: {loadavg[:80]!r}")
+    return int(fields[3].split(b"/")[0])
+
+
+class _Cores:
+    """Whether every core of the machine is taken: more threads runnable than cores, so
+    that one of them waits for a core (a spin would keep it waiting).  Read from
+    ``/proc/loadavg`` at most every :data:`CORES_CHECK_EVERY`; never taken where that
+    file cannot be read."""
+
+    def __init__(self) -> None:
+        self.cores = os.cpu_count() or 1
+        self.fd: int | None = None
+        self.failed = False
+        self.read_at = -math.inf
+        self.was_taken = False
+
+    def taken(self, now: float) -> bool:
+        if now - self.read_at < CORES_CHECK_EVERY or self.failed:
+            return self.was_taken
+        self.read_at = now
+        try:
+            if self.fd is None:
+                self.fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+            self.was_taken = runnable(os.pread(self.fd, 128, 0)) > self.cores
+        except (OSError, ValueError):
+            self.failed, self.was_taken = True, False
+        return self.was_taken
+
+
+#: This process's view of the machine's cores, for adaptive polling.
+_cores = _Cores()
+
+
 def _another_busy(link: StreamLink, now: float) -> bool:
     stale = []
     busy = False
@@ -80,7 +123,9 @@ class StreamLink:
     ``adaptive_poll`` (seconds, plain TCP only, on by default): the same poll, but
     only while the link is busy -- its last wait for bytes was under
     :data:`ADAPTIVE_QUIET` -- and the only busy link of its process (a poll keeps
-    the process's other links waiting), and only while polls pay: a poll that comes
+    the process's other links waiting), only while a core of the machine is free (on
+    Linux: no more threads runnable than cores; a spin would keep one of them from
+    running), and only while polls pay: a poll that comes
     up empty makes the link sleep without polling for the next 1, 2, 4 ... up to
     :data:`ADAPTIVE_MAX_SKIP` waits.  A request/reply exchange gets its replies
     without a sleep and wake-up; a quiet link never spins; a link whose peer
@@ -354,7 +399,7 @@ class StreamLink:
             self._skip -= 1
             return None
         started = time.perf_counter()
-        if _another_busy(self, started):
+        if _another_busy(self, started) or _cores.taken(started):
             return None
         self.polls += 1
         n, empty = self._spin(rx, self.adaptive_poll, yielding=True)

@@ -1,19 +1,31 @@
 """Adaptive polling of TCP links (StreamLink): it spins only while the link is the one
-busy link of its process and polls pay; a quiet link, a slow peer and a process with two
-busy links do not keep a core spinning.  Real sockets on 127.0.0.1; the peer is driven
-by the test, and its pauses are the scenario (a peer that answers slowly or not at all)."""
+busy link of its process, a core of the machine is free and polls pay; a quiet link, a
+slow peer, a process with two busy links and a machine whose cores are all taken do not
+keep a core spinning.  Real sockets on 127.0.0.1; the peer is driven by the test, and
+its pauses are the scenario (a peer that answers slowly or not at all).  Each test says
+whether the machine's cores are taken (the suite's own processes may take them)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pathlib
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
 
+import pytest
 import trio
 
-from channels import ChannelManager, MessageQueue, StreamLink
+from channels import ChannelManager, MessageQueue, StreamLink, _stream
 from pump import Pump
+
+
+@pytest.fixture(autouse=True)
+def free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core is free, whatever else runs on the machine (the rules under test are the
+    link's own); a test that takes them says so."""
+    monkeypatch.setattr(_stream._cores, "taken", lambda now: False)
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -168,3 +180,47 @@ async def test_a_link_whose_polls_keep_paying_still_lets_timers_run() -> None:
         assert link.poll_hits >= 1000  # the scenario: polls that pay, one after another
         assert ticks >= 5  # about 60 on this machine; none if polls never yield
         nursery.cancel_scope.cancel()
+
+
+async def test_a_busy_link_does_not_poll_while_every_core_is_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with links(1) as [(link, raw, counter)]:
+        await feed(raw, counter, 30, 0.0005)  # busy: with a free core it polls
+        assert counter.count == 30 and link.polls >= 1
+    monkeypatch.setattr(_stream._cores, "taken", lambda now: True)
+    async with links(1) as [(link, raw, counter)]:
+        await feed(raw, counter, 30, 0.0005)  # the same, every core taken
+        assert counter.count == 30 and link.polls == 0
+
+
+def test_the_cores_are_taken_when_more_threads_are_runnable_than_cores(
+        tmp_path: pathlib.Path) -> None:
+    loadavg = tmp_path / "loadavg"
+    cores = _stream._Cores()
+    cores.cores = 2
+    loadavg.write_bytes(b"0.52 0.58 0.59 3/467 12345\n")
+    cores.fd = os.open(loadavg, os.O_RDONLY)
+    try:
+        assert cores.taken(10.0)  # three runnable, two cores: one waits
+        loadavg.write_bytes(b"0.52 0.58 0.59 2/467 12345\n")
+        assert cores.taken(10.0 + _stream.CORES_CHECK_EVERY / 2)  # read again only later
+        assert not cores.taken(10.0 + _stream.CORES_CHECK_EVERY)
+        loadavg.write_bytes(b"no such line\n")  # unreadable: never taken from then on
+        assert not cores.taken(20.0) and cores.failed
+        loadavg.write_bytes(b"0.52 0.58 0.59 9/467 12345\n")
+        assert not cores.taken(30.0)
+    finally:
+        os.close(cores.fd)
+
+
+@pytest.mark.parametrize(("line", "count"), [(b"0.00 0.01 0.05 1/80 7\n", 1),
+                                             (b"3.57 4.98 4.07 12/512 99", 12)])
+def test_runnable_threads_are_read_from_loadavg(line: bytes, count: int) -> None:
+    assert _stream.runnable(line) == count
+
+
+@pytest.mark.parametrize("line", [b"", b"0.1 0.2 0.3", b"0.1 0.2 0.3 12 99",
+                                  b"0.1 0.2 0.3 a/b 99"])
+def test_a_line_that_is_not_loadavg_s_is_refused(line: bytes) -> None:
+    with pytest.raises(ValueError):
+        _stream.runnable(line)
