@@ -56,10 +56,10 @@ _MAX_SPLITTERS = 256
 
 
 def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
-    """``data`` (bodies joined) cut into pieces of the lengths ``lens``, in order.  Bodies
-    of one size are cut by one ``struct`` unpack in C (faster than slicing in Python),
-    which gives bytes whatever ``data`` is (bytes, a memoryview, a cffi buffer); other
-    bodies are slices of ``data``, bytes when ``data`` is bytes or a cffi buffer."""
+    """``data`` (bodies joined: bytes, a memoryview or a cffi buffer) cut into bytes of the
+    lengths ``lens``, in order.  Bodies of one size are cut by one ``struct`` unpack in C
+    (faster than slicing in Python); others are slices (of one copy of a memoryview,
+    whose own slices would be views)."""
     first, count = lens[0], len(lens)
     if lens.count(first) == count:
         unpack = _SPLITTERS.get((first, count))
@@ -68,6 +68,8 @@ def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
                 _SPLITTERS.clear()
             unpack = _SPLITTERS[first, count] = struct.Struct(f"{first}s" * count).unpack
         return unpack(data)
+    if type(data) is memoryview:
+        data = data.tobytes()
     return [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
 
 

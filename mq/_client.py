@@ -206,19 +206,17 @@ class _ServerLink(BrokerLink):
 
 
 def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
-    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each: of one size,
-    cut in one C call; small ones of several sizes, sliced from one copy of them all;
-    large ones copied one by one out of the frame.  ValueError unless ``sizes`` are
-    non-negative integers adding up to the body's length."""
+    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each: of one size
+    or small, by :func:`channels.split_bodies`; large ones of several sizes copied one by
+    one out of the frame.  ValueError unless ``sizes`` are non-negative integers adding
+    up to the body's length."""
     uniform = sizes.count(sizes[0]) == len(sizes)
     if ({type(sizes[0])} if uniform else set(map(type, sizes))) != {int} or min(sizes) < 0:
         raise ValueError(f"sizes must be non-negative integers, not {sizes[:8]!r}")
     if sum(sizes) != len(body):
         raise ValueError("sizes that do not add up to the body")
-    if uniform:
+    if uniform or len(body) < len(sizes) * SMALL_PIECE:
         return split_bodies(body, sizes)
-    if len(body) < len(sizes) * SMALL_PIECE:
-        return split_bodies(bytes(body), sizes)  # slices of bytes are bytes
     view = memoryview(body)
     return [bytes(view[a:b]) for a, b in itertools.pairwise(itertools.accumulate(sizes,
                                                                                    initial=0))]

@@ -125,14 +125,12 @@ class ProduceCommand:
 
 def cut_bodies(body: bytes | memoryview, sizes: Sequence[int]) -> Sequence[bytes | memoryview]:
     """The messages of a produce request's body, whose sizes are ``sizes``.  Small ones
-    (every one under :data:`~._files.VIEW_BODY`) come out as bytes, cut in C when they
-    are of one size: the log's tail keeps them as they are, where views of the request
+    (every one under :data:`~._files.VIEW_BODY`) come out as bytes: the log's tail keeps
+    them as they are, where views of the request
     would each be copied there.  Larger ones are views of the request: they are written
     and kept without a copy."""
     if max(sizes) >= VIEW_BODY:
         view = memoryview(body)
         ends = itertools.accumulate(sizes)
         return [view[end - size:end] for size, end in zip(sizes, ends, strict=True)]
-    if sizes.count(sizes[0]) != len(sizes) and type(body) is not bytes:
-        body = bytes(body)  # cut in slices, which are bytes only of bytes
     return split_bodies(body, list(sizes))
