@@ -141,7 +141,8 @@ class Catalogue:
         else:
             # the only place a topic's name reaches the file system: see mq._names
             topic_dir = self.directory / disk_name(name)
-            log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes)
+            log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes,
+                            flush_in_thread=self.commit.fsync_thread)
             cursors = CursorStore(topic_dir)
             saved = cursors.load(groups)
         topic = Topic(name, log_, clock=self.node.pump.now, saved=saved,

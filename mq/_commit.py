@@ -86,6 +86,8 @@ class GroupCommit:
                  fsync_thread: bool = True) -> None:
         self.pump = pump
         self.durability = durability
+        #: fsyncs may run in threads (the topics' logs flush sealed segments in one too)
+        self.fsync_thread = fsync_thread
         self._owner = owner
         #: the topics' logs, by name
         self.logs: dict[str, Log] = {}

@@ -9,7 +9,8 @@ and run anywhere (:mod:`._commit` runs it in its fsync thread).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from channels import SMALL_PIECE, coalesce
 
 from ._record import crc32
 
-__all__ = ["IOV_MAX", "VIEW_BODY", "SyncPoint", "fsync_dir", "run_sync", "write_all",
+__all__ = ["IOV_MAX", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir", "run_sync", "write_all",
            "write_chunks", "write_file"]
 
 #: Bodies this large are written and kept as views of their produce request, not copied.
@@ -32,18 +33,50 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class Flush:
+    """A sealed segment flushed in a thread of its own, its records fsynced and its index
+    written (``work``), while the pump goes on appending to the next segment; ``error``
+    once it is done, if it failed."""
+
+    def __init__(self, work: Callable[[], object], name: str) -> None:
+        self.error: OSError | None = None
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except OSError as exc:
+            self.error = exc
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until it is done (any thread); OSError if it failed."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 @dataclass(frozen=True)
 class SyncPoint:
-    """An fsync to do: the last segment's file, the directory if it changed, and the
-    offset everything below which is durable once it is done."""
+    """An fsync to do: the last segment's file, the directory if it changed, the offset
+    everything below which is durable once it is done, and the flush of the segment
+    before the last if one is still under way (it covers records below ``target`` too)."""
 
     fd: int
     directory: Path | None
     target: int
+    flush: Flush | None = None
 
 
 def run_sync(point: SyncPoint) -> None:
     """Do the fsync of a :class:`SyncPoint` (any thread); OSError if it fails."""
+    if point.flush is not None:
+        point.flush.wait()
     os.fsync(point.fd)
     if point.directory is not None:
         fsync_dir(point.directory)

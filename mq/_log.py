@@ -9,8 +9,10 @@ last segment whole.  Offsets count messages from 0 and never repeat.
 Durability is the caller's policy: :meth:`TopicLog.append` hands the bytes to
 the OS in one ``write``; :meth:`TopicLog.sync` makes everything appended so
 far durable (one ``fsync`` for however many appends: group commit) and says
-up to which offset.  A failed write is cut back, so nothing half-written
-stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
+up to which offset.  A full segment is sealed (fsynced, its index written) before
+the next append, or in a thread while appends go on to the next segment
+(``flush_in_thread``; the next sync waits for it).  A failed write is cut back, so
+nothing half-written stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
 ("fsyncgate": the kernel may have dropped the pages) -- the log refuses every
 later write until it is opened again, and recovery reads what really is on
 disk.
@@ -18,7 +20,8 @@ disk.
 Opening recovers and verifies: a record torn by a crash at the tail of the
 last segment is cut (the bytes cut are logged); a sealed segment is taken on
 its index only if the checksum of the whole segment, kept in the index, still
-matches, and is read whole otherwise; a corrupt record anywhere is reported
+matches, and is read whole (and fsynced: a killed process may have been sealing
+it) otherwise; a corrupt record anywhere is reported
 with its file, byte position and the offsets it hides (:class:`Corruption`),
 and reading goes on after it.  Damage that appears while the log is open is
 found when it is read, reported the same way and skipped.
@@ -42,7 +45,7 @@ from pathlib import Path
 from pump import ConfigError
 
 from ._epochs import EPOCHS, Epochs
-from ._files import SyncPoint, fsync_dir, run_sync, write_chunks, write_file
+from ._files import Flush, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
 from ._record import (
     DEFAULT_MAX_BODY,
     RECORD_OVERHEAD,
@@ -79,13 +82,15 @@ class TopicLog:
 
     ``segment_bytes`` bounds a segment; ``max_body`` the body of one record.
     ``clock()`` gives the time in seconds for timestamps (which never go
-    backwards within a log).
+    backwards within a log).  ``flush_in_thread``: a sealed segment is fsynced and
+    indexed in a thread while appends go on to the next one (else on the caller's
+    thread, before the next append: deterministic, but the caller waits for the disk).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_body: int = DEFAULT_MAX_BODY,
                  clock: Callable[[], float] = time.time,
-                 tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
+                 tail_bytes: int = DEFAULT_TAIL_BYTES, flush_in_thread: bool = False) -> None:
         if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
             raise ConfigError(f"segment_bytes must be at least "
                              f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
@@ -103,6 +108,11 @@ class TopicLog:
         self.cut_bytes = 0
         #: Why the log refuses writes (a failed fsync), or None.
         self.failed: str | None = None
+        self.flush_in_thread = flush_in_thread
+        #: The flush of the segment sealed last, while it may be under way, and the
+        #: offset below which it makes every record durable.
+        self._flush: Flush | None = None
+        self._flush_upto = 0
         self._durable = 0
         self._dir_dirty = False
         self._segdir = self.directory / "segments"
@@ -139,6 +149,9 @@ class TopicLog:
     def durable_offset(self) -> int:
         """Every record below this offset has been fsynced (by :meth:`sync`, a roll, or an
         earlier run)."""
+        flush = self._flush
+        if flush is not None and flush.done and flush.error is None:
+            self._take_flush()
         return self._durable
 
     @property
@@ -158,9 +171,9 @@ class TopicLog:
         self.cut_bytes = opened.cut_bytes
         self._dir_dirty = True  # a new directory or segment: the first sync covers it
 
-    def _create(self, base: int) -> Segment:
+    def _create(self, base: int, *, sync: bool = True) -> Segment:
         segment = create_segment(self._segdir, base, int(self.clock() * 1000),
-                                 self.segments[-1].max_ts)
+                                 self.segments[-1].max_ts, sync=sync)
         self._dir_dirty = True
         return segment
 
@@ -171,8 +184,8 @@ class TopicLog:
         the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
         disk.
         :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
-        if self.failed is not None:
-            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        if self.failed is not None or (self._flush is not None and self._flush.error is not None):
+            self._refuse()
         if not messages:
             return self.next_offset
         segment = self.segments[-1]
@@ -210,8 +223,8 @@ class TopicLog:
         anything is written; the count of records stored.  :class:`StoreError` (nothing
         stored) naming the first record that is damaged, cut short or out of line, or if
         the write fails."""
-        if self.failed is not None:
-            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        if self.failed is not None or (self._flush is not None and self._flush.error is not None):
+            self._refuse()
         segment = self.segments[-1]
         records: list[Record] = []
         ends: list[int] = []
@@ -280,6 +293,7 @@ class TopicLog:
         count of records cut; :class:`StoreError` (nothing cut) below the oldest held."""
         if offset >= self.next_offset:
             return 0
+        self._take_flush()
         if self.failed is not None or offset < self.start_offset:
             raise StoreError(f"{self.directory}: cannot cut from offset {offset}: " + (
                 self.failed or f"the oldest record held is {self.start_offset}"))
@@ -339,7 +353,7 @@ class TopicLog:
         if self.failed is not None:
             raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
         point = SyncPoint(self.segments[-1].fd, self._segdir if self._dir_dirty else None,
-                          self.next_offset)
+                          self.next_offset, self._flush)
         self._dir_dirty = False
         return point
 
@@ -349,18 +363,63 @@ class TopicLog:
             log.error("%s: %s; the queue refuses writes until it is opened again",
                       self.directory, self.failed)
             raise StoreError(f"{self.directory}: {self.failed}") from error
+        if point.flush is not None and point.flush is self._flush:
+            self._flush = None  # done, and covered by the target
         self._durable = max(self._durable, point.target)
         return self._durable
 
     def _roll(self) -> None:
-        """Seal the last segment (fsynced, its index written) and start a new one."""
+        """Seal the last segment (fsynced, its index written) and start a new one.
+
+        With ``flush_in_thread`` the fsyncs (the sealed segment's, the new one's header)
+        and the index are a :class:`Flush` of their own, which also fsyncs the
+        directory.  A
+        crash of the machine meanwhile may leave the sealed segment without its index
+        (opening reads it whole and fsyncs it) or, like the last one, short of what was
+        not yet on disk (opening reports the records lost and keeps the rest)."""
         segment = self.segments[-1]
+        self._take_flush()  # the one before: done long ago, a whole segment ago
+        if self.flush_in_thread:
+            # the new segment's header is fsynced there too: an fsync here would wait on
+            # the disk behind the sealed segment's
+            new = self._create(segment.next_offset, sync=False)
+
+            def flush() -> None:
+                os.fsync(segment.fd)
+                os.fsync(new.fd)  # its header, before the directory names it
+                seal(segment)  # the index, fsynced with the directory
+
+            self._flush = Flush(flush, f"mq seal {segment.path.name}")
+            self._flush_upto = segment.next_offset
+            self.segments.append(new)
+            return
         os.fsync(segment.fd)
         seal(segment)
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
         self._dir_dirty = False
+
+    def _take_flush(self) -> None:
+        """Wait for the flush of the segment sealed last, if one is under way, and take
+        its outcome: its records are durable, or the log refuses writes from now on."""
+        flush, self._flush = self._flush, None
+        if flush is None:
+            return
+        try:
+            flush.wait()
+        except OSError as exc:
+            self.failed = f"fsync failed: {exc.strerror or exc}"
+            log.error("%s: %s (sealing a segment); the queue refuses writes until it is "
+                      "opened again", self.directory, self.failed)
+            raise StoreError(f"{self.directory}: {self.failed}") from exc
+        self._durable = max(self._durable, self._flush_upto)
+
+    def _refuse(self) -> None:
+        """:class:`StoreError`: the log has failed (a flush that failed included)."""
+        if self.failed is None:
+            self._take_flush()  # raises: the flush failed
+        raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
 
     # -- reading -----------------------------------------------------------------------
 
@@ -463,6 +522,9 @@ class TopicLog:
         records went."""
         now_ms = int(self.clock() * 1000)
         gone = 0
+        if len(self.segments) > 1:  # the segment sealed last may go too
+            with contextlib.suppress(StoreError):  # logged; writes are refused from now on
+                self._take_flush()
         while len(self.segments) > 1:
             oldest = self.segments[0]
             too_big = max_bytes is not None and self.size_bytes > max_bytes
@@ -479,6 +541,8 @@ class TopicLog:
         return gone
 
     def close(self) -> None:
+        with contextlib.suppress(StoreError):  # logged; opening again reads what is on disk
+            self._take_flush()
         for segment in self.segments:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)

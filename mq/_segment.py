@@ -73,15 +73,18 @@ class Opened:
     cut_bytes: int
 
 
-def create_segment(directory: Path, base: int, now_ms: int, max_ts: int) -> Segment:
-    """A new empty segment file starting at offset ``base``, its header fsynced (the
-    directory is not: the caller fsyncs it with what it writes next)."""
+def create_segment(directory: Path, base: int, now_ms: int, max_ts: int, *,
+                   sync: bool = True) -> Segment:
+    """A new empty segment file starting at offset ``base``, its header fsynced unless
+    ``sync`` is false (the caller then fsyncs it before the directory).  The directory is
+    not fsynced: the caller does it with what it writes next."""
     path = directory / f"{base:020d}.seg"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         header = segment_header(base, now_ms)
         os.write(fd, header)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         path.unlink(missing_ok=True)
@@ -206,8 +209,12 @@ def _scan(segment: Segment, *, last: bool, max_record: int,
     if scan.torn is not None:
         cut = _cut(segment, *scan.torn)
     segment.crc = crc32(memoryview(buf)[:segment.size])
-    if not last and not scan.bad:
-        seal(segment)
+    if not last:
+        # sealed while a killed process was still flushing it: its records may be in
+        # the page cache only
+        os.fsync(segment.fd)
+        if not scan.bad:
+            seal(segment)
     return cut
 
 

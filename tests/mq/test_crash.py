@@ -14,12 +14,14 @@ import pytest
 from mq import TopicLog
 
 #: A producer that acknowledges (prints) an offset only once it is fsynced (``sync``
-#: policy, group commit: one fsync per batch of 1 to 50 messages).
+#: policy, group commit: one fsync per batch of 1 to 50 messages); its full segments
+#: sealed before the next append, or in a thread while it appends (``flush_in_thread``:
+#: a kill often finds one being sealed).
 CHILD = textwrap.dedent("""
     import random, sys
     from mq import TopicLog
 
-    log = TopicLog(sys.argv[1], segment_bytes=64 << 10)
+    log = TopicLog(sys.argv[1], segment_bytes=64 << 10, flush_in_thread=sys.argv[3] == "1")
     rng = random.Random(int(sys.argv[2]))
     n = log.next_offset
     print("ready", n, flush=True)
@@ -40,9 +42,10 @@ def body(offset: int, record_body: bytes) -> bool:
 @pytest.mark.parametrize("run", range(5))
 def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: pathlib.Path, run: int) -> None:
     acked = 0
+    flush_in_thread = run % 2  # runs 1 and 3
     for restart in range(3):  # kill, restart on the same directory, kill again
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(run)],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(run),
+                                  str(flush_in_thread)], stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout is not None
             ready = child.stdout.readline().split()

@@ -71,6 +71,86 @@ def test_segments_roll_and_the_index_finds_any_offset(tmp_path: pathlib.Path) ->
     again.close()
 
 
+def test_sealed_segments_flushed_in_a_thread_are_the_same_files(
+        tmp_path: pathlib.Path) -> None:
+    """With ``flush_in_thread`` a sealed segment is fsynced and indexed while appends go on
+    to the next: the same segment and index files as sealing inline, every record
+    readable meanwhile, durable once a sync (which waits for the flush) says so."""
+    made = {}
+    for flushed in (False, True):
+        now, clock = clock_at()
+        log = TopicLog(tmp_path / str(flushed), segment_bytes=20_000, clock=clock,
+                       flush_in_thread=flushed)
+        fill(log, 1000)
+        assert len(log.segments) > 5 and bodies(log) == [bytes([i % 256]) * 100
+                                                         for i in range(1000)]
+        assert log.sync() == 1000 and log.durable_offset == 1000
+        log.close()
+        files = sorted((tmp_path / str(flushed) / "segments").iterdir())
+        made[flushed] = {f.name: f.read_bytes() for f in files}
+        again = TopicLog(tmp_path / str(flushed), segment_bytes=20_000)
+        assert again.next_offset == 1000 and again.corruptions == [] == [
+            f for f in files if f.suffix == ".tmp"]
+        again.close()
+    assert made[True] == made[False]
+    assert sum(name.endswith(".idx") for name in made[True]) == len(made[True]) // 2
+
+
+def test_a_flush_that_fails_refuses_every_later_write(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = TopicLog(tmp_path, segment_bytes=20_000, flush_in_thread=True)
+    real = os.fsync
+    sealed = log.segments[0].fd
+
+    def broken(fd: int) -> None:
+        if fd == sealed:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", broken)
+    while len(log.segments) == 1:  # until the first segment is sealed
+        fill(log, 1)
+    with pytest.raises(StoreError, match="fsync failed: Input/output error"):
+        log.sync()
+    monkeypatch.undo()
+    assert log.durable_offset == 0
+    assert "refuses writes until it is opened again" in caplog.text
+    with pytest.raises(StoreError, match="refusing writes: fsync failed"):
+        log.append([(None, "p", 0, b"z")])
+    log.close()
+
+
+def test_a_segment_sealed_but_not_flushed_when_the_process_died_is_read_whole(
+        tmp_path: pathlib.Path) -> None:
+    """A killed process can leave the segment before the last without its index (the
+    flush was under way): opening reads it whole, writes its index and keeps every
+    record; cut short (a machine that crashed before its records reached the disk), the
+    records lost are reported and the next segment's are kept."""
+    log = TopicLog(tmp_path, segment_bytes=20_000)
+    fill(log, 600)
+    log.close()
+    sealed = sorted((tmp_path / "segments").glob("*.seg"))[:-1]
+    indexes = sorted((tmp_path / "segments").glob("*.idx"))
+    assert len(sealed) == len(indexes) >= 2
+    indexes[-1].unlink()
+    again = TopicLog(tmp_path, segment_bytes=20_000)
+    assert bodies(again) == [bytes([i % 256]) * 100 for i in range(600)]
+    assert again.corruptions == [] and indexes[-1].exists()
+    again.close()
+    size = sealed[-1].stat().st_size
+    for cut in (size - 1, size - 150, size - 300):
+        indexes[-1].unlink(missing_ok=True)
+        with open(sealed[-1], "r+b") as f:
+            f.truncate(cut)
+        again = TopicLog(tmp_path, segment_bytes=20_000)
+        (lost,) = again.corruptions
+        kept = [r.offset for r in again.read(0, max_count=1000)]
+        assert again.next_offset == 600 and kept[-1] == 599
+        assert set(range(600)) - set(kept) == set(range(lost.first, lost.last + 1)) != set()
+        again.close()
+
+
 def test_the_tail_in_memory_reads_what_the_files_hold(tmp_path: pathlib.Path) -> None:
     """Readers that keep up are served from memory (the newest bodies up to
     ``tail_bytes``); whatever it holds, a read gives what a cold read of the files gives,
