@@ -79,15 +79,20 @@ def run_simulation(async_fn: Callable[..., Awaitable[T]], *args: Any, seed: int 
     whenever every task waits, and trio's scheduling order comes from ``seed``.
 
     ``clock="real"`` runs it on trio's real clock instead (for throughput figures).
+
+    Ctrl-C raises KeyboardInterrupt at the main task's next checkpoint, not wherever the
+    code happens to be: raised inside a finalizer or an import's lock callback, Python
+    would print it as "Exception ignored" and the run would go on.
     """
     if clock == "real":
-        return trio.run(async_fn, *args)
+        return trio.run(async_fn, *args, restrict_keyboard_interrupt_to_checkpoints=True)
     if clock != "virtual":
         raise SimulationError(f"clock must be 'virtual' or 'real', got {clock!r}")
     from trio.testing import MockClock  # here: it imports pytest, which a CLI start need not
 
     with seeded_scheduling(seed):
-        return trio.run(async_fn, *args, clock=MockClock(autojump_threshold=0))
+        return trio.run(async_fn, *args, clock=MockClock(autojump_threshold=0),
+                        restrict_keyboard_interrupt_to_checkpoints=True)
 
 
 # -- faults -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 import pathlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
@@ -162,6 +162,15 @@ def check_format(fmt: str) -> None:
 
     if fmt not in FORMATS:
         raise ConfigError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def run_trio(fn: Callable[[], Awaitable[T]]) -> T:
+    """``trio.run(fn)`` for a command that stops on Ctrl-C: the KeyboardInterrupt comes at
+    the main task's next checkpoint, never inside a finalizer or an import's lock
+    callback, where Python would print it as "Exception ignored" and go on."""
+    import trio
+
+    return trio.run(fn, restrict_keyboard_interrupt_to_checkpoints=True)
 
 
 def interruptible(fn: Callable[[], T]) -> T:

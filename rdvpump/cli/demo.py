@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import trio
 import typer
 from rich.table import Table
 
-from ._common import err, fail, interruptible, out
+from ._common import err, fail, interruptible, out, run_trio
 
 
 def demo(
@@ -23,7 +22,7 @@ def demo(
     from ..demo import run_echo_demo
 
     with err.status("running the echo universe ..."):
-        report = interruptible(lambda: trio.run(lambda: run_echo_demo(
+        report = interruptible(lambda: run_trio(lambda: run_echo_demo(
             clients=clients, connects=connects, messages=messages, max_size=max_size,
             ring_capacity=ring, seed=seed)))
     table = Table(title=f"echo universe {report.universe!r} (seed {report.seed}, "

@@ -9,7 +9,6 @@ import pathlib
 import sys
 from typing import Annotated, Any
 
-import trio
 import typer
 from rich.table import Table
 
@@ -28,6 +27,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    run_trio,
 )
 
 app = typer.Typer(rich_markup_mode=None,
@@ -48,7 +48,7 @@ def _run(universe: str, server: str, token: str, track_port: int, timeout: float
                                   timeout=timeout) as client:
             return await body(client)
 
-    return interruptible(lambda: trio.run(main))
+    return interruptible(lambda: run_trio(main))
 
 
 @app.command("declare")
@@ -358,6 +358,6 @@ def mq_failover(
     from ..processes import master_switched, switch_master
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
-    info = interruptible(lambda: trio.run(lambda: switch_master(
+    info = interruptible(lambda: run_trio(lambda: switch_master(
         universe, address, group, to, token=token, timeout=timeout)))
     out.print(master_switched(group, info), highlight=False)

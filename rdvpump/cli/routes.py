@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-import trio
 import typer
 from rich.live import Live
 from rich.table import Table
@@ -25,6 +24,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    run_trio,
     slave_lags,
     tls_files,
 )
@@ -65,7 +65,7 @@ def routes(
             live[0].update(_routes_table(snap), refresh=True)
 
     try:
-        interruptible(lambda: trio.run(lambda: watch_routes(
+        interruptible(lambda: run_trio(lambda: watch_routes(
             universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
             tls_client=None if tls is None else _client_context(tls), once=once,
             timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show,

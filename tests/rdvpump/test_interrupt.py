@@ -130,3 +130,44 @@ def test_ctrl_c_ends_mq_failover_while_it_waits_for_the_manager() -> None:
         connection, _ = silent.accept()  # it is waiting for the manager's answer now
         with connection:
             interrupt_and_check(proc)
+
+
+#: Ctrl-C arriving while a weak reference's callback runs (as importlib's module locks
+#: have): Python prints an exception raised there as "Exception ignored" and goes on, so
+#: a KeyboardInterrupt raised inside it is lost.
+CTRL_C_IN_A_CALLBACK = """
+import os, signal, time, trio, weakref
+from rdvpump.testing import run_simulation
+
+class Lock:
+    pass
+
+def gone(ref):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)  # the signal's handler runs here, in the callback
+
+refs = []
+
+async def main(clock):
+    lock = Lock()
+    refs.append(weakref.ref(lock, gone))
+    del lock  # the callback runs
+    for _ in range(10):  # ten seconds on the real clock if Ctrl-C is lost
+        await trio.sleep(1)
+    return "went on"
+
+for clock in ("virtual", "real"):
+    try:
+        print(clock, run_simulation(main, clock, clock=clock, seed=1))
+    except KeyboardInterrupt:
+        print(clock, "interrupted")
+"""
+
+
+def test_ctrl_c_during_a_callback_still_stops_a_simulation() -> None:
+    """A simulation takes Ctrl-C at its next checkpoint, wherever the signal came."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_IN_A_CALLBACK], capture_output=True,
+                          text=True, timeout=DEADLINE, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["virtual interrupted", "real interrupted"], (
+        proc.stdout, proc.stderr[-2000:])
