@@ -15,7 +15,9 @@ from ._common import (
     UniverseOption,
     group_cell,
     guard,
+    interruptible,
     out,
+    run_trio,
     slave_lags,
     tls_files,
 )
@@ -37,7 +39,6 @@ def status(
     group's member's role, a cluster's server's root and epoch, and where a process
     serves its metrics)."""
     # imported here: ``status --help`` starts without trio and the brokers
-    import trio
     from rich.table import Table
 
     from rdv import Address
@@ -46,7 +47,7 @@ def status(
 
     address = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
-    brokers = guard(lambda: trio.run(lambda: query_status(
+    brokers = interruptible(lambda: run_trio(lambda: query_status(
         universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     grouped = any(b.get("group") for b in brokers)

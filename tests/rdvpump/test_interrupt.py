@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,29 @@ def test_ctrl_c_ends_universe_run_in_one_line(tmp_path: pathlib.Path) -> None:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)  # a file to appear: polled, bounded
     interrupt_and_check(proc)
+
+
+def test_ctrl_c_ends_status_waiting_for_a_broker_in_one_line() -> None:
+    """``status --wait`` on a manager that never hears of the broker: Ctrl-C while it
+    waits (it has dialled the manager: a socket is open) ends it in one line."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = start("manager", "serve", "--universe", "shop", "--listen", f"127.0.0.1:{port}")
+    try:
+        read_until(manager, manager.stdout, b"ready manager")
+        proc = start("status", "--universe", "shop", "--manager", f"127.0.0.1:{port}",
+                     "--wait", "ghost", "--timeout", "60")
+        deadline = time.monotonic() + DEADLINE
+        while not any(os.readlink(fd).startswith("socket:")
+                      for fd in pathlib.Path(f"/proc/{proc.pid}/fd").iterdir()
+                      if fd.is_symlink()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)  # its first connection: polled, bounded
+        interrupt_and_check(proc)
+    finally:
+        manager.send_signal(signal.SIGINT)
+        finish(manager, timeout=30)
 
 
 @pytest.mark.spark
