@@ -359,10 +359,7 @@ class TopicLog:
 
     def finish_sync(self, point: SyncPoint, error: OSError | None) -> int:
         if error is not None:
-            self.failed = f"fsync failed: {error.strerror or error}"
-            log.error("%s: %s; the queue refuses writes until it is opened again",
-                      self.directory, self.failed)
-            raise StoreError(f"{self.directory}: {self.failed}") from error
+            raise self._fsync_failed(error) from error
         if point.flush is not None and point.flush is self._flush:
             self._flush = None  # done, and covered by the target
         self._durable = max(self._durable, point.target)
@@ -373,10 +370,10 @@ class TopicLog:
 
         With ``flush_in_thread`` the fsyncs (the sealed segment's, the new one's header)
         and the index are a :class:`Flush` of their own, which also fsyncs the
-        directory.  A
-        crash of the machine meanwhile may leave the sealed segment without its index
-        (opening reads it whole and fsyncs it) or, like the last one, short of what was
-        not yet on disk (opening reports the records lost and keeps the rest)."""
+        directory.  A crash of the machine meanwhile may leave the sealed segment
+        without its index (opening reads it whole and fsyncs it) or, like the last one,
+        short of what was not yet on disk (opening reports the records lost and keeps
+        the rest)."""
         segment = self.segments[-1]
         self._take_flush()  # the one before: done long ago, a whole segment ago
         if self.flush_in_thread:
@@ -409,11 +406,16 @@ class TopicLog:
         try:
             flush.wait()
         except OSError as exc:
-            self.failed = f"fsync failed: {exc.strerror or exc}"
-            log.error("%s: %s (sealing a segment); the queue refuses writes until it is "
-                      "opened again", self.directory, self.failed)
-            raise StoreError(f"{self.directory}: {self.failed}") from exc
+            raise self._fsync_failed(exc, " (sealing a segment)") from exc
         self._durable = max(self._durable, self._flush_upto)
+
+    def _fsync_failed(self, error: OSError, where: str = "") -> StoreError:
+        """The log refuses writes from now on (never retried: see the module); logged,
+        and the error to raise."""
+        self.failed = f"fsync failed: {error.strerror or error}"
+        log.error("%s: %s%s; the queue refuses writes until it is opened again",
+                  self.directory, self.failed, where)
+        return StoreError(f"{self.directory}: {self.failed}")
 
     def _refuse(self) -> None:
         """:class:`StoreError`: the log has failed (a flush that failed included)."""
