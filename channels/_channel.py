@@ -154,9 +154,11 @@ class Channel:
 
     @property
     def sent_out(self) -> bool:
-        """This end has disconnected and every byte it wrote has left it (over a socket:
-        handed to the kernel, or the connection was lost)."""
-        return self._disconnected is not None and (not self._carried or self._carried_off)
+        """Nothing more leaves this end (it disconnected, or its peer did: no one reads
+        what it would write) and every byte it wrote has left it (over a socket: handed
+        to the kernel, or the connection was lost)."""
+        return ((self._disconnected is not None or self.peer_reason is not None)
+                and (not self._carried or self._carried_off))
 
     async def wait_sent(self) -> None:
         """Wait for :attr:`sent_out`: a process that ends after this loses nothing it
@@ -310,6 +312,7 @@ class Channel:
         self.peer_reason = reason
         self.peer_cause = cause
         self._blocked = False
+        self._wake_sent()
         if self.rx_ring.used == 0:
             self._post_closed(f"peer disconnected ({reason})")
         elif not self._read_posted and self._listener is not None:

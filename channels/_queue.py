@@ -519,9 +519,10 @@ class MessageQueue:
 
     async def wait_sent(self) -> None:
         """Wait until this queue has closed and every byte it wrote has left this end of
-        the link (over TCP: handed to the kernel).  After :meth:`close`, a process may end
-        once this returns without losing what it sent; bound it with a timeout, since a
-        peer that stops reading holds it."""
+        the link (over TCP: handed to the kernel), or at once if the peer ended the link
+        (no one reads more).  After :meth:`close`, a process may end once this returns
+        without losing what it sent; bound it with a timeout, since a peer that stops
+        reading holds it."""
         await self._channel.wait_sent()
 
     def abort(self, reason: str = "aborted") -> None:

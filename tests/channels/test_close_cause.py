@@ -134,6 +134,53 @@ async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_by
         nursery.cancel_scope.cancel()
 
 
+async def test_wait_sent_returns_at_once_once_the_peer_ended_the_link() -> None:
+    """A queue whose peer ended the link (its connection lost, or a clean close in memory)
+    has nothing left to send: closing it and waiting for what it sent returns at once,
+    where it used to wait out the caller's whole timeout (a manager stopping after one
+    of its brokers was killed)."""
+    pump = Pump()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        ours, theirs = trio.testing.lockstep_stream_pair()
+        channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
+        queue = AsyncMessageQueue(MessageQueue(channel))
+        nursery.start_soon(StreamLink(channel, ours).run)
+        await theirs.aclose()  # the connection is gone: no close frame ever came
+        with pytest.raises(trio.BrokenResourceError):
+            await queue.receive()
+        assert queue.close_cause is CloseCause.LOST
+        closed = trio.Event()
+
+        async def close() -> None:
+            await queue.aclose()
+            closed.set()
+
+        nursery.start_soon(close)
+        await trio.testing.wait_all_tasks_blocked()
+        assert closed.is_set() and channel.sent_out
+        nursery.cancel_scope.cancel()
+
+    pump = Pump()
+    qa, qb = queue_pair(pump, 64)
+    qa.set_listener(Recorder())
+    qb.set_listener(Recorder())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        qb.close("done")
+        waited = trio.Event()
+
+        async def wait() -> None:
+            await qa.wait_sent()
+            waited.set()
+
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert qa.close_cause is CloseCause.CLEAN and not qa.closed_here
+        assert waited.is_set()
+        nursery.cancel_scope.cancel()
+
+
 #: A link over real TCP whose peer is gone, in a process with SIGPIPE at its default
 #: action: the link must end as lost, and the process live on.
 _SIGPIPE_DFL = """if True:

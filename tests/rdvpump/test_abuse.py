@@ -103,24 +103,26 @@ async def test_a_sigkilled_peer_breaks_the_link_and_never_looks_like_a_clean_clo
     here raises BrokenResourceError (CloseCause.LOST), never EndOfChannel."""
     import trio
 
-    from brokermgr import BrokerManager
+    from brokermgr import BrokerManager, NameService
     from channels import CloseCause
 
     outcomes = []
     for run in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "abuse", "--id",
-             "b", "--manager", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--echo", "80"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
-        try:
-            where = Address.parse(read_until(proc, proc.stdout, b"\n").decode().split()[-1])
-            u = BrokerManager("abuse", token=TOKEN)
-            u.directory["b"] = where
-            async with trio.open_nursery() as nursery:
-                await nursery.start(u.pump.serve)
-                await nursery.start(u.serve_network, "127.0.0.1", 0)
-                queue = await u.add_broker(f"me{run}").connect_queue("b", 80)
+        u = BrokerManager("abuse", token=TOKEN)
+        service = NameService(u)  # the process is ready once registered here
+        async with trio.open_nursery() as nursery:
+            await nursery.start(u.pump.serve)
+            here = await nursery.start(u.serve_network, "127.0.0.1", 0)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "abuse",
+                 "--id", f"b{run}", "--manager", str(here), "--listen", "127.0.0.1:0",
+                 "--echo", "80"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+            try:
+                ready = await trio.to_thread.run_sync(read_until, proc, proc.stdout, b"\n")
+                u.directory[f"b{run}"] = Address.parse(ready.decode().split()[-1])
+                queue = await u.add_broker(f"me{run}").connect_queue(f"b{run}", 80)
                 await queue.send(b"ping")
                 assert await queue.receive() == b"ping"
                 proc.kill()
@@ -132,10 +134,11 @@ async def test_a_sigkilled_peer_breaks_the_link_and_never_looks_like_a_clean_clo
                         outcomes.append("EndOfChannel")
                     except trio.BrokenResourceError:
                         outcomes.append(f"broken, {queue.close_cause}")
+                await service.aclose()
                 nursery.cancel_scope.cancel()
-        finally:
-            proc.kill()
-            finish(proc, timeout=30)
+            finally:
+                proc.kill()
+                finish(proc, timeout=30)
     assert outcomes == [f"broken, {CloseCause.LOST}"] * 20
 
 
