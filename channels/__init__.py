@@ -16,6 +16,7 @@ from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
 from ._codec import MAX_MESSAGE_BODY as MAX_MESSAGE_BODY
 from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
 from ._codec import SMALL_PIECE as SMALL_PIECE
+from ._codec import Batch as Batch
 from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
@@ -60,6 +61,7 @@ __all__ = [
     "PROCESS_FRAME_BUDGET",
     "SMALL_PIECE",
     "AsyncMessageQueue",
+    "Batch",
     "Channel",
     "ChannelListener",
     "ChannelManager",

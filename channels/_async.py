@@ -16,7 +16,7 @@ import trio
 from pump import ConfigError
 
 from ._cause import CloseCause
-from ._codec import Gather
+from ._codec import Batch, Gather
 from ._errors import QueueFullError
 from ._queue import MessageQueue, QueueStatistics
 
@@ -145,30 +145,41 @@ class AsyncMessageQueue:
         """Queue one message or raise :class:`QueueFullError` (a ``trio.WouldBlock``)."""
         self._queue.send(message)
 
-    async def send_many(self, messages: Sequence[bytes | Gather]) -> None:
+    async def send_many(self, messages: Sequence[bytes | Gather] | Batch) -> None:
         """Queue ``messages`` in order, waiting while the send backlog is past the
         high-water mark; one checkpoint for the batch (and one per wait), so it costs far
         less per message than :meth:`send`.
 
         Cancelled (or the link broken) while waiting for room, it has queued a prefix of
         the messages, each whole, and none after it: the exception's ``sent`` attribute
-        (set on ``trio.Cancelled`` too) says how many.
+        (set on ``trio.Cancelled`` too) says how many.  A :class:`~channels.Batch` (the
+        same messages for several queues) goes into the link from its joined bodies.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         queue = self._queue
-        msgs = messages if type(messages) is list else list(messages)
+        if isinstance(messages, Batch):
+            batch: Batch | None = messages
+            msgs: list[bytes | Gather] = []
+            total = len(messages)
+        else:
+            batch = None
+            msgs = messages if type(messages) is list else list(messages)
+            total = len(msgs)
         done = 0
         pump = queue.pump
         try:
-            while done < len(msgs):
+            while done < total:
                 wakes = self._send_wakes
                 try:
                     pump.hold()
                     with contextlib.suppress(QueueFullError):  # not even the first fitted
-                        done += queue.send_many(msgs[done:] if done else msgs)
+                        if batch is not None:
+                            done += queue.send_batch(batch, done)
+                        else:
+                            done += queue.send_many(msgs[done:] if done else msgs)
                 finally:
                     pump.run_held()
-                if done < len(msgs) and self._send_wakes == wakes:
+                if done < total and self._send_wakes == wakes:
                     await self._send_lot.park()
         except BaseException as exc:
             exc.sent = done  # type: ignore[attr-defined]

@@ -13,12 +13,13 @@ wraps around its end) is moved in pieces.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from pump import ConfigError
 
 from ._errors import ProtocolError
-from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, RingBuffer
+from ._ring import FRAME_COMPLETE, FRAME_NONE, HEADER_SIZE, JoinedBodies, RingBuffer
 
 #: Bodies up to this size are batched (many frames per C call); larger ones move one by one.
 SMALL_BODY = 8192
@@ -58,6 +59,43 @@ class Gather:
 
     def __repr__(self) -> str:
         return f"<Gather of {len(self.pieces)} pieces, {self.size} bytes>"
+
+
+class Batch:
+    """Messages joined once for sending on several links: ``send_many(batch)`` on each of
+    Q queues copies the frames into each link's ring straight from one joined buffer,
+    so fanning a batch out costs one join and no per-message work per link.  Each
+    queue delivers the messages as if they were sent one by one.  Bytes-like messages
+    are copied to bytes; a :class:`Gather` cannot be one of them."""
+
+    __slots__ = ("messages", "max_len", "joined")
+
+    def __init__(self, messages: Sequence[bytes | bytearray | memoryview]) -> None:
+        msgs: list[bytes] = []
+        for m in messages:
+            if type(m) is not bytes:
+                if not isinstance(m, (bytearray, memoryview)):
+                    raise TypeError(f"a Batch holds bytes, bytearray or memoryview messages, "
+                                    f"not {type(m).__name__}")
+                m = bytes(m)
+            msgs.append(m)
+        #: The messages, in order (bytes).
+        self.messages = msgs
+        #: The longest message's size (checked against each queue's max_message_size).
+        self.max_len = max(map(len, msgs), default=0)
+        #: The messages joined, for the encoder.
+        self.joined = JoinedBodies(msgs)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @property
+    def offsets(self) -> list[int]:
+        """Where each message starts in the joined bodies; the last entry is their total."""
+        return self.joined.offsets
+
+    def __repr__(self) -> str:
+        return f"<Batch of {len(self.messages)} messages, {self.offsets[-1]} bytes>"
 
 
 #: Pieces shorter than this are joined with their neighbours by :func:`coalesce`.
@@ -317,13 +355,19 @@ class FrameEncoder:
     takes them and returns ``(index, done_bytes, moved)``: the index of the
     first message not wholly in the ring, the body bytes of the messages that
     are, and whether any byte moved.  A message bigger than the ring goes in
-    pieces over several calls (:attr:`streaming` meanwhile).
+    pieces over several calls (:attr:`streaming` meanwhile).  Where :attr:`spans`
+    says that messages came from a :class:`Batch`, their frames are copied from its
+    joined bodies.
     """
 
-    __slots__ = ("ring", "_capacity", "_off", "_hdr", "_body", "_rest")
+    __slots__ = ("ring", "_capacity", "_off", "_hdr", "_body", "_rest", "spans")
 
     def __init__(self, ring: RingBuffer) -> None:
         self.ring = ring
+        #: Runs of the messages that came from a Batch, in order: ``[index, batch, first,
+        #: count]``: ``messages[index:index + count]`` are the batch's from ``first`` on.
+        #: The queue that owns the messages keeps it (and shifts it when it trims them).
+        self.spans: deque[tuple[int, Batch, int, int]] = deque()
         self._capacity = ring.capacity
         self._off = -1  # >= 0 while the message at the index streams in pieces
         self._hdr = b""  # its header
@@ -341,6 +385,7 @@ class FrameEncoder:
         n = len(messages)
         done = 0
         moved = False
+        spans = self.spans
         while i < n:
             if self._off >= 0:
                 progressed, finished = self._write_piece()
@@ -350,6 +395,25 @@ class FrameEncoder:
                 done += len(messages[i])
                 i += 1
                 continue
+            if spans:
+                at, batch, first, count = spans[0]
+                if at + count <= i:  # passed
+                    spans.popleft()
+                    continue
+                if at <= i:  # the batch's frames, from its joined bodies
+                    skip = i - at
+                    k, nbytes = ring.put_joined(batch.joined, first + skip, count - skip)
+                    if k:
+                        i += k
+                        done += nbytes
+                        moved = True
+                        if k < count - skip:
+                            break  # no room for the next
+                        continue
+                    if len(messages[i]) + HEADER_SIZE > cap:
+                        self._start_piecewise(messages[i])
+                        continue
+                    break
             msg = messages[i]
             ln = len(msg)
             if ln > SMALL_BODY:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from pump import ConfigError, Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder, Gather
+from ._codec import MAX_MESSAGE_BODY, Batch, FrameDecoder, FrameEncoder, Gather
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 
 log = logging.getLogger("rdvpump.link")
@@ -146,6 +147,7 @@ class MessageQueue:
         self._rx = channel.rx_ring
         self._observer = channel.observer
         self._encoder = FrameEncoder(channel.tx_ring)
+        self._spans = self._encoder.spans  # the queued messages that came from a Batch
         self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
         self._listener: Any = None
         self._received_many: Callable[[list[bytes]], object] | None = None
@@ -268,14 +270,17 @@ class MessageQueue:
                 return
         self._send_slow(message)
 
-    def send_many(self, messages: Sequence[bytes | Gather]) -> int:
+    def send_many(self, messages: Sequence[bytes | Gather] | Batch) -> int:
         """Queue several messages in order; return how many were queued.
 
         Stops at the high-water mark: the messages after the returned count were
         not queued (send them after ``drained()``).  Raises like :meth:`send` when
         not even the first could be queued.  One check covers the whole batch, so
-        this costs far less per message than :meth:`send`.
+        this costs far less per message than :meth:`send`.  A :class:`Batch` (the same
+        messages for several queues) goes into the link from its joined bodies.
         """
+        if isinstance(messages, Batch):
+            return self.send_batch(messages, 0)
         msgs = messages if type(messages) is list else list(messages)
         count = len(msgs)
         if count == 0:
@@ -308,6 +313,37 @@ class MessageQueue:
                     raise
                 return start + i
         return count
+
+    def send_batch(self, batch: Batch, first: int = 0) -> int:
+        """:meth:`send_many` of ``batch``'s messages from ``first`` on: how many were
+        queued."""
+        count = len(batch.messages) - first
+        if count <= 0:
+            return 0
+        if (self._observer is not None or self._state is not _State.OPEN
+                or batch.max_len > self.max_message_size
+                or self._channel.peer_reason is not None):
+            # one by one: each message traced, or the error send gives
+            return self.send_many(batch.messages[first:])
+        offsets = batch.offsets
+        base = offsets[first]
+        idle = self._idle
+        room = self.high_water if idle else self._room
+        k = bisect_right(offsets, base + room, first + 1, first + count + 1) - 1 - first
+        if k <= 0:
+            if not idle:
+                return self.send_many(batch.messages[first:first + 1])  # QueueFullError
+            k = 1  # past the mark alone: queued, as send queues it
+        if idle:
+            self._idle = False
+            self.pump.post("write", self._flush, owner=self)
+        self._room = room - (offsets[first + k] - base)
+        if k < count:
+            self._want_drained = True  # the rest waits for drained(), as after send's refusal
+        q = self._outq
+        self._spans.append((len(q), batch, first, k))
+        q.extend(batch.messages[first:first + k])
+        return k
 
     def send_nowait(self, message: bytes | Gather) -> None:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
@@ -367,6 +403,11 @@ class MessageQueue:
         if i < n:
             if i > 4096:
                 del q[:i]
+                spans = self._spans
+                if spans:
+                    kept = [(at - i, b, first, k) for at, b, first, k in spans if at + k > i]
+                    spans.clear()
+                    spans.extend(kept)
                 i = 0
             self._qhead = i
             if self._state is _State.OPEN:
@@ -376,6 +417,7 @@ class MessageQueue:
                     self.pump.post("drained", self._run_drained, owner=self)
             return
         q.clear()
+        self._spans.clear()
         self._qhead = 0
         if self._state is _State.OPEN:
             self._idle = True
@@ -587,6 +629,7 @@ class MessageQueue:
             self._room = _CLOSED_ROOM
             self._reason = reason
         self._outq.clear()
+        self._spans.clear()
         self._qhead = 0
         self._forget_frame()
         if self._observer is not None:

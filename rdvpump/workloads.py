@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from brokermgr import Broker, open_universe
-from channels import AsyncMessageQueue
+from channels import AsyncMessageQueue, Batch
 from pump import RdvpumpError
 
 from ._errors import first_leaf
@@ -208,8 +208,10 @@ async def _drive_links(broker: Broker, w: WorkloadSpec, stats: Stats, payload: l
     else:
         for first in range(0, w.messages, BATCH):
             chunk = cycle.slice(first, min(BATCH, w.messages - first))
+            # to several sinks, the chunk is joined once and copied from there into each link
+            out: list[bytes] | Batch = Batch(chunk) if len(queues) > 1 else chunk
             for q in queues:
-                await q.send_many(chunk)
+                await q.send_many(out)
                 done[0] += len(chunk)
                 stats.messages += len(chunk)
                 stats.bytes += len(chunk) * w.size
