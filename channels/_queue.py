@@ -417,7 +417,8 @@ class MessageQueue:
                     self.pump.post("drained", self._run_drained, owner=self)
             return
         q.clear()
-        self._spans.clear()
+        if self._spans:
+            self._spans.clear()
         self._qhead = 0
         if self._state is _State.OPEN:
             self._idle = True
