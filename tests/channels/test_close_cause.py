@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
 
 from channels import (
     AsyncMessageQueue,
+    Channel,
     ChannelManager,
     CloseCause,
     MessageQueue,
@@ -97,6 +101,16 @@ async def test_the_async_face_tells_a_clean_end_from_a_broken_one() -> None:
         nursery.cancel_scope.cancel()
 
 
+def _over_a_stream(pump: Pump, nursery: trio.Nursery
+                   ) -> tuple[AsyncMessageQueue, Channel, trio.StapledStream[Any, Any]]:
+    """A queue whose link runs over a lockstep stream (1 KiB rings): the queue, its
+    channel and the stream's far end."""
+    ours, theirs = trio.testing.lockstep_stream_pair()
+    channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
+    nursery.start_soon(StreamLink(channel, ours).run)
+    return AsyncMessageQueue(MessageQueue(channel)), channel, theirs
+
+
 async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_byte() -> None:
     """Over a stream, a queue's close completes when its last bytes reach the ring; the
     process may end only once the transport has sent them: ``wait_sent`` (and the async
@@ -105,10 +119,7 @@ async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_by
     pump = Pump()
     async with trio.open_nursery() as nursery:
         await nursery.start(pump.serve)
-        ours, theirs = trio.testing.lockstep_stream_pair()
-        channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
-        queue = AsyncMessageQueue(MessageQueue(channel))
-        nursery.start_soon(StreamLink(channel, ours).run)
+        queue, channel, theirs = _over_a_stream(pump, nursery)
         for i in range(4):
             await queue.send(bytes([i]) * 300)  # 1,216 bytes: more than the ring holds
         closed = trio.Event()
@@ -134,6 +145,20 @@ async def test_aclose_and_wait_sent_return_only_once_the_transport_sent_every_by
         nursery.cancel_scope.cancel()
 
 
+async def _returns_at_once(nursery: trio.Nursery, wait: Callable[[], Awaitable[None]]
+                           ) -> bool:
+    """Whether ``wait()`` has returned once every task is blocked."""
+    returned = trio.Event()
+
+    async def run() -> None:
+        await wait()
+        returned.set()
+
+    nursery.start_soon(run)
+    await trio.testing.wait_all_tasks_blocked()
+    return returned.is_set()
+
+
 async def test_wait_sent_returns_at_once_once_the_peer_ended_the_link() -> None:
     """A queue whose peer ended the link (its connection lost, or a clean close in memory)
     has nothing left to send: closing it and waiting for what it sent returns at once,
@@ -142,23 +167,13 @@ async def test_wait_sent_returns_at_once_once_the_peer_ended_the_link() -> None:
     pump = Pump()
     async with trio.open_nursery() as nursery:
         await nursery.start(pump.serve)
-        ours, theirs = trio.testing.lockstep_stream_pair()
-        channel = ChannelManager(pump, capacity=1024).open_end("me", "peer", 1)
-        queue = AsyncMessageQueue(MessageQueue(channel))
-        nursery.start_soon(StreamLink(channel, ours).run)
+        queue, channel, theirs = _over_a_stream(pump, nursery)
         await theirs.aclose()  # the connection is gone: no close frame ever came
         with pytest.raises(trio.BrokenResourceError):
             await queue.receive()
         assert queue.close_cause is CloseCause.LOST
-        closed = trio.Event()
-
-        async def close() -> None:
-            await queue.aclose()
-            closed.set()
-
-        nursery.start_soon(close)
-        await trio.testing.wait_all_tasks_blocked()
-        assert closed.is_set() and channel.sent_out
+        assert await _returns_at_once(nursery, queue.aclose)
+        assert channel.sent_out
         nursery.cancel_scope.cancel()
 
     pump = Pump()
@@ -168,16 +183,8 @@ async def test_wait_sent_returns_at_once_once_the_peer_ended_the_link() -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(pump.serve)
         qb.close("done")
-        waited = trio.Event()
-
-        async def wait() -> None:
-            await qa.wait_sent()
-            waited.set()
-
-        nursery.start_soon(wait)
-        await trio.testing.wait_all_tasks_blocked()
+        assert await _returns_at_once(nursery, qa.wait_sent)
         assert qa.close_cause is CloseCause.CLEAN and not qa.closed_here
-        assert waited.is_set()
         nursery.cancel_scope.cancel()
 
 
