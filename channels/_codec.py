@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 from pump import ConfigError
 
@@ -61,6 +62,19 @@ class Gather:
         return f"<Gather of {len(self.pieces)} pieces, {self.size} bytes>"
 
 
+_ONLY_BYTES = frozenset((bytes,))
+
+
+def _as_bytes(message: object) -> bytes:
+    """A Batch's message as bytes: bytes as they are, bytes-like copied."""
+    if type(message) is bytes:
+        return message
+    if not isinstance(message, (bytearray, memoryview)):
+        raise TypeError(f"a Batch holds bytes, bytearray or memoryview messages, not "
+                        f"{type(message).__name__}")
+    return bytes(message)
+
+
 class Batch:
     """Messages joined once for sending on several links: ``send_many(batch)`` on each of
     Q queues copies the frames into each link's ring straight from one joined buffer,
@@ -68,23 +82,22 @@ class Batch:
     queue delivers the messages as if they were sent one by one.  Bytes-like messages
     are copied to bytes; a :class:`Gather` cannot be one of them."""
 
-    __slots__ = ("messages", "max_len", "joined")
+    __slots__ = ("messages", "joined")
 
     def __init__(self, messages: Sequence[bytes | bytearray | memoryview]) -> None:
-        msgs: list[bytes] = []
-        for m in messages:
-            if type(m) is not bytes:
-                if not isinstance(m, (bytearray, memoryview)):
-                    raise TypeError(f"a Batch holds bytes, bytearray or memoryview messages, "
-                                    f"not {type(m).__name__}")
-                m = bytes(m)
-            msgs.append(m)
+        given = list(messages)
+        if set(map(type, given)) - _ONLY_BYTES:  # one pass in C when all are bytes
+            given = [_as_bytes(m) for m in given]
+        msgs = cast(list[bytes], given)
         #: The messages, in order (bytes).
         self.messages = msgs
-        #: The longest message's size (checked against each queue's max_message_size).
-        self.max_len = max(map(len, msgs), default=0)
         #: The messages joined, for the encoder.
         self.joined = JoinedBodies(msgs)
+
+    def longer_than(self, limit: int) -> bool:
+        """Whether a message is longer than ``limit`` bytes (a queue's max_message_size):
+        at once when all of them together are not."""
+        return self.joined.offsets[-1] > limit and self.joined.longest() > limit
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -321,7 +321,7 @@ class MessageQueue:
         if count <= 0:
             return 0
         if (self._observer is not None or self._state is not _State.OPEN
-                or batch.max_len > self.max_message_size
+                or batch.longer_than(self.max_message_size)
                 or self._channel.peer_reason is not None):
             # one by one: each message traced, or the error send gives
             return self.send_many(batch.messages[first:])

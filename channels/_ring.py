@@ -108,6 +108,10 @@ class JoinedBodies:
         self.lens = _ffi_from_buffer("uint32_t[]", lens)
         self.offsets = list(accumulate(lens, initial=0))
 
+    def longest(self) -> int:
+        """The longest body's length."""
+        return max(self.lens, default=0)
+
 
 class RingBuffer:
     """A single-producer single-consumer byte ring with power-of-two capacity.

@@ -118,6 +118,8 @@ def test_what_send_refuses_a_batch_is_refused_the_same_way() -> None:
                          max_message_size=100, high_water=100)
     with pytest.raises(MessageTooLargeError):
         small.send_many(Batch([b"x", b"y" * 101]))
+    # all of them past the limit, each within it: queued up to the mark
+    assert small.send_many(Batch([b"a" * 40, b"b" * 40, b"c" * 40])) == 2
     q.close()
     with pytest.raises(trio.ClosedResourceError):
         q.send_many(Batch([b"late"]))
