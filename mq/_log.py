@@ -184,8 +184,7 @@ class TopicLog:
         the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
         disk.
         :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
-        if self.failed is not None or (self._flush is not None and self._flush.error is not None):
-            self._refuse()
+        self._check_writable()
         if not messages:
             return self.next_offset
         segment = self.segments[-1]
@@ -223,8 +222,7 @@ class TopicLog:
         anything is written; the count of records stored.  :class:`StoreError` (nothing
         stored) naming the first record that is damaged, cut short or out of line, or if
         the write fails."""
-        if self.failed is not None or (self._flush is not None and self._flush.error is not None):
-            self._refuse()
+        self._check_writable()
         segment = self.segments[-1]
         records: list[Record] = []
         ends: list[int] = []
@@ -417,8 +415,11 @@ class TopicLog:
                   self.directory, self.failed, where)
         return StoreError(f"{self.directory}: {self.failed}")
 
-    def _refuse(self) -> None:
-        """:class:`StoreError`: the log has failed (a flush that failed included)."""
+    def _check_writable(self) -> None:
+        """:class:`StoreError` if the log has failed (a flush that failed included)."""
+        flush = self._flush
+        if self.failed is None and (flush is None or flush.error is None):
+            return
         if self.failed is None:
             self._take_flush()  # raises: the flush failed
         raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
