@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable
 from types import TracebackType
 
 import trio
@@ -145,7 +145,7 @@ class AsyncMessageQueue:
         """Queue one message or raise :class:`QueueFullError` (a ``trio.WouldBlock``)."""
         self._queue.send(message)
 
-    async def send_many(self, messages: Sequence[bytes | Gather] | Batch) -> None:
+    async def send_many(self, messages: Iterable[bytes | Gather] | Batch) -> None:
         """Queue ``messages`` in order, waiting while the send backlog is past the
         high-water mark; one checkpoint for the batch (and one per wait), so it costs far
         less per message than :meth:`send`.

@@ -391,7 +391,7 @@ class FrameEncoder:
     def streaming(self) -> bool:
         return self._off >= 0
 
-    def write(self, messages: list[bytes | Gather], start: int) -> tuple[int, int, bool]:
+    def write(self, messages: Sequence[bytes | Gather], start: int) -> tuple[int, int, bool]:
         ring = self.ring
         cap = self._capacity
         i = start

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,7 +270,7 @@ class MessageQueue:
                 return
         self._send_slow(message)
 
-    def send_many(self, messages: Sequence[bytes | Gather] | Batch) -> int:
+    def send_many(self, messages: Iterable[bytes | Gather] | Batch) -> int:
         """Queue several messages in order; return how many were queued.
 
         Stops at the high-water mark: the messages after the returned count were

@@ -2,9 +2,9 @@
 
 import tempfile
 
-from brokermgr import BrokerManager
+from brokermgr import BrokerManager, ServiceError
 from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer
+from mq import Message, MqClient, MqServer, Stored
 
 with tempfile.TemporaryDirectory() as data:
     universe = BrokerManager("shop")
@@ -14,10 +14,13 @@ with tempfile.TemporaryDirectory() as data:
     client = MqClient(universe.add_broker("shop"), "s1:15555")
     universe.pump.run_for(0.1)  # the link opens
 
-    def stored(result):
-        print("stored:", [s.offset for s in result])
+    def stored(result: list[Stored] | ServiceError) -> None:
+        if isinstance(result, ServiceError):
+            print("not stored:", result)
+        else:
+            print("stored:", [s.offset for s in result])
 
-    def on_message(message):
+    def on_message(message: Message) -> None:
         print("got", message.body, "at offset", message.offset)
         message.ack_nowait()
 

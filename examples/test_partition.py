@@ -4,17 +4,20 @@ Run it with ``pytest examples/test_partition.py``; ``--sim-seed N`` runs it with
 another seed, and a failing test says which seed to replay.
 """
 
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
 
 from brokermgr import echo  # sends every message back until the link ends
-from rdvpump.testing import open_simulation
+from channels import AsyncMessageQueue
+from rdvpump.testing import Faults, open_simulation
 
 
 @asynccontextmanager
-async def echo_link(faults):
+async def echo_link(faults: Faults) -> AsyncIterator[AsyncMessageQueue]:
     """A "client" broker's link to an echo server on broker "server", port 80."""
     server = faults.universe.add_broker("server")
     client = faults.universe.add_broker("client")
@@ -24,8 +27,9 @@ async def echo_link(faults):
         nursery.cancel_scope.cancel()
 
 
-def test_a_short_partition_delays_but_loses_nothing(simulate, sim_seed):
-    async def main():
+def test_a_short_partition_delays_but_loses_nothing(
+        simulate: Callable[..., Any], sim_seed: int) -> None:
+    async def main() -> tuple[list[bytes], float]:
         async with open_simulation(seed=sim_seed) as faults, echo_link(faults) as queue:
             faults.partition("client", "server")
             faults.pump.call_later(2.0, faults.heal, "client", "server")
@@ -40,8 +44,9 @@ def test_a_short_partition_delays_but_loses_nothing(simulate, sim_seed):
     assert took == pytest.approx(2.0)  # the partition's two seconds, on the virtual clock
 
 
-def test_a_long_partition_closes_the_link_with_a_reason(simulate, sim_seed):
-    async def main():
+def test_a_long_partition_closes_the_link_with_a_reason(
+        simulate: Callable[..., Any], sim_seed: int) -> None:
+    async def main() -> str | None:
         async with open_simulation(seed=sim_seed, partition_timeout=5) as faults, \
                 echo_link(faults) as queue:
             faults.partition("client", "server")

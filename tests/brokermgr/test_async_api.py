@@ -216,7 +216,7 @@ async def test_a_cancelled_send_many_queued_a_whole_prefix_and_says_how_long(
         with trio.CancelScope() as cancelled:  # a cancelled receive_many takes nothing
             cancelled.cancel()
             await server_side[0].receive_many()
-        got = []
+        got: list[bytes] = []
         while len(got) < sent:
             got += await server_side[0].receive_many()
         assert got == messages[:sent]

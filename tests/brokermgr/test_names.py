@@ -17,11 +17,11 @@ from brokermgr._liveness import DEFAULT_SCAN_INTERVAL
 from brokermgr._names.service import DEFAULT_BROKER_EXPIRY
 from channels import AsyncMessageQueue
 from pump import Pump
-from rdv import RefusedError
+from rdv import Address, RefusedError
 from rdv.testing import MemoryNetwork
 
-MANAGER = ("10.0.0.1", 9876)
-MANAGER2 = ("10.0.0.2", 9876)
+MANAGER = Address("10.0.0.1", 9876)
+MANAGER2 = Address("10.0.0.2", 9876)
 
 
 class Process:

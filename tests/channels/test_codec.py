@@ -27,7 +27,7 @@ def frame(body: bytes) -> bytes:
 
 
 def drain(decoder: FrameDecoder) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while (frames := decoder.next_frames()) is not None:
         bodies, lengths = frames
         assert [len(b) for b in bodies] == lengths

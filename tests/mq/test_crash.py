@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def body(offset: int, record_body: bytes) -> bool:
+def body(offset: int, record_body: bytes | memoryview) -> bool:
     return record_body == b"%08d" % offset * (len(record_body) // 8) and len(record_body) >= 8
 
 

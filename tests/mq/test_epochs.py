@@ -99,8 +99,8 @@ def parted(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
     for e, side in sorted(zip(later, sides, strict=True)):
         logs[side] += [e] * draw(st.integers(1, 3))
     # the prefix's last epoch may go on, on one side only (the other stopped copying it)
-    if common and draw(st.booleans()):
-        one: bool = draw(st.booleans())
+    if len(common) > 0 and draw(st.booleans()):
+        one = draw(st.booleans())
         logs[one] = [common[-1]] * draw(st.integers(1, 3)) + logs[one]
     master, replica = common + logs[True], common + logs[False]
     current = max([*master, draw(st.integers(0, 20))])

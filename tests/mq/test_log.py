@@ -27,8 +27,8 @@ def fill(log: TopicLog, n: int, size: int = 100, tag: str | None = "t") -> list[
     return [log.append([(tag, "p1", i, bytes([i % 256]) * size)]) for i in range(n)]
 
 
-def bodies(log: TopicLog, offset: int = 0) -> list[bytes]:
-    out = []
+def bodies(log: TopicLog, offset: int = 0) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = []
     while True:
         records = log.read(offset, max_count=1000)
         if not records:

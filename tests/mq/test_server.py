@@ -118,7 +118,8 @@ async def test_frames_and_acks_name_consecutive_offsets_by_the_first(
         assert [(m.offset, m.body, m.tag, m.sequence) for m in got] == [
             (0, b"a", "t", 1), (1, b"bb", "t", 2), (2, b"", "t", 3), (3, b"dddd", "t", 4),
             (4, b"e", None, 5)]
-        assert sub.ack_request([2, 3, 4])["offsets"] == 2
+        request = sub.ack_request([2, 3, 4])
+        assert request is not None and request["offsets"] == 2
         await sub.ack([0, 1, 2, 3, 4])
         await producer.publish_many("orders", [b"f"] * 6)  # credits came back: all six
         assert [m.offset for m in await sub.receive_many()] == [5, 6, 7, 8, 9, 10]
@@ -318,13 +319,13 @@ async def test_fsyncs_in_a_thread_on_the_real_clock(tmp_path: pathlib.Path,
                 nursery.start_soon(client.publish_many, "orders",
                                    [b"%d-%d" % (k, i) for i in range(50)])
         sub = await client.subscribe("orders", window=500)
-        got = set()
+        got: set[bytes] = set()
         with trio.fail_after(10):
             while len(got) < 200:
                 got |= {m.body for m in await sub.receive_many()}
         log = s.server.catalogue.topics["orders"].topic.log
         with trio.fail_after(5):  # sync: already; interval: by the next interval
-            while log.durable_offset < 200:  # type: ignore[attr-defined]
+            while log.durable_offset < 200:
                 await trio.sleep(0.01)
 
 

@@ -78,7 +78,7 @@ def test_misuse_is_a_local_usage_error() -> None:
 def test_refusal_reasons_are_typed_and_read_the_same() -> None:
     reason = RefusalReason(Refusal.UNREACHABLE, "timed out")
     assert reason == "unreachable: timed out" and reason.refusal is Refusal.UNREACHABLE
-    assert RefusalReason.parse("busy").refusal is Refusal.BUSY == "busy"
+    assert RefusalReason.parse("busy").refusal is Refusal.BUSY == "busy"  # type: ignore[comparison-overlap]  # a str enum equals its string
     assert RefusalReason.parse("unreachable: tls handshake failed").refusal is Refusal.UNREACHABLE
     newer = RefusalReason.parse("duplicate id: held by 10.0.0.1:7000")
     assert newer.refusal is Refusal.OTHER and newer == "duplicate id: held by 10.0.0.1:7000"

@@ -15,7 +15,7 @@ import trio.testing
 from brokermgr import BrokerManager
 from channels import AsyncMessageQueue, CloseCause, close_frame
 from pump import Pump
-from rdv import Hello, RefusedError
+from rdv import Address, Hello, RefusedError
 
 
 @asynccontextmanager
@@ -102,7 +102,7 @@ async def test_an_address_nobody_listens_on_is_unreachable() -> None:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     async with two_processes_worth() as (ua, _, _):
-        ua.directory["far"] = ("127.0.0.1", free)
+        ua.directory["far"] = Address("127.0.0.1", free)
         with pytest.raises(RefusedError, match="unreachable"):
             await ua.add_broker("client").connect_queue("far", 80)
 

@@ -76,7 +76,9 @@ def test_malformed_hellos_are_refused_with_the_field(obj: dict[str, object],
 
 
 def test_malformed_replies() -> None:
-    for obj in ({"accepted": True}, {"accepted": False}, {"accepted": "yes"}):
+    objs: tuple[dict[str, object], ...] = (
+        {"accepted": True}, {"accepted": False}, {"accepted": "yes"})
+    for obj in objs:
         with pytest.raises(HandshakeError):
             parse_reply(obj)
 

@@ -10,6 +10,7 @@ import signal
 import pytest
 import trio
 
+from rdv import Address
 from rdvpump._errors import RunError
 from rdvpump.children import ChildState, ready_line, report, start_child, stop_all
 
@@ -53,7 +54,7 @@ async def test_a_child_that_exits_before_its_ready_line_is_a_clear_error() -> No
 
 def test_the_lines_a_child_prints_are_the_state_its_parent_reads(
         capsys: pytest.CaptureFixture[str]) -> None:
-    ready_line("brokers")(("127.0.0.1", 4321))
+    ready_line("brokers")(Address("127.0.0.1", 4321))
     report("stats", {"links": 1, "messages": 5, "bytes": 50, "errors": []})
     report("error", {"message": "link lost"})
     report("done", {"reports": [{"workload": "echo a->b:80"}]})

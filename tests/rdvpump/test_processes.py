@@ -27,7 +27,7 @@ TOKEN = "tok"
 
 
 @asynccontextmanager
-async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, tuple[str, int]]]:
+async def spawn(*args: str) -> AsyncIterator[tuple[trio.Process, Address]]:
     """Start ``rdvpump ARGS`` and wait (bounded) for its ``ready ... HOST:PORT`` line."""
     proc = await trio.lowlevel.open_process(
         [*RDVPUMP, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
@@ -210,9 +211,10 @@ def test_faults_name_what_they_cannot_find() -> None:
         errors = []
         async with open_simulation("e") as faults:
             faults.universe.add_broker("a")
-            for action, args in [("hold", {"link": ["a", "b"]}), ("crash", {"broker": "zz"}),
-                                 ("restart", {"broker": "a"}), ("explode", {}),
-                                 ("partition", {"a": "a", "b": "a"})]:
+            cases: list[tuple[str, dict[str, Any]]] = [
+                ("hold", {"link": ["a", "b"]}), ("crash", {"broker": "zz"}),
+                ("restart", {"broker": "a"}), ("explode", {}), ("partition", {"a": "a", "b": "a"})]
+            for action, args in cases:
                 with pytest.raises(SimulationError) as exc:
                     faults.apply(action, **args)
                 errors.append(str(exc.value))

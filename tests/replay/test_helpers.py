@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -143,7 +144,7 @@ def test_a_reduce_task_past_its_memory_holds_blocks_in_a_file_and_folds_the_same
               for _, p, b in fold.route(half, sids, {}, pieces, to, keys)]
     assert len(blocks) == 8  # two map tasks' blocks of the same pieces
 
-    def folded(held_bytes: int) -> object:
+    def folded(held_bytes: int) -> Any:
         return fold.fold(blocks, start=0.0, width=0.5, per_second=False,
                          fine_per_decade=measure.FINE_PER_DECADE,
                          buckets_per_decade=measure.BUCKETS_PER_DECADE,

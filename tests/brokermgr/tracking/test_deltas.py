@@ -14,7 +14,7 @@ from brokermgr.tracking import RouteClient, RouteTable, TrackerInfo, TrackNode
 from brokermgr.tracking.feed import Delta, FeedReader, Resync, Snapshot
 from brokermgr.tracking.info import ServerInfo
 
-from .world import World, flood_a_slow_subscriber
+from .world import World, flood_a_slow_subscriber, tracker_of
 
 SERVERS = 6
 #: Which trackers server i reports to.
@@ -169,7 +169,7 @@ def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:
             node.declare_topic(f"topic-{j}")
     client = world.client("c", "t1")
     world.run(0.5)
-    assert len(t1.tracker.snapshot()) > 3 * 8192  # would not fit one message
+    assert len(tracker_of(t1).snapshot()) > 3 * 8192  # would not fit one message
     assert t1.sent["track_pub"] > 3  # pieces
     assert len(client.routes.server_table) == 10
     assert all(len(by) == 10 for by in client.routes.topic_table.values())
@@ -179,9 +179,9 @@ def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:
 def test_a_slow_delta_subscriber_gets_every_change_coalesced_in_bounded_memory() -> None:
     world, t1, slow = flood_a_slow_subscriber(b'{"cmd":"track_sub","deltas":true}')
     got = slow.got
-    (subscriber,) = t1.tracker.subscribers.values()
+    (subscriber,) = tracker_of(t1).subscribers.values()
     stats = subscriber.queue.statistics()
-    assert stats.bytes_queued <= 4096 + len(t1.tracker.snapshot())
+    assert stats.bytes_queued <= 4096 + len(tracker_of(t1).snapshot())
     assert subscriber.behind and set(subscriber.pending) == {"s1:15555"}  # one entry owed
     slow.queue.resume_reading()
     world.run(1)
@@ -197,6 +197,6 @@ def test_a_slow_delta_subscriber_gets_every_change_coalesced_in_bounded_memory()
         else:
             assert not isinstance(event, Resync)
     assert len(routes.server_table["s1:15555"].topic_table) == 200
-    assert routes.votes["t1"].version == t1.tracker.version
+    assert routes.votes["t1"].version == tracker_of(t1).version
     assert len(got) < 50  # coalesced, not one per change
     world.universe.close()

@@ -255,7 +255,8 @@ updates = st.lists(st.tuples(
 
 
 @given(updates)
-def test_incremental_topic_table_equals_a_rebuild_and_votes_hold(ops: list) -> None:
+def test_incremental_topic_table_equals_a_rebuild_and_votes_hold(
+        ops: list[tuple[str, int, list[tuple[str, int, set[str]]], bool]]) -> None:
     routes = RouteTable()
     for name, version, servers, remove in ops:
         if remove:

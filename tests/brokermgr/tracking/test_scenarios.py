@@ -25,7 +25,7 @@ from brokermgr.tracking import (
 )
 from pump import ConfigError
 
-from .world import TIMING, World, flood_a_slow_subscriber, servers
+from .world import TIMING, World, flood_a_slow_subscriber, server_of, servers, tracker_of
 
 
 def test_subscribe_get_routes_at_once_then_on_each_change(world: World) -> None:
@@ -87,7 +87,7 @@ def test_a_stale_server_info_arriving_late_loses_to_the_newer_one(
                    **TIMING)
     s1.declare_topic("new")
     world.run(0.1)
-    assert world.nodes["t2"].tracker.tracked.values()["s1:15555"].info_version == 1
+    assert tracker_of(world.nodes["t2"]).tracked.values()["s1:15555"].info_version == 1
     for order in (("t2", "t1"), ("t1", "t2")):
         client = world.client(f"c-{'-'.join(order)}", order[0])
         world.run(0.1)
@@ -171,8 +171,8 @@ def test_a_server_hung_but_connected_expires(world: World) -> None:
     s1 = world.node("s1", role="server", trackers=("t1",))
     client = world.client("c", "t1")
     world.run(1)
-    s1.server.pause_reports()  # hung: the link stays open, no report comes
-    entry = t1.tracker.tracked.get("s1:15555")
+    server_of(s1).pause_reports()  # hung: the link stays open, no report comes
+    entry = tracker_of(t1).tracked.get("s1:15555")
     assert entry is not None
     last = entry.last_seen
     world.run(TIMING["expiry"] - 1)
@@ -181,7 +181,7 @@ def test_a_server_hung_but_connected_expires(world: World) -> None:
     assert servers(client) == []
     (when,) = [t for t, what, a in world.log if what == "c leave"]
     assert TIMING["expiry"] < when - last <= TIMING["expiry"] + TIMING["scan_interval"]
-    assert s1.server.publishers[0].queue is not None  # still connected: expiry did it
+    assert server_of(s1).publishers[0].queue is not None  # still connected: expiry did it
 
 
 def test_a_reporting_server_never_expires(world: World) -> None:
@@ -214,8 +214,8 @@ def test_two_instances_tracking_each_other_do_not_loop(world: World) -> None:
     # servers never subscribe; b's entry in a came from b itself, never cascaded
     assert "track_sub" not in a.received or a.received["track_sub"] == 1  # the client only
     assert b.received.get("track_sub", 0) == 1
-    assert [q.remote_id for q in a.tracker.subscribers] == ["c"]
-    assert sorted(a.tracker.tracked.values()) == ["a:15555", "b:15555"]
+    assert [q.remote_id for q in tracker_of(a).subscribers] == ["c"]
+    assert sorted(tracker_of(a).tracked.values()) == ["a:15555", "b:15555"]
     assert servers(client) == ["a", "b"]
     assert list(client.routes.topic_table) == ["x"]
 
@@ -244,7 +244,7 @@ def test_a_server_may_publish_only_its_own_server_info(world: World) -> None:
     liar.connect("t1", 15555, Forge())
     world.run(1)
     assert reasons and "published the ServerInfo of 's9:15555'" in reasons[0]
-    assert sorted(t1.tracker.tracked.values()) == ["s1:15555"]
+    assert sorted(tracker_of(t1).tracked.values()) == ["s1:15555"]
     assert servers(client) == ["s1"]
 
 
@@ -287,7 +287,7 @@ def test_bad_messages_close_only_their_own_link(world: World) -> None:
     s1.declare_topic("still-works")
     world.run(0.5)
     assert list(client.routes.topic_table) == ["still-works"]
-    assert [q.remote_id for q in t1.tracker.subscribers] == ["c"]
+    assert [q.remote_id for q in tracker_of(t1).subscribers] == ["c"]
 
 
 def test_static_servers_queries_and_selection(world: World) -> None:
@@ -363,13 +363,13 @@ def test_roles_are_checked(world: World) -> None:
 def test_a_slow_subscriber_gets_the_latest_snapshot_and_memory_stays_bounded() -> None:
     world, t1, slow = flood_a_slow_subscriber(b'{"cmd":"track_sub"}')  # zbus's feed
     got = slow.got
-    (session,) = t1.tracker.subscribers.values()
+    (session,) = tracker_of(t1).subscribers.values()
     stats = session.queue.statistics()
-    assert stats.bytes_queued <= 4096 + len(t1.tracker.snapshot()) and session.behind
+    assert stats.bytes_queued <= 4096 + len(tracker_of(t1).snapshot()) and session.behind
     slow.queue.resume_reading()
     world.run(1)
     last = json.loads(got[-1])["trackerInfo"]
-    assert last["infoVersion"] == t1.tracker.version
+    assert last["infoVersion"] == tracker_of(t1).version
     assert len(last["serverTable"]["s1:15555"]["topicTable"]) == 200
     assert len(got) < 200  # coalesced, not one per change
 
@@ -384,12 +384,12 @@ def test_a_snapshot_too_big_for_a_link_closes_that_link_only() -> None:
     world.run(0.1)
     assert servers(client) == ["t1"]
     closed: list[str] = []
-    client.trackers["t1:15555"].lost = closed.append  # type: ignore[method-assign]
+    client.trackers["t1:15555"].lost = closed.append  # type: ignore[method-assign,assignment]
     for i in range(40):
         t1.declare_topic(f"t{i}")
     world.run(0.1)
     assert closed and "exceeds the maximum message size" in closed[0]
-    assert not t1.broker.closed and not t1.tracker.subscribers  # the tracker goes on
+    assert not t1.broker.closed and not tracker_of(t1).subscribers  # the tracker goes on
     assert not other.broker.closed and "t1:15555" in other.trackers  # it will dial again
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from brokermgr import BrokerManager
-from brokermgr.tracking import RouteChange, RouteClient, TrackNode
+from brokermgr.tracking import RouteChange, RouteClient, ServerRole, TrackerRole, TrackNode
 
 TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
                           "retry": 3.0}
@@ -46,6 +46,18 @@ class World:
 
     def run(self, seconds: float) -> None:
         self.pump.run_for(seconds)
+
+
+def tracker_of(node: TrackNode) -> TrackerRole:
+    """The node's tracker role (the node is a tracker)."""
+    assert node.tracker is not None
+    return node.tracker
+
+
+def server_of(node: TrackNode) -> ServerRole:
+    """The node's server role (the node is a server)."""
+    assert node.server is not None
+    return node.server
 
 
 def servers(client: RouteClient) -> list[str]:
