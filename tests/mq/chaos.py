@@ -1,11 +1,29 @@
-"""The random faults the seeded simulations of this folder apply with the fault kit."""
+"""The random faults the seeded simulations of this folder apply with the fault kit, and
+the directories their servers keep."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pathlib
 import random
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 
 from rdvpump.testing import Faults
+
+#: Where the simulations' servers keep their directories: in memory where the machine has
+#: a tmpfs.  What a simulation checks is the protocol (roles, epochs, replication), not
+#: the disk: on a disk, its servers' fsyncs only cost time (the tests of ``mq``'s
+#: durability use real disks).
+MEMORY = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+@contextlib.contextmanager
+def memory_dir(prefix: str) -> Iterator[pathlib.Path]:
+    """A scratch directory under :data:`MEMORY`, removed on the way out."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=MEMORY) as store:
+        yield pathlib.Path(store)
 
 
 class Chaos:

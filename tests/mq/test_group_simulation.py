@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import tempfile
 from typing import Any
 
 import pytest
@@ -35,7 +34,7 @@ from mq import Consumer, History, MqServer, Producer, keep_role
 from rdv import Address
 from rdvpump.testing import open_simulation, run_simulation
 
-from .chaos import Chaos
+from .chaos import Chaos, memory_dir
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +48,6 @@ TIMING: dict[str, Any] = {"report_interval": 1.0, "expiry": 4.0, "scan_interval"
 SEEDS = int(os.environ.get("RDVPUMP_GROUP_SEEDS", "12"))
 #: Seeds run by one test (the test is split so that xdist can spread it).
 PER_TEST = 12
-#: The members' directories: in memory where the machine has a tmpfs (what is checked
-#: here is replication, not the disk: the fsyncs would only cost wall time).
-MEMORY = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 class Member:
@@ -226,9 +222,8 @@ def test_sync_group_loses_no_acknowledged_message_under_faults(first: int,
                                                                services: int) -> None:
     acked = 0
     for seed in range(first, min(first + PER_TEST, SEEDS)):
-        with tempfile.TemporaryDirectory(prefix="rdvpump-group-", dir=MEMORY) as store:
-            run = run_simulation(one_run, seed, pathlib.Path(store), "sync", services,
-                                 seed=seed)
+        with memory_dir("rdvpump-group-") as store:
+            run = run_simulation(one_run, seed, store, "sync", services, seed=seed)
         twice = {epoch: who for epoch, who in run["masters"].items() if len(who) > 1}
         assert not twice, (seed, twice)
         assert not run["timed_out"], (seed, "did not settle within 120 s", run["state"])
@@ -254,8 +249,8 @@ def test_async_group_loses_only_what_the_mode_allows_counted() -> None:
     member alike."""
     lost = runs = 0
     for seed in range(PER_TEST):
-        with tempfile.TemporaryDirectory(prefix="rdvpump-group-", dir=MEMORY) as store:
-            run = run_simulation(one_run, seed, pathlib.Path(store), "async", seed=seed)
+        with memory_dir("rdvpump-group-") as store:
+            run = run_simulation(one_run, seed, store, "async", seed=seed)
         twice = {epoch: who for epoch, who in run["masters"].items() if len(who) > 1}
         assert not twice, (seed, twice)
         report = run["report"]
