@@ -1,4 +1,5 @@
-"""One throughput (or round-trip) figure against one baseline, as a JSON line."""
+"""One throughput (or round-trip) figure against one baseline, as a JSON line; how many
+messages a case moves."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ class Result:
             if value is not None:
                 d[key] = round(value, 1)
         return d
+
+
+def messages_for(size: int, counts: dict[int, int], nbytes: int, scale: float) -> int:
+    """How many messages of ``size`` bytes a case moves: ``counts[size]`` for a size it
+    names, else about ``nbytes`` worth but never more than the most it names for any size
+    (empty or one-byte messages would otherwise be hundreds of millions); times
+    ``scale``, and at least 1,000."""
+    count = counts.get(size)
+    if count is None:
+        count = min(max(counts.values()), nbytes // max(size, 1))
+    return max(1000, int(count * scale))

@@ -20,7 +20,7 @@ from channels import AsyncMessageQueue, MessageQueue, QueueFullError
 from pump import ListSink, Pump, TraceRecorder, open_trace
 
 from .._errors import RunError
-from ._result import Result
+from ._result import Result, messages_for
 
 #: Messages per send_many call in the batched case.
 BATCH = 256
@@ -260,8 +260,7 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3,
     except ImportError:
         have_zmq = False
     for size in sizes:
-        count = max(1000, int(DEFAULT_COUNTS.get(size, max(10_000, 2**27 // max(size, 1)))
-                              * scale))
+        count = messages_for(size, DEFAULT_COUNTS, 2**27, scale)
         tcount = max(1000, count // 10)  # trio channels are slower: fewer messages suffice
         ours_case = "rdvpump-inproc" + (f"-traced-{trace}" if trace else "")
         runs: dict[str, tuple[int, Callable[[], float]]] = {

@@ -26,7 +26,7 @@ from channels import DEFAULT_ADAPTIVE_POLL, MessageQueue, QueueFullError
 from pump import ConfigError
 
 from .._errors import RunError
-from ._result import Result
+from ._result import Result, messages_for
 
 DEFAULT_COUNTS = {64: 500_000, 1024: 300_000, 65536: 20_000}
 PINGS = 5_000
@@ -409,7 +409,7 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
     os.sched_setaffinity(0, {me_cpu})
     try:
         for size in sizes:
-            count = max(1000, int(DEFAULT_COUNTS.get(size, 2**25 // max(size, 1)) * scale))
+            count = messages_for(size, DEFAULT_COUNTS, 2**25, scale)
             best: dict[str, float] = {}
             cases: list[tuple[str, str, Callable[[Peer], float]]] = [
                 ("rdvpump-tcp", "rdv-sink", partial(_on_port, rdv_stream, size, count)),

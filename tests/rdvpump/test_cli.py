@@ -97,6 +97,25 @@ def test_bench_inproc_json_lines_have_the_documented_fields() -> None:
     assert {"trio-memory-channel", "pyzmq-inproc-push-pull"} <= {x["baseline"] for x in lines}
 
 
+def test_bench_of_empty_or_tiny_messages_moves_no_more_than_the_smallest_default() -> None:
+    """A size without a default count moves about as many bytes as the others, but never
+    more messages than the smallest size's count: an empty or one-byte message would
+    otherwise be hundreds of millions (minutes of a bench that prints nothing)."""
+    from rdvpump.bench import inproc, tcp
+    from rdvpump.bench._result import messages_for
+
+    for counts, nbytes in ((inproc.DEFAULT_COUNTS, 2**27), (tcp.DEFAULT_COUNTS, 2**25)):
+        for size in (0, 1, 7, 63):
+            assert messages_for(size, counts, nbytes, 1.0) == counts[64]
+        assert messages_for(64, counts, nbytes, 0.5) == counts[64] // 2
+        assert messages_for(1 << 24, counts, nbytes, 1.0) == 1000
+    result = runner.invoke(app, ["bench", "inproc", "--json", "--sizes", "0",
+                                 "--scale", "0.005", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines and all(x["size"] == 0 and x["msgs_per_s"] > 0 for x in lines), lines
+
+
 def test_diagram_states_writes_the_table_diagram(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "states.mmd"
     result = runner.invoke(app, ["diagram", "states", "--out", str(target)])
