@@ -44,7 +44,8 @@ def class_archive(profile: str) -> tuple[str, str | None]:
     170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
     pyspark version, the profile and :data:`_ARCHIVED_CLASSES`; a run that finds a
     finished one promotes it, and removes the archives of older generations of the same
-    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
+    pyspark (finished, or left by a JVM that has exited).  Set ``RDVPUMP_SPARK_CDS=0``
+    to go without.
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
@@ -55,8 +56,11 @@ def class_archive(profile: str) -> tuple[str, str | None]:
     java = os.path.realpath(_shutil.which("java") or "java")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
     final = cache / _archive_name(java, profile)
-    for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa"):  # older generations
-        if other.name not in {_archive_name(java, p) for p in JVM_PROFILES}:
+    current = {_archive_name(java, p) for p in JVM_PROFILES}
+    for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa*"):  # older generations
+        # finished (NAME.jsa), or written by a JVM on its way out (NAME.jsa.PID)
+        name, pid = (other.name, "") if other.suffix == ".jsa" else (other.stem, other.suffix[1:])
+        if name not in current and not (pid.isdigit() and _alive(int(pid))):
             other.unlink(missing_ok=True)
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
     for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited

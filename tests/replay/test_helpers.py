@@ -55,10 +55,14 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     older = archive.with_name(f"spark-{pyspark.__version__}-000000000000.jsa")
     java = os.path.realpath(shutil.which("java") or "java")
     production = archive.with_name(jvm._archive_name(java, "production"))
-    for path in (older, production):
+    # and so is one such a JVM left unfinished when it died; one still being written stays
+    dead = older.with_name(older.name + ".999999997")
+    writing = older.with_name(f"{older.name}.{os.getpid()}")
+    for path in (older, production, dead, writing):
         path.write_bytes(b"jsa")
     jvm.class_archive("quick")
-    assert not older.exists() and archive.exists() and production.exists()
+    assert not older.exists() and not dead.exists()
+    assert archive.exists() and production.exists() and writing.exists()
 
 
 def test_size_buckets_are_the_least_power_of_two_at_or_above() -> None:
