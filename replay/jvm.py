@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,12 @@ def class_archive(profile: str) -> tuple[str, str | None]:
     Loading Spark's classes from an archive instead of its jars saves about two
     seconds of every start on this machine.  The first run writes the archive (about
     170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
-    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`; a run that finds a
-    finished one promotes it, and removes the archives of older generations of the same
-    pyspark (finished, or left by a JVM that has exited).  Set ``RDVPUMP_SPARK_CDS=0``
-    to go without.
+    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`: its JVM writes it on its
+    way out, and :func:`stop_spark` moves it into place once that JVM has ended well.
+    What a JVM left that way is removed once the process that started it is gone (it
+    may be cut short: the JVM killed, or its process never waited), and so are the
+    archives of older generations of the same pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to
+    go without.
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
@@ -63,13 +66,10 @@ def class_archive(profile: str) -> tuple[str, str | None]:
         if name not in current and not (pid.isdigit() and _alive(int(pid))):
             other.unlink(missing_ok=True)
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
-    for done in sorted(cache.glob(final.name + ".*")):  # written by JVMs that have exited
-        pid = done.suffix[1:]
-        if pid.isdigit() and not _alive(int(pid)):
-            if final.exists():
-                done.unlink(missing_ok=True)
-            else:
-                os.replace(done, final)
+    for left in cache.glob(final.name + ".*"):  # never moved into place by stop_spark
+        pid = left.suffix[1:]
+        if not (pid.isdigit() and _alive(int(pid))):
+            left.unlink(missing_ok=True)
     if final.exists():
         return f"{quiet} -XX:SharedArchiveFile={final}", None
     try:
@@ -78,6 +78,18 @@ def class_archive(profile: str) -> tuple[str, str | None]:
         return "", None
     pending = f"{final}.{os.getpid()}"
     return f"{quiet} -XX:ArchiveClassesAtExit={pending}", pending
+
+
+def _keep_archive(pending: str) -> None:
+    """The archive a JVM wrote on its way out, moved into place (the first one wins)."""
+    final = pending.rsplit(".", 1)[0]
+    try:
+        if os.path.exists(final):
+            os.unlink(pending)
+        else:
+            os.replace(pending, final)
+    except OSError:  # the cache is a convenience: going without it is never an error
+        pass
 
 
 def _archive_name(java: str, profile: str) -> str:
@@ -116,7 +128,7 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     builder = SparkSession.builder.appName(app)
     if master is not None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        archive, _ = class_archive(jvm)
+        archive, pending = class_archive(jvm)
         if log4j is None:
             log4j = str(Path(__file__).resolve().parent / "log4j2.properties")
         jopts = " ".join(filter(None, (
@@ -132,17 +144,37 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
                    .config("spark.driver.extraJavaOptions", jopts))
         if warehouse:
             builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    else:
+        pending = None
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if pending is not None:
+        _PENDING[id(spark)] = pending
     return spark
 
 
-def stop_spark(spark: Any, timeout: float = 10.0) -> None:
-    """Stop ``spark`` and its JVM within ``timeout`` seconds: the session is stopped
-    through the gateway (which cancels its jobs) and the JVM is killed if that has not
-    returned by then.  After a Ctrl-C the gateway connection may be left in the middle of
-    a call, and a stop sent on it may never be answered; a command must still end."""
+#: The class archive each session's JVM writes on its way out (see :func:`class_archive`).
+_PENDING: dict[int, str] = {}
+#: Seconds a JVM is given to write the class archive once told to exit.
+ARCHIVE_WAIT = 60.0
+
+
+def stop_spark(spark: Any, timeout: float = 10.0, *, archive: bool = True,
+               progress: Callable[[str], None] | None = None) -> None:
+    """Stop ``spark`` and end its JVM before returning, so that a command leaves no JVM
+    behind: the session is stopped through the gateway (which cancels its jobs), then
+    the JVM is told to exit and waited for.  A JVM started to write the class archive
+    (:func:`class_archive`) writes it then, within :data:`ARCHIVE_WAIT` seconds, and the
+    archive is moved into place (``progress`` is told, if given).  ``archive=False``
+    (after a Ctrl-C or a failure) kills the JVM at once instead: nothing is written on
+    the way out.
+
+    The JVM is killed too if the stop has not returned within ``timeout`` seconds: after
+    a Ctrl-C the gateway connection may be left in the middle of a call, and a stop sent
+    on it may never be answered; a command must still end."""
+    import contextlib
+    import subprocess
     import threading
 
     done = threading.Event()
@@ -155,11 +187,25 @@ def stop_spark(spark: Any, timeout: float = 10.0) -> None:
         finally:
             done.set()
 
+    pending = _PENDING.pop(id(spark), None)
     threading.Thread(target=stop, name="spark-stop", daemon=True).start()
-    if done.wait(timeout):
-        return
+    stopped = done.wait(timeout)
     gateway = getattr(spark.sparkContext, "_gateway", None)
     proc = getattr(gateway, "proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    try:
+        if proc is not None and stopped and archive:
+            if pending is not None and progress is not None:
+                progress("writing Spark's class archive for the runs after this one")
+            if proc.stdin is not None:  # pyspark's gateway exits at the end of its input
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(ARCHIVE_WAIT if pending is not None else timeout)
+    finally:  # interrupted while it writes, too: nothing is left running or half written
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pending is not None:
+            if stopped and archive and proc is not None and proc.returncode == 0:
+                _keep_archive(pending)
+            else:
+                Path(pending).unlink(missing_ok=True)

@@ -252,8 +252,10 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
                     result = analyze(traces, out, spark=spark) if work == "job" \
                         else latency_floor(spark, traces)
                     seconds = time.perf_counter() - start
-            finally:
-                stop_spark(spark)
+            except BaseException:  # the JVM ends at once, writing nothing
+                stop_spark(spark, archive=False)
+                raise
+            stop_spark(spark)
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
             log.seek(0)
             said = log.read().decode(errors="replace").strip().splitlines()[-10:]

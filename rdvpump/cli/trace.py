@@ -125,8 +125,10 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
     try:
         summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
                                                         progress=stage))
-    finally:
-        stop_spark(spark)
+    except BaseException:  # Ctrl-C or a failure: the JVM ends at once, writing nothing
+        stop_spark(spark, archive=False)
+        raise
+    stop_spark(spark, progress=stage)
     return summary
 
 

@@ -82,14 +82,20 @@ def test_ctrl_c_ends_status_waiting_for_a_broker_in_one_line() -> None:
 
 @pytest.mark.spark
 def test_ctrl_c_ends_trace_analyze_in_one_line(tmp_path: pathlib.Path) -> None:
-    traces = tmp_path / "traces"
+    """With a cache of its own, so that its JVM is the first and was started to write
+    Spark's class archive on its way out: after Ctrl-C it writes none, and nothing of the
+    command is left running."""
+    traces, cache = tmp_path / "traces", tmp_path / "cache"
     run = subprocess.run([sys.executable, "-m", "rdvpump", "universe", "run",
                           str(ROOT / "examples/echo.toml"), "--trace", str(traces)],
                          capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    proc = start("trace", "analyze", str(traces), "--verbose", "--engine", "spark")
+    proc = start("trace", "analyze", str(traces), "--verbose", "--engine", "spark",
+                 env={"XDG_CACHE_HOME": str(cache)})
     seen = read_until(proc, proc.stderr, b"census of the events")  # Spark is up and working
     interrupt_and_check(proc, seen)
+    assert not list(cache.rglob("*.jsa*"))
+    assert not [argv for argv in processes().values() if str(cache).encode() in b" ".join(argv)]
 
 
 def _descendants(pid: int) -> dict[int, list[bytes]]:

@@ -18,9 +18,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="pip install -e '.[spark]' to run the replay tests")
     if shutil.which("java") is None:
         pytest.skip("Spark needs Java 17 or 21 on PATH")
-    from replay import start_spark
+    from replay import start_spark, stop_spark
 
     spark = start_spark("local[2]", app="rdvpump-tests", jvm="quick", shuffle_partitions=2,
                     warehouse=str(tmp_path_factory.mktemp("warehouse")))
     yield spark
-    spark.stop()
+    stop_spark(spark, archive=False)  # the class archive is left to the CLI's runs

@@ -35,8 +35,15 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("RDVPUMP_SPARK_CDS")
     options, pending = jvm.class_archive("quick")
     assert pending is not None and f"-XX:ArchiveClassesAtExit={pending}" in options
-    # a finished archive left by a JVM that has exited is promoted and then used
-    pathlib.Path(pending.rsplit(".", 1)[0] + ".999999999").write_bytes(b"jsa")
+    # what a JVM left on its way out, unseen by the process that started it (which is
+    # gone), may be cut short: it is removed, and the next JVM writes one again
+    left = pathlib.Path(pending.rsplit(".", 1)[0] + ".999999999")
+    left.write_bytes(b"jsa")
+    options, pending = jvm.class_archive("quick")
+    assert not left.exists() and pending is not None
+    # one that stop_spark saw written is moved into place, and then used
+    pathlib.Path(pending).write_bytes(b"jsa")
+    jvm._keep_archive(pending)
     options, pending = jvm.class_archive("quick")
     assert pending is None and "-XX:SharedArchiveFile=" in options
     # another one left beside it is removed
