@@ -36,19 +36,22 @@ def jvm_for(traces: str) -> str:
 _ARCHIVED_CLASSES = 2
 
 
-def class_archive(profile: str) -> tuple[str, str | None]:
+def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]:
     """JVM options for a class-data-sharing archive of Spark's classes, and the path the
-    archive is written to when this JVM exits (None when it is already there).
+    archive is written to when this JVM exits (None when it is already there, when
+    another JVM is writing it, or with ``write`` False: the options are then empty until
+    it is there).
 
     Loading Spark's classes from an archive instead of its jars saves about two
     seconds of every start on this machine.  The first run writes the archive (about
     170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
     pyspark version, the profile and :data:`_ARCHIVED_CLASSES`: its JVM writes it on its
     way out, and :func:`stop_spark` moves it into place once that JVM has ended well.
-    What a JVM left that way is removed once the process that started it is gone (it
-    may be cut short: the JVM killed, or its process never waited), and so are the
-    archives of older generations of the same pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to
-    go without.
+    One JVM writes it at a time (the file it is to write is there from its start: the
+    JVMs that start meanwhile go without).  What a JVM left that way is removed once
+    the process that started it is gone (it may be cut short: the JVM killed, or its
+    process never waited), and so are the archives of older generations of the same
+    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
@@ -66,18 +69,24 @@ def class_archive(profile: str) -> tuple[str, str | None]:
         if name not in current and not (pid.isdigit() and _alive(int(pid))):
             other.unlink(missing_ok=True)
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
-    for left in cache.glob(final.name + ".*"):  # never moved into place by stop_spark
+    writing = False
+    for left in cache.glob(final.name + ".*"):  # being written, or never moved into place
         pid = left.suffix[1:]
-        if not (pid.isdigit() and _alive(int(pid))):
+        if pid.isdigit() and _alive(int(pid)):
+            writing = True
+        else:
             left.unlink(missing_ok=True)
     if final.exists():
         return f"{quiet} -XX:SharedArchiveFile={final}", None
+    if writing or not write:
+        return "", None
+    pending = Path(f"{final}.{os.getpid()}")
     try:
         cache.mkdir(parents=True, exist_ok=True)
+        pending.touch()  # this process's JVM writes it: the others see so
     except OSError:
         return "", None
-    pending = f"{final}.{os.getpid()}"
-    return f"{quiet} -XX:ArchiveClassesAtExit={pending}", pending
+    return f"{quiet} -XX:ArchiveClassesAtExit={pending}", str(pending)
 
 
 def _keep_archive(pending: str) -> None:
@@ -115,9 +124,11 @@ def _alive(pid: int) -> bool:
 def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
             log4j: str | None = None, warehouse: str | None = None,
             driver_memory: str = "2g", jvm: str = "production",
-            shuffle_partitions: int = 4) -> Any:
+            shuffle_partitions: int = 4, write_archive: bool = True) -> Any:
     """A SparkSession on ``master`` with the JVM profile ``jvm`` (:data:`JVM_PROFILES`);
-    ``master`` None leaves everything to spark-submit.
+    ``master`` None leaves everything to spark-submit.  Its JVM loads Spark's classes
+    from the class archive (:func:`class_archive`), or writes it when it is not there and
+    ``write_archive`` (for a session that :func:`stop_spark` will end well).
 
     Spark logs errors only (``replay/log4j2.properties``); ``log4j=""`` keeps Spark's
     own logging, another path names a log4j2 configuration file.
@@ -128,7 +139,7 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     builder = SparkSession.builder.appName(app)
     if master is not None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        archive, pending = class_archive(jvm)
+        archive, pending = class_archive(jvm, write=write_archive)
         if log4j is None:
             log4j = str(Path(__file__).resolve().parent / "log4j2.properties")
         jopts = " ".join(filter(None, (

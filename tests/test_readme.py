@@ -133,8 +133,8 @@ def quick_jvm() -> str:
     one, none is written here: four JVMs would each dump one on their way out."""
     from replay.jvm import class_archive
 
-    archive, pending = class_archive("quick")
-    return QUICK_JVM if pending is not None or not archive else f"{QUICK_JVM} {archive}"
+    archive, _ = class_archive("quick", write=False)
+    return f"{QUICK_JVM} {archive}" if archive else QUICK_JVM
 #: Before the Spark cluster's block: keep what local mode wrote, to compare.
 KEEP_LOCAL = "rm -rf local-analysis && cp -r analysis local-analysis"
 

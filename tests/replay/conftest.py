@@ -21,6 +21,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from replay import start_spark, stop_spark
 
     spark = start_spark("local[2]", app="rdvpump-tests", jvm="quick", shuffle_partitions=2,
-                    warehouse=str(tmp_path_factory.mktemp("warehouse")))
+                    warehouse=str(tmp_path_factory.mktemp("warehouse")),
+                    write_archive=False)  # it lives as long as its worker: left to others
     yield spark
-    stop_spark(spark, archive=False)  # the class archive is left to the CLI's runs
+    stop_spark(spark, archive=False)

@@ -33,19 +33,24 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("RDVPUMP_SPARK_CDS", "0")
     assert jvm.class_archive("quick") == ("", None)
     monkeypatch.delenv("RDVPUMP_SPARK_CDS")
+    assert jvm.class_archive("quick", write=False) == ("", None)
     options, pending = jvm.class_archive("quick")
     assert pending is not None and f"-XX:ArchiveClassesAtExit={pending}" in options
+    # while one JVM is to write it (this process's), the others go without
+    assert jvm.class_archive("quick") == ("", None)
     # what a JVM left on its way out, unseen by the process that started it (which is
     # gone), may be cut short: it is removed, and the next JVM writes one again
-    left = pathlib.Path(pending.rsplit(".", 1)[0] + ".999999999")
+    left = pathlib.Path(pending).rename(pathlib.Path(pending).with_suffix(".999999999"))
     left.write_bytes(b"jsa")
     options, pending = jvm.class_archive("quick")
     assert not left.exists() and pending is not None
-    # one that stop_spark saw written is moved into place, and then used
+    # one that stop_spark saw written is moved into place, and then used; a session
+    # that is not to write one uses it too
     pathlib.Path(pending).write_bytes(b"jsa")
     jvm._keep_archive(pending)
     options, pending = jvm.class_archive("quick")
     assert pending is None and "-XX:SharedArchiveFile=" in options
+    assert jvm.class_archive("quick", write=False) == (options, None)
     # another one left beside it is removed
     extra = pathlib.Path(str(options.split("SharedArchiveFile=")[1]) + ".999999998")
     extra.write_bytes(b"jsa")
