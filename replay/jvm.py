@@ -102,12 +102,20 @@ def _keep_archive(pending: str) -> None:
 
 
 def _archive_name(java: str, profile: str) -> str:
+    """The archive's file name for this JVM build (an archive is refused, silently, by any
+    other: a JDK upgraded in place keeps its path), pyspark, profile and generation."""
+    import contextlib
     import hashlib
 
     import pyspark
 
-    tag = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{profile}\0{_ARCHIVED_CLASSES}"
-                         .encode()).hexdigest()[:12]
+    build = ""
+    for path in (Path(java), Path(java).parent.parent / "release"):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            build += f"\0{stat.st_size}\0{stat.st_mtime_ns}"
+    tag = hashlib.sha256(f"{java}{build}\0{pyspark.__version__}\0{profile}\0"
+                         f"{_ARCHIVED_CLASSES}".encode()).hexdigest()[:12]
     return f"spark-{pyspark.__version__}-{tag}.jsa"
 
 

@@ -77,6 +77,24 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     assert archive.exists() and production.exists() and writing.exists()
 
 
+def test_a_jdk_upgraded_in_place_gets_an_archive_of_its_own(tmp_path: pathlib.Path) -> None:
+    """A JVM refuses, silently, an archive another build wrote: the name follows the
+    build (its java binary and ``release`` file), not only the path."""
+    pytest.importorskip("pyspark")
+    import os
+
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_bytes(b"java")
+    release = tmp_path / "jdk" / "release"
+    release.write_text('JAVA_VERSION="17.0.15"\n')
+    before = jvm._archive_name(str(java), "quick")
+    assert jvm._archive_name(str(java), "quick") == before
+    release.write_text('JAVA_VERSION="17.0.19"\n')
+    os.utime(release, ns=(1, 1))
+    assert jvm._archive_name(str(java), "quick") != before
+
+
 def test_size_buckets_are_the_least_power_of_two_at_or_above() -> None:
     import numpy as np
 
