@@ -89,11 +89,16 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
     return f"{quiet} -XX:ArchiveClassesAtExit={pending}", str(pending)
 
 
+#: Less than this is not an archive of Spark's classes (about 170 MB): a JVM that ended
+#: without writing one left the empty file :func:`class_archive` made.
+_LEAST_ARCHIVE = 1 << 20
+
+
 def _keep_archive(pending: str) -> None:
     """The archive a JVM wrote on its way out, moved into place (the first one wins)."""
     final = pending.rsplit(".", 1)[0]
     try:
-        if os.path.exists(final):
+        if os.path.exists(final) or os.path.getsize(pending) < _LEAST_ARCHIVE:
             os.unlink(pending)
         else:
             os.replace(pending, final)
@@ -166,7 +171,12 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     else:
         pending = None
     builder = builder.config("spark.sql.session.timeZone", "UTC")
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except BaseException:
+        if pending is not None:  # no JVM of ours is to write it: another may
+            Path(pending).unlink(missing_ok=True)
+        raise
     spark.sparkContext.setLogLevel("ERROR")
     if pending is not None:
         _PENDING[id(spark)] = pending

@@ -44,9 +44,15 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     left.write_bytes(b"jsa")
     options, pending = jvm.class_archive("quick")
     assert not left.exists() and pending is not None
+    # the empty file of a JVM that ended without writing one is not kept
+    jvm._keep_archive(pending)
+    assert not pathlib.Path(pending).exists()
+    assert not list(pathlib.Path(pending).parent.glob("*.jsa"))
+    options, pending = jvm.class_archive("quick")
+    assert pending is not None
     # one that stop_spark saw written is moved into place, and then used; a session
     # that is not to write one uses it too
-    pathlib.Path(pending).write_bytes(b"jsa")
+    pathlib.Path(pending).write_bytes(b"j" * (2 << 20))
     jvm._keep_archive(pending)
     options, pending = jvm.class_archive("quick")
     assert pending is None and "-XX:SharedArchiveFile=" in options
