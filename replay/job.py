@@ -59,7 +59,7 @@ from pump import schema as _schema  # noqa: E402 - after the checkout's packages
 from replay import analysis as _analysis  # noqa: E402
 from replay import fold as _fold  # noqa: E402
 from replay import measure as _measure  # noqa: E402
-from replay.jvm import start_spark, stop_spark  # noqa: E402
+from replay.jvm import ending, start_spark  # noqa: E402
 from replay.output import print_summary  # noqa: E402
 from replay.sources import (  # noqa: E402
     SCHEMA_VERSION,
@@ -403,17 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    spark = start_spark(args.master)
     try:
-        summary = _analysis.run(Spark(spark, args.traces), args.traces, args.out)
+        with ending(start_spark(args.master)) as spark:
+            summary = _analysis.run(Spark(spark, args.traces), args.traces, args.out)
     except TraceError as exc:
-        stop_spark(spark, archive=False)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except BaseException:
-        stop_spark(spark, archive=False)
-        raise
-    stop_spark(spark)
     print_summary(summary)
     return 1 if summary["violation_count"] else 0
 

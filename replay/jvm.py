@@ -8,9 +8,10 @@ master, which leaves everything to spark-submit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,6 @@ def _keep_archive(pending: str) -> None:
 def _archive_name(java: str, profile: str) -> str:
     """The archive's file name for this JVM build (an archive is refused, silently, by any
     other: a JDK upgraded in place keeps its path), pyspark, profile and generation."""
-    import contextlib
     import hashlib
 
     import pyspark
@@ -183,7 +183,7 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     return spark
 
 
-#: The class archive each session's JVM writes on its way out (see :func:`class_archive`).
+#: The class archive each SparkSession's JVM writes on its way out (:func:`class_archive`).
 _PENDING: dict[int, str] = {}
 #: Seconds a JVM is given to write the class archive once told to exit.
 ARCHIVE_WAIT = 60.0
@@ -202,7 +202,6 @@ def stop_spark(spark: Any, timeout: float = 10.0, *, archive: bool = True,
     The JVM is killed too if the stop has not returned within ``timeout`` seconds: after
     a Ctrl-C the gateway connection may be left in the middle of a call, and a stop sent
     on it may never be answered; a command must still end."""
-    import contextlib
     import subprocess
     import threading
 
@@ -238,3 +237,16 @@ def stop_spark(spark: Any, timeout: float = 10.0, *, archive: bool = True,
                 _keep_archive(pending)
             else:
                 Path(pending).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def ending(spark: Any, *, progress: Callable[[str], None] | None = None) -> Iterator[Any]:
+    """``spark`` for the block, its JVM ended on the way out by :func:`stop_spark`: the
+    class archive written only when the block ended without an exception (a Ctrl-C or a
+    failure kills the JVM at once)."""
+    try:
+        yield spark
+    except BaseException:
+        stop_spark(spark, archive=False)
+        raise
+    stop_spark(spark, progress=progress)

@@ -235,7 +235,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from replay import analyze, start_spark, stop_spark
+    from replay import analyze, ending, start_spark
 
     with tempfile.TemporaryFile() as log:  # the JVM's stdout and stderr: it inherits both
         os.dup2(log.fileno(), 1)
@@ -246,16 +246,12 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
             spark = start_spark(master, jvm=jvm, driver_memory="6g")
             seen = _jvm_cpus()
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # pyspark sets its own handler
-            try:
+            with ending(spark):
                 for _ in range(2 if warm else 1):  # the last pass is the one timed
                     start = time.perf_counter()
                     result = analyze(traces, out, spark=spark) if work == "job" \
                         else latency_floor(spark, traces)
                     seconds = time.perf_counter() - start
-            except BaseException:  # the JVM ends at once, writing nothing
-                stop_spark(spark, archive=False)
-                raise
-            stop_spark(spark)
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
             log.seek(0)
             said = log.read().decode(errors="replace").strip().splitlines()[-10:]

@@ -115,20 +115,16 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
               on_interrupt: Callable[[Any], None]) -> dict[str, Any]:
     """The analysis on a SparkSession started here (its JVM's output to
     ``target/spark.log`` unless ``verbose``), stopped after."""
-    from replay import analyze, jvm_for, start_spark, stop_spark
+    from replay import analyze, ending, jvm_for, start_spark
 
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     stage(f"starting Spark ({master}, {profile} JVM)")
     with contextlib.nullcontext() if verbose else _jvm_output_to(target / "spark.log"):
         spark = guard(lambda: start_spark(master, jvm=profile, log4j="" if verbose else None))
     on_interrupt(spark)
-    try:
+    with ending(spark, progress=stage):
         summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
                                                         progress=stage))
-    except BaseException:  # Ctrl-C or a failure: the JVM ends at once, writing nothing
-        stop_spark(spark, archive=False)
-        raise
-    stop_spark(spark, progress=stage)
     return summary
 
 
