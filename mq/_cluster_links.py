@@ -12,7 +12,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokermgr import MAX_INT, BrokerLink, Fields, Outcome, ServiceError, ServiceSession, Status
+from brokermgr import (
+    MAX_INT,
+    STALE_EPOCH,
+    BrokerLink,
+    Fields,
+    Outcome,
+    ServiceError,
+    ServiceSession,
+    Status,
+)
 from channels import MessageQueue
 
 from ._cluster_file import ClusterServer
@@ -134,10 +143,22 @@ class PeerLink(BrokerLink):
 
     def _answered(self, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):
-            if outcome.status != Status.NO_REPLY:  # refused: the peer closes the link
-                self._down()
-                self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
-                                              f"{outcome.reason}")
+            if outcome.status == Status.NO_REPLY:
+                return
+            refusal = f"{self.peer.server.id} refused it: {outcome.reason}"
+            if outcome.detail.get("refused") == STALE_EPOCH:
+                # a root announcement under an epoch the peer has seen passed: the peer
+                # is one of ours all the same, and its beats tell this server the newer
+                # root; the link stays agreed
+                self.node.refused(self.peer, refusal)
+                return
+            # the peer does not take this server as one of its cluster: it closes the
+            # link (and so does this side, for a refusal that left it open): dialled
+            # again, the hello says why
+            self._down()
+            self.node.refused(self.peer, refusal)
+            if self.queue is not None:
+                self.queue.close(f"refused by {self.peer.server.id}: {outcome.reason}")
             return
         cluster, server_id, checksum = (outcome.get("cluster"), outcome.get("id"),
                                         outcome.get("checksum"))

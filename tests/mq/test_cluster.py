@@ -258,6 +258,29 @@ async def test_a_root_is_elected_replaced_when_it_crashes_and_fenced_when_it_ret
             node.close()
 
 
+async def test_a_root_announcement_refused_as_stale_leaves_the_link_up(
+        autojump_clock: object) -> None:
+    """Two primaries may each take over before they see each other (a at a newer epoch
+    than b): a refuses b's announcement as stale, and b, told a's root by a's beats,
+    follows it over the same link.  The refusal is about the epoch, not the link: b's
+    link to a stays agreed (it was left down for good: b never saw a as active again,
+    and went from following a to no root at each beat)."""
+    async with open_universe("u") as universe:
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
+        await until(lambda: all(n.root == "a" and n.linked() for n in nodes.values()))
+        b = nodes["b"]
+        b.root, b.epoch = "b", nodes["a"].epoch - 1  # as if b took over before it saw a
+        link = b.peers["a"].outgoing
+        assert link is not None
+        link.say("root")
+        await until(lambda: "stale epoch" in (b.peers["a"].refusal or ""), within=5)
+        await until(lambda: all(n.root == "a" and n.linked() for n in nodes.values()),
+                    within=5)
+        assert link.agreed and link.connects == 1  # the same link, never dialled again
+        for node in nodes.values():
+            node.close()
+
+
 async def test_every_server_restarted_on_its_store_keeps_the_cluster_state(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """The state is kept with the epoch and vote: every server restarted (the primaries

@@ -45,7 +45,7 @@ class Lines:
         """The first line (from line ``after`` on) that holds every needle, waiting for
         more (bounded)."""
         assert self.proc.stderr is not None
-        with trio.fail_after(30):
+        with trio.move_on_after(30):
             while True:
                 found = next((x for x in self.seen[after:] if all(n in x for n in needles)),
                              None)
@@ -56,6 +56,7 @@ class Lines:
                 self._buffer += chunk
                 *lines, self._buffer = self._buffer.split(b"\n")
                 self.seen += [line.decode() for line in lines]
+        raise AssertionError(f"no line with {needles} in 30 s; stderr: {self.seen}")
 
 
 @asynccontextmanager

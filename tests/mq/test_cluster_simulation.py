@@ -2,10 +2,11 @@
 between any servers, crashes and restarts of any of them (the root too), a server that
 joins late, another that joins with a configuration of its own, changes of the shared
 state asked of any server meanwhile.  Checked each run: no epoch ever has two roots;
-once the faults stop, every server follows one root at one epoch and holds the same
-state, and the server with the other configuration is refused by every one of them and
-never gets their state.  Each server keeps its epoch and ballot in a directory of its
-own (in memory: what is checked is the protocol, not the disk) across its restarts."""
+once the faults stop, every server is linked both ways to every other, follows one root
+at one epoch and holds the same state, and the server with the other configuration is
+refused by every one of them and never gets their state.  Each server keeps its epoch
+and ballot in a directory of its own (in memory: what is checked is the protocol, not
+the disk) across its restarts."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ IDS = [s.id for s in CLUSTER.servers if s.id != "x"]
 #: The file x reads: the same servers, but x a primary (a checksum of its own).
 MISMATCHED = _config((*SERVERS_OF[:-1], ("x", "primary")))
 SEEDS = 200
+
+
+def linked(node: ClusterNode) -> bool:
+    """Whether ``node`` is linked both ways to every server but x (which never agrees)."""
+    return all(row["outgoing"] == row["incoming"] == "up" for row in node.rows()
+               if row["id"] != "x")
 
 
 async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
@@ -100,7 +107,8 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
         with trio.fail_after(120):  # virtual seconds: the cluster settles or fails
             while len({json.dumps([n.root, n.epoch, n.state.mark, n.state.topics],
                                   sort_keys=True) for n in nodes.values()}) != 1 \
-                    or next(iter(nodes.values())).root is None:
+                    or next(iter(nodes.values())).root is None \
+                    or not all(linked(n) for n in nodes.values()):
                 await trio.sleep(0.5)
         final = {n.me.id: (n.root, n.epoch, dict(n.state.topics)) for n in nodes.values()}
         assert stranger is not None
