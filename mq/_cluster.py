@@ -253,11 +253,10 @@ class ClusterNode:
                     done(self._apply(op, topic, group, filter_))
                 except ServiceError as exc:
                     done(exc)
-            elif (link := self._root_link()) is not None:
-                link.request({"cmd": "change", **link.said(), "op": op, "topic": topic,
-                              "group": group, "filter": filter_}, replied)
-            else:
-                again()
+            elif (link := self._root_link()) is None or not link.request(
+                    {"cmd": "change", **link.said(), "op": op, "topic": topic,
+                     "group": group, "filter": filter_}, replied):
+                again()  # no root, or its link is past its high-water mark: not sent
 
         def replied(outcome: Outcome) -> None:
             if not isinstance(outcome, ServiceError):
@@ -318,7 +317,8 @@ class ClusterNode:
                 self._take(state)
                 self.elect()
 
-        link.request({"cmd": "fetch", **link.said()}, fetched)
+        if not link.request({"cmd": "fetch", **link.said()}, fetched):
+            self._fetching = False  # not sent (past the high-water mark): asked again later
 
     def _heard(self, request: Said) -> None:
         """What a peer's hello or beat says: its vote, its state's version (this server

@@ -202,7 +202,8 @@ class Follower:
             ask["epoch"] = topic_log.epochs.epoch_at(start - 1)
         if self.config is not None:
             ask["config"] = self.config
-        self.link.request(ask, functools.partial(self.answered, name))
+        if not self.link.request(ask, functools.partial(self.answered, name)):
+            self.following.discard(name)  # not sent (past the high-water mark): next scan
 
     def answered(self, topic: str, outcome: Outcome) -> None:
         if isinstance(outcome, ServiceError):

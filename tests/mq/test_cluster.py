@@ -386,6 +386,46 @@ async def test_the_root_holds_the_state_and_every_server_gets_it(
             node.close()
 
 
+async def test_a_change_waits_while_the_root_s_link_is_full_then_goes_through(
+        autojump_clock: object) -> None:
+    """The root stops reading b's link until b's side is past its high-water mark: a
+    change asked of b is held (asked again each 0.1 s, not lost), and goes through once
+    the root reads again; or, if it never does, is refused as not ready."""
+    async with open_universe("u") as universe:
+        nodes = {s: ClusterNode(universe.add_broker(s), FOUR, not_ready_wait=3.0)
+                 for s in ("a", "b", "c")}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        into_root = nodes["a"].peers["b"].incoming
+        link = nodes["b"].peers["a"].outgoing
+        assert into_root is not None and link is not None
+        into_root.pause_reading()
+        sent = 0
+        while link.request({"cmd": "fetch", **link.said()}, lambda _: None):
+            sent += 1
+            if sent % 100 == 0:
+                await trio.sleep(0)  # the pump moves what fits into the ring
+        version: list[int] = []
+
+        async def change() -> None:
+            version.append(await nodes["b"].change("declare", "orders"))
+
+        with trio.fail_after(10):  # virtual seconds
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(change)
+                await trio.sleep(1)
+                assert not version and "orders" not in nodes["a"].state.topics
+                into_root.resume_reading()
+        assert version and "orders" in nodes["a"].state.topics
+        # the root never reads again: refused after the wait, not held for ever
+        into_root.pause_reading()
+        while link.request({"cmd": "fetch", **link.said()}, lambda _: None):
+            await trio.sleep(0)
+        with trio.fail_after(10), pytest.raises(ServiceError, match="not ready"):
+            await nodes["b"].change("declare", "refunds")
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         autojump_clock: object) -> None:
     async with open_universe("u") as universe:
