@@ -8,10 +8,12 @@ pays for what it runs, and ``rdvpump --help`` imports them all.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import signal
+import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Annotated, Any
 
@@ -95,14 +97,46 @@ class _Commands(MutableMapping[str, Any]):
         return len(self.loaders)
 
 
+#: click's ``UsageError`` (a bad option, value or command): the base of
+#: ``typer.BadParameter``, which typer exports (typer 0.28 carries its own copy of click).
+_UsageError: type[Exception] = typer.BadParameter.__bases__[0]
+
+
+@contextlib.contextmanager
+def _one_line_usage() -> Iterator[None]:
+    """A usage error said in one line on stderr, with where to read the options, and the
+    exit status click gives it (2); click would print the usage, a hint and the error on
+    four.  A group called without a command still shows its help."""
+    try:
+        yield
+    except _UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "rdvpump"
+        message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+        print(f"error: {where}: {message} (see '{where} -h')", file=sys.stderr)
+        raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+
+
 class _Lazy(TyperGroup):
     """The top-level group, its commands loaded as they are used; its help lists them
-    from :data:`SHORT_HELP` without loading any."""
+    from :data:`SHORT_HELP` without loading any.  A usage error anywhere under it is one
+    line (:func:`_one_line_usage`)."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = _Commands({name: functools.partial(_load, name, module, function)
                                    for name, module, function in COMMANDS})
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: Any = None, **extra: Any) -> Any:
+        with _one_line_usage():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage():
+            return super().invoke(ctx)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         import click

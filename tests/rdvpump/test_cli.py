@@ -83,6 +83,43 @@ def test_bad_options_give_one_clear_line_and_exit_1() -> None:
     assert result.exit_code == 1 and "role must be one of" in result.output
 
 
+def test_usage_errors_are_one_line_naming_the_command_and_exit_2() -> None:
+    """What click says of a bad option, value, argument or command, in one line on
+    stderr (not its usage, hint and error on four), with where to read the options."""
+    for args, said in (
+            (["broker", "run", "--bogus"],
+             "error: rdvpump broker run: No such option: --bogus (see 'rdvpump broker run "
+             "-h')"),
+            (["bench", "mq", "--repeat", "x"],
+             "error: rdvpump bench mq: Invalid value for '--repeat': 'x' is not a valid int "
+             "(see 'rdvpump bench mq -h')"),
+            (["mq", "declare"],
+             "error: rdvpump mq declare: Missing argument 'topic' (see 'rdvpump mq declare "
+             "-h')"),
+            (["bogus"], "error: rdvpump: No such command 'bogus' (see 'rdvpump -h')"),
+            (["--bogus"], "error: rdvpump: No such option: --bogus (see 'rdvpump -h')")):
+        result = runner.invoke(app, args, prog_name="rdvpump")
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stdout == "" and result.stderr == said + "\n", (args, result.output)
+    # a group without its command still shows what it holds
+    result = runner.invoke(app, ["bench"])
+    assert "Commands:" in result.output and "inproc" in result.output
+
+
+@pytest.mark.slow  # starts a process
+def test_a_usage_error_of_the_installed_command_is_one_line() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "broker", "run", "--repat", "3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    # click names the program as it was started: ``python -m rdvpump`` here
+    assert proc.stderr.startswith("error: python -m rdvpump broker run: No such option: "
+                                  "--repat "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
 def test_bench_inproc_json_lines_have_the_documented_fields() -> None:
     result = runner.invoke(app, ["bench", "inproc", "--json", "--sizes", "64",
                                  "--scale", "0.005", "--repeat", "1"])
