@@ -356,7 +356,7 @@ class MqClient:
         ``no_local`` the messages this client published (its :attr:`producer`'s, through
         whichever server of a cluster) are acknowledged as they come and not handed
         out."""
-        key = (topic, group or topic)
+        key = (topic, topic if group is None else group)
         if key in self.subscriptions:
             raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")
         subscription = Subscription(self, key[0], key[1], window)
@@ -426,7 +426,7 @@ class MqClient:
                          ) -> Subscription:
         """Consume with a callback: ``on_message(message)`` runs on the pump for each
         message; acknowledge with :meth:`Message.ack_nowait`."""
-        key = (topic, group or topic)
+        key = (topic, topic if group is None else group)
         if key in self.subscriptions:
             raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")
         subscription = Subscription(self, key[0], key[1], window, on_message=on_message)

@@ -93,6 +93,10 @@ async def test_unknown_topic_group_and_bad_requests_get_a_reason(
             await client.declare("t2", flags=["persistent"])
         with pytest.raises(ServiceError, match="window must be an integer"):
             await client.subscribe("orders", window=0)
+        # an empty group is not the topic's own group: names are never empty
+        with pytest.raises(ServiceError, match="group must not be empty") as info:
+            await client.subscribe("orders", group="")
+        assert info.value.status == 400
         for bad in ({"offsets": [1, True]}, {"offsets": 0, "count": 0},
                     {"offsets": 0, "count": (1 << 20) + 1}, {"offsets": -1, "count": 1}):
             with pytest.raises(ServiceError, match="offsets must be a list of integers, "
