@@ -37,6 +37,7 @@ class Chaos:
         self.servers = tuple(servers)
         self.crashed: set[str] = set()
         self.cut: list[tuple[list[str], list[str]]] = []
+        self.delayed: set[tuple[str, str]] = set()
 
     @property
     def live(self) -> list[str]:
@@ -48,9 +49,19 @@ class Chaos:
 
     def apply(self, action: str) -> None:
         """``heal`` a partition, ``crash`` a live server or ``restart`` a crashed one, at
-        random, when there is one to act on."""
+        random, when there is one to act on; ``delay`` every byte between two servers
+        (their links now and later) by up to 1.5 s, or end such a delay."""
         rng = self.rng
-        if action == "heal" and self.cut:
+        if action == "delay":
+            pair = tuple(sorted(rng.sample(self.servers, 2)))
+            assert len(pair) == 2
+            if pair in self.delayed and rng.random() < 0.5:
+                self.faults.delay(pair, 0)
+                self.delayed.discard(pair)
+            else:
+                self.faults.delay(pair, rng.uniform(0.01, 1.0), jitter=rng.uniform(0, 0.5))
+                self.delayed.add(pair)
+        elif action == "heal" and self.cut:
             self.faults.heal(*self.cut.pop(rng.randrange(len(self.cut))))
         elif action == "crash" and len(self.live) > 1:
             victim = rng.choice(self.live)
@@ -62,6 +73,9 @@ class Chaos:
             self.crashed.discard(back)
 
     def end(self) -> None:
+        for pair in sorted(self.delayed):
+            self.faults.delay(pair, 0)
+        self.delayed.clear()
         for side, other in self.cut:
             self.faults.heal(side, other)
         self.cut.clear()

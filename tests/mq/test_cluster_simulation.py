@@ -1,7 +1,8 @@
 """A cluster under random faults, on the virtual clock, one run per seed: partitions
-between any servers, crashes and restarts of any of them (the root too), a server that
-joins late, another that joins with a configuration of its own, changes of the shared
-state asked of any server meanwhile.  Checked each run: no epoch ever has two roots;
+between any servers, delays of every byte between two of them (up to 1.5 s, so that
+their messages cross others'), crashes and restarts of any of them (the root too), a
+server that joins late, another that joins with a configuration of its own, changes of
+the shared state asked of any server meanwhile.  Checked each run: no epoch ever has two roots;
 once the faults stop, every server is linked both ways to every other, follows one root
 at one epoch and holds the same state, and the server with the other configuration is
 refused by every one of them and never gets their state.  Each server keeps its epoch
@@ -93,7 +94,7 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
                     stranger = ClusterNode(universe.add_broker("x"), MISMATCHED,
                                            not_ready_wait=2.0, store=store)
                 action = rng.choice(("partition", "heal", "crash", "restart", "change",
-                                     "change"))
+                                     "change", "delay"))
                 if action == "partition":
                     side = rng.sample(IDS, rng.randint(1, 2))
                     chaos.partition(side, [s for s in IDS if s not in side])
