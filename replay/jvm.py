@@ -46,13 +46,14 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
     Loading Spark's classes from an archive instead of its jars saves about two
     seconds of every start on this machine.  The first run writes the archive (about
     170 MB) under ``$XDG_CACHE_HOME/rdvpump`` (``~/.cache/rdvpump``) for the JVM, the
-    pyspark version, the profile and :data:`_ARCHIVED_CLASSES`: its JVM writes it on its
-    way out, and :func:`stop_spark` moves it into place once that JVM has ended well.
-    One JVM writes it at a time (the file it is to write is there from its start: the
-    JVMs that start meanwhile go without).  What a JVM left that way is removed once
-    the process that started it is gone (it may be cut short: the JVM killed, or its
-    process never waited), and so are the archives of older generations of the same
-    pyspark.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
+    pyspark installation (a JVM refuses an archive whose jars are not where they were:
+    each virtualenv has its own), the profile and :data:`_ARCHIVED_CLASSES`: its JVM
+    writes it on its way out, and :func:`stop_spark` moves it into place once that JVM
+    has ended well.  One JVM writes it at a time (the file it is to write is there from
+    its start: the JVMs that start meanwhile go without).  What a JVM left that way is
+    removed once the process that started it is gone (it may be cut short: the JVM
+    killed, or its process never waited), and so are the archives of older generations
+    for the same pyspark installation.  Set ``RDVPUMP_SPARK_CDS=0`` to go without.
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
@@ -62,12 +63,16 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
 
     java = os.path.realpath(_shutil.which("java") or "java")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
-    final = cache / _archive_name(java, profile)
-    current = {_archive_name(java, p) for p in JVM_PROFILES}
+    home = os.path.dirname(os.path.realpath(pyspark.__file__))
+    final = cache / _archive_name(java, profile, home)
+    current = {_archive_name(java, p, home) for p in JVM_PROFILES}
+    ours = final.name.rsplit("-", 1)[0]  # spark-VERSION-WHERE: this installation's
     for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa*"):  # older generations
         # finished (NAME.jsa), or written by a JVM on its way out (NAME.jsa.PID)
         name, pid = (other.name, "") if other.suffix == ".jsa" else (other.stem, other.suffix[1:])
-        if name not in current and not (pid.isdigit() and _alive(int(pid))):
+        # this installation's, or one named before archives named their installation
+        mine = name.startswith(ours + "-") or name.count("-") == 2
+        if mine and name not in current and not (pid.isdigit() and _alive(int(pid))):
             other.unlink(missing_ok=True)
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
     writing = False
@@ -107,9 +112,11 @@ def _keep_archive(pending: str) -> None:
         pass
 
 
-def _archive_name(java: str, profile: str) -> str:
-    """The archive's file name for this JVM build (an archive is refused, silently, by any
-    other: a JDK upgraded in place keeps its path), pyspark, profile and generation."""
+def _archive_name(java: str, profile: str, home: str) -> str:
+    """The archive's file name, ``spark-VERSION-WHERE-TAG.jsa``: WHERE stands for the
+    pyspark installation at ``home`` (a JVM refuses, silently, an archive whose jars were
+    elsewhere), TAG for this JVM build (and any other's: a JDK upgraded in place keeps its
+    path), the profile and the generation."""
     import hashlib
 
     import pyspark
@@ -119,9 +126,10 @@ def _archive_name(java: str, profile: str) -> str:
         with contextlib.suppress(OSError):
             stat = path.stat()
             build += f"\0{stat.st_size}\0{stat.st_mtime_ns}"
+    where = hashlib.sha256(home.encode()).hexdigest()[:8]
     tag = hashlib.sha256(f"{java}{build}\0{pyspark.__version__}\0{profile}\0"
                          f"{_ARCHIVED_CLASSES}".encode()).hexdigest()[:12]
-    return f"spark-{pyspark.__version__}-{tag}.jsa"
+    return f"spark-{pyspark.__version__}-{where}-{tag}.jsa"
 
 
 def _alive(pid: int) -> bool:

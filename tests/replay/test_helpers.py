@@ -70,17 +70,26 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     import pyspark
 
     archive = pathlib.Path(options.split("SharedArchiveFile=")[1])
-    older = archive.with_name(f"spark-{pyspark.__version__}-000000000000.jsa")
+    home = os.path.dirname(os.path.realpath(pyspark.__file__))
     java = os.path.realpath(shutil.which("java") or "java")
-    production = archive.with_name(jvm._archive_name(java, "production"))
+    assert archive.name == jvm._archive_name(java, "quick", home)
+    ours = archive.name.rsplit("-", 1)[0]
+    older = archive.with_name(f"{ours}-000000000000.jsa")
+    production = archive.with_name(jvm._archive_name(java, "production", home))
     # and so is one such a JVM left unfinished when it died; one still being written stays
     dead = older.with_name(older.name + ".999999997")
     writing = older.with_name(f"{older.name}.{os.getpid()}")
-    for path in (older, production, dead, writing):
+    # one named before archives named their installation is removed; another
+    # installation's (another virtualenv's, whose JVMs refuse this one's) stays
+    unnamed = archive.with_name(f"spark-{pyspark.__version__}-000000000000.jsa")
+    elsewhere = archive.with_name(jvm._archive_name(java, "quick", "/another/venv"))
+    assert elsewhere != archive
+    for path in (older, production, dead, writing, unnamed, elsewhere):
         path.write_bytes(b"jsa")
     jvm.class_archive("quick")
-    assert not older.exists() and not dead.exists()
+    assert not older.exists() and not dead.exists() and not unnamed.exists()
     assert archive.exists() and production.exists() and writing.exists()
+    assert elsewhere.exists()
 
 
 def test_a_jdk_upgraded_in_place_gets_an_archive_of_its_own(tmp_path: pathlib.Path) -> None:
@@ -94,11 +103,11 @@ def test_a_jdk_upgraded_in_place_gets_an_archive_of_its_own(tmp_path: pathlib.Pa
     java.write_bytes(b"java")
     release = tmp_path / "jdk" / "release"
     release.write_text('JAVA_VERSION="17.0.15"\n')
-    before = jvm._archive_name(str(java), "quick")
-    assert jvm._archive_name(str(java), "quick") == before
+    before = jvm._archive_name(str(java), "quick", "/venv")
+    assert jvm._archive_name(str(java), "quick", "/venv") == before
     release.write_text('JAVA_VERSION="17.0.19"\n')
     os.utime(release, ns=(1, 1))
-    assert jvm._archive_name(str(java), "quick") != before
+    assert jvm._archive_name(str(java), "quick", "/venv") != before
 
 
 def test_size_buckets_are_the_least_power_of_two_at_or_above() -> None:
