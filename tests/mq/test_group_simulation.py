@@ -5,8 +5,9 @@ each registers with the name services (one, or three of which a majority decides
 through a name client of its own and keeps its role as they hold it
 (:func:`mq.keep_role`), exactly as ``broker run --group`` does, but over in-memory links
 that the fault kit cuts: partitions between the master and its slaves, between servers
-and name services, and between the clients and the servers; crashes and restarts of any
-server (each keeps its directory).
+and name services, and between the clients and the servers; delays of every byte
+between two servers (up to 1.5 s); crashes and restarts of any server (each keeps its
+directory).
 A producer publishes throughout and a consumer consumes, both following the tracker's
 route table.  Once the faults stop and every server is back, the consumer must get every
 acknowledged message, and the history checker (:func:`mq.check_history`) must find
@@ -163,7 +164,8 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
             chaos = Chaos(faults, rng, SERVERS)
             for _step in range(10):
                 await trio.sleep(rng.uniform(0.2, 3.0))
-                action = rng.choice(("partition", "partition", "heal", "crash", "restart"))
+                action = rng.choice(("partition", "partition", "heal", "crash", "restart",
+                                     "delay"))
                 if action == "partition":
                     kind = rng.choice(("servers", "names", "clients"))
                     if kind == "servers":
