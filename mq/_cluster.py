@@ -19,7 +19,10 @@ epoch, and the mark of its cluster state; each server works out the election its
 root announces itself (``root``).  Cluster state (:mod:`._cluster_state`): changed only
 by the root (``change``, asked of it by the others, held with a bounded wait while there
 is no root: the cluster is not ready), sent whole to every server (``state``), fetched
-by a server that is behind (``fetch``).
+by a server that is behind (``fetch``).  A change is acknowledged once a majority of the
+primaries hold it, and a primary that voted in a newer epoch takes no older root's
+state: a root of a newer epoch, which a majority voted for, never lacks a change that
+was acknowledged.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from brokermgr import (
     ServiceError,
     Status,
     fenced,
+    send,
 )
 from channels import MessageQueue
 from pump import ConfigError, Future, Repeating
@@ -119,6 +123,9 @@ class ClusterNode:
         #: that peer's state before it may take over.
         self.versions: dict[str, tuple[int, int]] = {}
         self._fetching = False
+        #: Changes this root made that wait for a majority of the primaries to hold
+        #: them: (version, epoch, done).
+        self._confirming: list[tuple[int, int, Callable[[int | ServiceError], object]]] = []
         #: The root this server follows (None: none yet, the cluster is not ready) and its
         #: epoch; each peer's vote as it last said it (:mod:`._root`).
         self.root: str | None = None
@@ -187,6 +194,13 @@ class ClusterNode:
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
                                f"at epoch {request.epoch}; this server follows {self.root} "
                                f"at epoch {self.epoch}", refused=STALE_EPOCH)
+        if request.epoch < self.ballot[1]:
+            # this primary voted in a newer epoch: whoever is root there may have taken
+            # over without this state, so it must not count towards a change's majority
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
+                               f"at epoch {request.epoch}; this server voted for "
+                               f"{self.ballot[0]} at epoch {self.ballot[1]}",
+                               refused=STALE_EPOCH)
         if request.epoch > self.epoch or self.root is None:
             self._follow(request.id, request.epoch)
         try:
@@ -195,21 +209,39 @@ class ClusterNode:
             raise ServiceError(Status.BAD_REQUEST, f"state from {request.id}: {exc}") from None
         if state.mark != self.state.mark or state.topics != self.state.topics:
             self._take(state)
-        return {"cmd": "taken", "version": self.state.version}
+        return {"cmd": "taken", "version": self.state.version,
+                "state_epoch": self.state.epoch}
 
-    def _change(self, request: Said, call: Call) -> ReplyObject:
-        """A change asked of the root; another server says where the root is (503)."""
+    def _change(self, request: Said, call: Call) -> ReplyObject | None:
+        """A change asked of the root, answered once a majority of the primaries hold it
+        (:meth:`_apply`); another server says where the root is (503)."""
         self._check(request, call)
         if self.root != self.me.id:
             raise ServiceError(Status.UNAVAILABLE, f"{self.me.id} is not the root; the "
                                f"root is {self.root or 'not known: the cluster is not ready'}",
                                root=self.root)
         assert request.change is not None
-        return {"cmd": "changed", "version": self._apply(*request.change)}
+        queue, seq = call.queue, call.seq
 
-    def _apply(self, op: str, topic: str, group: str | None, filter_: str | None) -> int:
+        def answer(outcome: int | ServiceError) -> None:
+            if queue is None or seq is None:
+                return
+            reply = (outcome.envelope("change") if isinstance(outcome, ServiceError)
+                     else {"cmd": "changed", "version": outcome})
+            send(queue, {**reply, "seq": seq}, what=f"cluster peer {queue.remote_id}")
+
+        self._apply(*request.change, answer)
+        return None
+
+    def _apply(self, op: str, topic: str, group: str | None, filter_: str | None,
+               done: Callable[[int | ServiceError], object]) -> None:
         """On the root: a change applied and, if it changed anything, a new version sent
-        to every peer."""
+        to every peer; ``done(version)`` once a majority of the primaries (this root
+        among them) hold that version, or ``done(ServiceError)`` (503) if that did not
+        happen within :attr:`not_ready_wait` seconds or the root changed first: the
+        change may or may not be kept then.  A change that is not acknowledged so is
+        never one a later root lacks: a primary that voted in a newer epoch takes no
+        older root's state.  A bad change raises its :class:`ServiceError` (400)."""
         new = ClusterState.of(self.state.version, self.state.topics, self.epoch)
         try:
             changed = new.apply(op, topic, group, filter_)
@@ -219,7 +251,55 @@ class ClusterNode:
             new.version += 1
             self._take(new)
             self._send_state()
-        return self.state.version
+        version, epoch = self.state.version, self.epoch
+        if self._held_by_majority(version):
+            done(version)
+            return
+        waiter = (version, epoch, done)
+        self._confirming.append(waiter)
+
+        def expire() -> None:
+            if waiter in self._confirming:
+                self._confirming.remove(waiter)
+                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: the "
+                                  f"change was not held by a majority of the primaries "
+                                  f"within {self.not_ready_wait:g} s; it may or may not "
+                                  f"be kept"))
+
+        self.broker.pump.call_later(self.not_ready_wait, expire, owner=self.broker)
+
+    def _held_by_majority(self, version: int) -> bool:
+        """Whether more than half of the primaries listed hold this root's state at
+        ``version`` or later (this root does)."""
+        mark = (self.epoch, version)
+        primaries = [s.id for s in self.config.servers if s.type == "primary"]
+        held = sum(1 for p in primaries
+                   if p == self.me.id or self.versions.get(p, (0, 0)) >= mark)
+        return held * 2 > len(primaries)
+
+    def took(self, peer: str, state_epoch: int, version: int) -> None:
+        """``peer`` took this root's state at ``version`` (its reply to ``state``): the
+        changes waiting for it may be answered."""
+        self.versions[peer] = max(self.versions.get(peer, (0, 0)), (state_epoch, version))
+        self._answer_confirmed()
+
+    def _answer_confirmed(self) -> None:
+        if not self._confirming or self.root != self.me.id:
+            return
+        ready = [w for w in self._confirming
+                 if w[1] == self.epoch and self._held_by_majority(w[0])]
+        for waiter in ready:
+            self._confirming.remove(waiter)
+            waiter[2](waiter[0])
+
+    def _drop_confirming(self, why: str) -> None:
+        """This server is no longer the root it was when the changes waiting were made:
+        each is answered 503 (``why``)."""
+        waiting, self._confirming = self._confirming, []
+        for version, _epoch, done in waiting:
+            done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: {why} "
+                              f"before a majority of the primaries held version {version}; "
+                              f"the change may or may not be kept"))
 
     def _take(self, state: ClusterState) -> None:
         old, self.state = self.state, state
@@ -250,7 +330,7 @@ class ClusterNode:
                                                       f"is closed"))
             elif self.root == self.me.id:
                 try:
-                    done(self._apply(op, topic, group, filter_))
+                    self._apply(op, topic, group, filter_, done)
                 except ServiceError as exc:
                     done(exc)
             elif (link := self._root_link()) is None or not link.request(
@@ -326,6 +406,7 @@ class ClusterNode:
         self.votes[request.id] = (request.vote, request.vote_epoch)
         mark = (request.state_epoch, request.version)
         self.versions[request.id] = mark
+        self._answer_confirmed()
         if mark > self.state.mark or (request.id == self.root and mark != self.state.mark):
             self._behind(request.id)
         if request.root is not None and request.root != self.me.id and (
@@ -394,6 +475,7 @@ class ClusterNode:
             log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
                         self.config.name, self.me.id, self.epoch, ", ".join(active))
             self.root = None
+            self._drop_confirming("the root stepped down")
             self.changed()
         elif self.root is not None and self.root not in active:
             self.root = None  # its root is out of reach: not ready until one is known
@@ -403,6 +485,8 @@ class ClusterNode:
         if self.root == self.me.id and root != self.me.id:
             log.warning("cluster %s: %s steps down: %s is root at epoch %d",
                         self.config.name, self.me.id, root, epoch)
+        if self.root == self.me.id and (root != self.me.id or epoch != self.epoch):
+            self._drop_confirming(f"{root} became root at epoch {epoch}")
         if epoch != self.epoch:
             self.epoch = epoch
             self._keep()
@@ -518,6 +602,7 @@ class ClusterNode:
         if self._closed:
             return
         self._closed = True
+        self._drop_confirming("the cluster server closed")
         self._beats.cancel()
         for peer in self.peers.values():
             if peer.outgoing is not None:

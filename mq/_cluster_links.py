@@ -137,7 +137,11 @@ class PeerLink(BrokerLink):
                      self._taken if cmd == "state" else self._answered)
 
     def _taken(self, outcome: Outcome) -> None:
-        if isinstance(outcome, ServiceError) and outcome.status != Status.NO_REPLY:
+        if not isinstance(outcome, ServiceError):
+            version, epoch = outcome.get("version"), outcome.get("state_epoch")
+            if type(version) is int and type(epoch) is int:
+                self.node.took(self.peer.server.id, epoch, version)
+        elif outcome.status != Status.NO_REPLY:
             self.node.refused(self.peer, f"{self.peer.server.id} refused the state: "
                                          f"{outcome.reason}")
 

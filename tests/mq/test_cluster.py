@@ -426,6 +426,64 @@ async def test_a_change_waits_while_the_root_s_link_is_full_then_goes_through(
             node.close()
 
 
+async def test_a_change_is_acknowledged_only_once_a_majority_of_the_primaries_hold_it(
+        autojump_clock: object) -> None:
+    """a, root, is cut off from the others before it notices: a change asked of it then
+    cannot reach a majority of the primaries, and b takes over without it.  It is
+    refused (503, it may or may not be kept), never acknowledged and then lost; a change
+    asked of b, which b and c hold, is acknowledged and kept once a is back."""
+    from rdvpump.testing import Faults
+
+    async with open_universe("u") as universe:
+        faults = Faults(universe, partition_timeout=1.0)
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR, not_ready_wait=3.0)
+                 for s in FOUR.servers}
+        await until(lambda: all(n.root == "a" and n.linked() for n in nodes.values()))
+        faults.partition("a", ["b", "c", "d"])
+        outcome: list[int | ServiceError] = []
+
+        async def change(node: ClusterNode, topic: str) -> None:
+            try:
+                outcome.append(await node.change("declare", topic))
+            except ServiceError as exc:
+                outcome.append(exc)
+
+        with trio.fail_after(30):
+            await change(nodes["a"], "cut-off")
+        (refused,) = outcome
+        assert isinstance(refused, ServiceError) and refused.status == 503, refused
+        assert "may or may not be kept" in str(refused)
+        await until(lambda: all(nodes[n].root == "b" for n in "bcd"))
+        await change(nodes["c"], "kept")
+        assert isinstance(outcome[-1], int)
+        faults.heal("a", ["b", "c", "d"])
+        await until(lambda: len({(n.root, n.epoch, n.state.mark)
+                                 for n in nodes.values()}) == 1
+                    and all(n.linked() for n in nodes.values()))
+        for node in nodes.values():
+            assert "kept" in node.state.topics and "cut-off" not in node.state.topics
+            node.close()
+
+
+async def test_a_primary_that_voted_in_a_newer_epoch_takes_no_older_root_s_state(
+        autojump_clock: object) -> None:
+    """c voted for b at a newer epoch while it still follows a: a's state (a change a
+    wants a majority for) is refused, so that c never counts towards a change the root
+    of the newer epoch may lack."""
+    async with open_universe("u") as universe:
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
+        await until(lambda: all(n.root == "a" and n.linked() for n in nodes.values()))
+        a, c = nodes["a"], nodes["c"]
+        c.ballot = ("b", a.epoch + 1)  # its vote, as a ballot of b's had just moved it
+        link = a.peers["c"].outgoing
+        assert link is not None
+        with pytest.raises(ServiceError, match=f"voted for b at epoch {a.epoch + 1}"):
+            await link.call({"cmd": "state", **link.said(), **a.state.snapshot()},
+                            timeout=5)
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         autojump_clock: object) -> None:
     async with open_universe("u") as universe:

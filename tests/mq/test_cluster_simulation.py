@@ -2,10 +2,11 @@
 between any servers, delays of every byte between two of them (up to 1.5 s, so that
 their messages cross others'), crashes and restarts of any of them (the root too), a
 server that joins late, another that joins with a configuration of its own, changes of
-the shared state asked of any server meanwhile.  Checked each run: no epoch ever has two roots;
-once the faults stop, every server is linked both ways to every other, follows one root
-at one epoch and holds the same state, and the server with the other configuration is
-refused by every one of them and never gets their state.  Each server keeps its epoch
+the shared state asked of any server meanwhile.  Checked each run: no epoch ever has
+two roots; every change a root acknowledged is kept; once the faults stop, every server
+is linked both ways to every other, follows one root at one epoch and holds the same
+state, and the server with the other configuration is refused by every one of them and
+never gets their state.  Each server keeps its epoch
 and ballot in a directory of its own (in memory: what is checked is the protocol, not
 the disk) across its restarts."""
 
@@ -59,6 +60,7 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
     rng = random.Random(seed)
     claims: dict[int, set[str]] = {}  # epoch -> servers that were root in it
     nodes: dict[str, ClusterNode] = {}
+    acknowledged: set[str] = set()  # the topics whose declaration a root acknowledged
     async with open_simulation("sim", seed=seed, partition_timeout=1.0) as faults:
         universe = faults.universe
 
@@ -86,6 +88,7 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
         async def change(node: ClusterNode, topic: str) -> None:
             with contextlib.suppress(ServiceError):  # not ready, or the root went
                 await node.change("declare", topic)
+                acknowledged.add(topic)
 
         async with trio.open_nursery() as nursery:  # each change ends within its wait
             for step in range(12):
@@ -122,7 +125,8 @@ async def one_run(seed: int, store: pathlib.Path) -> dict[str, Any]:
         stranger.close()
         for node in nodes.values():
             node.close()
-    return {"claims": claims, "final": final, "outsider": outsider}
+    return {"claims": claims, "final": final, "outsider": outsider,
+            "acknowledged": acknowledged}
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, 50))
@@ -136,6 +140,9 @@ def test_no_epoch_has_two_roots_and_the_cluster_settles_on_one_state(first: int)
                   for root, epoch, topics in run["final"].values()}
         assert len(states) == 1, (seed, run["final"])
         assert run["outsider"] == (None, {}), (seed, run["outsider"])
+        # every change acknowledged is kept (only the topic's own group is declared)
+        (_, _, topics), *_ = run["final"].values()
+        assert run["acknowledged"] <= set(topics), (seed, run["acknowledged"] - set(topics))
 
 
 #: Seeds of the simulation with messages the suite runs (more: RDVPUMP_CLUSTER_SEEDS).
