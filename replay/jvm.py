@@ -149,7 +149,7 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     """A SparkSession on ``master`` with the JVM profile ``jvm`` (:data:`JVM_PROFILES`);
     ``master`` None leaves everything to spark-submit.  Its JVM loads Spark's classes
     from the class archive (:func:`class_archive`), or writes it when it is not there and
-    ``write_archive`` (for a session that :func:`stop_spark` will end well).
+    ``write_archive`` (for a SparkSession that :func:`stop_spark` will end well).
 
     Spark logs errors only (``replay/log4j2.properties``); ``log4j=""`` keeps Spark's
     own logging, another path names a log4j2 configuration file.
@@ -200,7 +200,7 @@ ARCHIVE_WAIT = 60.0
 def stop_spark(spark: Any, timeout: float = 10.0, *, archive: bool = True,
                progress: Callable[[str], None] | None = None) -> None:
     """Stop ``spark`` and end its JVM before returning, so that a command leaves no JVM
-    behind: the session is stopped through the gateway (which cancels its jobs), then
+    behind: the SparkSession is stopped through the gateway (which cancels its jobs), then
     the JVM is told to exit and waited for.  A JVM started to write the class archive
     (:func:`class_archive`) writes it then, within :data:`ARCHIVE_WAIT` seconds, and the
     archive is moved into place (``progress`` is told, if given).  ``archive=False``

@@ -50,8 +50,8 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch,
     assert not list(pathlib.Path(pending).parent.glob("*.jsa"))
     options, pending = jvm.class_archive("quick")
     assert pending is not None
-    # one that stop_spark saw written is moved into place, and then used; a session
-    # that is not to write one uses it too
+    # one that stop_spark saw written is moved into place, and then used; a
+    # SparkSession that is not to write one uses it too
     pathlib.Path(pending).write_bytes(b"j" * (2 << 20))
     jvm._keep_archive(pending)
     options, pending = jvm.class_archive("quick")
