@@ -239,9 +239,9 @@ class ClusterNode:
         to every peer; ``done(version)`` once a majority of the primaries (this root
         among them) hold that version, or ``done(ServiceError)`` (503) if that did not
         happen within :attr:`not_ready_wait` seconds or the root changed first: the
-        change may or may not be kept then.  A change that is not acknowledged so is
-        never one a later root lacks: a primary that voted in a newer epoch takes no
-        older root's state.  A bad change raises its :class:`ServiceError` (400)."""
+        change may or may not be kept then.  A change acknowledged so is never one a
+        later root lacks: a primary that voted in a newer epoch takes no older root's
+        state.  A bad change raises its :class:`ServiceError` (400)."""
         new = ClusterState.of(self.state.version, self.state.topics, self.epoch)
         try:
             changed = new.apply(op, topic, group, filter_)
@@ -272,10 +272,8 @@ class ClusterNode:
         """Whether more than half of the primaries listed hold this root's state at
         ``version`` or later (this root does)."""
         mark = (self.epoch, version)
-        primaries = [s.id for s in self.config.servers if s.type == "primary"]
-        held = sum(1 for p in primaries
-                   if p == self.me.id or self.versions.get(p, (0, 0)) >= mark)
-        return held * 2 > len(primaries)
+        return has_majority(self.config, [self.me.id, *(
+            p for p, said in self.versions.items() if said >= mark)])
 
     def took(self, peer: str, state_epoch: int, version: int) -> None:
         """``peer`` took this root's state at ``version`` (its reply to ``state``): the

@@ -149,18 +149,17 @@ class PeerLink(BrokerLink):
         if isinstance(outcome, ServiceError):
             if outcome.status == Status.NO_REPLY:
                 return
-            refusal = f"{self.peer.server.id} refused it: {outcome.reason}"
+            self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
+                                         f"{outcome.reason}")
             if outcome.detail.get("refused") == STALE_EPOCH:
                 # a root announcement under an epoch the peer has seen passed: the peer
                 # is one of ours all the same, and its beats tell this server the newer
                 # root; the link stays agreed
-                self.node.refused(self.peer, refusal)
                 return
             # the peer does not take this server as one of its cluster: it closes the
             # link (and so does this side, for a refusal that left it open): dialled
             # again, the hello says why
             self._down()
-            self.node.refused(self.peer, refusal)
             if self.queue is not None:
                 self.queue.close(f"refused by {self.peer.server.id}: {outcome.reason}")
             return
