@@ -484,6 +484,36 @@ async def test_a_primary_that_voted_in_a_newer_epoch_takes_no_older_root_s_state
             node.close()
 
 
+async def test_a_fetch_that_could_not_be_sent_does_not_stop_the_next(
+        autojump_clock: object) -> None:
+    """b does not read the root's link, so it hears of a change only from c's beats; its
+    link to c is past its high-water mark when they come, so its first fetch is not sent.
+    Once c reads again, the next beat's fetch goes, and b has the state."""
+    async with open_universe("u") as universe:
+        nodes = {s: ClusterNode(universe.add_broker(s), FOUR) for s in ("a", "b", "c")}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        from_root, into_c = nodes["b"].peers["a"].incoming, nodes["c"].peers["b"].incoming
+        to_c = nodes["b"].peers["c"].outgoing
+        assert from_root is not None and into_c is not None and to_c is not None
+        from_root.pause_reading()
+        into_c.pause_reading()
+        sent = 0
+        while to_c.request({"cmd": "fetch", **to_c.said()}, lambda _: None):
+            sent += 1
+            if sent % 100 == 0:
+                await trio.sleep(0)  # the pump moves what fits into the ring
+        await nodes["a"].change("declare", "orders")
+        await until(lambda: nodes["c"].state.mark > nodes["b"].state.mark)
+        await trio.sleep(5)  # beats of c's come meanwhile: b's fetches are not sent
+        assert "orders" not in nodes["b"].state.topics
+        into_c.resume_reading()
+        await until(lambda: "orders" in nodes["b"].state.topics, within=10)
+        assert nodes["b"].state == nodes["c"].state
+        from_root.resume_reading()
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         autojump_clock: object) -> None:
     async with open_universe("u") as universe:

@@ -166,6 +166,54 @@ async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
         replica.close()
 
 
+async def test_a_follow_that_could_not_be_sent_is_asked_again_at_the_next_scan(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """The master's answer naming a new topic reaches the replica while the replica's
+    link to the master is past its high-water mark: the follow is not sent then, and is
+    asked at the next scan once the link has room; the topic's records reach the
+    replica."""
+    from rdvpump.testing import Faults
+
+    with trio.fail_after(600):  # virtual seconds
+        async with open_universe("replicated") as universe:
+            faults = Faults(universe)
+            node = TrackNode(universe.add_broker("s1"), role="server", **TIMING)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False)
+            client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5, timeout=60)
+            await client.declare("orders")
+            logs = {name: TopicLog(tmp_path / "r1" / name) for name in ("orders", "refunds")}
+            follower = Follower(universe.add_broker("r1"), "s1:15555", logs, retry=0.5)
+            while "orders" not in follower.followed:
+                await follower.changed.wait()
+            await client.declare("refunds")
+            await client.publish_many("refunds", [b"r1", b"r2", b"r3"])
+            queue = follower.link.queue
+            assert queue is not None
+            (link,) = faults.find(queue)
+            link.ba.held = True  # the master's answers wait
+            follower.scan()  # asks for the topics: the answer names "refunds"
+            await trio.sleep(0.5)
+            link.ab.held = True  # and the replica's link fills up
+            sent = 0
+            while follower.link.request({"cmd": "query"}, lambda _: None):
+                sent += 1
+                if sent % 100 == 0:
+                    await trio.sleep(0)  # the pump moves what fits into the ring
+            link.ba.release()  # the answer comes: the follow cannot be sent
+            await trio.sleep(0.5)
+            assert logs["refunds"].next_offset == 0
+            link.ab.release()
+            with trio.fail_after(5):  # the next scan is a second away
+                await until(follower, logs["refunds"], 3)
+            assert [r.body for r in logs["refunds"].read(0, max_count=3)] == [b"r1", b"r2",
+                                                                              b"r3"]
+            follower.close()
+            for log in logs.values():
+                log.close()
+            client.close()
+            server.close()
+
+
 async def test_a_replica_ahead_of_its_master_is_refused_with_the_reason(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     async with master(tmp_path) as (universe, server, client):
