@@ -169,6 +169,10 @@ CTRL_C_IN_A_CALLBACK = """
 import os, signal, time, trio, weakref
 from rdvpump.testing import run_simulation
 
+# as a program run from a terminal has it: a suite started as a script's background job
+# (``pytest &``) would pass its children SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 class Lock:
     pass
 
