@@ -104,7 +104,7 @@ class ChildState:
     stats: dict[str, Any] = field(default_factory=dict)
     reports: list[dict[str, Any]] | None = None
     exit_code: int | None = None
-    error: str | None = None  # why this child stopped before its workloads were done
+    error: str | None = None  # why this child stops the universe: it ended, or a workload broke off
     rate: tuple[float, float] = (0.0, 0.0)  # messages/s, bytes/s
     _last: tuple[float, int, int] | None = None
 
@@ -115,6 +115,11 @@ class ChildState:
             self.update(json.loads(payload))
         elif kind == DONE:
             self.reports = json.loads(payload)["reports"]
+            # a workload that broke off (a link lost or refused) stops the universe with
+            # its reason: its sinks would wait for ever for what it never sent
+            failed = [r for r in self.reports if r.get("error")]
+            if failed and self.error is None:
+                self.error = f"workload {failed[0]['workload']} failed: {failed[0]['error']}"
         elif kind == ERROR:
             self.error = json.loads(payload)["message"]
 

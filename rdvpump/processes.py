@@ -151,6 +151,12 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             for broker in brokers:
                 for port in echo_ports:
                     await nursery.start(broker.serve_queues, port, echo)
+            # the plan's roles are served before the brokers register: a broker that
+            # others find by id serves what the plan says (or a stream's sender, let in
+            # first, would be refused for a port not bound yet)
+            plan_roles = {} if spec is None else {
+                b: await serve_plan(spec, b, manager, nursery) for b in broker_ids}
+
             def on_refused(manager_name: str, reason: str) -> None:
                 refused.append(f"broker {'+'.join(broker_ids)}: {manager_name} refused it: "
                                f"{reason}")
@@ -194,7 +200,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             watched = await start_metrics(nursery, manager, metrics,
                                           "broker " + "+".join(broker_ids))
             if watched is not None:
-                watched.watch(*nodes, *([] if names is None else [names.rdv]))
+                watched.watch(*nodes, *([] if names is None else [names.rdv]),
+                              *(server for _, found in plan_roles.values() for server in found))
                 if names is not None:  # ``rdvpump status`` shows where
                     names.metrics = watched.address
                     names.register_now()
@@ -212,8 +219,8 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 ready(address)
                 if spec is not None and names is not None:
                     for b in broker_ids:
-                        nursery.start_soon(play_plan, spec, b, manager, names, nursery,
-                                           report, None if watched is None else watched.watch)
+                        nursery.start_soon(play_plan, spec, b, manager, plan_roles[b][0],
+                                           nursery, report)
 
             nursery.start_soon(announce)  # while a manager is out of reach, signals stop it
             await until_signalled()
@@ -443,18 +450,29 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
     return info
 
 
-async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
-                    names: NameClient, nursery: trio.Nursery,
-                    emit: Callable[[str, Mapping[str, object]], None],
-                    watch: Callable[[Any], None] | None = None) -> None:
-    """The child side: serve this broker's roles (an MQ server given to ``watch``, the
-    process's metrics), drive its workloads, report."""
+async def serve_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
+                     nursery: trio.Nursery) -> tuple[Stats, list[Any]]:
+    """The child side, first: serve this broker's roles in the plan (each port bound when
+    this returns); its stats, and the MQ servers among them (for the process's
+    metrics)."""
     broker = manager.broker(broker_id)
     stats = Stats()
-    serves, drives = spec.roles(broker_id)
+    servers: list[Any] = []
+    serves, _ = spec.roles(broker_id)
     for kind, port in serves:
         await nursery.start(functools.partial(serve_role, broker, kind, port, stats,
-                                              sink_payloads(spec, broker_id), watch=watch))
+                                              sink_payloads(spec, broker_id),
+                                              watch=servers.append))
+    return stats, servers
+
+
+async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
+                    stats: Stats, nursery: trio.Nursery,
+                    emit: Callable[[str, Mapping[str, object]], None]) -> None:
+    """The child side, once registered: drive this broker's workloads (its roles served
+    by :func:`serve_plan`), report."""
+    broker = manager.broker(broker_id)
+    _, drives = spec.roles(broker_id)
 
     async def report() -> None:
         while True:
@@ -507,8 +525,9 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     (``on_console(url, True)`` says so); ``stopped_by`` stays ``done``.
 
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
-    The universe stops when every workload is done, when a child reports an error or
-    exits while the universe runs, whatever its role (its :attr:`ChildState.error`), on
+    The universe stops when every workload is done, when a child reports an error,
+    a workload of its breaks off, or it exits while the universe runs, whatever its
+    role (its :attr:`ChildState.error`), on
     SIGINT or SIGTERM, or after ``timeout`` seconds (None: no limit);
     ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal`` or
     ``timeout``, and ``outcome["waiting"]`` what the universe still waited for.

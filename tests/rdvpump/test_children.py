@@ -65,3 +65,21 @@ def test_the_lines_a_child_prints_are_the_state_its_parent_reads(
         state.take(line)
     assert state.stats["messages"] == 5 and state.error == "link lost"
     assert state.reports == [{"workload": "echo a->b:80"}]
+
+
+def test_a_workload_that_broke_off_is_the_child_s_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Its sinks would wait for ever for what it never sent: the universe stops with the
+    reason instead (a workload that ran to its end unchecked is not an error here)."""
+    report("done", {"reports": [
+        {"workload": "echo a->b:80", "verified": False},
+        {"workload": "stream a->c:7", "verified": False,
+         "error": "c refused the link: nothing listens on port 7"}]})
+    state = ChildState("a")
+    state.take(capsys.readouterr().out.strip())
+    assert state.error == ("workload stream a->c:7 failed: c refused the link: nothing "
+                           "listens on port 7")
+    report("done", {"reports": [{"workload": "echo a->b:80", "verified": False}]})
+    state = ChildState("a")
+    state.take(capsys.readouterr().out.strip())
+    assert state.error is None and state.reports is not None
