@@ -36,6 +36,15 @@ async def until(check: Any, *, within: float = 30.0) -> None:
             await trio.sleep(0.05)
 
 
+async def fill(link: Any) -> None:
+    """Requests on ``link`` (its peer not reading) until it is past its high-water mark."""
+    sent = 0
+    while link.request({"cmd": "fetch", **link.said()}, lambda _: None):
+        sent += 1
+        if sent % 100 == 0:
+            await trio.sleep(0)  # the pump moves what fits into the ring
+
+
 def test_a_cluster_file_is_read_and_its_problems_named(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "cluster.toml"
     path.write_text('[cluster]\nname = "shop"\n'
@@ -399,11 +408,7 @@ async def test_a_change_waits_while_the_root_s_link_is_full_then_goes_through(
         link = nodes["b"].peers["a"].outgoing
         assert into_root is not None and link is not None
         into_root.pause_reading()
-        sent = 0
-        while link.request({"cmd": "fetch", **link.said()}, lambda _: None):
-            sent += 1
-            if sent % 100 == 0:
-                await trio.sleep(0)  # the pump moves what fits into the ring
+        await fill(link)
         version: list[int] = []
 
         async def change() -> None:
@@ -418,8 +423,7 @@ async def test_a_change_waits_while_the_root_s_link_is_full_then_goes_through(
         assert version and "orders" in nodes["a"].state.topics
         # the root never reads again: refused after the wait, not held for ever
         into_root.pause_reading()
-        while link.request({"cmd": "fetch", **link.said()}, lambda _: None):
-            await trio.sleep(0)
+        await fill(link)
         with trio.fail_after(10), pytest.raises(ServiceError, match="not ready"):
             await nodes["b"].change("declare", "refunds")
         for node in nodes.values():
@@ -497,11 +501,7 @@ async def test_a_fetch_that_could_not_be_sent_does_not_stop_the_next(
         assert from_root is not None and into_c is not None and to_c is not None
         from_root.pause_reading()
         into_c.pause_reading()
-        sent = 0
-        while to_c.request({"cmd": "fetch", **to_c.said()}, lambda _: None):
-            sent += 1
-            if sent % 100 == 0:
-                await trio.sleep(0)  # the pump moves what fits into the ring
+        await fill(to_c)
         await nodes["a"].change("declare", "orders")
         await until(lambda: nodes["c"].state.mark > nodes["b"].state.mark)
         await trio.sleep(5)  # beats of c's come meanwhile: b's fetches are not sent
