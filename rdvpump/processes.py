@@ -527,8 +527,8 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
     The universe stops when every workload is done, when a child reports an error,
     a workload of its breaks off, or it exits while the universe runs, whatever its
-    role (its :attr:`ChildState.error`), on
-    SIGINT or SIGTERM, or after ``timeout`` seconds (None: no limit);
+    role (its :attr:`ChildState.error`), on SIGINT or SIGTERM, or after ``timeout``
+    seconds (None: no limit);
     ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal`` or
     ``timeout``, and ``outcome["waiting"]`` what the universe still waited for.
     """
