@@ -75,10 +75,12 @@ async def links(n: int) -> AsyncIterator[list[tuple[StreamLink, trio.SocketStrea
             link = StreamLink(channel, ours)
             nursery.start_soon(link.run)
             made.append((link, theirs, counter))
-        yield made
-        for _, raw, _ in made:
-            await raw.aclose()
-        nursery.cancel_scope.cancel()
+        try:
+            yield made
+        finally:  # a failed test leaves no socket for the collector to warn of in another
+            for _, raw, _ in made:
+                await raw.aclose()
+            nursery.cancel_scope.cancel()
 
 
 async def feed(raw: trio.SocketStream, counter: Counter, n: int, gap: float) -> None:
@@ -89,12 +91,24 @@ async def feed(raw: trio.SocketStream, counter: Counter, n: int, gap: float) -> 
         await trio.sleep(gap)  # the peer's pause before its next message
 
 
-async def test_a_slow_peer_makes_polls_back_off() -> None:
+def busy_despite_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer's 0.5 ms pauses count as busy.  With the 1 ms threshold of
+    :data:`~channels._stream.ADAPTIVE_QUIET` the link's waits around them came out over
+    it: one poll in 200 messages on an idle machine, none on a loaded one (the suite's
+    other workers); the rules these tests check are the back-off and the cores."""
+    monkeypatch.setattr(_stream, "ADAPTIVE_QUIET", 0.05)
+
+
+async def test_a_slow_peer_makes_polls_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    busy_despite_load(monkeypatch)
     async with links(1) as [(link, raw, counter)]:
         await feed(raw, counter, 200, 0.0005)  # busy (under 1 ms), but never within 100 us
         assert counter.count == 200
         assert link.poll_hits == 0
-        assert 1 <= link.polls <= 12  # 1, 2, 4 ... 64 waits apart, not 199 spins
+        # windows that pass empty back off (1, 2, 4 ... 64 waits apart: eight in 200
+        # messages); a window cut short by other work (this test's peer is a task of the
+        # same loop) does not, so a few more; without the back-off, one after each of 199
+        assert 1 <= link.polls <= 40
 
 
 async def test_a_quiet_link_never_polls() -> None:
@@ -184,6 +198,7 @@ async def test_a_link_whose_polls_keep_paying_still_lets_timers_run() -> None:
 
 async def test_a_busy_link_does_not_poll_while_every_core_is_taken(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    busy_despite_load(monkeypatch)
     async with links(1) as [(link, raw, counter)]:
         await feed(raw, counter, 30, 0.0005)  # busy: with a free core it polls
         assert counter.count == 30 and link.polls >= 1
