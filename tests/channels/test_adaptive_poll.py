@@ -102,12 +102,12 @@ def busy_despite_load(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_a_slow_peer_makes_polls_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
     busy_despite_load(monkeypatch)
     async with links(1) as [(link, raw, counter)]:
-        await feed(raw, counter, 200, 0.0005)  # busy (under 1 ms), but never within 100 us
+        await feed(raw, counter, 200, 0.0005)  # busy, but never within the 100 us window
         assert counter.count == 200
         assert link.poll_hits == 0
         # windows that pass empty back off (1, 2, 4 ... 64 waits apart: eight in 200
         # messages); a window cut short by other work (this test's peer is a task of the
-        # same loop) does not, so a few more; without the back-off, one after each of 199
+        # same loop) does not, so a few more; without the back-off, one after each message
         assert 1 <= link.polls <= 40
 
 
