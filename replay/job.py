@@ -209,6 +209,21 @@ def _pack(sizes: list[int], spark: Any) -> list[list[int]]:
     return [task for task in tasks if task]
 
 
+def _size_shuffles(spark: Any, files: list[str]) -> None:
+    """Spark's shuffles (``spark.sql.shuffle.partitions``) sized to the traces as their
+    reading is (:func:`_pack`): as many partitions as cores, more where one would hold
+    over ``spark.sql.files.maxPartitionBytes`` of trace, unless the submitter set it.
+    Spark's own default, 200 partitions, costs a task each even for a trace of kilobytes
+    (2-3 CPU-s of a small run in local mode)."""
+    if spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        return
+    most = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))
+    total = sum(os.path.getsize(f) for f in files)
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions",
+                   str(max(cores, math.ceil(total / max(most, 1)))))
+
+
 def _bytes(text: str) -> int:
     """A Spark size ("128m", "4194304", "1g") in bytes."""
     text = text.strip().lower().rstrip("b")
@@ -399,12 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--master", default=None, help="Spark master (spark-submit's default)")
     args = parser.parse_args(argv)
     try:
-        find_traces(args.traces)  # fail fast, before a JVM starts
+        jsonl, parquet = find_traces(args.traces)  # fail fast, before a JVM starts
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         with ending(start_spark(args.master)) as spark:
+            _size_shuffles(spark, [*jsonl, *parquet])
             summary = _analysis.run(Spark(spark, args.traces), args.traces, args.out)
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -15,7 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pump import RdvpumpError
 from replay.sources import under
+
+
+class SparkStartError(RdvpumpError, RuntimeError):
+    """Spark's JVM ended before the SparkSession could use it (a JVM option it refused,
+    too little memory, no Java it can run): what the JVM printed says why."""
 
 #: JVM settings.  "production" keeps the full JIT (C1, then C2) and the parallel
 #: collector, for throughput; "quick" stops at the C1 compiler and uses the serial
@@ -57,15 +63,11 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
     """
     if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
         return "", None
-    import shutil as _shutil
-
     import pyspark
 
-    java = os.path.realpath(_shutil.which("java") or "java")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
-    home = os.path.dirname(os.path.realpath(pyspark.__file__))
-    final = cache / _archive_name(java, profile, home)
-    current = {_archive_name(java, p, home) for p in JVM_PROFILES}
+    final = archive_path(profile)
+    cache = final.parent
+    current = {archive_path(p).name for p in JVM_PROFILES}
     ours = final.name.rsplit("-", 1)[0]  # spark-VERSION-WHERE: this installation's
     for other in cache.glob(f"spark-{pyspark.__version__}-*.jsa*"):  # older generations
         # finished (NAME.jsa), or written by a JVM on its way out (NAME.jsa.PID)
@@ -74,7 +76,6 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
         mine = name.startswith(ours + "-") or name.count("-") == 2
         if mine and name not in current and not (pid.isdigit() and _alive(int(pid))):
             other.unlink(missing_ok=True)
-    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
     writing = False
     for left in cache.glob(final.name + ".*"):  # being written, or never moved into place
         pid = left.suffix[1:]
@@ -83,7 +84,7 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
         else:
             left.unlink(missing_ok=True)
     if final.exists():
-        return f"{quiet} -XX:SharedArchiveFile={final}", None
+        return f"{_QUIET_CDS} -XX:SharedArchiveFile={final}", None
     if writing or not write:
         return "", None
     pending = Path(f"{final}.{os.getpid()}")
@@ -92,7 +93,35 @@ def class_archive(profile: str, *, write: bool = True) -> tuple[str, str | None]
         pending.touch()  # this process's JVM writes it: the others see so
     except OSError:
         return "", None
-    return f"{quiet} -XX:ArchiveClassesAtExit={pending}", str(pending)
+    return f"{_QUIET_CDS} -XX:ArchiveClassesAtExit={pending}", str(pending)
+
+
+#: The JVM options that keep class-data sharing quiet: a JVM says nothing of an archive it
+#: cannot use (not there, or of another JVM build), and runs without it.
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
+
+
+def archive_path(profile: str) -> Path:
+    """Where the class archive of Spark's classes for ``profile``, this Java and this
+    pyspark installation is, once a JVM has written it (:func:`class_archive`)."""
+    import shutil as _shutil
+
+    import pyspark
+
+    java = os.path.realpath(_shutil.which("java") or "java")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdvpump"
+    home = os.path.dirname(os.path.realpath(pyspark.__file__))
+    return cache / _archive_name(java, profile, home)
+
+
+def archive_options(profile: str) -> str:
+    """JVM options that load the class archive for ``profile`` if it is there when the
+    JVM starts, and start without it (silently) if not: for JVMs started later by
+    something else (a script's ``JAVA_TOOL_OPTIONS``), which may find it written by
+    then.  Empty with ``RDVPUMP_SPARK_CDS=0``."""
+    if os.environ.get("RDVPUMP_SPARK_CDS", "1") == "0":
+        return ""
+    return f"{_QUIET_CDS} -XX:SharedArchiveFile={archive_path(profile)}"
 
 
 #: Less than this is not an archive of Spark's classes (about 170 MB): a JVM that ended
@@ -181,14 +210,23 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     try:
         spark = builder.getOrCreate()
-    except BaseException:
+    except BaseException as exc:
         if pending is not None:  # no JVM of ours is to write it: another may
             Path(pending).unlink(missing_ok=True)
+        if _condition(exc) == "JAVA_GATEWAY_EXITED":
+            raise SparkStartError("Spark's JVM ended before it started") from exc
         raise
     spark.sparkContext.setLogLevel("ERROR")
     if pending is not None:
         _PENDING[id(spark)] = pending
     return spark
+
+
+def _condition(exc: BaseException) -> str | None:
+    """The error condition of a pyspark error (``JAVA_GATEWAY_EXITED``), else None."""
+    get = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    condition = get() if callable(get) else None
+    return condition if isinstance(condition, str) else None
 
 
 #: The class archive each SparkSession's JVM writes on its way out (:func:`class_archive`).

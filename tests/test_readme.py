@@ -128,13 +128,16 @@ QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 def quick_jvm() -> str:
     """:data:`QUICK_JVM`, and the replay's class-data-sharing archive of Spark's classes
-    for that profile when an earlier run wrote it (the cluster's master, worker, driver
-    and executor then load their classes from it, as ``trace analyze`` does).  Without
-    one, none is written here: four JVMs would each dump one on their way out."""
-    from replay.jvm import class_archive
+    for that profile: each JVM of the blocks (the local ``spark-submit``, then the
+    cluster's master, worker, driver and executor, as ``trace analyze`` does) loads its
+    classes from it if it is there when that JVM starts.  On a first run another test's
+    JVM writes it, often while these blocks run; none is written here: four JVMs would
+    each dump one on their way out."""
+    from replay.jvm import archive_options
 
-    archive, _ = class_archive("quick", write=False)
-    return f"{QUICK_JVM} {archive}" if archive else QUICK_JVM
+    return f"{QUICK_JVM} {archive_options('quick')}".strip()
+
+
 #: Before the Spark cluster's block: keep what local mode wrote, to compare.
 KEEP_LOCAL = "rm -rf local-analysis && cp -r analysis local-analysis"
 

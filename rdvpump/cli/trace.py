@@ -115,17 +115,42 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
               on_interrupt: Callable[[Any], None]) -> dict[str, Any]:
     """The analysis on a SparkSession started here (its JVM's output to
     ``target/spark.log`` unless ``verbose``), stopped after."""
-    from replay import analyze, ending, jvm_for, start_spark
+    from replay import SparkStartError, analyze, ending, jvm_for, start_spark
 
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     stage(f"starting Spark ({master}, {profile} JVM)")
-    with contextlib.nullcontext() if verbose else _jvm_output_to(target / "spark.log"):
-        spark = guard(lambda: start_spark(master, jvm=profile, log4j="" if verbose else None))
+    log = target / "spark.log"
+
+    def start() -> Any:
+        try:
+            return start_spark(master, jvm=profile, log4j="" if verbose else None)
+        except SparkStartError as exc:
+            said = "" if verbose else _jvm_reason(log)
+            where = "above" if verbose else f"in {log}"
+            raise fail(f"{exc}{': ' + said if said else ''} (all it printed is {where})") \
+                from None
+
+    with contextlib.nullcontext() if verbose else _jvm_output_to(log):
+        spark = guard(start)
     on_interrupt(spark)
     with ending(spark, progress=stage):
         summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
                                                         progress=stage))
     return summary
+
+
+def _jvm_reason(log: pathlib.Path) -> str:
+    """The first thing a JVM that would not start printed (``CICompilerCount (1) must be
+    at least 2``), without the lines every start prints; empty if there is none."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        line = line.strip()
+        if line and not line.startswith(("Picked up ", "WARNING: Using incubator")):
+            return line.removeprefix("Error: ")
+    return ""
 
 
 @contextlib.contextmanager

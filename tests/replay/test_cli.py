@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -129,6 +130,30 @@ def test_analyze_on_spark_keeps_spark_quiet(tmp_path: pathlib.Path) -> None:
     for noise in ("Using incubator modules", "log4j", "setLogLevel", "NativeCodeLoader"):
         assert noise not in proc.stderr and noise not in proc.stdout, noise
     assert "Using incubator modules" in (out / "spark.log").read_text()
+
+
+@pytest.mark.slow  # starts processes
+def test_a_jvm_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path) -> None:
+    """Spark's JVM refusing an option (here one JAVA_TOOL_OPTIONS gives it) is one line
+    with the JVM's own reason and where the rest of its output is, exit 1."""
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("needs Java: the JVM is to be started and refuse")
+    from replay import SCHEMA_VERSION
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "t.p.jsonl").write_text(json.dumps(
+        {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "step": 0, "time": 0.0,
+         "kind": "send", "broker": "b", "link": "b/1", "dir": "ca", "seq": 0,
+         "size": 8}) + "\n")
+    out = tmp_path / "out"
+    proc = rdvpump("trace", "analyze", str(traces), "--engine", "spark", "--out", str(out),
+                   env={**os.environ, "JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        "error: Spark's JVM ended before it started: CICompilerCount (1) must be at "
+        f"least 2 (all it printed is in {out}/spark.log)"), proc.stderr
 
 
 @pytest.mark.slow  # starts processes
