@@ -222,6 +222,16 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     return spark
 
 
+def first_complaint(output: str) -> str:
+    """The first thing a JVM that would not start printed (``CICompilerCount (1) must be
+    at least 2``), without the lines every start prints; empty if there is none."""
+    for line in output.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Picked up ", "WARNING: Using incubator")):
+            return line.removeprefix("Error: ")
+    return ""
+
+
 def _condition(exc: BaseException) -> str | None:
     """The error condition of a pyspark error (``JAVA_GATEWAY_EXITED``), else None."""
     get = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)

@@ -235,7 +235,8 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     """The child of :func:`_timed_in_a_fresh_jvm`: sends back (False, (result, seconds,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from replay import analyze, ending, start_spark
+    from replay import SparkStartError, analyze, ending, start_spark
+    from replay.jvm import first_complaint
 
     with tempfile.TemporaryFile() as log:  # the JVM's stdout and stderr: it inherits both
         os.dup2(log.fileno(), 1)
@@ -254,9 +255,15 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
                     seconds = time.perf_counter() - start
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
             log.seek(0)
-            said = log.read().decode(errors="replace").strip().splitlines()[-10:]
-            send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
-                             + "".join(f"\n  {line}" for line in said)))
+            output = log.read().decode(errors="replace")
+            if isinstance(exc, SparkStartError):  # one line: what the JVM said first
+                reason = first_complaint(output)
+                send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
+                                 + (f": {reason}" if reason else "")))
+            else:  # the end of what Spark said, for a failure in a job
+                said = output.strip().splitlines()[-10:]
+                send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
+                                 + "".join(f"\n  {line}" for line in said)))
         else:
             send.send((False, (result, seconds, seen)))
         finally:

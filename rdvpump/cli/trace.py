@@ -140,17 +140,13 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
 
 
 def _jvm_reason(log: pathlib.Path) -> str:
-    """The first thing a JVM that would not start printed (``CICompilerCount (1) must be
-    at least 2``), without the lines every start prints; empty if there is none."""
+    """What the JVM that would not start said first, from its log; empty if nothing."""
+    from replay.jvm import first_complaint
+
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        return first_complaint(log.read_text(errors="replace"))
     except OSError:
         return ""
-    for line in lines:
-        line = line.strip()
-        if line and not line.startswith(("Picked up ", "WARNING: Using incubator")):
-            return line.removeprefix("Error: ")
-    return ""
 
 
 @contextlib.contextmanager

@@ -133,9 +133,12 @@ def test_analyze_on_spark_keeps_spark_quiet(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow  # starts processes
-def test_a_jvm_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("command", ["trace analyze", "bench replay"])
+def test_a_jvm_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path,
+                                                         command: str) -> None:
     """Spark's JVM refusing an option (here one JAVA_TOOL_OPTIONS gives it) is one line
-    with the JVM's own reason and where the rest of its output is, exit 1."""
+    with the JVM's own reason (and, for ``trace analyze``, where the rest of its output
+    is), exit 1."""
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
         pytest.skip("needs Java: the JVM is to be started and refuse")
@@ -148,12 +151,16 @@ def test_a_jvm_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path
          "kind": "send", "broker": "b", "link": "b/1", "dir": "ca", "seq": 0,
          "size": 8}) + "\n")
     out = tmp_path / "out"
-    proc = rdvpump("trace", "analyze", str(traces), "--engine", "spark", "--out", str(out),
-                   env={**os.environ, "JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"})
+    args = (["trace", "analyze", str(traces), "--engine", "spark", "--out", str(out)]
+            if command == "trace analyze" else
+            ["bench", "replay", "--events", "10000", "--master", "local[1]", "--no-floor"])
+    proc = rdvpump(*args, env={**os.environ, "JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"})
     assert proc.returncode == 1 and proc.stdout == ""
+    reason = "Spark's JVM ended before it started: CICompilerCount (1) must be at least 2"
     assert proc.stderr.strip() == (
-        "error: Spark's JVM ended before it started: CICompilerCount (1) must be at "
-        f"least 2 (all it printed is in {out}/spark.log)"), proc.stderr
+        f"error: {reason} (all it printed is in {out}/spark.log)"
+        if command == "trace analyze" else
+        f"error: the Spark run (job, local[1]) failed: {reason}"), proc.stderr
 
 
 @pytest.mark.slow  # starts processes
