@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +21,15 @@ from replay.sources import under
 
 
 class SparkStartError(RdvpumpError, RuntimeError):
-    """Spark's JVM ended before the SparkSession could use it (a JVM option it refused,
-    too little memory, no Java it can run): what the JVM printed says why."""
+    """No SparkSession: its JVM ended before it started (a JVM option it refused, too
+    little memory, no Java it can run), or Spark refused the master or could not reach
+    it.  What the JVM printed says why (:func:`first_complaint`); ``detail`` is Spark's
+    own message when it gave one."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
 
 #: JVM settings.  "production" keeps the full JIT (C1, then C2) and the parallel
 #: collector, for throughput; "quick" stops at the C1 compiler and uses the serial
@@ -215,6 +223,9 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
             Path(pending).unlink(missing_ok=True)
         if _condition(exc) == "JAVA_GATEWAY_EXITED":
             raise SparkStartError("Spark's JVM ended before it started") from exc
+        if master is not None and type(exc).__name__ == "Py4JJavaError":
+            raise SparkStartError(f"Spark did not start on {master}",
+                                  _java_message(exc)) from exc
         raise
     spark.sparkContext.setLogLevel("ERROR")
     if pending is not None:
@@ -222,14 +233,52 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     return spark
 
 
+#: A Java exception's line: ``org.apache.spark.SparkException: Invalid master URL: x``,
+#: after ``Exception in thread "main"`` when it ended the JVM.
+_EXCEPTION = re.compile(r'(?:Exception in thread "[^"]*" )?[\w.$]+(?:Exception|Error): (.+)')
+#: Lines every JVM or Spark start may print, which say nothing of a failure.
+_NOISE = ("Picked up ", "WARNING: Using incubator", "Setting default log level",
+          "To adjust logging level")
+
+
 def first_complaint(output: str) -> str:
-    """The first thing a JVM that would not start printed (``CICompilerCount (1) must be
-    at least 2``), without the lines every start prints; empty if there is none."""
-    for line in output.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Picked up ", "WARNING: Using incubator")):
+    """Why a JVM or Spark would not start, from what it printed: the reason Spark gave
+    for ending the application (``All masters are unresponsive! Giving up.``), else the
+    first Java exception's message (``Invalid master URL: spark://x``) or Python
+    exception (``ModuleNotFoundError: No module named 'pyarrow'``), else the first
+    line that is not one every start prints (``CICompilerCount (1) must be at least
+    2``); empty if there is none."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if "Reason: " in line:
+            return line.split("Reason: ", 1)[1]
+    for line in lines:
+        match = _EXCEPTION.fullmatch(line)
+        if match is None or match.group(1).endswith("Traceback (most recent call last):"):
+            continue  # a Python worker's traceback: its last line says what it was
+        name = line.split(":", 1)[0].rsplit(" ", 1)[-1]
+        # a Java exception by its message; a Python one as Python prints it
+        return match.group(1) if "." in name else line
+    for line in lines:
+        if not line.startswith(_NOISE) and not line.startswith("at "):
             return line.removeprefix("Error: ")
     return ""
+
+
+def from_spark(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's (a job that failed, its workers' Python included)."""
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError"
+
+
+def _java_message(exc: BaseException) -> str:
+    """The first line of the Java exception a Py4JJavaError carries, or empty."""
+    try:
+        message = exc.java_exception.getMessage()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the gateway may be gone too: no detail then
+        return ""
+    return str(message or "").strip().split("\n", 1)[0]
 
 
 def _condition(exc: BaseException) -> str | None:

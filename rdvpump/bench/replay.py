@@ -236,7 +236,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from replay import SparkStartError, analyze, ending, start_spark
-    from replay.jvm import first_complaint
+    from replay.jvm import first_complaint, from_spark
 
     with tempfile.TemporaryFile() as log:  # the JVM's stdout and stderr: it inherits both
         os.dup2(log.fileno(), 1)
@@ -256,14 +256,15 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
             log.seek(0)
             output = log.read().decode(errors="replace")
-            if isinstance(exc, SparkStartError):  # one line: what the JVM said first
-                reason = first_complaint(output)
-                send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
-                                 + (f": {reason}" if reason else "")))
-            else:  # the end of what Spark said, for a failure in a job
-                said = output.strip().splitlines()[-10:]
-                send.send((True, f"the Spark run ({work}, {master}) failed: {exc}"
-                                 + "".join(f"\n  {line}" for line in said)))
+            # one line: why, as the JVM or Spark said it (a worker's Python error too)
+            if isinstance(exc, SparkStartError):
+                reason = first_complaint(output) or exc.detail
+                why = f"{exc}: {reason}" if reason else str(exc)
+            elif from_spark(exc):
+                why = first_complaint(output) or first_complaint(str(exc)) or repr(exc)
+            else:
+                why = f"{type(exc).__name__}: {exc}"
+            send.send((True, f"the Spark run ({work}, {master}) failed: {why}"))
         else:
             send.send((False, (result, seconds, seen)))
         finally:

@@ -125,7 +125,7 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
         try:
             return start_spark(master, jvm=profile, log4j="" if verbose else None)
         except SparkStartError as exc:
-            said = "" if verbose else _jvm_reason(log)
+            said = ("" if verbose else _jvm_reason(log)) or exc.detail
             where = "above" if verbose else f"in {log}"
             raise fail(f"{exc}{': ' + said if said else ''} (all it printed is {where})") \
                 from None
@@ -134,13 +134,35 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
         spark = guard(start)
     on_interrupt(spark)
     with ending(spark, progress=stage):
-        summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target), spark=spark,
-                                                        progress=stage))
+        try:
+            summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target),
+                                                            spark=spark, progress=stage))
+        except Exception as exc:
+            from replay.jvm import from_spark
+
+            if not from_spark(exc):
+                raise
+            said = ("" if verbose else _jvm_reason(log)) or _first_line(exc)
+            where = "above" if verbose else f"in {log}"
+            raise fail(f"the analysis failed on Spark{': ' + said if said else ''} (all "
+                       f"Spark printed is {where})") from None
     return summary
 
 
+def _first_line(exc: BaseException) -> str:
+    """What Spark's exception says went wrong (:func:`replay.jvm.first_complaint` of its
+    text), or its name."""
+    from replay.jvm import first_complaint
+
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - pyspark's PythonException may fail to print
+        return type(exc).__name__
+    return first_complaint(text) or type(exc).__name__
+
+
 def _jvm_reason(log: pathlib.Path) -> str:
-    """What the JVM that would not start said first, from its log; empty if nothing."""
+    """Why the JVM or Spark would not start, from its log; empty if it does not say."""
     from replay.jvm import first_complaint
 
     try:

@@ -33,6 +33,18 @@ def echo_trace(directory: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def one_send(directory: pathlib.Path) -> pathlib.Path:
+    """A trace directory of one event (a message sent): enough for Spark to start on."""
+    from replay import SCHEMA_VERSION
+
+    directory.mkdir()
+    (directory / "t.p.jsonl").write_text(json.dumps(
+        {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "step": 0, "time": 0.0,
+         "kind": "send", "broker": "b", "link": "b/1", "dir": "ca", "seq": 0,
+         "size": 8}) + "\n")
+    return directory
+
+
 @pytest.mark.slow  # starts processes
 def test_analyze_one_file_writes_beside_it_in_this_process(tmp_path: pathlib.Path) -> None:
     """A small trace is analysed without a JVM (--engine auto), beside the file."""
@@ -134,33 +146,59 @@ def test_analyze_on_spark_keeps_spark_quiet(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.slow  # starts processes
 @pytest.mark.parametrize("command", ["trace analyze", "bench replay"])
-def test_a_jvm_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path,
+def test_a_spark_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Path,
                                                          command: str) -> None:
-    """Spark's JVM refusing an option (here one JAVA_TOOL_OPTIONS gives it) is one line
-    with the JVM's own reason (and, for ``trace analyze``, where the rest of its output
-    is), exit 1."""
+    """Spark's JVM refusing an option (here one JAVA_TOOL_OPTIONS gives it), and Spark
+    refusing the master, are each one line with the JVM's or Spark's own reason (and,
+    for ``trace analyze``, where the rest of their output is), exit 1."""
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
         pytest.skip("needs Java: the JVM is to be started and refuse")
-    from replay import SCHEMA_VERSION
-
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    (traces / "t.p.jsonl").write_text(json.dumps(
-        {"v": SCHEMA_VERSION, "run": "r", "pump": "p", "step": 0, "time": 0.0,
-         "kind": "send", "broker": "b", "link": "b/1", "dir": "ca", "seq": 0,
-         "size": 8}) + "\n")
+    traces = one_send(tmp_path / "traces")
     out = tmp_path / "out"
-    args = (["trace", "analyze", str(traces), "--engine", "spark", "--out", str(out)]
-            if command == "trace analyze" else
-            ["bench", "replay", "--events", "10000", "--master", "local[1]", "--no-floor"])
-    proc = rdvpump(*args, env={**os.environ, "JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"})
+
+    def run(master: str, env: dict[str, str]) -> str:
+        args = (["trace", "analyze", str(traces), "--engine", "spark", "--out", str(out),
+                 "--master", master] if command == "trace analyze" else
+                ["bench", "replay", "--events", "10000", "--master", master, "--no-floor"])
+        proc = rdvpump(*args, env={**os.environ, **env})
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        return proc.stderr.strip()
+
+    def said(master: str, reason: str) -> str:
+        return (f"error: {reason} (all it printed is in {out}/spark.log)"
+                if command == "trace analyze" else
+                f"error: the Spark run (job, {master}) failed: {reason}")
+
+    assert run("local[1]", {"JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"}) == said(
+        "local[1]", "Spark's JVM ended before it started: CICompilerCount (1) must be at "
+        "least 2")
+    # Spark refusing the master once its JVM is up: Spark's own reason
+    assert run("local[x]", {}) == said(
+        "local[x]", "Spark did not start on local[x]: Could not parse Master URL: "
+        "'local[x]'")
+
+
+@pytest.mark.spark
+def test_a_job_that_fails_on_spark_is_one_line_saying_why(tmp_path: pathlib.Path) -> None:
+    """The workers' Python without pyarrow (here a Python that refuses to import it): the
+    failed job is one line with the worker's error, exit 1."""
+    blocked = tmp_path / "blocked"
+    (blocked / "pyarrow").mkdir(parents=True)
+    (blocked / "pyarrow" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'pyarrow'\")\n")
+    worker = tmp_path / "python"
+    worker.write_text(f"#!/bin/sh\nPYTHONPATH={blocked}${{PYTHONPATH:+:$PYTHONPATH}} "
+                      f"exec {sys.executable} \"$@\"\n")
+    worker.chmod(0o755)
+    traces = one_send(tmp_path / "traces")
+    out = tmp_path / "out"
+    proc = rdvpump("trace", "analyze", str(traces), "--engine", "spark", "--out", str(out),
+                   env={**os.environ, "PYSPARK_PYTHON": str(worker)})
     assert proc.returncode == 1 and proc.stdout == ""
-    reason = "Spark's JVM ended before it started: CICompilerCount (1) must be at least 2"
     assert proc.stderr.strip() == (
-        f"error: {reason} (all it printed is in {out}/spark.log)"
-        if command == "trace analyze" else
-        f"error: the Spark run (job, local[1]) failed: {reason}"), proc.stderr
+        "error: the analysis failed on Spark: ModuleNotFoundError: No module named "
+        f"'pyarrow' (all Spark printed is in {out}/spark.log)"), proc.stderr
 
 
 @pytest.mark.slow  # starts processes

@@ -110,6 +110,39 @@ def test_a_jdk_upgraded_in_place_gets_an_archive_of_its_own(tmp_path: pathlib.Pa
     assert jvm._archive_name(str(java), "quick", "/venv") != before
 
 
+@pytest.mark.parametrize(("output", "reason"), [
+    # the JVM refusing an option: its first line after the ones every start prints
+    ("Picked up JAVA_TOOL_OPTIONS: -XX:CICompilerCount=1\n"
+     "CICompilerCount (1) must be at least 2 \n"
+     "Error: Could not create the Java Virtual Machine.\n",
+     "CICompilerCount (1) must be at least 2"),
+    ("Error: VM option 'X' is diagnostic and must be enabled first.\n",
+     "VM option 'X' is diagnostic and must be enabled first."),
+    # spark-submit refusing the master: the Java exception's message
+    ("WARNING: Using incubator modules: jdk.incubator.vector\n"
+     'Exception in thread "main" org.apache.spark.SparkException: Master must either '
+     "be yarn or start with spark, k8s, or local\n\tat org.apache.spark.Foo(Foo.scala:1)\n",
+     "Master must either be yarn or start with spark, k8s, or local"),
+    # Spark giving up on the application: its reason, before any exception
+    ("Setting default log level to \"WARN\".\n"
+     "26/11/27 19:38:42 ERROR StandaloneSchedulerBackend: Application has been killed. "
+     "Reason: All masters are unresponsive! Giving up.\n"
+     "java.lang.IllegalStateException: Cannot call methods on a stopped SparkContext.\n",
+     "All masters are unresponsive! Giving up."),
+    # a worker's Python failing: its error as Python prints it, not the traceback's head
+    ("26/11/27 19:41:16 ERROR Executor: Exception in task 0.0 in stage 0.0 (TID 0)\n"
+     "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was "
+     "thrown from the Python worker: Traceback (most recent call last):\n"
+     '  File "worker.py", line 1, in <module>\n'
+     "ModuleNotFoundError: No module named 'pyarrow'\n",
+     "ModuleNotFoundError: No module named 'pyarrow'"),
+    ("Picked up JAVA_TOOL_OPTIONS: -Xss1m\n\n", ""),
+])
+def test_why_a_jvm_or_spark_would_not_go_on_is_its_first_complaint(output: str,
+                                                                   reason: str) -> None:
+    assert jvm.first_complaint(output) == reason
+
+
 def test_size_buckets_are_the_least_power_of_two_at_or_above() -> None:
     import numpy as np
 
