@@ -113,9 +113,9 @@ def bench_replay(
 @app.command("routes")
 def bench_routes(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
-    servers: Annotated[int, typer.Option(help="Servers in the route table.")] = 1000,
-    topics: Annotated[int, typer.Option(help="Topics per server.")] = 100,
-    ops: Annotated[int, typer.Option(help="Incremental updates timed.")] = 2000,
+    servers: Annotated[int, typer.Option(min=1, help="Servers in the route table.")] = 1000,
+    topics: Annotated[int, typer.Option(min=1, help="Topics per server.")] = 100,
+    ops: Annotated[int, typer.Option(min=1, help="Incremental updates timed.")] = 2000,
 ) -> None:
     """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
     from ..bench import routes as bench_routes_mod

@@ -93,6 +93,9 @@ def test_usage_errors_are_one_line_naming_the_command_and_exit_2() -> None:
             (["bench", "mq", "--repeat", "x"],
              "error: rdvpump bench mq: Invalid value for '--repeat': 'x' is not a valid int "
              "(see 'rdvpump bench mq -h')"),
+            (["bench", "routes", "--servers", "0"],  # a division by it, once
+             "error: rdvpump bench routes: Invalid value for '--servers': 0 is not in the "
+             "range x>=1 (see 'rdvpump bench routes -h')"),
             (["mq", "declare"],
              "error: rdvpump mq declare: Missing argument 'topic' (see 'rdvpump mq declare "
              "-h')"),
