@@ -132,6 +132,9 @@ def load_universe(path: str | Path) -> UniverseSpec:
         raise UniverseFileError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UniverseFileError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UniverseFileError(f"{path}: not valid TOML: not UTF-8 text (byte "
+                                f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
     _check_keys(str(path), data, {"universe", "broker", "workload", "fault", "explore"})
     uni = data.get("universe", {})
     _check_keys(f"{path} [universe]", uni, _UNIVERSE_KEYS)

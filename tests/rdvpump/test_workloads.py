@@ -88,6 +88,15 @@ def test_bad_universe_files_name_the_problem(tmp_path: pathlib.Path, text: str,
     assert message in result.output
 
 
+def test_a_file_that_is_not_text_is_named_so(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "u.toml"
+    path.write_bytes(b'[universe]\nname = "\xa7"\n')  # not UTF-8
+    result = runner.invoke(app, ["universe", "run", str(path)])
+    assert result.exit_code == 1
+    assert result.output == (f"error: {path}: not valid TOML: not UTF-8 text (byte 0xa7 at "
+                             "offset 19)\n")
+
+
 def test_missing_file(tmp_path: pathlib.Path) -> None:
     result = runner.invoke(app, ["universe", "up", str(tmp_path / "nope.toml")])
     assert result.exit_code == 1 and "no such file" in result.output
