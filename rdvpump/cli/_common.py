@@ -187,6 +187,13 @@ def interruptible(fn: Callable[[], T]) -> T:
         raise
 
 
+def positive(value: float) -> float:
+    """An option's callback: seconds to wait must be more than none (a usage error)."""
+    if not value > 0:
+        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0")
+    return value
+
+
 def fail(message: str) -> typer.Exit:
     """One red line on stderr; raise the returned Exit."""
     from rich.markup import escape

@@ -27,6 +27,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    positive,
     run_trio,
 )
 
@@ -38,7 +39,8 @@ ServerOption = Annotated[str, typer.Option(
     "--server", help="The server as BROKER@HOST:PORT (HOST:PORT: its process's ready line).")]
 TrackPortOption = Annotated[int, typer.Option(help="The server's tracking port.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
-TimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for the server.")]
+TimeoutOption = Annotated[float, typer.Option(callback=positive,
+                                              help="Seconds to wait for the server.")]
 
 
 def _run(universe: str, server: str, token: str, track_port: int, timeout: float,
@@ -121,9 +123,10 @@ def mq_consume(
     server: ServerOption,
     group: Annotated[str | None, typer.Option(help="Consume group (default: the topic's).")]
         = None,
-    count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
-    idle: Annotated[float, typer.Option(help="Stop after this many seconds without a "
-                                             "message.")] = 2.0,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many "
+                                                          "messages.")] = None,
+    idle: Annotated[float, typer.Option(min=0.0, help="Stop after this many seconds "
+                                                     "without a message.")] = 2.0,
     window: Annotated[int, typer.Option(help="Unacknowledged messages held at most.")] = 100,
     out_dir: Annotated[pathlib.Path | None, typer.Option(
         "--out", help="Write each message's exact bytes to a file of its own in this "

@@ -24,6 +24,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    positive,
     run_trio,
     slave_lags,
     tls_files,
@@ -43,8 +44,8 @@ def routes(
         DEFAULT_VOTE_FACTOR),
     once: Annotated[bool, typer.Option(help="Print the table once and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON line per change.")] = False,
-    timeout: Annotated[float, typer.Option(help="With --once: seconds to wait for the "
-                                                "trackers.")] = 10.0,
+    timeout: Annotated[float, typer.Option(
+        callback=positive, help="With --once: seconds to wait for the trackers.")] = 10.0,
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
 ) -> None:
     """The live route table built from trackers: servers, topics, versions and votes."""

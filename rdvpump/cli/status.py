@@ -17,6 +17,7 @@ from ._common import (
     guard,
     interruptible,
     out,
+    positive,
     run_trio,
     slave_lags,
     tls_files,
@@ -32,8 +33,9 @@ def status(
     wait: Annotated[list[str], typer.Option(
         help="Wait until this broker is registered (repeatable); a manager that is still "
              "starting is dialled again meanwhile.")] = [],  # noqa: B006
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the manager (and "
-                                                "--wait brokers).")] = 5.0,
+    timeout: Annotated[float, typer.Option(
+        callback=positive,
+        help="Seconds to wait for the manager (and --wait brokers).")] = 5.0,
 ) -> None:
     """The brokers a manager knows, with their age and last heartbeat (and a replicated
     group's member's role, a cluster's server's root and epoch, and where a process

@@ -96,6 +96,15 @@ def test_usage_errors_are_one_line_naming_the_command_and_exit_2() -> None:
             (["bench", "routes", "--servers", "0"],  # a division by it, once
              "error: rdvpump bench routes: Invalid value for '--servers': 0 is not in the "
              "range x>=1 (see 'rdvpump bench routes -h')"),
+            (["mq", "publish", "t", "--server", "a@127.0.0.1:1", "--timeout", "-1"],
+             "error: rdvpump mq publish: Invalid value for '--timeout': -1 is not a number of "
+             "seconds above 0 (see 'rdvpump mq publish -h')"),
+            (["status", "--timeout", "0"],
+             "error: rdvpump status: Invalid value for '--timeout': 0 is not a number of "
+             "seconds above 0 (see 'rdvpump status -h')"),
+            (["mq", "consume", "t", "--server", "a@127.0.0.1:1", "--idle", "-1"],
+             "error: rdvpump mq consume: Invalid value for '--idle': -1.0 is not in the range "
+             "x>=0.0 (see 'rdvpump mq consume -h')"),
             (["mq", "declare"],
              "error: rdvpump mq declare: Missing argument 'topic' (see 'rdvpump mq declare "
              "-h')"),
