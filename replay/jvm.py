@@ -238,7 +238,9 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
 _EXCEPTION = re.compile(r'(?:Exception in thread "[^"]*" )?[\w.$]+(?:Exception|Error): (.+)')
 #: Lines every JVM or Spark start may print, which say nothing of a failure.
 _NOISE = ("Picked up ", "WARNING: Using incubator", "Setting default log level",
-          "To adjust logging level")
+          "To adjust logging level", "at ")
+#: Spark's log lines below its errors (``26/11/27 19:41:16 WARN NativeCodeLoader: ...``).
+_MINOR = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (?:WARN|INFO|DEBUG|TRACE) ")
 
 
 def first_complaint(output: str) -> str:
@@ -260,7 +262,7 @@ def first_complaint(output: str) -> str:
         # a Java exception by its message; a Python one as Python prints it
         return match.group(1) if "." in name else line
     for line in lines:
-        if not line.startswith(_NOISE) and not line.startswith("at "):
+        if not line.startswith(_NOISE) and not _MINOR.match(line):
             return line.removeprefix("Error: ")
     return ""
 

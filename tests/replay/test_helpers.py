@@ -137,6 +137,8 @@ def test_a_jdk_upgraded_in_place_gets_an_archive_of_its_own(tmp_path: pathlib.Pa
      "ModuleNotFoundError: No module named 'pyarrow'\n",
      "ModuleNotFoundError: No module named 'pyarrow'"),
     ("Picked up JAVA_TOOL_OPTIONS: -Xss1m\n\n", ""),
+    ("26/11/27 19:41:16 WARN NativeCodeLoader: Unable to load native-hadoop library\n"
+     "\tat org.apache.spark.Foo(Foo.scala:1)\n", ""),
 ])
 def test_why_a_jvm_or_spark_would_not_go_on_is_its_first_complaint(output: str,
                                                                    reason: str) -> None:
