@@ -213,8 +213,8 @@ def _size_shuffles(spark: Any, files: list[str]) -> None:
     """Spark's shuffles (``spark.sql.shuffle.partitions``) sized to the traces as their
     reading is (:func:`_pack`): as many partitions as cores, more where one would hold
     over ``spark.sql.files.maxPartitionBytes`` of trace, unless the submitter set it.
-    Spark's own default, 200 partitions, costs a task each even for a trace of kilobytes
-    (2-3 CPU-s of a small run in local mode)."""
+    Spark's own default, 200 partitions, costs a task each even for a trace of
+    kilobytes."""
     if spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         return
     most = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"))
