@@ -133,7 +133,8 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
         leaf = first_leaf(group)
         if not isinstance(leaf, _expected()):
             raise
-        raise fail(str(leaf)) from None
+        raise fail(os_message(leaf, arg) if isinstance(leaf, OSError) else str(leaf)) \
+            from None
     except Exception as exc:
         if not isinstance(exc, _expected()):
             raise
