@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from channels import DEFAULT_ADAPTIVE_POLL, Channel, ChannelManager, CloseCause, StreamLink
-from pump import CollapsingLog, Pump
+from pump import CollapsingLog, ConfigError, Pump
 from pump.schema import Kind, Outcome
 
 from ._address import Address
@@ -348,12 +348,24 @@ class NetNode:
         return stream, reply, handshake.trailing_data
 
 
+def _why(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason, when it gives one that says more than where it failed."""
+    return f" ({exc.reason.lower().replace('_', ' ')})" if exc.reason else ""
+
+
 def tls_contexts(cert: str, key: str, ca: str | None) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """Server and client contexts for links: our certificate both ways, peers checked
     against ``ca`` (mutual TLS when given; without it the system's roots check servers)."""
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:  # an OSError without a file name: say which files
+        raise ConfigError(f"{cert} and {key} are not a PEM certificate and its private "
+                          f"key{_why(exc)}") from None
+    try:
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"{ca} holds no PEM certificate of a CA{_why(exc)}") from None
     client.load_cert_chain(cert, key)
     if ca is not None:
         server.load_verify_locations(ca)

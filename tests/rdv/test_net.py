@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -14,8 +15,8 @@ import trio.testing
 
 from brokermgr import BrokerManager
 from channels import AsyncMessageQueue, CloseCause, close_frame
-from pump import Pump
-from rdv import Address, Hello, RefusedError
+from pump import ConfigError, Pump
+from rdv import Address, Hello, RefusedError, tls_contexts
 
 
 @asynccontextmanager
@@ -235,6 +236,24 @@ async def test_links_over_tls_with_mutual_certificates(pki: dict[str, str]) -> N
             for size in (0, 1, 5000, 70_000):
                 await q.send(b"s" * size)
                 assert await q.receive() == b"s" * size
+
+
+def test_tls_files_that_are_not_what_they_should_be_are_named(
+        pki: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """A certificate and key that do not go together, and a CA file without a
+    certificate, are each a ConfigError naming the files (OpenSSL's own error names
+    none of them)."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk\n")
+    with pytest.raises(ConfigError, match=f"^{junk} and {pki['key']} are not a PEM "
+                       "certificate and its private key$"):
+        tls_contexts(str(junk), pki["key"], pki["ca"])
+    with pytest.raises(ConfigError, match=f"^{pki['cert']} and {pki['cert']} are not a "
+                       r"PEM certificate and its private key( \(.+\))?$"):
+        tls_contexts(pki["cert"], pki["cert"], pki["ca"])
+    with pytest.raises(ConfigError, match=f"^{junk} holds no PEM certificate of a CA "
+                       r"\(no certificate or crl found\)$"):
+        tls_contexts(pki["cert"], pki["key"], str(junk))
 
 
 async def test_tls_refuses_peers_it_cannot_verify(pki: dict[str, str]) -> None:
