@@ -72,6 +72,8 @@ def _failure(exc: BaseException, *, tls: bool = True) -> str:
         return f"tls handshake failed: {exc.__cause__}"
     if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
         return f"connection lost: {exc.__cause__}"
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+        return exc.strerror.lower()  # "name or service not known", not "[Errno -2] ..."
     return str(exc)
 
 

@@ -238,6 +238,20 @@ async def test_links_over_tls_with_mutual_certificates(pki: dict[str, str]) -> N
                 assert await q.receive() == b"s" * size
 
 
+def test_a_connection_that_fails_says_why_in_words() -> None:
+    """An OS error of a connect (a name that does not resolve, a reset) is its words, as
+    the rest of a refusal's reason is, not Python's ``[Errno -2] ...``."""
+    from rdv._net import _failure
+
+    assert _failure(socket.gaierror(-2, "Name or service not known")) == \
+        "name or service not known"
+    assert _failure(ConnectionResetError(104, "Connection reset by peer")) == \
+        "connection reset by peer"
+    assert _failure(OSError("all attempts to connect to 127.0.0.1:1 failed")) == \
+        "all attempts to connect to 127.0.0.1:1 failed"
+    assert _failure(trio.TooSlowError()) == "timed out"
+
+
 def test_tls_files_that_are_not_what_they_should_be_are_named(
         pki: dict[str, str], tmp_path: pathlib.Path) -> None:
     """A certificate and key that do not go together, and a CA file without a
