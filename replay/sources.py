@@ -31,10 +31,14 @@ def find_traces(traces: str) -> tuple[list[str], list[str]]:
     path = Path(traces)
     if not path.exists():
         raise TraceError(f"no such trace directory: {traces}")
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    one = not path.is_dir()  # a file named itself (or a device: read as one, or refused)
+    files = [path] if one else sorted(p for p in path.iterdir() if p.is_file())
     jsonl = [str(p) for p in files if p.suffix == ".jsonl"]
     parquet = [str(p) for p in files if p.suffix == ".parquet"]
     if not jsonl and not parquet:
+        if one:
+            raise TraceError(f"{traces} is not a trace file (*.jsonl, *.parquet) or a "
+                             "directory of them")
         raise TraceError(f"no trace files (*.jsonl, *.parquet) in {traces}")
     return jsonl, parquet
 

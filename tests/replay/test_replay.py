@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -357,6 +358,11 @@ def test_clear_errors_for_missing_empty_and_other_versions(
     (tmp_path / "none").mkdir()
     with pytest.raises(TraceError, match=r"no trace files \(\*.jsonl, \*.parquet\)"):
         analyze(str(tmp_path / "none"))
+    for other in (tmp_path / "notes.txt", pathlib.Path(os.devnull)):
+        other.touch()
+        with pytest.raises(TraceError, match=re.escape(
+                f"{other} is not a trace file (*.jsonl, *.parquet) or a directory of them")):
+            analyze(str(other))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "e.p.jsonl").write_text("")
     with pytest.raises(TraceError, match="hold no events"):
