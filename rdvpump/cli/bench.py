@@ -73,7 +73,9 @@ def bench_inproc(
 @app.command("replay")
 def bench_replay(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
-    events: Annotated[int, typer.Option(help="Events in the generated trace.")] = 10_000_000,
+    events: Annotated[int, typer.Option(
+        min=1, help="Events in the generated trace (about as many: whole runs of a "
+                    "workload of at least 1,000 messages).")] = 10_000_000,
     master: Annotated[list[str] | None, typer.Option(
         help="Spark master, once per run (default: local[1], then local[2]).")] = None,
     jvm: Annotated[str, typer.Option(help="JVM profile: production or quick.")] =
@@ -241,7 +243,8 @@ def bench_mq(
     scale: Annotated[float, typer.Option(help="Multiply the message counts.")] = 1.0,
     repeat: Annotated[int, typer.Option(help="Runs per figure; the best is kept.")] = 1,
     recovery_gib: Annotated[float, typer.Option(
-        help="Also time opening a queue of this many GiB after a restart (0: not).")] = 1.0,
+        min=0.0, help="Also time opening a queue of this many GiB after a restart (0: "
+                      "not).")] = 1.0,
 ) -> None:
     """An MQ server process end to end beside Redis Streams and a plain file append."""
     from mq import Durability

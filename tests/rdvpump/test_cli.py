@@ -102,6 +102,12 @@ def test_usage_errors_are_one_line_naming_the_command_and_exit_2() -> None:
             (["bench", "routes", "--servers", "0"],  # a division by it, once
              "error: rdvpump bench routes: Invalid value for '--servers': 0 is not in the "
              "range x>=1 (see 'rdvpump bench routes -h')"),
+            (["bench", "replay", "--events", "0"],  # was the smallest workload, run
+             "error: rdvpump bench replay: Invalid value for '--events': 0 is not in the "
+             "range x>=1 (see 'rdvpump bench replay -h')"),
+            (["bench", "mq", "--recovery-gib", "-1"],  # was taken for 0
+             "error: rdvpump bench mq: Invalid value for '--recovery-gib': -1.0 is not in the "
+             "range x>=0.0 (see 'rdvpump bench mq -h')"),
             (["mq", "publish", "t", "--server", "a@127.0.0.1:1", "--timeout", "-1"],
              "error: rdvpump mq publish: Invalid value for '--timeout': -1 is not a number of "
              "seconds above 0 (see 'rdvpump mq publish -h')"),
