@@ -4,7 +4,10 @@
 pops and keeps trio's conventions (``send`` and ``receive`` each check for
 cancellation and yield once; a parked receiver is rescheduled by the sender),
 moving 64 B messages between two tasks, against the awaited trio memory channel
-that ``rdvpump bench inproc`` compares with.  Figures in bench/RESULTS.md.
+that ``rdvpump bench inproc`` compares with; and the same queue with each message
+framed into a C ring and taken out of it at once by the codec the link uses
+(``FrameEncoder`` / ``FrameDecoder``, no pump, no message queue): what a link's data
+path adds at the least.  Figures in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 
 import trio
 
+from channels import FrameDecoder, FrameEncoder, RingBuffer
 from rdvpump.bench.inproc import trio_memory_channel
 
 MSG = b"x" * 64
@@ -56,8 +60,28 @@ class Floor:
         return message
 
 
-async def floor(count: int) -> float:
-    queue = Floor()
+class RingFloor(Floor):
+    """The floor queue with each message through a C ring on its way: framed in by the
+    encoder, taken out by the decoder, as one message of a link at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        ring = RingBuffer(1 << 18)
+        self.encoder = FrameEncoder(ring)
+        self.decoder = FrameDecoder(ring, max_message_size=1 << 20)
+
+    async def send(self, message: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.encoder.write([message], 0)
+        frames = self.decoder.next_frames()
+        assert frames is not None
+        self.items.extend(frames[0])
+        self._wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def floor(count: int, kind: type[Floor] = Floor) -> float:
+    queue = kind()
 
     async def produce() -> None:
         for _ in range(count):
@@ -81,8 +105,10 @@ def main() -> None:
     for _ in range(rounds):
         channel = trio_memory_channel(len(MSG), count)
         least = trio.run(floor, count)
-        print(f"trio memory channel {count / channel:,.0f}/s  floor {count / least:,.0f}/s  "
-              f"floor / channel {channel / least:.2f}x", flush=True)
+        ring = trio.run(floor, count, RingFloor)
+        print(f"trio memory channel {count / channel:,.0f}/s  floor {count / least:,.0f}/s "
+              f"({channel / least:.2f}x)  through a ring {count / ring:,.0f}/s "
+              f"({channel / ring:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,14 @@ def test_mq_relay_floor_prints_its_ratio() -> None:
     assert line is not None, done.stdout
     relay, append, ratio = (float(x.replace(",", "")) for x in line.groups())
     assert relay > 0 and append > 0 and abs(ratio - relay / append) < 0.01
+
+
+def test_floor_await_prints_the_channel_the_floor_and_the_ring() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "floor_await.py"), "2000",
+                           "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = re.fullmatch(r"trio memory channel ([\d,]+)/s  floor ([\d,]+)/s \((\d+\.\d\d)x\)  "
+                        r"through a ring ([\d,]+)/s \((\d+\.\d\d)x\)\n", done.stdout)
+    assert line is not None, done.stdout
+    channel, least, least_x, ring, ring_x = (float(x.replace(",", "")) for x in line.groups())
+    assert abs(least_x - least / channel) < 0.02 and abs(ring_x - ring / channel) < 0.02
