@@ -132,7 +132,7 @@ class ParquetWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ConfigError("Parquet traces need pyarrow: pip install 'rdvpump[spark]'"
+            raise ConfigError("Parquet traces need pyarrow: pip install 'rdvpump[replay]'"
                                ) from exc
         import pyarrow.compute as pc
 

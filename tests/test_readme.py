@@ -49,6 +49,21 @@ def test_the_readme_has_the_blocks_this_test_runs() -> None:
     assert set(fences[0::2]) == {"sh", "python"}, "a block in another language is not run"
 
 
+def test_the_test_command_installs_what_the_spark_extra_holds() -> None:
+    """The test command installs pyspark in a pip of its own beside the ``replay`` extra:
+    together, the ``spark`` extra (pyspark's requirement written the same in both)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    (pyspark,) = [r for r in extras["spark"] if r.startswith("pyspark")]
+    assert sorted(extras["spark"]) == sorted([pyspark, "rdvpump[replay]"])
+    setup, test = blocks("sh")[0].splitlines()
+    assert f"pip install -q --no-compile '{pyspark}' &" in test
+    assert "pip install -q --no-compile -e '.[dev,replay]'" in test
+    assert "-e '.[dev,spark]'" in setup
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_block_runs_as_printed(index: int, tmp_path: pathlib.Path) -> None:

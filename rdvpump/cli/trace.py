@@ -51,7 +51,7 @@ def trace_analyze(
         from replay import JVM_PROFILES, analyze, check_traces, engine_for, print_summary
     except ImportError:
         raise fail("trace analyze needs pyarrow and matplotlib: pip install "
-                   "'rdvpump[spark]'") from None
+                   "'rdvpump[replay]'") from None
     if engine not in ("auto", "local", "spark"):
         raise fail(f"--engine must be auto, local or spark, got {engine!r}")
     if engine == "local" and master is not None:

@@ -290,6 +290,17 @@ def test_without_the_spark_extra_analyze_names_it(tmp_path: pathlib.Path,
     assert "Traceback" not in result.output
 
 
+def test_without_the_replay_extra_analyze_names_it(tmp_path: pathlib.Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local engine needs pyarrow and matplotlib, not pyspark: the smaller extra."""
+    (tmp_path / "t.p.jsonl").write_text("{}\n")
+    monkeypatch.setitem(sys.modules, "replay", None)  # its imports (pyarrow, ...) fail
+    result = runner.invoke(app, ["trace", "analyze", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output == ("error: trace analyze needs pyarrow and matplotlib: pip install "
+                             "'rdvpump[replay]'\n")
+
+
 def test_diagram_of_a_directory_names_a_file_in_it(tmp_path: pathlib.Path) -> None:
     (tmp_path / "r.p.jsonl").write_text("")
     result = runner.invoke(app, ["trace", "diagram", str(tmp_path), "--link", "a/1"])
