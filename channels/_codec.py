@@ -212,7 +212,7 @@ class FrameDecoder:
         self._batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
-        self._body: list[bytes | bytearray] | None = None  # set while a body arrives in pieces
+        self._body: list[bytes] | None = None  # set while a body arrives in pieces
         self._need = 0  # its declared length
         self._got = 0  # its bytes so far
         self._charged = 0  # of them, what the budget counts (a body bigger than the ring)
@@ -272,11 +272,14 @@ class FrameDecoder:
                 self._start_close(length)
                 continue
             self._check_length(length)
-            if status != FRAME_COMPLETE and length + HEADER_SIZE <= self._capacity:
+            if status == FRAME_COMPLETE:  # but round the ring's end: copied out at once
+                ring.skip(HEADER_SIZE)
+                return [ring.take_exact(length)], [length]
+            if length + HEADER_SIZE <= self._capacity:
                 return None  # the rest of the frame will fit: wait for it
-            # complete but wrapping round the ring's end, or bigger than the ring: in pieces
+            # bigger than the ring: in pieces, as they arrive
             ring.skip(HEADER_SIZE)
-            self._start_body(length, complete=status == FRAME_COMPLETE)
+            self._start_body(length)
 
     def _check_length(self, length: int) -> None:
         if length > self.max_message_size:
@@ -297,7 +300,7 @@ class FrameDecoder:
                 self._start_close(length)
             else:
                 self._check_length(length)
-                self._start_body(length, complete=False)
+                self._start_body(length)
         body = self._body
         assert body is not None
         got, need = self._got, self._need
@@ -305,34 +308,29 @@ class FrameDecoder:
             n = min(ring.used, need - got)
             if not n:
                 return None
-            if not body or len(body[0]) < need:
-                # a body bigger than the ring grows with what arrives, within the budget,
-                # in pieces taken as they lie in the ring (each copied once)
-                budget = self.budget
-                if budget.held + n > budget.limit:
-                    raise ProtocolError(
-                        f"frame of {need} bytes: {got} arrived, and the next {n} would pass "
-                        f"the process's budget of {budget.limit} bytes for unfinished frames")
-                budget.held += n
-                self._charged += n
-                while n:  # the bytes may wrap round the ring's end: two runs
-                    piece = ring.take_run(n)
-                    body.append(piece)
-                    got += len(piece)
-                    n -= len(piece)
-                self._got = got
-            else:  # a complete frame round the ring's end: its one piece, made at the start
-                self._got = got = got + ring.readinto(memoryview(body[0])[got:got + n])
+            # a body bigger than the ring (or a close frame's) grows with what arrives,
+            # within the budget, in pieces taken as they lie in the ring (each copied once)
+            budget = self.budget
+            if budget.held + n > budget.limit:
+                raise ProtocolError(
+                    f"frame of {need} bytes: {got} arrived, and the next {n} would pass "
+                    f"the process's budget of {budget.limit} bytes for unfinished frames")
+            budget.held += n
+            self._charged += n
+            while n:  # the bytes may wrap round the ring's end: two runs
+                piece = ring.take_run(n)
+                body.append(piece)
+                got += len(piece)
+                n -= len(piece)
+            self._got = got
             if got < need:
                 return None
         self.discard()
         # the pieces are joined once (growing one buffer copied it again and again)
-        return bytes(body[0]) if len(body) == 1 else b"".join(body)
+        return body[0] if len(body) == 1 else b"".join(body)
 
-    def _start_body(self, length: int, *, complete: bool) -> None:
-        # a frame wholly in the ring is copied out at once; one still arriving comes in
-        # pieces of what arrived
-        self._body = [bytearray(length)] if complete else []
+    def _start_body(self, length: int) -> None:
+        self._body = []  # the pieces of what arrived
         self._need = length
         self._got = 0
 
@@ -341,7 +339,7 @@ class FrameDecoder:
             raise ProtocolError(f"close frame of {header - CLOSE_MARK} bytes exceeds "
                                 f"{MAX_CLOSE_BODY}")
         self._close_state = 1
-        self._start_body(header - CLOSE_MARK, complete=False)
+        self._start_body(header - CLOSE_MARK)
 
     def discard(self) -> None:
         """Drop the frame being assembled (done, or its link closed): its bytes leave the

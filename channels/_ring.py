@@ -123,7 +123,7 @@ class RingBuffer:
     4-byte big-endian length-prefixed frames, whole or not at all.
     """
 
-    __slots__ = ("_rb", "_capacity", "_ptr", "__weakref__")
+    __slots__ = ("_rb", "_capacity", "_ptr", "_base", "__weakref__")
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool):
@@ -137,6 +137,8 @@ class RingBuffer:
         self._rb = ffi.gc(rb, lib.rb_free)
         self._capacity = capacity
         self._ptr = ffi.new("char **")
+        lib.rb_writable_region(rb, self._ptr)  # empty: the run starts at the ring's start
+        self._base = self._ptr[0]  # where a run that wraps round the end goes on
 
     @property
     def capacity(self) -> int:
@@ -219,6 +221,21 @@ class RingBuffer:
             return b""
         data: bytes = _ffi_buffer(self._ptr[0], n)[:]
         lib.rb_skip(self._rb, n)
+        return data
+
+    def take_exact(self, n: int) -> bytes:
+        """Take exactly ``n`` readable bytes as one ``bytes``, copied once even where they
+        wrap round the ring's end (``ValueError`` if fewer are readable)."""
+        rb = self._rb
+        first = lib.rb_readable_region(rb, self._ptr)
+        if n <= first:
+            data: bytes = _ffi_buffer(self._ptr[0], n)[:]
+        else:
+            if n > lib.rb_used(rb):
+                raise ValueError(f"{n} bytes asked of a ring holding {lib.rb_used(rb)}")
+            data = b"".join((_ffi_buffer(self._ptr[0], first),
+                             _ffi_buffer(self._base, n - first)))
+        lib.rb_skip(rb, n)
         return data
 
     def writable_view(self) -> memoryview:

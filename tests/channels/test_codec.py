@@ -210,3 +210,16 @@ def test_split_bodies_keeps_a_bounded_cache_of_unpackers() -> None:
     for count in range(1, 2 * _ring._MAX_SPLITTERS + 1):
         assert list(_ring.split_bodies(b"ab" * count, [2] * count)) == [b"ab"] * count
         assert len(_ring._SPLITTERS) <= _ring._MAX_SPLITTERS
+
+
+def test_a_whole_frame_round_the_rings_end_comes_out_as_sent() -> None:
+    """Complete in the ring but across its end: taken at once (nothing held for it)."""
+    ring = RingBuffer(64)
+    decoder = FrameDecoder(ring, max_message_size=100)
+    ring.write(b"x" * 40)
+    ring.skip(40)  # 24 bytes to the end: a frame of 4 + 30 bytes wraps
+    body = bytes(range(30))
+    assert ring.put_batch([body], 0, 1 << 16, 64) == (1, 30)
+    assert decoder.next_frames() == ([body], [30])
+    assert not decoder.in_frame and decoder.progress == 0 and ring.used == 0
+    assert decoder.next_frames() is None

@@ -271,3 +271,16 @@ def test_a_frame_that_ends_at_the_rings_end_is_taken_in_one_run() -> None:
     assert ring.put_batch([b"abcd"], 0, 1 << 16, 64) == (1, 4)
     assert ring.take_next(0, 4) == (None, FRAME_COMPLETE, 4)  # wraps: not taken here
     assert ring.take_next(4, 4) == ([b"abcd"], [4])  # the batch path copies across
+
+
+def test_take_exact_copies_a_run_round_the_end_into_one_bytes() -> None:
+    ring = RingBuffer(16)
+    ring.write(b"x" * 12)
+    ring.skip(12)  # the read position is 12: four bytes to the end, then the start
+    assert ring.write(b"abcdefghij") == 10
+    assert ring.take_exact(3) == b"abc"  # within the first run
+    assert ring.take_exact(6) == b"defghi"  # one byte before the end, five after it
+    with pytest.raises(ValueError, match="2 bytes asked of a ring holding 1"):
+        ring.take_exact(2)
+    assert ring.take_exact(1) == b"j" and ring.used == 0
+    assert ring.take_exact(0) == b""
