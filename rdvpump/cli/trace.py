@@ -59,17 +59,22 @@ def trace_analyze(
     if jvm != "auto" and jvm not in JVM_PROFILES:
         raise fail(f"--jvm must be auto, {' or '.join(JVM_PROFILES)}, got {jvm!r}")
     guard(lambda: check_traces(str(traces)))  # what is no trace is said before a JVM starts
+    by_size = engine == "auto" and master is None
     if engine == "auto":
         engine = "spark" if master is not None else guard(lambda: engine_for(str(traces)))
     if engine == "spark":
+        # chosen by size, Spark may not be what the user asked for: say why, and the other way
+        why, instead = (("traces this large (over about 400,000 events: 64 MB of JSON Lines, "
+                         "8 MB of Parquet) are analysed on Spark",
+                         "; or --engine local, with every row in this process's memory")
+                        if by_size else ("trace analyze --engine spark runs Spark", ""))
         try:
             import pyspark  # noqa: F401
         except ImportError:
-            raise fail("trace analyze --engine spark runs Spark: pip install "
-                       "'rdvpump[spark]'") from None
+            raise fail(f"{why}: pip install 'rdvpump[spark]'{instead}") from None
         if shutil.which("java") is None:
-            raise fail("trace analyze --engine spark runs Spark, which needs Java 17 or 21 "
-                       "on PATH (for example: apt-get install openjdk-17-jre-headless)")
+            raise fail(f"{why}, which needs Java 17 or 21 on PATH (for example: apt-get "
+                       f"install openjdk-17-jre-headless){instead}")
     if out is not None:
         target = out
     elif traces.is_file():

@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import types
 from typing import Any
 
 import pytest
@@ -268,6 +269,31 @@ def test_without_java_analyze_says_so_before_starting(tmp_path: pathlib.Path) ->
     # without Java, a small trace is still analysed, in this process
     proc = rdvpump("trace", "analyze", str(tmp_path), env=bare)
     assert proc.returncode == 1 and "none of its 1 lines is a trace row" in proc.stderr
+
+
+def test_traces_too_large_for_this_process_without_spark_name_both_ways(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--engine auto`` picked Spark by the traces' size (here made small): without
+    pyspark, or without Java, the error says why Spark and offers ``--engine local``."""
+    from replay import sources
+
+    (tmp_path / "t.p.jsonl").write_text("{}\n")
+    monkeypatch.setattr(sources, "LOCAL_BYTES", {"jsonl": 1, "parquet": 1})
+    why = ("error: traces this large (over about 400,000 events: 64 MB of JSON Lines, 8 MB "
+           "of Parquet) are analysed on Spark")
+    instead = "; or --engine local, with every row in this process's memory"
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark fails
+    result = runner.invoke(app, ["trace", "analyze", str(tmp_path)])
+    assert result.exit_code == 1
+    assert " ".join(result.output.split()) == f"{why}: pip install 'rdvpump[spark]'{instead}"
+    # pyspark found (the import is all the check does), no java on PATH
+    monkeypatch.setitem(sys.modules, "pyspark", types.ModuleType("pyspark"))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    result = runner.invoke(app, ["trace", "analyze", str(tmp_path)])
+    assert result.exit_code == 1
+    assert " ".join(result.output.split()) == (
+        f"{why}, which needs Java 17 or 21 on PATH (for example: apt-get install "
+        f"openjdk-17-jre-headless){instead}")
 
 
 def test_engine_and_master_are_checked_before_anything_starts(tmp_path: pathlib.Path) -> None:
