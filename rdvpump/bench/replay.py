@@ -284,6 +284,21 @@ def _jvm_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+#: The masters Spark parses (``SparkContext``'s forms, the cluster managers it ships
+#: with by name); Spark checks the rest (a thread count, a host, a port) once it starts.
+_MASTER = re.compile(r"local(\[(\d+|\*)(\s*,\s*\d+)?\])?|local-cluster\[.*\]|spark://.*"
+                     r"|yarn|k8s://.*")
+
+
+def check_master(master: str) -> None:
+    """A ConfigError for a master Spark would not parse, before a trace is generated for
+    it (minutes at the default size) rather than after."""
+    if _MASTER.fullmatch(master) is None:
+        raise ConfigError(f"{master!r} is no Spark master: local, local[N], local[*], "
+                          "local[N,F], local-cluster[...], spark://HOST:PORT, yarn or "
+                          "k8s://...")
+
+
 def pinned_cpus(master: str) -> set[int]:
     """The CPUs a pinned run on ``master`` (``local[N]``) gets: the first N this process
     may use.  A ValueError for another master, or for more CPUs than there are."""

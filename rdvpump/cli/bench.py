@@ -98,6 +98,8 @@ def bench_replay(
     if (smoke := _smoke()) < 1:  # the first master only, no floor, the quickest JVM
         events, floor, jvm = max(10_000, int(events * smoke)), False, "quick"
         masters = masters[:1]
+    for m in masters:
+        guard(lambda m=m: replay.check_master(m))  # type: ignore[misc]
     if pin:
         guard(lambda: [replay.pinned_cpus(m) for m in masters])
     with err.status("benchmarking the replay ...") as status:

@@ -174,10 +174,23 @@ def test_a_spark_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Pa
     assert run("local[1]", {"JAVA_TOOL_OPTIONS": "-XX:CICompilerCount=1"}) == said(
         "local[1]", "Spark's JVM ended before it started: CICompilerCount (1) must be at "
         "least 2")
-    # Spark refusing the master once its JVM is up: Spark's own reason
-    assert run("local[x]", {}) == said(
-        "local[x]", "Spark did not start on local[x]: Could not parse Master URL: "
-        "'local[x]'")
+    # Spark refusing the master once its JVM is up: Spark's own reason (``bench replay``
+    # refuses a master Spark would not parse before it generates a trace: one it parses)
+    if command == "trace analyze":
+        assert run("local[x]", {}) == said(
+            "local[x]", "Spark did not start on local[x]: Could not parse Master URL: "
+            "'local[x]'")
+    bad = "spark://127.0.0.1"  # no port
+    assert run(bad, {}) == said(bad, f"Spark did not start on {bad}: Invalid master URL: {bad}")
+
+
+def test_bench_replay_refuses_a_master_spark_would_not_parse_before_anything_runs() -> None:
+    result = runner.invoke(app, ["bench", "replay", "--master", "local[2]", "--master",
+                                 "local[x]", "--no-floor"])
+    assert result.exit_code == 1
+    assert " ".join(result.output.split()) == (
+        "error: 'local[x]' is no Spark master: local, local[N], local[*], local[N,F], "
+        "local-cluster[...], spark://HOST:PORT, yarn or k8s://...")
 
 
 @pytest.mark.spark
