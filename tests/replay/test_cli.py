@@ -175,13 +175,12 @@ def test_a_spark_that_will_not_start_is_one_line_saying_why(tmp_path: pathlib.Pa
         "local[1]", "Spark's JVM ended before it started: CICompilerCount (1) must be at "
         "least 2")
     # Spark refusing the master once its JVM is up: Spark's own reason (``bench replay``
-    # refuses a master Spark would not parse before it generates a trace: one it parses)
-    if command == "trace analyze":
-        assert run("local[x]", {}) == said(
-            "local[x]", "Spark did not start on local[x]: Could not parse Master URL: "
-            "'local[x]'")
-    bad = "spark://127.0.0.1"  # no port
-    assert run(bad, {}) == said(bad, f"Spark did not start on {bad}: Invalid master URL: {bad}")
+    # refuses a master Spark would not parse before it generates a trace: there, one that
+    # Spark parses and refuses, a spark:// URL without a port)
+    bad, reason = (("local[x]", "Could not parse Master URL: 'local[x]'")
+                   if command == "trace analyze" else
+                   ("spark://127.0.0.1", "Invalid master URL: spark://127.0.0.1"))
+    assert run(bad, {}) == said(bad, f"Spark did not start on {bad}: {reason}")
 
 
 def test_bench_replay_refuses_a_master_spark_would_not_parse_before_anything_runs() -> None:
