@@ -158,11 +158,15 @@ def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> An
     return guard(lambda: open_trace(trace, pump=pump, run=run, format=fmt), arg="--trace")
 
 
-def check_format(fmt: str) -> None:
+def check_format(fmt: str, option: str = "--trace-format", others: tuple[str, ...] = ()
+                 ) -> None:
+    """A ConfigError naming ``option`` unless ``fmt`` is a trace format (or one of
+    ``others``, which the caller handles)."""
     from pump import FORMATS, ConfigError
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"--trace-format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt not in FORMATS and fmt not in others:
+        raise ConfigError(f"{option} must be one of {', '.join((*FORMATS, *others))}, "
+                          f"got {fmt!r}")
 
 
 def run_trio(fn: Callable[[], Awaitable[T]]) -> T:

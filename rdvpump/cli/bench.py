@@ -57,8 +57,8 @@ def bench_inproc(
     if (smoke := _smoke()) < 1:
         scale, repeat = scale * smoke, 1
     size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
-    if trace is not None and trace != "memory":
-        guard(lambda: check_format(trace))
+    if trace is not None:
+        guard(lambda: check_format(trace, "--trace", ("memory",)))
     results = []
     with err.status("benchmarking ...") as status:
         for r in interruptible(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,

@@ -470,3 +470,15 @@ def test_mq_failover_without_a_manager_is_one_line() -> None:
     assert result.exit_code == 1, result.output
     (line,) = result.output.strip().splitlines()
     assert line.startswith("error: manager 127.0.0.1:1: "), line
+
+
+def test_a_bad_trace_format_names_the_option_given() -> None:
+    """``bench inproc --trace`` and ``universe run --trace-format`` check the same formats;
+    each error names its own option and what it takes."""
+    result = runner.invoke(app, ["bench", "inproc", "--trace", "foo"])
+    assert result.exit_code == 1
+    assert result.output == "error: --trace must be one of jsonl, parquet, memory, got 'foo'\n"
+    result = runner.invoke(app, ["universe", "run", str(ROOT / "examples/echo.toml"),
+                                 "--trace-format", "foo"])
+    assert result.exit_code == 1
+    assert result.output == "error: --trace-format must be one of jsonl, parquet, got 'foo'\n"
