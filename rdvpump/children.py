@@ -133,6 +133,17 @@ class ChildState:
         self.stats = stats
 
 
+def exit_status(code: int) -> str:
+    """How a child process ended, for a person: ``exited with status 3``, ``killed by
+    SIGKILL``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 @dataclass
 class Child:
     """A started child: its process, the address of its ``ready`` line, its next lines."""
@@ -161,6 +172,9 @@ async def start_child(args: list[str], env: Mapping[str, str],
     lines = _Lines(proc.stdout)
     with trio.fail_after(READY_WITHIN):
         first = await anext(lines, "")
+        if not first:  # its stdout ended before the line: the process is ending
+            why = exit_status(await proc.wait())
+            raise RunError(f"{' '.join(args[:2])} {why} before it was ready")
     if not first.startswith(READY + " "):
         raise RunError(f"{args[0]} did not start: {first!r}")
     return Child(proc, Address.parse(first.split()[-1]), lines)

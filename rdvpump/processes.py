@@ -40,6 +40,7 @@ from .children import (
     STATS,
     Child,
     ChildState,
+    exit_status,
     report,
     start_child,
     stop_all,
@@ -496,17 +497,6 @@ async def play_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
         raise
     emit(STATS, stats.to_dict())  # the last figures, then the reports
     emit(DONE, {"reports": reports})
-
-
-def exit_status(code: int) -> str:
-    """How a child process ended, for a person: ``exited with status 3``, ``killed by
-    SIGKILL``."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 async def universe_up(spec: UniverseSpec, path: Path, *, token: str,

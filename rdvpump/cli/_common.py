@@ -142,11 +142,15 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
 
 
 def check_trace_dir(trace: pathlib.Path | None) -> None:
-    """``--trace`` names a directory (made if missing); a file there is one clear error,
-    before anything starts."""
-    if trace is not None and trace.exists() and not trace.is_dir():
+    """``--trace`` names a directory, made here if missing: a file there, or a directory
+    that cannot be made, is one clear error before anything starts (before the processes
+    of ``universe up``, which write in it)."""
+    if trace is None:
+        return
+    if trace.exists() and not trace.is_dir():
         raise fail(f"--trace {trace} is a file: give a directory (a trace file per pump is "
                    "written in it)")
+    guard(lambda: trace.mkdir(parents=True, exist_ok=True), arg="--trace")
 
 
 def recorder(trace: pathlib.Path | None, fmt: str, *, pump: str, run: str) -> Any:

@@ -44,7 +44,8 @@ async def test_children_are_started_at_their_ready_lines_and_stop_cleanly_at_onc
 async def test_a_child_that_exits_before_its_ready_line_is_a_clear_error() -> None:
     children: list[trio.Process] = []
     try:
-        with pytest.raises(RunError, match="^manager did not start: ''$"):
+        with pytest.raises(RunError, match="^manager serve exited with status 1 before it "
+                                             "was ready$"):
             await start_child(["manager", "serve", "--listen", "nowhere"], os.environ,
                               children)
     finally:

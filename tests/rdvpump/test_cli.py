@@ -482,3 +482,16 @@ def test_a_bad_trace_format_names_the_option_given() -> None:
                                  "--trace-format", "foo"])
     assert result.exit_code == 1
     assert result.output == "error: --trace-format must be one of jsonl, parquet, got 'foo'\n"
+
+
+def test_a_trace_directory_that_cannot_be_made_is_one_line_before_anything_starts(
+        tmp_path: pathlib.Path) -> None:
+    """``universe up`` makes ``--trace`` itself before its processes start (each of them
+    would fail to, and say nothing the parent keeps), as ``universe run`` does."""
+    (tmp_path / "file").write_text("")
+    where = tmp_path / "file" / "traces"
+    for command in ("up", "run"):
+        result = runner.invoke(app, ["universe", command, str(ROOT / "examples/echo.toml"),
+                                     "--trace", str(where)])
+        assert result.exit_code == 1, result.output
+        assert result.output == f"error: --trace {where} is under a file, not a directory\n"
