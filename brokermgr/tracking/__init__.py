@@ -23,7 +23,7 @@ from .info import (
     TrackerInfo,
     VersionCounter,
 )
-from .node import TRACKER_ALIAS, TrackNode
+from .node import ROLES, TRACKER_ALIAS, TrackNode
 from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable, Vote
 from .select import RoundRobin, Selector, all_servers, by_key_hash, by_key_modulo
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
@@ -31,7 +31,7 @@ from .tracker import DEFAULT_SERVER_EXPIRY, TrackerRole
 
 __all__ = [
     "DEFAULT_REPORT_INTERVAL", "DEFAULT_RETRY", "DEFAULT_SCAN_INTERVAL", "DEFAULT_SERVER_EXPIRY",
-    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "TRACKER_ALIAS", "ConsumeGroupInfo",
+    "DEFAULT_TRACK_PORT", "DEFAULT_VOTE_FACTOR", "ROLES", "TRACKER_ALIAS", "ConsumeGroupInfo",
     "ConsumerRoute", "DeltaError", "InfoError", "ProducerRoute", "RoundRobin", "RouteChange",
     "RouteClient", "RouteTable", "Selector", "ServerAddress", "ServerInfo", "ServerRole",
     "TopicInfo", "TrackNode", "TrackerInfo", "TrackerRole", "VersionCounter", "Vote",

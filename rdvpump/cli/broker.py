@@ -125,6 +125,10 @@ def broker_run(
         guard(lambda: Durability.parse(durability))
     member = guard(lambda: _member(group, group_id, broker_id, mq_dir, replication, min_insync))
     if role is not None:
+        from brokermgr.tracking import ROLES
+
+        if role not in ROLES:  # before any note about the role's other options
+            raise fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
         if mq_dir is not None and role == "tracker":
             raise fail("--mq-dir needs a server role (--role server or both)")
         tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,

@@ -495,3 +495,10 @@ def test_a_trace_directory_that_cannot_be_made_is_one_line_before_anything_start
                                      "--trace", str(where)])
         assert result.exit_code == 1, result.output
         assert result.output == f"error: --trace {where} is under a file, not a directory\n"
+
+
+def test_an_unknown_role_is_one_line_and_nothing_else() -> None:
+    result = runner.invoke(app, ["broker", "run", "--id", "b", "--manager", "127.0.0.1:1",
+                                 "--role", "bogus"])
+    assert result.exit_code == 1
+    assert result.output == "error: --role must be one of server, tracker, both, got 'bogus'\n"
