@@ -267,6 +267,22 @@ def first_complaint(output: str) -> str:
     return ""
 
 
+def failure(exc: BaseException, output: str) -> str:
+    """One line of why Spark did not start or a job failed: the JVM's or Spark's own
+    words from ``output`` (what it printed), else from the exception (Spark's detail for
+    a start, the first complaint in its text, or its type's name)."""
+    said = first_complaint(output)
+    if isinstance(exc, SparkStartError):
+        said = said or exc.detail
+        return f"{exc}: {said}" if said else str(exc)
+    if not said:
+        try:
+            said = first_complaint(str(exc))
+        except Exception:  # noqa: BLE001 - pyspark's PythonException may fail to print
+            said = ""
+    return said or type(exc).__name__
+
+
 def from_spark(exc: BaseException) -> bool:
     """Whether ``exc`` is Spark's (a job that failed, its workers' Python included)."""
     from pyspark.errors import PySparkException

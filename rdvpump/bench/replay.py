@@ -236,7 +236,7 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
     the JVM's CPUs)) or (True, why it failed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from replay import SparkStartError, analyze, ending, start_spark
-    from replay.jvm import first_complaint, from_spark
+    from replay.jvm import failure, from_spark
 
     with tempfile.TemporaryFile() as log:  # the JVM's stdout and stderr: it inherits both
         os.dup2(log.fileno(), 1)
@@ -257,13 +257,8 @@ def _in_this_process(send: Any, master: str, jvm: str, work: str, traces: str,
             log.seek(0)
             output = log.read().decode(errors="replace")
             # one line: why, as the JVM or Spark said it (a worker's Python error too)
-            if isinstance(exc, SparkStartError):
-                reason = first_complaint(output) or exc.detail
-                why = f"{exc}: {reason}" if reason else str(exc)
-            elif from_spark(exc):
-                why = first_complaint(output) or first_complaint(str(exc)) or repr(exc)
-            else:
-                why = f"{type(exc).__name__}: {exc}"
+            why = (failure(exc, output) if isinstance(exc, SparkStartError) or from_spark(exc)
+                   else f"{type(exc).__name__}: {exc}")
             send.send((True, f"the Spark run ({work}, {master}) failed: {why}"))
         else:
             send.send((False, (result, seconds, seen)))

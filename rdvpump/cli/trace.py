@@ -121,19 +121,27 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
     """The analysis on a SparkSession started here (its JVM's output to
     ``target/spark.log`` unless ``verbose``), stopped after."""
     from replay import SparkStartError, analyze, ending, jvm_for, start_spark
+    from replay.jvm import failure, from_spark
 
     profile = guard(lambda: jvm_for(str(traces))) if jvm == "auto" else jvm
     stage(f"starting Spark ({master}, {profile} JVM)")
     log = target / "spark.log"
+    where = "above" if verbose else f"in {log}"
+
+    def printed() -> str:
+        """What the JVM and Spark printed, where this process can read it."""
+        if verbose:
+            return ""
+        try:
+            return log.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def start() -> Any:
         try:
             return start_spark(master, jvm=profile, log4j="" if verbose else None)
         except SparkStartError as exc:
-            said = ("" if verbose else _jvm_reason(log)) or exc.detail
-            where = "above" if verbose else f"in {log}"
-            raise fail(f"{exc}{': ' + said if said else ''} (all it printed is {where})") \
-                from None
+            raise fail(f"{failure(exc, printed())} (all it printed is {where})") from None
 
     with contextlib.nullcontext() if verbose else _jvm_output_to(log):
         spark = guard(start)
@@ -143,37 +151,11 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
             summary: dict[str, Any] = guard(lambda: analyze(str(traces), str(target),
                                                             spark=spark, progress=stage))
         except Exception as exc:
-            from replay.jvm import from_spark
-
             if not from_spark(exc):
                 raise
-            said = ("" if verbose else _jvm_reason(log)) or _first_line(exc)
-            where = "above" if verbose else f"in {log}"
-            raise fail(f"the analysis failed on Spark{': ' + said if said else ''} (all "
-                       f"Spark printed is {where})") from None
+            raise fail(f"the analysis failed on Spark: {failure(exc, printed())} (all Spark "
+                       f"printed is {where})") from None
     return summary
-
-
-def _first_line(exc: BaseException) -> str:
-    """What Spark's exception says went wrong (:func:`replay.jvm.first_complaint` of its
-    text), or its name."""
-    from replay.jvm import first_complaint
-
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - pyspark's PythonException may fail to print
-        return type(exc).__name__
-    return first_complaint(text) or type(exc).__name__
-
-
-def _jvm_reason(log: pathlib.Path) -> str:
-    """Why the JVM or Spark would not start, from its log; empty if it does not say."""
-    from replay.jvm import first_complaint
-
-    try:
-        return first_complaint(log.read_text(errors="replace"))
-    except OSError:
-        return ""
 
 
 @contextlib.contextmanager
