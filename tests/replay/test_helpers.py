@@ -320,3 +320,17 @@ def test_a_stop_that_is_never_answered_ends_with_the_jvm_killed() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_spark_failure_is_one_line_from_what_was_printed_else_from_the_exception() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no")
+
+    start = jvm.SparkStartError("Spark did not start on local[x]", "Could not parse it")
+    assert jvm.failure(start, "Exception in thread \"main\" java.lang.Error: bad\n") == (
+        "Spark did not start on local[x]: bad")
+    assert jvm.failure(start, "") == "Spark did not start on local[x]: Could not parse it"
+    assert jvm.failure(jvm.SparkStartError("no JVM"), "") == "no JVM"
+    assert jvm.failure(RuntimeError("x.y.SomeException: it broke"), "") == "it broke"
+    assert jvm.failure(Unprintable(), "") == "Unprintable"
