@@ -8,6 +8,7 @@ and run anywhere (:mod:`._commit` runs it in its fsync thread).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -16,10 +17,10 @@ from pathlib import Path
 
 from channels import SMALL_PIECE, coalesce
 
-from ._record import crc32
+from ._record import StoreError, crc32
 
-__all__ = ["IOV_MAX", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir", "run_sync", "write_all",
-           "write_chunks", "write_file"]
+__all__ = ["IOV_MAX", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir", "lock_directory",
+           "run_sync", "write_all", "write_chunks", "write_file"]
 
 #: Bodies this large are written and kept as views of their produce request, not copied.
 VIEW_BODY = SMALL_PIECE
@@ -31,6 +32,44 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_directory(path: Path) -> int:
+    """An exclusive lock on the directory ``path``, held while the returned descriptor
+    is open: the kernel drops it when the process ends, however it ends (SIGKILL
+    included), so it is never stale.  :class:`StoreError` when another open of it holds
+    the lock, in another process or in this one: two servers writing one topic's
+    segments, or one recovering a tail the other is appending to, would lose
+    acknowledged messages."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(os.fstat(fd))
+        os.close(fd)
+        raise StoreError(f"{path}: in use by another MQ server{holder}; one directory "
+                         f"serves one server at a time") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_holder(st: os.stat_result) -> str:
+    """`` (pid N)`` of the process that holds a lock on the file of ``st``, from
+    ``/proc/locks`` (Linux); "" when it cannot be told."""
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters have "->"
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where:
+                    pid = int(fields[4])
+                    return f" (pid {pid}{', this process' if pid == os.getpid() else ''})"
+    except (OSError, ValueError):
+        pass
+    return ""
 
 
 class Flush:

@@ -78,6 +78,7 @@ from ._cluster import ClusterNode
 from ._commit import Durability, GroupCommit
 from ._consumers import ConsumerCommands
 from ._delivery import FRAME_ROOM, Links
+from ._files import lock_directory
 from ._filter import FilterError
 from ._follower import Follower
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
@@ -160,6 +161,12 @@ class MqServer:
         #: replied.
         self.counts = {"stored": 0, "duplicates": 0, "returned": 0, "delivered": 0,
                        "acked": 0, "dead": 0, "errors": 0, "routed": 0, "unroutable": 0}
+        #: The lock that keeps the directory this server's alone (:func:`lock_directory`),
+        #: taken before anything in it is read.
+        self._lock: int | None = None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_directory(self.directory)
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
                                   reply=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
@@ -194,8 +201,11 @@ class MqServer:
                                          for cmd, handler in handlers.items()},
                                   names=_error_names)
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.catalogue.load()
+            try:
+                self.catalogue.load()
+            except BaseException:
+                self._unlock()
+                raise
         node.extend(self)
         self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
 
@@ -481,13 +491,22 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
-        if self.relay is not None:
-            self.relay.redirect_clients()  # a cluster's server: its clients go elsewhere
-            self.relay.close()
-        self.role.close()
-        self.commit.close()
-        self.sync_all()
-        self.catalogue.close()
+        try:
+            if self.relay is not None:
+                self.relay.redirect_clients()  # a cluster's server: its clients go elsewhere
+                self.relay.close()
+            self.role.close()
+            self.commit.close()
+            self.sync_all()
+            self.catalogue.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Let the directory go (closing its descriptor drops the lock)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def topic_names(self) -> Iterable[str]:
         return sorted(self.catalogue.topics)

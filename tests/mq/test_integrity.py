@@ -16,7 +16,17 @@ import trio.testing
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mq import MAX_NAME_BYTES, ServiceError, TopicLog, check_name, disk_name, verify
+from brokermgr.tracking import TrackNode
+from mq import (
+    MAX_NAME_BYTES,
+    MqServer,
+    ServiceError,
+    StoreError,
+    TopicLog,
+    check_name,
+    disk_name,
+    verify,
+)
 from mq._meta import encode_meta
 from mq._record import SEGMENT_HEADER
 
@@ -316,6 +326,30 @@ def test_verify_is_clean_on_a_clean_directory_and_changes_nothing(
     report = verify(tmp_path)
     assert report.damaged == [] and len(report.findings) == 1
     assert _snapshot(tmp_path, None) == before
+
+
+# -- one directory, one server -------------------------------------------------------------
+
+async def test_a_second_server_on_a_directory_in_use_is_refused_and_changes_nothing(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Two servers appending to one topic's segments, or one recovering the tail the
+    other appends to, would lose acknowledged messages: the second is refused before it
+    reads a file, and the directory is free again once the first is closed."""
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        await client.publish_many("orders", [b"a", b"b"])
+        node = TrackNode(s.universe.add_broker("s2"), role="server")
+        with pytest.raises(StoreError, match=f"^{tmp_path}: in use by another MQ server "
+                                             rf"\(pid {os.getpid()}, this process\); one "
+                                             "directory serves one server at a time$"):
+            MqServer(node, tmp_path, fsync_thread=False)
+        node.close()
+        await client.publish("orders", b"c")  # the first goes on, as it was
+        s.crash()  # closes it: the lock goes with its descriptor
+        s.start()
+        sub = await s.client("d").subscribe("orders", window=3)
+        assert [(await sub.receive()).body for _ in range(3)] == [b"a", b"b", b"c"]
 
 
 # -- a failure stays with its topic; errors reach the client ----------------------------

@@ -70,6 +70,15 @@ async def test_sigkill_of_the_server_loses_nothing_acknowledged(tmp_path: pathli
                 for stored, body in zip(await producer.publish_many("orders", bodies), bodies,
                                         strict=True):
                     acked[stored.offset] = body
+            # a second server on its directory is refused before it reads a file: one line
+            second = await trio.run_process([*RDVPUMP, *server_args(manager, tmp_path)],
+                                            capture_stdout=True, capture_stderr=True,
+                                            check=False, env={**os.environ,
+                                                              "RDVPUMP_TOKEN": TOKEN})
+            assert (second.returncode, second.stdout) == (1, b"")
+            assert second.stderr.decode().splitlines() == [
+                f"error: {tmp_path / 's1'}: in use by another MQ server (pid {server.pid}); "
+                f"one directory serves one server at a time"]
             # mid-stream: publishes in flight when the kill lands
             async with trio.open_nursery() as inner:
                 async def publish_on() -> None:
@@ -88,7 +97,7 @@ async def test_sigkill_of_the_server_loses_nothing_acknowledged(tmp_path: pathli
                 await trio.sleep(0.2)
                 server.send_signal(signal.SIGKILL)
         producer.close()
-        # the same directory, a new process (and port)
+        # the same directory, a new process (and port): the lock died with the process
         async with spawn(*server_args(manager, tmp_path)) as (_, address):
             universe.directory["s1"] = address
             consumer = MqClient(universe.add_broker("consumer"), "s1:15555", timeout=5)
