@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,40 +145,96 @@ def exit_status(code: int) -> str:
     return f"exited with status {code}"
 
 
+#: Bytes of a child's stderr kept: enough for its last lines (its error line is its last).
+STDERR_KEPT = 4096
+
+
+class StderrTail:
+    """The end of a child's stderr, read to its end by :meth:`keep` so the child never
+    blocks on a full pipe; only the last :data:`STDERR_KEPT` bytes are held."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.ended = trio.Event()
+
+    async def keep(self, stream: trio.abc.ReceiveStream) -> None:
+        try:
+            async with stream:
+                while chunk := await stream.receive_some(65536):
+                    self.data = (self.data + chunk)[-STDERR_KEPT:]
+        except trio.ClosedResourceError:
+            pass  # its process was stopped and reaped while the pipe was read
+        finally:
+            self.ended.set()
+
+    def last_line(self) -> str:
+        """The last line that says something, without colour codes ("" if none)."""
+        for line in reversed(self.data.decode(errors="replace").splitlines()):
+            if text := _ESCAPES.sub("", line).strip():
+                return text[:300]
+        return ""
+
+    async def why(self, code: int, when: str) -> str:
+        """How the child ended and ``when``, for a person (``exited with status 1 before
+        it was ready: error: ...``): its last line on stderr follows when it exited with
+        an error (the CLI's one-line error is its last line).  Waits at most a second for
+        the pipe's end (a grandchild may hold it open)."""
+        said = f"{exit_status(code)} {when}"
+        if code <= 0:  # a clean exit, or a signal: what it printed says nothing of why
+            return said
+        with trio.move_on_after(1.0):
+            await self.ended.wait()
+        line = self.last_line()
+        return f"{said}: {line}" if line else said
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 @dataclass
 class Child:
-    """A started child: its process, the address of its ``ready`` line, its next lines."""
+    """A started child: its process, the address of its ``ready`` line, its next lines,
+    the end of its stderr."""
 
     process: trio.Process
     address: Address
     lines: AsyncIterator[str]
+    stderr: StderrTail
 
     async def discard(self) -> None:
         """Read and drop the child's lines (a full pipe would block it)."""
         async for _ in self.lines:
             pass
 
+    async def why(self, when: str) -> str:
+        """Once it ended: how and ``when``, with its last line on stderr
+        (:meth:`StderrTail.why`)."""
+        return await self.stderr.why(await self.process.wait(), when)
+
 
 async def start_child(args: list[str], env: Mapping[str, str],
-                      started: list[trio.Process]) -> Child:
+                      started: list[trio.Process], nursery: trio.Nursery) -> Child:
     """``rdvpump ARGS`` with the parent's end of the protocol: stdin held open, stdout
-    read by line, stderr dropped; appended to ``started`` at once (for
-    :func:`stop_all`), returned once its ``ready`` line is read."""
+    read by line, stderr read to its end in ``nursery`` (its last lines kept, to say why
+    it ended); appended to ``started`` at once (for :func:`stop_all`), returned once its
+    ``ready`` line is read."""
     env = {**env, WATCH_PARENT: "1"}
     proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, env=env)
+                                            stderr=subprocess.PIPE, env=env)
     started.append(proc)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
+    tail = StderrTail()
+    nursery.start_soon(tail.keep, proc.stderr)
     lines = _Lines(proc.stdout)
     with trio.fail_after(READY_WITHIN):
         first = await anext(lines, "")
         if not first:  # its stdout ended before the line: the process is ending
-            why = exit_status(await proc.wait())
-            raise RunError(f"{' '.join(args[:2])} {why} before it was ready")
+            why = await tail.why(await proc.wait(), "before it was ready")
+            raise RunError(f"{' '.join(args[:2])} {why}")
     if not first.startswith(READY + " "):
         raise RunError(f"{args[0]} did not start: {first!r}")
-    return Child(proc, Address.parse(first.split()[-1]), lines)
+    return Child(proc, Address.parse(first.split()[-1]), lines, tail)
 
 
 class _Lines:

@@ -40,7 +40,6 @@ from .children import (
     STATS,
     Child,
     ChildState,
-    exit_status,
     report,
     start_child,
     stop_all,
@@ -532,13 +531,13 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
         async for line in child.lines:
             state.take(line)
             on_change(states)
-        code = await child.process.wait()  # its stdout closed: the process is ending
-        # Every child runs until this process stops it (a broker that serves, or whose
-        # workloads are done, goes on serving): one that exits first stops the universe.
+        # its stdout closed: the process is ending.  Every child runs until this process
+        # stops it (a broker that serves, or whose workloads are done, goes on serving):
+        # one that exits first stops the universe, with its own last word if it had one.
+        why = await child.why("before its workloads were done" if state.reports is None
+                              else "while the universe ran")
         if state.error is None:
-            state.error = (f"{exit_status(code)} before its workloads were done"
-                           if state.reports is None else
-                           f"{exit_status(code)} while the universe ran")
+            state.error = why
             on_change(states)
 
     def waiting() -> list[str]:
@@ -570,7 +569,8 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                 metrics = [] if console is None else ["--metrics", "127.0.0.1:0"]
                 manager = await start_child(
                     ["manager", "serve", "--universe", spec.name, "--listen", "127.0.0.1:0",
-                     "--scan", "1", "--expiry", "10", *metrics, *trace_args], env, children)
+                     "--scan", "1", "--expiry", "10", *metrics, *trace_args], env, children,
+                    nursery)
                 nursery.start_soon(manager.discard)  # it says nothing more; not to block
                 where = f"{manager.address[0]}:{manager.address[1]}"
                 url = ""
@@ -587,7 +587,7 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                     child = await start_child(
                         ["broker", "run", "--id", b, "--universe", spec.name, "--manager",
                          where, "--heartbeat", "2", "--plan", str(path), *metrics,
-                         *trace_args], env, children)
+                         *trace_args], env, children, nursery)
                     nursery.start_soon(follow, child, states[b])
                 outcome["stopped_by"] = "timeout"
                 with trio.move_on_after(math.inf if timeout is None else timeout):
