@@ -516,10 +516,11 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     ``trace_args`` (``--trace DIR --run ID ...``) go to every child: one trace per process.
     The universe stops when every workload is done, when a child reports an error,
     a workload of its breaks off, or it exits while the universe runs, whatever its
-    role (its :attr:`ChildState.error`), on SIGINT or SIGTERM, or after ``timeout``
-    seconds (None: no limit);
-    ``outcome["stopped_by"]`` says which: ``done``, ``error``, ``signal`` or
-    ``timeout``, and ``outcome["waiting"]`` what the universe still waited for.
+    role (its :attr:`ChildState.error`), when the manager exits (how, in
+    ``outcome["manager_error"]``), on SIGINT or SIGTERM, or after ``timeout`` seconds
+    (None: no limit); ``outcome["stopped_by"]`` says which: ``done``, ``error``,
+    ``signal`` or ``timeout``, and ``outcome["waiting"]`` what the universe still waited
+    for.
     """
     outcome = {} if outcome is None else outcome
     env = {**os.environ, "RDVPUMP_TOKEN": token or spec.token}
@@ -553,6 +554,9 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                  for b, n in expected.items() if states[b].stats.get("messages", 0) < n]
         return left
 
+    def failed() -> bool:
+        return "manager_error" in outcome or any(st.error for st in states.values())
+
     try:
         # Signals are ours from the start: Ctrl-C while children start still stops them all.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -571,7 +575,14 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                     ["manager", "serve", "--universe", spec.name, "--listen", "127.0.0.1:0",
                      "--scan", "1", "--expiry", "10", *metrics, *trace_args], env, children,
                     nursery)
-                nursery.start_soon(manager.discard)  # it says nothing more; not to block
+
+                async def watch_manager() -> None:
+                    await manager.discard()  # it says nothing more; read, not to block it
+                    # its stdout closed: the manager is ending, and with it the name
+                    # service every broker registers with: the universe stops
+                    outcome["manager_error"] = await manager.why("while the universe ran")
+
+                nursery.start_soon(watch_manager)
                 where = f"{manager.address[0]}:{manager.address[1]}"
                 url = ""
                 if console is not None:
@@ -593,7 +604,7 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                 with trio.move_on_after(math.inf if timeout is None else timeout):
                     while left := waiting():
                         outcome["waiting"] = left
-                        if any(st.error for st in states.values()):
+                        if failed():
                             outcome["stopped_by"] = "error"
                             break
                         await trio.sleep(0.05)
@@ -601,7 +612,7 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
                         outcome["stopped_by"] = "done"
                 if console is not None and outcome["stopped_by"] == "done":
                     on_console(url, True)
-                    while not any(st.error for st in states.values()):
+                    while not failed():
                         await trio.sleep(0.05)  # the page stays until a signal
                 nursery.cancel_scope.cancel()
     finally:

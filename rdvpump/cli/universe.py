@@ -257,9 +257,11 @@ def universe_up_cmd(
         err.print(f"interrupted; finished before it: {', '.join(finished) or 'no workload'}",
                   highlight=False)
         raise typer.Exit(130)
-    failed = [(b, st.error) for b, st in states.items() if st.error]
+    failed = [f"broker {b}: {st.error}" for b, st in states.items() if st.error]
+    if "manager_error" in outcome:
+        failed.insert(0, f"manager: {outcome['manager_error']}")
     if failed:
-        raise fail("; ".join(f"broker {b}: {e}" for b, e in failed))
+        raise fail("; ".join(failed))
     if stopped_by == "timeout":
         raise fail(f"the universe did not finish within {timeout:g} s (--timeout): it "
                    f"waited for {', '.join(outcome.get('waiting', [])) or 'nothing'}")

@@ -99,6 +99,24 @@ def test_a_serving_child_that_dies_stops_the_universe_at_once_with_its_name(
     assert len(errs.strip().splitlines()) == 1 and "Traceback" not in errs
 
 
+def test_the_manager_s_death_stops_the_universe_at_once_saying_so(
+        tmp_path: pathlib.Path) -> None:
+    """The name service every broker registers with is gone: the universe stops as for a
+    broker's death, naming the manager and how it ended."""
+    plan = long_universe(tmp_path)
+    spec_name = f"echo{os.getpid()}"
+    proc = start_up(plan)
+    read_until(proc, proc.stdout, b"client1: running")
+    (manager,) = [pid for pid, argv in processes().items()
+                  if b"manager" in argv and spec_name.encode() in argv and b"serve" in argv]
+    killed = time.monotonic()
+    os.kill(manager, signal.SIGKILL)
+    out, errs = finish_text(proc)
+    assert time.monotonic() - killed < 10  # at once, not after a limit
+    assert proc.returncode == 1
+    assert errs.strip() == "error: manager: killed by SIGKILL while the universe ran"
+
+
 def test_a_limit_given_says_what_the_universe_still_waited_for(
         tmp_path: pathlib.Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "rdvpump", "universe", "up",
