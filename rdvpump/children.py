@@ -213,19 +213,23 @@ class Child:
 
 
 async def start_child(args: list[str], env: Mapping[str, str],
-                      started: list[trio.Process], nursery: trio.Nursery) -> Child:
+                      started: list[trio.Process], nursery: trio.Nursery | None) -> Child:
     """``rdvpump ARGS`` with the parent's end of the protocol: stdin held open, stdout
     read by line, stderr read to its end in ``nursery`` (its last lines kept, to say why
-    it ended); appended to ``started`` at once (for :func:`stop_all`), returned once its
-    ``ready`` line is read."""
+    it ended; None: dropped); appended to ``started`` at once (for :func:`stop_all`),
+    returned once its ``ready`` line is read."""
     env = {**env, WATCH_PARENT: "1"}
-    proc = await trio.lowlevel.open_process([*RDVPUMP, *args], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, env=env)
+    proc = await trio.lowlevel.open_process(
+        [*RDVPUMP, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if nursery is None else subprocess.PIPE, env=env)
     started.append(proc)
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
     tail = StderrTail()
-    nursery.start_soon(tail.keep, proc.stderr)
+    if nursery is None:
+        tail.ended.set()
+    else:
+        assert proc.stderr is not None
+        nursery.start_soon(tail.keep, proc.stderr)
     lines = _Lines(proc.stdout)
     with trio.fail_after(READY_WITHIN):
         first = await anext(lines, "")

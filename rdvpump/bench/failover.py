@@ -95,16 +95,17 @@ async def _spawn(args: list[str]) -> AsyncIterator[tuple[trio.Process, str]]:
     """``rdvpump ARGS`` once its ``ready`` line came (it ends with this process, see
     :func:`~rdvpump.children.start_child`); killed and reaped on the way out."""
     started: list[trio.Process] = []
-    async with trio.open_nursery() as nursery:  # the child's stderr, read to its end
-        try:
-            child = await start_child(args, _env(), started, nursery)
-            yield child.process, f"{child.address[0]}:{child.address[1]}"
-        finally:
-            for proc in started:
-                if proc.returncode is None:
-                    proc.kill()
-                with trio.move_on_after(10):
-                    await proc.wait()
+    try:
+        # its stderr dropped: a nursery to read it would be entered and left out of
+        # order by the exit stacks the benchmarks keep their children in
+        child = await start_child(args, _env(), started, None)
+        yield child.process, f"{child.address[0]}:{child.address[1]}"
+    finally:
+        for proc in started:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.move_on_after(10):
+                await proc.wait()
 
 
 class _Group:
