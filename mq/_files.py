@@ -20,7 +20,7 @@ from channels import SMALL_PIECE, coalesce
 from ._record import StoreError, crc32
 
 __all__ = ["IOV_MAX", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir", "lock_directory",
-           "run_sync", "write_all", "write_chunks", "write_file"]
+           "lock_holder", "run_sync", "write_all", "write_chunks", "write_file"]
 
 #: Bodies this large are written and kept as views of their produce request, not copied.
 VIEW_BODY = SMALL_PIECE
@@ -45,7 +45,7 @@ def lock_directory(path: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _lock_holder(os.fstat(fd))
+        holder = _holder(os.fstat(fd))
         os.close(fd)
         raise StoreError(f"{path}: in use by another MQ server{holder}; one directory "
                          f"serves one server at a time") from None
@@ -55,9 +55,10 @@ def lock_directory(path: Path) -> int:
     return fd
 
 
-def _lock_holder(st: os.stat_result) -> str:
-    """`` (pid N)`` of the process that holds a lock on the file of ``st``, from
-    ``/proc/locks`` (Linux); "" when it cannot be told."""
+def lock_holder(st: os.stat_result) -> int | None:
+    """The pid of the process that holds a lock on the file or directory of ``st``, read
+    from ``/proc/locks`` (Linux: nothing is locked to find out); None when none does or
+    it cannot be told."""
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         with open("/proc/locks") as locks:
@@ -65,11 +66,17 @@ def _lock_holder(st: os.stat_result) -> str:
                 fields = line.split()
                 # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters have "->"
                 if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where:
-                    pid = int(fields[4])
-                    return f" (pid {pid}{', this process' if pid == os.getpid() else ''})"
+                    return int(fields[4])
     except (OSError, ValueError):
         pass
-    return ""
+    return None
+
+
+def _holder(st: os.stat_result) -> str:
+    pid = lock_holder(st)
+    if pid is None:
+        return ""
+    return f" (pid {pid}{', this process' if pid == os.getpid() else ''})"
 
 
 class Flush:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._cursor import CursorStore, decode_cursor
+from ._files import lock_holder
 from ._meta import META, read_meta
 from ._record import DEFAULT_MAX_BODY, RECORD_OVERHEAD, SEGMENT_HEADER, FormatError, crc32
 from ._scan import (
@@ -64,7 +65,15 @@ def verify(directory: str | os.PathLike[str]) -> Report:
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such directory")
     report = Report()
-    for segdir in sorted(p for p in root.rglob("segments") if p.is_dir()):
+    segdirs = sorted(p for p in root.rglob("segments") if p.is_dir())
+    for server_dir in sorted({segdir.parent.parent for segdir in segdirs}):
+        pid = lock_holder(server_dir.stat())
+        if pid is not None:  # a running server's: what it is writing is read mid-write
+            report.findings.append(Finding(
+                str(server_dir), None, f"in use by a running MQ server (pid {pid}): the "
+                f"records it is writing may look torn; stop it for an exact check",
+                damage=False))
+    for segdir in segdirs:
         report.topics += 1
         _verify_topic(segdir.parent, report)
     return report

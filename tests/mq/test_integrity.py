@@ -28,6 +28,7 @@ from mq import (
     verify,
 )
 from mq._meta import encode_meta
+from mq._verify import Finding
 from mq._record import SEGMENT_HEADER
 
 from .test_server import Site, site
@@ -346,7 +347,14 @@ async def test_a_second_server_on_a_directory_in_use_is_refused_and_changes_noth
             MqServer(node, tmp_path, fsync_thread=False)
         node.close()
         await client.publish("orders", b"c")  # the first goes on, as it was
+        # an offline check of the live directory says whose it is, and finds no damage
+        report = verify(tmp_path)
+        assert report.damaged == [] and report.topics == 1
+        assert report.findings[0] == Finding(
+            str(tmp_path), None, f"in use by a running MQ server (pid {os.getpid()}): the "
+            f"records it is writing may look torn; stop it for an exact check", damage=False)
         s.crash()  # closes it: the lock goes with its descriptor
+        assert not [f for f in verify(tmp_path).findings if "in use" in f.what]
         s.start()
         sub = await s.client("d").subscribe("orders", window=3)
         assert [(await sub.receive()).body for _ in range(3)] == [b"a", b"b", b"c"]
