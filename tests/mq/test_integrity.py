@@ -28,8 +28,8 @@ from mq import (
     verify,
 )
 from mq._meta import encode_meta
-from mq._verify import Finding
 from mq._record import SEGMENT_HEADER
+from mq._verify import Finding
 
 from .test_server import Site, site
 
