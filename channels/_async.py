@@ -54,6 +54,7 @@ class AsyncMessageQueue:
         # maybe the call that would have woken it) checks it before it parks
         self._send_wakes = 0
         self._closed_event = trio.Event()
+        self._aclosed = False
         queue.set_listener(self)
 
     # -- listener side: runs as pump tasks ------------------------------------------
@@ -262,7 +263,15 @@ class AsyncMessageQueue:
     async def aclose(self) -> None:
         """Flush what was sent, then close; returns once every byte sent has left this end
         (over TCP: handed to the kernel), so the process may end.  If cancelled meanwhile,
-        abort the link."""
+        abort the link.
+
+        If the link ended (the peer gone, the connection lost) before every message sent
+        had gone into it, the first ``aclose`` raises ``trio.BrokenResourceError`` with
+        the reason, which counts them (:attr:`MessageQueue.unsent`): they are lost, and
+        a sender that only awaited ``send`` would not know otherwise.  Later calls, and
+        a link that ended with nothing left to send, return quietly."""
+        first = not self._aclosed
+        self._aclosed = True
         self._local_close = self._reason is None
         self._queue.close()
         try:
@@ -271,10 +280,16 @@ class AsyncMessageQueue:
         except trio.Cancelled:
             self._queue.abort("cancelled while closing")
             raise
+        if first and self._queue.unsent:
+            raise trio.BrokenResourceError(self._reason)
 
     async def __aenter__(self) -> AsyncMessageQueue:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        except trio.BrokenResourceError:
+            if exc is None:
+                raise  # else the block's own exception says more, and is not hidden

@@ -153,6 +153,7 @@ class MessageQueue:
         self._received_many: Callable[[list[bytes]], object] | None = None
         self._state = _State.OPEN
         self._reason: str | None = None
+        self._unsent = 0
         self._cause: CloseCause | None = None
         self._closed_here = False  # close() or abort() was called on this side
         # Sending: messages not yet in the ring are _outq[_qhead:]; _room = high_water - queued.
@@ -202,6 +203,14 @@ class MessageQueue:
     def close_cause(self) -> CloseCause | None:
         """How the queue ended (None while open)."""
         return self._cause if self._state is _State.CLOSED else None
+
+    @property
+    def unsent(self) -> int:
+        """Messages ``send`` queued that never went into the link because it ended under
+        them (the peer gone, the connection lost, a protocol error; the reason says how
+        many too); 0 while open, and after this side's own :meth:`abort`, which drops
+        them on purpose."""
+        return self._unsent
 
     @property
     def closed_here(self) -> bool:
@@ -573,6 +582,7 @@ class MessageQueue:
         if self._state is not _State.CLOSED:
             self._closed_here = True
             self._end_abruptly(reason, CloseCause.ABORTED)
+            self._unsent = 0  # dropped on purpose (the reason counts them): not lost
 
     def protocol_error(self, what: str) -> None:
         """Close at once because the peer broke a protocol above the frames (a message
@@ -586,7 +596,7 @@ class MessageQueue:
     def _end_abruptly(self, reason: str, cause: CloseCause) -> None:
         if self._state is _State.CLOSED:
             return
-        unsent = len(self._outq) - self._qhead
+        unsent = self._unsent = len(self._outq) - self._qhead
         if unsent:
             reason = f"{reason}; {unsent} queued messages not sent"
         self._reason = reason
@@ -622,7 +632,7 @@ class MessageQueue:
             self.pump.warn_collapsed(log, ("cut mid-frame", c.remote),
                                      f"link {c.link_id} ({c.remote} -> {c.local}): {reason}")
         if self._state is not _State.CLOSED:
-            unsent = len(self._outq) - self._qhead
+            unsent = self._unsent = len(self._outq) - self._qhead
             if unsent:
                 reason = f"{reason}; {unsent} queued messages not sent"
             self._state = _State.CLOSED

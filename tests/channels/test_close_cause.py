@@ -101,6 +101,45 @@ async def test_the_async_face_tells_a_clean_end_from_a_broken_one() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_aclose_says_when_messages_sent_never_went_into_a_link_that_ended() -> None:
+    """Messages ``send`` queued behind a full ring are lost when the peer goes: the first
+    ``aclose`` raises ``BrokenResourceError`` counting them (a sender that only awaited
+    ``send`` would not know), a second returns quietly; ``async with`` lets the block's
+    own exception through instead; after this side's own abort nothing is raised."""
+    pump = Pump()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+
+        async def stuck() -> tuple[AsyncMessageQueue, MessageQueue, MessageQueue]:
+            """A sender with messages queued behind a 64-byte ring its peer stopped
+            reading (it holds one message for ``receive``)."""
+            qa, qb = queue_pair(pump, 64)
+            a, b = AsyncMessageQueue(qa), AsyncMessageQueue(qb, receive_buffer=1)
+            for i in range(20):
+                a.send_nowait(b"%02d" % i * 8)
+            await trio.testing.wait_all_tasks_blocked()
+            assert qa.statistics().messages_queued > 0 and b.receive_nowait() == b"00" * 8
+            return a, qa, qb
+
+        a, qa, qb = await stuck()
+        qb.abort("peer crashed")
+        with pytest.raises(trio.BrokenResourceError) as raised:
+            await a.aclose()
+        assert qa.unsent > 0 and str(raised.value) == (
+            f"peer disconnected (peer crashed); {qa.unsent} queued messages not sent")
+        await a.aclose()  # said once
+        a, qa, qb = await stuck()
+        with pytest.raises(KeyError):
+            async with a:
+                qb.abort("peer crashed")
+                raise KeyError("the block's own")
+        a, qa, qb = await stuck()
+        qa.abort("given up")
+        await a.aclose()
+        assert qa.unsent == 0 and "queued messages not sent" in (qa.close_reason or "")
+        nursery.cancel_scope.cancel()
+
+
 def _over_a_stream(pump: Pump, nursery: trio.Nursery
                    ) -> tuple[AsyncMessageQueue, Channel, trio.StapledStream[Any, Any]]:
     """A queue whose link runs over a lockstep stream (1 KiB rings): the queue, its
