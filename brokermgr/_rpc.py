@@ -38,6 +38,10 @@ BODY_SEPARATOR = b"\x00"
 Body = bytes | memoryview | list[bytes | memoryview]
 
 
+#: ``json.dumps`` with these options would build an encoder for every message.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
 @overload
 def encode(obj: dict[str, Any]) -> bytes: ...
 
@@ -52,7 +56,7 @@ def encode(obj: dict[str, Any], body: Body | None = None) -> bytes | Gather:
     pieces, which go back to back.  A large message is a :class:`~channels.Gather`: its
     pieces are copied only into the link, never joined first (they must not change
     until it is sent); a small one is joined into bytes."""
-    head = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    head = _JSON.encode(obj).encode()
     if body is None:
         return head
     if isinstance(body, list):
