@@ -18,16 +18,16 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from tests.ports import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Ports the README's shell blocks use: the manager, the MQ server, the tracker, Spark.
@@ -96,29 +96,11 @@ def scratch(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def free_ports() -> dict[int, int]:
-    """A free port on 127.0.0.1 for each port the README prints, below the kernel's range
-    of ephemeral ports: the blocks hold them for minutes while their processes bind and
-    connect on ephemeral ports, and a port taken from that range (a bind to port 0, then
-    closed) was once handed to a broker listening on port 0 before the block that
-    printed it ran ("address already in use")."""
-    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    low = max(low, 12_000)  # a range that starts lower leaves no room below it: share it
-    rng = random.Random()
+    """A free port on 127.0.0.1 for each port the README prints (:func:`free_port`: the
+    blocks hold them for minutes while their processes bind and connect)."""
     picked: dict[int, int] = {}
     for port in PORTS:
-        for _ in range(1000):  # bounded: a free one among thousands comes at once
-            candidate = rng.randrange(10_000, low)
-            if candidate in picked.values():
-                continue
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", candidate))
-                except OSError:
-                    continue
-            picked[port] = candidate
-            break
-        else:
-            raise AssertionError(f"no free port in 10000..{low - 1} for {port}")
+        picked[port] = free_port(avoid=picked.values())
     return picked
 
 

@@ -17,6 +17,7 @@ from brokermgr import BrokerManager
 from channels import AsyncMessageQueue, CloseCause, close_frame
 from pump import ConfigError, Pump
 from rdv import Address, Hello, RefusedError, tls_contexts
+from tests.ports import free_port
 
 
 @asynccontextmanager
@@ -99,9 +100,7 @@ async def test_wrong_token_or_universe_is_unauthorized_and_nothing_else(
 
 
 async def test_an_address_nobody_listens_on_is_unreachable() -> None:
-    with socket.socket() as s:  # a port that was free a moment ago
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
+    free = free_port()  # free a moment ago, and no one is handed it meanwhile
     async with two_processes_worth() as (ua, _, _):
         ua.directory["far"] = Address("127.0.0.1", free)
         with pytest.raises(RefusedError, match="unreachable"):

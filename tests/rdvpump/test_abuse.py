@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from rdv import Address, Hello
+from tests.ports import free_port
 
 from .procs import finish, read_until
 
@@ -21,12 +22,6 @@ pytestmark = pytest.mark.slow  # real processes
 
 TOKEN = "tok"
 MiB = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss(pid: int) -> int:
@@ -177,7 +172,7 @@ async def test_a_flood_of_silent_and_garbage_connections_locks_out_no_one() -> N
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2500) if hard == resource.RLIM_INFINITY
                                                 else min(hard, max(soft, 2500)), hard))
     env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
-    port = _free_port()
+    port = free_port()
     manager = subprocess.Popen(
         [sys.executable, "-m", "rdvpump", "manager", "serve", "--universe", "abuse",
          "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -242,7 +237,7 @@ def test_garbage_of_every_declared_length_from_one_host_is_a_few_log_lines() -> 
 
     rng = random.Random(32)
     env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
-    port = _free_port()
+    port = free_port()
     manager = subprocess.Popen(
         [sys.executable, "-m", "rdvpump", "manager", "serve", "--universe", "abuse",
          "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -6,22 +6,17 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.ports import free_port
+
 from .procs import finish, read_until
 
 pytestmark = pytest.mark.slow  # real processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rdvpump(*args: str, token: str) -> subprocess.Popen[bytes]:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.ports import free_port
+
 from .procs import DEADLINE, finish, processes, read_until
 
 pytestmark = pytest.mark.slow  # real processes
@@ -60,9 +62,7 @@ def test_ctrl_c_ends_universe_run_in_one_line(tmp_path: pathlib.Path) -> None:
 def test_ctrl_c_ends_status_waiting_for_a_broker_in_one_line() -> None:
     """``status --wait`` on a manager that never hears of the broker: Ctrl-C while it
     waits (it has dialled the manager: a socket is open) ends it in one line."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     manager = start("manager", "serve", "--universe", "shop", "--listen", f"127.0.0.1:{port}")
     try:
         read_until(manager, manager.stdout, b"ready manager")
@@ -148,7 +148,6 @@ def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
 
 
 def test_ctrl_c_ends_mq_failover_while_it_waits_for_the_manager() -> None:
-    import socket
 
     with socket.socket() as silent:  # takes the connection, never answers the handshake
         silent.bind(("127.0.0.1", 0))

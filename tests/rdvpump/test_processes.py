@@ -18,6 +18,7 @@ import trio
 
 from brokermgr import BrokerManager, NameClient
 from rdv import Address
+from tests.ports import free_port
 from tests.rdvpump.procs import reap
 
 pytestmark = pytest.mark.slow
@@ -120,12 +121,7 @@ def test_manager_cli_errors_are_one_line() -> None:
 
 
 async def test_status_wait_dials_a_manager_that_is_starting_and_waits_for_brokers() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    manager = f"127.0.0.1:{port}"
+    manager = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
     status = [*RDVPUMP, "status", "--universe", "w", "--manager", manager]
     async with trio.open_nursery() as nursery:
@@ -276,12 +272,7 @@ async def test_brokers_register_again_within_250_ms_of_a_restarted_manager() -> 
     """Ten restarts of a real manager on one port, each after a different downtime (so
     that each falls elsewhere in the broker's back-off): every time the broker is listed
     again within 250 ms of the new manager's ready line."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    manager = f"127.0.0.1:{port}"
+    manager = f"127.0.0.1:{free_port()}"
     serve = ("manager", "serve", "--universe", "r", "--listen", manager)
     delays = []
     async with spawn(*serve) as (first, _), spawn("broker", "run", "--id", "orders",
