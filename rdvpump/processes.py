@@ -557,69 +557,75 @@ async def universe_up(spec: UniverseSpec, path: Path, *, token: str,
     def failed() -> bool:
         return "manager_error" in outcome or any(st.error for st in states.values())
 
-    try:
-        # Signals are ours from the start: Ctrl-C while children start still stops them all.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
+    # Each child's stderr is read until the child is gone, stops included: a reader
+    # cancelled with the universe would close its pipe under a child still saying
+    # something on its way out (a broken pipe, and an exit status of its own).
+    async with trio.open_nursery() as readers:
+        try:
+            # Signals are ours from the start: Ctrl-C while children start still
+            # stops them all.
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
 
-                async def interrupted() -> None:
-                    async for _ in signals:
-                        if outcome.get("stopped_by") != "done":
-                            outcome["stopped_by"] = "signal"
-                        nursery.cancel_scope.cancel()
-                        return
+                    async def interrupted() -> None:
+                        async for _ in signals:
+                            if outcome.get("stopped_by") != "done":
+                                outcome["stopped_by"] = "signal"
+                            nursery.cancel_scope.cancel()
+                            return
 
-                nursery.start_soon(interrupted)
-                metrics = [] if console is None else ["--metrics", "127.0.0.1:0"]
-                manager = await start_child(
-                    ["manager", "serve", "--universe", spec.name, "--listen", "127.0.0.1:0",
-                     "--scan", "1", "--expiry", "10", *metrics, *trace_args], env, children,
-                    nursery)
+                    nursery.start_soon(interrupted)
+                    metrics = [] if console is None else ["--metrics", "127.0.0.1:0"]
+                    manager = await start_child(
+                        ["manager", "serve", "--universe", spec.name, "--listen",
+                         "127.0.0.1:0", "--scan", "1", "--expiry", "10", *metrics,
+                         *trace_args], env, children, readers)
 
-                async def watch_manager() -> None:
-                    await manager.discard()  # it says nothing more; read, not to block it
-                    # its stdout closed: the manager is ending, and with it the name
-                    # service every broker registers with: the universe stops
-                    outcome["manager_error"] = await manager.why("while the universe ran")
+                    async def watch_manager() -> None:
+                        await manager.discard()  # it says nothing more; read, not to block it
+                        # its stdout closed: the manager is ending, and with it the name
+                        # service every broker registers with: the universe stops
+                        outcome["manager_error"] = await manager.why("while the universe ran")
 
-                nursery.start_soon(watch_manager)
-                where = f"{manager.address[0]}:{manager.address[1]}"
-                url = ""
-                if console is not None:
-                    from .console import UniverseConsole, serve_console
+                    nursery.start_soon(watch_manager)
+                    where = f"{manager.address[0]}:{manager.address[1]}"
+                    url = ""
+                    if console is not None:
+                        from .console import UniverseConsole, serve_console
 
-                    watched = UniverseConsole(spec.name, manager.address,
-                                              token=env["RDVPUMP_TOKEN"], admin=admin)
-                    await nursery.start(watched.run)
-                    url = "http://{}/".format(await nursery.start(
-                        serve_console, watched, console.host, console.port))
-                    on_console(url, False)
-                for b in spec.brokers:
-                    child = await start_child(
-                        ["broker", "run", "--id", b, "--universe", spec.name, "--manager",
-                         where, "--heartbeat", "2", "--plan", str(path), *metrics,
-                         *trace_args], env, children, nursery)
-                    nursery.start_soon(follow, child, states[b])
-                outcome["stopped_by"] = "timeout"
-                with trio.move_on_after(math.inf if timeout is None else timeout):
-                    while left := waiting():
-                        outcome["waiting"] = left
-                        if failed():
-                            outcome["stopped_by"] = "error"
-                            break
-                        await trio.sleep(0.05)
-                    else:
-                        outcome["stopped_by"] = "done"
-                if console is not None and outcome["stopped_by"] == "done":
-                    on_console(url, True)
-                    while not failed():
-                        await trio.sleep(0.05)  # the page stays until a signal
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_all(children)
-        for proc, b in zip(children[1:], spec.brokers, strict=False):
-            states[b].exit_code = proc.returncode
-        on_change(states)
+                        watched = UniverseConsole(spec.name, manager.address,
+                                                  token=env["RDVPUMP_TOKEN"], admin=admin)
+                        await nursery.start(watched.run)
+                        url = "http://{}/".format(await nursery.start(
+                            serve_console, watched, console.host, console.port))
+                        on_console(url, False)
+                    for b in spec.brokers:
+                        child = await start_child(
+                            ["broker", "run", "--id", b, "--universe", spec.name, "--manager",
+                             where, "--heartbeat", "2", "--plan", str(path), *metrics,
+                             *trace_args], env, children, readers)
+                        nursery.start_soon(follow, child, states[b])
+                    outcome["stopped_by"] = "timeout"
+                    with trio.move_on_after(math.inf if timeout is None else timeout):
+                        while left := waiting():
+                            outcome["waiting"] = left
+                            if failed():
+                                outcome["stopped_by"] = "error"
+                                break
+                            await trio.sleep(0.05)
+                        else:
+                            outcome["stopped_by"] = "done"
+                    if console is not None and outcome["stopped_by"] == "done":
+                        on_console(url, True)
+                        while not failed():
+                            await trio.sleep(0.05)  # the page stays until a signal
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await stop_all(children)
+            readers.cancel_scope.cancel()  # a pipe something else of a child's still holds
+            for proc, b in zip(children[1:], spec.brokers, strict=False):
+                states[b].exit_code = proc.returncode
+            on_change(states)
     return states
 
