@@ -162,8 +162,6 @@ class StderrTail:
             async with stream:
                 while chunk := await stream.receive_some(65536):
                     self.data = (self.data + chunk)[-STDERR_KEPT:]
-        except trio.ClosedResourceError:
-            pass  # its process was stopped and reaped while the pipe was read
         finally:
             self.ended.set()
 
