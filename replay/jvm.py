@@ -9,6 +9,7 @@ master, which leaves everything to spark-submit.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -179,6 +180,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class _Py4jAfterTheJvm(logging.Filter):
+    """Drops what py4j logs from the two threads whose calls into the JVM may fail only
+    because the JVM is gone, or is being ended, under them: py4j's finalizer worker,
+    telling the JVM that Python dropped a reference (an object of a JVM that no longer
+    exists needs no deleting), and :func:`stop_spark`'s stop, whose JVM it kills when the
+    stop is not answered.  py4j logs such a failed call on the root logger with a
+    traceback (``Exception while sending command.``) whatever the call was; a command
+    whose JVM it ended would print that after its own one-line error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import threading
+
+        import py4j
+        from py4j.clientserver import FinalizerWorker
+
+        if not record.pathname.startswith(os.path.dirname(py4j.__file__) + os.sep):
+            return True
+        thread = threading.current_thread()
+        return not (isinstance(thread, FinalizerWorker) or thread.name == _STOP_THREAD)
+
+
+_STOP_THREAD = "spark-stop"
+_QUIET_PY4J = _Py4jAfterTheJvm()
+
+
+def quiet_py4j() -> None:
+    """:class:`_Py4jAfterTheJvm` on the root logger, where py4j logs (once: a filter there
+    is not added again).  :func:`start_spark` calls it."""
+    logging.getLogger().addFilter(_QUIET_PY4J)
+
+
 def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
             log4j: str | None = None, warehouse: str | None = None,
             driver_memory: str = "2g", jvm: str = "production",
@@ -193,6 +225,7 @@ def start_spark(master: str | None = None, *, app: str = "rdvpump-replay",
     """
     from pyspark.sql import SparkSession
 
+    quiet_py4j()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app)
     if master is not None:
@@ -339,7 +372,7 @@ def stop_spark(spark: Any, timeout: float = 10.0, *, archive: bool = True,
             done.set()
 
     pending = _PENDING.pop(id(spark), None)
-    threading.Thread(target=stop, name="spark-stop", daemon=True).start()
+    threading.Thread(target=stop, name=_STOP_THREAD, daemon=True).start()
     stopped = done.wait(timeout)
     gateway = getattr(spark.sparkContext, "_gateway", None)
     proc = getattr(gateway, "proc", None)

@@ -334,3 +334,51 @@ def test_a_spark_failure_is_one_line_from_what_was_printed_else_from_the_excepti
     assert jvm.failure(jvm.SparkStartError("no JVM"), "") == "no JVM"
     assert jvm.failure(RuntimeError("x.y.SomeException: it broke"), "") == "it broke"
     assert jvm.failure(Unprintable(), "") == "Unprintable"
+
+
+def test_py4j_deleting_an_object_of_a_jvm_gone_under_it_logs_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """py4j's finalizer worker tells the JVM of each reference Python dropped; a JVM that
+    dies in the middle of that call (here a server on 127.0.0.1 that reads the command and
+    resets the connection) made py4j log the call with a traceback on the root logger,
+    after a failed command's one-line error.  That is dropped; the same call failing on
+    another thread is still logged."""
+    clientserver = pytest.importorskip("py4j.clientserver")
+    import collections
+    import socket
+    import struct
+    import threading
+
+    from py4j.java_gateway import GatewayProperty, PythonProxyPool
+
+    jvm.quiet_py4j()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+
+    def dies_mid_call(calls: int) -> None:
+        for _ in range(calls):
+            conn, _ = listener.accept()
+            conn.recv(1024)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # a reset, as from a killed JVM
+
+    server = threading.Thread(target=dies_mid_call, args=(2,), daemon=True)
+    server.start()
+    tasks: collections.deque[Any] = collections.deque()
+    client = clientserver.JavaClient(
+        clientserver.JavaParameters(port=listener.getsockname()[1]),
+        clientserver.PythonParameters(), GatewayProperty(False, PythonProxyPool()), tasks)
+    worker = clientserver.FinalizerWorker(tasks)
+    with caplog.at_level("WARNING"):
+        worker.start()
+        client.garbage_collect_object("o1")  # queued for the worker
+        tasks.appendleft(clientserver.SHUTDOWN_FINALIZER_WORKER)
+        worker.join(10)
+        assert not worker.is_alive()
+        assert caplog.records == []
+        other = threading.Thread(target=client.garbage_collect_object, args=("o2", False))
+        other.start()
+        other.join(10)
+    server.join(10)
+    listener.close()
+    assert [r.getMessage() for r in caplog.records] == ["Exception while sending command."]
