@@ -25,7 +25,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import trio
 
 from .._errors import RunError
 from ..children import start_child
+from ._ports import free_ports
 
 UNIVERSE = "bench-failover"
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
@@ -78,12 +78,6 @@ class ThroughputResult:
                 "baseline": self.baseline,
                 "baseline_msgs_per_s": round(self.baseline_msgs_per_s, 1),
                 "ratio": round(self.msgs_per_s / self.baseline_msgs_per_s, 3)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -262,8 +256,8 @@ async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
     binary = shutil.which("nats-server")
     if binary is None:
         raise RunError("nats-server not found: apt-get install nats-server")
-    ports = [_free_port() for _ in range(3)]
-    routes = [_free_port() for _ in range(3)]
+    picked = free_ports(6)
+    ports, routes = picked[:3], picked[3:]
 
     def start(i: int) -> subprocess.Popen[bytes]:
         others = ",".join(f"nats://127.0.0.1:{routes[j]}" for j in range(3) if j != i)

@@ -46,6 +46,7 @@ from pump import Pump
 from rdv import Address
 
 from .._errors import RunError
+from ._ports import free_ports
 
 DEFAULT_COUNTS = {64: 200_000, 1024: 100_000, 65536: 4_000}
 IN_FLIGHT = 16
@@ -213,12 +214,6 @@ async def _nats(kind: str, port: int, size: int, count: int) -> dict[str, float]
 
 # -- the parent ----------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Proc:
     """A child of the benchmark: its stdout read as results, its stderr kept in a file
     for the error if it fails.  Children run without ``RDVPUMP_*`` variables: every
@@ -280,8 +275,7 @@ def _pair(prefix: str, args: list[str]) -> tuple[dict[str, float], dict[str, flo
 
 def ours(size: int, count: int, durability: str, tmp: Path) -> float:
     """Messages per second end to end through an rdvpump MQ server process."""
-    manager_port = _free_port()
-    server_port = _free_port()
+    manager_port, server_port = free_ports(2)
     data = tmp / f"mq-{size}-{durability.replace(':', '')}"
     manager = _Proc([*RDVPUMP, "manager", "serve", "--universe", UNIVERSE, "--listen",
                      f"127.0.0.1:{manager_port}"], ready="ready")
@@ -330,7 +324,7 @@ def _peer(binary: str, install: str, args: Callable[[int], list[str]], prefix: s
     if found is None:
         raise RunError(f"{binary} not found: {install}")
     data.mkdir()
-    port = _free_port()
+    (port,) = free_ports(1)
     server = subprocess.Popen([found, *args(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
