@@ -1,20 +1,43 @@
-"""Ports on 127.0.0.1 for the servers a benchmark starts that must be told one (Redis,
-NATS, a name service listening where its peers are told to look)."""
+"""Ports on 127.0.0.1 for servers that must be told one before they listen (Redis, NATS,
+a name service whose address its peers are given)."""
 
 from __future__ import annotations
 
-import contextlib
+import pathlib
+import random
 import socket
+from collections.abc import Collection
+
+_RANDOM = random.Random()
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` different ports on 127.0.0.1 that were free a moment ago: each is held
-    until all are picked, so no two are the same (the kernel may hand out a port just
-    released again)."""
-    with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(count):
-            s = held.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
+    """``count`` different ports of 127.0.0.1, free now, none in ``avoid``, all below the
+    kernel's range of ephemeral ports: a port found by binding port 0 comes from that
+    range, and until its server binds it, any outgoing connection or bind to port 0 on
+    the machine may be handed it (the processes of a test run start hundreds).  Each is
+    held while the next is picked."""
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = max(low, 12_000)  # a range that starts lower leaves no room below it: share it
+    picked: list[int] = []
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1000 + count):  # bounded: among thousands, a free one comes at once
+            if len(picked) == count:
+                return picked
+            port = _RANDOM.randrange(10_000, low)
+            if port in avoid or port in picked:
+                continue
+            sock = socket.socket()
+            held.append(sock)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            picked.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    if len(picked) == count:
+        return picked
+    raise RuntimeError(f"no {count} free ports in 10000..{low - 1}")
