@@ -8,6 +8,8 @@ import random
 import socket
 from collections.abc import Collection
 
+from .._errors import RunError
+
 _RANDOM = random.Random()
 
 
@@ -16,7 +18,7 @@ def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
     kernel's range of ephemeral ports: a port found by binding port 0 comes from that
     range, and until its server binds it, any outgoing connection or bind to port 0 on
     the machine may be handed it (the processes of a test run start hundreds).  Each is
-    held while the next is picked."""
+    held while the next is picked.  :class:`RunError` when there are not ``count``."""
     low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     low = max(low, 12_000)  # a range that starts lower leaves no room below it: share it
     picked: list[int] = []
@@ -40,4 +42,4 @@ def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
             sock.close()
     if len(picked) == count:
         return picked
-    raise RuntimeError(f"no {count} free ports in 10000..{low - 1}")
+    raise RunError(f"no {count} free ports in 10000..{low - 1} of 127.0.0.1")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
+from rdvpump._errors import RunError
 from rdvpump.bench._ports import free_ports
 
 
@@ -16,3 +19,8 @@ def test_ports_picked_together_are_all_different_and_none_bind_0_hands_out() -> 
     ports = free_ports(200, avoid=range(10_000, 10_100))
     assert len(set(ports)) == 200
     assert all(10_100 <= p < max(int(ephemeral[0]), 12_000) for p in ports)
+
+
+def test_no_port_left_is_one_error_saying_so() -> None:
+    with pytest.raises(RunError, match="no 2 free ports in 10000"):
+        free_ports(2, avoid=range(10_000, 65_536))
