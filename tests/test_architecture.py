@@ -91,11 +91,13 @@ def test_the_reach_in_check_sees_a_reach_in() -> None:
 
 def test_excused_reach_ins_are_the_reviewed_ones() -> None:
     """A line marked ``# reach-in: why`` is excused; which files have one is reviewed
-    here: only the simulation's seeded trio scheduling (trio has no public hook)."""
+    here: the simulation's seeded trio scheduling (trio has no public hook) and the
+    CLI's end without the interpreter's teardown (``os._exit``, and the exit functions
+    run first: Python has no public call for that)."""
     excused = {str(path.relative_to(ROOT)) for name in PACKAGES
                for path in sorted((ROOT / name).rglob("*.py"))
                if "# reach-in:" in path.read_text()}
-    assert excused == {"rdvpump/testing.py"}
+    assert excused == {"rdvpump/testing.py", "rdvpump/cli/__init__.py"}
 
 
 _CITED = re.compile(r"(?<![\w./-])((?:\.\./)?(?:[\w.-]+/)+[\w.-]+\.(?:py|md|mmd|toml|c|h))")

@@ -8,14 +8,17 @@ pays for what it runs, and ``rdvpump --help`` imports them all.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -186,7 +189,35 @@ def main() -> None:
     # same, as the serving ones (which catch it themselves) do.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    app()
+    try:
+        app()  # ends in SystemExit, its status as the command said
+    except SystemExit as done:
+        _leave(done.code)
+
+
+def _leave(code: Any) -> NoReturn:
+    """End the process once the command is done.  After a command that loaded pyarrow
+    (the trace commands, Parquet traces), without the interpreter's teardown: unloading
+    pyarrow, pandas and matplotlib is a noticeable part of a small trace's analysis, and
+    Arrow's native threads, torn down at exit, can abort a process whose work is done
+    (``std::terminate``, exit -6).  What the teardown would still do for the user is done
+    first: the ``atexit`` functions run, logging is shut down, the output is flushed.  A
+    thread of the command still at work (not a daemon) gets the normal exit, which waits
+    for it."""
+    if "pyarrow" not in sys.modules or any(
+            not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        raise SystemExit(code)
+    if code is None or isinstance(code, int):
+        status = code or 0
+    else:  # as Python does with ``sys.exit(message)``
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()  # reach-in: no public call runs them; os._exit would skip them
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed
+            stream.flush()
+    os._exit(status)  # reach-in: the documented exit without the interpreter's teardown
 
 
 __all__ = ["app", "main"]

@@ -502,3 +502,49 @@ def test_an_unknown_role_is_one_line_and_nothing_else() -> None:
                                  "--role", "bogus"])
     assert result.exit_code == 1
     assert result.output == "error: --role must be one of server, tracker, both, got 'bogus'\n"
+
+
+#: A command's end as ``main`` gives it, with pyarrow loaded (so without the interpreter's
+#: teardown): output not yet flushed, an ``atexit`` function, a message as the status.
+_LEAVES_WITH_PYARROW = """
+import atexit, pyarrow
+from rdvpump.cli import _leave
+atexit.register(print, "atexit ran")
+print("the command's output, unflushed", end="; ")
+_leave("error: a message")
+"""
+
+#: The same with a thread of the command (not a daemon) still at work: it prints once
+#: the parent closes its stdin.
+_LEAVES_WITH_A_THREAD_AT_WORK = """
+import sys, threading, pyarrow
+from rdvpump.cli import _leave
+def late():
+    sys.stdin.read()
+    print("the thread's work", flush=True)
+threading.Thread(target=late).start()
+print("leaving", flush=True)
+_leave(3)
+"""
+
+
+@pytest.mark.slow  # starts processes
+def test_a_command_that_loaded_pyarrow_ends_with_its_output_status_and_exit_functions(
+        ) -> None:
+    """Ending without the interpreter's teardown loses nothing the command gave: the
+    output is flushed, ``atexit`` functions run, ``sys.exit(message)`` is the message and
+    status 1; a thread still at work is waited for, as a normal exit does."""
+    done = subprocess.run([sys.executable, "-c", _LEAVES_WITH_PYARROW],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "the command's output, unflushed; atexit ran\n", "error: a message\n")
+    with subprocess.Popen([sys.executable, "-c", _LEAVES_WITH_A_THREAD_AT_WORK],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            assert proc.stdout.readline() == "leaving\n"
+            proc.stdin.close()
+            assert proc.stdout.read() == "the thread's work\n"
+            assert proc.wait(timeout=60) == 3
+        finally:
+            proc.kill()
