@@ -207,6 +207,9 @@ def _leave(code: Any) -> NoReturn:
     if "pyarrow" not in sys.modules or any(
             not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         raise SystemExit(code)
+    # the command is done: a Ctrl-C now ends the process by the signal, as it does during
+    # the interpreter's own teardown, not with a traceback from the exit functions
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if code is None or isinstance(code, int):
         status = code or 0
     else:  # as Python does with ``sys.exit(message)``
