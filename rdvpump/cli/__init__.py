@@ -197,13 +197,14 @@ def main() -> None:
 
 def _leave(code: Any) -> NoReturn:
     """End the process once the command is done.  After a command that loaded pyarrow
-    (the trace commands, Parquet traces), without the interpreter's teardown: unloading
-    pyarrow, pandas and matplotlib is a noticeable part of a small trace's analysis, and
-    Arrow's native threads, torn down at exit, can abort a process whose work is done
-    (``std::terminate``, exit -6).  What the teardown would still do for the user is done
-    first: the ``atexit`` functions run, logging is shut down, the output is flushed.  A
-    thread of the command still at work (not a daemon) gets the normal exit, which waits
-    for it."""
+    (the trace commands, and every process that writes a trace: its writers use pyarrow
+    when it is there, and each closes its files before the command returns), without
+    the interpreter's teardown: unloading pyarrow, pandas and matplotlib is a noticeable
+    part of a small trace's analysis, and Arrow's native threads, torn down at exit, can
+    abort a process whose work is done (``std::terminate``, exit -6).  What the teardown
+    would still do for the user is done first: the ``atexit`` functions run, logging is
+    shut down, the output is flushed.  A thread of the command still at work (not a
+    daemon) gets the normal exit, which waits for it."""
     if "pyarrow" not in sys.modules or any(
             not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         raise SystemExit(code)
