@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from tests.ports import free_port
+from rdvpump.bench import _ports
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Ports the README's shell blocks use: the manager, the MQ server, the tracker, Spark.
@@ -96,12 +96,10 @@ def scratch(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def free_ports() -> dict[int, int]:
-    """A free port on 127.0.0.1 for each port the README prints (:func:`free_port`: the
-    blocks hold them for minutes while their processes bind and connect)."""
-    picked: dict[int, int] = {}
-    for port in PORTS:
-        picked[port] = free_port(avoid=picked.values())
-    return picked
+    """A free port on 127.0.0.1 for each port the README prints, all different and below
+    the ephemeral range (:func:`~rdvpump.bench._ports.free_ports`: the blocks hold them
+    for minutes while their processes bind and connect)."""
+    return dict(zip(PORTS, _ports.free_ports(len(PORTS)), strict=True))
 
 
 def _mapped(script: str, ports: dict[int, int]) -> str:

@@ -148,7 +148,6 @@ def test_ctrl_c_ends_bench_replay_in_one_line_and_leaves_no_jvm(
 
 
 def test_ctrl_c_ends_mq_failover_while_it_waits_for_the_manager() -> None:
-
     with socket.socket() as silent:  # takes the connection, never answers the handshake
         silent.bind(("127.0.0.1", 0))
         silent.listen()
