@@ -60,7 +60,8 @@ def test_the_test_command_installs_what_the_spark_extra_holds() -> None:
     (pyspark,) = [r for r in extras["spark"] if r.startswith("pyspark")]
     assert sorted(extras["spark"]) == sorted([pyspark, "rdvpump[replay]"])
     setup, test = blocks("sh")[0].splitlines()
-    assert f"pip install -q --no-compile '{pyspark}' &" in test
+    assert (f"pip install -q --no-compile --config-settings=--build-option=--compression=stored "
+            f"'{pyspark}' &") in test
     assert "pip install -q --no-compile -e '.[dev,replay]'" in test
     assert "-e '.[dev,spark]'" in setup
 
