@@ -43,3 +43,16 @@ def test_floor_await_prints_the_channel_the_floor_and_the_ring() -> None:
     assert line is not None, done.stdout
     channel, least, least_x, ring, ring_x = (float(x.replace(",", "")) for x in line.groups())
     assert abs(least_x - least / channel) < 0.02 and abs(ring_x - ring / channel) < 0.02
+
+
+def test_cluster_floor_prints_its_rate() -> None:
+    """A root, three fanout servers and their clients' processes, all reaped by the
+    script: every client got every byte, or the run fails."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cluster_floor.py"), "1",
+                           "1000"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = re.fullmatch(r"raw cluster B = 3, Q = 4: ([\d,]+) deliveries/s "
+                        r"\((\d+\.\d\d)x OpenAMQ's 480 K\)\n", done.stdout)
+    assert line is not None, done.stdout
+    rate, ratio = (float(x.replace(",", "")) for x in line.groups())
+    assert rate > 0 and abs(ratio - rate / 480_000) < 0.01
