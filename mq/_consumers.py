@@ -64,7 +64,7 @@ class ConsumerCommands:
                                f"topic {state.topic.name!r} is exclusive: group {group!r} "
                                f"has a consumer already")
         consumer = Member(f"{queue.remote_id}#{id(queue) % 100000}", group,
-                          link.batch.append, window=window, deliver_many=link.batch.extend)
+                          link.batch.append, window=window, deliver_run=link.batch.append)
         link.consumers[(state.topic.name, group)] = consumer
         state.topic.attach(consumer)
         self.changed(state, group)

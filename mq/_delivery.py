@@ -12,17 +12,18 @@ backlog never makes a frame larger than a link carries.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import attrgetter, itemgetter
+from itertools import accumulate
 from typing import Any, Protocol
 
 from brokermgr import Sent, encode, send
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
 
-from ._topic import Delivery, Member
+from ._record import Record
+from ._topic import Delivery, Member, Run
 from ._wire import pack_column
 
 __all__ = ["FRAME_BYTES", "FRAME_ROOM", "ClientLink", "Links", "messages_frame"]
@@ -36,13 +37,6 @@ FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 FRAME_ROOM = 64 << 10
 
 
-_topic_group = attrgetter("topic", "group")
-_offset = attrgetter("record.offset")
-_count = attrgetter("deliveries")
-_first = itemgetter(0)
-_second = itemgetter(1)
-
-
 @dataclass
 class ClientLink:
     """One link's consumers and the messages its queue did not take yet."""
@@ -54,8 +48,9 @@ class ClientLink:
     names: set[str] = field(default_factory=set)
     consumers: dict[tuple[str, str], Member] = field(default_factory=dict)
     outbox: deque[bytes | Gather] = field(default_factory=deque)
-    #: deliveries of the dispatch under way, sent as one ``messages`` frame each
-    batch: list[Delivery] = field(default_factory=list)
+    #: deliveries of the dispatch under way (one by one, or runs), sent as one
+    #: ``messages`` frame per topic and group
+    batch: list[Delivery | Run] = field(default_factory=list)
     #: the link takes one frame for several groups of a topic (a cluster's server that
     #: relays them): groups handed the same messages in one dispatch share a frame
     shared_frames: bool = False
@@ -76,54 +71,42 @@ class ClientLink:
                 return
             self.outbox.popleft()
 
-    def flush(self) -> None:
+    def flush(self, frames: dict[Any, list[_Part]] | None = None) -> None:
         """The deliveries of one dispatch to this link, one ``messages`` frame (or more,
-        past :data:`FRAME_BYTES`) per topic and group."""
+        past :data:`FRAME_BYTES`) per topic and group.  ``frames`` keeps the frames'
+        columns and bodies by their content, for the other links of the same dispatch
+        (a cluster's root sends the same messages to each of its relaying servers)."""
         batch = self.batch[:]
         self.batch.clear()
-        keys = list(map(_topic_group, batch))
-        first = keys[0]
-        if keys.count(first) == len(keys):
-            self._send_messages(first[0], [first[1]], batch)
+        by_group: dict[tuple[str, str], list[Delivery | Run]] = {}
+        for piece in batch:  # each group's pieces kept in order
+            key = (piece.topic, piece.group)
+            pieces = by_group.get(key)
+            if pieces is None:
+                by_group[key] = [piece]
+            else:
+                pieces.append(piece)
+        if frames is None:
+            frames = {}
+        if not self.shared_frames or len(by_group) == 1:
+            for (topic, group), pieces in by_group.items():
+                self._send_parts(topic, [group], _parts(topic, pieces, frames))
             return
-        by_group: dict[tuple[str, str], list[Delivery]] = {}
-        # runs of one topic and group, each kept in order
-        for key, run in groupby(zip(keys, batch, strict=True), _first):
-            by_group.setdefault(key, []).extend(map(_second, run))
-        if self.shared_frames:
-            self._send_shared(by_group)
-            return
-        for (topic, group), deliveries in by_group.items():
-            self._send_messages(topic, [group], deliveries)
+        # the groups of a topic handed the same messages (the same offsets, each
+        # delivered as many times) share a frame: a cluster's root sends a message once
+        # to a server for all the groups the server relays
+        alike: dict[Any, tuple[str, list[str], list[Delivery | Run]]] = {}
+        for (topic, group), pieces in by_group.items():
+            alike.setdefault(_content_key(topic, pieces), (topic, [], pieces))[1].append(group)
+        for topic, groups, pieces in alike.values():
+            self._send_parts(topic, groups, _parts(topic, pieces, frames))
 
-    def _send_shared(self, by_group: dict[tuple[str, str], list[Delivery]]) -> None:
-        """One frame for the groups of a topic that were handed the same messages (the
-        same offsets, each delivered as many times): a cluster's root sends a message
-        once to a server for all the groups the server relays."""
-        alike: dict[tuple[str, tuple[int, ...], tuple[int, ...]],
-                    tuple[list[str], list[Delivery]]] = {}
-        for (topic, group), deliveries in by_group.items():
-            key = (topic, tuple(map(_offset, deliveries)), tuple(map(_count, deliveries)))
-            alike.setdefault(key, ([], deliveries))[0].append(group)
-        for (topic, _, _), (groups, deliveries) in alike.items():
-            self._send_messages(topic, groups, deliveries)
-
-    def _send_messages(self, topic: str, groups: list[str], deliveries: list[Delivery]
-                       ) -> None:
-        start = size = 0
-        for i, delivery in enumerate(deliveries):
-            size += len(delivery.record.body)
-            if size >= FRAME_BYTES:
-                self._send_frame(topic, groups, deliveries[start:i + 1])
-                start, size = i + 1, 0
-        if start < len(deliveries):
-            self._send_frame(topic, groups, deliveries[start:])
-
-    def _send_frame(self, topic: str, groups: list[str], deliveries: list[Delivery]
-                    ) -> None:
-        self.send(messages_frame(topic, groups[0], [d.record for d in deliveries],
-                                 [d.deliveries for d in deliveries],
-                                 groups if len(groups) > 1 else None))
+    def _send_parts(self, topic: str, groups: list[str], parts: list[_Part]) -> None:
+        for columns, bodies in parts:
+            header = {"cmd": "messages", "topic": topic, "group": groups[0], **columns}
+            if len(groups) > 1:
+                header["groups"] = groups
+            self.send(encode(header, bodies))
 
     def _what(self) -> str:
         return f"mq client {self.queue.remote_id}"
@@ -143,24 +126,97 @@ class _Stored(Protocol):
     def body(self) -> bytes | memoryview: ...
 
 
+#: A ``messages`` frame's columns (and count) and its bodies, for any group.
+_Part = tuple[dict[str, Any], list[Any]]
+
+
 def messages_frame(topic: str, group: str, records: Sequence[_Stored],
                    deliveries: list[int], groups: list[str] | None = None
                    ) -> bytes | Gather:
     """One ``messages`` frame: the records' fields as columns (:mod:`._wire`), each one's
     count of ``deliveries``, their bodies back to back; ``groups``, when the frame serves
     several groups at once (``group`` is the first of them)."""
-    header: dict[str, Any] = {
-        "cmd": "messages", "topic": topic, "group": group, "count": len(records),
-        "offsets": pack_column([r.offset for r in records], counting=True),
-        "sizes": pack_column([len(r.body) for r in records]),
-        "tags": pack_column([r.tag for r in records]),
-        "producers": pack_column([r.producer for r in records]),
-        "sequences": pack_column([r.sequence for r in records], counting=True),
-        "deliveries": pack_column(deliveries),
-        "timestamps": pack_column([r.timestamp for r in records])}
+    header: dict[str, Any] = {"cmd": "messages", "topic": topic, "group": group,
+                              **_columns(records, [len(r.body) for r in records],
+                                         deliveries)}
     if groups is not None:
         header["groups"] = groups
     return encode(header, [r.body for r in records])
+
+
+def _columns(records: Sequence[_Stored], sizes: list[int], deliveries: list[int] | None
+             ) -> dict[str, Any]:
+    """The columns of a frame of ``records`` (``deliveries`` None: each a first one)."""
+    return {"count": len(records),
+            "offsets": pack_column([r.offset for r in records], counting=True),
+            "sizes": pack_column(sizes),
+            "tags": pack_column([r.tag for r in records]),
+            "producers": pack_column([r.producer for r in records]),
+            "sequences": pack_column([r.sequence for r in records], counting=True),
+            "deliveries": 1 if deliveries is None else pack_column(deliveries),
+            "timestamps": pack_column([r.timestamp for r in records])}
+
+
+def _content_key(topic: str, pieces: list[Delivery | Run]) -> Any:
+    """What tells the messages of a group's ``pieces`` from others': a lone run by its
+    first and last offsets and length (a run is read from the log in one piece, so two
+    runs alike in those hold the same records), else every offset and delivery count."""
+    if len(pieces) == 1 and type(run := pieces[0]) is Run:
+        records = run.records
+        return topic, records[0].offset, records[-1].offset, len(records)
+    return (topic, tuple(offset for p in pieces for offset in _offsets(p)),
+            tuple(n for p in pieces for n in _counts(p)))
+
+
+def _offsets(piece: Delivery | Run) -> list[int]:
+    if type(piece) is Run:
+        return [r.offset for r in piece.records]
+    assert type(piece) is Delivery
+    return [piece.record.offset]
+
+
+def _counts(piece: Delivery | Run) -> list[int]:
+    return [1] * len(piece.records) if type(piece) is Run else [piece.deliveries]
+
+
+def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Part]]
+           ) -> list[_Part]:
+    """The frames of a group's ``pieces``: one per :data:`FRAME_BYTES` of bodies (the
+    message that passes it is the last of its frame); those of a lone run made once
+    (kept in ``frames``) for every link of a dispatch it goes to."""
+    deliveries: list[int] | None
+    if len(pieces) == 1 and type(run := pieces[0]) is Run:
+        records: list[Record] = run.records
+        deliveries = None
+        key = (topic, records[0].offset, records[-1].offset, len(records))
+        made = frames.get(key)
+        if made is not None:
+            return made
+        made = frames[key] = []
+    else:
+        made = []
+        records, deliveries = [], []
+        for piece in pieces:
+            if type(piece) is Run:
+                records += piece.records
+                deliveries += [1] * len(piece.records)
+            else:
+                assert type(piece) is Delivery
+                records.append(piece.record)
+                deliveries.append(piece.deliveries)
+    sizes = [len(r.body) for r in records]
+    bodies = [r.body for r in records]
+    start = 0
+    ends = list(accumulate(sizes))
+    while start < len(records):
+        # the frame ends with the message whose body brings it to FRAME_BYTES or past
+        base = ends[start - 1] if start else 0
+        end = min(bisect_left(ends, base + FRAME_BYTES, lo=start) + 1, len(records))
+        made.append((_columns(records[start:end], sizes[start:end],
+                              None if deliveries is None else deliveries[start:end]),
+                     bodies[start:end]))
+        start = end
+    return made
 
 
 class Links:
@@ -210,10 +266,12 @@ class Links:
         return link
 
     def flush(self) -> None:
-        """Send every link's batch of deliveries."""
+        """Send every link's batch of deliveries (a frame's columns made once for all the
+        links it goes to)."""
+        frames: dict[Any, list[_Part]] = {}
         for link in self.by_queue.values():
             if link.batch:
-                link.flush()
+                link.flush(frames)
 
     def clear_batches(self) -> None:
         """A dispatch failed: what it batched is not sent (it is in flight already, and

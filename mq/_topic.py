@@ -127,19 +127,58 @@ class Delivery:
         self.consumer = consumer
         self.deadline = deadline
 
+    def record_at(self, offset: int) -> Record:
+        """The record delivered (as :meth:`Run.record_at`, for what holds either)."""
+        return self.record
+
     def __repr__(self) -> str:
         return (f"<Delivery {self.topic}/{self.group} offset {self.record.offset} "
                 f"#{self.deliveries} to {self.consumer.name}>")
 
 
+class Run:
+    """The first deliveries of a run of records (ascending offsets, read from the log in
+    one piece) to one consumer at once: what a group of one consumer and no filter is
+    handed (a cluster's relaying server, a lone consumer).  One object stands for the
+    run's every delivery: in flight, each of its offsets maps to it, and the consumer's
+    link frames it whole."""
+
+    __slots__ = ("topic", "group", "records", "consumer", "deadline")
+
+    #: every delivery of a run is a first one
+    deliveries = 1
+
+    def __init__(self, topic: str, group: str, records: list[Record], consumer: Member,
+                 deadline: float) -> None:
+        self.topic = topic
+        self.group = group
+        self.records = records
+        self.consumer = consumer
+        self.deadline = deadline
+
+    def record_at(self, offset: int) -> Record:
+        """The run's record at ``offset`` (one of its offsets)."""
+        records = self.records
+        i = offset - records[0].offset
+        if 0 <= i < len(records) and records[i].offset == offset:
+            return records[i]
+        return records[bisect_left(records, offset, key=_offset)]
+
+    def __repr__(self) -> str:
+        return (f"<Run {self.topic}/{self.group} offsets {self.records[0].offset}-"
+                f"{self.records[-1].offset} to {self.consumer.name}>")
+
+
 class Member:
     """One member of a consume group (a consumer, server side): ``deliver(delivery)`` is
-    called for each message it gets, or ``deliver_many(deliveries)``, when given, for a
-    run of them in order (a consumer that has the group's messages to itself)."""
+    called for each message it gets; for a run of first deliveries in order (a consumer
+    that has the group's messages to itself), ``deliver_run(run)`` when given, with the
+    :class:`Run`, else ``deliver_many(deliveries)`` when given."""
 
     def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
                  window: int = DEFAULT_WINDOW,
-                 deliver_many: Callable[[list[Delivery]], object] | None = None) -> None:
+                 deliver_many: Callable[[list[Delivery]], object] | None = None,
+                 deliver_run: Callable[[Run], object] | None = None) -> None:
         if window < 1:
             raise ConfigError(f"window must be at least 1, got {window}")
         self.name = name
@@ -147,6 +186,7 @@ class Member:
         self.window = window
         self.deliver = deliver
         self.deliver_many = deliver_many
+        self.deliver_run = deliver_run
         #: offsets delivered and not acknowledged
         self.in_flight: set[int] = set()
 
@@ -163,7 +203,8 @@ class Group:
     name: str
     filter: TagFilter | None
     next_read: int
-    in_flight: dict[int, Delivery] = field(default_factory=dict)
+    #: offset -> its delivery (a :class:`Run` for each offset of one)
+    in_flight: dict[int, Delivery | Run] = field(default_factory=dict)
     #: (record, deliveries so far) waiting for a consumer with credits
     redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
     consumers: list[Member] = field(default_factory=list)
@@ -281,7 +322,7 @@ class Topic:
         returned = sorted(consumer.in_flight)
         for offset in returned:
             pending = group.in_flight.pop(offset)
-            group.redeliver.append((pending.record, pending.deliveries))
+            group.redeliver.append((pending.record_at(offset), pending.deliveries))
         consumer.in_flight.clear()
         return len(returned)
 
@@ -393,19 +434,26 @@ class Topic:
             take = take[:bisect_left(take, limit, key=_offset)]
             if not take:
                 return 0, False
-        topic, name = self.name, group.name
-        run = [Delivery(topic, name, record, 1, consumer, deadline) for record in take]
-        offsets = [record.offset for record in take]
-        group.in_flight.update(zip(offsets, run, strict=True))
+        first, last = take[0].offset, take[-1].offset
+        offsets: Sequence[int] = (range(first, last + 1) if last - first + 1 == len(take)
+                                  else [record.offset for record in take])
+        group.in_flight.update(dict.fromkeys(offsets, run := Run(
+            self.name, group.name, take, consumer, deadline)))
         consumer.in_flight.update(offsets)
-        group.next_read = offsets[-1] + 1
+        group.next_read = last + 1
         group.turn = 0
-        if consumer.deliver_many is not None:
-            consumer.deliver_many(run)
+        if consumer.deliver_run is not None:
+            consumer.deliver_run(run)
         else:
-            for delivery in run:
-                consumer.deliver(delivery)
-        return len(run), len(run) == len(records)
+            topic, name = self.name, group.name
+            deliveries = [Delivery(topic, name, record, 1, consumer, deadline)
+                          for record in take]
+            if consumer.deliver_many is not None:
+                consumer.deliver_many(deliveries)
+            else:
+                for delivery in deliveries:
+                    consumer.deliver(delivery)
+        return len(take), len(take) == len(records)
 
     def _send(self, group: Group, consumer: Member, record: Record, deliveries: int,
               deadline: float) -> None:
@@ -420,9 +468,21 @@ class Topic:
         how many were acknowledged, and the offsets that were not pending (for that
         consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
+        in_flight = group.in_flight
+        if consumer is not None:
+            if not isinstance(offsets, (list, range)):
+                offsets = list(offsets)
+            named = set(offsets)
+            if len(named) == len(offsets) and named <= consumer.in_flight:
+                # each once, every one this consumer's: taken in C (what holds an offset
+                # in flight is always that offset's consumer's own)
+                consumer.in_flight -= named
+                deque(map(in_flight.__delitem__, offsets), 0)
+                if named:
+                    group.dirty = True
+                return len(named), []
         done = 0
         missed: list[int] = []
-        in_flight = group.in_flight
         for offset in offsets:
             pending = in_flight.get(offset)
             if pending is None or (consumer is not None and pending.consumer is not consumer):
@@ -444,15 +504,15 @@ class Topic:
                 if pending.deadline <= now:
                     del group.in_flight[offset]
                     pending.consumer.in_flight.discard(offset)
-                    group.redeliver.append((pending.record, pending.deliveries))
+                    group.redeliver.append((pending.record_at(offset), pending.deliveries))
                     late += 1
         return late
 
     def empty(self) -> None:
         """Every group skips to the end: what was stored is handled."""
         for group in self.groups.values():
-            for pending in group.in_flight.values():
-                pending.consumer.in_flight.discard(pending.record.offset)
+            for offset, pending in group.in_flight.items():
+                pending.consumer.in_flight.discard(offset)
             group.in_flight.clear()
             group.redeliver.clear()
             group.next_read = self.log.next_offset
