@@ -32,8 +32,10 @@ The root serves its shared topics itself, as any topic.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
@@ -41,7 +43,7 @@ from channels import MessageQueue
 
 from ._delivery import FRAME_BYTES
 from ._drain import Drain
-from ._relay_groups import LocalConsumer, RelayGroup, relayed_messages, take_frame
+from ._relay_groups import LocalConsumer, Relayed, RelayedFrame, RelayGroup, take_frame
 from ._requests import Ack, Consume, Produce, Unconsume
 from ._wire import pack_column
 
@@ -56,6 +58,8 @@ log = logging.getLogger("rdvpump.mq.cluster")
 #: Credits of a server's subscription to a group at the root: what it may hold of the
 #: group's messages, not acknowledged yet by its consumers, at once.
 RELAY_WINDOW = 1024
+
+_first = itemgetter(0)
 
 
 class Upstream(BrokerLink):
@@ -250,14 +254,20 @@ class Relay:
             raise ServiceError(Status.CONFLICT,
                                f"this link does not consume {request.topic}/{group}: its "
                                f"acks are not taken")
-        passed, missed = [], []
-        for offset in request.offsets:
-            if consumer.held.pop(offset, None) is not None:
-                passed.append(offset)
-            elif offset in consumer.stale:
-                consumer.stale.discard(offset)  # the root delivers it again
-            else:
-                missed.append(offset)
+        held, offsets = consumer.held, request.offsets
+        named = set(offsets)
+        if len(named) == len(offsets) and held.keys() >= named:  # each once, all held
+            deque(map(held.__delitem__, offsets), 0)
+            passed, missed = list(offsets), list[int]()
+        else:
+            passed, missed = [], []
+            for offset in offsets:
+                if held.pop(offset, None) is not None:
+                    passed.append(offset)
+                elif offset in consumer.stale:
+                    consumer.stale.discard(offset)  # the root delivers it again
+                else:
+                    missed.append(offset)
         if passed:
             self._ack_upstream(relay_group, passed)
             self._dispatch(relay_group)
@@ -276,8 +286,9 @@ class Relay:
 
     def _drop(self, relay_group: RelayGroup, consumer: LocalConsumer) -> None:
         relay_group.consumers.remove(consumer)
-        back = sorted(consumer.held.values(), key=lambda m: m.offset, reverse=True)
-        for message in back:  # a copy: a frame for several groups shares its messages
+        for offset, held in sorted(consumer.held.items(), key=_first, reverse=True):
+            message = held if isinstance(held, Relayed) else held.message_at(offset)
+            # a copy: a frame for several groups shares its messages
             relay_group.pending.appendleft(replace(message, deliveries=message.deliveries + 1))
         consumer.held.clear()
         if relay_group.consumers:
@@ -345,7 +356,8 @@ class Relay:
         groups = obj.get("groups", [obj["group"]])
         if type(groups) is not list or not all(type(g) is str for g in groups):
             raise ValueError(f"groups {groups!r}")
-        messages = relayed_messages(obj)
+        frame = RelayedFrame.check(obj)
+        messages: list[Relayed] | None = None
         for group in groups:
             relay_group = self.groups.get((topic, group))
             if relay_group is None:
@@ -354,8 +366,16 @@ class Relay:
                 if upstream is not None:
                     upstream.send({"cmd": "unconsume", "topic": topic, "group": group})
                 continue
+            self.counts["relayed"] += frame.count
+            if not relay_group.pending and (
+                    consumer := relay_group.pick_for(frame.count)) is not None:
+                # taken whole: passed on as it came (see :mod:`._relay_groups`)
+                consumer.held.update(dict.fromkeys(frame.offsets, frame))
+                consumer.link.send(frame.forward(group))
+                continue
+            if messages is None:
+                messages = frame.messages()
             relay_group.pending.extend(messages)
-            self.counts["relayed"] += len(messages)
             self._dispatch(relay_group)
 
     def _dispatch(self, relay_group: RelayGroup) -> None:

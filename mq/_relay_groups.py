@@ -1,5 +1,12 @@
 """The consume groups a cluster's server serves from its root (:mod:`._relay`): the
-messages the root delivered, the consumers here, and the frames between them."""
+messages the root delivered, the consumers here, and the frames between them.
+
+A frame from the root that a group here takes whole (nothing of the group waiting, and
+a consumer with credits for all of it) goes on to that consumer as it came, renamed for
+the group (:class:`RelayedFrame`): its columns and bodies are not taken apart, and
+the consumer holds each of its offsets through the one frame.  Otherwise its messages
+are taken apart (:class:`Relayed`) and wait for credits.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from brokermgr import encode
 from channels import Gather
 
 from ._delivery import ClientLink, messages_frame
 from ._wire import unpack_column
 
-__all__ = ["LocalConsumer", "RelayGroup", "Relayed", "relayed_messages"]
+__all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
 
 
 @dataclass(slots=True)
@@ -29,13 +37,68 @@ class Relayed:
     body: bytes
 
 
+_COLUMNS = ("offsets", "sizes", "tags", "producers", "sequences", "deliveries", "timestamps")
+
+
+class RelayedFrame:
+    """A ``messages`` frame from the root, checked (:meth:`check`) and kept as it came:
+    passed on whole to a consumer here (:meth:`forward`), and taken apart only for what
+    goes elsewhere (:meth:`message_at`).  Never changed once made: the groups of the
+    frame share it."""
+
+    __slots__ = ("obj", "topic", "count", "offsets", "_messages")
+
+    def __init__(self, obj: dict[str, Any], topic: str, count: int, offsets: list[int]
+                 ) -> None:
+        self.obj = obj
+        self.topic = topic
+        self.count = count
+        self.offsets = offsets
+        self._messages: dict[int, Relayed] | None = None
+
+    @classmethod
+    def check(cls, obj: dict[str, Any]) -> RelayedFrame:
+        """The frame ``obj`` (a decoded ``messages`` frame); ValueError (or KeyError,
+        TypeError) if it is not one: a count, columns of that many values, sizes adding
+        up to the body."""
+        count = obj["count"]
+        if type(count) is not int or count < 1:
+            raise ValueError(f"count {count!r}")
+        offsets = unpack_column(obj["offsets"], count, counting=True)
+        sizes = unpack_column(obj["sizes"], count)
+        for name in _COLUMNS[2:]:
+            unpack_column(obj[name], count, counting=name == "sequences")
+        if sum(sizes) != len(obj.get("body", b"")):
+            raise ValueError(f"sizes add up to {sum(sizes)}, the body has "
+                             f"{len(obj.get('body', b''))} bytes")
+        return cls(obj, obj["topic"], count, offsets)
+
+    def forward(self, group: str) -> bytes | Gather:
+        """The frame for a consumer of ``group`` here: the root's columns and bodies."""
+        obj = self.obj
+        header = {name: obj[name] for name in _COLUMNS}
+        header.update(cmd="messages", topic=self.topic, group=group, count=self.count)
+        return encode(header, obj.get("body", b""))
+
+    def messages(self) -> list[Relayed]:
+        """The frame's messages, taken apart."""
+        return relayed_messages(self.obj)
+
+    def message_at(self, offset: int) -> Relayed:
+        """The frame's message at ``offset`` (one of its offsets)."""
+        if self._messages is None:
+            self._messages = {m.offset: m for m in relayed_messages(self.obj)}
+        return self._messages[offset]
+
+
 @dataclass(eq=False)
 class LocalConsumer:
     """A client link here consuming a shared topic's group through the root."""
 
     link: ClientLink
     window: int
-    held: dict[int, Relayed] = field(default_factory=dict)
+    #: offset -> the message held (or the whole frame it came in, passed on as it was)
+    held: dict[int, Relayed | RelayedFrame] = field(default_factory=dict)
     #: Offsets held when the root's link was lost: their acks are not passed on (the
     #: root delivers them again).
     stale: set[int] = field(default_factory=set)
@@ -63,6 +126,16 @@ class RelayGroup:
         for k in range(n):
             consumer = self.consumers[(self.turn + k) % n]
             if consumer.credits > 0:
+                self.turn = (self.turn + k + 1) % n
+                return consumer
+        return None
+
+    def pick_for(self, count: int) -> LocalConsumer | None:
+        """The next consumer with credits for ``count`` messages, round robin."""
+        n = len(self.consumers)
+        for k in range(n):
+            consumer = self.consumers[(self.turn + k) % n]
+            if consumer.credits >= count:
                 self.turn = (self.turn + k + 1) % n
                 return consumer
         return None

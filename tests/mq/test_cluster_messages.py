@@ -14,7 +14,7 @@ import trio
 
 from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer, Subscription, declare_on
+from mq import Message, MqClient, MqServer, Subscription, declare_on
 from mq._cluster import ClusterNode
 from mq._cluster_file import ClusterConfig
 from tests.mq.test_cluster import config, until
@@ -277,4 +277,44 @@ async def test_the_root_sends_a_message_once_to_a_server_for_all_its_groups(
         assert upstream.queue.statistics().messages_received - before <= 50
         nursery.cancel_scope.cancel()
         producer.close()
+        cluster.close()
+
+
+async def test_what_a_leaving_consumer_held_of_a_whole_frame_goes_to_the_group_s_other(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A frame from the root that a consumer on e takes whole goes on to it as it came;
+    when that consumer leaves without acknowledging, each message it held goes to the
+    group's other consumer on e, once, counted as a second delivery."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        relay = cluster.servers["e"].relay
+        assert relay is not None
+        first = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
+        holding = await first.subscribe("orders", window=100)
+        await until(lambda: all(g.subscribed for g in relay.groups.values())
+                    and len(relay.groups) == 1)
+        sent = [b"m%03d" % i for i in range(20)]
+        await producer.publish_many("orders", sent)
+        held: list[Message] = []
+        while len(held) < 20:  # the whole batch, none acknowledged
+            held += await holding.receive_many()
+        assert [m.body for m in held] == sent and {m.deliveries for m in held} == {1}
+        (local,) = relay.groups[("orders", "orders")].consumers
+        assert len({id(frame) for frame in local.held.values()}) == 1  # passed on whole
+        second = MqClient(universe.add_broker("c2"), "e:15555", timeout=30)
+        other = await second.subscribe("orders", window=100)
+        await holding.close()
+        again: list[Message] = []
+        while len(again) < 20:
+            again += await other.receive_many()
+        assert [m.body for m in again] == sent
+        assert [m.offset for m in again] == [m.offset for m in held]
+        assert {m.deliveries for m in again} == {2}
+        await other.ack([m.offset for m in again])
+        with trio.move_on_after(5):  # nothing more comes: each message went once
+            extra = await other.receive_many()
+            raise AssertionError(f"delivered again: {extra}")
+        nursery.cancel_scope.cancel()
+        for client in (producer, first, second):
+            client.close()
         cluster.close()

@@ -16,7 +16,7 @@ from mq._client import cut_bodies as client_cut_bodies
 from mq._delivery import messages_frame
 from mq._files import VIEW_BODY
 from mq._produce import cut_bodies
-from mq._relay_groups import Relayed, relayed_messages, take_frame
+from mq._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
                                st.integers(0, 3), st.integers(1, 3), st.binary(max_size=40)),
@@ -75,6 +75,35 @@ def test_a_relayed_frame_reads_back_as_it_was_framed(
     messages = _relayed(rows)
     frame = messages_frame("t", "g", messages, [m.deliveries for m in messages])
     assert relayed_messages(decode(bytes(frame))) == messages
+
+
+@given(rows=_MESSAGES)
+def test_a_frame_passed_on_whole_reads_as_the_root_s_for_its_group(
+        rows: list[tuple[str | None, str, int, int, bytes]]) -> None:
+    """A relaying server passes a root's frame (for several groups) on to a consumer of
+    one of them as it came: it reads back as the same messages, named for that group
+    only; and each message can be taken out of it by its offset."""
+    messages = _relayed(rows)
+    frame = RelayedFrame.check(decode(bytes(messages_frame(
+        "t", "g0", messages, [m.deliveries for m in messages], ["g0", "g1"]))))
+    assert frame.offsets == [m.offset for m in messages]
+    passed = decode(bytes(frame.forward("g1")))
+    assert (passed["topic"], passed["group"], "groups" in passed) == ("t", "g1", False)
+    assert relayed_messages(passed) == messages
+    assert [frame.message_at(m.offset) for m in reversed(messages)] == messages[::-1]
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"count": 0}, "count"), ({"count": "2"}, "count"), ({"sizes": [1]}, "column of 1"),
+    ({"offsets": "7"}, "counting column"), ({"tags": [None]}, "column of 1"),
+    ({"sizes": [1, 1]}, "add up")])
+def test_a_relaying_server_refuses_a_frame_that_is_not_one(change: dict[str, object],
+                                                           why: str) -> None:
+    messages = _relayed([(None, "p", 0, 1, b"ab"), ("a", "q", 1, 1, b"c")])
+    obj = decode(bytes(messages_frame("t", "g", messages, [1, 1])))
+    obj.update(change)
+    with pytest.raises(ValueError, match=why):
+        RelayedFrame.check(obj)
 
 
 @given(sizes=st.lists(st.integers(0, 50), min_size=1, max_size=40),
