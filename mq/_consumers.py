@@ -110,7 +110,7 @@ class ConsumerCommands:
                                f"its acks are not taken")
         done, missed = state.topic.ack(group, request.offsets, consumer)
         self.counts["acked"] += done
-        if done:
+        if done and state.topic.waiting(group):  # credits it was waiting for
             self.dispatch(state)
         if missed:
             raise ServiceError(Status.CONFLICT,

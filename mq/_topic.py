@@ -495,6 +495,13 @@ class Topic:
             group.dirty = True
         return done, missed
 
+    def waiting(self, group_name: str) -> bool:
+        """Whether the group has consumers and messages for them not handed out yet
+        (stored, or to be delivered again): a dispatch may give it some."""
+        group = self.group(group_name)
+        return bool(group.consumers) and (bool(group.redeliver)
+                                          or group.next_read < self.log.next_offset)
+
     def expire(self) -> int:
         """Messages past their ack timeout go back to their group; how many."""
         now = self.clock()

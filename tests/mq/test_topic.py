@@ -71,6 +71,27 @@ def test_credits_bound_what_a_consumer_holds_and_acks_free_them() -> None:
     assert w.topic.lag("orders") == 9
 
 
+def test_a_group_waits_for_credits_only_while_it_has_messages_not_handed_out() -> None:
+    """What an ack's dispatch is for: a group whose consumers hold all it has waits for
+    nothing; one with stored messages past its window, or messages to deliver again,
+    does (a group with no consumer waits for none)."""
+    w = World(ack_timeout=5.0)
+    w.topic.declare_group("orders")
+    assert not w.topic.waiting("orders")
+    w.publish(None, None)
+    assert not w.topic.waiting("orders")  # no consumer
+    c = w.consumer("c", window=3)
+    assert c.offsets == [0, 1] and not w.topic.waiting("orders")
+    w.publish(None, None)
+    assert c.offsets == [0, 1, 2] and w.topic.waiting("orders")  # 3 waits for credits
+    w.topic.ack("orders", [0, 1, 2], c.consumer)
+    w.topic.dispatch()
+    assert c.offsets == [0, 1, 2, 3] and not w.topic.waiting("orders")
+    w.now += 6.0
+    w.topic.expire()
+    assert w.topic.waiting("orders")  # 3 is to be delivered again
+
+
 def test_filters_select_and_untagged_messages_go_only_to_groups_without_one() -> None:
     w = World()
     w.topic.declare_group("orders")
