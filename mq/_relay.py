@@ -56,8 +56,11 @@ __all__ = ["RELAY_WINDOW", "Relay", "RelayGroup"]
 log = logging.getLogger("rdvpump.mq.cluster")
 
 #: Credits of a server's subscription to a group at the root: what it may hold of the
-#: group's messages, not acknowledged yet by its consumers, at once.
-RELAY_WINDOW = 1024
+#: group's messages, not acknowledged yet by its consumers, at once.  Wide enough that a
+#: server's groups seldom wait for credits: a group that waits is handed its messages
+#: on its own when an ack frees them, no longer in the frame it shares with the server's
+#: other groups.  The groups of a frame passed on whole share its bytes.
+RELAY_WINDOW = 4096
 
 _first = itemgetter(0)
 
