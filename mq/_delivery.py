@@ -1,7 +1,8 @@
 """An MQ server's client links and what it sends them: deliveries as ``messages``
 frames, replies, RPC replies and pushes, each kept in order while a link's queue is full.
 
-A dispatch appends each delivery to its consumer's link (``ClientLink.batch``); the
+A dispatch appends each delivery to its consumer's link (``ClientLink.batch``), or a
+lone consumer's whole run of them (a :class:`~._topic.Run`); the
 server then flushes each link's batch as one ``messages`` frame per topic and group:
 the records' fields as columns (:mod:`._wire`), their bodies back to back.  A link that
 asked for shared frames (a cluster's server relaying several groups of a topic) gets one
