@@ -21,7 +21,7 @@ from itertools import accumulate
 from typing import Any, Protocol
 
 from brokermgr import Sent, encode, send
-from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue
+from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue, coalesce
 
 from ._record import Record
 from ._topic import Delivery, Member, Run
@@ -213,9 +213,10 @@ def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Par
         # the frame ends with the message whose body brings it to FRAME_BYTES or past
         base = ends[start - 1] if start else 0
         end = min(bisect_left(ends, base + FRAME_BYTES, lo=start) + 1, len(records))
+        # small bodies joined here, once for every link the frame goes to
         made.append((_columns(records[start:end], sizes[start:end],
                               None if deliveries is None else deliveries[start:end]),
-                     bodies[start:end]))
+                     coalesce(bodies[start:end])))
         start = end
     return made
 
