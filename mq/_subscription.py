@@ -206,18 +206,23 @@ class Subscription:
         """The ack of ``offsets``, less those delivered on a link since lost (None if that
         leaves none); offsets never delivered stay in it, for the server to refuse."""
         held, stale = self.held, self.stale
-        kept = []
-        for offset in offsets:
-            if offset in held:
-                del held[offset]
-                kept.append(offset)
-            elif offset in stale:
-                del stale[offset]  # came on a lost link: delivered again, acked then
-            else:
-                kept.append(offset)  # not held: the server says why (409)
-        if not kept:
+        named = set(offsets)
+        if len(named) == len(offsets) and held.keys() >= named:  # each once, all held
+            deque(map(held.__delitem__, offsets), 0)
+            offsets = list(offsets)
+        else:
+            kept = []
+            for offset in offsets:
+                if offset in held:
+                    del held[offset]
+                    kept.append(offset)
+                elif offset in stale:
+                    del stale[offset]  # came on a lost link: delivered again, acked then
+                else:
+                    kept.append(offset)  # not held: the server says why (409)
+            offsets = kept
+        if not offsets:
             return None
-        offsets = kept
         request: dict[str, Any] = {"cmd": "ack", "topic": self.topic, "group": self.group,
                                    "offsets": offsets}
         if offsets and type(first := pack_column(offsets, counting=True)) is int:
