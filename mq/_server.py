@@ -187,7 +187,10 @@ class MqServer:
                                           self._dispatch, self.address)
         self.produce = ProduceCommand(
             self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
-            self._dispatch, max_body=self.max_body, address=self.address)
+            self._dispatch_soon, max_body=self.max_body, address=self.address)
+        #: Topics a produce wrote, dispatched by one task after the produces of the turn
+        #: (:meth:`_dispatch_soon`).
+        self._to_dispatch: dict[str, TopicState] = {}
         #: A cluster's shared topics' messages, relayed through its root (:mod:`._relay`).
         self.relay: Relay | None = None
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
@@ -319,6 +322,25 @@ class MqServer:
     def _dispatch_all(self) -> None:
         for state in list(self.catalogue.topics.values()):
             self._dispatch(state)
+
+    def _dispatch_soon(self, state: TopicState) -> None:
+        """:meth:`_dispatch` once the produces being read now are answered: a producer
+        has its reply before the messages go out (it sends its next batch while they do),
+        and the produces of one read are dispatched at once."""
+        if not self._to_dispatch:
+            # posted from a task posted now: after the write of the reply, which the
+            # produce's handler queues once it returns
+            self.pump.post("mq dispatch", self._post_dispatch, owner=self.node.broker)
+        self._to_dispatch[state.topic.name] = state
+
+    def _post_dispatch(self) -> None:
+        self.pump.post("mq dispatch", self._dispatch_produced, owner=self.node.broker)
+
+    def _dispatch_produced(self) -> None:
+        states, self._to_dispatch = self._to_dispatch, {}
+        for name, state in states.items():
+            if self.catalogue.topics.get(name) is state:  # (not removed meanwhile)
+                self._dispatch(state)
 
     def _dispatch(self, state: TopicState) -> None:
         """Push what a topic's groups may have now; a failure stays with the topic (its
