@@ -333,6 +333,8 @@ def bench_cluster(
     isr: Annotated[bool, typer.Option(help="Also B = 7, Q = 12 into clients that "
                                            "discard (the internal rate's "
                                            "configuration).")] = True,
+    in_flight: Annotated[int, typer.Option(help="Batches of 100 the faucet keeps in "
+                                                "flight.")] = 2,
 ) -> None:
     """A cluster's external switching rate: one faucet into a shared topic at the root,
     B x Q clients on B fanout servers each receiving every message, against OpenAMQ's
@@ -341,11 +343,12 @@ def bench_cluster(
 
     if (smoke := _smoke()) < 1:
         messages = max(BATCH_MIN, round(messages * smoke))
-    if brokers < 1 or queues < 1 or messages < 1:
-        raise fail("--brokers, --queues and --messages must be at least 1")
+    if brokers < 1 or queues < 1 or messages < 1 or in_flight < 1:
+        raise fail("--brokers, --queues, --messages and --in-flight must be at least 1")
     with err.status("benchmarking a cluster ...") as status:
         results = guard(lambda: interruptible(lambda: cluster.run(
-            brokers, queues, messages, isr=isr, progress=status.update)))
+            brokers, queues, messages, isr=isr, in_flight=in_flight,
+            progress=status.update)))
     _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes)",
           ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio"),
           lambda r: [r.case, str(r.brokers), str(r.queues), f"{r.deliveries_per_s:,.0f}",

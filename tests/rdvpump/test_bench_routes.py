@@ -50,7 +50,7 @@ def test_bench_cluster_gives_every_client_every_message() -> None:
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (result,) = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert (result["case"], result["brokers"], result["queues"], result["messages"]) == (
-        "cluster-xsr", 2, 2, 300)
+    assert (result["case"], result["brokers"], result["queues"], result["messages"],
+            result["in_flight"]) == ("cluster-xsr", 2, 2, 300, 2)
     assert result["deliveries_per_s"] > 0 and result["ratio"] == round(
         result["deliveries_per_s"] / 480_000, 3)
