@@ -28,6 +28,7 @@ import trio
 
 from .._errors import RunError
 from .failover import _env, _spawn
+from .mq import publish_in_flight
 
 UNIVERSE = "bench-cluster"
 SIZE = 1000
@@ -122,19 +123,8 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, tmp: Pa
         for proc in procs:
             await _expect(proc, "ready")
         progress(f"{messages} messages of {SIZE} bytes to {len(groups)} clients")
-        body = b"x" * SIZE
         start = time.perf_counter()
-        left = [messages]
-
-        async def publisher() -> None:  # one of in_flight on the faucet's one link
-            while left[0] > 0:
-                n = min(BATCH, left[0])
-                left[0] -= n
-                await faucet.publish_many("feed", [body] * n)
-
-        async with trio.open_nursery() as publishers:
-            for _ in range(in_flight):
-                publishers.start_soon(publisher)
+        await publish_in_flight(faucet, "feed", b"x" * SIZE, messages, BATCH, in_flight)
         for proc in procs:
             await _expect(proc, "done")
         elapsed = time.perf_counter() - start

@@ -97,6 +97,23 @@ def child_main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown bench child {kind!r}")
 
 
+async def publish_in_flight(client: MqClient, topic: str, body: bytes, count: int,
+                            batch: int, in_flight: int) -> None:
+    """``count`` copies of ``body`` to ``topic``, in batches of ``batch``, ``in_flight``
+    batches at a time on the client's one link."""
+    left = [count]
+
+    async def publisher() -> None:
+        while left[0] > 0:
+            n = min(batch, left[0])
+            left[0] -= n
+            await client.publish_many(topic, [body] * n)
+
+    async with trio.open_nursery() as publishers:
+        for _ in range(in_flight):
+            publishers.start_soon(publisher)
+
+
 async def _ours(kind: str, host: str, port: int, size: int, count: int) -> dict[str, float]:
     manager = BrokerManager(UNIVERSE, pump=Pump(name=kind))
     manager.directory["s1"] = Address(host, port)
@@ -119,19 +136,8 @@ async def _ours(kind: str, host: str, port: int, size: int, count: int) -> dict[
             await trio.sleep(0.05)
             result = {"first": first, "end": time.time()}
         else:
-            body = b"x" * size
             start = time.time()
-            left = [count]
-
-            async def worker() -> None:
-                while left[0] > 0:
-                    n = min(batch, left[0])
-                    left[0] -= n
-                    await client.publish_many("bench", [body] * n)
-
-            async with trio.open_nursery() as workers:
-                for _ in range(IN_FLIGHT):
-                    workers.start_soon(worker)
+            await publish_in_flight(client, "bench", b"x" * size, count, batch, IN_FLIGHT)
             result = {"start": start, "end": time.time()}
         client.close()
         nursery.cancel_scope.cancel()
