@@ -65,6 +65,8 @@ class ConsumerCommands:
                                f"has a consumer already")
         consumer = Member(f"{queue.remote_id}#{id(queue) % 100000}", group,
                           link.batch.append, window=window, deliver_run=link.batch.append)
+        if request.shared_frames:  # a relaying server: runs of an eighth of its window
+            consumer.min_room = max(1, window // 8)
         link.consumers[(state.topic.name, group)] = consumer
         state.topic.attach(consumer)
         self.changed(state, group)

@@ -187,6 +187,9 @@ class Member:
         self.deliver = deliver
         self.deliver_many = deliver_many
         self.deliver_run = deliver_run
+        #: A lone consumer behind is handed messages only once this many credits (or
+        #: all there is for it) are free: runs of that many, not one per ack.
+        self.min_room = 1
         #: offsets delivered and not acknowledged
         self.in_flight: set[int] = set()
 
@@ -367,6 +370,9 @@ class Topic:
             credits = sum(max(c.credits, 0) for c in group.consumers)
             if credits == 0:
                 return sent
+            if len(group.consumers) == 1 and credits < min(group.consumers[0].min_room,
+                                                           limit - group.next_read):
+                return sent  # until its acks free a batch's worth (see Member)
             records = self.log.read(group.next_read, max_count=min(credits, 1024))
             if not records:
                 return sent

@@ -92,6 +92,30 @@ def test_a_group_waits_for_credits_only_while_it_has_messages_not_handed_out() -
     assert w.topic.waiting("orders")  # 3 is to be delivered again
 
 
+def test_a_lone_consumer_behind_is_handed_runs_of_its_min_room() -> None:
+    """A consumer with ``min_room`` (a relaying server at the root) that holds its whole
+    window gets nothing for an ack that frees less than that, then a run of what the
+    freed credits allow; one whose backlog is smaller than that gets all of it."""
+    w = World()
+    w.topic.declare_group("orders")
+    c = w.consumer("c", window=8)
+    c.consumer.min_room = 4
+    w.publish(*[None] * 20)
+    assert c.offsets == list(range(8))
+    w.topic.ack("orders", [0, 1, 2], c.consumer)
+    w.topic.dispatch()
+    assert c.offsets == list(range(8))  # 3 free, 12 waiting: not yet
+    w.topic.ack("orders", [3], c.consumer)
+    w.topic.dispatch()
+    assert c.offsets == list(range(12))  # 4 free: a run of 4
+    w.topic.ack("orders", list(range(4, 12)), c.consumer)
+    w.topic.dispatch()
+    assert c.offsets == list(range(20))  # the 8 left, all at once
+    w.topic.ack("orders", list(range(12, 19)), c.consumer)
+    w.publish(None, None)
+    assert c.offsets == list(range(22))  # 2 waiting, 7 free: both, less than min_room
+
+
 def test_filters_select_and_untagged_messages_go_only_to_groups_without_one() -> None:
     w = World()
     w.topic.declare_group("orders")
