@@ -189,7 +189,7 @@ def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Par
     if len(pieces) == 1 and type(run := pieces[0]) is Run:
         records: list[Record] = run.records
         deliveries = None
-        key = (topic, records[0].offset, records[-1].offset, len(records))
+        key = _content_key(topic, pieces)
         made = frames.get(key)
         if made is not None:
             return made
