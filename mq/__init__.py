@@ -58,7 +58,7 @@ from ._scan import INDEX_INTERVAL, Corruption
 from ._server import FLAGS, MqServer
 from ._shared import declare_on
 from ._subscription import Message as Message
-from ._subscription import Pushed, Receiver, Subscription
+from ._subscription import MessageBatch, Pushed, Receiver, Subscription
 from ._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
@@ -75,7 +75,7 @@ __all__ = [
     "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES", "Consumer", "Corruption",
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",
-    "FLAGS", "Durability", "Message", "MqClient", "MqServer", "Stored",
+    "FLAGS", "Durability", "Message", "MessageBatch", "MqClient", "MqServer", "Stored",
     "Subscription", "Caller", "Service", "RpcTimeout", "Pushed", "Receiver", "Producer",
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
     "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",

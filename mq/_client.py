@@ -45,10 +45,10 @@ from brokermgr import (
     encode,
 )
 from brokermgr.tracking import ServerAddress
-from channels import SMALL_PIECE, QueueFullError, split_bodies
+from channels import QueueFullError
 from pump import ConfigError
 
-from ._subscription import Message, Pushed, Receiver, Subscription
+from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
 from ._topic import DEFAULT_WINDOW
 from ._wire import unpack_column
 
@@ -170,56 +170,55 @@ class _ServerLink(BrokerLink):
         if subscription is None:
             return  # unsubscribed meanwhile: the server delivers them again to others
         try:
-            topic, group, body = obj["topic"], obj["group"], obj.get("body", b"")
+            body = obj.get("body", b"")
             count = obj["count"]
             if type(count) is not int or count < 1:
                 raise ValueError(f"count {count!r}")
-            columns: list[Any] = [
+            offsets, sizes, tags, producers, sequences, deliveries, timestamps = [
                 unpack_column(obj[name], count, counting=counting) for name, counting in _COLUMNS]
-            columns[1] = cut_bodies(body, columns[1])
-            messages = [Message(topic, group, offset, tag, producer, sequence, deliveries,
-                                timestamp, one, subscription)
-                        for offset, one, tag, producer, sequence, deliveries, timestamp in zip(
-                            *columns, strict=True)]
-            held = subscription.held
-            held.update(dict.fromkeys(columns[0]))  # in order, as the messages came
+            check_sizes(body, sizes)
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")
             return
+        batch = MessageBatch(subscription, offsets, tags, producers, sequences, deliveries,
+                             timestamps, parts=[(body, sizes)])
+        held = subscription.held
+        held.update(dict.fromkeys(offsets))  # in order, as the messages came
         if subscription.no_local:
-            own = [m.offset for m in messages if m.producer == self.client.producer]
-            if own:  # this client's own messages: acknowledged, not handed out
-                ack = subscription.ack_request(own)
+            me = self.client.producer
+            if me in producers:  # this client's own messages: acknowledged, not handed out
+                ack = subscription.ack_request(
+                    [o for o, p in zip(offsets, producers, strict=True) if p == me])
                 if ack is not None:
                     self.send(ack)  # (past the high-water mark: delivered again, skipped)
-                messages = [m for m in messages if m.producer != self.client.producer]
-                if not messages:
+                batch = MessageBatch.of(subscription, [m for m in batch if m.producer != me])
+                if not batch:
                     return
         if len(held) > subscription.max_held:  # never acknowledged: forget the oldest
             for offset in list(itertools.islice(held, len(held) - subscription.max_held)):
                 del held[offset]
         if subscription.on_message is None:
-            subscription.inbox.send_nowait(messages)
+            subscription.inbox.send_nowait(batch)
         else:
-            for message in messages:
+            for message in batch:
                 subscription.on_message(message)
 
 
-def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
-    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each: of one size
-    or small, by :func:`channels.split_bodies`; large ones of several sizes copied one by
-    one out of the frame.  ValueError unless ``sizes`` are non-negative integers adding
-    up to the body's length."""
+def check_sizes(body: bytes | memoryview, sizes: list[Any]) -> None:
+    """ValueError unless ``sizes`` are non-negative integers adding up to the length of
+    ``body`` (a ``messages`` frame's bodies, back to back)."""
     uniform = sizes.count(sizes[0]) == len(sizes)
     if ({type(sizes[0])} if uniform else set(map(type, sizes))) != {int} or min(sizes) < 0:
         raise ValueError(f"sizes must be non-negative integers, not {sizes[:8]!r}")
     if sum(sizes) != len(body):
         raise ValueError("sizes that do not add up to the body")
-    if uniform or len(body) < len(sizes) * SMALL_PIECE:
-        return split_bodies(body, sizes)
-    view = memoryview(body)
-    return [bytes(view[a:b]) for a, b in itertools.pairwise(itertools.accumulate(sizes,
-                                                                                   initial=0))]
+
+
+def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
+    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each
+    (:func:`._subscription.cut`), once :func:`check_sizes` passed."""
+    check_sizes(body, sizes)
+    return cut(body, sizes)
 
 
 #: The columns of a ``messages`` frame, in Message's order, and which of them count.

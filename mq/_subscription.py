@@ -1,12 +1,14 @@
 """What a client of an MQ server receives: consumed messages (:class:`Message`), the
-subscriptions they come from (:class:`Subscription`: ``async for``, ``receive``,
-``receive_many``, acks) and what is pushed to a receiver name (:class:`Receiver`,
-:class:`Pushed`).
+same as columns (:class:`MessageBatch`), the subscriptions they come from
+(:class:`Subscription`: ``async for``, ``receive``, ``receive_many``, ``receive_batch``,
+acks) and what is pushed to a receiver name (:class:`Receiver`, :class:`Pushed`).
 
-A subscription's frames come from its client's link (:mod:`._client`), one list of
-messages per frame, bounded by its window.  It keeps the offsets delivered on the
-current link and not acknowledged yet, and those that had come on a lost link: an ack
-of one of those is not sent (the server delivers them again after a reconnect).
+A subscription's frames come from its client's link (:mod:`._client`), one
+:class:`MessageBatch` per frame, bounded by its window: a :class:`Message` is made only
+when one is asked for, and a body is cut out of its frame only when bodies are.  It
+keeps the offsets delivered on the current link and not acknowledged yet, and those
+that had come on a lost link: an ack of one of those is not sent (the server delivers
+them again after a reconnect).
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ import contextlib
 import itertools
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, overload
 
 import trio
 
 from brokermgr import Sent, ServiceError
-from channels import QueueFullError
+from channels import SMALL_PIECE, QueueFullError, split_bodies
+from pump import ConfigError
 
 from ._wire import pack_column
 
@@ -54,6 +58,150 @@ class Message:
     def ack_nowait(self) -> None:
         """The listener face's ack (:meth:`Subscription.ack_nowait`)."""
         self.subscription.ack_nowait([self.offset])
+
+
+def cut(body: bytes | memoryview, sizes: list[int]) -> Sequence[bytes]:
+    """Bodies back to back in ``body`` as bytes each, ``sizes`` long (checked by the
+    caller): of one size or small, by :func:`channels.split_bodies`; large ones of
+    several sizes copied one by one out of the frame."""
+    if not sizes:
+        return []
+    if sizes.count(sizes[0]) == len(sizes) or len(body) < len(sizes) * SMALL_PIECE:
+        return split_bodies(body, sizes)
+    view = memoryview(body)
+    return [bytes(view[a:b]) for a, b in itertools.pairwise(itertools.accumulate(sizes,
+                                                                                   initial=0))]
+
+
+class MessageBatch:
+    """Messages of one subscription as columns, in the order they came: what
+    :meth:`Subscription.receive_batch` returns (one or more frames' worth).
+
+    ``offsets``, ``tags``, ``producers``, ``sequences``, ``deliveries`` and
+    ``timestamps`` are lists, one value per message; ``bodies`` are cut out of their
+    frames the first time they are asked for.  A consumer that works on whole columns
+    makes no object per message; ``batch[i]``, iterating and :meth:`messages` make
+    :class:`Message` objects as they are asked for.  Read-only by convention."""
+
+    __slots__ = ("subscription", "offsets", "tags", "producers", "sequences", "deliveries",
+                 "timestamps", "_parts", "_bodies")
+
+    def __init__(self, subscription: Subscription, offsets: list[int],
+                 tags: list[str | None], producers: list[str], sequences: list[int],
+                 deliveries: list[int], timestamps: list[int], *,
+                 bodies: Sequence[bytes] | None = None,
+                 parts: Sequence[tuple[bytes | memoryview, list[int]]] = ()) -> None:
+        self.subscription = subscription
+        self.offsets = offsets
+        self.tags = tags
+        self.producers = producers
+        self.sequences = sequences
+        self.deliveries = deliveries
+        self.timestamps = timestamps
+        #: bodies not cut yet: (frame's bodies back to back, their sizes) in order
+        self._parts = parts
+        self._bodies = bodies
+
+    @classmethod
+    def of(cls, subscription: Subscription, messages: Sequence[Message]) -> MessageBatch:
+        """The batch of ``messages`` (of ``subscription``)."""
+        return cls(subscription, [m.offset for m in messages], [m.tag for m in messages],
+                   [m.producer for m in messages], [m.sequence for m in messages],
+                   [m.deliveries for m in messages], [m.timestamp for m in messages],
+                   bodies=[m.body for m in messages])
+
+    @classmethod
+    def join(cls, batches: Sequence[MessageBatch]) -> MessageBatch:
+        """One batch of ``batches`` (of one subscription), in order; bodies still in
+        their frames stay there."""
+        first = batches[0]
+        columns = [list(itertools.chain.from_iterable(getattr(b, name) for b in batches))
+                   for name in ("offsets", "tags", "producers", "sequences", "deliveries",
+                                "timestamps")]
+        uncut = [b.uncut for b in batches]
+        if all(parts is not None for parts in uncut):
+            return cls(first.subscription, *columns,
+                       parts=[part for parts in uncut if parts is not None for part in parts])
+        bodies = list(itertools.chain.from_iterable(b.bodies for b in batches))
+        return cls(first.subscription, *columns, bodies=bodies)
+
+    @property
+    def topic(self) -> str:
+        return self.subscription.topic
+
+    @property
+    def group(self) -> str:
+        return self.subscription.group
+
+    @property
+    def uncut(self) -> Sequence[tuple[bytes | memoryview, list[int]]] | None:
+        """The bodies still in their frames (each frame's bodies back to back, and their
+        sizes), or None once they were cut."""
+        return self._parts if self._bodies is None else None
+
+    @property
+    def bodies(self) -> Sequence[bytes]:
+        """The messages' bodies, in order."""
+        bodies = self._bodies
+        if bodies is None:
+            parts = self._parts
+            if len(parts) == 1:
+                bodies = cut(*parts[0])
+            else:
+                bodies = list(itertools.chain.from_iterable(cut(*part) for part in parts))
+            self._bodies, self._parts = bodies, ()
+        return bodies
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> MessageBatch: ...
+
+    def __getitem__(self, index: int | slice) -> Message | MessageBatch:
+        if isinstance(index, slice):
+            return MessageBatch(self.subscription, self.offsets[index], self.tags[index],
+                                self.producers[index], self.sequences[index],
+                                self.deliveries[index], self.timestamps[index],
+                                bodies=list(self.bodies[index]))
+        subscription = self.subscription
+        return Message(subscription.topic, subscription.group, self.offsets[index],
+                       self.tags[index], self.producers[index], self.sequences[index],
+                       self.deliveries[index], self.timestamps[index], self.bodies[index],
+                       subscription)
+
+    def messages(self, start: int = 0, stop: int | None = None) -> list[Message]:
+        """The messages from ``start`` up to ``stop`` (the end), as :class:`Message`."""
+        cut_at = slice(start, stop)
+        return list(self._made(self.offsets[cut_at], self.tags[cut_at],
+                               self.producers[cut_at], self.sequences[cut_at],
+                               self.deliveries[cut_at], self.timestamps[cut_at],
+                               self.bodies[cut_at]))
+
+    def __iter__(self) -> Iterator[Message]:
+        return self._made(self.offsets, self.tags, self.producers, self.sequences,
+                          self.deliveries, self.timestamps, self.bodies)
+
+    def _made(self, *columns: Sequence[Any]) -> Iterator[Message]:
+        subscription = self.subscription
+        return map(Message, repeat(subscription.topic), repeat(subscription.group),
+                   *columns, repeat(subscription))
+
+    def __repr__(self) -> str:
+        return (f"<MessageBatch of {len(self)} messages of {self.topic!r} "
+                f"in group {self.group!r}>")
+
+    async def ack(self) -> None:
+        """Acknowledge every message of the batch (:meth:`Subscription.ack`)."""
+        await self.subscription.ack(self.offsets)
+
+    def ack_nowait(self) -> None:
+        """The listener face's ack of every message of the batch
+        (:meth:`Subscription.ack_nowait`)."""
+        self.subscription.ack_nowait(self.offsets)
 
 
 @dataclass(frozen=True)
@@ -91,10 +239,12 @@ class Subscription:
         self.on_message = on_message
         #: Its first consume was answered (until then a reconnect does not repeat it).
         self.active = False
-        # the messages of each frame, as one list (bounded by the window: the server
-        # pushes at most that many unacknowledged); _ready holds what is left of one
-        self.inbox, self._frames = trio.open_memory_channel[list[Message]](math.inf)
-        self._ready: deque[Message] = deque()
+        # the messages of each frame, as one batch (bounded by the window: the server
+        # pushes at most that many unacknowledged); _ready holds the batches taken off
+        # it, of which the first has had its first _taken messages handed out
+        self.inbox, self._frames = trio.open_memory_channel[MessageBatch](math.inf)
+        self._ready: deque[MessageBatch] = deque()
+        self._taken = 0
         #: Called with an error of this subscription's acks (or of a consume a reconnect
         #: repeated); without it the error is raised by the next call.
         self.on_error: Callable[[ServiceError], object] | None = None
@@ -123,7 +273,8 @@ class Subscription:
         elif self._error is None:
             self._error = error
             with contextlib.suppress(trio.ClosedResourceError):
-                self.inbox.send_nowait([])  # a receive waiting for a frame raises it now
+                # a receive waiting for a frame raises it now
+                self.inbox.send_nowait(MessageBatch.of(self, []))
 
     def _raise_failed(self) -> None:
         error, self._error = self._error, None
@@ -149,33 +300,67 @@ class Subscription:
         cancelled receive loses nothing.  Raises the error of an earlier ack, if one came
         (see the module)."""
         self._raise_failed()
-        return (await self._wait_ready()).popleft()
+        ready = await self._wait_ready()
+        head, taken = ready[0], self._taken
+        self._advance(head, taken + 1)
+        return head[taken]
 
     async def receive_many(self, max_count: int = 1000) -> list[Message]:
         """Wait for a message, then take every one already here (at most ``max_count``):
         one await for a whole frame of them."""
+        return [m for batch in await self._take(max_count) for m in batch]
+
+    async def receive_batch(self, max_count: int = 1000) -> MessageBatch:
+        """:meth:`receive_many`'s messages as one :class:`MessageBatch`: columns, with no
+        object made per message (a consumer that acknowledges whole batches, or reads
+        only bodies, pays per frame, not per message)."""
+        batches = await self._take(max_count)
+        return batches[0] if len(batches) == 1 else MessageBatch.join(batches)
+
+    async def _take(self, max_count: int) -> list[MessageBatch]:
+        """What :meth:`receive_many` takes, as the batches (or their parts) it came in."""
+        if max_count < 1:
+            raise ConfigError("max_count must be at least 1")
         self._raise_failed()
         ready = await self._wait_ready()
-        while len(ready) < max_count:
+        available = sum(map(len, ready)) - self._taken
+        while available < max_count:  # frames already here, without waiting
             try:
-                ready.extend(self._frames.receive_nowait())
+                batch = self._frames.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        if len(ready) <= max_count:
-            messages = list(ready)
-            ready.clear()
-            return messages
-        return [ready.popleft() for _ in range(max_count)]
+            if batch:  # (an error's wake-up: raised by the next call)
+                ready.append(batch)
+                available += len(batch)
+        taken: list[MessageBatch] = []
+        count = 0
+        while ready and count < max_count:
+            head, start = ready[0], self._taken
+            stop = min(len(head), start + max_count - count)
+            taken.append(head if start == 0 and stop == len(head) else head[start:stop])
+            count += stop - start
+            self._advance(head, stop)
+        return taken
 
-    async def _wait_ready(self) -> deque[Message]:
-        """The messages here, at least one, after a checkpoint (waiting for a frame when
-        none is here)."""
+    def _advance(self, head: MessageBatch, stop: int) -> None:
+        """The first ``stop`` messages of ``head``, the first batch ready, handed out."""
+        if stop >= len(head):
+            self._ready.popleft()
+            self._taken = 0
+        else:
+            self._taken = stop
+
+    async def _wait_ready(self) -> deque[MessageBatch]:
+        """The batches here, with a message at least, after a checkpoint (waiting for a
+        frame when none is here)."""
         ready = self._ready
         if ready:
             await trio.lowlevel.checkpoint()
         while not ready:  # (another task may have taken them meanwhile)
-            ready.extend(await self._frames.receive())
-            if not ready:
+            batch = await self._frames.receive()
+            if batch:
+                ready.append(batch)
+            else:
                 self._raise_failed()  # woken by an error (see failed)
         return ready
 

@@ -8,7 +8,9 @@ each consuming on its group's fanout server (the Q clients of each fanout server
 process of their own, this module run as a program): every message reaches every client
 (OpenAMQ's B brokers each fanning one faucet out to Q queues).  One external faucet in
 this process publishes 1,000-byte messages to the root, in batches of 100, two in
-flight by default (``in_flight``).
+flight by default (``in_flight``).  The clients are sinks: each acknowledges what it
+gets, as columns by default (``sink="batch"``: ``receive_batch``, no object made per
+message), or as a :class:`~mq.Message` each (``sink="messages"``: ``receive_many``).
 The figure: deliveries per second, from the first publish to the last delivery,
 against the target those figures set for B = 3, Q = 4 (480 K messages/s).
 """
@@ -39,6 +41,9 @@ BATCH = 100
 IN_FLIGHT = 2
 #: OpenAMQ's tentative XSR for B = Q = 4 on its own hardware, messages per second.
 SEED_XSR = 480_000
+#: How the clients consume: ``receive_batch`` (columns) or ``receive_many`` (a Message
+#: each).
+SINKS = ("batch", "messages")
 DEADLINE = 120.0
 
 
@@ -50,6 +55,8 @@ class ClusterResult:
     messages: int
     #: batches the faucet keeps in flight
     in_flight: int
+    #: how the clients consume (:data:`SINKS`)
+    sink: str
     deliveries_per_s: float
     baseline: str
     baseline_per_s: float
@@ -57,6 +64,7 @@ class ClusterResult:
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case, "brokers": self.brokers, "queues": self.queues,
                 "size": SIZE, "messages": self.messages, "in_flight": self.in_flight,
+                "sink": self.sink,
                 "deliveries_per_s": round(self.deliveries_per_s, 1),
                 "baseline": self.baseline, "baseline_per_s": self.baseline_per_s,
                 "ratio": round(self.deliveries_per_s / self.baseline_per_s, 3)}
@@ -81,8 +89,8 @@ async def _until_ok(attempt: Callable[[], Any]) -> Any:
                 await trio.sleep(0.05)
 
 
-async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, tmp: Path,
-               progress: Callable[[str], None]) -> ClusterResult:
+async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, sink: str,
+               tmp: Path, progress: Callable[[str], None]) -> ClusterResult:
     from brokermgr import BrokerManager, NameClient
     from mq import MqClient
     from pump import Pump
@@ -119,7 +127,7 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, tmp: Pa
             per_server.setdefault(server, []).append(group)
         # each fanout server's clients in a process of their own (external clients)
         procs = [await stack.enter_async_context(_clients_process(
-            manager, server, messages, names_)) for server, names_ in per_server.items()]
+            manager, server, messages, sink, names_)) for server, names_ in per_server.items()]
         for proc in procs:
             await _expect(proc, "ready")
         progress(f"{messages} messages of {SIZE} bytes to {len(groups)} clients")
@@ -132,18 +140,18 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, tmp: Pa
         nursery.cancel_scope.cancel()
     if elapsed <= 0:
         raise RunError("the run took no time")
-    return ClusterResult("cluster-xsr", brokers, queues, messages, in_flight,
+    return ClusterResult("cluster-xsr", brokers, queues, messages, in_flight, sink,
                          messages * len(groups) / elapsed, "OpenAMQ XSR target (B=Q=4)",
                          SEED_XSR)
 
 
 @asynccontextmanager
-async def _clients_process(manager: str, server: str, messages: int, groups: list[str]
-                           ) -> AsyncIterator[_Lines]:
+async def _clients_process(manager: str, server: str, messages: int, sink: str,
+                           groups: list[str]) -> AsyncIterator[_Lines]:
     """A process of this module (:func:`_clients`) consuming ``groups`` on ``server``;
     killed and reaped on the way out."""
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "rdvpump.bench.cluster", manager, server, str(messages),
+        [sys.executable, "-m", "rdvpump.bench.cluster", manager, server, str(messages), sink,
          *groups], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_env())
     try:
         yield _Lines(proc)
@@ -177,9 +185,10 @@ async def _expect(proc: _Lines, word: str) -> None:
         raise RunError(f"a clients process said {line!r}, not {word!r}")
 
 
-async def _clients(manager: str, server: str, messages: int, groups: list[str]) -> None:
+async def _clients(manager: str, server: str, messages: int, sink: str, groups: list[str]
+                   ) -> None:
     """One client per group consuming on ``server``: ``ready`` once all consume, ``done``
-    once each had ``messages`` (acknowledged as they come)."""
+    once each had ``messages`` (acknowledged as they come, as ``sink`` says)."""
     from brokermgr import BrokerManager, NameClient
     from mq import MqClient
     from pump import Pump
@@ -202,7 +211,14 @@ async def _clients(manager: str, server: str, messages: int, groups: list[str]) 
             subscriptions.append(await _until_ok(subscribe))
         print("ready", flush=True)
 
-        async def sink(subscription: Any) -> None:
+        async def batches(subscription: Any) -> None:
+            count = 0
+            while count < messages:
+                batch = await subscription.receive_batch(2000)
+                count += len(batch)
+                await batch.ack()
+
+        async def each(subscription: Any) -> None:
             count = 0
             while count < messages:
                 got = await subscription.receive_many(2000)
@@ -211,7 +227,7 @@ async def _clients(manager: str, server: str, messages: int, groups: list[str]) 
 
         async with trio.open_nursery() as sinks:
             for subscription in subscriptions:
-                sinks.start_soon(sink, subscription)
+                sinks.start_soon(batches if sink == "batch" else each, subscription)
         print("done", flush=True)
         names.close()
         nursery.cancel_scope.cancel()
@@ -223,8 +239,8 @@ SEED_BROKER = 25_000
 
 
 def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool = True,
-        in_flight: int = IN_FLIGHT, progress: Callable[[str], None] = lambda _: None
-        ) -> list[ClusterResult]:
+        in_flight: int = IN_FLIGHT, sink: str = "batch",
+        progress: Callable[[str], None] = lambda _: None) -> list[ClusterResult]:
     """The XSR figure (``brokers`` x ``queues``), then, with ``isr``, the internal one's
     configuration (B = 7, Q = 12), its 84 groups each consumed by a client of this
     process that discards what it gets: OpenAMQ's sinks are queues with no consumer,
@@ -234,17 +250,17 @@ def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool 
     results = []
     with tempfile.TemporaryDirectory(prefix="rdvpump-cluster-") as tmp:
         (Path(tmp) / "xsr").mkdir()
-        results.append(trio.run(_xsr, brokers, queues, messages, in_flight,
+        results.append(trio.run(_xsr, brokers, queues, messages, in_flight, sink,
                                 Path(tmp) / "xsr", progress))
         if isr:
             (Path(tmp) / "isr").mkdir()
-            internal = trio.run(_xsr, 7, 12, messages, in_flight, Path(tmp) / "isr",
+            internal = trio.run(_xsr, 7, 12, messages, in_flight, sink, Path(tmp) / "isr",
                                 progress)
             results.append(ClusterResult("cluster-isr-discarding-clients", 7, 12, messages,
-                                         in_flight, internal.deliveries_per_s,
+                                         in_flight, sink, internal.deliveries_per_s,
                                          "OpenAMQ ISR B x Q x 25 K", 7 * 12 * SEED_BROKER))
     return results
 
 
 if __name__ == "__main__":  # a process of external clients (see _clients_process)
-    trio.run(_clients, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    trio.run(_clients, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:])

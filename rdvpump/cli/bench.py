@@ -335,6 +335,9 @@ def bench_cluster(
                                            "configuration).")] = True,
     in_flight: Annotated[int, typer.Option(help="Batches of 100 the faucet keeps in "
                                                 "flight.")] = 2,
+    sink: Annotated[str, typer.Option(help="How the clients consume: batch "
+                                           "(receive_batch, columns) or messages "
+                                           "(receive_many, a Message each).")] = "batch",
 ) -> None:
     """A cluster's external switching rate: one faucet into a shared topic at the root,
     B x Q clients on B fanout servers each receiving every message, against OpenAMQ's
@@ -345,11 +348,14 @@ def bench_cluster(
         messages = max(BATCH_MIN, round(messages * smoke))
     if brokers < 1 or queues < 1 or messages < 1 or in_flight < 1:
         raise fail("--brokers, --queues, --messages and --in-flight must be at least 1")
+    if sink not in cluster.SINKS:
+        raise fail(f"--sink must be one of {', '.join(cluster.SINKS)}, not {sink!r}")
     with err.status("benchmarking a cluster ...") as status:
         results = guard(lambda: interruptible(lambda: cluster.run(
-            brokers, queues, messages, isr=isr, in_flight=in_flight,
+            brokers, queues, messages, isr=isr, in_flight=in_flight, sink=sink,
             progress=status.update)))
-    _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes)",
+    _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes, "
+                             f"{sink} sinks)",
           ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio"),
           lambda r: [r.case, str(r.brokers), str(r.queues), f"{r.deliveries_per_s:,.0f}",
                      r.baseline, f"{r.baseline_per_s:,.0f}",

@@ -42,15 +42,16 @@ def test_bench_mq_moves_every_message_end_to_end(tmp_path: pathlib.Path) -> None
 
 
 @pytest.mark.slow
-def test_bench_cluster_gives_every_client_every_message() -> None:
+@pytest.mark.parametrize("sink", ["batch", "messages"])
+def test_bench_cluster_gives_every_client_every_message(sink: str) -> None:
     """Two fanout servers with two groups each: every one of the four clients received
     all 300 messages (the run waits for that), and the figure says so."""
     proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "cluster", "--brokers",
-                           "2", "--queues", "2", "--messages", "300", "--no-isr", "--json"],
-                          capture_output=True, text=True, timeout=180)
+                           "2", "--queues", "2", "--messages", "300", "--no-isr", "--json",
+                           "--sink", sink], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (result,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert (result["case"], result["brokers"], result["queues"], result["messages"],
-            result["in_flight"]) == ("cluster-xsr", 2, 2, 300, 2)
+            result["in_flight"], result["sink"]) == ("cluster-xsr", 2, 2, 300, 2, sink)
     assert result["deliveries_per_s"] > 0 and result["ratio"] == round(
         result["deliveries_per_s"] / 480_000, 3)

@@ -81,6 +81,9 @@ def test_bad_options_give_one_clear_line_and_exit_1() -> None:
     result = runner.invoke(app, ["bench", "cluster", "--in-flight", "0"])
     assert result.exit_code == 1 and (
         "--brokers, --queues, --messages and --in-flight must be at least 1" in result.output)
+    result = runner.invoke(app, ["bench", "cluster", "--sink", "each"])
+    assert result.exit_code == 1 and result.output == (
+        "error: --sink must be one of batch, messages, not 'each'\n")
     result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
                                  "--busy-poll-us", "-5"])
     assert result.exit_code == 1 and "busy_poll must be a non-negative" in result.output

@@ -1,0 +1,138 @@
+"""A subscription's messages as columns (``receive_batch``, :class:`mq.MessageBatch`),
+beside ``receive`` and ``receive_many`` on one stream, on trio's virtual clock."""
+
+from __future__ import annotations
+
+import pathlib
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from mq import MessageBatch
+from pump import ConfigError
+
+from .test_server import site
+
+FIELDS = ("topic", "group", "offset", "tag", "producer", "sequence", "deliveries",
+          "timestamp", "body")
+
+
+def fields(messages: Any) -> list[tuple[Any, ...]]:
+    return [tuple(getattr(m, name) for name in FIELDS) for m in messages]
+
+
+async def test_a_batch_holds_what_receive_many_gives_and_its_ack_frees_them(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        first, second, consumer = s.client("p1"), s.client("p2"), s.client("c")
+        await first.declare("orders")
+        await first.declare("orders", group="audit")
+        batch_sub = await consumer.subscribe("orders", window=100)
+        each_sub = await consumer.subscribe("orders", group="audit", window=100)
+        await first.publish_many("orders", [b"a", b"bb" * 3000, b""], tag="eu")
+        await second.publish("orders", b"x" * 5000)
+        await first.publish_many("orders", [b"c", b"d"])
+        batch = await batch_sub.receive_batch()
+        while len(batch) < 6:
+            batch = MessageBatch.join([batch, await batch_sub.receive_batch()])
+        each = await each_sub.receive_many()
+        while len(each) < 6:
+            each += await each_sub.receive_many()
+        assert batch.offsets == [m.offset for m in each] == [0, 1, 2, 3, 4, 5]
+        assert list(batch.bodies) == [m.body for m in each] == [
+            b"a", b"bb" * 3000, b"", b"x" * 5000, b"c", b"d"]
+        assert batch.tags == ["eu", "eu", "eu", None, None, None]
+        assert batch.producers == [first.producer] * 3 + [second.producer] + [
+            first.producer] * 2
+        assert batch.sequences == [1, 2, 3, 1, 4, 5]
+        assert batch.deliveries == [1] * 6 and batch.timestamps == [m.timestamp for m in each]
+        assert (batch.topic, batch.group, len(batch)) == ("orders", "orders", 6)
+        # the same messages, as Message objects, by index and by iteration
+        assert fields(batch) == [(*f[:1], "orders", *f[2:]) for f in fields(each)]
+        assert fields([batch[4]]) == fields(batch)[4:5] and fields(batch[1:3]) == fields(
+            batch)[1:3]
+        await batch.ack()
+        await trio.sleep(0.1)
+        groups = (await consumer.query("orders"))["orders"]["groups"]
+        assert (groups["orders"]["inFlight"], groups["orders"]["lag"]) == (0, 0)
+        assert (groups["audit"]["inFlight"], groups["audit"]["lag"]) == (6, 6)
+
+
+#: Calls on one subscription, in turn until every message came: ("one", 0) is
+#: ``receive``, ("many", n) ``receive_many(n)``, ("batch", n) ``receive_batch(n)``.
+PATTERNS = [
+    [("batch", 1000)],
+    [("one", 0), ("batch", 3), ("many", 5)],
+    [("batch", 1), ("many", 1), ("one", 0)],
+    [("many", 7), ("batch", 11), ("one", 0), ("batch", 2)],
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+async def test_receive_receive_many_and_receive_batch_take_one_stream_in_order(
+        tmp_path: pathlib.Path, autojump_clock: object, pattern: list[tuple[str, int]]
+        ) -> None:
+    """Whatever mix of calls takes them, frames cut anywhere: every message once, in
+    order, each call within its count."""
+    sizes = [7, 13, 1, 29, 2]
+    async with site(tmp_path) as s:
+        producer, consumer = s.client("p"), s.client("c")
+        await producer.declare("orders")
+        sub = await consumer.subscribe("orders", window=1000)
+        start = 0
+        for size in sizes:
+            await producer.publish_many("orders", [b"m%d" % i for i in range(start,
+                                                                             start + size)])
+            start += size
+        got: list[tuple[int, bytes]] = []
+        turn = 0
+        while len(got) < start:
+            call, count = pattern[turn % len(pattern)]
+            turn += 1
+            if call == "one":
+                message = await sub.receive()
+                got.append((message.offset, message.body))
+            elif call == "many":
+                messages = await sub.receive_many(count)
+                assert 1 <= len(messages) <= count
+                got += [(m.offset, m.body) for m in messages]
+            else:
+                batch = await sub.receive_batch(count)
+                assert 1 <= len(batch) <= count
+                got += list(zip(batch.offsets, batch.bodies, strict=True))
+        assert got == [(i, b"m%d" % i) for i in range(start)]
+        await sub.ack([offset for offset, _ in got])
+        await trio.sleep(0.1)
+        assert (await consumer.query("orders"))["orders"]["groups"]["orders"]["lag"] == 0
+
+
+async def test_receive_batch_and_receive_many_refuse_a_count_below_one(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    async with site(tmp_path) as s:
+        consumer = s.client("c")
+        await consumer.declare("orders")
+        sub = await consumer.subscribe("orders")
+        for call in (sub.receive_batch, sub.receive_many):
+            with pytest.raises(ConfigError, match="max_count must be at least 1"):
+                await call(0)
+
+
+def test_batches_join_and_cut_with_bodies_in_their_frames_or_cut() -> None:
+    owner: Any = SimpleNamespace(topic="t", group="g")
+    frame = b"aabbbc"
+    lazy = MessageBatch(owner, [0, 1, 2], [None] * 3, ["p"] * 3, [1, 2, 3], [1] * 3,
+                        [9] * 3, parts=[(memoryview(frame), [2, 3, 1])])
+    other = MessageBatch(owner, [3], ["x"], ["q"], [1], [2], [10],
+                         parts=[(b"dd", [2])])
+    joined = MessageBatch.join([lazy, other])
+    assert list(joined.bodies) == [b"aa", b"bbb", b"c", b"dd"]
+    assert joined.offsets == [0, 1, 2, 3] and joined.deliveries == [1, 1, 1, 2]
+    cut = lazy[1:]
+    assert (cut.offsets, list(cut.bodies), cut.sequences) == ([1, 2], [b"bbb", b"c"], [2, 3])
+    # one already cut joined with one that is not
+    mixed = MessageBatch.join([cut, other])
+    assert list(mixed.bodies) == [b"bbb", b"c", b"dd"] and mixed.tags == [None, None, "x"]
+    assert [m.body for m in MessageBatch.of(owner, list(mixed))] == [b"bbb", b"c", b"dd"]
+    assert repr(mixed) == "<MessageBatch of 3 messages of 't' in group 'g'>"
