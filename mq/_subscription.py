@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, overload
 
 import trio
@@ -73,6 +74,11 @@ def cut(body: bytes | memoryview, sizes: list[int]) -> Sequence[bytes]:
                                                                                    initial=0))]
 
 
+#: A batch's columns but its bodies, in :class:`Message`'s order.
+_COLUMNS = tuple(map(attrgetter, ("offsets", "tags", "producers", "sequences", "deliveries",
+                                  "timestamps")))
+
+
 class MessageBatch:
     """Messages of one subscription as columns, in the order they came: what
     :meth:`Subscription.receive_batch` returns (one or more frames' worth).
@@ -115,9 +121,8 @@ class MessageBatch:
         """One batch of ``batches`` (of one subscription), in order; bodies still in
         their frames stay there."""
         first = batches[0]
-        columns = [list(itertools.chain.from_iterable(getattr(b, name) for b in batches))
-                   for name in ("offsets", "tags", "producers", "sequences", "deliveries",
-                                "timestamps")]
+        columns = [list(itertools.chain.from_iterable(map(column, batches)))
+                   for column in _COLUMNS]
         uncut = [b.uncut for b in batches]
         if all(parts is not None for parts in uncut):
             return cls(first.subscription, *columns,
