@@ -128,11 +128,11 @@ async def _ours(kind: str, host: str, port: int, size: int, count: int) -> dict[
             print("subscribed", flush=True)
             got, first = 0, 0.0
             while got < count:
-                batch = await sub.receive_batch()  # columns: no object made per message
+                taken = await sub.receive_batch()  # columns: no object made per message
                 if not got:
                     first = time.time()
-                got += len(batch)
-                await batch.ack()
+                got += len(taken)
+                await taken.ack()
             await trio.sleep(0.05)
             result = {"first": first, "end": time.time()}
         else:
