@@ -7,8 +7,9 @@ server then flushes each link's batch as one ``messages`` frame per topic and gr
 the records' fields as columns (:mod:`._wire`), their bodies back to back.  A link that
 asked for shared frames (a cluster's server relaying several groups of a topic) gets one
 frame for the groups handed the same messages, naming them all.  A frame
-ends once it holds :data:`FRAME_BYTES` of bodies, so that a wide window behind a deep
-backlog never makes a frame larger than a link carries.
+ends once it holds :data:`FRAME_BYTES` of bodies (with a run's small rest, under
+:data:`FRAME_TAIL`, taken along), so that a wide window behind a deep backlog never
+makes a frame larger than a link carries.
 """
 
 from __future__ import annotations
@@ -27,12 +28,18 @@ from ._record import Record
 from ._topic import Delivery, Member, Run
 from ._wire import pack_column
 
-__all__ = ["FRAME_BYTES", "FRAME_ROOM", "ClientLink", "Links", "messages_frame"]
+__all__ = ["FRAME_BYTES", "FRAME_ROOM", "FRAME_TAIL", "ClientLink", "Links", "messages_frame"]
 
 #: Bytes of bodies after which a ``messages`` frame ends (the message that passes it is
 #: the last): frames that fit a link's ring are taken out of it whole, larger ones are
 #: put together piece by piece, which costs more (``bench mq`` at 64 KiB shows it).
 FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
+#: A run's rest after a full frame, when its bodies are fewer bytes than this, goes in
+#: that frame, not in one of its own: a frame may pass FRAME_BYTES by this much rather
+#: than leave behind it a frame of a few messages, which costs each hop as much as a
+#: full one (two batches of 100 messages of 1,000 bytes dispatched together go as one
+#: frame of 200, not 196 and 4).
+FRAME_TAIL = FRAME_BYTES // 8
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.
 FRAME_ROOM = 64 << 10
@@ -183,7 +190,8 @@ def _counts(piece: Delivery | Run) -> list[int]:
 def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Part]]
            ) -> list[_Part]:
     """The frames of a group's ``pieces``: one per :data:`FRAME_BYTES` of bodies (the
-    message that passes it is the last of its frame); those of a lone run made once
+    message that passes it is the last of its frame, or the last of all when what
+    follows is under :data:`FRAME_TAIL`); those of a lone run made once
     (kept in ``frames``) for every link of a dispatch it goes to."""
     deliveries: list[int] | None
     if len(pieces) == 1 and type(run := pieces[0]) is Run:
@@ -213,6 +221,8 @@ def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Par
         # the frame ends with the message whose body brings it to FRAME_BYTES or past
         base = ends[start - 1] if start else 0
         end = min(bisect_left(ends, base + FRAME_BYTES, lo=start) + 1, len(records))
+        if ends[-1] - ends[end - 1] < FRAME_TAIL:
+            end = len(records)  # a small rest: in this frame (see FRAME_TAIL)
         # small bodies joined here, once for every link the frame goes to
         made.append((_columns(records[start:end], sizes[start:end],
                               None if deliveries is None else deliveries[start:end]),

@@ -13,10 +13,13 @@ from hypothesis import strategies as st
 
 from brokermgr import decode
 from mq._client import cut_bodies as client_cut_bodies
-from mq._delivery import messages_frame
+from mq._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
 from mq._files import VIEW_BODY
 from mq._produce import cut_bodies
+from mq._record import Record
 from mq._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
+from mq._topic import Run
+from mq._wire import unpack_column
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
                                st.integers(0, 3), st.integers(1, 3), st.binary(max_size=40)),
@@ -153,3 +156,24 @@ def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
             sent = list(range(sent, sent + request["count"]))
         assert sent == kept
     assert (set(sub.held), set(sub.stale)) == (left_held, left_stale)
+
+
+@pytest.mark.parametrize(("rest", "frames"), [(0, 1), (1, 1), (FRAME_TAIL - 1, 1),
+                                              (FRAME_TAIL, 2), (FRAME_BYTES, 2)])
+def test_a_run_s_small_rest_goes_in_the_frame_before_it(rest: int, frames: int) -> None:
+    """A run cut where its bodies reach FRAME_BYTES, but a rest under FRAME_TAIL rides
+    along rather than going as a frame of a few messages; every message once, in order."""
+    sizes = [1000] * (FRAME_BYTES // 1000) + [FRAME_BYTES % 1000 + 1]  # just past a frame
+    sizes += [1000] * (rest // 1000) + ([rest % 1000] if rest % 1000 else [])
+    records = [Record(10 + i, 5, i + 1, None, "p", bytes([i % 251]) * size)
+               for i, size in enumerate(sizes)]
+    made = _parts("t", [Run("t", "g", records, None, 0.0)], {})  # type: ignore[arg-type]
+    assert len(made) == frames
+    offsets = [o for columns, _ in made
+               for o in unpack_column(columns["offsets"], columns["count"], counting=True)]
+    assert offsets == [r.offset for r in records]
+    got_sizes = [[n for n in unpack_column(columns["sizes"], columns["count"])]
+                 for columns, _ in made]
+    assert sum(got_sizes, []) == sizes
+    assert [sum(len(piece) for piece in body) for _, body in made] == list(map(sum, got_sizes))
+    assert sum(got_sizes[0]) >= FRAME_BYTES

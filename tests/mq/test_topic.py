@@ -312,16 +312,20 @@ def test_a_lone_consumer_gets_what_the_one_by_one_hand_out_gives(
     assert sum(runs[0]) == len(first)  # every first delivery came in a run
 
 
-@given(acks=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 30), max_size=12)),
-                     max_size=8))
+@given(acks=st.lists(st.tuples(st.booleans(), st.one_of(
+    st.lists(st.integers(0, 30), max_size=12),
+    st.builds(range, st.integers(0, 30), st.integers(0, 40)))),  # an ack of first and count
+                     max_size=8), alone=st.booleans())
 def test_acks_take_exactly_what_the_acking_consumer_holds(
-        acks: list[tuple[bool, list[int]]]) -> None:
+        acks: list[tuple[bool, list[int] | range]], alone: bool) -> None:
     """Acks naming offsets held by the acking consumer, by the other one, by no one,
-    twice in one ack or again later: exactly the acker's own are taken, each once; the
-    rest are named as missed, in the order given."""
+    twice in one ack or again later, listed or as a range: exactly the acker's own are
+    taken, each once; the rest are named as missed, in the order given.  ``alone``: one
+    consumer, which holds runs of offsets (a range of them is often all its own)."""
     w = World()
     w.topic.declare_group("orders")
-    a, b = w.consumer("a", window=12), w.consumer("b", window=12)
+    a = w.consumer("a", window=24 if alone else 12)
+    b = a if alone else w.consumer("b", window=12)
     w.publish(*[None] * 24)
     for by_a, offsets in acks:
         acker = (a if by_a else b).consumer
