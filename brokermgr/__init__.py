@@ -29,6 +29,7 @@ from ._names import NameService as NameService
 from ._rpc import Body as Body
 from ._rpc import Sent as Sent
 from ._rpc import ServiceSession as ServiceSession
+from ._rpc import Template as Template
 from ._rpc import decode as decode
 from ._rpc import encode as encode
 from ._rpc import send as send
@@ -81,6 +82,7 @@ __all__ = [
     "decode",
     "echo",
     "encode",
+    "Template",
     "fenced",
     "open_universe",
     "request_seq",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import secrets
 from typing import Any, overload
 
 import trio
@@ -56,12 +57,33 @@ def encode(obj: dict[str, Any], body: Body | None = None) -> bytes | Gather:
     pieces, which go back to back.  A large message is a :class:`~channels.Gather`: its
     pieces are copied only into the link, never joined first (they must not change
     until it is sent); a small one is joined into bytes."""
-    head = _JSON.encode(obj).encode()
+    return _with_body(_JSON.encode(obj).encode(), body)
+
+
+def _with_body(head: bytes, body: Body | None) -> bytes | Gather:
     if body is None:
         return head
     if isinstance(body, list):
         return gather([head, BODY_SEPARATOR, *body])
     return gather((head, BODY_SEPARATOR, body))
+
+
+class Template:
+    """Messages alike but for one string field (a frame passed on to several groups):
+    :meth:`encode` gives :func:`encode` of ``{**obj, field: value}`` byte for byte, the
+    rest of the object encoded once, here."""
+
+    __slots__ = ("_before", "_after")
+
+    def __init__(self, obj: dict[str, Any], field: str) -> None:
+        token = secrets.token_hex(16)  # where the field goes, among the sorted keys
+        before, after = _JSON.encode({**obj, field: token}).split(
+            f"{_JSON.encode(field)}:{_JSON.encode(token)}")
+        self._before = f"{before}{_JSON.encode(field)}:"
+        self._after = after
+
+    def encode(self, value: str, body: Body | None = None) -> bytes | Gather:
+        return _with_body(f"{self._before}{_JSON.encode(value)}{self._after}".encode(), body)
 
 
 def decode(message: bytes) -> dict[str, Any]:

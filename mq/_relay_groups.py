@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokermgr import encode
+from brokermgr import Template
 from channels import Gather
 
 from ._delivery import ClientLink, messages_frame
@@ -46,7 +46,7 @@ class RelayedFrame:
     goes elsewhere (:meth:`message_at`).  Never changed once made: the groups of the
     frame share it."""
 
-    __slots__ = ("obj", "topic", "count", "offsets", "_messages")
+    __slots__ = ("obj", "topic", "count", "offsets", "_messages", "_head")
 
     def __init__(self, obj: dict[str, Any], topic: str, count: int, offsets: list[int]
                  ) -> None:
@@ -55,6 +55,7 @@ class RelayedFrame:
         self.count = count
         self.offsets = offsets
         self._messages: dict[int, Relayed] | None = None
+        self._head: Template | None = None  # the header but its group, encoded once
 
     @classmethod
     def check(cls, obj: dict[str, Any]) -> RelayedFrame:
@@ -76,9 +77,12 @@ class RelayedFrame:
     def forward(self, group: str) -> bytes | Gather:
         """The frame for a consumer of ``group`` here: the root's columns and bodies."""
         obj = self.obj
-        header = {name: obj[name] for name in _COLUMNS}
-        header.update(cmd="messages", topic=self.topic, group=group, count=self.count)
-        return encode(header, obj.get("body", b""))
+        head = self._head
+        if head is None:  # the columns are encoded once for all the frame's groups
+            header = {name: obj[name] for name in _COLUMNS}
+            header.update(cmd="messages", topic=self.topic, count=self.count)
+            head = self._head = Template(header, "group")
+        return head.encode(group, obj.get("body", b""))
 
     def messages(self) -> list[Relayed]:
         """The frame's messages, taken apart."""
