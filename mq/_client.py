@@ -50,7 +50,7 @@ from pump import ConfigError
 
 from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
 from ._topic import DEFAULT_WINDOW
-from ._wire import unpack_column
+from ._wire import unpack_column, unpack_offsets
 
 #: Seconds a request waits for its reply by default.
 DEFAULT_TIMEOUT = 10.0
@@ -174,8 +174,10 @@ class _ServerLink(BrokerLink):
             count = obj["count"]
             if type(count) is not int or count < 1:
                 raise ValueError(f"count {count!r}")
-            offsets, sizes, tags, producers, sequences, deliveries, timestamps = [
-                unpack_column(obj[name], count, counting=counting) for name, counting in _COLUMNS]
+            offsets = unpack_offsets(obj["offsets"], count)
+            sizes, tags, producers, sequences, deliveries, timestamps = [
+                unpack_column(obj[name], count, counting=counting)
+                for name, counting in _COLUMNS[1:]]
             check_sizes(body, sizes)
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -258,10 +258,11 @@ class Relay:
                                f"this link does not consume {request.topic}/{group}: its "
                                f"acks are not taken")
         held, offsets = consumer.held, request.offsets
-        named = set(offsets)
-        if len(named) == len(offsets) and held.keys() >= named:  # each once, all held
-            deque(map(held.__delitem__, offsets), 0)
-            passed, missed = list(offsets), list[int]()
+        passed: Sequence[int]
+        if (all(map(held.__contains__, offsets)) if type(offsets) is range  # each once
+                else len(named := set(offsets)) == len(offsets) and held.keys() >= named):
+            deque(map(held.__delitem__, offsets), 0)  # all held, each named once: in C
+            passed, missed = offsets, list[int]()
         else:
             passed, missed = [], []
             for offset in offsets:
@@ -327,14 +328,18 @@ class Relay:
                           "group": relay_group.group, "window": self.window,
                           "shared_frames": True}, answered)
 
-    def _ack_upstream(self, relay_group: RelayGroup, offsets: list[int]) -> None:
+    def _ack_upstream(self, relay_group: RelayGroup, offsets: Sequence[int]) -> None:
         upstream = self.upstream
         if upstream is None or upstream.queue is None:
             return  # lost with the link: the root delivers them again
         request: dict[str, Any] = {"cmd": "ack", "topic": relay_group.topic,
-                                   "group": relay_group.group, "offsets": offsets}
-        if type(first := pack_column(offsets, counting=True)) is int:
-            request.update(offsets=first, count=len(offsets))
+                                   "group": relay_group.group}
+        if type(offsets) is range:  # consecutive: the first and the count
+            request.update(offsets=offsets.start, count=len(offsets))
+        elif type(first := pack_column(listed := list(offsets), counting=True)) is int:
+            request.update(offsets=first, count=len(listed))
+        else:
+            request["offsets"] = listed
         upstream.send(request)
 
     def pushed(self, upstream: Upstream, obj: dict[str, Any]) -> None:

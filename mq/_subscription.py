@@ -77,22 +77,34 @@ def cut(body: bytes | memoryview, sizes: list[int]) -> Sequence[bytes]:
 #: A batch's columns but its bodies, in :class:`Message`'s order.
 _COLUMNS = tuple(map(attrgetter, ("offsets", "tags", "producers", "sequences", "deliveries",
                                   "timestamps")))
+_OFFSETS = _COLUMNS[0]
+
+
+def _joined(offsets: list[Sequence[int]]) -> Sequence[int]:
+    """Runs of offsets one after the other: one range if they are ranges that follow
+    each other, else a list."""
+    ranges = [run for run in offsets if isinstance(run, range)]
+    if len(ranges) == len(offsets) and all(a.stop == b.start
+                                           for a, b in itertools.pairwise(ranges)):
+        return range(ranges[0].start, ranges[-1].stop)
+    return list(itertools.chain.from_iterable(offsets))
 
 
 class MessageBatch:
     """Messages of one subscription as columns, in the order they came: what
     :meth:`Subscription.receive_batch` returns (one or more frames' worth).
 
-    ``offsets``, ``tags``, ``producers``, ``sequences``, ``deliveries`` and
-    ``timestamps`` are lists, one value per message; ``bodies`` are cut out of their
-    frames the first time they are asked for.  A consumer that works on whole columns
+    ``offsets`` (a ``range`` when they are consecutive, a list otherwise), ``tags``,
+    ``producers``, ``sequences``, ``deliveries`` and ``timestamps`` (lists) hold one
+    value per message; ``bodies`` are cut out of their frames the first time they are
+    asked for.  A consumer that works on whole columns
     makes no object per message; ``batch[i]``, iterating and :meth:`messages` make
     :class:`Message` objects as they are asked for.  Read-only by convention."""
 
     __slots__ = ("subscription", "offsets", "tags", "producers", "sequences", "deliveries",
                  "timestamps", "_parts", "_bodies")
 
-    def __init__(self, subscription: Subscription, offsets: list[int],
+    def __init__(self, subscription: Subscription, offsets: Sequence[int],
                  tags: list[str | None], producers: list[str], sequences: list[int],
                  deliveries: list[int], timestamps: list[int], *,
                  bodies: Sequence[bytes] | None = None,
@@ -121,14 +133,15 @@ class MessageBatch:
         """One batch of ``batches`` (of one subscription), in order; bodies still in
         their frames stay there."""
         first = batches[0]
+        offsets = _joined(list(map(_OFFSETS, batches)))
         columns = [list(itertools.chain.from_iterable(map(column, batches)))
-                   for column in _COLUMNS]
+                   for column in _COLUMNS[1:]]
         uncut = [b.uncut for b in batches]
         if all(parts is not None for parts in uncut):
-            return cls(first.subscription, *columns,
+            return cls(first.subscription, offsets, *columns,
                        parts=[part for parts in uncut if parts is not None for part in parts])
         bodies = list(itertools.chain.from_iterable(b.bodies for b in batches))
-        return cls(first.subscription, *columns, bodies=bodies)
+        return cls(first.subscription, offsets, *columns, bodies=bodies)
 
     @property
     def topic(self) -> str:
@@ -396,6 +409,14 @@ class Subscription:
         """The ack of ``offsets``, less those delivered on a link since lost (None if that
         leaves none); offsets never delivered stay in it, for the server to refuse."""
         held, stale = self.held, self.stale
+        if type(offsets) is range and offsets.step == 1 and all(
+                map(held.__contains__, offsets)):
+            # consecutive (a batch's offsets, as they came), each once, all held: in C
+            deque(map(held.__delitem__, offsets), 0)
+            if not offsets:
+                return None
+            return {"cmd": "ack", "topic": self.topic, "group": self.group,
+                    "offsets": offsets.start, "count": len(offsets)}
         named = set(offsets)
         if len(named) == len(offsets) and held.keys() >= named:  # each once, all held
             deque(map(held.__delitem__, offsets), 0)

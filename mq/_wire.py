@@ -36,3 +36,11 @@ def unpack_column(column: Any, count: int, *, counting: bool = False) -> list[An
             raise ValueError(f"a counting column starts at an integer, not {column!r}")
         return list(range(column, column + count))
     return [column] * count
+
+
+def unpack_offsets(column: Any, count: int) -> range | list[int]:
+    """:func:`unpack_column` of a counting column, a ``range`` when it is one value (the
+    first of ``count`` consecutive ones): no list made of them."""
+    if type(column) is int:
+        return range(column, column + count)
+    return unpack_column(column, count, counting=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from mq import MessageBatch
+from mq import MessageBatch, Subscription
 from pump import ConfigError
 
 from .test_server import site
@@ -40,7 +40,8 @@ async def test_a_batch_holds_what_receive_many_gives_and_its_ack_frees_them(
         each = await each_sub.receive_many()
         while len(each) < 6:
             each += await each_sub.receive_many()
-        assert batch.offsets == [m.offset for m in each] == [0, 1, 2, 3, 4, 5]
+        assert list(batch.offsets) == [m.offset for m in each] == [0, 1, 2, 3, 4, 5]
+        assert batch.offsets == range(6)  # consecutive: a range, not a list of them
         assert list(batch.bodies) == [m.body for m in each] == [
             b"a", b"bb" * 3000, b"", b"x" * 5000, b"c", b"d"]
         assert batch.tags == ["eu", "eu", "eu", None, None, None]
@@ -129,6 +130,13 @@ def test_batches_join_and_cut_with_bodies_in_their_frames_or_cut() -> None:
     joined = MessageBatch.join([lazy, other])
     assert list(joined.bodies) == [b"aa", b"bbb", b"c", b"dd"]
     assert joined.offsets == [0, 1, 2, 3] and joined.deliveries == [1, 1, 1, 2]
+    # ranges that follow each other join into one; others into a list
+    runs = [MessageBatch(owner, r, [None] * len(r), ["p"] * len(r), list(r), [1] * len(r),
+                         [9] * len(r), parts=[(b"x" * len(r), [1] * len(r))])
+            for r in (range(5, 8), range(8, 9), range(12, 14))]
+    assert MessageBatch.join(runs[:2]).offsets == range(5, 9)
+    assert MessageBatch.join(runs).offsets == [5, 6, 7, 8, 12, 13]
+    assert runs[0][1:].offsets == range(6, 8)
     cut = lazy[1:]
     assert (cut.offsets, list(cut.bodies), cut.sequences) == ([1, 2], [b"bbb", b"c"], [2, 3])
     # one already cut joined with one that is not
@@ -136,3 +144,21 @@ def test_batches_join_and_cut_with_bodies_in_their_frames_or_cut() -> None:
     assert list(mixed.bodies) == [b"bbb", b"c", b"dd"] and mixed.tags == [None, None, "x"]
     assert [m.body for m in MessageBatch.of(owner, list(mixed))] == [b"bbb", b"c", b"dd"]
     assert repr(mixed) == "<MessageBatch of 3 messages of 't' in group 'g'>"
+
+
+def test_an_ack_of_a_range_is_first_and_count_only_when_it_counts_by_one() -> None:
+    """A batch's consecutive offsets go as the first and the count; a range with a step
+    is acked as the offsets it names, and what is not held stays in for the server."""
+    owner: Any = SimpleNamespace(topic="t", group="g", held={}, stale={})
+    ack_request = Subscription.ack_request
+    owner.held = dict.fromkeys(range(10))
+    assert ack_request(owner, range(2, 6)) == {"cmd": "ack", "topic": "t", "group": "g",
+                                               "offsets": 2, "count": 4}
+    assert ack_request(owner, range(0, 10, 3)) == {"cmd": "ack", "topic": "t", "group": "g",
+                                                   "offsets": [0, 3, 6, 9]}
+    assert list(owner.held) == [1, 7, 8]
+    # partly held (4 and 5 acked above): sent whole, for the server to refuse what it
+    # does not hold
+    assert ack_request(owner, range(5, 9)) == {"cmd": "ack", "topic": "t", "group": "g",
+                                               "offsets": 5, "count": 4}
+    assert list(owner.held) == [1]

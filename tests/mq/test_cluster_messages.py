@@ -318,3 +318,38 @@ async def test_what_a_leaving_consumer_held_of_a_whole_frame_goes_to_the_group_s
         for client in (producer, first, second):
             client.close()
         cluster.close()
+
+
+async def test_a_relaying_server_takes_an_ack_of_first_and_count_for_what_is_held(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """An ack naming a first offset and a count, past what the consumer on e holds: the
+    held ones are taken and passed on to the root (which then holds none of them in
+    flight), the rest refused by number; the same ack again is refused whole."""
+    async with open_universe("u") as universe:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        relay = cluster.servers["e"].relay
+        assert relay is not None
+        client = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
+        subscription = await client.subscribe("orders", window=100)
+        await until(lambda: all(g.subscribed for g in relay.groups.values())
+                    and len(relay.groups) == 1)
+        await producer.publish_many("orders", [b"m%02d" % i for i in range(20)])
+        held: list[Message] = []
+        while len(held) < 20:
+            held += await subscription.receive_many()
+        first = held[0].offset
+        assert [m.offset for m in held] == list(range(first, first + 20))
+        root_group = cluster.servers["a"].catalogue.topics["orders"].topic.group("orders")
+        assert len(root_group.in_flight) == 20
+        ack = {"cmd": "ack", "topic": "orders", "offsets": first, "count": 25}
+        with pytest.raises(ServiceError, match=rf"5 offsets of orders/orders are not held by "
+                                               rf"this consumer: {first + 20}, .*; 20 "
+                                               rf"acknowledged") as info:
+            await client.request(ack)
+        assert info.value.status == Status.CONFLICT
+        await until(lambda: not root_group.in_flight)  # the 20, as one range, at the root
+        with pytest.raises(ServiceError, match=r"25 offsets .*; 0 acknowledged"):
+            await client.request(ack)
+        for c in (producer, client):
+            c.close()
+        cluster.close()
