@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mq import MessageBatch, Subscription
 from pump import ConfigError
@@ -71,6 +74,21 @@ PATTERNS = [
 ]
 
 
+async def _take(sub: Subscription, call: str, count: int) -> list[tuple[int, bytes]]:
+    """One call of ``sub`` (``one``, ``many`` or ``batch``, at most ``count``): what it
+    gave, as (offset, body), each call within its count."""
+    if call == "one":
+        message = await sub.receive()
+        return [(message.offset, message.body)]
+    if call == "many":
+        messages = await sub.receive_many(count)
+        assert 1 <= len(messages) <= count
+        return [(m.offset, m.body) for m in messages]
+    batch = await sub.receive_batch(count)
+    assert 1 <= len(batch) <= count
+    return list(zip(batch.offsets, batch.bodies, strict=True))
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 async def test_receive_receive_many_and_receive_batch_take_one_stream_in_order(
         tmp_path: pathlib.Path, autojump_clock: object, pattern: list[tuple[str, int]]
@@ -92,21 +110,53 @@ async def test_receive_receive_many_and_receive_batch_take_one_stream_in_order(
         while len(got) < start:
             call, count = pattern[turn % len(pattern)]
             turn += 1
-            if call == "one":
-                message = await sub.receive()
-                got.append((message.offset, message.body))
-            elif call == "many":
-                messages = await sub.receive_many(count)
-                assert 1 <= len(messages) <= count
-                got += [(m.offset, m.body) for m in messages]
-            else:
-                batch = await sub.receive_batch(count)
-                assert 1 <= len(batch) <= count
-                got += list(zip(batch.offsets, batch.bodies, strict=True))
+            got += await _take(sub, call, count)
         assert got == [(i, b"m%d" % i) for i in range(start)]
         await sub.ack([offset for offset, _ in got])
         await trio.sleep(0.1)
         assert (await consumer.query("orders"))["orders"]["groups"]["orders"]["lag"] == 0
+
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(1, 12)),
+    st.tuples(st.sampled_from(["one", "many", "batch"]), st.integers(1, 15)),
+    st.tuples(st.just("ack"), st.just(0))), min_size=1, max_size=12)
+
+
+@given(steps=_STEPS, window=st.sampled_from([3, 8, 1000]))
+def test_publishes_calls_and_acks_in_any_order_give_each_message_once_in_order(
+        steps: list[tuple[str, int]], window: int) -> None:
+    """Publishes of any size, the three ways of taking and acks, interleaved as drawn,
+    with a window that cuts frames or not: every message comes once, in order, and all
+    are acknowledged at the end."""
+
+    async def main() -> None:
+        async with site(None) as s:
+            producer, consumer = s.client("p"), s.client("c")
+            await producer.declare("orders")
+            sub = await consumer.subscribe("orders", window=window)
+            published, got, acked = 0, list[tuple[int, bytes]](), 0
+            for step, n in [*steps, ("publish", 1)]:
+                if step == "publish":
+                    await producer.publish_many("orders", [b"m%d" % i for i in range(
+                        published, published + n)])
+                    published += n
+                elif step == "ack":
+                    await sub.ack([offset for offset, _ in got[acked:]])
+                    acked = len(got)
+                elif len(got) - acked < window and len(got) < published:  # one can come
+                    got += await _take(sub, step, n)
+            while len(got) < published:
+                await sub.ack([offset for offset, _ in got[acked:]])
+                acked = len(got)
+                got += await _take(sub, "batch", 1000)
+            assert got == [(i, b"m%d" % i) for i in range(published)]
+            await sub.ack([offset for offset, _ in got[acked:]])
+            await trio.sleep(0.1)
+            groups = (await consumer.query("orders"))["orders"]["groups"]
+            assert (groups["orders"]["lag"], groups["orders"]["inFlight"]) == (0, 0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 async def test_receive_batch_and_receive_many_refuse_a_count_below_one(
