@@ -34,8 +34,9 @@ __all__ = ["FRAME_BYTES", "FRAME_ROOM", "FRAME_TAIL", "ClientLink", "Links", "me
 #: the last): frames that fit a link's ring are taken out of it whole, larger ones are
 #: put together piece by piece, which costs more (``bench mq`` at 64 KiB shows it).
 FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
-#: A run's rest after a full frame, when its bodies are fewer bytes than this, goes in
-#: that frame, not in one of its own: a frame may pass FRAME_BYTES by this much rather
+#: What is left after a full frame (of a run at the root; of what waits for a consumer
+#: at a relaying server), when its bodies are fewer bytes than this, goes in that frame,
+#: not in one of its own: a frame may pass FRAME_BYTES by this much rather
 #: than leave behind it a frame of a few messages, which costs each hop as much as a
 #: full one (two batches of 100 messages of 1,000 bytes dispatched together go as one
 #: frame of 200, not 196 and 4).

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
 from channels import MessageQueue
 
-from ._delivery import FRAME_BYTES
+from ._delivery import FRAME_BYTES, FRAME_TAIL
 from ._drain import Drain
 from ._relay_groups import LocalConsumer, Relayed, RelayedFrame, RelayGroup, take_frame
 from ._requests import Ack, Consume, Produce, Unconsume
@@ -393,7 +393,7 @@ class Relay:
             consumer = relay_group.pick()
             if consumer is None:
                 return
-            frame = take_frame(pending, consumer.credits, FRAME_BYTES)
+            frame = take_frame(pending, consumer.credits, FRAME_BYTES, FRAME_TAIL)
             for message in frame:
                 consumer.held[message.offset] = message
             consumer.link.send(relay_group.frame(frame))

@@ -177,14 +177,26 @@ def relayed_messages(obj: dict[str, Any]) -> list[Relayed]:
     return messages
 
 
-def take_frame(pending: deque[Relayed], credits: int, frame_bytes: int) -> list[Relayed]:
+def take_frame(pending: deque[Relayed], credits: int, frame_bytes: int, tail: int = 0
+               ) -> list[Relayed]:
     """The next frame for a consumer with ``credits`` (at least 1) out of ``pending``
     (not empty), taken from it: as many messages as the credits allow, ending with the
-    one whose body brings the frame's bodies to ``frame_bytes`` or past."""
+    one whose body brings the frame's bodies to ``frame_bytes`` or past; and then what
+    is left too, if the credits take it all and its bodies are under ``tail`` bytes (no
+    frame of a few messages behind a full one)."""
     frame: list[Relayed] = []
     size = 0
     while pending and len(frame) < credits and size < frame_bytes:
         message = pending.popleft()
         frame.append(message)
         size += len(message.body)
+    if tail > 0 and pending and size >= frame_bytes and len(pending) <= credits - len(frame):
+        rest = 0
+        for message in pending:  # at most the credits left of them
+            rest += len(message.body)
+            if rest >= tail:
+                break
+        else:
+            frame += pending
+            pending.clear()
     return frame

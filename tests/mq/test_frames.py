@@ -110,9 +110,11 @@ def test_a_relaying_server_refuses_a_frame_that_is_not_one(change: dict[str, obj
 
 
 @given(sizes=st.lists(st.integers(0, 50), min_size=1, max_size=40),
-       credits=st.integers(1, 45), frame_bytes=st.integers(1, 200))
+       credits=st.integers(1, 45), frame_bytes=st.integers(1, 200), tail=st.integers(0, 60))
 def test_a_frame_for_a_local_consumer_ends_where_credits_or_its_bytes_do(
-        sizes: list[int], credits: int, frame_bytes: int) -> None:
+        sizes: list[int], credits: int, frame_bytes: int, tail: int) -> None:
+    """Credits or bytes end a frame; a rest under ``tail`` bytes that the credits take
+    rides along."""
     messages = [Relayed(i, None, "p", i, 1, 0, b"x" * n) for i, n in enumerate(sizes)]
     expected: list[Relayed] = []
     size = 0
@@ -120,8 +122,12 @@ def test_a_frame_for_a_local_consumer_ends_where_credits_or_its_bytes_do(
     while rest and len(expected) < credits and size < frame_bytes:  # one at a time
         expected.append(rest.popleft())
         size += len(expected[-1].body)
+    if (size >= frame_bytes and len(expected) + len(rest) <= credits
+            and sum(len(m.body) for m in rest) < tail):
+        expected += rest
+        rest.clear()
     pending = deque(messages)
-    assert take_frame(pending, credits, frame_bytes) == expected
+    assert take_frame(pending, credits, frame_bytes, tail) == expected
     assert list(pending) == list(rest)
 
 
