@@ -97,9 +97,9 @@ class MessageBatch:
     ``offsets`` (a ``range`` when they are consecutive, a list otherwise), ``tags``,
     ``producers``, ``sequences``, ``deliveries`` and ``timestamps`` (lists) hold one
     value per message; ``bodies`` are cut out of their frames the first time they are
-    asked for.  A consumer that works on whole columns
-    makes no object per message; ``batch[i]``, iterating and :meth:`messages` make
-    :class:`Message` objects as they are asked for.  Read-only by convention."""
+    asked for.  A consumer that works on whole columns makes no object per message;
+    ``batch[i]``, iterating and :meth:`messages` make :class:`Message` objects as they
+    are asked for.  Read-only by convention."""
 
     __slots__ = ("subscription", "offsets", "tags", "producers", "sequences", "deliveries",
                  "timestamps", "_parts", "_bodies")
