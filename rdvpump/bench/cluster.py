@@ -12,11 +12,14 @@ flight by default (``in_flight``).  The clients are sinks: each acknowledges wha
 gets, as columns by default (``sink="batch"``: ``receive_batch``, no object made per
 message), or as a :class:`~mq.Message` each (``sink="messages"``: ``receive_many``).
 The figure: deliveries per second, from the first publish to the last delivery,
-against the target those figures set for B = 3, Q = 4 (480 K messages/s).
+against the target those figures set for B = 3, Q = 4 (480 K messages/s).  Beside it,
+the CPU each kind of process used over the same span (Linux's ``/proc``): a figure that
+swings far less between runs than the rate does, for comparing two trees.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -60,14 +63,47 @@ class ClusterResult:
     deliveries_per_s: float
     baseline: str
     baseline_per_s: float
+    #: CPU seconds each kind of process used from the first publish to the last
+    #: delivery (:data:`ROLES`); None where ``/proc`` cannot be read
+    cpu_s: dict[str, float] | None = None
+    #: the deliveries counted (for the CPU a delivery)
+    deliveries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        cpu = self.cpu_s
         return {"case": self.case, "brokers": self.brokers, "queues": self.queues,
                 "size": SIZE, "messages": self.messages, "in_flight": self.in_flight,
                 "sink": self.sink,
                 "deliveries_per_s": round(self.deliveries_per_s, 1),
                 "baseline": self.baseline, "baseline_per_s": self.baseline_per_s,
-                "ratio": round(self.deliveries_per_s / self.baseline_per_s, 3)}
+                "ratio": round(self.deliveries_per_s / self.baseline_per_s, 3),
+                "cpu_s": None if cpu is None else {k: round(v, 2) for k, v in cpu.items()},
+                "cpu_us_per_delivery": None if cpu is None or not self.deliveries else round(
+                    sum(cpu.values()) / self.deliveries * 1e6, 2)}
+
+
+#: The kinds of process whose CPU a run reports: the root, the fanout servers, the
+#: clients' processes, and this one (the faucet).
+ROLES = ("root", "fanout", "clients", "faucet")
+
+
+def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float] | None:
+    """The CPU seconds (user and system, every thread) the processes of each role have
+    used so far, from Linux's ``/proc/PID/stat`` (a process that ended and is not
+    reaped yet still has its there); None where that cannot be read."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        used = {}
+        for role, ids in pids.items():
+            total = 0
+            for pid in ids:
+                # the fields after the command's ")": utime and stime are the 12th and 13th
+                fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            used[role] = total / tick
+    except (OSError, ValueError, IndexError):
+        return None
+    return used
 
 
 def _cluster_file(path: Path, brokers: int) -> Path:
@@ -98,16 +134,19 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, sink: s
 
     file = _cluster_file(tmp / "cluster.toml", brokers)
     ids = ["root", *(f"f{i}" for i in range(brokers))]
+    pids: dict[str, list[int]] = {role: [] for role in ROLES}
+    pids["faucet"].append(os.getpid())
     async with _spawn(["manager", "serve", "--universe", UNIVERSE, "--listen",
                        "127.0.0.1:0"]) as (_, manager), AsyncExitStack() as stack, \
             trio.open_nursery() as nursery:
         for server in ids:
             (tmp / server).mkdir()
-            await stack.enter_async_context(_spawn([
+            process, _ = await stack.enter_async_context(_spawn([
                 "broker", "run", "--id", server, "--universe", UNIVERSE, "--manager", manager,
                 "--cluster", str(file), "--state-dir", str(tmp / server), "--role", "server",
                 "--mq-dir", str(tmp / server), "--durability", "interval:1",
                 "--listen", "127.0.0.1:0", "--heartbeat", "0.5"]))
+            pids["root" if server == "root" else "fanout"].append(process.pid)
         universe = BrokerManager(UNIVERSE, pump=Pump(name="bench"))
         await nursery.start(universe.pump.serve)
         await nursery.start(universe.serve_network, "127.0.0.1", 0)
@@ -130,19 +169,24 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, sink: s
             manager, server, messages, sink, names_)) for server, names_ in per_server.items()]
         for proc in procs:
             await _expect(proc, "ready")
+        pids["clients"] += [proc.proc.pid for proc in procs]
         progress(f"{messages} messages of {SIZE} bytes to {len(groups)} clients")
+        before = cpu_seconds(pids)
         start = time.perf_counter()
         await publish_in_flight(faucet, "feed", b"x" * SIZE, messages, BATCH, in_flight)
         for proc in procs:
             await _expect(proc, "done")
         elapsed = time.perf_counter() - start
+        after = cpu_seconds(pids)
         names.close()
         nursery.cancel_scope.cancel()
     if elapsed <= 0:
         raise RunError("the run took no time")
+    cpu = None if before is None or after is None else {
+        role: after[role] - before[role] for role in ROLES}
     return ClusterResult("cluster-xsr", brokers, queues, messages, in_flight, sink,
                          messages * len(groups) / elapsed, "OpenAMQ XSR target (B=Q=4)",
-                         SEED_XSR)
+                         SEED_XSR, cpu, messages * len(groups))
 
 
 @asynccontextmanager
@@ -258,7 +302,8 @@ def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool 
                                 progress)
             results.append(ClusterResult("cluster-isr-discarding-clients", 7, 12, messages,
                                          in_flight, sink, internal.deliveries_per_s,
-                                         "OpenAMQ ISR B x Q x 25 K", 7 * 12 * SEED_BROKER))
+                                         "OpenAMQ ISR B x Q x 25 K", 7 * 12 * SEED_BROKER,
+                                         internal.cpu_s, internal.deliveries))
     return results
 
 

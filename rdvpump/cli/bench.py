@@ -356,10 +356,12 @@ def bench_cluster(
             progress=status.update)))
     _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes, "
                              f"{sink} sinks)",
-          ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio"),
+          ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio",
+           "CPU us/delivery"),
           lambda r: [r.case, str(r.brokers), str(r.queues), f"{r.deliveries_per_s:,.0f}",
                      r.baseline, f"{r.baseline_per_s:,.0f}",
-                     f"{r.deliveries_per_s / r.baseline_per_s:.2f}x"])
+                     f"{r.deliveries_per_s / r.baseline_per_s:.2f}x",
+                     str(r.to_dict()["cpu_us_per_delivery"] or "-")])
 
 
 #: The fewest messages of a smoke run of ``bench cluster``.

@@ -53,5 +53,9 @@ def test_bench_cluster_gives_every_client_every_message(sink: str) -> None:
     (result,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert (result["case"], result["brokers"], result["queues"], result["messages"],
             result["in_flight"], result["sink"]) == ("cluster-xsr", 2, 2, 300, 2, sink)
+    # the CPU of each kind of process over the run, and a delivery's share of it
+    assert set(result["cpu_s"]) == {"root", "fanout", "clients", "faucet"}
+    assert all(seconds >= 0 for seconds in result["cpu_s"].values())
+    assert sum(result["cpu_s"].values()) > 0 and result["cpu_us_per_delivery"] > 0
     assert result["deliveries_per_s"] > 0 and result["ratio"] == round(
         result["deliveries_per_s"] / 480_000, 3)
