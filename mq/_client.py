@@ -23,7 +23,6 @@ are logged.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import secrets
 from collections.abc import Callable, Sequence
@@ -185,7 +184,7 @@ class _ServerLink(BrokerLink):
         batch = MessageBatch(subscription, offsets, tags, producers, sequences, deliveries,
                              timestamps, parts=[(body, sizes)])
         held = subscription.held
-        held.update(dict.fromkeys(offsets))  # in order, as the messages came
+        held.add(offsets)
         if subscription.no_local:
             me = self.client.producer
             if me in producers:  # this client's own messages: acknowledged, not handed out
@@ -197,8 +196,7 @@ class _ServerLink(BrokerLink):
                 if not batch:
                     return
         if len(held) > subscription.max_held:  # never acknowledged: forget the oldest
-            for offset in list(itertools.islice(held, len(held) - subscription.max_held)):
-                del held[offset]
+            held.trim(subscription.max_held)
         if subscription.on_message is None:
             subscription.inbox.send_nowait(batch)
         else:

@@ -29,6 +29,7 @@ from brokermgr import Sent, ServiceError
 from channels import SMALL_PIECE, QueueFullError, split_bodies
 from pump import ConfigError
 
+from ._held import Held
 from ._wire import pack_column
 
 if TYPE_CHECKING:
@@ -267,9 +268,9 @@ class Subscription:
         #: repeated); without it the error is raised by the next call.
         self.on_error: Callable[[ServiceError], object] | None = None
         self._error: ServiceError | None = None
-        #: Offsets delivered on the current link and not acknowledged yet (in order), and
-        #: those that had come on a lost link: an ack of one of these is not sent.
-        self.held: dict[int, None] = {}
+        #: Offsets delivered on the current link and not acknowledged yet, and those
+        #: that had come on a lost link (in order): an ack of one of these is not sent.
+        self.held = Held()
         self.stale: dict[int, None] = {}
         self.max_held = 4 * window + 1024
         #: Messages of this client's own producer are acknowledged, not handed out.
@@ -277,8 +278,7 @@ class Subscription:
 
     def link_lost(self) -> None:
         stale = self.stale
-        stale.update(self.held)
-        self.held = {}
+        stale.update(self.held.drain())
         if len(stale) > self.max_held:
             for offset in list(itertools.islice(stale, len(stale) - self.max_held)):
                 del stale[offset]
@@ -409,23 +409,21 @@ class Subscription:
         """The ack of ``offsets``, less those delivered on a link since lost (None if that
         leaves none); offsets never delivered stay in it, for the server to refuse."""
         held, stale = self.held, self.stale
-        if type(offsets) is range and offsets.step == 1 and all(
-                map(held.__contains__, offsets)):
-            # consecutive (a batch's offsets, as they came), each once, all held: in C
-            deque(map(held.__delitem__, offsets), 0)
+        if type(offsets) is not range and offsets and type(
+                first := pack_column(list(offsets), counting=True)) is int:
+            offsets = range(first, first + len(offsets))  # consecutive: as a range
+        if type(offsets) is range and offsets.step == 1 and held.take_run(offsets):
+            # runs held as they came (a batch's offsets), each taken in one step
             if not offsets:
                 return None
             return {"cmd": "ack", "topic": self.topic, "group": self.group,
                     "offsets": offsets.start, "count": len(offsets)}
-        named = set(offsets)
-        if len(named) == len(offsets) and held.keys() >= named:  # each once, all held
-            deque(map(held.__delitem__, offsets), 0)
+        if held.take_each(offsets):  # single offsets, each once, all held: in C
             offsets = list(offsets)
         else:
             kept = []
             for offset in offsets:
-                if offset in held:
-                    del held[offset]
+                if held.discard(offset):
                     kept.append(offset)
                 elif offset in stale:
                     del stale[offset]  # came on a lost link: delivered again, acked then

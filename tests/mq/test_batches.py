@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import MessageBatch, Subscription
+from mq._held import Held
 from pump import ConfigError
 
 from .test_server import site
@@ -199,9 +200,9 @@ def test_batches_join_and_cut_with_bodies_in_their_frames_or_cut() -> None:
 def test_an_ack_of_a_range_is_first_and_count_only_when_it_counts_by_one() -> None:
     """A batch's consecutive offsets go as the first and the count; a range with a step
     is acked as the offsets it names, and what is not held stays in for the server."""
-    owner: Any = SimpleNamespace(topic="t", group="g", held={}, stale={})
+    owner: Any = SimpleNamespace(topic="t", group="g", held=Held(), stale={})
     ack_request = Subscription.ack_request
-    owner.held = dict.fromkeys(range(10))
+    owner.held.add(range(10))
     assert ack_request(owner, range(2, 6)) == {"cmd": "ack", "topic": "t", "group": "g",
                                                "offsets": 2, "count": 4}
     assert ack_request(owner, range(0, 10, 3)) == {"cmd": "ack", "topic": "t", "group": "g",

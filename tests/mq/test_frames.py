@@ -5,6 +5,7 @@ credits or bytes say; a client acks what it holds and drops what came on a lost 
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import pytest
@@ -132,16 +133,30 @@ def test_a_frame_for_a_local_consumer_ends_where_credits_or_its_bytes_do(
 
 
 @given(held=st.sets(st.integers(0, 20)), stale=st.sets(st.integers(0, 20)),
-       offsets=st.lists(st.integers(0, 20), min_size=1, max_size=12))
+       offsets=st.one_of(st.lists(st.integers(0, 20), min_size=1, max_size=12),
+                         st.builds(range, st.integers(0, 20), st.integers(0, 26))),
+       as_runs=st.booleans())
 def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
-        held: set[int], stale: set[int], offsets: list[int]) -> None:
+        held: set[int], stale: set[int], offsets: list[int] | range, as_runs: bool) -> None:
     """Each offset the subscription holds is taken (once), one that came on a lost link
     is dropped from the ack (delivered again), any other is kept for the server to
-    refuse; a consecutive run goes as its first offset and a count."""
+    refuse; a consecutive run goes as its first offset and a count.  Held offsets came
+    in frames of consecutive runs (``as_runs``) or one by one; acks name lists or
+    ranges."""
+    from mq._held import Held
     from mq._subscription import Subscription
 
     sub = Subscription(None, "t", "g", 10)  # type: ignore[arg-type]
-    sub.held = dict.fromkeys(sorted(held))
+    sub.held = Held()
+    ordered = sorted(held)
+    if as_runs:  # each stretch of consecutive offsets one frame
+        for _, run in itertools.groupby(enumerate(ordered), lambda p: p[1] - p[0]):
+            stretch = [o for _, o in run]
+            sub.held.add(range(stretch[0], stretch[-1] + 1))
+    else:
+        for offset in ordered:
+            sub.held.add([offset])
+    assert len(sub.held) == len(held)
     sub.stale = dict.fromkeys(sorted(stale - held))
     left_held, left_stale, kept = set(held), set(stale - held), []
     for offset in offsets:  # the rule, one offset at a time
@@ -162,6 +177,7 @@ def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
             sent = list(range(sent, sent + request["count"]))
         assert sent == kept
     assert (set(sub.held), set(sub.stale)) == (left_held, left_stale)
+    assert len(sub.held) == len(left_held)
 
 
 @pytest.mark.parametrize(("rest", "frames"), [(0, 1), (1, 1), (FRAME_TAIL - 1, 1),
@@ -183,3 +199,81 @@ def test_a_run_s_small_rest_goes_in_the_frame_before_it(rest: int, frames: int) 
     assert sum(got_sizes, []) == sizes
     assert [sum(len(piece) for piece in body) for _, body in made] == list(map(sum, got_sizes))
     assert sum(got_sizes[0]) >= FRAME_BYTES
+
+
+_HELD_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.builds(range, st.integers(0, 30), st.integers(0, 40))),
+    st.tuples(st.just("add"), st.lists(st.integers(0, 40), max_size=6)),
+    st.tuples(st.just("ack"), st.builds(range, st.integers(0, 30), st.integers(0, 40))),
+    st.tuples(st.just("ack"), st.lists(st.integers(0, 40), min_size=1, max_size=6)),
+    st.tuples(st.just("lost"), st.none()),
+    st.tuples(st.just("ack added"), st.integers(0, 5))), max_size=25)
+
+
+@given(ops=_HELD_OPS)
+def test_what_a_client_holds_follows_its_frames_acks_and_lost_links(
+        ops: list[tuple[str, object]]) -> None:
+    """Frames of runs or scattered offsets (overlapping what is held, too), acks of any
+    offsets, lost links, in any order: what is held, what is stale and every ack sent
+    are as if each offset were held on its own."""
+    from mq._subscription import Subscription
+
+    sub = Subscription(None, "t", "g", 10_000)  # type: ignore[arg-type]
+    held: dict[int, None] = {}
+    stale: dict[int, None] = {}
+    added: list[range] = []  # the runs added: acks of exactly those are drawn too
+    for op, arg in ops:
+        if op == "ack added":
+            if not added:
+                continue
+            assert isinstance(arg, int)
+            op, arg = "ack", added[arg % len(added)]
+        if op == "add":
+            assert isinstance(arg, (list, range))
+            sub.held.add(arg)
+            held.update(dict.fromkeys(arg))
+            if isinstance(arg, range):
+                added.append(arg)
+        elif op == "lost":
+            sub.link_lost()
+            stale.update(held)
+            held = {}
+        else:
+            assert isinstance(arg, (list, range))
+            kept = []
+            for offset in arg:
+                if offset in held:
+                    del held[offset]
+                    kept.append(offset)
+                elif offset in stale:
+                    del stale[offset]
+                else:
+                    kept.append(offset)
+            request = sub.ack_request(arg)
+            if not kept:
+                assert request is None
+            else:
+                assert request is not None
+                sent = request["offsets"]
+                if "count" in request:
+                    sent = list(range(sent, sent + request["count"]))
+                assert sent == kept
+        assert set(sub.held) == set(held) and len(sub.held) == len(held)
+        assert set(sub.stale) == set(stale)
+        assert all(offset in sub.held for offset in held)
+
+
+def test_a_client_forgets_the_oldest_it_holds_past_its_bound() -> None:
+    """Runs first, oldest first, then single offsets: what is held stays within the
+    bound, and the newest are what is left."""
+    from mq._held import Held
+
+    held = Held()
+    held.add(range(0, 10))
+    held.add([20, 21, 25])
+    held.add(range(30, 35))
+    held.trim(9)
+    assert sorted(held) == [20, 21, 25, 30, 31, 32, 33, 34] and len(held) == 8
+    held.trim(2)
+    assert list(held) == [21, 25]
+    assert len(held) == 2

@@ -1,0 +1,147 @@
+"""The offsets a client's subscription holds: delivered on its current link and not
+acknowledged yet (:class:`Held`).
+
+A frame of consecutive offsets is held as one range, with no entry per offset: an ack
+of exactly such ranges (a batch's, as it came) takes each in one step.  Anything else
+(a frame of scattered offsets, a frame that overlaps what is held, an offset acked
+alone out of a range) is held one offset at a time; a range is split into its offsets
+the first time one of them is taken alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+__all__ = ["Held"]
+
+
+class Held:
+    """Offsets held: single ones, in the order they came, and runs of two or more."""
+
+    __slots__ = ("one", "runs", "_starts", "_size")
+
+    def __init__(self) -> None:
+        self.one: dict[int, None] = {}
+        #: runs by their first offset, in the order they came
+        self.runs: dict[int, range] = {}
+        self._starts: list[int] = []  # the runs' first offsets, sorted
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.one, *self.runs.values())
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self.one or (type(offset) is int and self._run_of(offset) is not None)
+
+    def add(self, offsets: Sequence[int]) -> None:
+        """Hold ``offsets`` (a frame's, as it came)."""
+        if (type(offsets) is range and len(offsets) > 1 and offsets.step == 1
+                and not self._overlaps(offsets)):
+            self.runs[offsets.start] = offsets
+            insort(self._starts, offsets.start)
+            self._size += len(offsets)
+            return
+        if self.runs:
+            for offset in offsets:
+                if (run := self._run_of(offset)) is not None:
+                    self._split(run)  # held already, inside a run: one at a time now
+        one = self.one
+        before = len(one)
+        one.update(dict.fromkeys(offsets))
+        self._size += len(one) - before
+
+    def take_run(self, offsets: range) -> bool:
+        """Take ``offsets`` (consecutive) if they are exactly runs held one after the
+        other, in a step each; False (nothing taken) otherwise."""
+        runs = self.runs
+        found = 0
+        start = offsets.start
+        while start < offsets.stop:
+            run = runs.get(start)
+            if run is None or run.stop > offsets.stop:
+                return False
+            found += 1
+            start = run.stop
+        at = bisect_left(self._starts, offsets.start)
+        for first in self._starts[at:at + found]:
+            del runs[first]
+        del self._starts[at:at + found]
+        self._size -= len(offsets)
+        return True
+
+    def take_each(self, offsets: Sequence[int]) -> bool:
+        """Take ``offsets`` if no runs are held and they are single offsets held, each
+        named once (in C); False (nothing taken) otherwise."""
+        if self.runs:
+            return False
+        named = set(offsets)
+        one = self.one
+        if len(named) != len(offsets) or not one.keys() >= named:
+            return False
+        deque(map(one.__delitem__, offsets), 0)
+        self._size -= len(named)
+        return True
+
+    def discard(self, offset: int) -> bool:
+        """Take ``offset`` if it is held: whether it was."""
+        one = self.one
+        if offset not in one:
+            run = self._run_of(offset)
+            if run is None:
+                return False
+            self._split(run)
+        del one[offset]
+        self._size -= 1
+        return True
+
+    def drain(self) -> dict[int, None]:
+        """Every offset held, taken (single ones first, then the runs, each in the order
+        it came)."""
+        out = self.one
+        for run in self.runs.values():
+            out.update(dict.fromkeys(run))
+        self.one, self.runs, self._starts, self._size = {}, {}, [], 0
+        return out
+
+    def trim(self, keep: int) -> None:
+        """Forget the oldest offsets held beyond ``keep``: whole runs first, oldest
+        first, then single offsets."""
+        runs = self.runs
+        while self._size > keep and runs:
+            first = next(iter(runs))
+            self._size -= len(runs.pop(first))
+            self._starts.remove(first)
+        one = self.one
+        if self._size > keep:
+            for offset in list(itertools.islice(one, self._size - keep)):
+                del one[offset]
+            self._size = len(one)
+
+    def _run_of(self, offset: int) -> range | None:
+        at = bisect_right(self._starts, offset) - 1
+        if at < 0:
+            return None
+        run = self.runs[self._starts[at]]
+        return run if offset < run.stop else None
+
+    def _overlaps(self, offsets: range) -> bool:
+        """Whether any of ``offsets`` (consecutive) is held already."""
+        starts = self._starts
+        at = bisect_right(starts, offsets.start) - 1
+        if at >= 0 and self.runs[starts[at]].stop > offsets.start:
+            return True
+        if at + 1 < len(starts) and starts[at + 1] < offsets.stop:
+            return True
+        return bool(self.one) and any(map(self.one.__contains__, offsets))
+
+    def _split(self, run: range) -> None:
+        """``run``'s offsets held one at a time from now on."""
+        del self.runs[run.start]
+        self._starts.remove(run.start)
+        self.one.update(dict.fromkeys(run))
