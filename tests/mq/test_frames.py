@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -158,26 +160,36 @@ def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
             sub.held.add([offset])
     assert len(sub.held) == len(held)
     sub.stale = dict.fromkeys(sorted(stale - held))
-    left_held, left_stale, kept = set(held), set(stale - held), []
-    for offset in offsets:  # the rule, one offset at a time
-        if offset in left_held:
-            left_held.discard(offset)
+    left_held, left_stale = dict.fromkeys(held), dict.fromkeys(stale - held)
+    kept = _by_the_rule(left_held, left_stale, offsets)
+    assert _sent(sub.ack_request(offsets)) == (kept or None)
+    assert (set(sub.held), set(sub.stale)) == (set(left_held), set(left_stale))
+    assert len(sub.held) == len(left_held)
+
+
+def _by_the_rule(held: dict[int, None], stale: dict[int, None], offsets: Sequence[int]
+                 ) -> list[int]:
+    """What an ack of ``offsets`` sends, by the rule, one offset at a time (``held`` and
+    ``stale`` updated): a held one is taken, one that came on a lost link dropped, any
+    other kept for the server to refuse."""
+    kept = []
+    for offset in offsets:
+        if offset in held:
+            del held[offset]
             kept.append(offset)
-        elif offset in left_stale:
-            left_stale.discard(offset)
+        elif offset in stale:
+            del stale[offset]
         else:
             kept.append(offset)
-    request = sub.ack_request(offsets)
-    if not kept:
-        assert request is None
-    else:
-        assert request is not None
-        sent = request["offsets"]
-        if "count" in request:
-            sent = list(range(sent, sent + request["count"]))
-        assert sent == kept
-    assert (set(sub.held), set(sub.stale)) == (left_held, left_stale)
-    assert len(sub.held) == len(left_held)
+    return kept
+
+
+def _sent(request: dict[str, Any] | None) -> list[int] | None:
+    """The offsets an ack request names (a first and a count, or a list)."""
+    if request is None:
+        return None
+    first = request["offsets"]
+    return list(range(first, first + request["count"])) if "count" in request else first
 
 
 @pytest.mark.parametrize(("rest", "frames"), [(0, 1), (1, 1), (FRAME_TAIL - 1, 1),
@@ -240,24 +252,8 @@ def test_what_a_client_holds_follows_its_frames_acks_and_lost_links(
             held = {}
         else:
             assert isinstance(arg, (list, range))
-            kept = []
-            for offset in arg:
-                if offset in held:
-                    del held[offset]
-                    kept.append(offset)
-                elif offset in stale:
-                    del stale[offset]
-                else:
-                    kept.append(offset)
-            request = sub.ack_request(arg)
-            if not kept:
-                assert request is None
-            else:
-                assert request is not None
-                sent = request["offsets"]
-                if "count" in request:
-                    sent = list(range(sent, sent + request["count"]))
-                assert sent == kept
+            kept = _by_the_rule(held, stale, arg)
+            assert _sent(sub.ack_request(arg)) == (kept or None)
         assert set(sub.held) == set(held) and len(sub.held) == len(held)
         assert set(sub.stale) == set(stale)
         assert all(offset in sub.held for offset in held)
