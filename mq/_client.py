@@ -184,7 +184,7 @@ class _ServerLink(BrokerLink):
         batch = MessageBatch(subscription, offsets, tags, producers, sequences, deliveries,
                              timestamps, parts=[(body, sizes)])
         held = subscription.held
-        held.add(offsets)
+        held.add(offsets, None)
         if subscription.no_local:
             me = self.client.producer
             if me in producers:  # this client's own messages: acknowledged, not handed out

@@ -1,5 +1,6 @@
-"""The offsets a client's subscription holds: delivered on its current link and not
-acknowledged yet (:class:`Held`).
+"""Offsets held for a consumer: delivered and not acknowledged yet (:class:`Held`), by a
+client's subscription (on its current link) and by a relaying server (for each of its
+local consumers, with what it delivered under each offset).
 
 A frame of consecutive offsets is held as one range, with no entry per offset: an ack
 of exactly such ranges (a batch's, as it came) takes each in one step.  Anything else
@@ -14,19 +15,25 @@ import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["Held"]
 
+V = TypeVar("V")
 
-class Held:
-    """Offsets held: single ones, in the order they came, and runs of two or more."""
 
-    __slots__ = ("one", "runs", "_starts", "_size")
+class Held(Generic[V]):
+    """Offsets held, each with a value (what was delivered under it; None for a client):
+    single ones, in the order they came, and runs of two or more with one value each.
+    No offset is both single and in a run."""
+
+    __slots__ = ("one", "runs", "_values", "_starts", "_size")
 
     def __init__(self) -> None:
-        self.one: dict[int, None] = {}
-        #: runs by their first offset, in the order they came
+        self.one: dict[int, V] = {}
+        #: runs by their first offset, in the order they came, and each run's value
         self.runs: dict[int, range] = {}
+        self._values: dict[int, V] = {}
         self._starts: list[int] = []  # the runs' first offsets, sorted
         self._size = 0
 
@@ -39,11 +46,21 @@ class Held:
     def __contains__(self, offset: object) -> bool:
         return offset in self.one or (type(offset) is int and self._run_of(offset) is not None)
 
-    def add(self, offsets: Sequence[int]) -> None:
-        """Hold ``offsets`` (a frame's, as it came)."""
+    def items(self) -> Iterator[tuple[int, V]]:
+        """Every offset held and its value."""
+        values = self._values
+        return itertools.chain(self.one.items(), *(zip(run, itertools.repeat(values[first]))
+                                                   for first, run in self.runs.items()))
+
+    def values(self) -> Iterator[V]:
+        return (value for _, value in self.items())
+
+    def add(self, offsets: Sequence[int], value: V) -> None:
+        """Hold ``offsets`` (a frame's, as it came), each with ``value``."""
         if (type(offsets) is range and len(offsets) > 1 and offsets.step == 1
                 and not self._overlaps(offsets)):
             self.runs[offsets.start] = offsets
+            self._values[offsets.start] = value
             insort(self._starts, offsets.start)
             self._size += len(offsets)
             return
@@ -53,8 +70,12 @@ class Held:
                     self._split(run)  # held already, inside a run: one at a time now
         one = self.one
         before = len(one)
-        one.update(dict.fromkeys(offsets))
+        one.update(dict.fromkeys(offsets, value))
         self._size += len(one) - before
+
+    def put(self, offset: int, value: V) -> None:
+        """Hold ``offset`` alone with ``value``."""
+        self.add((offset,), value)
 
     def take_run(self, offsets: range) -> bool:
         """Take ``offsets`` (consecutive) if they are exactly runs held one after the
@@ -71,15 +92,14 @@ class Held:
         at = bisect_left(self._starts, offsets.start)
         for first in self._starts[at:at + found]:
             del runs[first]
+            del self._values[first]
         del self._starts[at:at + found]
         self._size -= len(offsets)
         return True
 
     def take_each(self, offsets: Sequence[int]) -> bool:
-        """Take ``offsets`` if no runs are held and they are single offsets held, each
+        """Take ``offsets`` if they are single offsets held (none inside a run), each
         named once (in C); False (nothing taken) otherwise."""
-        if self.runs:
-            return False
         named = set(offsets)
         one = self.one
         if len(named) != len(offsets) or not one.keys() >= named:
@@ -100,14 +120,26 @@ class Held:
         self._size -= 1
         return True
 
-    def drain(self) -> dict[int, None]:
-        """Every offset held, taken (single ones first, then the runs, each in the order
-        it came)."""
-        out = self.one
-        for run in self.runs.values():
-            out.update(dict.fromkeys(run))
-        self.one, self.runs, self._starts, self._size = {}, {}, [], 0
+    def pop(self, offset: int) -> V | None:
+        """Take ``offset``: its value, or None if it is not held."""
+        one = self.one
+        if offset not in one:
+            run = self._run_of(offset)
+            if run is None:
+                return None
+            self._split(run)
+        self._size -= 1
+        return one.pop(offset)
+
+    def drain(self) -> dict[int, V]:
+        """Every offset held and its value, taken (single ones first, then the runs,
+        each in the order it came)."""
+        out = dict(self.items())
+        self.clear()
         return out
+
+    def clear(self) -> None:
+        self.one, self.runs, self._values, self._starts, self._size = {}, {}, {}, [], 0
 
     def trim(self, keep: int) -> None:
         """Forget the oldest offsets held beyond ``keep``: whole runs first, oldest
@@ -116,6 +148,7 @@ class Held:
         while self._size > keep and runs:
             first = next(iter(runs))
             self._size -= len(runs.pop(first))
+            del self._values[first]
             self._starts.remove(first)
         one = self.one
         if self._size > keep:
@@ -144,4 +177,4 @@ class Held:
         """``run``'s offsets held one at a time from now on."""
         del self.runs[run.start]
         self._starts.remove(run.start)
-        self.one.update(dict.fromkeys(run))
+        self.one.update(dict.fromkeys(run, self._values.pop(run.start)))

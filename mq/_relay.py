@@ -32,7 +32,6 @@ The root serves its shared topics itself, as any topic.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
@@ -259,14 +258,13 @@ class Relay:
                                f"acks are not taken")
         held, offsets = consumer.held, request.offsets
         passed: Sequence[int]
-        if (all(map(held.__contains__, offsets)) if type(offsets) is range  # each once
-                else len(named := set(offsets)) == len(offsets) and held.keys() >= named):
-            deque(map(held.__delitem__, offsets), 0)  # all held, each named once: in C
+        if (type(offsets) is range and held.take_run(offsets)  # frames as they went
+                or held.take_each(offsets)):  # single offsets, each once, all held: in C
             passed, missed = offsets, list[int]()
         else:
             passed, missed = [], []
             for offset in offsets:
-                if held.pop(offset, None) is not None:
+                if held.pop(offset) is not None:
                     passed.append(offset)
                 elif offset in consumer.stale:
                     consumer.stale.discard(offset)  # the root delivers it again
@@ -378,7 +376,7 @@ class Relay:
             if not relay_group.pending and (
                     consumer := relay_group.pick_for(frame.count)) is not None:
                 # taken whole: passed on as it came (see :mod:`._relay_groups`)
-                consumer.held.update(dict.fromkeys(frame.offsets, frame))
+                consumer.held.add(frame.offsets, frame)
                 consumer.link.send(frame.forward(group))
                 continue
             if messages is None:
@@ -395,7 +393,7 @@ class Relay:
                 return
             frame = take_frame(pending, consumer.credits, FRAME_BYTES, FRAME_TAIL)
             for message in frame:
-                consumer.held[message.offset] = message
+                consumer.held.put(message.offset, message)
             consumer.link.send(relay_group.frame(frame))
 
     def upstream_up(self, upstream: Upstream) -> None:

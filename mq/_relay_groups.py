@@ -18,7 +18,8 @@ from brokermgr import Template
 from channels import Gather
 
 from ._delivery import ClientLink, messages_frame
-from ._wire import unpack_column
+from ._held import Held
+from ._wire import unpack_column, unpack_offsets
 
 __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
 
@@ -48,8 +49,8 @@ class RelayedFrame:
 
     __slots__ = ("obj", "topic", "count", "offsets", "_messages", "_head")
 
-    def __init__(self, obj: dict[str, Any], topic: str, count: int, offsets: list[int]
-                 ) -> None:
+    def __init__(self, obj: dict[str, Any], topic: str, count: int,
+                 offsets: range | list[int]) -> None:
         self.obj = obj
         self.topic = topic
         self.count = count
@@ -65,7 +66,7 @@ class RelayedFrame:
         count = obj["count"]
         if type(count) is not int or count < 1:
             raise ValueError(f"count {count!r}")
-        offsets = unpack_column(obj["offsets"], count, counting=True)
+        offsets = unpack_offsets(obj["offsets"], count)
         sizes = unpack_column(obj["sizes"], count)
         for name in _COLUMNS[2:]:
             unpack_column(obj[name], count, counting=name == "sequences")
@@ -101,8 +102,9 @@ class LocalConsumer:
 
     link: ClientLink
     window: int
-    #: offset -> the message held (or the whole frame it came in, passed on as it was)
-    held: dict[int, Relayed | RelayedFrame] = field(default_factory=dict)
+    #: offset -> the message held (or the whole frame it came in, passed on as it was:
+    #: its offsets one range when consecutive)
+    held: Held[Relayed | RelayedFrame] = field(default_factory=Held)
     #: Offsets held when the root's link was lost: their acks are not passed on (the
     #: root delivers them again).
     stale: set[int] = field(default_factory=set)

@@ -270,7 +270,7 @@ class Subscription:
         self._error: ServiceError | None = None
         #: Offsets delivered on the current link and not acknowledged yet, and those
         #: that had come on a lost link (in order): an ack of one of these is not sent.
-        self.held = Held()
+        self.held: Held[None] = Held()
         self.stale: dict[int, None] = {}
         self.max_held = 4 * window + 1024
         #: Messages of this client's own producer are acknowledged, not handed out.

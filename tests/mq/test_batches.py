@@ -202,7 +202,7 @@ def test_an_ack_of_a_range_is_first_and_count_only_when_it_counts_by_one() -> No
     is acked as the offsets it names, and what is not held stays in for the server."""
     owner: Any = SimpleNamespace(topic="t", group="g", held=Held(), stale={})
     ack_request = Subscription.ack_request
-    owner.held.add(range(10))
+    owner.held.add(range(10), None)
     assert ack_request(owner, range(2, 6)) == {"cmd": "ack", "topic": "t", "group": "g",
                                                "offsets": 2, "count": 4}
     assert ack_request(owner, range(0, 10, 3)) == {"cmd": "ack", "topic": "t", "group": "g",
