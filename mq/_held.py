@@ -110,26 +110,28 @@ class Held(Generic[V]):
 
     def discard(self, offset: int) -> bool:
         """Take ``offset`` if it is held: whether it was."""
-        one = self.one
-        if offset not in one:
-            run = self._run_of(offset)
-            if run is None:
-                return False
-            self._split(run)
-        del one[offset]
+        if not self._single(offset):
+            return False
+        del self.one[offset]
         self._size -= 1
         return True
 
     def pop(self, offset: int) -> V | None:
         """Take ``offset``: its value, or None if it is not held."""
-        one = self.one
-        if offset not in one:
-            run = self._run_of(offset)
-            if run is None:
-                return None
-            self._split(run)
+        if not self._single(offset):
+            return None
         self._size -= 1
-        return one.pop(offset)
+        return self.one.pop(offset)
+
+    def _single(self, offset: int) -> bool:
+        """Whether ``offset`` is held; if so, held alone from now on (its run split)."""
+        if offset in self.one:
+            return True
+        run = self._run_of(offset)
+        if run is None:
+            return False
+        self._split(run)
+        return True
 
     def drain(self) -> dict[int, V]:
         """Every offset held and its value, taken (single ones first, then the runs,
