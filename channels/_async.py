@@ -1,7 +1,12 @@
 """The trio face of a MessageQueue, for embedding: ``await send``, ``await receive``, ``async for``.
 
-It runs on a pump served by trio (``await pump.serve()``); its listener side runs
-as pump tasks and wakes the trio tasks waiting on it.
+It runs on a pump served by trio (``await pump.serve()``).  On an untraced pump the
+data path of one message runs in the trio tasks that await it: ``send`` puts the
+frame into the link's ring when nothing is queued before it, and ``receive`` takes
+what has arrived out of the ring when its inbox is empty; an arrival only wakes a
+receiver that waits.  What that fast path does not take (a backlog, a message longer
+than the codec batches, a frame in pieces, the peer's end) goes through the queue's
+pump tasks, as on a traced pump, whose reads are recorded as the read task's.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ class AsyncMessageQueue:
 
     ``send`` waits while the send backlog is past the high-water mark;
     ``receive`` waits for the next message.  Memory is bounded on both sides:
-    once ``receive_buffer`` messages wait for ``receive``, reading pauses (after
-    the read under way, which takes at most what the link's ring holds) and
-    backpressure reaches the sender.
+    messages wait in the link's ring until ``receive`` asks (one take brings at most
+    ``receive_buffer`` of them); those the read task delivers (on a traced pump, or
+    at the peer's end) pause reading once ``receive_buffer`` wait, after the read
+    under way, which takes at most what the ring holds.  Either way a full ring
+    stops the sender's writes and backpressure reaches it.
 
     End of the link: ``receive`` raises ``trio.EndOfChannel`` after the peer
     closed cleanly and every message it sent was received,
@@ -49,6 +56,9 @@ class AsyncMessageQueue:
         self._reason: str | None = None
         self._local_close = False
         self._recv_lot = trio.lowlevel.ParkingLot()
+        self._waiting = 0  # receivers in _wait_arrived
+        self._arrivals = 0  # _arrived() calls so far (a take may run tasks that let more in)
+        self._paused = False  # this face paused the queue's reading (a full inbox)
         self._send_lot = trio.lowlevel.ParkingLot()
         # drained() and closed() calls so far: a sender that ran the pump itself (and so
         # maybe the call that would have woken it) checks it before it parks
@@ -56,6 +66,10 @@ class AsyncMessageQueue:
         self._closed_event = trio.Event()
         self._aclosed = False
         queue.set_listener(self)
+        # messages are taken from the link as receive() asks for them (untraced pumps)
+        self._rx_used = queue.rx_used
+        self._rx_half = queue.rx_half
+        self._pulls = queue.set_pull(self._arrived)
 
     # -- listener side: runs as pump tasks ------------------------------------------
 
@@ -66,9 +80,19 @@ class AsyncMessageQueue:
         inbox = self._inbox
         inbox.extend(messages)
         if len(inbox) >= self._limit:
+            self._paused = True
             self._queue.pause_reading()
-        if self._recv_lot:
+        if self._waiting:
             self._recv_lot.unpark()
+
+    def _arrived(self) -> None:
+        """Bytes came into the link (pulling): wake a receiver, which takes them; when
+        none waits, a ring half full or more is read into the inbox now."""
+        self._arrivals += 1
+        if self._waiting:
+            self._recv_lot.unpark()
+        elif self._rx_used() >= self._rx_half and len(self._inbox) < self._limit:
+            self._queue.read_ahead(self._inbox, self._limit - len(self._inbox))
 
     def drained(self) -> None:
         self._send_wakes += 1
@@ -125,6 +149,9 @@ class AsyncMessageQueue:
         """Queue one message, waiting while the send backlog is past the high-water mark."""
         await trio.lowlevel.checkpoint_if_cancelled()
         queue = self._queue
+        if queue.put_now(message):  # nothing queued before it: straight into the link
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
         pump = queue.pump
         while True:
             wakes = self._send_wakes
@@ -197,34 +224,61 @@ class AsyncMessageQueue:
             return trio.EndOfChannel(self._reason)  # the peer closed cleanly
         return trio.BrokenResourceError(self._reason)
 
-    def receive_nowait(self) -> bytes:
-        """The next message, or ``trio.WouldBlock`` when none has arrived."""
+    def _taken(self) -> None:
+        """Messages left the inbox: reading resumes once it is down to half."""
+        if self._paused and len(self._inbox) <= self._limit // 2:
+            self._paused = False
+            self._queue.resume_reading()
+
+    def _take_arrived(self) -> bool:
+        """Whether a message is in the inbox, taken from the link now if need be (when
+        the face pulls); raises how the link ended when none is and none will be."""
         inbox = self._inbox
         if not inbox:
-            if self._reason is not None:
-                raise self._end()
+            if self._pulls:
+                self._queue.pull(inbox, self._limit)
+            if not inbox:
+                if self._reason is not None:
+                    raise self._end()
+                return False
+        return True
+
+    async def _wait_arrived(self) -> None:
+        """Park until a message is in the inbox (or the link ended: raise how)."""
+        self._waiting += 1
+        try:
+            while True:
+                arrivals = self._arrivals
+                if self._take_arrived():
+                    break
+                if self._arrivals == arrivals:  # else the take itself let more in: look
+                    await self._recv_lot.park()
+        finally:
+            self._waiting -= 1
+
+    def receive_nowait(self) -> bytes:
+        """The next message, or ``trio.WouldBlock`` when none has arrived."""
+        if not self._take_arrived():
             raise trio.WouldBlock
-        message = inbox.popleft()
-        if len(inbox) <= self._limit // 2 and self._queue.reading_paused:
-            self._queue.resume_reading()
+        message = self._inbox.popleft()
+        if self._paused:
+            self._taken()
         return message
 
     def receive_many_nowait(self, max_messages: int = DEFAULT_RECEIVE_BUFFER) -> list[bytes]:
         """Every message that has arrived, up to ``max_messages``, in order: an empty list
         when none has (and the link is open); ``receive``'s errors once it has ended and
         every message was received."""
-        inbox = self._inbox
-        if not inbox:
-            if self._reason is not None:
-                raise self._end()
+        if not self._take_arrived():
             return []
+        inbox = self._inbox
         if max_messages >= len(inbox):
             messages = list(inbox)
             inbox.clear()
         else:
             messages = [inbox.popleft() for _ in range(max_messages)]
-        if len(inbox) <= self._limit // 2 and self._queue.reading_paused:
-            self._queue.resume_reading()
+        if self._paused:
+            self._taken()
         return messages
 
     async def receive_many(self, max_messages: int = DEFAULT_RECEIVE_BUFFER) -> list[bytes]:
@@ -234,8 +288,8 @@ class AsyncMessageQueue:
         if max_messages < 1:
             raise ConfigError("max_messages must be at least 1")
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._inbox and self._reason is None:
-            await self._recv_lot.park()
+        if not self._take_arrived():
+            await self._wait_arrived()
         messages = self.receive_many_nowait(max_messages)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return messages
@@ -243,9 +297,15 @@ class AsyncMessageQueue:
     async def receive(self) -> bytes:
         """Wait for the next message."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._inbox and self._reason is None:
-            await self._recv_lot.park()
-        message = self.receive_nowait()
+        inbox = self._inbox
+        if not inbox:
+            if self._pulls:
+                self._queue.pull(inbox, self._limit)
+            if not inbox and not self._take_arrived():
+                await self._wait_arrived()
+        message = inbox.popleft()
+        if self._paused:
+            self._taken()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return message
 

@@ -9,7 +9,7 @@ or a StreamLink across a socket; both speak :class:`LinkPeer`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -93,7 +93,7 @@ class Channel:
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
-        "_carried", "_carried_off", "_sent_event",
+        "_carried", "_carried_off", "_sent_event", "on_arrival",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -133,6 +133,10 @@ class Channel:
         self._carried = False  # a transport (a socket) takes the bytes away from the ring
         self._carried_off = False  # and it has sent the last it will
         self._sent_event: trio.Event | None = None
+        #: Set by a reader that takes bytes out of :attr:`rx_ring` itself when it wants
+        #: them (:meth:`MessageQueue.set_pull`): called when bytes arrive, in place of
+        #: the ``readable()`` task.  The peer's disconnect still posts ``readable()``.
+        self.on_arrival: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"
@@ -294,8 +298,12 @@ class Channel:
     # -- the peer interface: what the other end of the link calls on us ----------------
 
     def data_arrived(self) -> None:
-        """The peer put bytes into our rx ring: announce them once."""
-        if not self._read_posted and self._listener is not None:
+        """The peer put bytes into our rx ring: announce them once (or tell the reader
+        that pulls them, :attr:`on_arrival`)."""
+        arrival = self.on_arrival
+        if arrival is not None:
+            arrival()
+        elif not self._read_posted and self._listener is not None:
             self._post_readable()
 
     def room_freed(self) -> None:

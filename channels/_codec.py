@@ -198,7 +198,7 @@ class FrameDecoder:
     """
 
     __slots__ = ("ring", "max_message_size", "budget", "peer_close", "_capacity", "_hdr",
-                 "_hdr_got", "_body", "_need", "_got", "_charged", "_batch_body", "_close_state")
+                 "_hdr_got", "_body", "_need", "_got", "_charged", "batch_body", "_close_state")
 
     def __init__(self, ring: RingBuffer, *, max_message_size: int,
                  budget: FrameBudget | None = None) -> None:
@@ -208,8 +208,9 @@ class FrameDecoder:
         self.max_message_size = max_message_size
         self.budget = PROCESS_FRAME_BUDGET if budget is None else budget
         self._capacity = ring.capacity
-        # Frames above the limit must reach the length check, not a batch.
-        self._batch_body = min(SMALL_BODY, max_message_size)
+        #: The longest body taken in batches: frames above the limit must reach the
+        #: length check, not a batch.
+        self.batch_body = min(SMALL_BODY, max_message_size)
         self._hdr = bytearray(HEADER_SIZE)
         self._hdr_got = -1  # >= 0 while a header arrives in pieces
         self._body: list[bytes] | None = None  # set while a body arrives in pieces
@@ -241,6 +242,16 @@ class FrameDecoder:
             return HEADER_SIZE + self._got
         return max(self._hdr_got, 0) + self.ring.used
 
+    def take_whole(self, into: deque[bytes], max_count: int) -> int:
+        """Append to ``into`` up to ``max_count`` whole messages at the head of the ring
+        that are short enough to batch (:attr:`batch_body`): how many, 0 when the head is
+        not one (nothing else is looked at: :meth:`next_frames` takes what is left, and
+        raises what is wrong).  Never while a frame is being assembled or after a close
+        frame."""
+        if self._hdr_got < 0 and self._body is None and not self._close_state:
+            return self.ring.take_whole(into, max_count, self.batch_body)
+        return 0
+
     def next_frames(self) -> Frames | None:
         """The messages complete now, or None: need more data."""
         ring = self.ring
@@ -258,7 +269,7 @@ class FrameDecoder:
                 if ring.used:
                     raise ProtocolError(f"{ring.used} bytes after the close frame")
                 return None
-            got = ring.take_next(self._batch_body, self.max_message_size)
+            got = ring.take_next(self.batch_body, self.max_message_size)
             if len(got) == 2:
                 return got  # frames (one call: this is the hot path)
             _, status, length = got

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -147,8 +148,13 @@ class MessageQueue:
         self._rx = channel.rx_ring
         self._observer = channel.observer
         self._encoder = FrameEncoder(channel.tx_ring)
+        self._put_frame = channel.tx_ring.put_frame
         self._spans = self._encoder.spans  # the queued messages that came from a Batch
         self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
+        #: The bytes waiting in the incoming ring (a C call), and half its capacity: a
+        #: reader that pulls reads ahead of a ring that full (:meth:`read_ahead`).
+        self.rx_used = channel.rx_ring.used_counter()
+        self.rx_half = channel.rx_ring.capacity // 2
         self._listener: Any = None
         self._received_many: Callable[[list[bytes]], object] | None = None
         self._state = _State.OPEN
@@ -358,6 +364,21 @@ class MessageQueue:
         """Alias of :meth:`send` (which never waits), for symmetry with the async face."""
         self.send(message)
 
+    def put_now(self, message: bytes | Gather) -> bool:
+        """Write one message into the link at once, whole, when nothing is queued before
+        it (the async face's ``send``): whether it did.  When not (a backlog, no room in
+        the ring, a message that is not bytes or too long, a closed link, a traced pump),
+        nothing happened: :meth:`send` queues it, or raises its error.  No write task,
+        no copy into the backlog: one C call, then the peer is told."""
+        if self._idle and type(message) is bytes and self._state is _State.OPEN:
+            chan = self._channel
+            if (len(message) <= self.max_message_size and chan.peer_reason is None
+                    and self._observer is None and self._put_frame(message)):
+                self._sent += 1
+                chan.notify_written()
+                return True
+        return False
+
     def _send_slow(self, message: Any) -> None:
         if self._state is not _State.OPEN:
             if self._closed_here:
@@ -447,6 +468,53 @@ class MessageQueue:
 
     # -- receiving ---------------------------------------------------------------------
 
+    def set_pull(self, arrived: Callable[[], None]) -> bool:
+        """Let the reader take messages when it wants them (:meth:`pull`), instead of a
+        read task delivering each arrival to the listener: bytes that arrive call
+        ``arrived()`` (it must not read; it may wake the reader) and wait in the ring,
+        whose room is then the backpressure.  Whether pulling is on: not on a traced pump,
+        whose reads are recorded as the read task's.  The peer's end, and this side's
+        ``close``, still deliver through the listener (what is left is read and the
+        close follows), as does anything :meth:`pull` does not take itself."""
+        if self._observer is not None or self._state is not _State.OPEN:
+            return False
+        self._channel.on_arrival = arrived
+        return True
+
+    def pull(self, into: deque[bytes], max_count: int) -> int:
+        """Take up to ``max_count`` whole messages that have arrived into ``into``, in
+        order (pulling on, see :meth:`set_pull`): how many.  A frame it does not take
+        itself (one longer than the codec batches, or in pieces, or a protocol error) is
+        left to the read task's code, run here, which delivers through the listener."""
+        if self._state is _State.OPEN and not self._paused:
+            count = self._decoder.take_whole(into, max_count)
+            if count:
+                self._received += count
+                self._channel.notify_consumed(True)
+                return count
+        if self._rx.used or self._decoder.in_frame or self._channel.peer_reason is not None:
+            pump = self.pump
+            pump.hold()
+            try:
+                self._on_readable()
+            finally:
+                pump.run_held()
+        return 0
+
+    def read_ahead(self, into: deque[bytes], max_count: int) -> int:
+        """Pulling, when bytes arrive and the reader is busy with a ring half full or more
+        (:attr:`rx_half`): take up to ``max_count`` whole messages into ``into`` now, so
+        that a writer with more to send goes on meanwhile (as far as the reader's buffer
+        allows, as the read task would); how many.  Takes only what :meth:`pull` takes
+        itself."""
+        if self._state is not _State.OPEN or self._paused:
+            return 0
+        count = self._decoder.take_whole(into, max_count)
+        if count:
+            self._received += count
+            self._channel.notify_consumed(True)
+        return count
+
     def _on_readable(self) -> None:
         """Channel notification: bytes arrived.  Deliver every complete message."""
         rx = self._rx
@@ -518,7 +586,7 @@ class MessageQueue:
             self._stall_progress = -1
             return
         now = self.pump.now()
-        if self._paused:
+        if self._paused or self._rx.used:  # not reading (paused, or a reader that pulls)
             self._stall_since = now
         quiet = now - self._stall_since
         if quiet < self.stall_timeout:
@@ -562,6 +630,7 @@ class MessageQueue:
             return
         self._closed_here = True
         self._state = _State.CLOSING
+        self._channel.on_arrival = None  # what arrives now is dropped by the read task
         self._reason = reason
         self._room = _CLOSED_ROOM
         if self._qhead == len(self._outq) and not self._encoder.streaming:
@@ -603,6 +672,7 @@ class MessageQueue:
         self._finish_close(cause)
 
     def _finish_close(self, cause: CloseCause) -> None:
+        self._channel.on_arrival = None
         self._forget_frame()
         self._state = _State.CLOSED
         self._cause = cause
@@ -613,6 +683,7 @@ class MessageQueue:
 
     def _on_channel_closed(self, reason: str) -> None:
         chan = self._channel
+        chan.on_arrival = None
         cause = chan.peer_cause or (CloseCause.ABORTED if chan.disconnected else CloseCause.CLEAN)
         said = self._decoder.peer_close
         if said is not None and self._state is _State.OPEN:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import struct
 import threading
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import accumulate, pairwise
 from typing import Any
 
@@ -34,6 +36,7 @@ _ffi_from_buffer = ffi.from_buffer
 _ffi_buffer = ffi.buffer
 _unpack = ffi.unpack
 _take_frames = lib.rb_take_frames
+_take_frame = lib.rb_take_frame
 _frames_fit = lib.rb_frames_fit
 _put_frames = lib.rb_put_frames
 _frame_status = lib.rb_frame_status
@@ -148,6 +151,11 @@ class RingBuffer:
     def used(self) -> int:
         """Bytes readable now."""
         return int(_rb_used(self._rb))
+
+    def used_counter(self) -> Callable[[], int]:
+        """A call that returns :attr:`used`, for a hot path: the C function bound to
+        this ring, with no Python frame between."""
+        return partial(_rb_used, self._rb)
 
     @property
     def free(self) -> int:
@@ -293,6 +301,40 @@ class RingBuffer:
             _rb_skip(rb, length + HEADER_SIZE)
             return [body], [length]
         return None, status, length
+
+    def take_whole(self, into: deque[bytes], max_frames: int, max_body: int) -> int:
+        """Append to ``into`` the bodies of the complete frames at the head, in order, while
+        each is at most ``max_body`` long (at most ``max_frames`` of them): how many, 0
+        when the head is not such a frame.  One copy per body; a lone frame costs one C
+        call and the cut, more go :data:`BATCH_FRAMES` (or :data:`BATCH_BYTES`) a call."""
+        rb = self._rb
+        out = _scratch.out
+        if max_body > BATCH_BYTES:
+            max_body = BATCH_BYTES  # what the scratch buffer holds
+        n = _take_frame(rb, out, max_body)
+        if n < 0:
+            return 0
+        into.append(_unpack(out, n))
+        taken = 1
+        while taken < max_frames and _rb_used(rb):
+            s = _scratch
+            want = max_frames - taken
+            count: int = _take_frames(rb, out, BATCH_BYTES, s.lens,
+                                      want if want < BATCH_FRAMES else BATCH_FRAMES,
+                                      max_body, s.used)
+            if count == 1:
+                into.append(_unpack(out, s.used[0]))
+            elif count:
+                into.extend(split_bodies(_ffi_buffer(out, s.used[0]),
+                                         _unpack(s.lens, count)))
+            else:
+                break
+            taken += count
+        return taken
+
+    def put_frame(self, body: bytes) -> int:
+        """Put one frame of ``body`` if it fits whole: 1 if it did, else 0 (one C call)."""
+        return _rb_put_frame(self._rb, body, len(body))  # type: ignore[no-any-return]
 
     def put_each(self, bodies: Sequence[Any], start: int, min_body: int) -> tuple[int, int]:
         """Put ``bodies[start:]`` one frame per C call while each is a ``bytes`` longer

@@ -250,6 +250,17 @@ int rb_frame_status(const rb_ring *rb, uint32_t *len) {
     return avail - RB_HEADER_SIZE >= (size_t)n ? RB_FRAME_COMPLETE : RB_FRAME_PARTIAL;
 }
 
+long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen) {
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t avail = LOAD_ACQ(&rb->head) - tail;
+    if (avail < RB_HEADER_SIZE) return -1;
+    uint32_t n = get_header(rb, tail);
+    if (n > maxlen || avail - RB_HEADER_SIZE < (size_t)n) return -1;
+    if (n) copy_out(rb, tail + RB_HEADER_SIZE, out, n);
+    STORE_REL(&rb->tail, tail + RB_HEADER_SIZE + n);
+    return (long)n;
+}
+
 size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,
                       uint32_t maxlen, size_t *out_used) {
     size_t tail = LOAD_OWN(&rb->tail);

@@ -86,6 +86,9 @@ int rb_frame_status(const rb_ring *rb, uint32_t *len);
  * left of out.  *out_used gets the body bytes written.  Return the frame count. */
 size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,
                       uint32_t maxlen, size_t *out_used);
+/* Take the next frame if it is complete and its body at most maxlen bytes long: the
+ * body goes to out (maxlen bytes at least).  Return its length, or -1 (nothing taken). */
+long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen);
 /* CDEF-END */
 
 #endif

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -9,6 +11,8 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from brokermgr import open_universe
 from channels import AsyncMessageQueue, QueueFullError
@@ -296,3 +300,113 @@ async def test_joining_managers_that_do_not_answer_is_an_os_error_naming_them() 
                                                            f"0.5 s \\(dialled: 127.0.0.1:{port}"):
         async with open_universe("far", managers=[f"127.0.0.1:{port}"], connect_timeout=0.5):
             raise AssertionError("the block runs only once a manager accepted it")
+
+
+# -- the async face takes messages from the link as receive asks for them ---------------
+
+_SIZES = st.sampled_from([0, 1, 60, 700, 5000, 9000, 20_000])
+_SEND = st.one_of(st.tuples(st.just("send"), _SIZES),
+                  st.tuples(st.just("send_many"), st.lists(_SIZES, min_size=1, max_size=5)),
+                  st.tuples(st.just("send_nowait"), _SIZES),
+                  st.tuples(st.just("sleep"), st.just(0)))
+_RECEIVE = st.one_of(st.tuples(st.just("receive"), st.just(1)),
+                     st.tuples(st.just("receive_many"), st.integers(1, 7)),
+                     st.tuples(st.just("receive_nowait"), st.just(1)),
+                     st.tuples(st.just("receive_many_nowait"), st.integers(1, 7)),
+                     st.tuples(st.just("sleep"), st.just(0)))
+
+
+@given(ring=st.sampled_from([64, 256, 4096, 1 << 16]), buffer=st.integers(1, 8),
+       sends=st.lists(_SEND, min_size=1, max_size=30),
+       receives=st.lists(_RECEIVE, min_size=1, max_size=10),
+       traced=st.booleans())
+def test_any_mix_of_sends_and_receives_delivers_each_message_once_in_order(
+        ring: int, buffer: int, sends: list[tuple[str, object]],
+        receives: list[tuple[str, int]], traced: bool) -> None:
+    """One await per message, batches, the calls that do not wait and pauses, on both
+    sides at once, with rings from 64 B (messages longer than the ring) to 64 KiB and
+    receive buffers from one message: every message arrives once, in order, then the
+    clean end.  Untraced, the receiving face takes messages from the link when it asks;
+    traced, a read task delivers every arrival: both must give the same."""
+    receives = [*receives, ("receive", 1)]  # one that waits: the end is seen
+    sent: list[bytes] = []
+    got: list[bytes] = []
+
+    def message(size: int) -> bytes:
+        n = len(sent)
+        sent.append((b"%06d" % n + bytes([n % 251]) * size)[:max(size, 6)])
+        return sent[-1]
+
+    async def main(trace_dir: str | None) -> None:
+        async with open_universe("u", ring_capacity=ring, high_water=1 << 15,
+                                 trace_dir=trace_dir) as u, \
+                trio.open_nursery() as nursery:
+            server, client = u.add_broker("server"), u.add_broker("client")
+            ended = trio.Event()
+
+            async def consume(q: AsyncMessageQueue) -> None:
+                try:
+                    i = 0
+                    while True:
+                        what, n = receives[i % len(receives)]
+                        i += 1
+                        if what == "receive":
+                            got.append(await q.receive())
+                        elif what == "receive_many":
+                            got.extend(await q.receive_many(n))
+                        elif what == "receive_nowait":
+                            with contextlib.suppress(trio.WouldBlock):
+                                got.append(q.receive_nowait())
+                            await trio.sleep(0)
+                        elif what == "receive_many_nowait":
+                            got.extend(q.receive_many_nowait(n))
+                            await trio.sleep(0)
+                        else:
+                            await trio.sleep(0)
+                except trio.EndOfChannel:
+                    ended.set()
+
+            await nursery.start(partial(server.serve_queues, 80, consume,
+                                        receive_buffer=buffer))
+            q = await client.connect_queue("server", 80)
+            for what, arg in sends:
+                if what == "send":
+                    await q.send(message(arg))  # type: ignore[arg-type]
+                elif what == "send_many":
+                    await q.send_many([message(n) for n in arg])  # type: ignore[attr-defined]
+                elif what == "send_nowait":
+                    with contextlib.suppress(QueueFullError):
+                        q.send_nowait(message(arg))  # type: ignore[arg-type]
+                        continue
+                    sent.pop()  # refused: not sent
+                else:
+                    await trio.sleep(0)
+            await q.aclose()
+            with trio.fail_after(60):
+                await ended.wait()
+            nursery.cancel_scope.cancel()
+
+    with tempfile.TemporaryDirectory() as traces:
+        trio.run(main, traces if traced else None,
+                 clock=trio.testing.MockClock(autojump_threshold=0))
+    assert got == sent
+
+
+async def test_a_receiver_that_stops_inside_a_long_message_is_not_a_stalled_peer(
+        autojump_clock: object) -> None:
+    """A message longer than the ring arrives in pieces; the receiver took the first and
+    stopped asking, so the rest waits in the ring: that is this side not reading, not the
+    peer stalling mid-frame, and the link stays open past the stall timeout (30 s)."""
+    async with slow_receiver() as (q, server_side, nursery):
+        long = bytes(range(256)) * 8  # 2 KiB through a 256 B ring
+        await q.send(long)
+        await trio.testing.wait_all_tasks_blocked()
+        receiver = server_side[0]
+        with pytest.raises(trio.WouldBlock):
+            receiver.receive_nowait()  # takes the first piece only
+        await trio.sleep(100)
+        assert receiver.close_reason is None
+        assert await receiver.receive() == long
+        await q.send(b"after")
+        assert await receiver.receive() == b"after"
+        nursery.cancel_scope.cancel()

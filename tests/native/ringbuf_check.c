@@ -51,7 +51,7 @@ static int run(size_t cap, int steps) {
     for (int s = 0; s < steps; s++) {
         size_t n = rnd(300);
         for (size_t i = 0; i < n; i++) buf[i] = (char)rnd(256);
-        switch (rnd(10)) {
+        switch (rnd(11)) {
         case 0: { /* write */
             size_t w = rb_write(rb, buf, n);
             size_t room = cap - model_len;
@@ -170,6 +170,23 @@ static int run(size_t cap, int steps) {
             }
             CHECK(memcmp(out_buf, model, model_len) == 0);
             model_len = 0;
+            break;
+        }
+        case 9: { /* take one frame, if whole and short enough */
+            uint32_t maxlen = (uint32_t)n;
+            long got = rb_take_frame(rb, out, maxlen);
+            uint32_t want = 0;
+            if (model_len >= 4)
+                want = ((uint32_t)model[0] << 24) | ((uint32_t)model[1] << 16) |
+                       ((uint32_t)model[2] << 8) | model[3];
+            if (model_len < 4 || model_len - 4 < want || want > maxlen) {
+                CHECK(got == -1);
+            } else {
+                CHECK(got == (long)want);
+                CHECK(memcmp(out, model + 4, want) == 0);
+                memmove(model, model + 4 + want, model_len - 4 - want);
+                model_len -= 4 + want;
+            }
             break;
         }
         default: { /* status */

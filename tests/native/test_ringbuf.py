@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -114,6 +116,24 @@ class RingVsReference(RuleBasedStateMachine):
             status = {"none": FRAME_NONE, "partial": FRAME_PARTIAL,
                       "complete": FRAME_COMPLETE}[state]
             assert got == (None, status, length)
+
+    @rule(max_frames=st.integers(1, 5), max_body=st.integers(0, 120))
+    def take_whole(self, max_frames: int, max_body: int) -> None:
+        """What a reader that pulls receives with: the complete frames at the head, each
+        of at most ``max_body`` bytes, wherever they lie in the ring (the first alone
+        takes one C call)."""
+        if self.ring is not None and self.ref is not None:
+            into: deque[bytes] = deque([b"before"])
+            count = self.ring.take_whole(into, max_frames, max_body)
+            assert list(into) == [b"before", *self.ref.take_frames(max_frames, BATCH_BYTES,
+                                                                  max_body)]
+            assert count == len(into) - 1
+
+    @rule(body=st.binary(max_size=120))
+    def put_frame(self, body: bytes) -> None:
+        """What the async face sends a lone message with: one frame, whole or not at all."""
+        if self.ring is not None and self.ref is not None:
+            assert bool(self.ring.put_frame(body)) == self.ref.put_frame(body)
 
     @invariant()
     def counts_agree(self) -> None:
