@@ -471,9 +471,10 @@ class MessageQueue:
     def set_pull(self, arrived: Callable[[], None]) -> bool:
         """Let the reader take messages when it wants them (:meth:`pull`), instead of a
         read task delivering each arrival to the listener: bytes that arrive call
-        ``arrived()`` (it must not read; it may wake the reader) and wait in the ring,
-        whose room is then the backpressure.  Whether pulling is on: not on a traced pump,
-        whose reads are recorded as the read task's.  The peer's end, and this side's
+        ``arrived()`` (it may wake the reader, or take messages with :meth:`read_ahead`,
+        but not :meth:`pull`) and wait in the ring, whose room is then the
+        backpressure.  Whether pulling is on: not on a traced pump, whose reads are
+        recorded as the read task's.  The peer's end, and this side's
         ``close``, still deliver through the listener (what is left is read and the
         close follows), as does anything :meth:`pull` does not take itself."""
         if self._observer is not None or self._state is not _State.OPEN:
