@@ -17,6 +17,7 @@ from brokermgr.tracking import TrackNode
 from mq import Message, MqClient, MqServer, Subscription, declare_on
 from mq._cluster import ClusterNode
 from mq._cluster_file import ClusterConfig
+from mq._relay import Relay
 from tests.mq.test_cluster import config, until
 
 #: Three primaries, a backup and two fanout servers.
@@ -71,6 +72,15 @@ async def with_orders(universe: BrokerManager, root: pathlib.Path, client: str
     await on_d.declare("orders", shared=True)
     await until(lambda: all("orders" in s.catalogue.topics for s in cluster.servers.values()))
     return cluster, on_d
+
+
+async def relay_on_e(cluster: Cluster, groups: int) -> Relay:
+    """Server e's relay, once it serves ``groups`` groups, each subscribed at the root."""
+    relay = cluster.servers["e"].relay
+    assert relay is not None
+    await until(lambda: all(g.subscribed for g in relay.groups.values())
+                and len(relay.groups) == groups)
+    return relay
 
 
 async def take(subscription: Subscription, into: list[bytes]) -> None:
@@ -261,10 +271,7 @@ async def test_the_root_sends_a_message_once_to_a_server_for_all_its_groups(
         for group in groups:
             client = MqClient(universe.add_broker(f"c-{group}"), "e:15555", timeout=30)
             nursery.start_soon(take, await client.subscribe("orders", group=group), got[group])
-        relay = cluster.servers["e"].relay
-        assert relay is not None
-        await until(lambda: all(g.subscribed for g in relay.groups.values())
-                    and len(relay.groups) == 4)
+        relay = await relay_on_e(cluster, 4)
         upstream = relay.upstream
         assert upstream is not None and upstream.queue is not None
         before = upstream.queue.statistics().messages_received
@@ -287,12 +294,9 @@ async def test_what_a_leaving_consumer_held_of_a_whole_frame_goes_to_the_group_s
     group's other consumer on e, once, counted as a second delivery."""
     async with open_universe("u") as universe, trio.open_nursery() as nursery:
         cluster, producer = await with_orders(universe, tmp_path, "p")
-        relay = cluster.servers["e"].relay
-        assert relay is not None
         first = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
         holding = await first.subscribe("orders", window=100)
-        await until(lambda: all(g.subscribed for g in relay.groups.values())
-                    and len(relay.groups) == 1)
+        relay = await relay_on_e(cluster, 1)
         sent = [b"m%03d" % i for i in range(20)]
         await producer.publish_many("orders", sent)
         held: list[Message] = []
@@ -327,12 +331,9 @@ async def test_a_relaying_server_takes_an_ack_of_first_and_count_for_what_is_hel
     flight), the rest refused by number; the same ack again is refused whole."""
     async with open_universe("u") as universe:
         cluster, producer = await with_orders(universe, tmp_path, "p")
-        relay = cluster.servers["e"].relay
-        assert relay is not None
         client = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
         subscription = await client.subscribe("orders", window=100)
-        await until(lambda: all(g.subscribed for g in relay.groups.values())
-                    and len(relay.groups) == 1)
+        await relay_on_e(cluster, 1)
         await producer.publish_many("orders", [b"m%02d" % i for i in range(20)])
         held: list[Message] = []
         while len(held) < 20:
