@@ -56,3 +56,16 @@ def test_cluster_floor_prints_its_rate() -> None:
     assert line is not None, out
     rate, ratio = (float(x.replace(",", "")) for x in line.groups())
     assert rate > 0 and abs(ratio - rate / 480_000) < 0.01
+
+
+def test_page_touch_prints_each_file_of_both_passes(tmp_path: pathlib.Path) -> None:
+    """Two passes over the files, each line a file's write time and system CPU; the
+    files are gone afterwards."""
+    out = _output("page_touch.py", "2", "4", str(tmp_path))
+    lines = out.splitlines()
+    assert len(lines) == 4, out
+    for line, (run, file) in zip(lines, [(1, 1), (1, 2), (2, 1), (2, 2)], strict=True):
+        found = re.fullmatch(rf"pass {run} file {file}: 4 MiB in (\d+\.\d\d) s, "
+                             r"(\d+\.\d) us of system CPU per 64 KiB", line)
+        assert found is not None, line
+    assert list(tmp_path.iterdir()) == []
