@@ -288,8 +288,8 @@ class AsyncMessageQueue:
         if max_messages < 1:
             raise ConfigError("max_messages must be at least 1")
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._take_arrived():
-            await self._wait_arrived()
+        if not self._inbox:
+            await self._wait_arrived()  # takes what has arrived first, parks if nothing has
         messages = self.receive_many_nowait(max_messages)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return messages
@@ -301,8 +301,8 @@ class AsyncMessageQueue:
         if not inbox:
             if self._pulls:
                 self._queue.pull(inbox, self._limit)
-            if not inbox and not self._take_arrived():
-                await self._wait_arrived()
+            if not inbox:
+                await self._wait_arrived()  # looks again, then parks if nothing came
         message = inbox.popleft()
         if self._paused:
             self._taken()
