@@ -6,7 +6,6 @@ shut down cleanly (brokers unregister).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -211,11 +210,14 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             async def announce() -> None:
                 if names is not None:
                     # ready means registered: from the ready line on, other processes
-                    # find these brokers by id (a refusal for good ends the process);
-                    # with no manager in reach, ready after a bound, dialling on
-                    with contextlib.suppress(ConnectionRefusedError), \
-                            trio.move_on_after(REGISTER_WAIT):
-                        await names.connected()
+                    # find these brokers by id; with no manager in reach, ready after a
+                    # bound, dialling on.  A refusal for good ends the process with its
+                    # reason, and no ready line: those brokers never were.
+                    with trio.move_on_after(REGISTER_WAIT):
+                        try:
+                            await names.connected()
+                        except ConnectionRefusedError:
+                            return
                 ready(address)
                 if spec is not None and names is not None:
                     for b in broker_ids:

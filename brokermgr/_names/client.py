@@ -149,25 +149,32 @@ class NameClient:
         if refusal is not None:
             raise ConnectionRefusedError(refusal)
 
+    def registered_ids(self) -> list[str]:
+        """The ids this client registers (none before the process listens): what an
+        unregister names.  Only ids: it is also read as the process stops, when the
+        servers behind a registration's ``progress`` have closed their files."""
+        if (self.address or self.manager.net.address) is None:
+            return []
+        ids = self.manager.broker_ids if self.broker is None else [self.broker.id]
+        return [b for b in ids if not b.startswith("@")]
+
     def registrations(self) -> list[dict[str, Any]]:
         address = self.address or self.manager.net.address
         if address is None:
             return []
         found = []
-        ids = self.manager.broker_ids if self.broker is None else [self.broker.id]
-        for b in ids:
-            if not b.startswith("@"):
-                row: dict[str, Any] = {"id": b, "address": list(address),
-                                       "version": self.version, "topics": list(self.topics(b))}
-                if (member := self.groups(b)) is not None:
-                    row["group"] = member.to_json()
-                if (cluster := self.clusters(b)) is not None:
-                    row["cluster"] = cluster
-                if (progress := self.progress(b)) is not None:
-                    row["progress"] = progress.to_json()
-                if self.metrics is not None:
-                    row["metrics"] = self.metrics
-                found.append(row)
+        for b in self.registered_ids():
+            row: dict[str, Any] = {"id": b, "address": list(address),
+                                   "version": self.version, "topics": list(self.topics(b))}
+            if (member := self.groups(b)) is not None:
+                row["group"] = member.to_json()
+            if (cluster := self.clusters(b)) is not None:
+                row["cluster"] = cluster
+            if (progress := self.progress(b)) is not None:
+                row["progress"] = progress.to_json()
+            if self.metrics is not None:
+                row["metrics"] = self.metrics
+            found.append(row)
         return found
 
     async def lookup(self, broker_id: str) -> Address | None:
@@ -295,7 +302,7 @@ class _ManagerLink(ReconnectingLink):
         self._beat_timer: Repeating | None = None
 
     def opened(self) -> None:
-        if not self.client.registrations():
+        if not self.client.registered_ids():
             self.client.answered(None)  # nothing to register: connected is enough
         self.beat()
         if self._beat_timer is not None:
@@ -329,6 +336,6 @@ class _ManagerLink(ReconnectingLink):
     def goodbye(self) -> None:
         if self._beat_timer is not None:
             self._beat_timer.cancel()
-        ids = [r["id"] for r in self.client.registrations()]
+        ids = self.client.registered_ids()
         if ids:
             self.send({"cmd": "unregister", "ids": ids})

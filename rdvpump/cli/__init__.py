@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ._help import tidy_help
 
@@ -142,11 +142,11 @@ class _Lazy(TyperGroup):
             return super().invoke(ctx)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        import click
-
-        # each line cut to the terminal as click cuts a command's own help
+        # each line cut to the terminal as click cuts a command's own help; through typer's
+        # own command class, never ``import click``: typer 0.28 carries its own copy of
+        # click and installs none, so click is not there in a plain install
         width = formatter.width - 6 - max(len(name) for name, _, _ in COMMANDS)
-        rows = [(name, click.Command(name, help=SHORT_HELP[name]).get_short_help_str(width))
+        rows = [(name, TyperCommand(name, help=SHORT_HELP[name]).get_short_help_str(width))
                 for name, _, _ in COMMANDS]
         with formatter.section("Commands"):
             formatter.write_dl(rows)

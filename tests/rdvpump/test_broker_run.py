@@ -3,6 +3,7 @@ the broker and the manager; an unreachable manager is a warning while it dials a
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -93,9 +94,12 @@ def test_a_second_live_registration_of_an_id_is_refused_and_a_restart_is_not() -
 
         first, first_address = orders()
         wait_listed(port, first_address)
-        second, second_address = orders()
-        _, errs = finish(second, timeout=30)
+        second = rdvpump("broker", "run", "--universe", "shop", "--id", "orders",
+                         "--manager", f"127.0.0.1:{port}", token="secret")
+        brokers.append(second)
+        out, errs = finish(second, timeout=30)
         assert second.returncode == 1
+        assert out == b"", out  # no ready line: the refused broker never was
         assert errs.decode().strip() == (
             f"error: broker orders: manager 127.0.0.1:{port} refused it: duplicate id: "
             f"orders (held by {first_address})")
@@ -191,3 +195,57 @@ def test_tracking_without_a_store_says_so_once_and_with_one_not_at_all(
     _, errs = finish(broker, timeout=30)
     said = (seen + errs.decode()).count("note: tracking without --state-dir")
     assert said == (1 if store is None else 0), seen + errs.decode()
+
+
+def test_a_group_member_holding_a_topic_stops_cleanly_on_sigterm_and_ctrl_c(
+        tmp_path: pathlib.Path) -> None:
+    """SIGTERM (``kill``) or SIGINT (Ctrl-C) of a replicated group's members, each
+    holding a topic with messages: each unregisters and exits 0, saying nothing after
+    its ready line, as a server outside a group does."""
+    port = free_port()
+    manager = rdvpump("manager", "serve", "--universe", "shop", "--listen",
+                      f"127.0.0.1:{port}", token="secret")
+    members: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        read_until(manager, manager.stdout, b"ready manager")
+        addresses = {}
+        for member_id in (0, 1):
+            name = f"r{member_id}"
+            members[name] = proc = rdvpump(
+                "broker", "run", "--universe", "shop", "--id", name, "--manager",
+                f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--role", "server",
+                "--mq-dir", str(tmp_path), "--group", "g", "--group-id", str(member_id),
+                "--heartbeat", "0.5", token="secret")
+            line = read_until(proc, proc.stdout, b"\n").decode()
+            addresses[name] = line.split()[-1]
+        mq = [sys.executable, "-m", "rdvpump", "mq"]
+        env = {**os.environ, "RDVPUMP_TOKEN": "secret"}
+        for args, stdin in ((["declare", "orders"], b""),
+                            (["publish", "orders"], b"".join(b"%d\n" % i for i in range(100)))):
+            done = subprocess.run([*mq, *args, "--server", f"r0@{addresses['r0']}",
+                                   "--universe", "shop", "--timeout", "30"], input=stdin,
+                                  capture_output=True, env=env, timeout=60)
+            assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 30
+        while True:  # the slave's copy: both members hold the topic
+            topics = subprocess.run([*mq, "topics", "--json", "--server",
+                                     f"r1@{addresses['r1']}", "--universe", "shop"],
+                                    capture_output=True, env=env, timeout=60)
+            if topics.returncode == 0 and json.loads(topics.stdout).get("orders", {}).get("next") == 100:
+                break
+            assert time.monotonic() < deadline, topics
+            time.sleep(0.1)  # replication is asynchronous: polled through the CLI, bounded
+        for (name, proc), sig in zip(members.items(), (signal.SIGINT, signal.SIGTERM),
+                                     strict=True):
+            proc.send_signal(sig)
+            out, errs = finish(proc, timeout=30)
+            assert proc.returncode == 0, (name, errs.decode()[-2000:])
+            assert out == b"" and b"Traceback" not in errs and b"Error" not in errs, (
+                name, errs.decode()[-2000:])
+    finally:
+        for proc in members.values():
+            if proc.poll() is None:
+                proc.kill()
+            finish(proc, timeout=30)
+        manager.send_signal(signal.SIGINT)
+        finish(manager, timeout=30)
