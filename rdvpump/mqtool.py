@@ -4,8 +4,7 @@ MQ server broker of another process, and what each subcommand does with it."""
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -83,17 +82,18 @@ async def connect(universe: str, server: str, *, token: str = "",
             nursery.cancel_scope.cancel()
 
 
-async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
+async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[bytes]], *,
                   tag: str | None, batch: int, progress: Callable[[int], None],
                   immediate: bool = False) -> dict[str, Any]:
-    """``rdvpump mq publish``: ``messages`` in batches of ``batch``, each acknowledged
-    before the next.  ``immediate``: a batch no consumer takes now is returned by the
-    server, not stored, and counted in ``returned``; the next batches are still sent."""
+    """``rdvpump mq publish``: the messages of each arrival (:func:`arrivals`) in batches
+    of at most ``batch``, each acknowledged before the next; a batch never waits for more
+    input than its arrival brought (a line typed at a terminal is published as it is
+    typed).  ``immediate``: a batch no consumer takes now is returned by the server, not
+    stored, and counted in ``returned``; the next batches are still sent."""
     count = returned = 0
     first = last = None
-    pending: list[bytes] = []
 
-    async def flush() -> None:
+    async def send(pending: list[bytes]) -> None:
         nonlocal count, first, last, returned
         try:
             stored = await client.publish_many(topic, pending, tag=tag, immediate=immediate)
@@ -101,20 +101,15 @@ async def publish(client: MqClient, topic: str, messages: Iterable[bytes], *,
             if exc.status != Status.GONE:
                 raise
             returned += int(exc.detail.get("returned", len(pending)))
-            pending.clear()
             return
         first = stored[0].offset if first is None else first
         last = stored[-1].offset
         count += len(stored)
-        pending.clear()
         progress(count)
 
-    for message in messages:
-        pending.append(message)
-        if len(pending) >= batch:
-            await flush()
-    if pending:
-        await flush()
+    async for arrived in arrivals:
+        for start in range(0, len(arrived), batch):
+            await send(arrived[start:start + batch])
     return {"topic": topic, "published": count, "first": first, "last": last,
             "returned": returned, "server": client.server.address}
 
@@ -150,12 +145,30 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
     return seen
 
 
-def stdin_messages(files: list[str]) -> Iterable[bytes]:
-    """Each file whole, or else each line of stdin (without its newline)."""
+#: The most bytes of stdin one read takes (and so the most that one arrival holds).
+READ_SIZE = 1 << 16
+
+
+async def arrivals(files: list[str], *, fd: int = 0,
+                   read_size: int = READ_SIZE) -> AsyncIterator[list[bytes]]:
+    """What ``rdvpump mq publish`` publishes, as it arrives: each file whole (an arrival
+    each), or else the lines of stdin (``fd``) without their newlines, an arrival per
+    read: at a terminal, a line as it is typed; from a pipe, up to ``read_size`` bytes'
+    worth of lines.  A line cut by a read waits for the rest of it; the last line needs
+    no newline.  Stdin is read in a worker thread that a cancellation abandons, so a
+    Ctrl-C ends the command at once, not at the next line or at the end of the input
+    (a read blocked in this thread would hold the signal back until it returned)."""
     if files:
         for name in files:
             with open(name, "rb") as f:
-                yield f.read()
+                yield [f.read()]
         return
-    for line in sys.stdin.buffer:
-        yield line.rstrip(b"\n")
+    partial = b""
+    while chunk := await trio.to_thread.run_sync(os.read, fd, read_size,
+                                                 abandon_on_cancel=True):
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        if lines:
+            yield lines
+    if partial:
+        yield [partial]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pathlib
@@ -99,13 +100,19 @@ def mq_publish(
     if batch < 1:
         raise typer.BadParameter("--batch must be at least 1")
 
-    def progress(n: int) -> None:
-        if n >= 10_000 and n % 10_000 < batch:
-            err.print(f"{n:,} published", highlight=False)
+    # at a terminal, the count so far on one line that the result replaces; else nothing
+    with contextlib.ExitStack() as stack:
+        status = stack.enter_context(err.status("publishing ...")) if err.is_terminal \
+            else None
 
-    result = _run(universe, server, token, track_port, timeout, lambda c: mqtool.publish(
-        c, topic, mqtool.stdin_messages(file), tag=tag, batch=batch, progress=progress,
-        immediate=immediate))
+        def progress(n: int) -> None:
+            if status is not None:
+                status.update(f"{n:,} published ...")
+
+        result = _run(universe, server, token, track_port, timeout,
+                      lambda c: mqtool.publish(c, topic, mqtool.arrivals(file), tag=tag,
+                                               batch=batch, progress=progress,
+                                               immediate=immediate))
     if as_json:
         print(json.dumps(result))
     else:

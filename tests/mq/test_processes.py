@@ -272,6 +272,43 @@ async def test_ctrl_c_on_mq_consume_is_one_line_and_exit_130(tmp_path: pathlib.P
             await reap(consumer)
 
 
+async def test_ctrl_c_stops_mq_publish_reading_a_terminal(tmp_path: pathlib.Path) -> None:
+    """``rdvpump mq publish`` reading lines typed at a terminal (a pty, never closed):
+    each line is published as it is typed, and Ctrl-C (SIGINT to its process group)
+    ends it at once with one line and exit 130, with no Ctrl-D, publishing nothing
+    more."""
+    import pty
+
+    async with a_server_and_a_client(tmp_path, 10) as (client, where):
+        terminal, typed = pty.openpty()
+        publisher = await trio.lowlevel.open_process(
+            [*RDVPUMP, "mq", "publish", "orders", "--server", where, "--universe", "q"],
+            stdin=typed, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN}, start_new_session=True)
+        os.close(typed)
+        try:
+            async def stored() -> int:
+                return int((await client.query("orders"))["orders"]["next"])
+
+            for line, want in ((b"one\n", 11), (b"two\n", 12)):
+                os.write(terminal, line)
+                with trio.fail_after(30):
+                    while await stored() < want:  # published as typed: polled, bounded
+                        await trio.sleep(0.02)
+            os.killpg(publisher.pid, signal.SIGINT)
+            with trio.fail_after(10):
+                await publisher.wait()
+            assert publisher.stderr is not None
+            errors = await publisher.stderr.receive_some(65536)
+            assert publisher.returncode == 130, errors
+            assert errors.decode().strip() == "interrupted"  # one line, no traceback
+            os.write(terminal, b"three\n")  # typed after Ctrl-C: nobody reads it
+            assert await stored() == 12
+        finally:
+            os.close(terminal)
+            await reap(publisher)
+
+
 async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.Path) -> None:
     """``rdvpump mq consume --count N`` acknowledges what it printed and ends once those
     acks have left the process: the group owes nothing afterwards, so nothing it printed
