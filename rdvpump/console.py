@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from brokermgr import BrokerManager, NameClient
+from brokermgr import DEFAULT_HEARTBEAT, BrokerManager, NameClient
 from pump import RdvpumpError
 from rdv import Address
 
@@ -39,8 +39,9 @@ INTERVAL = 1.0
 HISTORY = 300
 #: Seconds a metrics page has to answer before the snapshot goes on without it.
 SCRAPE_TIMEOUT = 2.0
-#: A broker whose last heartbeat is older than this is shown as late.
-HEARTBEAT_LATE = 5.0
+#: A broker is late once this many of its own heartbeat intervals passed with none: one
+#: beat missed, not a beat that is merely due.
+LATE_AFTER_BEATS = 2.0
 #: Seconds an admin request waits for the server or the new master.
 ADMIN_TIMEOUT = 10.0
 #: The largest admin request body read.
@@ -267,14 +268,17 @@ def _broker_row(b: dict[str, Any], scraped: dict[str, Any], errors: dict[str, li
             else "broker")
     page = b.get("metrics")
     problems = []
-    if b["since_heartbeat"] > HEARTBEAT_LATE:
+    # its own interval (registered with it); a registration without one, the default's
+    late = b["since_heartbeat"] > LATE_AFTER_BEATS * b.get("heartbeat", DEFAULT_HEARTBEAT)
+    if late:
         problems.append(f"heartbeat {b['since_heartbeat']:.0f} s ago")
     if page and scraped.get(page) is None:
         problems.append("metrics page not answering")
     if page and errors.get(page):
         problems.append("topic in error: " + ", ".join(sorted(errors[page])))
     return {"id": b["id"], "address": ":".join(str(p) for p in b["address"]), "role": role,
-            "uptime": b["age"], "heartbeat": b["since_heartbeat"], "metrics": page,
+            "uptime": b["age"], "heartbeat": b["since_heartbeat"], "late": late,
+            "metrics": page,
             "health": "; ".join(problems) or "ok"}
 
 

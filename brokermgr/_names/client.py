@@ -26,6 +26,7 @@ from .service import (
     DEFAULT_LOOKUP_TIMEOUT,
     DUPLICATE_ID,
     MANAGER_ID,
+    MAX_HEARTBEAT,
     NAME_PORT,
 )
 
@@ -74,6 +75,9 @@ class NameClient:
                               "broker id) only from a broker: give broker=")
         if not heartbeat > 0 or not retry > 0:
             raise ConfigError("heartbeat and retry intervals must be positive")
+        if heartbeat > MAX_HEARTBEAT:
+            raise ConfigError(f"a heartbeat interval is at most {MAX_HEARTBEAT:g} s, got "
+                              f"{heartbeat:g}")
         self.manager = manager
         self.pump = manager.pump
         #: The one broker registered, when not every broker of ``manager``.
@@ -174,6 +178,7 @@ class NameClient:
                 row["progress"] = progress.to_json()
             if self.metrics is not None:
                 row["metrics"] = self.metrics
+            row["heartbeat"] = self.heartbeat
             found.append(row)
         return found
 

@@ -49,6 +49,8 @@ DEFAULT_HEARTBEAT = 30.0
 #: Seconds without a heartbeat before the name service drops a broker, as RocketMQ's.
 DEFAULT_BROKER_EXPIRY = 120.0
 DEFAULT_LOOKUP_TIMEOUT = 5.0
+#: The longest heartbeat interval a registration may state (a day).
+MAX_HEARTBEAT = 86400.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class BrokerRecord:
     cluster: tuple[tuple[str, Any], ...] | None = None
     #: Where its process serves Prometheus metrics (``HOST:PORT``), if it does.
     metrics: str | None = None
+    #: Seconds between its heartbeats, as it says: how a reader tells a late one.
+    heartbeat: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +138,15 @@ def _registration(item: Any) -> Registration:
     metrics = item.get("metrics")
     if metrics is not None and (not isinstance(metrics, str) or len(metrics) > 300):
         raise ValueError("its metrics must be a HOST:PORT string")
+    heartbeat = item.get("heartbeat")
+    if heartbeat is not None and (type(heartbeat) not in (int, float)
+                                  or not 0 < heartbeat <= MAX_HEARTBEAT):
+        raise ValueError(f"its heartbeat must be seconds, more than 0 and at most "
+                         f"{MAX_HEARTBEAT:g}")
     return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
                                      group, progress, _cluster(item.get("cluster")),
-                                     metrics), version)
+                                     metrics, None if heartbeat is None else float(heartbeat)),
+                        version)
 
 
 #: A cluster registration's fields and the types they take.
@@ -206,6 +216,8 @@ def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, obj
         row["cluster"] = dict(r.cluster)
     if r.metrics is not None:
         row["metrics"] = r.metrics
+    if r.heartbeat is not None:
+        row["heartbeat"] = r.heartbeat
     return row
 
 

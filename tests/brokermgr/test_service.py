@@ -106,6 +106,22 @@ async def test_a_refused_register_changes_nothing(autojump_clock: object) -> Non
         assert listed["brokers"] == []  # the good one was not registered either
 
 
+async def test_a_registration_states_its_heartbeat_and_the_list_shows_it(
+        autojump_clock: object) -> None:
+    """The interval a broker beats at travels with its registration (a reader tells a
+    late broker by it); one that is not seconds in (0, a day] is a 400 naming it."""
+    async with services() as universe:
+        queue = await universe.add_broker("c").connect_queue("@manager", 0)
+        for seq, bad in enumerate((0, -1, "30", 86401, True), start=1):
+            reply = await ask(queue, {"cmd": "register", "seq": seq, "brokers": [
+                {"id": "b", "address": ["10.0.0.1", 7000], "heartbeat": bad}]})
+            assert reply["status"] == 400 and "heartbeat" in reply["error"], (bad, reply)
+        assert (await ask(queue, {"cmd": "register", "seq": 9, "brokers": [
+            {"id": "b", "address": ["10.0.0.1", 7000], "heartbeat": 30}]}))["cmd"] != "error"
+        (listed,) = (await ask(queue, {"cmd": "list", "seq": 10}))["brokers"]
+        assert listed["heartbeat"] == 30.0
+
+
 async def test_call_returns_the_reply_or_raises_the_servers_error(
         autojump_clock: object) -> None:
     async with services() as universe:
