@@ -231,7 +231,8 @@ def test_a_group_member_holding_a_topic_stops_cleanly_on_sigterm_and_ctrl_c(
             topics = subprocess.run([*mq, "topics", "--json", "--server",
                                      f"r1@{addresses['r1']}", "--universe", "shop"],
                                     capture_output=True, env=env, timeout=60)
-            if topics.returncode == 0 and json.loads(topics.stdout).get("orders", {}).get("next") == 100:
+            held = json.loads(topics.stdout or b"{}").get("orders", {}).get("next")
+            if topics.returncode == 0 and held == 100:
                 break
             assert time.monotonic() < deadline, topics
             time.sleep(0.1)  # replication is asynchronous: polled through the CLI, bounded
