@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 import trio
@@ -182,9 +182,17 @@ class Broker:
                     f"nothing would ever answer: serve it (`await nursery.start("
                     f"manager.pump.serve)`, as open_universe does)")
 
-    async def accept_queue(self, port: int, *,
-                           receive_buffer: int = DEFAULT_RECEIVE_BUFFER) -> AsyncMessageQueue:
-        """Bind ``port``, wait for one connect, unbind, and return our end of the link."""
+    def accept_queue(self, port: int, *, receive_buffer: int = DEFAULT_RECEIVE_BUFFER
+                     ) -> Coroutine[Any, Any, AsyncMessageQueue]:
+        """Bind ``port`` now, then (awaited) wait for one connect, unbind, and return our
+        end of the link.
+
+        The bind happens when this is called, before the first await: a connect made
+        after ``nursery.start_soon(broker.accept_queue, port)`` finds the port bound
+        (a connect that comes before any bind is refused ``not bound``, never queued).
+        Await what it returns, or hand it to a nursery: the port is unbound when the
+        wait ends, however it ends.
+        """
         self._check()
         outcome: Future[AsyncMessageQueue | None] = Future()
 
@@ -196,14 +204,18 @@ class Broker:
                 outcome.set(AsyncMessageQueue(queue, receive_buffer=receive_buffer))
 
         self.rdv.bind(port, _Waiter())
-        try:
-            accepted = await self._driven(outcome, f"accept on port {port}")
-        finally:
-            outcome.set(None)
-            if port in self.rdv.core.bound_ports():
-                self.rdv.unbind(port)
-        assert accepted is not None
-        return accepted
+
+        async def wait() -> AsyncMessageQueue:
+            try:
+                accepted = await self._driven(outcome, f"accept on port {port}")
+            finally:
+                outcome.set(None)
+                if port in self.rdv.core.bound_ports():
+                    self.rdv.unbind(port)
+            assert accepted is not None
+            return accepted
+
+        return wait()
 
     async def serve_queues(
         self, port: int, handler: Callable[[AsyncMessageQueue], Awaitable[object]], *,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -56,6 +56,32 @@ async def test_accept_queue_pairs_once_then_unbinds(autojump_clock: object) -> N
         assert await got[0].receive() == b"ping"
         assert got[0].remote_id == "client"
         assert server.ports == []
+
+
+async def test_accept_queue_binds_as_it_is_called_so_start_soon_then_connect_works(
+        autojump_clock: object) -> None:
+    """The embedding order a user writes first: ``start_soon(accept_queue)`` and at once
+    ``connect_queue``, with no wait between: the port is bound when ``start_soon``
+    returns, so the connect is not refused ``not bound``."""
+    async with open_universe("u") as u, trio.open_nursery() as nursery:
+        server, client = u.add_broker("server"), u.add_broker("client")
+        got, accepted = trio.open_memory_channel[AsyncMessageQueue](1)
+
+        async def accept(queue: Awaitable[AsyncMessageQueue]) -> None:
+            await got.send(await queue)
+
+        nursery.start_soon(accept, server.accept_queue(80))
+        assert server.ports == [80]
+        q = await client.connect_queue("server", 80)
+        await q.send(b"ping")
+        assert await (await accepted.receive()).receive() == b"ping"
+        assert server.ports == []
+        nursery.start_soon(server.accept_queue, 81)  # the coroutine is made by start_soon
+        assert server.ports == [81]
+        await client.connect_queue("server", 81)
+        with trio.fail_after(1):
+            while server.ports:
+                await trio.sleep(0.01)
 
 
 async def test_cancelled_accept_unbinds_the_port(autojump_clock: object) -> None:
