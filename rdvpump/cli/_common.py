@@ -5,9 +5,11 @@ Library errors are caught here only, and become one red line on stderr and exit 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import pathlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
@@ -188,12 +190,46 @@ def interruptible(fn: Callable[[], T]) -> T:
     try:
         return guard(fn)
     except BaseException as exc:
-        from .._errors import first_leaf
-
-        if isinstance(first_leaf(exc), KeyboardInterrupt):
-            err.print("interrupted", highlight=False)
-            raise typer.Exit(130) from None
+        if is_ctrl_c(exc):
+            raise interrupted() from None
         raise
+
+
+def is_ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C's KeyboardInterrupt, bare or inside trio's groups."""
+    from .._errors import first_leaf
+
+    return isinstance(first_leaf(exc), KeyboardInterrupt)
+
+
+def interrupted() -> typer.Exit:
+    """Say "interrupted" (the last line a command stopped by Ctrl-C prints); raise the
+    returned Exit (130, the shell's convention)."""
+    err.print("interrupted", highlight=False)
+    return typer.Exit(130)
+
+
+@contextlib.contextmanager
+def logs_above(console: Console, level: int = logging.ERROR) -> Iterator[None]:
+    """While a live display (a progress bar) holds the terminal: log records at ``level``
+    and above are printed through its console, above the display, instead of breaking
+    into it; those below are left out (the caller says where to see them)."""
+    root = logging.getLogger()
+
+    class Above(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            from rich.markup import escape
+
+            console.print(escape(self.format(record)), highlight=False, soft_wrap=True)
+
+    above = Above(level)
+    above.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    saved = root.handlers[:]
+    root.handlers[:] = [above]
+    try:
+        yield
+    finally:
+        root.handlers[:] = saved
 
 
 def positive(value: float) -> float:

@@ -39,7 +39,10 @@ from ._common import (
     err,
     fail,
     guard,
+    interrupted,
     interruptible,
+    is_ctrl_c,
+    logs_above,
     out,
 )
 
@@ -135,18 +138,23 @@ def universe_explore(
         "--limit", min=0.001, help="Virtual seconds a run may take before it fails.")] = 60.0,
 ) -> None:
     """Run the universe under many seeds on the virtual clock, each with the random faults
-    of the file's [explore] table, and print the seeds that break a workload."""
+    of the file's [explore] table, and print the seeds that break a workload (the links'
+    warnings of those runs are left out: universe run FILE --seed N shows them).  Ctrl-C
+    stops the search and prints the failing seeds found so far."""
     spec = guard(lambda: load_universe(file), arg="universe file")
     if spec.explore is None:
         raise fail(f"{file}: no [explore] table: nothing random to explore (add one with "
                    "faults, within, lasting and actions)")
     failing: list[tuple[int, str]] = []
+    ran = 0
     columns = (TextColumn("exploring {task.description}"), BarColumn(),
                MofNCompleteColumn(), TextColumn("{task.fields[failing]} failing"),
                TimeElapsedColumn())
 
     def search() -> None:
-        with Progress(*columns, console=err, transient=not err.is_terminal) as progress:
+        nonlocal ran
+        with Progress(*columns, console=err, transient=not err.is_terminal) as progress, \
+                logs_above(progress.console):
             task = progress.add_task(spec.name, total=seeds, failing=0)
             for seed in range(first, first + seeds):
                 seeded = dataclasses.replace(spec, seed=seed)
@@ -156,21 +164,35 @@ def universe_explore(
                     why = next(f"{r.label}: {r.error}" for r in result.reports
                                if not r.verified)
                     failing.append((seed, why))
+                ran += 1
                 progress.update(task, advance=1, failing=len(failing))
 
-    interruptible(search)
+    try:
+        guard(search)
+    except BaseException as exc:  # Ctrl-C: what was found so far is still shown
+        if not is_ctrl_c(exc):
+            raise
+        if failing:
+            _failing_table(file, spec.name, failing, ran)
+        err.print(f"stopped after {ran} of {seeds} seeds", highlight=False)
+        raise interrupted() from None
     if not failing:
         out.print(f"{seeds} seeds from {first}: every workload complete and checked")
         return
-    table = Table(title=f"universe {spec.name!r}: {len(failing)} of {seeds} seeds failed")
+    _failing_table(file, spec.name, failing, ran)
+    raise typer.Exit(1)
+
+
+def _failing_table(file: pathlib.Path, name: str, failing: list[tuple[int, str]],
+                   ran: int) -> None:
+    table = Table(title=f"universe {name!r}: {len(failing)} of {ran} seeds failed")
     table.add_column("seed", justify="right")
-    table.add_column("why")
+    table.add_column("why", overflow="fold")
     for seed, why in failing:
         table.add_row(str(seed), escape(why))
     out.print(table)
     out.print(f"replay one: rdvpump universe run {file} --seed {failing[0][0]} --trace DIR",
               highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
 
 
 @app.command("up")

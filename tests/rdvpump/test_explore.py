@@ -87,6 +87,7 @@ def test_explore_prints_failing_seeds_and_run_replays_one_exactly(
         tmp_path: pathlib.Path) -> None:
     proc = rdvpump("universe", "explore", str(ROOT / "examples/explore.toml"), "--seeds", "30")
     assert proc.returncode == 1, proc.stderr
+    assert "rdvpump.link" not in proc.stderr  # the faults' link warnings are left out
     rows = [line.split("│")[1:3] for line in proc.stdout.splitlines()
             if line.startswith("│") and line.split("│")[1].strip().isdigit()]
     failing = {int(seed): why.strip() for seed, why in rows}
@@ -114,3 +115,49 @@ def test_explore_needs_an_explore_table() -> None:
     result = runner.invoke(app, ["universe", "explore", str(ROOT / "examples/echo.toml")])
     assert result.exit_code == 1
     assert "no [explore] table" in result.output
+
+
+def test_ctrl_c_stops_explore_and_keeps_the_failing_seeds_found_so_far() -> None:
+    """Ctrl-C during a long search: the table of the seeds that failed so far, how many
+    ran, "interrupted" last and exit 130; the progress bar (at a terminal: a pty here)
+    is not broken into by the links' warnings."""
+    import pty
+    import re
+    import signal
+    import time
+
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "universe", "explore",
+         str(ROOT / "examples/explore.toml"), "--seeds", "100000"],
+        stdout=subprocess.PIPE, stderr=tty, env={**os.environ, "COLUMNS": "200"})
+    os.close(tty)
+    try:
+        shown = b""
+        deadline = time.monotonic() + 120
+        while not re.search(rb" [1-9]\d* failing", shown):  # a failing seed was found
+            assert time.monotonic() < deadline and proc.poll() is None, shown[-2000:]
+            shown += os.read(terminal, 65536)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        while True:
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: the process is gone and the pty drained
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    said = shown.decode(errors="replace")
+    assert proc.returncode == 130, said[-2000:]
+    assert said.strip().splitlines()[-1].strip() == "interrupted"
+    assert re.search(r"stopped after \d+ of 100000 seeds", said)
+    assert "rdvpump.link" not in said and "Traceback" not in said
+    rows = [line.split("│")[1] for line in out.decode().splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    assert rows, out.decode()
