@@ -16,6 +16,7 @@ import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 #: ``brokermgr.DEFAULT_MANAGER_PORT``, for the options' defaults and help: written here so
 #: that ``--help`` does not import the brokers (a test holds the two equal).
@@ -230,6 +231,25 @@ def logs_above(console: Console, level: int = logging.ERROR) -> Iterator[None]:
         yield
     finally:
         root.handlers[:] = saved
+
+
+def show_table(table: Table, console: Console | None = None) -> None:
+    """Print ``table`` with no word or figure of it broken: each column is kept as wide
+    as its longest word (its header's too), and where those do not fit the terminal
+    the table is printed wider than it (the terminal wraps the lines whole) rather than
+    cut ``127.0.0.1:5672`` into ``127.0.`` and ``0.1:5672``."""
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    console = console or out
+    for column in table.columns:
+        words = [word for cell in (column.header, *column.cells) if isinstance(cell, str | Text)
+                 for word in (Text.from_markup(cell) if isinstance(cell, str) else cell
+                              ).plain.split()]
+        longest = max((len(word) for word in words), default=0)
+        column.min_width = max(column.min_width or 0, longest)
+    need = Measurement.get(console, console.options.update(width=1 << 16), table).minimum
+    console.print(table, width=need if need > console.width else None, crop=False)
 
 
 def positive(value: float) -> float:

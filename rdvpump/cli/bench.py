@@ -13,7 +13,7 @@ from rich.text import Text
 
 from pump import ConfigError
 
-from ._common import check_format, err, fail, guard, interruptible, out
+from ._common import check_format, err, fail, guard, interruptible, out, show_table
 
 app = typer.Typer(rich_markup_mode=None,
                   help="Benchmarks against the libraries users would pick instead. "
@@ -313,7 +313,7 @@ def bench_failover(
             d = r.to_dict()
             table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
                           f"{d['max_s']:.3f}")
-    out.print(table)
+    show_table(table)
     _show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
           "replication, 1 KiB publishes", ("case", "msgs/s", "baseline", "baseline msgs/s",
                                            "ratio"),
@@ -396,4 +396,4 @@ def _show(results: list[Any], json_out: bool, title: str, columns: tuple[str, ..
                          min_width=8 if named else widest)
     for cells in rows:
         table.add_row(*cells)
-    (console or out).print(table)
+    show_table(table, console)

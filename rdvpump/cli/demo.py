@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ._common import err, fail, interruptible, out, run_trio
+from ._common import err, fail, interruptible, out, run_trio, show_table
 
 
 def demo(
@@ -35,7 +35,7 @@ def demo(
         table.add_row(c.client, str(c.links), f"{c.messages:,}", f"{c.bytes:,}", verdict)
     table.add_row("Server", str(report.server_links), f"{report.messages:,}",
                   f"{report.bytes:,}", "echoed", style="bold")
-    out.print(table)
+    show_table(table)
     rate = report.messages / report.elapsed_s if report.elapsed_s else 0.0
     out.print(f"{report.pump_steps:,} pump steps in {report.elapsed_s:.2f} s "
               f"({rate:,.0f} echoed messages/s)")

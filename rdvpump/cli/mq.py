@@ -30,6 +30,7 @@ from ._common import (
     out,
     positive,
     run_trio,
+    show_table,
 )
 
 app = typer.Typer(rich_markup_mode=None,
@@ -226,7 +227,7 @@ def mq_topics(
                           f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
                           str(g["deadLetters"]), g.get("status", ""))
             first = False
-    out.print(table)
+    show_table(table)
     for name, t in sorted(topics.items()):
         if t.get("error"):
             err.print(f"topic {name}: {t['error']}", style="red", markup=False,
@@ -262,7 +263,7 @@ def mq_groups(
         table.add_row(name, *((g["filter"] or "",) * filtered), f"{g['lag']:,}",
                       str(g["consumers"]), str(g["inFlight"]), str(g["deadLetters"]),
                       g.get("status", ""))
-    out.print(table)
+    show_table(table)
 
 
 def _narrow_table(title: str, *columns: str) -> Table:

@@ -26,6 +26,7 @@ from ._common import (
     out,
     positive,
     run_trio,
+    show_table,
     slave_lags,
     tls_files,
 )
@@ -58,7 +59,7 @@ def routes(
         if as_json:
             print(json.dumps(snap), flush=True)
         elif once:
-            out.print(_routes_table(snap))
+            show_table(_routes_table(snap))
         else:
             if not live:
                 live.append(Live(_routes_table(snap), console=out, auto_refresh=False))

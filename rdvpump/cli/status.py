@@ -16,9 +16,9 @@ from ._common import (
     group_cell,
     guard,
     interruptible,
-    out,
     positive,
     run_trio,
+    show_table,
     slave_lags,
     tls_files,
 )
@@ -68,7 +68,7 @@ def status(
                       *((group_cell(b.get("group"), lag),) * grouped),
                       *((_cluster_cell(b.get("cluster")),) * clustered),
                       *((str(b.get("metrics") or ""),) * metered))
-    out.print(table)
+    show_table(table)
 
 
 def _cluster_cell(cluster: Any) -> str:

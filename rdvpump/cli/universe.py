@@ -44,6 +44,7 @@ from ._common import (
     is_ctrl_c,
     logs_above,
     out,
+    show_table,
 )
 
 app = typer.Typer(rich_markup_mode=None,
@@ -121,7 +122,7 @@ def universe_run(file: Annotated[pathlib.Path, typer.Argument(help="Universe TOM
     if trace is not None:
         err.print(f"trace written to {trace}/")
     how = (f"virtual clock, seed {spec.seed}" if clock == "virtual" else "real clock")
-    out.print(_reports_table(f"universe {spec.name!r}, one process, {how}",
+    show_table(_reports_table(f"universe {spec.name!r}, one process, {how}",
                              [r.to_dict() for r in result.reports],
                              "virtual s" if clock == "virtual" else "seconds"))
     _show_problems(result)
@@ -190,7 +191,7 @@ def _failing_table(file: pathlib.Path, name: str, failing: list[tuple[int, str]]
     table.add_column("why", overflow="fold")
     for seed, why in failing:
         table.add_row(str(seed), escape(why))
-    out.print(table)
+    show_table(table)
     out.print(f"replay one: rdvpump universe run {file} --seed {failing[0][0]} --trace DIR",
               highlight=False, soft_wrap=True)
 
@@ -271,7 +272,7 @@ def universe_up_cmd(
     else:  # a pipe or a file: one plain line per change of a child's state, no live table
         lines = _StateLines()
         states = guard(lambda: trio.run(lambda: up(on_change=lines.show)))
-        out.print(_reports_table(title, _reports(states)))
+        show_table(_reports_table(title, _reports(states)))
     reports = _reports(states)
     stopped_by = outcome.get("stopped_by")
     if stopped_by == "signal":  # a workload is finished once its messages were checked

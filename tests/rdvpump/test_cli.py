@@ -554,3 +554,42 @@ def test_a_command_that_loaded_pyarrow_ends_with_its_output_status_and_exit_func
             assert proc.wait(timeout=60) == 3
         finally:
             proc.kill()
+
+
+def test_a_table_at_80_columns_breaks_no_word_or_figure() -> None:
+    """A table wider than the terminal (``status`` of a group in a cluster, with metrics)
+    keeps each word and figure whole, printed wider than 80 columns if it must; one that
+    fits stays within them."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rdvpump.cli._common import show_table
+
+    def shown(rows: list[tuple[str, ...]], columns: tuple[str, ...]) -> str:
+        buffer = io.StringIO()
+        table = Table(title="universe 'shop' at 127.0.0.1:9876")
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        show_table(table, Console(file=buffer, width=80))
+        return buffer.getvalue()
+
+    wide = ("broker", "address", "version", "age (s)", "last heartbeat (s ago)", "group",
+            "cluster", "metrics")
+    rows = [("r0", "127.0.0.1:15672", "0", "3.4", "0.4", "gg/0 master@1",
+             "shop primary, root a@3, state v5", "127.0.0.1:9100"),
+            ("r1", "127.0.0.1:15673", "12", "1,203.4", "22.0", "gg/1 slave@1 lag 1,024",
+             "", "127.0.0.1:39100"),
+            ("c1", "127.0.0.1:15674", "0", "3.4", "0.4", "", "",
+             "waiting for a consumer")]
+    text = shown(rows, wide)
+    cells = {word for row in rows for cell in row for word in cell.split()}
+    found = {word for line in text.splitlines() for part in line.split("│")
+             for word in part.split()}
+    assert cells <= found, cells - found
+    assert max(len(line) for line in text.splitlines()) > 80
+    narrow = shown([("r0", "127.0.0.1:15672", "0")], ("broker", "address", "version"))
+    assert max(len(line) for line in narrow.splitlines()) <= 80
