@@ -495,6 +495,9 @@ class Relay:
             described["root"] = root
             if not self.takes(name):
                 continue
+            # its queue (what is stored, the groups' lag and dead letters) is the root's:
+            # the figures here are this server's empty copy, not the topic's
+            described["relayed"] = True
             for group, shown in described["groups"].items():
                 relay_group = self.groups.get((name, group))
                 consumers = [] if relay_group is None else relay_group.consumers

@@ -91,10 +91,10 @@ async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[byt
     typed).  ``immediate``: a batch no consumer takes now is returned by the server, not
     stored, and counted in ``returned``; the next batches are still sent."""
     count = returned = 0
-    first = last = None
+    first = last = stored_by = None
 
     async def send(pending: list[bytes]) -> None:
-        nonlocal count, first, last, returned
+        nonlocal count, first, last, returned, stored_by
         try:
             stored = await client.publish_many(topic, pending, tag=tag, immediate=immediate)
         except ServiceError as exc:
@@ -104,14 +104,17 @@ async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[byt
             return
         first = stored[0].offset if first is None else first
         last = stored[-1].offset
+        stored_by = stored[-1].server  # a cluster's root, when a shared topic's
         count += len(stored)
         progress(count)
 
     async for arrived in arrivals:
         for start in range(0, len(arrived), batch):
             await send(arrived[start:start + batch])
+    via = client.server.address
     return {"topic": topic, "published": count, "first": first, "last": last,
-            "returned": returned, "server": client.server.address}
+            "returned": returned, "server": stored_by or via,
+            "via": via if stored_by not in (None, via) else None}
 
 
 async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,

@@ -117,7 +117,11 @@ def mq_publish(
     if as_json:
         print(json.dumps(result))
     else:
-        out.print(f"published {result['published']:,} to {topic} on {result['server']}"
+        # a shared topic's messages are stored by the cluster's root, not the server
+        # that took them
+        where = result["server"] if result["via"] is None else (
+            f"{result['server']} (the cluster's root) via {result['via']}")
+        out.print(f"published {result['published']:,} to {topic} on {where}"
                   + (f", offsets {result['first']}..{result['last']}"
                      if result["published"] else ""))
     if result["returned"]:
@@ -215,18 +219,27 @@ def mq_topics(
     table = _narrow_table(f"topics on {server}", "topic", "#stored", "#depth", "group",
                           *(("filter",) * filtered), "#lag", "#consumers", "#unacked",
                           "#dead", "status")
+    relayed = False
     for name, t in sorted(topics.items()):
         first = True
         label = f"{name} ({', '.join(t['flags'])})" if t["flags"] else name
         if t.get("shared"):
             label += f" (shared, root {t.get('root') or 'not known'})"
+        # a shared topic relayed here: its queue and its groups' lag are the root's
+        at_root = bool(t.get("relayed"))
+        relayed |= at_root
         for group, g in sorted(t["groups"].items()):
-            table.add_row(label if first else "", f"{t['next'] - t['start']:,}" if first else "",
-                          f"{t['depth']:,}" if first else "", group,
+            table.add_row(label if first else "",
+                          ("-" if at_root else f"{t['next'] - t['start']:,}") if first else "",
+                          ("-" if at_root else f"{t['depth']:,}") if first else "", group,
                           *((g["filter"] or "",) * filtered),
-                          f"{g['lag']:,}", str(g["consumers"]), str(g["inFlight"]),
-                          str(g["deadLetters"]), g.get("status", ""))
+                          "-" if at_root else f"{g['lag']:,}", str(g["consumers"]),
+                          str(g["inFlight"]), "-" if at_root else str(g["deadLetters"]),
+                          g.get("status", ""))
             first = False
+    if relayed:
+        table.caption = ("-: held by the cluster's root; mq topics on the root shows it "
+                         "(consumers and unacked: this server's own)")
     show_table(table)
     for name, t in sorted(topics.items()):
         if t.get("error"):

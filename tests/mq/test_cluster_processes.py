@@ -115,6 +115,21 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
                         if "orders" in json.loads(topics.stdout):
                             break
                         await trio.sleep(0.2)  # polled: the state's way to it, bounded
+            # a publish through the fanout server says who stored it: the root, via c; on
+            # c, the topic's queue figures are the root's, shown as such, not as zeros
+            env = {**os.environ, "RDVPUMP_TOKEN": TOKEN, "COLUMNS": "200"}
+            published = await trio.run_process(
+                [*RDVPUMP, "mq", "publish", "orders", "--server", f"c@{where['c']}",
+                 "--universe", "k"], stdin=b"1\n2\n3\n", capture_stdout=True, env=env)
+            assert published.stdout.decode().strip() == (
+                "published 3 to orders on a:15555 (the cluster's root) via c:15555, "
+                "offsets 0..2")
+            on_c = await trio.run_process(
+                [*RDVPUMP, "mq", "topics", "--server", f"c@{where['c']}", "--universe", "k"],
+                capture_stdout=True, env=env)
+            (row,) = [line for line in on_c.stdout.decode().splitlines() if "orders" in line]
+            assert [cell.strip() for cell in row.split("│")[2:6]] == ["-", "-", "orders", "-"]
+            assert "-: held by the cluster's root" in on_c.stdout.decode()
             # rdvpump status shows each server's cluster, type, root, epoch, state version
             with trio.fail_after(30):
                 while True:
@@ -140,6 +155,37 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
                     f"warning: {shop}: without --state-dir (or --mq-dir) this server's epoch "
                     f"and vote are not kept across restarts: one that restarts may vote "
                     f"twice in an epoch")
+
+
+async def test_the_example_cluster_file_runs_as_its_comment_says(
+        tmp_path: pathlib.Path) -> None:
+    """``examples/cluster.toml``: c1 becomes root; a shared topic declared and published
+    on the fanout server c3 is stored by c1 and consumed back through c3."""
+    example = str(pathlib.Path(__file__).resolve().parents[2] / "examples/cluster.toml")
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    async with spawn("manager", "serve", "--universe", "shop", "--listen",
+                     "127.0.0.1:0") as (_, manager):
+        def member(name: str) -> list[str]:
+            return ["--universe", "shop", "--id", name, "--manager",
+                    f"{manager[0]}:{manager[1]}", "--listen", "127.0.0.1:0", "--role",
+                    "server", "--mq-dir", str(tmp_path), "--cluster", example]
+
+        async with server(*member("c1")) as c1, server(*member("c2")) as c2, \
+                server(*member("c3")) as c3:
+            for lines, me in ((c1, "c1 (primary)"), (c2, "c2 (primary)"),
+                              (c3, "c3 (fanout)")):
+                await lines.until(f"cluster shop: {me} linked to", "(2 of 2 peers); root c1")
+            at = f"c3@{await c3.address()}"
+            mq = [*RDVPUMP, "mq"]
+            common = ["--server", at, "--universe", "shop"]
+            await trio.run_process([*mq, "declare", "orders", "--shared", *common], env=env)
+            published = await trio.run_process([*mq, "publish", "orders", *common],
+                                               stdin=b"a\nb\n", capture_stdout=True, env=env)
+            assert b"on c1:15555 (the cluster's root) via c3:15555" in published.stdout
+            consumed = await trio.run_process(
+                [*mq, "consume", "orders", *common, "--count", "2"], capture_stdout=True,
+                env=env)
+            assert consumed.stdout == b"a\nb\n"
 
 
 def test_a_broker_not_in_the_cluster_file_is_one_line(tmp_path: pathlib.Path) -> None:
