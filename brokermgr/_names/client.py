@@ -18,6 +18,7 @@ from pump import ConfigError, Future, Repeating
 from rdv import Address, RdvNode
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
+from .._fence import STALE_EPOCH
 from .._groups import GroupMember, GroupProgress
 from .._link import Outcome, ReconnectingLink
 from .._service import ReplyObject, ServiceError, Status
@@ -332,7 +333,10 @@ class _ManagerLink(ReconnectingLink):
                 self.client.refused(self, self.refusal)
         elif outcome.reason != self.fenced:  # a fenced master: said once, not every beat
             self.fenced = outcome.reason
-            log.error("%s refused a registration: %s", self.name, outcome)
+            # a former master registering at its old epoch is how it learns of its
+            # successor (its server says it steps down): the fence at work, not a fault
+            log.log(logging.INFO if outcome.detail.get("refused") == STALE_EPOCH
+                    else logging.ERROR, "%s refused a registration: %s", self.name, outcome)
 
     def lost(self, reason: str) -> None:
         if self._beat_timer is not None:

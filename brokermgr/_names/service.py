@@ -279,8 +279,10 @@ class NameService:
             why = None if record.group is None else self.groups.refusal(record.broker_id,
                                                                         record.group)
             if why is not None:
-                log.warning("refused the registration of broker %s: %s", record.broker_id,
-                            why)
+                # a former master coming back at its old epoch: the promotion that
+                # fenced it was logged; this is the fence at work, not a fault
+                log.info("refused the registration of broker %s: %s", record.broker_id,
+                         why)
                 fenced.append(why)
                 # a fenced master is a member all the same (a slave until told otherwise):
                 # it may hold what a group left without a master needs

@@ -278,10 +278,12 @@ def slave_lags(members: list[tuple[Any, int | None]]) -> list[int | None]:
             else None for g, held in members]
 
 
-def group_cell(group: Any, lag: int | None = None) -> str:
-    """A replicated group's member in a table: ``name/id role@epoch``, and ``lag N`` (the
-    records it is behind its master) when known; "" for none."""
+def group_cell(group: Any, lag: int | None = None, insync: bool = False) -> str:
+    """A replicated group's member in a table: ``name/id role@epoch``, ``lag N`` (the
+    records it is behind its master) when known, and ``in sync`` for a slave its master
+    reports in sync (one a failover may promote); "" for none."""
     if not group:
         return ""
     cell = f"{group['name']}/{group['id']} {group['role']}@{group['epoch']}"
-    return cell if lag is None else f"{cell} lag {lag}"
+    cell = cell if lag is None else f"{cell} lag {lag}"
+    return f"{cell}, in sync" if insync else cell

@@ -56,6 +56,7 @@ def status(
     clustered = any(b.get("cluster") for b in brokers)
     metered = any(b.get("metrics") for b in brokers)
     lags = slave_lags([(b.get("group"), _held(b)) for b in brokers])
+    insync = _insync(brokers)
     for col in ("broker", "address", "version", "age (s)", "last heartbeat (s ago)",
                 *(("group",) * grouped), *(("cluster",) * clustered),
                 *(("metrics",) * metered)):
@@ -65,7 +66,7 @@ def status(
         where = ":".join(str(part) for part in b["address"])  # type: ignore[attr-defined]
         table.add_row(str(b["id"]), where, str(b["version"]),
                       f"{b['age']:.1f}", f"{b['since_heartbeat']:.1f}",
-                      *((group_cell(b.get("group"), lag),) * grouped),
+                      *((group_cell(b.get("group"), lag, b["id"] in insync),) * grouped),
                       *((_cluster_cell(b.get("cluster")),) * clustered),
                       *((str(b.get("metrics") or ""),) * metered))
     show_table(table)
@@ -77,6 +78,14 @@ def _cluster_cell(cluster: Any) -> str:
         return ""
     root = f"root {cluster['root']}@{cluster['epoch']}" if cluster["root"] else "no root"
     return f"{cluster['name']} {cluster['type']}, {root}, state v{cluster['version']}"
+
+
+def _insync(brokers: list[dict[str, Any]]) -> set[object]:
+    """The slaves their masters report in sync (the members a failover may promote)."""
+    return {member for b in brokers
+            if (b.get("group") or {}).get("role") == "master"
+            and isinstance(progress := b.get("progress"), dict)
+            for member in progress.get("insync", ())}
 
 
 def _held(broker: dict[str, Any]) -> int | None:

@@ -250,3 +250,57 @@ def test_a_group_member_holding_a_topic_stops_cleanly_on_sigterm_and_ctrl_c(
             finish(proc, timeout=30)
         manager.send_signal(signal.SIGINT)
         finish(manager, timeout=30)
+
+
+def test_a_former_master_rejoins_as_a_slave_without_a_refusal_logged(
+        tmp_path: pathlib.Path) -> None:
+    """A master SIGKILLed, its slave promoted, and the master restarted on its directory:
+    it comes back a slave of the new master, and neither it nor the manager calls that
+    normal rejoin a refused registration; the restarted member says it in one line."""
+    port = free_port()
+    manager = rdvpump("manager", "serve", "--universe", "shop", "--listen",
+                      f"127.0.0.1:{port}", token="secret")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def member(member_id: int) -> tuple[subprocess.Popen[bytes], str]:
+        proc = rdvpump("broker", "run", "--universe", "shop", "--id", f"r{member_id}",
+                       "--manager", f"127.0.0.1:{port}", "--listen", "127.0.0.1:0",
+                       "--role", "server", "--mq-dir", str(tmp_path), "--group", "g",
+                       "--group-id", str(member_id), "--heartbeat", "0.5", token="secret")
+        procs.append(proc)
+        return proc, read_until(proc, proc.stdout, b"\n").decode().split()[-1]
+
+    try:
+        read_until(manager, manager.stdout, b"ready manager")
+        (first, address), (second, _) = member(0), member(1)
+        for args, stdin in ((["declare", "orders"], b""), (["publish", "orders"], b"1\n2\n")):
+            done = subprocess.run(
+                [sys.executable, "-m", "rdvpump", "mq", *args, "--server", f"r0@{address}",
+                 "--universe", "shop", "--timeout", "30"], input=stdin, capture_output=True,
+                env={**os.environ, "RDVPUMP_TOKEN": "secret"}, timeout=60)
+            assert done.returncode == 0, done.stderr
+        wait_shown(port, "g/1 slave@1 lag 0, in sync")  # the one a failover may promote
+        first.kill()
+        first.wait()
+        read_until(second, second.stderr, b"master of group g at epoch 2")
+        again, _ = member(0)
+        wait_shown(port, "g/0 slave@2")
+        read_until(again, again.stderr, b"no longer master of group g")
+        for proc in (again, second, manager):
+            proc.send_signal(signal.SIGINT)
+            _, errs = finish(proc, timeout=30)
+            assert proc.returncode == 0, errs.decode()[-2000:]
+            assert b"refused" not in errs, errs.decode()[-2000:]
+    finally:
+        for proc in [*procs, manager]:
+            if proc.poll() is None:
+                proc.kill()
+            finish(proc, timeout=30)
+
+
+def wait_shown(port: int, text: str) -> None:
+    """Until ``rdvpump status`` shows ``text`` (polled, bounded)."""
+    deadline = time.monotonic() + 30
+    while text not in status(port):
+        assert time.monotonic() < deadline, status(port)
+        time.sleep(0.1)  # registration is asynchronous: polled through the CLI, bounded

@@ -333,6 +333,6 @@ async def test_status_shows_each_broker_s_replicated_group_role_and_epoch() -> N
             check=False)
         assert status.returncode == 0, status.stderr
         text = status.stdout.decode()
-        assert "a/0 master@3" in text and "a/1 slave@3 lag 3" in text, text
+        assert "a/0 master@3" in text and "a/1 slave@3 lag 3, in sync" in text, text
         names.close()
         nursery.cancel_scope.cancel()
