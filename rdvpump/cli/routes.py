@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from typing import Annotated, Any
 
 import typer
@@ -22,7 +24,9 @@ from ._common import (
     err,
     group_cell,
     guard,
-    interruptible,
+    interrupted,
+    is_ctrl_c,
+    logs_above,
     out,
     positive,
     run_trio,
@@ -54,30 +58,37 @@ def routes(
                                for i, t in enumerate(tracker, 1)])
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     live: list[Live] = []
+    held = contextlib.ExitStack()
 
     def show(snap: dict[str, Any]) -> None:
         if as_json:
             print(json.dumps(snap), flush=True)
         elif once:
             show_table(_routes_table(snap))
+        elif not live:
+            live.append(held.enter_context(Live(_routes_table(snap), console=out,
+                                                auto_refresh=False)))
+            # log lines (a link's warning) are printed above the table, as the live
+            # display prints the warnings written to stderr; written past it, they
+            # would leave a copy of its first lines behind at every refresh
+            held.enter_context(logs_above(out, logging.WARNING))
         else:
-            if not live:
-                live.append(Live(_routes_table(snap), console=out, auto_refresh=False))
-                live[0].start()
             live[0].update(_routes_table(snap), refresh=True)
 
     try:
-        interruptible(lambda: run_trio(lambda: watch_routes(
-            universe, trackers, track_port=track_port, token=token, vote_factor=vote_factor,
-            tls_client=None if tls is None else _client_context(tls), once=once,
-            timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show,
-            warn=lambda text: err.print(f"warning: {text}", style="yellow", markup=False,
-                                        highlight=False))))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if live:
-            live[0].stop()
+        with held:
+            guard(lambda: run_trio(lambda: watch_routes(
+                universe, trackers, track_port=track_port, token=token,
+                vote_factor=vote_factor,
+                tls_client=None if tls is None else _client_context(tls), once=once,
+                timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show,
+                warn=lambda text: err.print(f"warning: {text}", style="yellow", markup=False,
+                                            highlight=False))))
+    except BaseException as exc:
+        # the live table has stopped (as last shown): the last line goes below it
+        if is_ctrl_c(exc):
+            raise interrupted() from None
+        raise
 
 
 def _client_context(tls: tuple[str, str, str | None]) -> Any:

@@ -107,6 +107,45 @@ async def test_killed_and_hung_servers_leave_the_clients_route_tables() -> None:
                 await reap(watcher)
 
 
+async def test_live_routes_at_a_terminal_ends_with_interrupted_below_the_table(
+        tmp_path: Any) -> None:
+    """``rdvpump routes`` live at a terminal (a pty), then Ctrl-C: the table stays as
+    last drawn, and "interrupted" is the last line, below it, not drawn over."""
+    import pty
+
+    async with spawn("broker", "run", "--id", "t1", "--role", "both", "--universe", "z",
+                     "--manager", "127.0.0.1:1", "--topic", "orders") as (_, t1_addr):
+        terminal, tty = pty.openpty()
+        watcher = await trio.lowlevel.open_process(
+            [*RDVPUMP, "routes", "--universe", "z", "--tracker", f"{t1_addr[0]}:{t1_addr[1]}"],
+            stdout=tty, stderr=tty, env={**os.environ, "RDVPUMP_TOKEN": TOKEN,
+                                         "COLUMNS": "120", "TERM": "xterm"})
+        os.close(tty)
+        shown = b""
+        try:
+            with trio.fail_after(30):
+                while shown.count(b"orders") < 2:  # drawn, and drawn again over itself
+                    await trio.lowlevel.wait_readable(terminal)
+                    shown += os.read(terminal, 65536)
+            watcher.send_signal(signal.SIGINT)
+            with trio.fail_after(30):
+                await watcher.wait()
+                while True:
+                    try:
+                        chunk = os.read(terminal, 65536)
+                    except OSError:  # EIO: the watcher is gone and the pty drained
+                        break
+                    if not chunk:
+                        break
+                    shown += chunk
+        finally:
+            os.close(terminal)
+            await reap(watcher)
+    assert watcher.returncode == 130
+    last_frame = shown.rsplit(b"\x1b[1A", 1)[-1]  # after the last move back up
+    assert b"orders" in last_frame and last_frame.rstrip().endswith(b"interrupted"), shown
+
+
 async def test_routes_once_prints_a_table_and_fails_clearly_without_trackers(
         tmp_path: Any) -> None:
     async with spawn("broker", "run", "--id", "t1", "--role", "both", "--universe", "z",
