@@ -3,6 +3,7 @@ MQ server broker of another process, and what each subcommand does with it."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -120,31 +121,29 @@ async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[byt
 async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,
                   idle: float, window: int,
                   show: Callable[[Any], None]) -> int:
-    """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one.
-    When ``show`` raises (the reader of the output went away), what it showed before is
-    acknowledged and the error goes on: the message it could not show is not, so the
-    group gets it again."""
+    """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one
+    (``idle`` 0: never, until ``count`` or a cancellation).  The messages here are shown
+    and then acknowledged together before waiting for more, so a consumer that waits
+    owes nothing it showed.  When ``show`` raises (the reader of the output went away),
+    what it showed before is acknowledged and the error goes on: the message it could not
+    show is not, so the group gets it again."""
     subscription = await client.subscribe(topic, group=group, window=window)
     seen = 0
-    acks: list[int] = []
     while count is None or seen < count:
-        with trio.move_on_after(idle) as scope:
-            message = await subscription.receive()
+        with trio.move_on_after(idle if idle > 0 else math.inf) as scope:
+            messages = await subscription.receive_many(
+                window if count is None else min(window, count - seen))
         if scope.cancelled_caught:
             break
+        acks: list[int] = []
         try:
-            show(message)
-        except Exception:
+            for message in messages:
+                show(message)
+                seen += 1
+                acks.append(message.offset)
+        finally:
             if acks:
                 await subscription.ack(acks)
-            raise
-        seen += 1
-        acks.append(message.offset)
-        if len(acks) >= max(1, window // 2):
-            await subscription.ack(acks)
-            acks = []
-    if acks:
-        await subscription.ack(acks)
     return seen
 
 

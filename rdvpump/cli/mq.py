@@ -138,7 +138,8 @@ def mq_consume(
     count: Annotated[int | None, typer.Option(min=1, help="Stop after this many "
                                                           "messages.")] = None,
     idle: Annotated[float, typer.Option(min=0.0, help="Stop after this many seconds "
-                                                     "without a message.")] = 2.0,
+                                                     "without a message; 0: never (until "
+                                                     "--count or Ctrl-C).")] = 2.0,
     window: Annotated[int, typer.Option(help="Unacknowledged messages held at most.")] = 100,
     out_dir: Annotated[pathlib.Path | None, typer.Option(
         "--out", help="Write each message's exact bytes to a file of its own in this "

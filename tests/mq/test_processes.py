@@ -309,6 +309,49 @@ async def test_ctrl_c_stops_mq_publish_reading_a_terminal(tmp_path: pathlib.Path
             await reap(publisher)
 
 
+async def test_mq_consume_with_idle_0_consumes_until_ctrl_c_and_acks_as_it_waits(
+        tmp_path: pathlib.Path) -> None:
+    """``mq consume --idle 0`` never stops for want of messages: it prints what comes,
+    however late, and acknowledges what it printed before it waits again (the group owes
+    nothing while it waits); Ctrl-C ends it."""
+    async with a_server_and_a_client(tmp_path, 3) as (client, where):
+        consumer = await trio.lowlevel.open_process(
+            [*RDVPUMP, "mq", "consume", "orders", "--server", where, "--universe", "q",
+             "--idle", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "RDVPUMP_TOKEN": TOKEN})
+        try:
+            stdout = consumer.stdout
+            assert stdout is not None
+            printed = b""
+
+            async def printed_until(lines: int) -> None:
+                nonlocal printed
+                with trio.fail_after(30):
+                    while printed.count(b"\n") < lines:
+                        printed += await stdout.receive_some(65536)
+
+            async def owed() -> tuple[int, int]:
+                group = (await client.query("orders"))["orders"]["groups"]["orders"]
+                return group["lag"], group["inFlight"]
+
+            await printed_until(3)
+            with trio.fail_after(30):
+                while await owed() != (0, 0):  # acknowledged while it waits: polled
+                    await trio.sleep(0.02)
+            # not a wait for anything to settle: it outlives the default --idle (2 s)
+            await trio.sleep(2.5)
+            assert consumer.returncode is None
+            await client.publish("orders", b"late")
+            await printed_until(4)
+            assert printed == b"0\n1\n2\nlate\n"
+            consumer.send_signal(signal.SIGINT)
+            with trio.fail_after(10):
+                await consumer.wait()
+            assert consumer.returncode == 130
+        finally:
+            await reap(consumer)
+
+
 async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.Path) -> None:
     """``rdvpump mq consume --count N`` acknowledges what it printed and ends once those
     acks have left the process: the group owes nothing afterwards, so nothing it printed
