@@ -60,8 +60,11 @@ class Report:
 
 def verify(directory: str | os.PathLike[str]) -> Report:
     """Check every topic under ``directory`` (found by their ``segments`` folders);
-    FileNotFoundError if it does not exist."""
+    FileNotFoundError if it does not exist, NotADirectoryError if it is a file."""
     root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"{root} is a file: give an --mq-dir, a broker's "
+                                 f"directory in it, or a topic's directory")
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such directory")
     report = Report()

@@ -1,5 +1,6 @@
-"""What the CLI's clients of another process's service (``mq``, ``routes``) share: when a
-broker that answers has no service on the port dialled."""
+"""What the CLI's clients of another process's service (``mq``, ``routes``, ``status``)
+share: when a broker that answers has no service on the port dialled, and how a refusal
+reads."""
 
 from __future__ import annotations
 
@@ -27,3 +28,14 @@ class NotBound:
         now = trio.current_time()
         self.since = now if self.since is None else self.since
         return now - self.since >= NOT_BOUND_GRACE
+
+
+def refusal_text(where: str, reason: object, side: str = "server") -> str:
+    """A refusal as a command says it: ``where: reason``, and for ``unauthorized`` what
+    it means (the universe's token or name is not the one ``side`` has), since the other
+    side says no more than that."""
+    said = f"{where}: {reason}"
+    if getattr(reason, "refusal", None) == Refusal.UNAUTHORIZED:
+        said += (f" (the token or the universe name is not the {side}'s: --token or "
+                 f"$RDVPUMP_TOKEN, and --universe)")
+    return said

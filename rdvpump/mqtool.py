@@ -17,7 +17,7 @@ from mq import MqClient
 from pump import ConfigError, Pump
 from rdv import Address, is_final, parse_located
 
-from ._dial import NotBound
+from ._dial import NotBound, refusal_text
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
 CLI_RETRY = 0.1
@@ -68,7 +68,7 @@ async def connect(universe: str, server: str, *, token: str = "",
             while link.queue is None:
                 await link.attempted()
                 if link.queue is None and is_final(link.last_refusal):
-                    raise OSError(f"{server}: {link.last_refusal}")
+                    raise OSError(refusal_text(server, link.last_refusal))
                 if unbound.too_long(link.last_refusal, link.queue is not None):
                     raise OSError(f"{server}: no MQ server there: broker {broker_id} "
                                   f"answers, but nothing is bound on its port "

@@ -31,6 +31,7 @@ from channels import DEFAULT_RING_CAPACITY
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal, is_final, tls_contexts
 
+from ._dial import refusal_text
 from ._errors import RunError
 from .children import (
     DONE,
@@ -403,7 +404,7 @@ def _refused(where: str, refusal: object) -> str:
     if getattr(refusal, "refusal", None) == Refusal.UNKNOWN_BROKER:
         return (f"no {where}: the process there answers, but runs no manager (is it a "
                 f"broker process's address?)")
-    return f"{where}: {refusal or 'timed out'}"
+    return refusal_text(where, refusal or "timed out", "manager")
 
 
 #: How often ``status --wait`` dials a manager that is starting, and asks its list again.

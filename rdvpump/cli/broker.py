@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from typing import TYPE_CHECKING, Annotated
 
@@ -53,8 +54,9 @@ def broker_run(
         help="HOST:PORT for links (port 0: any); by default 127.0.0.1:0, or a --cluster "
              "server's address in its file.", show_default=False)] = None,
     token: TokenOption = "",
-    echo: Annotated[list[int], typer.Option(help="Echo messages on this port "
-                                                 "(repeatable).")] = [80],  # noqa: B006
+    echo: Annotated[list[int], typer.Option(
+        help="Echo messages on this port (repeatable). Every broker echoes on port 80 "
+             "unless told otherwise; --echo 0: on no port.")] = [80],  # noqa: B006
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = (
         DEFAULT_HEARTBEAT),
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
@@ -90,7 +92,9 @@ def broker_run(
         help="MQ retention: drop segments whose newest message is older than this.")] = None,
     segment_mb: Annotated[float, typer.Option(
         help="MQ segment size in MB: a topic's log starts a new file (and seals the last, "
-             "with its index and checksum) past it.")] = 64 * 1024 * 1024 / 1e6,
+             "with its index and checksum) past it. Default: 64 MiB (67.108864 MB).",
+        show_default=False)
+    ] = 64 * 1024 * 1024 / 1e6,
     busy_poll_us: Annotated[float, typer.Option(
         help="Links poll a quiet socket this long before sleeping: lower latency for a "
              "busy core (0: off).")] = 0.0,
@@ -119,6 +123,9 @@ def broker_run(
     metrics_at = None if metrics is None else guard(lambda: Address.parse(metrics))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     tracking = None
+    for option, path in (("--mq-dir", mq_dir), ("--state-dir", state_dir)):
+        if path is not None:  # made here, so that a path that cannot be is named by option
+            guard(functools.partial(path.mkdir, parents=True, exist_ok=True), arg=option)
     if durability != "sync" or mq_dir is not None:  # the default needs no check, and a
         from mq import Durability  # broker with no MQ server starts without loading mq
 
@@ -159,7 +166,8 @@ def broker_run(
         address = guard(lambda: Address.parse(listed.address))  # where the file says
     trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     guard(lambda: trio.run(lambda: run_brokers(
-        universe, broker_id, managers, listen=address, token=token, echo_ports=echo,
+        universe, broker_id, managers, listen=address, token=token,
+        echo_ports=[port for port in echo if port != 0],
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
         cluster=clustered, cluster_store=state_dir or mq_dir, metrics=metrics_at,

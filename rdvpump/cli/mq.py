@@ -302,7 +302,7 @@ def mq_verify(
     indexes, cursors and topic files. Exit 1 naming each damaged record, 0 when clean."""
     try:
         report = verify(directory)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise fail(str(exc)) from None
     if as_json:
         print(json.dumps({"topics": report.topics, "segments": report.segments,

@@ -352,6 +352,19 @@ async def test_mq_consume_with_idle_0_consumes_until_ctrl_c_and_acks_as_it_waits
             await reap(consumer)
 
 
+async def test_a_wrong_token_at_an_mq_command_says_what_unauthorized_means(
+        tmp_path: pathlib.Path) -> None:
+    async with a_server_and_a_client(tmp_path, 1) as (_, where):
+        done = await trio.run_process(
+            [*RDVPUMP, "mq", "topics", "--server", where, "--universe", "q"],
+            capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "RDVPUMP_TOKEN": "wrong"})
+        assert done.returncode == 1
+        assert done.stderr.decode() == (
+            f"error: {where}: unauthorized (the token or the universe name is not the "
+            "server's: --token or $RDVPUMP_TOKEN, and --universe)\n")
+
+
 async def test_mq_consume_exits_only_once_its_acks_have_left(tmp_path: pathlib.Path) -> None:
     """``rdvpump mq consume --count N`` acknowledges what it printed and ends once those
     acks have left the process: the group owes nothing afterwards, so nothing it printed

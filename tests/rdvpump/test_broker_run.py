@@ -40,6 +40,14 @@ def test_a_wrong_token_or_universe_ends_broker_run_naming_both_sides() -> None:
             assert errs.decode().strip() == (
                 f"error: broker orders: manager 127.0.0.1:{port} refused it: unauthorized "
                 "(the token or the universe name is not the manager's)")
+            # a tool's command says what unauthorized means too
+            shown = subprocess.run(
+                [sys.executable, "-m", "rdvpump", "status", "--universe", universe,
+                 "--manager", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                timeout=60, env={**os.environ, "RDVPUMP_TOKEN": token})
+            assert shown.returncode == 1 and shown.stderr == (
+                f"error: manager 127.0.0.1:{port}: unauthorized (the token or the universe "
+                "name is not the manager's: --token or $RDVPUMP_TOKEN, and --universe)\n")
     finally:
         manager.send_signal(signal.SIGINT)
         _, log = finish(manager, timeout=30)

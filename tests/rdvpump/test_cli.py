@@ -68,12 +68,20 @@ def test_bad_options_give_one_clear_line_and_exit_1() -> None:
                                  "--out", str(in_the_way)])
     assert result.exit_code == 1 and "--out" in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
-    # an OS error inside the broker's tasks reads as one on a path does anywhere
-    result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
-                                 "--role", "server", "--mq-dir", str(in_the_way)])
-    assert result.exit_code == 1
-    assert result.output == (f"error: {in_the_way} is in the way: a file where a directory "
-                             "is needed\n")
+    # a directory option that cannot be one names the option
+    for option in ("--mq-dir", "--state-dir"):
+        result = runner.invoke(app, ["broker", "run", "--id", "a", "--manager", "127.0.0.1:1",
+                                     "--role", "server", option, str(in_the_way)])
+        assert result.exit_code == 1
+        assert result.output == (f"error: {option} {in_the_way} is in the way: a file where "
+                                 "a directory is needed\n")
+    result = runner.invoke(app, ["mq", "verify", str(in_the_way)])
+    assert result.exit_code == 1 and result.output == (
+        f"error: {in_the_way} is a file: give an --mq-dir, a broker's directory in it, or a "
+        "topic's directory\n")
+    result = runner.invoke(app, ["broker", "run", "-h"])
+    assert "Default: 64 MiB (67.108864 MB)" in " ".join(result.output.split())
+    assert "67.108864]" not in result.output
     result = runner.invoke(app, ["bench", "inproc", "--sizes", "64,big"])
     assert result.exit_code == 1 and "--sizes must be integers" in result.output
     result = runner.invoke(app, ["bench", "failover", "--trials", "0"])
