@@ -71,6 +71,10 @@ def _tls(tls: TLSFiles | None) -> dict[str, Any]:
 #: Seconds ``broker run`` waits for a manager to accept its brokers before its ready
 #: line when none answers (it goes on dialling).
 REGISTER_WAIT = 2.0
+#: Seconds a link to a manager or tracker that has not connected yet may fail for a reason
+#: dialling may mend (a peer started beside this process and still starting) before a
+#: warning says so.
+STARTING_GRACE = 2.0
 
 
 async def run_manager(universe: str, listen: Address, *, token: str = "",
@@ -292,8 +296,11 @@ async def _watch_link(link: Any, brokers: str, refused: list[str],
     final refusal (unauthorized: the token or the universe name is not the other side's)
     ends the process; what may recover (unreachable, or a tracker not registered yet:
     unknown broker) is a warning each time the reason changes, while the link keeps
-    dialling."""
+    dialling.  Until the link first connects, those wait :data:`STARTING_GRACE`: a
+    manager or tracker started beside this process is not up yet, and says nothing
+    wrong."""
     said: str | None = None
+    started, linked = trio.current_time(), False
     while True:
         await link.attempted()
         reason = link.last_refusal
@@ -301,7 +308,7 @@ async def _watch_link(link: Any, brokers: str, refused: list[str],
             if said is not None:
                 print(f"broker {brokers}: connected to {link.name}", file=sys.stderr,
                       flush=True)
-            said = None
+            said, linked = None, True
             continue
         if getattr(reason, "refusal", None) == Refusal.UNAUTHORIZED:
             side = link.name.split()[0]  # "manager" or "tracker"
@@ -309,6 +316,8 @@ async def _watch_link(link: Any, brokers: str, refused: list[str],
                            f"token or the universe name is not the {side}'s)")
             scope.cancel()
             return
+        if not linked and trio.current_time() - started < STARTING_GRACE:
+            continue
         if reason != said:
             said = reason
             print(f"warning: broker {brokers}: {link.name}: {reason}; dialling again "
