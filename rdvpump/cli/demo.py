@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ._common import err, fail, interruptible, out, run_trio, show_table
+from ._common import err, fail, interruptible, out, show_table
 
 
 def demo(
@@ -16,15 +16,22 @@ def demo(
     messages: Annotated[int, typer.Option(help="Messages per connection.")] = 50,
     max_size: Annotated[int, typer.Option(help="Largest message, bytes (sizes 1..max).")] = 10240,
     ring: Annotated[int, typer.Option(help="Ring capacity per direction, a power of two.")] = 65536,
-    seed: Annotated[int, typer.Option(help="Seed of the pump's random source.")] = 1,
+    seed: Annotated[int, typer.Option(
+        help="Seed of the run: the messages' sizes and the order tasks run in (the same "
+             "seed gives the same run).")] = 1,
 ) -> None:
     """Run an in-process echo universe end to end and print what happened."""
-    from ..demo import run_echo_demo
+    import functools
 
+    from ..demo import run_echo_demo
+    from ..testing import run_simulation
+
+    # a simulation on the virtual clock, its scheduling drawn from the seed: the same
+    # seed gives the same run, pump step for pump step
     with err.status("running the echo universe ..."):
-        report = interruptible(lambda: run_trio(lambda: run_echo_demo(
-            clients=clients, connects=connects, messages=messages, max_size=max_size,
-            ring_capacity=ring, seed=seed)))
+        report = interruptible(lambda: run_simulation(functools.partial(
+            run_echo_demo, clients=clients, connects=connects, messages=messages,
+            max_size=max_size, ring_capacity=ring, seed=seed), seed=seed))
     table = Table(title=f"echo universe {report.universe!r} (seed {report.seed}, "
                         f"ring {report.ring_capacity} B)")
     for col in ("broker", "links", "messages", "bytes", "echoes checked"):
