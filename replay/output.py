@@ -231,9 +231,18 @@ def write(target: Path, census: Census, found: dict[str, Any],
                     title=title)
 
 
+def _percentiles(latency: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return " / ".join("-" if latency.get(k) is None else f"{latency[k] * 1e6:,.1f} us"
+                      for k in keys)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The summary on the terminal: a rich table when rich is there, else plain lines."""
     lat = summary["latency_s"] or {}
+    runs = summary["by_run"]
+    # a virtual clock's latencies (simulated time: 0 between the steps of one instant) and
+    # a real clock's do not make one distribution: each run's are shown on its own line
+    mixed = len({run["clock"] for run in runs.values()}) > 1
     rows = [
         ("trace files / pumps", f"{summary['files']} / {len(summary['pumps'])}"),
         ("events", f"{summary['events']:,}"),
@@ -244,10 +253,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("violations", f"{summary['violation_count']:,}"),
         ("undelivered", ", ".join(f"{k}: {v:,}" for k, v in
                                   summary["undelivered_by_cause"].items()) or "0"),
-        ("latency p50 / p90 / p99 / max" + (" (all runs)" if len(summary["by_run"]) > 1
-                                            else ""), " / ".join(
-            "-" if lat.get(k) is None else f"{lat[k] * 1e6:,.1f} us"
-            for k in ("p50", "p90", "p99", "max"))),
+        ("latency p50 / p90 / p99 / max" + (
+            " (runs on virtual and real clocks: see each run)" if mixed
+            else " (all runs)" if len(runs) > 1 else ""),
+         "-" if mixed else _percentiles(lat, ("p50", "p90", "p99", "max"))),
         ("refusals", ", ".join(f"{k}: {v}" for k, v in summary["refusals"].items()) or "0"),
         *([("name service (apart from the above)",
             f"{ns['links']} links, {ns['messages_sent']:,} messages sent, "
@@ -255,12 +264,10 @@ def print_summary(summary: dict[str, Any]) -> None:
           else []),
         ("corrupt lines", str(summary["corrupt_line_count"])),
     ]
-    runs = summary["by_run"]
     if len(runs) > 1:  # each on its own time axis: say which, and each one's figures
         rows[1:1] = [(f"run {name} ({run['clock']} clock, {run['duration_s']:,.3f} s)",
-                      f"{run['messages_matched']:,} delivered, p50 " + (
-                          "-" if run["latency_s"] is None
-                          else f"{run['latency_s']['p50'] * 1e6:,.1f} us"))
+                      f"{run['messages_matched']:,} delivered, p50 / p99 "
+                      + _percentiles(run["latency_s"] or {}, ("p50", "p99")))
                      for name, run in runs.items()]
     try:
         from rich.console import Console

@@ -382,3 +382,35 @@ def test_py4j_deleting_an_object_of_a_jvm_gone_under_it_logs_nothing(
     server.join(10)
     listener.close()
     assert [r.getMessage() for r in caplog.records] == ["Exception while sending command."]
+
+
+def test_the_summary_keeps_latencies_of_virtual_and_real_clocks_apart(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs, one simulated (its latencies 0: simulated time) and one on the real
+    clock: no latency line over both; each run's own p50 and p99 instead.  Runs on one
+    clock keep the line over all runs."""
+    from replay.output import print_summary
+
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def summary(clocks: tuple[str, str]) -> dict[str, Any]:
+        runs = {f"r{i}": {"clock": clock, "duration_s": 1.0, "messages_matched": 10,
+                          "latency_s": {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+                          if clock == "virtual" else
+                          {"p50": 40e-6, "p90": 60e-6, "p99": 90e-6, "max": 120e-6}}
+                for i, clock in enumerate(clocks)}
+        return {"traces": "traces/", "files": 2, "pumps": ["a", "b"], "events": 40,
+                "links": 2, "messages_sent": 20, "messages_delivered": 20,
+                "messages_across_pumps": 0, "violation_count": 0,
+                "undelivered_by_cause": {}, "latency_s": {"p50": 20e-6, "p90": 55e-6,
+                                                          "p99": 90e-6, "max": 120e-6},
+                "refusals": {}, "name_service": {"links": 0}, "corrupt_line_count": 0,
+                "by_run": runs, "violations": [], "corrupt_lines": []}
+
+    print_summary(summary(("virtual", "real")))
+    shown = capsys.readouterr().out
+    assert "(runs on virtual and real clocks: see each run)" in shown
+    assert "20.0 us" not in shown  # the mixed figure is not printed
+    assert "p50 / p99 0.0 us / 0.0 us" in shown and "p50 / p99 40.0 us / 90.0 us" in shown
+    print_summary(summary(("real", "real")))
+    assert "(all runs)" in capsys.readouterr().out
