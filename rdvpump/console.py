@@ -84,7 +84,8 @@ class UniverseConsole:
         self.admin = admin
         self.manager = BrokerManager(universe, token=token)
         self.snapshot: dict[str, Any] = {"universe": universe, "time": 0.0, "admin": admin,
-                                         "brokers": [], "links": [], "groups": [],
+                                         "brokers": [], "links": [], "service_links": 0,
+                                         "groups": [],
                                          "trackers": [], "topics": [], "replicated": [],
                                          "chart": [], "warnings": [], "actions": []}
         self._brokers: list[dict[str, Any]] = []
@@ -217,12 +218,19 @@ class UniverseConsole:
         links, groups, trackers, topics = [], [], [], []
         errors: dict[str, list[str]] = {}
         total = 0.0
+        service_links = 0
         for page, samples in sorted(scraped.items()):
             if samples is None:
                 continue
             for (name, labels), value in samples.items():
                 tags = dict(labels)
                 if name == "rdvpump_link_messages_sent_total":
+                    if tags["broker"].startswith("@") or tags["peer"].startswith("@"):
+                        # the universe's own (a heartbeat to the name service, a report
+                        # to a tracker): counted, not shown beside the brokers' links or
+                        # in their rate, where their beats drew a sawtooth
+                        service_links += 1
+                        continue
                     key = (page, tags["broker"], tags["peer"], tags["port"], tags["link"])
                     rate = self._rate(key, value, now)
                     total += rate
@@ -248,7 +256,8 @@ class UniverseConsole:
         links.sort(key=lambda link: (link["broker"], link["peer"], link["port"]))
         groups.sort(key=lambda g: (g["server"], g["topic"], g["group"]))
         topics.sort(key=lambda t: (t["tracker"], t["topic"]))
-        return {"links": links, "groups": groups, "trackers": trackers, "topics": topics,
+        return {"links": links, "service_links": service_links, "groups": groups,
+                "trackers": trackers, "topics": topics,
                 "rate": total, "errors": errors}
 
     def _rate(self, key: tuple[str, ...], value: float, now: float) -> float:

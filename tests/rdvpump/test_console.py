@@ -156,6 +156,11 @@ def test_the_console_shows_a_universe_as_it_changes(tmp_path: pathlib.Path) -> N
                              and s["groups"] == [{"server": "s1:15555", "topic": "orders",
                                                   "group": "orders", "lag": 50}])
             assert all(b["metrics"] for b in first["brokers"])
+            # the universe's own links (each process's heartbeats to the name service)
+            # are counted, not listed beside the brokers' links
+            assert first["service_links"] >= 2
+            assert not any(link["broker"].startswith("@") or link["peer"].startswith("@")
+                           for link in first["links"]), first["links"]
             assert [b["health"] for b in first["brokers"]] == ["ok", "ok"]
             assert not first["admin"] and first["actions"] == []
             rdvpump("mq", "consume", "orders", *mq, "--count", "20")

@@ -76,6 +76,12 @@ def test_the_console_page_shows_brokers_rates_lag_and_a_broker_gone(
         assert browser.title == "rdvpump console"
         until(browser, lambda d: sorted(r[0] for r in rows(d, "brokers")) == ["e1", "s1"])
         until(browser, lambda d: rows(d, "groups") == [["s1:15555", "orders", "orders", "50"]])
+        # before any workload: no link between brokers, said so; the universe's own
+        # links (heartbeats) counted below, not listed; an empty section says so
+        until(browser, lambda d: rows(d, "links") == [
+            ["no link between brokers of a process serving --metrics"]])
+        assert "not shown" in browser.find_element("id", "service-links").text
+        assert rows(browser, "replicated") == [["no replicated group"]]
         browser.save_screenshot(str(shots / "console.png"))
         rdvpump("mq", "consume", "orders", *mq, "--count", "20")
         until(browser, lambda d: [r[3] for r in rows(d, "groups")] == ["30"])
