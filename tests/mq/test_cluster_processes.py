@@ -159,9 +159,9 @@ async def test_servers_of_one_file_link_up_and_another_file_is_refused(
 
 async def test_the_example_cluster_file_runs_as_its_comment_says(
         tmp_path: pathlib.Path) -> None:
-    """``examples/cluster.toml``: c1 becomes root; a shared topic declared and published
+    """``examples/clusters/shop.toml``: c1 becomes root; a shared topic declared and published
     on the fanout server c3 is stored by c1 and consumed back through c3."""
-    example = str(pathlib.Path(__file__).resolve().parents[2] / "examples/cluster.toml")
+    example = str(pathlib.Path(__file__).resolve().parents[2] / "examples/clusters/shop.toml")
     env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
     async with spawn("manager", "serve", "--universe", "shop", "--listen",
                      "127.0.0.1:0") as (_, manager):
