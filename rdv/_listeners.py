@@ -41,10 +41,16 @@ class RefusedError(RdvpumpError, ConnectionRefusedError):
     cause = CloseCause.REFUSED
 
     def __init__(self, reason: str, broker_id: str, port: int) -> None:
-        super().__init__(f"connect to {broker_id!r} port {port} refused: {reason}")
+        refusal = (reason.refusal if isinstance(reason, RefusalReason)
+                   else RefusalReason.parse(reason).refusal)
+        # the refusal an embedding program meets first: say what it means
+        hint = (f" (nothing was bound on port {port} of {broker_id!r} when the connect "
+                f"ran, and a connect is never queued: bind first; accept_queue binds when "
+                f"it is called, serve_queues once nursery.start returns)"
+                if refusal == Refusal.NOT_BOUND else "")
+        super().__init__(f"connect to {broker_id!r} port {port} refused: {reason}{hint}")
         self.reason = reason
-        self.refusal: Refusal = (reason.refusal if isinstance(reason, RefusalReason)
-                                 else RefusalReason.parse(reason).refusal)
+        self.refusal: Refusal = refusal
         self.broker_id = broker_id
         self.port = port
 

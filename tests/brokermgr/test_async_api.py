@@ -26,6 +26,8 @@ async def test_connect_queue_raises_the_refusal_reason(autojump_clock: object) -
             await client.connect_queue("server", 80)
         assert info.value.reason == "not bound"
         assert isinstance(info.value, ConnectionRefusedError)
+        # the refusal a program meets when it connects before its accept has run
+        assert "a connect is never queued: bind first" in str(info.value)
         with pytest.raises(RefusedError, match="unknown broker"):
             await client.connect_queue("ghost", 80)
         server.bind(80, _Keep())
