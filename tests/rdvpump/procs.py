@@ -74,3 +74,17 @@ async def reap(proc: trio.Process, timeout: float = 10.0) -> None:
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 await stream.aclose()
+
+
+def drain_pty(terminal: int) -> bytes:
+    """What is left to read on the master side of a pty whose process has ended (read
+    until EIO, which says the other side is closed and everything was read)."""
+    got = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # EIO: the process is gone and the pty drained
+            return got
+        if not chunk:
+            return got
+        got += chunk

@@ -16,6 +16,8 @@ from rdvpump.testing import run_simulation
 from rdvpump.universe_file import load_universe, random_faults
 from rdvpump.workloads import run_universe
 
+from .procs import drain_pty
+
 pytestmark = pytest.mark.slow  # real processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -140,14 +142,7 @@ def test_ctrl_c_stops_explore_and_keeps_the_failing_seeds_found_so_far() -> None
             shown += os.read(terminal, 65536)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-        while True:
-            try:
-                chunk = os.read(terminal, 65536)
-            except OSError:  # EIO: the process is gone and the pty drained
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown += drain_pty(terminal)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.rdvpump.procs import reap
+from tests.rdvpump.procs import drain_pty, reap
 from tests.rdvpump.test_processes import RDVPUMP, TOKEN, spawn
 
 pytestmark = pytest.mark.slow
@@ -130,14 +130,7 @@ async def test_live_routes_at_a_terminal_ends_with_interrupted_below_the_table(
             watcher.send_signal(signal.SIGINT)
             with trio.fail_after(30):
                 await watcher.wait()
-                while True:
-                    try:
-                        chunk = os.read(terminal, 65536)
-                    except OSError:  # EIO: the watcher is gone and the pty drained
-                        break
-                    if not chunk:
-                        break
-                    shown += chunk
+            shown += drain_pty(terminal)
         finally:
             os.close(terminal)
             await reap(watcher)
