@@ -6,8 +6,13 @@ from ._broker import Broker as Broker
 from ._broker import BrokerManager as BrokerManager
 from ._broker import EchoListener as EchoListener
 from ._broker import echo as echo
+from ._fence import EPOCHS_EXHAUSTED as EPOCHS_EXHAUSTED
+from ._fence import MAX_EPOCH as MAX_EPOCH
 from ._fence import STALE_EPOCH as STALE_EPOCH
+from ._fence import EpochError as EpochError
+from ._fence import check_epoch as check_epoch
 from ._fence import fenced as fenced
+from ._fence import next_epoch as next_epoch
 from ._groups import GroupMember as GroupMember
 from ._groups import GroupProgress as GroupProgress
 from ._groups import GroupTables as GroupTables
@@ -54,6 +59,8 @@ __all__ = [
     "DEFAULT_SCAN_INTERVAL",
     "MANAGER_ID",
     "MAX_INT",
+    "EPOCHS_EXHAUSTED",
+    "MAX_EPOCH",
     "STALE_EPOCH",
     "Body",
     "Call",
@@ -64,6 +71,7 @@ __all__ = [
     "BrokerLink",
     "BrokerRecord",
     "EchoListener",
+    "EpochError",
     "GroupMember",
     "GroupProgress",
     "GroupTables",
@@ -79,11 +87,13 @@ __all__ = [
     "ServiceError",
     "ServiceSession",
     "Status",
+    "check_epoch",
     "decode",
     "echo",
     "encode",
     "Template",
     "fenced",
+    "next_epoch",
     "open_universe",
     "request_seq",
     "send",

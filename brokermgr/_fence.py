@@ -11,10 +11,45 @@ service's promotion for a group, the primaries' vote for a cluster).
 
 from __future__ import annotations
 
-__all__ = ["STALE_EPOCH", "Held", "fenced"]
+from pump import RdvpumpError
+
+__all__ = ["EPOCHS_EXHAUSTED", "MAX_EPOCH", "STALE_EPOCH", "EpochError", "Held",
+           "check_epoch", "fenced", "next_epoch"]
 
 #: The reason of a fenced claim, as refusals carry it.
 STALE_EPOCH = "stale epoch"
+#: The reason of a refused step to a new epoch once the last one below the bound is held.
+EPOCHS_EXHAUSTED = "epochs exhausted"
+
+#: The bound of every epoch, in groups, clusters, requests and files alike: the largest
+#: integer that every JSON reader holds exactly (JavaScript's ``Number.MAX_SAFE_INTEGER``,
+#: 2^53 - 1).  An epoch is an integer from 0 up to, not including, the bound: a claim,
+#: an announcement or a file at the bound or past it is refused, and no step to a new
+#: epoch reaches it (:func:`next_epoch`), so nothing ever wraps or overflows.
+MAX_EPOCH = (1 << 53) - 1
+
+
+class EpochError(RdvpumpError, ValueError):
+    """An epoch out of range, or no next epoch below the bound."""
+
+
+def check_epoch(value: object, what: str = "an epoch") -> int:
+    """``value`` as an epoch (an int, not a bool, ``0 <= value < MAX_EPOCH``), or
+    :class:`EpochError` saying what it must be."""
+    if type(value) is not int or not 0 <= value < MAX_EPOCH:
+        raise EpochError(f"{what} must be an integer from 0 below {MAX_EPOCH}, got "
+                         f"{value!r}")
+    return value
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch``; :class:`EpochError` (:data:`EPOCHS_EXHAUSTED`) when it
+    would reach the bound: the epoch held stays, and its leader may go on leading."""
+    check_epoch(epoch)
+    if epoch + 1 >= MAX_EPOCH:
+        raise EpochError(f"{EPOCHS_EXHAUSTED}: epoch {epoch} is the last below the bound "
+                         f"{MAX_EPOCH}; no later one can be taken")
+    return epoch + 1
 
 #: The leadership held: its epoch and its holder.
 Held = tuple[int, str]

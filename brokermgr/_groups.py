@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._fence import STALE_EPOCH, fenced
+from ._fence import STALE_EPOCH, EpochError, check_epoch, fenced, next_epoch
 
 #: The roles of a group's member.
 ROLES = ("master", "slave")
@@ -56,8 +56,7 @@ class GroupMember:
             raise ValueError(f"a member id is a non-negative integer, not {self.member_id!r}")
         if self.role not in ROLES:
             raise ValueError(f"a role is master or slave, not {self.role!r}")
-        if type(self.epoch) is not int or self.epoch < 0:
-            raise ValueError(f"an epoch is a non-negative integer, not {self.epoch!r}")
+        check_epoch(self.epoch, "a group's epoch")
         if not self.cluster:
             raise ValueError("a cluster needs a name")
 
@@ -198,15 +197,19 @@ class GroupTables:
                     f"reported in sync is alive: no master")
         winner = max(candidates, key=lambda m: (
             m.progress.held if m.progress is not None else 0, -m.member.member_id))
-        self.epochs[group] = (epoch + 1, winner.broker_id)
+        try:
+            new = next_epoch(epoch)
+        except EpochError as exc:  # the epoch held stays: its master may come back
+            return f"group {group}: master {lost} lost at epoch {epoch}; no master: {exc}"
+        self.epochs[group] = (new, winner.broker_id)
         self.insync[group] = tuple(sorted(insync - {winner.broker_id}))
         records = winner.progress.held if winner.progress is not None else 0
         if returned:
             return (f"group {group}: without a master since epoch {epoch}; "
-                    f"{winner.broker_id} is back and promoted at epoch {epoch + 1} "
+                    f"{winner.broker_id} is back and promoted at epoch {new} "
                     f"(holding {records} records)")
         return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
-                f"promoted at epoch {epoch + 1} (in sync, holding {records} records)")
+                f"promoted at epoch {new} (in sync, holding {records} records)")
 
     def claim(self, group: str, broker_id: str, epoch: int) -> tuple[bool, int]:
         """A member asks to be the group's master at ``epoch`` (several name services that
@@ -249,9 +252,10 @@ class GroupTables:
             raise ValueError(f"{broker} is not in sync with master {master}: it may lack "
                              f"acknowledged messages (in sync: "
                              f"{', '.join(self.insync.get(group, ())) or 'none'})")
-        self.epochs[group] = (epoch + 1, broker)
+        new = next_epoch(epoch)  # EpochError (a ValueError) at the bound: nothing changes
+        self.epochs[group] = (new, broker)
         self.insync[group] = tuple(sorted(set(self.insync[group]) - {broker} | {master}))
-        return epoch + 1
+        return new
 
     def _drop(self, topic: str, group: str) -> None:
         groups = self.topics[topic]

@@ -29,6 +29,8 @@ from typing import Any, Generic, TypeVar
 from channels import MessageQueue
 from pump import RdvpumpError
 
+from ._fence import MAX_EPOCH
+
 log = logging.getLogger("rdvpump.service")
 
 #: A reply as it goes on a link: a JSON object with its ``cmd`` (and ``seq`` when the
@@ -157,6 +159,11 @@ class Fields:
         if type(value) is not int or not low <= value <= high:
             raise self.bad(key, f"must be an integer within {low}..{high}, got {show(value)}")
         return value
+
+    def epoch(self, key: str, default: int | None, low: int = 0) -> int:
+        """An epoch: an integer from ``low`` below :data:`~._fence.MAX_EPOCH`, the bound
+        every epoch shares (one past it, or at it, is a 400 naming the field)."""
+        return self.integer(key, default, low, MAX_EPOCH - 1)
 
     def boolean(self, key: str, default: bool) -> bool:
         value = self.obj.get(key, default)

@@ -40,10 +40,12 @@ from brokermgr import (
     Call,
     Command,
     CommandTable,
+    EpochError,
     Outcome,
     ReplyObject,
     ServiceError,
     Status,
+    check_epoch,
     fenced,
     send,
 )
@@ -78,11 +80,17 @@ def _load_votes(path: Path) -> tuple[int, Ballot, ClusterState]:
         kept = json.loads(path.read_bytes())
         vote, epoch = kept["ballot"]
         state = kept.get("state")
-        return int(kept["epoch"]), (vote if isinstance(vote, str) else None, int(epoch)), (
+        return check_epoch(kept["epoch"], "its epoch"), (
+            vote if isinstance(vote, str) else None, check_epoch(epoch, "its ballot's epoch")), (
             ClusterState() if state is None else ClusterState.of(
-                int(state["version"]), state["topics"], int(state["state_epoch"])))
+                int(state["version"]), state["topics"],
+                check_epoch(state["state_epoch"], "its state's epoch")))
     except FileNotFoundError:
         return 0, (None, 0), ClusterState()
+    except EpochError as exc:
+        raise ConfigError(f"{path}: {exc}: no server writes that; to repair, stop this "
+                          f"server and remove the file: it comes back with no vote and "
+                          f"takes its peers' epoch and state") from None
     except (OSError, ValueError, KeyError, TypeError, StateError) as exc:
         raise ConfigError(f"{path}: the cluster's epoch, vote and state cannot be read "
                           f"({exc}); remove the file only if this server never voted") from None

@@ -53,16 +53,16 @@ def hello_fields(fields: Fields) -> Said:
     return Said(fields.string("cluster"), fields.string("id"),
                   fields.integer("checksum", None, 0, 0xFFFFFFFF),
                   fields.optional_string("vote"), fields.optional_string("root"),
-                  fields.integer("epoch", 0, 0, MAX_INT),
-                  vote_epoch=fields.integer("vote_epoch", 0, 0, MAX_INT),
+                  fields.epoch("epoch", 0),
+                  vote_epoch=fields.epoch("vote_epoch", 0),
                   version=fields.integer("version", 0, 0, MAX_INT),
-                  state_epoch=fields.integer("state_epoch", 0, 0, MAX_INT))
+                  state_epoch=fields.epoch("state_epoch", 0))
 
 
 def state_fields(fields: Fields) -> Said:
     said = hello_fields(fields)
     return dataclasses.replace(said, version=fields.integer("version", None, 0, MAX_INT),
-                               state_epoch=fields.integer("state_epoch", 0, 0, MAX_INT),
+                               state_epoch=fields.epoch("state_epoch", 0),
                                topics=fields.raw("topics"))
 
 

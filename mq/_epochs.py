@@ -28,6 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from brokermgr import check_epoch
+
 from ._record import FormatError
 
 EPOCHS = "epochs.json"
@@ -52,6 +54,7 @@ class Epochs:
                     and all(type(v) is int and v >= 0 for v in item)):
                 raise ValueError(f"{where}: {item!r} is not [epoch, offset] (non-negative "
                                  f"integers)")
+            check_epoch(item[0], f"{where}: the epoch of {item!r}")
             if entries and not (item[0] > entries[-1][0] and item[1] >= entries[-1][1]):
                 raise ValueError(f"{where}: {item!r} after {list(entries[-1])!r}: epochs "
                                  f"and offsets must increase")

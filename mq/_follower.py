@@ -25,7 +25,15 @@ from typing import Any, Protocol
 
 import trio
 
-from brokermgr import DEFAULT_RETRY, Broker, BrokerLink, Outcome, ServiceError, Status
+from brokermgr import (
+    DEFAULT_RETRY,
+    Broker,
+    BrokerLink,
+    Outcome,
+    ServiceError,
+    Status,
+    check_epoch,
+)
 from brokermgr.tracking import ServerAddress
 from pump import Timer
 
@@ -245,7 +253,9 @@ class Follower:
         """The master's history parts from this copy: cut it back (:mod:`._epochs`) and
         ask again from there."""
         epoch, end = answer.get("epoch"), answer.get("end")
-        if not (epoch is None or type(epoch) is int) or type(end) is not int:
+        if epoch is not None:
+            check_epoch(epoch, "a diverged answer's epoch")
+        if type(end) is not int:
             raise ValueError(f"a diverged answer with epoch {epoch!r} and end {end!r}")
         last = topic_log.next_offset
         keep = kept(topic_log.epochs, last, epoch, end)

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from brokermgr import GroupMember, GroupProgress, NameClient, ServiceError, Status
+from brokermgr import (
+    EpochError,
+    GroupMember,
+    GroupProgress,
+    NameClient,
+    ServiceError,
+    Status,
+    next_epoch,
+)
 from brokermgr.tracking import TrackNode
 
 from ._catalogue import FLAGS, Catalogue, TopicState
@@ -264,12 +272,17 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
             claim_at = trio.current_time() + CLAIM_AFTER * (1 + random.random())
         elif trio.current_time() >= claim_at:
             claim_at = None
-            granted = await names.claim(mine.group, me, newest + 1)
-            if granted > len(names.links) // 2:
-                log.warning("group %s: %s claimed epoch %d; %d of %d name services "
-                            "granted it", mine.group, me, newest + 1, granted,
-                            len(names.links))
-                continue  # asked again at once: now a majority names it
+            try:
+                claimed = next_epoch(newest)
+            except EpochError as exc:  # no epoch left to claim: the group stays as it is
+                log.error("group %s: %s cannot claim an epoch: %s", mine.group, me, exc)
+            else:
+                granted = await names.claim(mine.group, me, claimed)
+                if granted > len(names.links) // 2:
+                    log.warning("group %s: %s claimed epoch %d; %d of %d name services "
+                                "granted it", mine.group, me, claimed, granted,
+                                len(names.links))
+                    continue  # asked again at once: now a majority names it
         if decided and master == me and not stuck:
             # the members a failover would choose from: this master waits for each
             server.shipper.confirm_insync(named_insync)

@@ -271,7 +271,7 @@ def _follow(f: Fields) -> Follow:
     return Follow(f.string("topic", check=check_name), f.integer("start", None, 0, MAX_INT),
                   f.integer("window", DEFAULT_FOLLOW_WINDOW, *FOLLOW_WINDOWS),
                   f.optional_string("replica", max_bytes=MAX_LABEL_BYTES),
-                  None if "epoch" not in f else f.integer("epoch", None, 0, MAX_INT),
+                  None if "epoch" not in f else f.epoch("epoch", None),
                   f.optional_string("config", max_bytes=4 * MAX_LABEL_BYTES))
 
 

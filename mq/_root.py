@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
+from brokermgr import EpochError, next_epoch
+
 if TYPE_CHECKING:
     from ._cluster_file import ClusterConfig
 
@@ -58,7 +60,10 @@ def ballot(config: ClusterConfig, active: Collection[str], mine: Ballot, epoch: 
     voter gave it (so that the voters come to one epoch)."""
     chosen = candidate(config, active)
     if chosen != mine[0] or mine[1] < epoch or (mine[1] == epoch and root != chosen):
-        return chosen, max(epoch, mine[1], *(e for _, e in heard)) + 1
+        try:
+            return chosen, next_epoch(max(epoch, mine[1], *(e for _, e in heard)))
+        except EpochError:  # no epoch left below the bound: the vote stays as it was
+            return mine
     higher = max((e for c, e in heard if c == chosen), default=mine[1])
     return chosen, max(mine[1], higher)
 

@@ -26,7 +26,6 @@ from .._groups import GroupMember, GroupProgress, GroupTables
 from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from .._rpc import ServiceSession
 from .._service import (
-    MAX_INT,
     Call,
     Command,
     CommandTable,
@@ -198,7 +197,7 @@ def _switch(fields: Fields) -> Switch:
 
 def _claim(fields: Fields) -> Claim:
     return Claim(fields.string("group"), fields.string("id"),
-                 fields.integer("epoch", None, 1, MAX_INT))
+                 fields.epoch("epoch", None, low=1))
 
 
 def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
