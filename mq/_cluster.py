@@ -84,7 +84,7 @@ def _load_votes(path: Path) -> tuple[int, Ballot, ClusterState]:
             vote if isinstance(vote, str) else None, check_epoch(epoch, "its ballot's epoch")), (
             ClusterState() if state is None else ClusterState.of(
                 int(state["version"]), state["topics"],
-                check_epoch(state["state_epoch"], "its state's epoch")))
+                check_epoch(state["state_epoch"], "its state's epoch"), state.get("removed")))
     except FileNotFoundError:
         return 0, (None, 0), ClusterState()
     except EpochError as exc:
@@ -209,12 +209,13 @@ class ClusterNode:
                                f"at epoch {request.epoch}; this server voted for "
                                f"{self.ballot[0]} at epoch {self.ballot[1]}",
                                refused=STALE_EPOCH)
-        if request.epoch > self.epoch or self.root is None:
-            self._follow(request.id, request.epoch)
-        try:
-            state = ClusterState.of(request.version, request.topics, request.state_epoch)
+        try:  # a state that cannot be taken changes nothing, the root followed included
+            state = ClusterState.of(request.version, request.topics, request.state_epoch,
+                                    request.removed)
         except StateError as exc:
             raise ServiceError(Status.BAD_REQUEST, f"state from {request.id}: {exc}") from None
+        if request.epoch > self.epoch or self.root is None:
+            self._follow(request.id, request.epoch)
         if state.mark != self.state.mark or state.topics != self.state.topics:
             self._take(state)
         return {"cmd": "taken", "version": self.state.version,
@@ -250,7 +251,8 @@ class ClusterNode:
         change may or may not be kept then.  A change acknowledged so is never one a
         later root lacks: a primary that voted in a newer epoch takes no older root's
         state.  A bad change raises its :class:`ServiceError` (400)."""
-        new = ClusterState.of(self.state.version, self.state.topics, self.epoch)
+        new = ClusterState.of(self.state.version, self.state.topics, self.epoch,
+                              [list(r) for r in self.state.removed])
         try:
             changed = new.apply(op, topic, group, filter_)
         except (StateError, ValueError) as exc:
@@ -395,7 +397,8 @@ class ClusterNode:
                 return
             try:
                 state = ClusterState.of(int(outcome.get("version") or 0), outcome.get("topics"),
-                                        int(outcome.get("state_epoch") or 0))
+                                        int(outcome.get("state_epoch") or 0),
+                                        outcome.get("removed"))
             except (StateError, ValueError):
                 return
             if state.mark > self.state.mark or (peer == self.root

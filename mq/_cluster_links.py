@@ -46,6 +46,8 @@ class Said:
     version: int = 0
     state_epoch: int = 0
     topics: Any = None
+    #: ``state``: what the root removed (:mod:`._cluster_state`).
+    removed: Any = None
     change: tuple[str, str, str | None, str | None] | None = None
 
 
@@ -63,7 +65,7 @@ def state_fields(fields: Fields) -> Said:
     said = hello_fields(fields)
     return dataclasses.replace(said, version=fields.integer("version", None, 0, MAX_INT),
                                state_epoch=fields.epoch("state_epoch", 0),
-                               topics=fields.raw("topics"))
+                               topics=fields.raw("topics"), removed=fields.raw("removed"))
 
 
 def change_fields(fields: Fields) -> Said:

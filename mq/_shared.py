@@ -60,9 +60,21 @@ def declare_shared(server: MqServer, request: Declare, call: Call) -> None:
 
 def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
     """An ``on_state`` for :class:`~mq.ClusterNode`: each new state declared on
-    ``server`` (an :class:`~mq.MqServer`), the topics and groups it holds that the
-    state dropped removed.  A topic this server cannot declare is logged, and the others
-    go on."""
+    ``server`` (an :class:`~mq.MqServer`); a topic or group it holds that the new state
+    says was removed is removed, with its messages.  One the new state leaves out
+    without saying it was removed is kept, messages and all, as this server's own, and
+    that is logged once: only an explicit removal deletes data.  A topic this server
+    cannot declare is logged, and the others go on."""
+    kept: set[tuple[str, str | None]] = set()
+
+    def keep(topic: str, group: str | None, new: ClusterState) -> None:
+        if (topic, group) not in kept:
+            kept.add((topic, group))
+            what = f"shared topic {topic}" if group is None else f"group {group} of {topic}"
+            log.warning("cluster state v%d (epoch %d) leaves out %s without a removal: "
+                        "kept on %s with its messages (remove it explicitly to delete "
+                        "it)", new.version, new.epoch, what, server.address)
+
     def take(old: ClusterState, new: ClusterState) -> None:
         for topic, groups in new.topics.items():
             for group, filter_ in groups.items():
@@ -74,11 +86,18 @@ def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
                 _local(server, request)
         for topic, groups in old.topics.items():
             if topic not in new.topics:
-                _local(server, {"cmd": "remove", "topic": topic})
+                if new.was_removed(topic):
+                    _local(server, {"cmd": "remove", "topic": topic})
+                else:
+                    keep(topic, None, new)
                 continue
             for group in groups:
-                if group not in new.topics[topic]:
+                if group in new.topics[topic]:
+                    continue
+                if new.was_removed(topic, group):
                     _local(server, {"cmd": "remove", "topic": topic, "group": group})
+                else:
+                    keep(topic, group, new)
 
     return take
 

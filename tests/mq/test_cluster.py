@@ -350,8 +350,19 @@ def test_the_state_takes_declares_and_removes() -> None:
     assert state.apply("declare", "orders", "audit", None)  # a new filter is a change
     assert state.topics == {"orders": {"orders": None, "audit": None}}
     assert state.apply("remove", "orders", "audit") and not state.apply("remove", "x")
-    assert ClusterState.of(3, state.snapshot()["topics"], 2) == ClusterState(
-        {"orders": {"orders": None}}, 3, 2)
+    assert state.was_removed("orders", "audit") and not state.was_removed("orders")
+    snapshot = state.snapshot()
+    assert ClusterState.of(3, snapshot["topics"], 2, snapshot["removed"]) == ClusterState(
+        {"orders": {"orders": None}}, 3, 2, [("orders", "audit")])
+    # declared again: its removal is struck out; a topic removed whole is said so
+    assert state.apply("declare", "orders", "audit") and not state.was_removed(
+        "orders", "audit")
+    assert state.apply("remove", "orders") and state.was_removed("orders")
+    assert state.apply("declare", "orders") and not state.was_removed("orders")
+    for bad_removed, said in (("x", "removed must be a list"), ([["t"]], r"is not \[topic"),
+                              ([["", None]], "removed: "), ([[1, None]], r"is not \[topic")):
+        with pytest.raises(StateError, match=said):
+            ClusterState.of(1, {}, 0, bad_removed)
     for bad, said in (([1], "topics must be an object"), ({"t": 1}, "its groups"),
                       ({"": {}}, "topic"), ({"t": {"g": 5}}, "a filter is")):
         with pytest.raises(StateError, match=said):
@@ -524,6 +535,49 @@ async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         assert exc.value.status == 503 and trio.current_time() - started == pytest.approx(3)
         assert str(exc.value) == "cluster shop not ready: no root within 3 s (status 503)"
         alone.close()
+
+
+async def test_a_state_that_leaves_a_shared_topic_out_deletes_nothing(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
+        autojump_clock: object) -> None:
+    """The forged state that once deleted acknowledged data on every server: a state
+    without a shared topic (or a group of it), and with no removal of it, keeps the
+    topic and its messages on the server, logged once; a state that says it was removed
+    (the root's, after an explicit removal) removes it."""
+    from brokermgr.tracking import TrackNode
+    from mq import MqClient, MqServer, declare_on
+    from mq._cluster_state import ClusterState
+
+    async with open_universe("u") as universe:
+        server = MqServer(TrackNode(universe.add_broker("b"), role="server"),
+                          tmp_path / "b", fsync_thread=False)
+        take = declare_on(server)
+        shared = ClusterState({"orders": {"orders": None, "audit": None}}, 1, 1)
+        take(ClusterState(), shared)
+        client = MqClient(universe.add_broker("app"), "b:15555", timeout=30)
+        await client.publish_many("orders", [b"m1", b"m2"])  # acknowledged
+
+        def held() -> dict[str, Any]:
+            return dict(server.handle_local({"cmd": "query"})["topics"])
+
+        silent = ClusterState({}, 2, 1)
+        with caplog.at_level(logging.WARNING, logger="rdvpump.mq"):
+            take(shared, silent)
+            take(shared, silent)  # said once
+        assert held()["orders"]["next"] == 2 and sorted(held()["orders"]["groups"]) == [
+            "audit", "orders"]
+        kept = [r.getMessage() for r in caplog.records
+                if "without a removal" in r.getMessage()]
+        assert len(kept) == 1 and "shared topic orders" in kept[0], kept
+        take(shared, ClusterState({"orders": {"orders": None}}, 2, 1))  # a group left out
+        assert sorted(held()["orders"]["groups"]) == ["audit", "orders"]
+        removed = ClusterState({"orders": {"orders": None}}, 3, 1, [("orders", "audit")])
+        take(shared, removed)
+        assert sorted(held()["orders"]["groups"]) == ["orders"]
+        take(removed, ClusterState({}, 4, 1, [("orders", "audit"), ("orders", None)]))
+        assert "orders" not in held()
+        client.close()
+        server.close()
 
 
 async def test_each_server_declares_the_shared_topics_in_its_mq_server(
