@@ -185,8 +185,10 @@ class ClusterNode:
         return self._agreed()
 
     def _root(self, request: Said, call: Call) -> ReplyObject:
-        """A root's announcement: followed unless an epoch this server holds fences it."""
+        """A root's announcement: followed unless the rule forbids it
+        (:meth:`_unruly`) or an epoch this server holds fences it."""
         self._check(request, call)
+        self._refuse_unruly(request.id, request.epoch, "announced itself root")
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
                                f"itself root at epoch {request.epoch}; this server follows "
@@ -198,6 +200,7 @@ class ClusterNode:
         """The root's state: taken under a newer epoch whatever its version, under this
         epoch when newer; from any other server, refused."""
         self._check(request, call)
+        self._refuse_unruly(request.id, request.epoch, "sent its state as root")
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
                                f"at epoch {request.epoch}; this server follows {self.root} "
@@ -421,7 +424,36 @@ class ClusterNode:
         if request.root is not None and request.root != self.me.id and (
                 request.epoch > self.epoch or (self.root is None
                                                and request.epoch == self.epoch)):
-            self._follow(request.root, request.epoch)
+            why = self._unruly(request.root, request.epoch)
+            if why is None:
+                self._follow(request.root, request.epoch)
+            else:  # hearsay that breaks the rule: not followed
+                self._say(f"not following {request.root}, named root by {request.id}: "
+                          f"{why}", key=request.id)
+
+    def _unruly(self, claimer: str, epoch: int) -> str | None:
+        """Why the rule forbids ``claimer`` to be root at ``epoch``, as this server knows
+        it (None: it allows it): only a primary of the cluster file is ever root; and
+        the root needs the vote of every active primary, so a primary that voted for
+        another at that very epoch (a voter holds one ballot an epoch) knows the claim
+        is false."""
+        server = self.config.server(claimer)
+        if server is None or server.type != "primary":
+            kind = "no server of the cluster" if server is None else f"a {server.type} server"
+            return f"{claimer} is {kind}: only a primary is ever root"
+        voted, at = self.ballot
+        if self.me.type == "primary" and at == epoch and voted not in (None, claimer):
+            return (f"this server voted for {voted} at epoch {epoch}: {claimer} lacks its "
+                    f"vote there")
+        return None
+
+    def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
+        """:meth:`_unruly`'s refusal (409, logged once); nothing changes."""
+        why = self._unruly(claimer, epoch)
+        if why is not None:
+            said = f"{claimer} {what} at epoch {epoch}: refused: {why}"
+            self._say(said, key=claimer)
+            raise ServiceError(Status.CONFLICT, said, refused="rule")
 
     def _agreed(self) -> ReplyObject:
         return {"cmd": "welcome", "cluster": self.config.name, "id": self.me.id,

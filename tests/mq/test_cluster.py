@@ -339,6 +339,43 @@ async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: obj
             node.close()
 
 
+async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
+        autojump_clock: object) -> None:
+    """Claims checked against the rule, not only the epoch: a fanout server announcing
+    itself root at the next epoch, sending a state, or named root by a peer's hello,
+    is refused (409 with the reason) or not followed; a primary claiming an epoch for
+    which this primary voted for another is refused too.  The root stays."""
+    from brokermgr import decode, encode
+
+    cfg = config(("a", "primary"), ("b", "primary"), ("e", "fanout"))
+    async with open_universe("u") as universe:
+        brokers = {s.id: universe.add_broker(s.id) for s in cfg.servers}
+        nodes = {s: ClusterNode(brokers[s], cfg) for s in brokers}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        epoch = nodes["b"].epoch
+
+        async def say(sender: str, to: str, cmd: str, **fields: Any) -> dict[str, Any]:
+            queue = await brokers[sender].connect_queue(to, CLUSTER_PORT)
+            await queue.send(encode({"cmd": cmd, "seq": 1, "cluster": "shop", "id": sender,
+                                     "checksum": cfg.checksum, **fields}))
+            reply: dict[str, Any] = decode(await queue.receive())
+            await queue.aclose()
+            return reply
+
+        for cmd in ("root", "state"):
+            reply = await say("e", "b", cmd, root="e", epoch=epoch + 1, version=9,
+                              topics={})
+            assert (reply["status"], reply["refused"]) == (409, "rule"), reply
+            assert "e is a fanout server: only a primary is ever root" in reply["error"]
+        reply = await say("b", "a", "root", root="b", epoch=nodes["a"].ballot[1])
+        assert reply["status"] == 409, reply
+        assert f"voted for a at epoch {nodes['a'].ballot[1]}" in reply["error"]
+        await say("e", "b", "hello", root="e", epoch=epoch + 1)  # hearsay: not followed
+        assert all((n.root, n.epoch) == ("a", epoch) for n in nodes.values())
+        for node in nodes.values():
+            node.close()
+
+
 def test_the_state_takes_declares_and_removes() -> None:
     from mq._cluster_state import ClusterState, StateError
 
