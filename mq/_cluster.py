@@ -188,11 +188,11 @@ class ClusterNode:
         """A root's announcement: followed unless the rule forbids it
         (:meth:`_unruly`) or an epoch this server holds fences it."""
         self._check(request, call)
-        self._refuse_unruly(request.id, request.epoch, "announced itself root")
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
                                f"itself root at epoch {request.epoch}; this server follows "
                                f"{self.root} at epoch {self.epoch}", refused=STALE_EPOCH)
+        self._refuse_unruly(request.id, request.epoch, "announced itself root")
         self._follow(request.id, request.epoch)
         return self._agreed()
 
@@ -200,7 +200,6 @@ class ClusterNode:
         """The root's state: taken under a newer epoch whatever its version, under this
         epoch when newer; from any other server, refused."""
         self._check(request, call)
-        self._refuse_unruly(request.id, request.epoch, "sent its state as root")
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
                                f"at epoch {request.epoch}; this server follows {self.root} "
@@ -212,6 +211,7 @@ class ClusterNode:
                                f"at epoch {request.epoch}; this server voted for "
                                f"{self.ballot[0]} at epoch {self.ballot[1]}",
                                refused=STALE_EPOCH)
+        self._refuse_unruly(request.id, request.epoch, "sent its state as root")
         try:  # a state that cannot be taken changes nothing, the root followed included
             state = ClusterState.of(request.version, request.topics, request.state_epoch,
                                     request.removed)
@@ -431,6 +431,11 @@ class ClusterNode:
                 self._say(f"not following {request.root}, named root by {request.id}: "
                           f"{why}", key=request.id)
 
+    def _senior_to(self, other: str) -> bool:
+        """Whether this server comes before ``other`` in the cluster file's order."""
+        ids = [s.id for s in self.config.servers]
+        return other in ids and ids.index(self.me.id) < ids.index(other)
+
     def _unruly(self, claimer: str, epoch: int) -> str | None:
         """Why the rule forbids ``claimer`` to be root at ``epoch``, as this server knows
         it (None: it allows it): only a primary of the cluster file is ever root; and
@@ -448,8 +453,14 @@ class ClusterNode:
         return None
 
     def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
-        """:meth:`_unruly`'s refusal (409, logged once); nothing changes."""
+        """:meth:`_unruly`'s refusal (409, logged once); nothing changes.  A claim the
+        claimer makes itself, on its own link to this server, is also refused by a
+        primary more senior than it: the claimer reaches this server, so this server was
+        active to it, and the rule would have made this one its candidate."""
         why = self._unruly(claimer, epoch)
+        if why is None and self.me.type == "primary" and self._senior_to(claimer):
+            why = (f"{self.me.id}, a primary more senior than {claimer}, is active: the "
+                   f"rule makes it the candidate, not {claimer}")
         if why is not None:
             said = f"{claimer} {what} at epoch {epoch}: refused: {why}"
             self._say(said, key=claimer)

@@ -342,12 +342,14 @@ async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: obj
 async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
         autojump_clock: object) -> None:
     """Claims checked against the rule, not only the epoch: a fanout server announcing
-    itself root at the next epoch, sending a state, or named root by a peer's hello,
-    is refused (409 with the reason) or not followed; a primary claiming an epoch for
-    which this primary voted for another is refused too.  The root stays."""
+    itself root at the next epoch, or sending a state, is refused (409 with the
+    reason); a junior primary claiming the next epoch over its own link to a more
+    senior active primary is refused by it; a root named by a peer's hello is not
+    followed when it is no primary, or when this primary voted for another at that
+    epoch.  The root stays."""
     from brokermgr import decode, encode
 
-    cfg = config(("a", "primary"), ("b", "primary"), ("e", "fanout"))
+    cfg = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("e", "fanout"))
     async with open_universe("u") as universe:
         brokers = {s.id: universe.add_broker(s.id) for s in cfg.servers}
         nodes = {s: ClusterNode(brokers[s], cfg) for s in brokers}
@@ -367,10 +369,13 @@ async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
                               topics={})
             assert (reply["status"], reply["refused"]) == (409, "rule"), reply
             assert "e is a fanout server: only a primary is ever root" in reply["error"]
-        reply = await say("b", "a", "root", root="b", epoch=nodes["a"].ballot[1])
-        assert reply["status"] == 409, reply
-        assert f"voted for a at epoch {nodes['a'].ballot[1]}" in reply["error"]
-        await say("e", "b", "hello", root="e", epoch=epoch + 1)  # hearsay: not followed
+        reply = await say("b", "a", "root", root="b", epoch=epoch + 1)
+        assert (reply["status"], reply["refused"]) == (409, "rule"), reply
+        assert "a, a primary more senior than b, is active" in reply["error"]
+        # hearsay: a hello naming a root the rule forbids is not followed
+        await say("e", "b", "hello", root="e", epoch=epoch + 1)
+        nodes["c"].ballot = ("a", epoch + 1)  # c voted for a at the next epoch
+        await say("e", "c", "hello", root="b", epoch=epoch + 1)
         assert all((n.root, n.epoch) == ("a", epoch) for n in nodes.values())
         for node in nodes.values():
             node.close()
