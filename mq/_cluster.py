@@ -64,6 +64,10 @@ log = logging.getLogger("rdvpump.mq.cluster")
 
 #: The rendezvous port of the links between a cluster's servers.
 CLUSTER_PORT = 15556
+#: How many heartbeat intervals a link in may go without a hello or beat before a second
+#: link that says it comes from the same server may replace it (sooner, a live member's
+#: link would be displaced by anyone who says its name).
+LIVE_BEATS = 3
 #: Seconds between heartbeats on each link a server dialled.
 HEARTBEAT = 1.0
 #: Longest back-off between dials of a peer that cannot be reached or refused us.
@@ -158,6 +162,7 @@ class ClusterNode:
             peer.outgoing = PeerLink(self, peer, retry=retry)
             peer.outgoing.connect()
         self._beats: Repeating = broker.pump.call_every(heartbeat, self._beat_all)
+        self._live = LIVE_BEATS * heartbeat
 
     # -- links in ----------------------------------------------------------------------
 
@@ -165,12 +170,27 @@ class ClusterNode:
         queue.set_listener(Inbound(self, queue))
 
     def _hello(self, request: Said, call: Call) -> ReplyObject:
+        """A peer's link in: taken, unless that peer has a live link in already (a hello
+        or beat on it within :data:`LIVE_BEATS` heartbeats): a second link that says it
+        is that peer is refused and changes nothing; a silent one (its peer restarted
+        behind a connection left open) is replaced."""
         peer = self._check(request, call)
         assert call.queue is not None
+        now = self.broker.pump.now()
         if peer.incoming is not None and peer.incoming is not call.queue:
+            if now - peer.heard_at < self._live:
+                why = (f"a second link that says it is {peer.server.id}: its link is live "
+                       f"(heard {now - peer.heard_at:.1f} s ago), and is kept")
+                self._say(why, key=peer.server.id)
+                queue = call.queue
+                self.broker.pump.post("cluster refusal", lambda: queue.close(
+                    f"refused by {self.me.id}: {why}"), owner=self.broker)
+                raise ServiceError(Status.CONFLICT, why, refused="live")
             old, peer.incoming = peer.incoming, None
-            old.close(f"a newer link from {peer.server.id} replaces this one")
+            old.close(f"a newer link from {peer.server.id} replaces this one, silent for "
+                      f"{now - peer.heard_at:.1f} s")
         peer.incoming = call.queue
+        peer.heard_at = now
         self._heard(request)
         self.links_changed()
         return self._agreed()
@@ -180,6 +200,7 @@ class ClusterNode:
         if peer.incoming is not call.queue:
             raise ServiceError(Status.CONFLICT, f"{peer.server.id}: a beat on a link that "
                                                 f"did not say hello", refused="cluster")
+        peer.heard_at = self.broker.pump.now()
         self._heard(request)
         self.elect()
         return self._agreed()

@@ -87,6 +87,8 @@ class Peer:
     incoming: MessageQueue | None = None
     #: Why the last hello or beat on either link was refused (None: agreed).
     refusal: str | None = None
+    #: When a hello or beat last came on the link in (pump time).
+    heard_at: float = float("-inf")
     said: set[str] = field(default_factory=set)
 
     def row(self) -> dict[str, Any]:

@@ -135,9 +135,15 @@ async def test_another_cluster_name_is_refused_with_it(autojump_clock: object) -
         b.close()
 
 
-async def test_a_newer_link_from_a_peer_replaces_the_older(autojump_clock: object) -> None:
-    """b's broker dials a's cluster port a second time and says hello: a closes the
-    older link from b, so one link from b to a is live, and answers the newer."""
+async def test_a_live_peer_s_link_is_never_displaced_and_a_silent_one_is(
+        autojump_clock: object) -> None:
+    """A second link that says it is b, while b's link in beats: refused (409, the
+    reason logged once), and b's link kept.  Once b's link has been silent for three
+    heartbeats (b restarted behind a connection left open), a newer link from b
+    replaces it.  A hello naming another server than the broker that dialled is
+    refused."""
+    from mq._cluster import HEARTBEAT, LIVE_BEATS
+
     async with open_universe("u") as universe:
         a = ClusterNode(universe.add_broker("a"), THREE)
         b_broker = universe.add_broker("b")
@@ -145,20 +151,27 @@ async def test_a_newer_link_from_a_peer_replaces_the_older(autojump_clock: objec
         await until(lambda: a.rows()[0]["incoming"] == "up")
         first = a.peers["b"].incoming
         assert first is not None
+        hello = b'{"cmd":"hello","cluster":"shop","id":"b","checksum":%d,"seq":1}' % (
+            THREE.checksum)
         second = await b_broker.connect_queue("a", CLUSTER_PORT)
-        await second.send(b'{"cmd":"hello","cluster":"shop","id":"b","checksum":%d,"seq":1}'
-                          % THREE.checksum)
-        reply = await second.receive()
-        assert b'"welcome"' in reply
+        await second.send(hello)
+        refused = await second.receive()
+        assert b'"status":409' in refused and b"its link is live" in refused, refused
+        assert a.peers["b"].incoming is first and not first.closed
+        b._beats.cancel()  # b goes silent, its link left open
+        await trio.sleep(LIVE_BEATS * HEARTBEAT + 0.5)
+        third = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await third.send(hello)
+        assert b'"welcome"' in await third.receive()
         await until(lambda: first.closed)
         assert a.peers["b"].incoming is not first and a.rows()[0]["incoming"] == "up"
         # a hello that names another server than the broker that dialled is refused
-        third = await b_broker.connect_queue("a", CLUSTER_PORT)
-        await third.send(b'{"cmd":"hello","cluster":"shop","id":"c","checksum":%d,"seq":1}'
-                         % THREE.checksum)
-        refusal = await third.receive()
+        fourth = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await fourth.send(b'{"cmd":"hello","cluster":"shop","id":"c","checksum":%d,"seq":1}'
+                          % THREE.checksum)
+        refusal = await fourth.receive()
         assert b"says it is 'c' but its link is from broker 'b'" in refusal
-        await second.aclose()
+        await third.aclose()
         a.close()
         b.close()
 
