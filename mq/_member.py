@@ -78,9 +78,13 @@ class GroupRole:
         name service has not confirmed."""
         group = self.group
         if group is not None and group.role == "slave":
+            follower = self.follower
+            master = (f"its master, {follower.master}" if follower is not None
+                      else "its master (not known here yet)")
             raise ServiceError(Status.UNAVAILABLE,
                                f"{self.address} is a slave of group {group.group}: {what} "
-                               f"at its master")
+                               f"at {master}",
+                               **({} if follower is None else {"master": str(follower.master)}))
         if group is not None and not self.confirmed:
             raise ServiceError(Status.UNAVAILABLE,
                                f"{self.address} is not confirmed as the master of group "

@@ -304,7 +304,11 @@ async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_
             with pytest.raises(ServiceError) as caught:
                 await attempt
             assert caught.value.status == Status.UNAVAILABLE
-            assert "s2:15555 is a slave of group a" in caught.value.reason
+            # it names its master, in words and as a field, so that a client can go there
+            assert caught.value.reason.startswith(
+                "s2:15555 is a slave of group a: ") and "at its master, s1:15555" in (
+                caught.value.reason), caught.value.reason
+            assert caught.value.detail["master"] == "s1:15555"
         reader.close()
         slave.close()
 
@@ -559,7 +563,7 @@ async def test_a_master_that_steps_down_lets_go_of_its_replicas(
         while follower.copying or "orders" not in follower.refused:
             await follower.changed.wait()
         assert follower.refused["orders"] == ("s1:15555 is a slave of group a: follow at "
-                                              "its master")
+                                              "its master (not known here yet)")
         with pytest.raises(ServiceError, match="s1:15555 is a slave of group a"):
             await client.publish("orders", b"refused")
         s2.promote(2)
