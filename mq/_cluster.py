@@ -263,11 +263,12 @@ class ClusterNode:
                      else {"cmd": "changed", "version": outcome})
             send(queue, {**reply, "seq": seq}, what=f"cluster peer {queue.remote_id}")
 
-        self._apply(*request.change, answer)
+        self._apply(*request.change, answer, by=request.id)
         return None
 
     def _apply(self, op: str, topic: str, group: str | None, filter_: str | None,
-               done: Callable[[int | ServiceError], object]) -> None:
+               done: Callable[[int | ServiceError], object], *, by: str | None = None
+               ) -> None:
         """On the root: a change applied and, if it changed anything, a new version sent
         to every peer; ``done(version)`` once a majority of the primaries (this root
         among them) hold that version, or ``done(ServiceError)`` (503) if that did not
@@ -283,6 +284,11 @@ class ClusterNode:
             raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
         if changed:
             new.version += 1
+            if op == "remove":  # the one change that deletes messages: on the record
+                log.warning("cluster %s: %s removes shared %s at state v%d (asked through "
+                            "%s): its messages go on every server", self.config.name,
+                            self.me.id, topic if group is None else f"group {group} of "
+                            f"{topic}", new.version, by or self.me.id)
             self._take(new)
             self._send_state()
         version, epoch = self.state.version, self.epoch

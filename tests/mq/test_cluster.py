@@ -636,7 +636,8 @@ async def test_a_state_that_leaves_a_shared_topic_out_deletes_nothing(
 
 
 async def test_each_server_declares_the_shared_topics_in_its_mq_server(
-        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+        tmp_path: pathlib.Path, autojump_clock: object,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A shared topic declared through c reaches every server's MQ server, a group of it
     too; a removal removes it everywhere; a private topic stays on its server."""
     from brokermgr.tracking import TrackNode
@@ -662,10 +663,20 @@ async def test_each_server_declares_the_shared_topics_in_its_mq_server(
 
         await until(lambda: all(groups(s, "orders") == ["audit", "orders"]
                                 for s in servers.values()))
-        await nodes["b"].change("remove", "orders", "audit")
-        await until(lambda: all(groups(s, "orders") == ["orders"] for s in servers.values()))
-        await nodes["a"].change("remove", "orders")
-        await until(lambda: all(groups(s, "orders") == [] for s in servers.values()))
+        with caplog.at_level(logging.WARNING, logger="rdvpump.mq.cluster"):
+            await nodes["b"].change("remove", "orders", "audit")
+            await until(lambda: all(groups(s, "orders") == ["orders"]
+                                    for s in servers.values()))
+            await nodes["a"].change("remove", "orders")
+            await until(lambda: all(groups(s, "orders") == [] for s in servers.values()))
+        # a removal, the one change that deletes messages, is on the record at the root
+        removals = [r.getMessage() for r in caplog.records if " removes shared " in
+                    r.getMessage()]
+        assert removals == [
+            "cluster shop: a removes shared group audit of orders at state v4 (asked "
+            "through b): its messages go on every server",
+            "cluster shop: a removes shared orders at state v5 (asked through a): its "
+            "messages go on every server"], removals
         assert [bool(groups(s, "private")) for s in servers.values()] == [
             False, True, False, False]
         # a client declares a shared topic on any server: answered once the root has it,
