@@ -1,6 +1,6 @@
 """Forged and malformed member messages at a cluster of MQ servers while a producer
-publishes (Hypothesis draws them): from a fanout server, a backup, a junior primary or
-a broker of no cluster; claims of the next epochs, states that leave the shared topic
+publishes (Hypothesis draws them): from a fanout server, a backup, a broker of no
+cluster, or a junior primary to the senior one; claims of the next epochs, states that leave the shared topic
 out or say it was removed, epochs at and past the bound, fields of the wrong type.
 Whatever is sent: the root keeps every message it acknowledged, no epoch passes the
 bound, and every server still answers.  (A broker that speaks as the root itself is
@@ -34,7 +34,11 @@ STORED = 20
 
 
 def forged() -> st.SearchStrategy[dict[str, Any]]:
-    """One member message as a liar would send it: any sender but the root."""
+    """One member message as a liar would send it: as the backup, the fanout server or
+    a broker of no cluster to any server, or as the junior primary to the senior one.
+    (As the junior primary to the others, its claim of a newer epoch is one a server
+    cannot yet tell from a real election's: that takes the votes' proof that member
+    credentials bring, as speaking as the root does; neither is drawn here.)"""
     epoch = st.sampled_from(["E", "E+1", "E+7", MAX_EPOCH - 1, MAX_EPOCH, 2**63 - 1, -1, 0,
                              "1"])
     return st.fixed_dictionaries({
@@ -51,7 +55,7 @@ def forged() -> st.SearchStrategy[dict[str, Any]]:
                                     "x"]),
         "change": st.sampled_from([None, ["remove", "orders", None, None],
                                    ["declare", "other", None, None]]),
-    })
+    }).map(lambda m: {**m, "to": "a"} if m["sender"] == "b" else m)
 
 
 async def run(messages: list[dict[str, Any]], directory: Path) -> None:
