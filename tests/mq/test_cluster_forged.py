@@ -1,10 +1,10 @@
 """Forged and malformed member messages at a cluster of MQ servers while a producer
 publishes (Hypothesis draws them): from a fanout server, a backup, a broker of no
-cluster, or a junior primary to the senior one; claims of the next epochs, states that leave the shared topic
-out or say it was removed, epochs at and past the bound, fields of the wrong type.
-Whatever is sent: the root keeps every message it acknowledged, no epoch passes the
-bound, and every server still answers.  (A broker that speaks as the root itself is
-what member credentials are for; it is not drawn here.)"""
+cluster, or a junior primary to the senior one; claims of the next epochs, states that
+leave the shared topic out or say it was removed, epochs at and past the bound, fields
+of the wrong type.  Whatever is sent: the root keeps every message it acknowledged, no
+epoch passes the bound, and every server still answers.  (A broker that speaks as the
+root itself is what member credentials are for; it is not drawn here.)"""
 
 from __future__ import annotations
 
