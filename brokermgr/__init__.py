@@ -46,7 +46,11 @@ from ._service import Fields as Fields
 from ._service import ReplyObject as ReplyObject
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
+from ._service import audit_log as audit_log
+from ._service import peer_of as peer_of
 from ._service import request_seq as request_seq
+from ._service import require as require
+from ._service import require_member as require_member
 from ._universe import open_universe as open_universe
 
 __all__ = [
@@ -95,6 +99,10 @@ __all__ = [
     "fenced",
     "next_epoch",
     "open_universe",
+    "audit_log",
+    "peer_of",
     "request_seq",
+    "require",
+    "require_member",
     "send",
 ]

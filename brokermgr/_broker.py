@@ -6,6 +6,7 @@ their trio twins for embedding.
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -25,7 +26,7 @@ from channels import (
     QueueFullError,
 )
 from pump import ConfigError, Future, Pump
-from rdv import Address, NetNode, RdvNode, RefusedError, Resolver
+from rdv import OPEN, Address, Credential, Identities, NetNode, RdvNode, RefusedError, Resolver
 
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
 #: what was sent, and the link's end, to leave this process.
@@ -252,6 +253,10 @@ class BrokerManager:
     sleeping: lower latency for a busy core (see :class:`channels.StreamLink`).
     ``adaptive_poll`` (seconds, default 100 us; 0: off) polls only while a link's
     bytes keep coming back within it, and backs off when polls come up empty.
+    ``identities`` (an :class:`rdv.Identities` or its file) says whom links from other
+    processes may speak as and what each may do (None: every link may do everything);
+    ``identity`` (a :class:`rdv.Credential` or ``NAME:SECRET``) is what this process's
+    links say they are.
     """
 
     def __init__(self, name: str, *, pump: Pump | None = None,
@@ -262,7 +267,9 @@ class BrokerManager:
                  busy_poll: float = 0.0,
                  adaptive_poll: float = DEFAULT_ADAPTIVE_POLL,
                  tls_server: ssl.SSLContext | None = None,
-                 tls_client: ssl.SSLContext | None = None) -> None:
+                 tls_client: ssl.SSLContext | None = None,
+                 identities: Identities | str | os.PathLike[str] | None = None,
+                 identity: Credential | str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError("a universe needs a non-empty name")
         self.name = name
@@ -291,10 +298,17 @@ class BrokerManager:
         if not adaptive_poll >= 0:
             raise ConfigError(f"adaptive_poll must be a non-negative number of seconds, "
                              f"got {adaptive_poll!r}")
+        if identities is None:
+            identities = OPEN
+        elif not isinstance(identities, Identities):
+            identities = Identities.load(identities)
+        if isinstance(identity, str):
+            identity = Credential.parse(identity) if identity else None
         self.net = NetNode(self.pump, self.channels, universe=name, token=token,
                            resolve_local=self.resolve_local, resolver=self.resolver,
                            tls_server=tls_server, tls_client=tls_client,
-                           busy_poll=busy_poll, adaptive_poll=adaptive_poll)
+                           busy_poll=busy_poll, adaptive_poll=adaptive_poll,
+                           identities=identities, credential=identity)
 
     @property
     def max_message_size(self) -> int:

@@ -28,10 +28,14 @@ from typing import Any, Generic, TypeVar
 
 from channels import MessageQueue
 from pump import RdvpumpError
+from rdv import Identity, Right
 
 from ._fence import MAX_EPOCH
 
 log = logging.getLogger("rdvpump.service")
+#: One line per admin action (remove, empty, failover, ...) and per request refused for a
+#: missing right: who (identity), from where (peer), what, and how it ended.
+audit_log = logging.getLogger("rdvpump.audit")
 
 #: A reply as it goes on a link: a JSON object with its ``cmd`` (and ``seq`` when the
 #: request had one).
@@ -50,6 +54,7 @@ class Status(enum.IntEnum):
     NO_REPLY = 0  # the caller's: no reply came (not connected, the link lost, timed out)
     OK = 200
     BAD_REQUEST = 400  # a field of the wrong type or range, or an unknown command
+    FORBIDDEN = 403  # the link's identity lacks the right (named in the reply)
     NOT_FOUND = 404  # no such topic, group, receiver
     CONFLICT = 409  # the request contradicts the state (a duplicate id, an ack not held)
     GONE = 410  # whom it was for has left
@@ -216,16 +221,70 @@ class Call:
 class Command(Generic[R]):
     """A command of a service: ``parse`` makes its typed request from the fields (or
     refuses it), ``handle`` answers it: the reply, or None (no reply, or one that is sent
-    later, as a produce's after its group commit)."""
+    later, as a produce's after its group commit).
+
+    ``right`` says what the request needs of its link's identity: the right and the topic
+    (or broker) it applies to, checked before ``handle`` (a 403 naming both, which
+    changes nothing); ``audit`` marks an admin action, logged with who asked, from where
+    and how it ended, and says what it acts on."""
 
     parse: Callable[[Fields], R]
     handle: Callable[[R, Call], ReplyObject | None]
+    right: Callable[[R], tuple[Right, str]] | None = None
+    audit: Callable[[R], str] | None = None
+
+
+def peer_of(queue: MessageQueue | None) -> str:
+    """Who is at the other end of a request's link, as the audit log names it."""
+    if queue is None:
+        return "this process"
+    where = queue.peer_address
+    return f"{queue.remote_id}@{where}" if where else queue.remote_id
+
+
+_said: set[tuple[str, str, str, str]] = set()
+
+
+def require(queue: MessageQueue | None, right: Right, what: str = "", *,
+            cmd: str) -> None:
+    """Refuse (403, counted and logged once per identity, right, target and peer) a
+    request whose link's identity lacks ``right`` on ``what``; a link within this process
+    (no identity) has every right."""
+    identity: Identity | None = None if queue is None else queue.identity
+    if identity is None or identity.may(right, what):
+        return
+    identity.denied(right)
+    if right is Right.ADMIN:
+        why = f"identity {identity.name!r} has no admin right, which {cmd} needs"
+    elif right is Right.MEMBER:
+        why = f"identity {identity.name!r} may not speak as member {what!r}"
+    else:
+        why = f"identity {identity.name!r} may not {right} {what!r}"
+    key = (identity.name, str(right), what, peer_of(queue))
+    if key not in _said:
+        if len(_said) >= 4096:
+            _said.clear()
+        _said.add(key)
+        audit_log.warning("denied: %s by %s from %s: %s", cmd, identity.name, key[3], why)
+    raise ServiceError(Status.FORBIDDEN, why, identity=identity.name, right=str(right))
 
 
 def request_seq(obj: Mapping[str, Any]) -> int | None:
     """The ``seq`` a reply echoes: a non-negative integer, or None (no reply is matched)."""
     seq = obj.get("seq")
     return seq if type(seq) is int and 0 <= seq <= MAX_INT else None
+
+
+def require_member(queue: MessageQueue | None, broker_id: str, *, cmd: str,
+                   always: bool) -> None:
+    """Refuse (403) a request that speaks for ``broker_id`` from a link whose identity may
+    not speak as it: ``always`` (a group's or a cluster's member), or when some identity is
+    that broker's member (the id is reserved to it)."""
+    identity: Identity | None = None if queue is None else queue.identity
+    if identity is None or identity.everything:
+        return
+    if always or (identity.registry is not None and identity.registry.reserved(broker_id)):
+        require(queue, Right.MEMBER, broker_id, cmd=cmd)
 
 
 class CommandTable:
@@ -272,15 +331,39 @@ class CommandTable:
                 self.command(obj)  # raises the refusal
             assert command is not None and known is not None
             request = command.parse(Fields(obj, known))
+            if command.right is not None and queue is not None:
+                identity = queue.identity
+                if identity is not None and not identity.everything:
+                    right, what = command.right(request)
+                    require(queue, right, what, cmd=known)
             seq = obj.get("seq")  # request_seq, inline: this runs for every request
-            return command.handle(request, Call(
-                queue, seq if type(seq) is int and 0 <= seq <= MAX_INT else None, known))
+            call = Call(queue, seq if type(seq) is int and 0 <= seq <= MAX_INT else None, known)
+            if command.audit is not None:
+                return self._audited(command, request, call)
+            return command.handle(request, call)
         except ServiceError as exc:
             return self.refusal(obj, exc, known)
         except Exception:
             log.exception("%s: the %s command failed", self.service, known)
             return self.refusal(obj, ServiceError(Status.INTERNAL, f"{self.service}: the "
                                                   f"{known} command failed"), known)
+
+    def _audited(self, command: Command[Any], request: Any, call: Call) -> ReplyObject | None:
+        assert command.audit is not None
+        identity = None if call.queue is None else call.queue.identity
+        who = "this process" if identity is None else identity.name
+        what = f"{self.service} {call.cmd} {command.audit(request)}"
+        try:
+            reply = command.handle(request, call)
+        except ServiceError as exc:
+            audit_log.warning("%s by %s from %s: refused %d: %s", what, who,
+                              peer_of(call.queue), exc.status, exc.reason)
+            raise
+        except Exception:
+            audit_log.warning("%s by %s from %s: failed", what, who, peer_of(call.queue))
+            raise
+        audit_log.warning("%s by %s from %s: done", what, who, peer_of(call.queue))
+        return reply
 
     def refusal(self, obj: Mapping[str, Any], error: ServiceError, cmd: str | None
                 ) -> ReplyObject:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -93,7 +93,7 @@ class Channel:
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
-        "_carried", "_carried_off", "_sent_event", "on_arrival",
+        "_carried", "_carried_off", "_sent_event", "on_arrival", "identity", "peer_address",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -137,6 +137,11 @@ class Channel:
         #: them (:meth:`MessageQueue.set_pull`): called when bytes arrive, in place of
         #: the ``readable()`` task.  The peer's disconnect still posts ``readable()``.
         self.on_arrival: Callable[[], None] | None = None
+        #: Who the peer proved to be at the handshake (the rendezvous layer's identity,
+        #: whose rights the services check); None: a link within this process.
+        self.identity: Any = None
+        #: The peer's network address (``host:port``) on a link from another process.
+        self.peer_address: str | None = None
 
     def __repr__(self) -> str:
         return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"

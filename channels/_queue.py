@@ -185,6 +185,17 @@ class MessageQueue:
         return self._channel.remote
 
     @property
+    def identity(self) -> Any:
+        """Who the other end proved to be (see :attr:`Channel.identity`); None: this
+        process."""
+        return self._channel.identity
+
+    @property
+    def peer_address(self) -> str | None:
+        """The other end's ``host:port`` when it is in another process."""
+        return self._channel.peer_address
+
+    @property
     def local_id(self) -> str:
         return self._channel.local
 

@@ -51,6 +51,7 @@ from brokermgr import (
 )
 from channels import MessageQueue
 from pump import ConfigError, Future, Repeating
+from rdv import Identity, Right
 
 from ._cluster_file import ClusterConfig
 from ._cluster_links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
@@ -579,9 +580,16 @@ class ClusterNode:
         """The peer a hello or beat comes from; 409 with the reason (logged once per peer
         and reason, the link closed once the reply is sent) if it is not one of ours."""
         remote = call.queue.remote_id if call.queue is not None else "?"
+        identity: Identity | None = None if call.queue is None else call.queue.identity
+        status = Status.CONFLICT
         why = self.disagreement(request.cluster, request.id, request.checksum)
         if why is None and request.id != remote:
             why = f"says it is {request.id!r} but its link is from broker {remote!r}"
+        if why is None and identity is not None and not identity.may(Right.MEMBER, request.id):
+            identity.denied(Right.MEMBER)
+            status = Status.FORBIDDEN
+            why = (f"says it is {request.id!r}, which its link's identity {identity.name!r} "
+                   f"may not speak as")
         if why is None:
             peer = self.peers[request.id]
             peer.refusal = None
@@ -595,7 +603,7 @@ class ClusterNode:
             queue = call.queue
             self.broker.pump.post("cluster refusal", lambda: queue.close(
                 f"refused by {self.me.id}: {why}"), owner=self.broker)
-        raise ServiceError(Status.CONFLICT, why, refused="cluster")
+        raise ServiceError(status, why, refused="cluster")
 
     def disagreement(self, cluster: str, server_id: str, checksum: int) -> str | None:
         """Why a peer that says this is not one of this server's cluster (None: it is)."""

@@ -68,10 +68,12 @@ from brokermgr import (
     Status,
     encode,
     request_seq,
+    require,
 )
 from brokermgr.tracking import TrackNode
 from channels import MessageQueue
 from pump import ConfigError, Repeating
+from rdv import Right
 
 from ._catalogue import FLAGS, Catalogue, TopicState
 from ._cluster import ClusterNode
@@ -115,6 +117,24 @@ ANSWERED_IF_ASKED = frozenset({"ack", "route", "push", "copied"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
+
+#: The right each command needs of its link's identity, and on which topic (or receiver
+#: name); commands not here need none (query, unconsume, ack and copied act only on what
+#: the link was allowed; a route is a reply to a waiting caller).
+RIGHTS: dict[str, Callable[[Any], tuple[Right, str]]] = {
+    "produce": lambda r: (Right.PUBLISH, r.topic),
+    "consume": lambda r: (Right.CONSUME, r.topic),
+    "declare": lambda r: (Right.DECLARE, r.topic),
+    "remove": lambda r: (Right.DECLARE, r.topic),
+    "empty": lambda r: (Right.DECLARE, r.topic),
+    "push": lambda r: (Right.PUBLISH, r.to),
+    "receive": lambda r: (Right.CONSUME, r.name),
+}
+#: Admin actions: each logged with who asked, from where, and how it ended.
+AUDITED: dict[str, Callable[[Any], str]] = {
+    "remove": lambda r: f"topic {r.topic}" + ("" if r.group is None else f" group {r.group}"),
+    "empty": lambda r: f"topic {r.topic}",
+}
 
 
 class MqServer:
@@ -200,7 +220,9 @@ class MqServer:
             "remove": self._remove, "empty": self._empty, "route": router.route,
             "receive": router.receive, "push": router.push, "follow": self._follow,
             "copied": self._copied}
-        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler))
+        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler),
+                                                      right=RIGHTS.get(cmd),
+                                                      audit=AUDITED.get(cmd))
                                          for cmd, handler in handlers.items()},
                                   names=_error_names)
         if self.directory is not None:
@@ -421,6 +443,9 @@ class MqServer:
     def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
         if call.queue is None:
             raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
+        # only a member of the group copies its records (and counts as in sync)
+        require(call.queue, Right.MEMBER, request.replica or call.queue.remote_id,
+                cmd="follow")
         self.role.not_a_slave("follow")
         if (group := self.group) is not None:
             self.shipper.check_config(request, group)

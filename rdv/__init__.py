@@ -25,6 +25,14 @@ from ._handshake import Handshake as Handshake
 from ._handshake import HandshakeState as HandshakeState
 from ._handshake import Role as Role
 from ._handshake import state_diagram as handshake_diagram
+from ._identity import EVERYTHING as EVERYTHING
+from ._identity import OPEN as OPEN
+from ._identity import TOKEN_IDENTITY as TOKEN_IDENTITY
+from ._identity import Credential as Credential
+from ._identity import Identities as Identities
+from ._identity import Identity as Identity
+from ._identity import IdentityError as IdentityError
+from ._identity import Right as Right
 from ._listeners import AcceptListener as AcceptListener
 from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
@@ -43,6 +51,14 @@ from ._wire import Hello as Hello
 from ._wire import Reply as Reply
 
 __all__ = [
+    "EVERYTHING",
+    "OPEN",
+    "TOKEN_IDENTITY",
+    "Credential",
+    "Identities",
+    "Identity",
+    "IdentityError",
+    "Right",
     "Address",
     "BrokerPort",
     "BUSY",

@@ -25,6 +25,7 @@ from pump.schema import Kind, Outcome
 from ._address import Address
 from ._core import Refusal, RefusalReason
 from ._handshake import NEED_DATA, Handshake, Role
+from ._identity import OPEN, Credential, Identities, Identity
 from ._node import RdvNode
 from ._resolve import Resolver
 from ._wire import HandshakeError, Hello, Reply
@@ -105,11 +106,16 @@ class NetNode:
                  max_pending: int = DEFAULT_MAX_PENDING,
                  tls_server: ssl.SSLContext | None = None,
                  tls_client: ssl.SSLContext | None = None,
-                 busy_poll: float = 0.0, adaptive_poll: float = DEFAULT_ADAPTIVE_POLL) -> None:
+                 busy_poll: float = 0.0, adaptive_poll: float = DEFAULT_ADAPTIVE_POLL,
+                 identities: Identities = OPEN, credential: Credential | None = None) -> None:
         self.pump = pump
         self.channels = channels
         self.universe = universe
         self.token = token
+        #: Whom links from other processes may speak as (:class:`Identities`; OPEN: every
+        #: link may do everything), and what this process says it is when it dials.
+        self.identities = identities
+        self.credential = credential
         self.resolve_local = resolve_local
         self.resolver = resolver
         self.handshake_timeout = handshake_timeout
@@ -222,9 +228,20 @@ class NetNode:
                 await stream.send_all(handshake.send(Reply(False, reason=Refusal.UNAUTHORIZED)))
             await trio.aclose_forcefully(stream)
             return
+        identity = self.identities.verify(hello.identity, hello.secret)
+        if identity is None:
+            why = (f"identity {hello.identity!r} is not one of this process's, or its secret "
+                   "is wrong")
+            self._reject("unauthorized", f"connect from {hello.src!r} to {hello.dst!r}: {why}",
+                         source)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(handshake.send(Reply(
+                    False, reason=f"{Refusal.UNAUTHORIZED}: {why}")))
+            await trio.aclose_forcefully(stream)
+            return
         decided = trio.Event()
         outcome: list[Channel | Refusal] = []
-        self.pump.post("connect", self._decide, hello, outcome, decided)
+        self.pump.post("connect", self._decide, hello, outcome, decided, identity, source)
         await decided.wait()
         (result,) = outcome
         if isinstance(result, Refusal):
@@ -255,17 +272,19 @@ class NetNode:
         self.rejections[str(kind)] += 1
         del self.rejected[:-100], self.rejected_causes[:-100]
 
-    def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event
-                ) -> None:
+    def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event,
+                identity: Identity | None = None, source: str | None = None) -> None:
         """Pump task: the rendezvous decision for an inbound connect."""
         try:
             target = self.resolve_local(hello.dst)
             ends: list[Channel] = []
 
             def end() -> Channel:
-                ends.append(self.channels.open_end(hello.dst, hello.src, hello.port,
-                                                   accepting=True))
-                return ends[0]
+                channel = self.channels.open_end(hello.dst, hello.src, hello.port,
+                                                 accepting=True)
+                channel.identity, channel.peer_address = identity, source
+                ends.append(channel)
+                return channel
 
             result = (Refusal.UNKNOWN_BROKER if target is None
                       else target.accept(hello.src, hello.port, end))
@@ -335,7 +354,10 @@ class NetNode:
                 if tls is not None:
                     stream = trio.SSLStream(stream, tls, server_hostname=address[0])
                 try:
-                    hello = Hello(self.universe, self.token, node.id, dst, port)
+                    credential = self.credential
+                    hello = Hello(self.universe, self.token, node.id, dst, port,
+                                  identity=None if credential is None else credential.name,
+                                  secret=None if credential is None else credential.secret)
                     await stream.send_all(handshake.send(hello))
                     reply = await _handshake_event(stream, handshake)
                 except BaseException:

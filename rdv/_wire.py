@@ -57,10 +57,21 @@ class Hello:
     dst: str
     port: int
     version: int = PROTOCOL_VERSION
+    #: The identity the dialler speaks as, and its secret (None: the token's identity).
+    identity: str | None = None
+    secret: str | None = None
 
     def encode(self) -> bytes:
-        return _frame({"rdvpump": self.version, "universe": self.universe, "token": self.token,
-                       "src": self.src, "dst": self.dst, "port": self.port})
+        obj: dict[str, object] = {"rdvpump": self.version, "universe": self.universe,
+                                  "token": self.token, "src": self.src, "dst": self.dst,
+                                  "port": self.port}
+        if self.identity is not None:
+            obj["identity"], obj["secret"] = self.identity, self.secret or ""
+        return _frame(obj)
+
+    def __repr__(self) -> str:  # never the token or the secret
+        return (f"Hello(universe={self.universe!r}, src={self.src!r}, dst={self.dst!r}, "
+                f"port={self.port}, identity={self.identity!r})")
 
     def authorized(self, universe: str, token: str) -> bool:
         """Universe and token match, compared in constant time."""
@@ -142,8 +153,12 @@ def parse_hello(obj: dict[str, object]) -> Hello:
     port = obj.get("port")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= MAX_PORT:
         raise HandshakeError(f"handshake port must be an int within 0..{MAX_PORT}")
+    identity, secret = obj.get("identity"), obj.get("secret")
+    if identity is not None and (not isinstance(identity, str) or not isinstance(secret, str)):
+        raise HandshakeError("handshake identity and secret must be strings")
     return Hello(str(fields["universe"]), str(fields["token"]), str(fields["src"]),
-                 str(fields["dst"]), port)
+                 str(fields["dst"]), port, identity=identity,
+                 secret=str(secret) if identity is not None else None)
 
 
 def parse_reply(obj: dict[str, object]) -> Reply:

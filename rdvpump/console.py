@@ -77,12 +77,14 @@ class UniverseConsole:
     :data:`INTERVAL`, for the page."""
 
     def __init__(self, universe: str, manager_address: Address, *, token: str = "",
-                 admin: bool = False) -> None:
+                 identity: str | None = None, admin: bool = False) -> None:
         self.universe = universe
         self.manager_address = manager_address
         self.token = token
+        #: The console's identity (``NAME:SECRET``): whose rights its admin actions use.
+        self.identity = identity
         self.admin = admin
-        self.manager = BrokerManager(universe, token=token)
+        self.manager = BrokerManager(universe, token=token, identity=identity)
         self.snapshot: dict[str, Any] = {"universe": universe, "time": 0.0, "admin": admin,
                                          "brokers": [], "links": [], "service_links": 0,
                                          "groups": [],
@@ -193,7 +195,7 @@ class UniverseConsole:
                                   f"{self.universe!r}")
         host, port = found["address"]
         async with mqtool.connect(self.universe, f"{server}@{host}:{port}", token=self.token,
-                                  timeout=ADMIN_TIMEOUT) as client:
+                                  identity=self.identity, timeout=ADMIN_TIMEOUT) as client:
             reply = await client.declare(topic, group=options["group"],
                                          filter=options["filter"], start=options["start"],
                                          shared=shared)
@@ -204,7 +206,8 @@ class UniverseConsole:
 
         group, to = _text(fields, "group"), _text(fields, "to")
         info = await switch_master(self.universe, self.manager_address, group, to,
-                                   token=self.token, timeout=ADMIN_TIMEOUT)
+                                   token=self.token, identity=self.identity,
+                                   timeout=ADMIN_TIMEOUT)
         return master_switched(group, info)
 
     def _warn(self, text: str) -> None:

@@ -131,6 +131,9 @@ class Metrics(Collector):
         yield _counted("rdvpump_handshakes_rejected", "Connections to this process closed at "
                        "their handshake, by kind.", ["kind"],
                        [((kind,), n) for kind, n in self.manager.net.rejections.items()])
+        yield _counted("rdvpump_requests_denied", "Requests refused (403) because the "
+                       "link's identity lacks the right, by identity and right.",
+                       ["identity", "right"], self.manager.net.identities.denials.items())
 
     # -- the name service, tracking ------------------------------------------------------
 

@@ -48,11 +48,11 @@ def declared(topic: str, reply: dict[str, Any], filter: str | None) -> str:
 
 
 @asynccontextmanager
-async def connect(universe: str, server: str, *, token: str = "",
+async def connect(universe: str, server: str, *, token: str = "", identity: str | None = None,
                   track_port: int = DEFAULT_TRACK_PORT, timeout: float = 10.0
                   ) -> AsyncIterator[MqClient]:
     broker_id, address = parse_server(server)
-    manager = BrokerManager(universe, token=token, pump=Pump(name="mq-cli"))
+    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"))
     manager.directory[broker_id] = address
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)

@@ -78,12 +78,14 @@ STARTING_GRACE = 2.0
 
 
 async def run_manager(universe: str, listen: Address, *, token: str = "",
+                      identities: str | None = None,
                       expiry: float = DEFAULT_BROKER_EXPIRY,
                       scan_interval: float = DEFAULT_SCAN_INTERVAL,
                       tls: TLSFiles | None = None, trace: TraceRecorder | None = None,
                       metrics: Address | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"),
+                            identities=identities,
                             **_tls(tls))
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
     try:
@@ -104,6 +106,7 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
 
 async def run_brokers(universe: str, broker_ids: list[str], managers: list[Address], *,
                       listen: Address = ANY_LOCAL, token: str = "",
+                      identity: str | None = None, identities: str | None = None,
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
@@ -130,7 +133,8 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
         if unknown:
             raise ConfigError(f"{plan}: no broker {unknown[0]!r} in the universe file")
         echo_ports = ()
-    manager = BrokerManager(universe, token=token, ring_capacity=ring_capacity or
+    manager = BrokerManager(universe, token=token, identity=identity, identities=identities,
+                            ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
                             pump=Pump(trace=trace, name="+".join(broker_ids)), **_tls(tls))
     brokers = [manager.add_broker(b) for b in broker_ids]
@@ -367,14 +371,15 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
 
 
 async def query_status(universe: str, manager_address: Address, *, token: str = "",
-                       timeout: float = 5.0, tls: TLSFiles | None = None,
-                       wait: Sequence[str] = ()) -> list[dict[str, object]]:
+                       identity: str | None = None, timeout: float = 5.0,
+                       tls: TLSFiles | None = None, wait: Sequence[str] = ()
+                       ) -> list[dict[str, object]]:
     """The broker list of one manager; OSError when it cannot be reached or refuses us.
 
     With ``wait`` (broker ids), a manager that is still starting is dialled again and the
     list asked again until it holds every one of them, for up to ``timeout`` seconds;
     OSError names those still missing."""
-    manager = BrokerManager(universe, token=token, **_tls(tls))
+    manager = BrokerManager(universe, token=token, identity=identity, **_tls(tls))
     where = f"manager {manager_address[0]}:{manager_address[1]}"
     brokers: list[dict[str, object]] | None = None
     async with trio.open_nursery() as nursery:
@@ -426,14 +431,14 @@ def master_switched(group: str, info: dict[str, Any]) -> str:
 
 
 async def switch_master(universe: str, manager_address: Address, group: str, to: str, *,
-                        token: str = "", timeout: float = 5.0, tls: TLSFiles | None = None
-                        ) -> dict[str, Any]:
+                        token: str = "", identity: str | None = None, timeout: float = 5.0,
+                        tls: TLSFiles | None = None) -> dict[str, Any]:
     """``rdvpump mq failover``: member ``to`` of ``group`` is its master at the next
     epoch, per the manager at ``manager_address``, and has taken over (its group's reply
     once the member says it is master, within ``timeout``); ServiceError when the manager
     refuses (with the reason), OSError when it cannot be reached or the member does not
     take over in time."""
-    manager = BrokerManager(universe, token=token, **_tls(tls))
+    manager = BrokerManager(universe, token=token, identity=identity, **_tls(tls))
     where = f"manager {manager_address[0]}:{manager_address[1]}"
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)

@@ -54,6 +54,7 @@ def snapshot(routes: RouteTable, now: float,
 
 async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
                        track_port: int = DEFAULT_TRACK_PORT, token: str = "",
+                       identity: str | None = None,
                        vote_factor: float = 0.5, tls_client: ssl.SSLContext | None = None,
                        once: bool = False, timeout: float = 10.0, refresh: float = 0.0,
                        show: Callable[[dict[str, Any]], None],
@@ -67,7 +68,7 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
     one snapshot and return; OSError if no tracker answered at all.  Otherwise ``warn``
     is told, once until it answers, of each tracker that could not be reached yet.
     """
-    manager = BrokerManager(universe, token=token, pump=Pump(name="routes"),
+    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="routes"),
                             tls_client=tls_client)
     for broker_id, address in trackers:
         manager.directory[broker_id] = address

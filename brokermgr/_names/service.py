@@ -18,7 +18,7 @@ from typing import Any
 from channels import MessageQueue
 from pump import ConfigError
 from pump.schema import Kind
-from rdv import Address
+from rdv import Address, Right
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
 from .._fence import STALE_EPOCH
@@ -33,6 +33,7 @@ from .._service import (
     ReplyObject,
     ServiceError,
     Status,
+    require_member,
 )
 
 log = logging.getLogger("rdvpump.names")
@@ -249,7 +250,8 @@ class NameService:
             "list": Command(lambda fields: ListBrokers(), self._list),
             "route": Command(_route, self._route),
             "group": Command(_group, self._group),
-            "failover": Command(_switch, self._switch),
+            "failover": Command(_switch, self._switch, right=lambda r: (Right.ADMIN, ""),
+                                audit=lambda r: f"group {r.group} to {r.to}"),
             "claim": Command(_claim, self._claim),
         })
         self.broker = manager.add_broker(broker_id)
@@ -265,6 +267,9 @@ class NameService:
         refused = []
         fenced = []
         now = self.pump.now()
+        for registration in request.brokers:  # a group's member, or a reserved id: proven
+            require_member(call.queue, registration.record.broker_id, cmd="register",
+                           always=registration.record.group is not None)
         for registration in request.brokers:
             record = registration.record
             held = self.table.get(record.broker_id)
@@ -354,6 +359,7 @@ class NameService:
     def _claim(self, request: Claim, call: Call) -> ReplyObject:
         """A member's claim to be its group's master at an epoch (:meth:`GroupTables.claim`):
         ``granted`` or not, and the newest epoch here."""
+        require_member(call.queue, request.id, cmd="claim", always=True)
         granted, newest = self.groups.claim(request.group, request.id, request.epoch)
         if granted:
             log.warning("group %s: %s claimed epoch %d: granted", request.group, request.id,

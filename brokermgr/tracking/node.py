@@ -46,7 +46,16 @@ from .._groups import GroupMember
 from .._link import DEFAULT_RETRY
 from .._liveness import DEFAULT_SCAN_INTERVAL
 from .._rpc import ServiceSession
-from .._service import Call, Command, CommandTable, Fields, ReplyObject, ServiceError, Status
+from .._service import (
+    Call,
+    Command,
+    CommandTable,
+    Fields,
+    ReplyObject,
+    ServiceError,
+    Status,
+    require_member,
+)
 from .client import DEFAULT_TRACK_PORT
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
@@ -273,6 +282,7 @@ class TrackNode:
             queue.protocol_error(f"broker {queue.remote_id!r} published the "
                                  f"ServerInfo of {info.server_address.address!r}")
             return None
+        require_member(queue, queue.remote_id, cmd="track_pub", always=False)
         if info.server_address.address == self.address.address and self.is_server:
             raise ServiceError(Status.BAD_REQUEST,
                                "a server's own entry is not published to it")

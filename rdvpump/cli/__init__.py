@@ -34,7 +34,7 @@ COMMANDS = (("demo", "demo", "demo"), ("routes", "routes", "routes"),
             ("bench", "bench", None),
             ("diagram", "diagram", None), ("trace", "trace", None),
             ("manager", "manager", None), ("broker", "broker", None), ("mq", "mq", None),
-            ("universe", "universe", None))
+            ("identity", "identity", None), ("universe", "universe", None))
 #: Each command's line in ``rdvpump --help``, so that the help imports no command module
 #: (each would import trio and the brokers); a test holds them equal to the commands'.
 SHORT_HELP = {
@@ -55,6 +55,8 @@ SHORT_HELP = {
     "broker": "Brokers in a process of their own.",
     "mq": "Topics, publishing and consuming on an MQ server (broker run --role server "
           "--mq-dir DIR).",
+    "identity": "Identities: who may link, and what each may do (broker run and manager "
+                "run --identities FILE).",
     "universe": "Universes from TOML files: echo, stream, fanout and mq workloads, "
                 "simulated with faults or run for real.",
 }

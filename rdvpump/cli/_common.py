@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 MANAGER_PORT = 9876
 TokenOption = Annotated[str, typer.Option(
     envvar="RDVPUMP_TOKEN", help="The universe's token (or $RDVPUMP_TOKEN).")]
+IdentityOption = Annotated[str, typer.Option(
+    "--identity", envvar="RDVPUMP_IDENTITY", metavar="NAME:SECRET",
+    help="Speak as this identity (or $RDVPUMP_IDENTITY): its rights, not the token's, "
+         "where the other side has an identities file.")]
+IdentitiesOption = Annotated[pathlib.Path | None, typer.Option(
+    "--identities", envvar="RDVPUMP_IDENTITIES",
+    help="Identities file (TOML): whom links from other processes may speak as, and what "
+         "each may do (or $RDVPUMP_IDENTITIES). Default: the token may do everything.")]
 UniverseOption = Annotated[str, typer.Option(help="Universe name.")]
 TraceOption = Annotated[pathlib.Path | None, typer.Option(
     "--trace", help="Record this run's trace here: one file per pump.")]

@@ -24,6 +24,8 @@ from ..processes import run_brokers
 from ._common import (
     CAOption,
     CertOption,
+    IdentitiesOption,
+    IdentityOption,
     KeyOption,
     MetricsOption,
     RunOption,
@@ -54,6 +56,8 @@ def broker_run(
         help="HOST:PORT for links (port 0: any); by default 127.0.0.1:0, or a --cluster "
              "server's address in its file.", show_default=False)] = None,
     token: TokenOption = "",
+    identity: IdentityOption = "",
+    identities: IdentitiesOption = None,
     echo: Annotated[list[int], typer.Option(
         help="Echo messages on this port (repeatable). Every broker echoes on port 80 "
              "unless told otherwise; --echo 0: on no port.")] = [80],  # noqa: B006
@@ -167,6 +171,7 @@ def broker_run(
     trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
     guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token,
+        identity=identity or None, identities=None if identities is None else str(identities),
         echo_ports=[port for port in echo if port != 0],
         heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import MANAGER_PORT, TokenOption, UniverseOption, err, guard
+from ._common import MANAGER_PORT, IdentityOption, TokenOption, UniverseOption, err, guard
 
 
 def console(
@@ -14,6 +14,7 @@ def console(
         f"127.0.0.1:{MANAGER_PORT}"),
     universe: UniverseOption = "default",
     token: TokenOption = "",
+    identity: IdentityOption = "",
     listen: Annotated[str, typer.Option(
         help="HOST:PORT the page is served on (port 0: one the kernel picks).")] = (
         "127.0.0.1:8080"),
@@ -38,7 +39,8 @@ def console(
         guard(lambda: check_admin_address(at.host))
 
     async def run() -> None:
-        watched = UniverseConsole(universe, where, token=token, admin=admin)
+        watched = UniverseConsole(universe, where, token=token,
+                                   identity=identity or None, admin=admin)
         with stop_signals() as until_signalled:
             async with trio.open_nursery() as nursery:
                 await nursery.start(watched.run)

@@ -15,6 +15,7 @@ from ..processes import run_manager
 from ._common import (
     CAOption,
     CertOption,
+    IdentitiesOption,
     KeyOption,
     MetricsOption,
     RunOption,
@@ -44,6 +45,7 @@ def manager_serve(
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
     trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
     metrics: MetricsOption = None,
+    identities: IdentitiesOption = None,
 ) -> None:
     """Serve the universe's name service until Ctrl-C."""
 
@@ -52,6 +54,8 @@ def manager_serve(
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     trace_recorder = recorder(trace, trace_format, pump="manager", run=run or universe)
     guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
+                                                identities=None if identities is None
+                                                else str(identities),
                                                 scan_interval=scan, tls=tls, trace=trace_recorder,
                                                 metrics=metrics_at,
                                                 ready=ready_line("manager"))))

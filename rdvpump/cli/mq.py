@@ -21,6 +21,7 @@ from rdv import Address
 
 from .. import mqtool
 from ._common import (
+    IdentityOption,
     TokenOption,
     UniverseOption,
     err,
@@ -45,11 +46,11 @@ TimeoutOption = Annotated[float, typer.Option(callback=positive,
                                               help="Seconds to wait for the server.")]
 
 
-def _run(universe: str, server: str, token: str, track_port: int, timeout: float,
-         body: Any) -> Any:
+def _run(universe: str, server: str, token: str, identity: str, track_port: int,
+         timeout: float, body: Any) -> Any:
     async def main() -> Any:
-        async with mqtool.connect(universe, server, token=token, track_port=track_port,
-                                  timeout=timeout) as client:
+        async with mqtool.connect(universe, server, token=token, identity=identity or None,
+                                  track_port=track_port, timeout=timeout) as client:
             return await body(client)
 
     return interruptible(lambda: run_trio(main))
@@ -69,11 +70,12 @@ def mq_declare(
         "--shared", help="A topic of the server's cluster: declared through its root, on "
                          "every server of the cluster.")] = False,
     universe: UniverseOption = "default", token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
 ) -> None:
     """Declare a topic (and a consume group)."""
-    reply = _run(universe, server, token, track_port, timeout, lambda c: c.declare(
+    reply = _run(universe, server, token, identity, track_port, timeout, lambda c: c.declare(
         topic, flags=flag, group=group, filter=filter, start=start, shared=shared))
     if as_json:
         print(json.dumps({k: v for k, v in reply.items() if k != "seq"}))
@@ -94,6 +96,7 @@ def mq_publish(
         "--immediate", help="Store a batch only if a consumer of one of the topic's groups "
         "is there to take it now; else the server returns it (counted; exit 1).")] = False,
     universe: UniverseOption = "default", token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
 ) -> None:
@@ -110,7 +113,7 @@ def mq_publish(
             if status is not None:
                 status.update(f"{n:,} published ...")
 
-        result = _run(universe, server, token, track_port, timeout,
+        result = _run(universe, server, token, identity, track_port, timeout,
                       lambda c: mqtool.publish(c, topic, mqtool.arrivals(file), tag=tag,
                                                batch=batch, progress=progress,
                                                immediate=immediate))
@@ -145,6 +148,7 @@ def mq_consume(
         "--out", help="Write each message's exact bytes to a file of its own in this "
                       "directory (named by its offset), and print the file's path.")] = None,
     universe: UniverseOption = "default", token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: Annotated[bool, typer.Option(
         "--json", help="A JSON object per message: its fields, and its body as text "
@@ -190,7 +194,7 @@ def mq_consume(
         except _ReaderGone:
             return None
 
-    seen = _run(universe, server, token, track_port, timeout, consume)
+    seen = _run(universe, server, token, identity, track_port, timeout, consume)
     if seen is None:
         # the reader is gone: nothing more to say, and no error at exit for the flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -206,11 +210,12 @@ class _ReaderGone(RdvpumpError):
 def mq_topics(
     server: ServerOption,
     universe: UniverseOption = "default", token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
 ) -> None:
     """Topics with their depth, and each group's lag, consumers and dead letters."""
-    reply = _run(universe, server, token, track_port, timeout, lambda c: c.query_all())
+    reply = _run(universe, server, token, identity, track_port, timeout, lambda c: c.query_all())
     topics, unavailable = reply["topics"], reply.get("unavailable", {})
     if as_json:
         print(json.dumps(topics if not unavailable else {**topics,
@@ -261,11 +266,12 @@ def mq_groups(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
     server: ServerOption,
     universe: UniverseOption = "default", token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
 ) -> None:
     """One topic's consume groups: filter, lag, consumers, in flight, dead letters."""
-    topics = _run(universe, server, token, track_port, timeout, lambda c: c.query(topic))
+    topics = _run(universe, server, token, identity, track_port, timeout, lambda c: c.query(topic))
     groups = topics[topic]["groups"]
     if as_json:
         print(json.dumps(groups))
@@ -375,6 +381,7 @@ def mq_failover(
         f"127.0.0.1:{DEFAULT_MANAGER_PORT}"),
     universe: UniverseOption = "default",
     token: TokenOption = "",
+    identity: IdentityOption = "",
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """Switch a replicated group's master by hand: the member (it must be in sync with
@@ -384,5 +391,6 @@ def mq_failover(
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
     info = interruptible(lambda: run_trio(lambda: switch_master(
-        universe, address, group, to, token=token, timeout=timeout)))
+        universe, address, group, to, token=token, identity=identity or None,
+        timeout=timeout)))
     out.print(master_switched(group, info), highlight=False)

@@ -18,6 +18,7 @@ from ..watch import parse_tracker, watch_routes
 from ._common import (
     CAOption,
     CertOption,
+    IdentityOption,
     KeyOption,
     TokenOption,
     UniverseOption,
@@ -42,6 +43,7 @@ def routes(
              "BROKER@HOST:PORT (repeatable).")],
     universe: UniverseOption = "default",
     token: TokenOption = "",
+    identity: IdentityOption = "",
     track_port: Annotated[int, typer.Option(help="Rendezvous port of the trackers.")] = (
         DEFAULT_TRACK_PORT),
     vote_factor: Annotated[float, typer.Option(
@@ -79,6 +81,7 @@ def routes(
         with held:
             guard(lambda: run_trio(lambda: watch_routes(
                 universe, trackers, track_port=track_port, token=token,
+                identity=identity or None,
                 vote_factor=vote_factor,
                 tls_client=None if tls is None else _client_context(tls), once=once,
                 timeout=timeout, refresh=0.0 if as_json or once else 1.0, show=show,

@@ -10,6 +10,7 @@ from ._common import (
     MANAGER_PORT,
     CAOption,
     CertOption,
+    IdentityOption,
     KeyOption,
     TokenOption,
     UniverseOption,
@@ -29,6 +30,7 @@ def status(
         f"127.0.0.1:{MANAGER_PORT}"),
     universe: UniverseOption = "default",
     token: TokenOption = "",
+    identity: IdentityOption = "",
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
     wait: Annotated[list[str], typer.Option(
         help="Wait until this broker is registered (repeatable); a manager that is still "
@@ -50,7 +52,8 @@ def status(
     address = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     brokers = interruptible(lambda: run_trio(lambda: query_status(
-        universe, address, token=token, tls=tls, timeout=timeout, wait=wait)))
+        universe, address, token=token, identity=identity or None, tls=tls, timeout=timeout,
+        wait=wait)))
     table = Table(title=f"universe {universe!r} at {address[0]}:{address[1]}")
     grouped = any(b.get("group") for b in brokers)
     clustered = any(b.get("cluster") for b in brokers)
