@@ -160,6 +160,10 @@ def broker_run(
         raise fail("--tracker, --topic and --mq-dir need a tracking --role (server, tracker "
                    "or both)")
     clustered = None if cluster is None else guard(lambda: _cluster(cluster, broker_id))
+    if (cluster is not None or group is not None) and identities is None:
+        err.print(f"note: without --identities any holder of the universe's token may speak "
+                  f"as a member of this {'cluster' if cluster is not None else 'group'} "
+                  f"(rdvpump identity new --help)", markup=False, highlight=False)
     if clustered is not None and state_dir is None and mq_dir is None:
         err.print(f"warning: {cluster}: without --state-dir (or --mq-dir) this server's "
                   f"epoch and vote are not kept across restarts: one that restarts may vote "
