@@ -65,12 +65,18 @@ log = logging.getLogger("rdvpump.mq.cluster")
 
 #: The rendezvous port of the links between a cluster's servers.
 CLUSTER_PORT = 15556
-#: How many heartbeat intervals a link in may go without a hello or beat before a second
-#: link that says it comes from the same server may replace it (sooner, a live member's
-#: link would be displaced by anyone who says its name).
-LIVE_BEATS = 3
 #: Seconds between heartbeats on each link a server dialled.
-HEARTBEAT = 1.0
+HEARTBEAT = 0.25
+#: Seconds a peer may go unheard before it counts as gone, its links open or not (a
+#: process stopped, a host cut off without a reset): it no longer counts for the root's
+#: rule, a root that is silent is replaced, and a second link that says it comes from
+#: that peer may replace its link.  Heard is a beat on its link in or an answer on ours
+#: out: two TCP connections, each stalled that long only when it loses one segment
+#: twice running (its retransmissions wait 0.2 s, then 0.4 s, at least), about once in
+#: 2,500 beats at 2 % loss, so both at once about once in 6 million; four beats, so that
+#: a process the machine is slow to schedule is not counted out either; a member that
+#: returns is counted in again at its next beat.
+SILENCE = 1.0
 #: Longest back-off between dials of a peer that cannot be reached or refused us.
 RETRY = 1.0
 #: Seconds a change waits for a root before it is refused: the cluster is not ready (less
@@ -106,7 +112,8 @@ class ClusterNode:
     (whose id must be one of ``config``'s servers) and dials every other server."""
 
     def __init__(self, broker: Broker, config: ClusterConfig, *,
-                 heartbeat: float = HEARTBEAT, retry: float = RETRY,
+                 heartbeat: float = HEARTBEAT, silence: float = SILENCE,
+                 retry: float = RETRY,
                  on_change: Callable[[], object] | None = None,
                  on_state: Callable[[ClusterState, ClusterState], object] | None = None,
                  not_ready_wait: float = NOT_READY_WAIT,
@@ -162,8 +169,13 @@ class ClusterNode:
         for peer in self.peers.values():
             peer.outgoing = PeerLink(self, peer, retry=retry)
             peer.outgoing.connect()
+        if not 0 < heartbeat < silence:
+            raise ConfigError(f"a cluster's heartbeat ({heartbeat:g} s) must be above 0 and "
+                              f"below its silence timeout ({silence:g} s)")
+        #: Peers counted out for their silence (:data:`SILENCE`), while they are.
+        self.silent: set[str] = set()
+        self._live = silence
         self._beats: Repeating = broker.pump.call_every(heartbeat, self._beat_all)
-        self._live = LIVE_BEATS * heartbeat
 
     # -- links in ----------------------------------------------------------------------
 
@@ -172,7 +184,7 @@ class ClusterNode:
 
     def _hello(self, request: Said, call: Call) -> ReplyObject:
         """A peer's link in: taken, unless that peer has a live link in already (a hello
-        or beat on it within :data:`LIVE_BEATS` heartbeats): a second link that says it
+        or beat on it within the silence timeout, :data:`SILENCE`): a second link that says it
         is that peer is refused and changes nothing; a silent one (its peer restarted
         behind a connection left open) is replaced."""
         peer = self._check(request, call)
@@ -203,6 +215,8 @@ class ClusterNode:
                                                 f"did not say hello", refused="cluster")
         peer.heard_at = self.broker.pump.now()
         self._heard(request)
+        if peer.server.id in self.silent:
+            self._silences()
         self.elect()
         return self._agreed()
 
@@ -501,10 +515,31 @@ class ClusterNode:
     # -- the root ----------------------------------------------------------------------
 
     def active(self) -> list[str]:
-        """This server and the peers linked to it both ways."""
+        """This server and the peers linked to it both ways and heard within the silence
+        timeout."""
         return [self.me.id, *(p.server.id for p in self.peers.values()
                               if p.outgoing is not None and p.outgoing.agreed
-                              and p.incoming is not None)]
+                              and p.incoming is not None and p.server.id not in self.silent)]
+
+    def _silences(self) -> None:
+        """Count out the peers whose link in has been silent too long, and in again those
+        heard since; an election when that changes who counts."""
+        now = self.broker.pump.now()
+        silent = {p.server.id for p in self.peers.values()
+                  if p.incoming is not None
+                  and now - max(p.heard_at, p.answered_at) > self._live}
+        if silent == self.silent:
+            return
+        for peer_id in sorted(silent - self.silent):
+            peer = self.peers[peer_id]
+            log.warning("cluster %s: %s: %s silent for %.1f s: counted out until it is "
+                        "heard again", self.config.name, self.me.id, peer_id,
+                        now - max(peer.heard_at, peer.answered_at))
+        for peer_id in sorted(self.silent - silent):
+            log.warning("cluster %s: %s: %s heard again", self.config.name, self.me.id,
+                        peer_id)
+        self.silent = silent
+        self.links_changed()
 
     def vote(self) -> Ballot:
         """This server's ballot now (:func:`._root.ballot`); (None, 0) from a backup or
@@ -642,6 +677,7 @@ class ClusterNode:
     # -- links out ---------------------------------------------------------------------
 
     def _beat_all(self) -> None:
+        self._silences()
         for peer in self.peers.values():
             if peer.outgoing is not None and peer.outgoing.agreed:
                 peer.outgoing.say("beat")
@@ -667,12 +703,14 @@ class ClusterNode:
         """Which peers are linked both ways, for a person: ``cluster shop: a linked to
         b, c (2 of 3 peers)``."""
         up = [p.server.id for p in self.peers.values() if p.outgoing is not None
-              and p.outgoing.agreed and p.incoming is not None]
+              and p.outgoing.agreed and p.incoming is not None
+              and p.server.id not in self.silent]
         root = (f"root {self.root} at epoch {self.epoch}" if self.root is not None
                 else "no root")
+        silent = f"; {', '.join(sorted(self.silent))} silent" if self.silent else ""
         return (f"cluster {self.config.name}: {self.me.id} ({self.me.type}) linked to "
-                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers); "
-                f"{root}")
+                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers"
+                f"{silent}); {root}")
 
     def info(self) -> dict[str, Any]:
         """What this server registers with the name service (``rdvpump status`` shows it):

@@ -87,8 +87,11 @@ class Peer:
     incoming: MessageQueue | None = None
     #: Why the last hello or beat on either link was refused (None: agreed).
     refusal: str | None = None
-    #: When a hello or beat last came on the link in (pump time).
+    #: When a hello or beat last came on the link in, and when the peer last answered
+    #: one of ours on the link out (pump time): two TCP connections, so that one stalled
+    #: by its retransmissions does not make a live peer look silent.
     heard_at: float = float("-inf")
+    answered_at: float = float("-inf")
     said: set[str] = field(default_factory=set)
 
     def row(self) -> dict[str, Any]:
@@ -180,6 +183,7 @@ class PeerLink(BrokerLink):
                 self.queue.close(f"refused by {self.node.me.id}: {why}")
             return
         self.peer.refusal = None
+        self.peer.answered_at = self.node.broker.pump.now()
         if not self.agreed:
             self.agreed = True
             self.node.links_changed()

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -345,3 +346,56 @@ async def test_consumers_on_fanout_servers_keep_receiving_when_the_root_is_sigki
                         while not set(acked) <= set(got["e"]) | set(got["f"]):
                             await trio.sleep(0.1)  # polled, bounded
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_hung_root_is_replaced_and_steps_down_when_it_wakes(
+        tmp_path: pathlib.Path) -> None:
+    """SIGSTOP of the root's process closes no link: its peers count it out once it has
+    been silent for the silence timeout, the next primary is root, and a publish through
+    another server is acknowledged by it; woken, the old root steps down and follows, then
+    takes over again at a newer epoch as the most senior primary."""
+    shop = cluster_file(tmp_path / "shop.toml", [("a", "primary"), ("b", "primary"),
+                                                 ("c", "primary")])
+    async with spawn("manager", "serve", "--universe", "k", "--listen", "127.0.0.1:0") as (
+            _, manager):
+        common = ["--universe", "k", "--manager", f"{manager[0]}:{manager[1]}", "--listen",
+                  "127.0.0.1:0"]
+
+        def member(name: str) -> list[str]:
+            (tmp_path / name).mkdir()
+            return ["--id", name, "--cluster", shop, "--state-dir", str(tmp_path / name),
+                    "--role", "server", "--mq-dir", str(tmp_path / name), *common]
+
+        async with server(*member("a")) as a, server(*member("b")) as b, \
+                server(*member("c")) as c:
+            for lines in (a, b, c):
+                await lines.until("(2 of 2 peers); root a")
+            where = {n: await lines.address() for n, lines in (("a", a), ("b", b), ("c", c))}
+            env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+
+            async def publish(via: str) -> str:
+                done = await trio.run_process(
+                    [*RDVPUMP, "mq", "publish", "orders", "--server", f"{via}@{where[via]}",
+                     "--universe", "k"], stdin=b"m\n", capture_stdout=True, env=env)
+                return done.stdout.decode()
+
+            await trio.run_process([*RDVPUMP, "mq", "declare", "orders", "--shared",
+                                    "--server", f"c@{where['c']}", "--universe", "k"],
+                                   capture_stdout=True, env=env)
+            assert (await publish("c")).startswith("published 1 to orders on a:15555")
+            seen_b, seen_c = len(b.seen), len(c.seen)
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                said = await b.until("b: a silent for", after=seen_b)
+                assert "counted out until it is heard again" in said
+                await b.until("(1 of 2 peers; a silent); root b", after=seen_b)
+                await c.until("root b", after=seen_c)
+                assert (await publish("c")).startswith("published 1 to orders on b:15555")
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            await a.until("a steps down")
+            await a.until("(2 of 2 peers); root b")
+            await b.until("b: a heard again")
+            # a, the most senior primary, is root again, at a newer epoch than b's
+            await a.until("(2 of 2 peers); root a")
+            assert (await publish("b")).startswith("published 1 to orders on a:15555")
