@@ -38,6 +38,7 @@ from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
 from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
 from ._net import DEFAULT_MAX_PENDING as DEFAULT_MAX_PENDING
+from ._net import DEFAULT_TCP_USER_TIMEOUT as DEFAULT_TCP_USER_TIMEOUT
 from ._net import UNREACHABLE as UNREACHABLE
 from ._net import NetNode as NetNode
 from ._net import tls_contexts as tls_contexts
@@ -64,6 +65,7 @@ __all__ = [
     "BUSY",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
+    "DEFAULT_TCP_USER_TIMEOUT",
     "MAX_HANDSHAKE_SIZE",
     "PROTOCOL_VERSION",
     "UNREACHABLE",
