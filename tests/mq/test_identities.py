@@ -54,8 +54,10 @@ class Server:
 
 
 @asynccontextmanager
-async def server_and_client(credential: Credential | None
-                            ) -> AsyncIterator[tuple[Server, MqClient, NameClient]]:
+async def two_processes(credential: Credential | None
+                        ) -> AsyncIterator[tuple[Server, BrokerManager, trio.Nursery]]:
+    """The server's side, with the identities file, and a client's side that speaks as
+    ``credential`` (None: the token alone), linked only by TCP on 127.0.0.1."""
     server_side = BrokerManager("u", pump=Pump(name="server"), token="t",
                                 identities=identities())
     client_side = BrokerManager("u", pump=Pump(name="client"), token="t", identity=credential)
@@ -64,21 +66,30 @@ async def server_and_client(credential: Credential | None
             await nursery.start(server_side.pump.serve)
             await nursery.start(client_side.pump.serve)
             server = Server(server_side)
-            address = await nursery.start(server_side.serve_network, "127.0.0.1", 0)
-            client_side.directory["s1"] = address
+            client_side.directory["s1"] = await nursery.start(server_side.serve_network,
+                                                              "127.0.0.1", 0)
             await nursery.start(client_side.serve_network, "127.0.0.1", 0)
-            who = "token" if credential is None else credential.name
-            client = MqClient(client_side.add_broker(f"c-{who}"), "s1:15555", timeout=5)
-            names = NameClient(client_side, [address])
-            names.start()
-            await client.connected()
-            await names.connected()
             try:
-                yield server, client, names
+                yield server, client_side, nursery
             finally:
-                client.close()
-                names.close()
                 nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def server_and_client(credential: Credential | None
+                            ) -> AsyncIterator[tuple[Server, MqClient, NameClient]]:
+    async with two_processes(credential) as (server, client_side, _):
+        who = "token" if credential is None else credential.name
+        client = MqClient(client_side.add_broker(f"c-{who}"), "s1:15555", timeout=5)
+        names = NameClient(client_side, [client_side.directory["s1"]])
+        names.start()
+        await client.connected()
+        await names.connected()
+        try:
+            yield server, client, names
+        finally:
+            client.close()
+            names.close()
 
 
 async def _consume(server: Server, client: MqClient, names: NameClient) -> None:
@@ -185,25 +196,14 @@ async def test_the_token_alone_has_the_rights_of_the_token_table() -> None:
                                         Credential("mallory", "anything")])
 async def test_an_identity_not_proven_is_refused_at_the_handshake(
         credential: Credential) -> None:
-    server_side = BrokerManager("u", pump=Pump(name="server"), token="t",
-                                identities=identities())
-    client_side = BrokerManager("u", pump=Pump(name="client"), token="t", identity=credential)
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server_side.pump.serve)
-            await nursery.start(client_side.pump.serve)
-            server = Server(server_side)
-            client_side.directory["s1"] = await nursery.start(server_side.serve_network,
-                                                              "127.0.0.1", 0)
-            await nursery.start(client_side.serve_network, "127.0.0.1", 0)
-            with pytest.raises(RefusedError) as caught:
-                await client_side.add_broker("c").connect_queue("s1", 15555)
-            assert str(caught.value.reason) == (
-                f"unauthorized: identity {credential.name!r} is not one of this "
-                f"process's, or its secret is wrong")
-            assert server_side.net.rejections["unauthorized"] == 1
-            assert server.topics() == {"orders.x", "public.news"}
-            nursery.cancel_scope.cancel()
+    async with two_processes(credential) as (server, client_side, _):
+        with pytest.raises(RefusedError) as caught:
+            await client_side.add_broker("c").connect_queue("s1", 15555)
+        assert str(caught.value.reason) == (
+            f"unauthorized: identity {credential.name!r} is not one of this "
+            f"process's, or its secret is wrong")
+        assert server.universe.net.rejections["unauthorized"] == 1
+        assert server.topics() == {"orders.x", "public.news"}
 
 
 def test_identities_files_are_checked_with_the_file_and_the_field(tmp_path: Path) -> None:
