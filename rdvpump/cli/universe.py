@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+import signal
 import time
 from typing import Annotated, Any
 
@@ -152,12 +153,26 @@ def universe_explore(
                MofNCompleteColumn(), TextColumn("{task.fields[failing]} failing"),
                TimeElapsedColumn())
 
+    stop: list[int] = []
+
     def search() -> None:
+        nonlocal ran
+        # Ctrl-C is taken between runs: each run is short, and trio's own handler, which
+        # each run would install and remove, could take a signal just as its run ends
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
+        try:
+            _search()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _search() -> None:
         nonlocal ran
         with Progress(*columns, console=err, transient=not err.is_terminal) as progress, \
                 logs_above(progress.console):
             task = progress.add_task(spec.name, total=seeds, failing=0)
             for seed in range(first, first + seeds):
+                if stop:
+                    raise KeyboardInterrupt
                 seeded = dataclasses.replace(spec, seed=seed)
                 result = run_simulation(functools.partial(run_universe, seeded, limit=limit),
                                         seed=seed)
