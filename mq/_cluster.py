@@ -228,6 +228,7 @@ class ClusterNode:
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
                                f"itself root at epoch {request.epoch}; this server follows "
                                f"{self.root} at epoch {self.epoch}", refused=STALE_EPOCH)
+        self.votes[request.id] = (request.vote, request.vote_epoch)
         self._refuse_unruly(request.id, request.epoch, "announced itself root")
         self._follow(request.id, request.epoch)
         return self._agreed()
@@ -466,7 +467,8 @@ class ClusterNode:
         if request.root is not None and request.root != self.me.id and (
                 request.epoch > self.epoch or (self.root is None
                                                and request.epoch == self.epoch)):
-            why = self._unruly(request.root, request.epoch)
+            why = self._unruly(request.root, request.epoch) or self._unvoted(
+                request.root, request.epoch)
             if why is None:
                 self._follow(request.root, request.epoch)
             else:  # hearsay that breaks the rule: not followed
@@ -494,19 +496,50 @@ class ClusterNode:
                     f"vote there")
         return None
 
+    def _unvoted(self, claimer: str, epoch: int) -> str | None:
+        """Why ``claimer`` cannot have the votes of most primaries at ``epoch``, as far as
+        this server knows them (None: it may have): a primary whose ballot (this server's
+        own, or one an active peer said last) is at an older epoch, or for another at
+        that one, has not voted for it there, since a ballot only moves up.  A claim made
+        before its voters' new ballots reached this server is refused until they do (the
+        claimer's beats name it root again); a claim no majority made is refused for
+        good."""
+        primaries = [s.id for s in self.config.servers if s.type == "primary"]
+        active = set(self.active())
+        against = []
+        for p in primaries:
+            if p == self.me.id:
+                held: Ballot | None = self.ballot
+            else:
+                held = self.votes.get(p) if p in active else None
+            if held is not None and (held[1] < epoch or (held[1] == epoch
+                                                          and held[0] != claimer)):
+                against.append(p)
+        if (len(primaries) - len(against)) * 2 > len(primaries):
+            return None
+        return (f"{', '.join(against)} of the {len(primaries)} primaries did not vote for "
+                f"{claimer} at epoch {epoch}, as this server last heard them: it cannot "
+                f"hold a majority")
+
     def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
         """:meth:`_unruly`'s refusal (409, logged once); nothing changes.  A claim the
         claimer makes itself, on its own link to this server, is also refused by a
         primary more senior than it: the claimer reaches this server, so this server was
-        active to it, and the rule would have made this one its candidate."""
+        active to it, and the rule would have made this one its candidate; and a claim
+        the primaries' votes, as this server heard them, cannot carry
+        (:meth:`_unvoted`, the link kept: those votes may be on their way)."""
         why = self._unruly(claimer, epoch)
         if why is None and self.me.type == "primary" and self._senior_to(claimer):
             why = (f"{self.me.id}, a primary more senior than {claimer}, is active: the "
                    f"rule makes it the candidate, not {claimer}")
+        kind = "rule"
+        if why is None:
+            why, kind = self._unvoted(claimer, epoch), "votes"
         if why is not None:
             said = f"{claimer} {what} at epoch {epoch}: refused: {why}"
-            self._say(said, key=claimer)
-            raise ServiceError(Status.CONFLICT, said, refused="rule")
+            self._say(said, key=claimer, level=logging.INFO if kind == "votes"
+                      else logging.ERROR)
+            raise ServiceError(Status.CONFLICT, said, refused=kind)
 
     def _agreed(self) -> ReplyObject:
         return {"cmd": "welcome", "cluster": self.config.name, "id": self.me.id,
@@ -687,11 +720,14 @@ class ClusterNode:
         peer.refusal = why
         self._say(why, key=peer.server.id, peer=peer)
 
-    def _say(self, why: str, *, key: str, peer: Peer | None = None) -> None:
+    def _say(self, why: str, *, key: str, peer: Peer | None = None,
+             level: int = logging.ERROR) -> None:
         said = peer.said if peer is not None else self._said
         if why not in said:
+            if len(said) >= 256:  # bounded: reasons name epochs, which move on
+                said.clear()
             said.add(why)
-            log.error("cluster %s: %s: %s", self.config.name, self.me.id, why)
+            log.log(level, "cluster %s: %s: %s", self.config.name, self.me.id, why)
 
     # -- state -------------------------------------------------------------------------
 

@@ -158,10 +158,10 @@ class PeerLink(BrokerLink):
                 return
             self.node.refused(self.peer, f"{self.peer.server.id} refused it: "
                                          f"{outcome.reason}")
-            if outcome.detail.get("refused") == STALE_EPOCH:
-                # a root announcement under an epoch the peer has seen passed: the peer
-                # is one of ours all the same, and its beats tell this server the newer
-                # root; the link stays agreed
+            if outcome.detail.get("refused") in (STALE_EPOCH, "votes"):
+                # a root announcement under an epoch the peer has seen passed, or before
+                # the votes that carry it reached the peer: the peer is one of ours all
+                # the same, and the beats both ways settle it; the link stays agreed
                 return
             # the peer does not take this server as one of its cluster: it closes the
             # link (and so does this side, for a refusal that left it open): dialled

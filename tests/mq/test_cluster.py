@@ -357,9 +357,9 @@ async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
     """Claims checked against the rule, not only the epoch: a fanout server announcing
     itself root at the next epoch, or sending a state, is refused (409 with the
     reason); a junior primary claiming the next epoch over its own link to a more
-    senior active primary is refused by it; a root named by a peer's hello is not
-    followed when it is no primary, or when this primary voted for another at that
-    epoch.  The root stays."""
+    senior active primary is refused by it, and to the others when the votes they heard
+    leave it no majority; a root named by a peer's hello is not followed when it is no
+    primary, or when this primary voted for another at that epoch.  The root stays."""
     from brokermgr import decode, encode
 
     cfg = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("e", "fanout"))
@@ -385,6 +385,15 @@ async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
         reply = await say("b", "a", "root", root="b", epoch=epoch + 1)
         assert (reply["status"], reply["refused"]) == (409, "rule"), reply
         assert "a, a primary more senior than b, is active" in reply["error"]
+        # the junior primary's claim of the next epoch to the others: the votes they heard
+        # (a's, c's, for a at the current epoch) leave it no majority; the link is kept
+        for to in ("c", "e"):
+            reply = await say("b", to, "root", root="b", epoch=epoch + 1, vote="b",
+                              vote_epoch=epoch + 1)
+            assert (reply["status"], reply["refused"]) == (409, "votes"), reply
+            assert ("of the 3 primaries did not vote for b at epoch "
+                    f"{epoch + 1}, as this server last heard them") in reply["error"]
+        await say("b", "e", "hello", root="b", epoch=epoch + 1)  # hearsay: not followed
         # hearsay: a hello naming a root the rule forbids is not followed
         await say("e", "b", "hello", root="e", epoch=epoch + 1)
         nodes["c"].ballot = ("a", epoch + 1)  # c voted for a at the next epoch
