@@ -44,8 +44,9 @@ from ._names import check_name
 from ._record import StoreError
 from ._requests import DEFAULT_FOLLOW_WINDOW
 
-#: Seconds between a follower's questions for the master's topics, by default.
-DEFAULT_RESCAN = 1.0
+#: Seconds between a follower's questions for the master's topics, by default: a live
+#: master is heard at least that often (a word a quarter of a second, as a cluster's beats).
+DEFAULT_RESCAN = 0.25
 #: Seconds before a follow refused as unavailable (a member promoted that has not taken
 #: over yet) is asked again, instead of at the next rescan.
 UNAVAILABLE_RETRY = 0.05

@@ -210,10 +210,11 @@ GROUP_POLL = 0.2
 #: Seconds (at random up to twice as long) that a member of a group whose several name
 #: services name no master by a majority waits before it claims the next epoch itself.
 CLAIM_AFTER = 2.0
-#: Seconds without a word from the old master (it answers a query every second while it
-#: lives) after which a promoted member takes over though the link is still open: the
-#: old master is hung (the name service found it by its expiry).
-HUNG = 2.5
+#: Seconds without a word from the old master (it answers a query every quarter of a
+#: second while it lives, :data:`~._follower.DEFAULT_RESCAN`) after which a promoted member
+#: takes over though the link is still open: the old master is hung (the name service
+#: found it by its expiry).  The cluster's silence timeout, for the same reasons.
+HUNG = 1.0
 
 
 def _decide(views: list[dict[str, Any]], managers: int, me: str
