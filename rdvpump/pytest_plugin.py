@@ -10,17 +10,26 @@ pytest plugin when rdvpump is installed).
 
 Inside the program, :func:`rdvpump.testing.open_simulation` gives a universe with
 :class:`rdvpump.testing.Faults` installed.
+
+- ``nemesis``: for async tests under pytest-trio, on real processes and a real network:
+  ``net = nemesis(["m", "a", "b"])`` makes a :class:`rdvpump.nemesis.Network` of those
+  hosts; every process started on it is killed and reaped, and every namespace removed,
+  when the test ends.  Skipped, with the reason, where the machine cannot (root and
+  iproute2 on Linux).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio.testing
 
 from .testing import run_simulation, seeded_scheduling
+
+if TYPE_CHECKING:
+    from .nemesis import Network
 
 _SEED = pytest.StashKey[int]()
 
@@ -53,6 +62,30 @@ def sim_clock(sim_seed: int) -> Iterator[trio.testing.MockClock]:
     """The virtual clock for an async test under pytest-trio, with seeded scheduling."""
     with seeded_scheduling(sim_seed):
         yield trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.fixture
+async def nemesis() -> AsyncIterator[Callable[[Sequence[str]], Network]]:
+    """A maker of networks of hosts on namespaces (:mod:`rdvpump.nemesis`), torn down
+    with everything they ran when the test ends."""
+    from .nemesis import Network, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    made: list[Network] = []
+
+    def make(hosts: Sequence[str]) -> Network:
+        network = Network(hosts).__enter__()
+        made.append(network)
+        return network
+
+    try:
+        yield make
+    finally:
+        for network in made:
+            await network.aclose()
+            network.close_namespaces()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,0 +1,114 @@
+"""The network nemesis (:mod:`rdvpump.nemesis`) on real namespaces: a host cut off
+silently, a split, a hung host; what the brokers make of each.  Skipped, with the
+reason, where the machine cannot make namespaces (root and iproute2)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import pytest
+import trio
+
+from rdvpump.nemesis import Fault, Network, schedule
+from tests.mq.test_cluster_processes import Lines
+
+RDVPUMP = [sys.executable, "-m", "rdvpump"]
+ENV = {**os.environ, "RDVPUMP_TOKEN": "tok"}
+Make = Callable[[Sequence[str]], Network]
+
+
+def test_a_schedule_is_a_function_of_its_seed() -> None:
+    hosts = ["m", "a", "b", "c", "d"]
+    one = schedule(7, hosts, faults=5)
+    assert one == schedule(7, hosts, faults=5) and one != schedule(8, hosts, faults=5)
+    assert {f.action for f in schedule(1, hosts, faults=50)} == {"cut", "split", "pause",
+                                                                 "crash"}
+    for fault in schedule(3, hosts, faults=50):
+        assert fault.hosts and set(fault.hosts) <= set(hosts)
+        if fault.action == "split":  # a minority on one side
+            assert len(fault.hosts) * 2 < len(hosts)
+    ends = [(f.at, f.at + f.lasting) for f in one]
+    assert all(end <= start for (_, end), (start, _) in zip(ends, ends[1:], strict=False))
+
+
+async def manager_on(net: Network, host: str) -> str:
+    address = f"{net.hosts[host].address}:9876"
+    proc = await net.spawn(host, [*RDVPUMP, "manager", "serve", "--universe", "k",
+                                  "--listen", address], env=ENV)
+    await Lines(proc).address()
+    return address
+
+
+async def known(net: Network, host: str, manager: str) -> str:
+    shown = await trio.run_process(
+        net.hosts[host].command([*RDVPUMP, "status", "--universe", "k", "--manager",
+                                 manager, "--timeout", "5"]),
+        capture_stdout=True, env={**ENV, "COLUMNS": "200"})
+    return shown.stdout.decode()
+
+
+@pytest.mark.slow
+async def test_a_broker_cut_off_silently_is_dropped_by_the_manager_in_seconds(
+        nemesis: Make) -> None:
+    """No FIN, no RST: keepalive and TCP_USER_TIMEOUT close the manager's connection to
+    the cut-off broker within seconds, where the name service's expiry is 120 s."""
+    net = nemesis(["m", "far"])
+    manager = await manager_on(net, "m")
+    broker = await net.spawn("far", [*RDVPUMP, "broker", "run", "--universe", "k", "--id",
+                                     "far", "--manager", manager, "--listen",
+                                     f"{net.hosts['far'].address}:0"], env=ENV)
+    await Lines(broker).address()
+    assert " far " in await known(net, "m", manager)
+    net.cut("far")
+    cut_at = trio.current_time()
+    with trio.fail_after(30):
+        while " far " in await known(net, "m", manager):
+            await trio.sleep(0.5)  # polled: the manager's table, bounded
+    assert trio.current_time() - cut_at < 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["cut", "pause", "split"])
+async def test_a_cluster_root_cut_off_hung_or_split_away_is_replaced(
+        nemesis: Make, tmp_path: os.PathLike[str], fault: str) -> None:
+    """Three primaries on three hosts: the root's host cut off, its process stopped, or
+    the root alone on one side of a split; the two others elect b (the root's peers
+    count it out after the silence timeout); healed, a is root again at a newer epoch
+    and the three agree."""
+    import pathlib
+
+    from tests.mq.test_cluster_processes import cluster_file
+
+    net = nemesis(["m", "a", "b", "c"])
+    manager = await manager_on(net, "m")
+    shop = cluster_file(pathlib.Path(tmp_path) / "shop.toml",
+                        [("a", "primary"), ("b", "primary"), ("c", "primary")])
+    lines = {}
+    for name in ("a", "b", "c"):
+        state = pathlib.Path(tmp_path) / name
+        state.mkdir()
+        proc = await net.spawn(name, [
+            *RDVPUMP, "broker", "run", "--universe", "k", "--id", name, "--cluster", shop,
+            "--state-dir", str(state), "--manager", manager, "--listen",
+            f"{net.hosts[name].address}:0"], env=ENV)
+        lines[name] = Lines(proc)
+    for name in "abc":
+        await lines[name].until("(2 of 2 peers); root a")
+    seen = {name: len(lines[name].seen) for name in "abc"}
+    began = trio.current_time()
+    {"cut": lambda: net.cut("a"), "pause": lambda: net.pause("a"),
+     "split": lambda: net.split(["a"])}[fault]()
+    for name in "bc":
+        await lines[name].until("a silent)", "root b", after=seen[name])
+    took = trio.current_time() - began
+    assert took < 5, took
+    net.heal()
+    net.resume("a")
+    for name in "abc":
+        await lines[name].until("(2 of 2 peers); root a", after=seen[name])
+
+
+def test_a_fault_says_what_it_does() -> None:
+    assert Fault(1.5, "split", ("a", "b"), 2.0).label == "1.50s split a,b for 2.00s"
