@@ -14,12 +14,17 @@ machine's own interfaces, and several networks can run at once.  Faults:
   command lines.
 
 :func:`schedule` draws faults from a seed (the same seed, the same schedule), and
-:meth:`Network.play` runs one against a live network.  Latency, loss, duplication and
-reordering need the kernel's ``sch_netem``, which not every kernel has (this module does
-not add them yet).
+:meth:`Network.play` runs one against a live network.
 
-It needs root and iproute2 (``ip``, ``tc``); :func:`unavailable` says why not where it
-cannot run, and the ``nemesis`` pytest fixture skips with that reason.  Every namespace
+Latency, jitter, loss and duplication (:meth:`Network.impair`) come from a switch in user
+space (:mod:`rdvpump._switch`, ``Network(..., impairable=True)``) in place of the kernel's
+bridge, since not every kernel has ``sch_netem``: each frame delayed by its own draw, so
+that jitter reorders frames as netem's does.  The hosts' veths then compute their own
+checksums and send whole frames (``ethtool``), which a switch that copies frames needs.
+
+It needs root and iproute2 (``ip``, ``tc``), and ethtool for an impairable network;
+:func:`unavailable` says why not where it cannot run, and the ``nemesis`` pytest fixture
+skips with that reason.  Every namespace
 is removed, and every process it started killed and reaped, when the network closes.
 """
 
@@ -50,12 +55,14 @@ def _ip(*args: str) -> None:
         raise OSError(f"ip {' '.join(args)}: {done.stderr.decode().strip()}")
 
 
-def unavailable() -> str | None:
+def unavailable(*, impairable: bool = False) -> str | None:
     """Why this machine cannot run a network (None: it can)."""
     if sys.platform != "linux":
         return "network namespaces are Linux's"
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "needs iproute2 (ip and tc): apt-get install iproute2"
+    if impairable and shutil.which("ethtool") is None:
+        return "needs ethtool for the user-space switch: apt-get install ethtool"
     if os.geteuid() != 0:
         return "needs root to make network namespaces"
     probe = f"rdvprobe{uuid.uuid4().hex[:6]}"
@@ -86,7 +93,8 @@ class Host:
 class Network:
     """Hosts named ``hosts`` on one bridge; use as a context manager."""
 
-    def __init__(self, hosts: Sequence[str], *, subnet: int | None = None) -> None:
+    def __init__(self, hosts: Sequence[str], *, subnet: int | None = None,
+                 impairable: bool = False, seed: int = 0) -> None:
         if not hosts or len(set(hosts)) != len(hosts) or len(hosts) > 200:
             raise ConfigError("a network needs 1 to 200 hosts, each named once")
         tag = uuid.uuid4().hex[:6]
@@ -98,6 +106,10 @@ class Network:
                       for i, name in enumerate(hosts)}
         self._cut: set[str] = set()
         self._made: list[str] = []
+        #: The user-space switch (:meth:`impair`), when the network is impairable.
+        self.impairable = impairable
+        self.seed = seed
+        self._switch: subprocess.Popen[bytes] | None = None
 
     # -- life ----------------------------------------------------------------------------
 
@@ -115,14 +127,24 @@ class Network:
     def _make(self) -> None:
         _ip("netns", "add", self.switch)
         self._made.append(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        if not self.impairable:
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
         for i, host in enumerate(self.hosts.values()):
             _ip("netns", "add", host.namespace)
             self._made.append(host.namespace)
             _ip("link", "add", host.device, "netns", host.namespace, "type", "veth", "peer",
                 "name", f"port{i}", "netns", self.switch)
-            _ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
+            if self.impairable:
+                _ip("-n", self.switch, "link", "set", f"port{i}", "up")
+                done = subprocess.run(
+                    ["ip", "netns", "exec", host.namespace, "ethtool", "-K", host.device,
+                     "tx", "off", "tso", "off", "gso", "off", "gro", "off"],
+                    capture_output=True, timeout=10)
+                if done.returncode != 0:
+                    raise OSError(f"ethtool on {host.name}: {done.stderr.decode().strip()}")
+            else:
+                _ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
             _ip("-n", host.namespace, "link", "set", "lo", "up")
             _ip("-n", host.namespace, "addr", "add", f"{host.address}/16", "dev", host.device)
             _ip("-n", host.namespace, "link", "set", host.device, "up")
@@ -131,10 +153,40 @@ class Network:
                 "hole-peer")
             _ip("-n", host.namespace, "link", "set", "hole", "up")
             self._tc(host, "qdisc", "add", "dev", host.device, "clsact")
+        if self.impairable:
+            ports = ",".join(f"port{i}" for i in range(len(self.hosts)))
+            self._switch = subprocess.Popen(
+                ["ip", "netns", "exec", self.switch, sys.executable, "-m", "rdvpump._switch",
+                 "--ports", ports, "--seed", str(self.seed)], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE)
+            assert self._switch.stdout is not None
+            if self._switch.stdout.readline().strip() != b"ready":
+                raise OSError("the nemesis's switch did not start")
+
+    def impair(self, *, delay: float = 0.0, jitter: float = 0.0, loss: float = 0.0,
+               duplicate: float = 0.0) -> None:
+        """Every frame between hosts from now on: delayed ``delay`` seconds plus a uniform
+        draw within ``jitter``, lost with probability ``loss``, sent twice with probability
+        ``duplicate`` (all zero: a plain switch)."""
+        if self._switch is None or self._switch.stdin is None:
+            raise ConfigError("impair needs Network(..., impairable=True)")
+        if not (delay >= 0 and 0 <= jitter <= max(delay, jitter) and 0 <= loss < 1
+                and 0 <= duplicate < 1):
+            raise ConfigError("delay and jitter are seconds (0 or more); loss and duplicate "
+                              "probabilities below 1")
+        self._switch.stdin.write(f"{delay} {jitter} {loss} {duplicate}\n".encode())
+        self._switch.stdin.flush()
 
     def close_namespaces(self) -> None:
         """Remove every namespace (the processes left in them keep running: see
         :meth:`aclose`)."""
+        if self._switch is not None:
+            self._switch.kill()
+            self._switch.wait(timeout=10)
+            for pipe in (self._switch.stdin, self._switch.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self._switch = None
         for namespace in reversed(self._made):
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True,
                            timeout=10)
@@ -309,11 +361,11 @@ async def _kill(proc: trio.Process) -> None:
 
 
 @contextlib.contextmanager
-def network(hosts: Sequence[str]) -> Iterator[Network]:
+def network(hosts: Sequence[str], *, impairable: bool = False) -> Iterator[Network]:
     """:class:`Network` as a context manager (:func:`unavailable` first: ConfigError with
     the reason where it cannot run)."""
-    why = unavailable()
+    why = unavailable(impairable=impairable)
     if why is not None:
         raise ConfigError(why)
-    with Network(hosts) as made:
+    with Network(hosts, impairable=impairable) as made:
         yield made

@@ -13,9 +13,10 @@ Inside the program, :func:`rdvpump.testing.open_simulation` gives a universe wit
 
 - ``nemesis``: for async tests under pytest-trio, on real processes and a real network:
   ``net = nemesis(["m", "a", "b"])`` makes a :class:`rdvpump.nemesis.Network` of those
-  hosts; every process started on it is killed and reaped, and every namespace removed,
-  when the test ends.  Skipped, with the reason, where the machine cannot (root and
-  iproute2 on Linux).
+  hosts (``impairable=True``: one whose latency and loss can be set); every process
+  started on it is killed and reaped, and every namespace removed, when the test ends.
+  Skipped, with the reason, where the machine cannot (root, iproute2, and ethtool for
+  an impairable one, on Linux).
 """
 
 from __future__ import annotations
@@ -65,18 +66,18 @@ def sim_clock(sim_seed: int) -> Iterator[trio.testing.MockClock]:
 
 
 @pytest.fixture
-async def nemesis() -> AsyncIterator[Callable[[Sequence[str]], Network]]:
+async def nemesis() -> AsyncIterator[Callable[..., Network]]:
     """A maker of networks of hosts on namespaces (:mod:`rdvpump.nemesis`), torn down
     with everything they ran when the test ends."""
     from .nemesis import Network, unavailable
 
-    why = unavailable()
-    if why is not None:
-        pytest.skip(why)
     made: list[Network] = []
 
-    def make(hosts: Sequence[str]) -> Network:
-        network = Network(hosts).__enter__()
+    def make(hosts: Sequence[str], *, impairable: bool = False) -> Network:
+        why = unavailable(impairable=impairable)
+        if why is not None:
+            pytest.skip(why)
+        network = Network(hosts, impairable=impairable).__enter__()
         made.append(network)
         return network
 

@@ -42,6 +42,16 @@ class Lines:
                 line += chunk
         return line.decode().split()[-1]
 
+    async def drain(self) -> None:
+        """Take in what the process wrote so far (what a pipe holds comes at once; a
+        moment's wait at most for the rest)."""
+        assert self.proc.stderr is not None
+        with trio.move_on_after(0.5):
+            while chunk := await self.proc.stderr.receive_some(4096):
+                self._buffer += chunk
+                *lines, self._buffer = self._buffer.split(b"\n")
+                self.seen += [line.decode() for line in lines]
+
     async def until(self, *needles: str, after: int = 0) -> str:
         """The first line (from line ``after`` on) that holds every needle, waiting for
         more (bounded)."""

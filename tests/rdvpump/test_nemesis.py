@@ -112,3 +112,60 @@ async def test_a_cluster_root_cut_off_hung_or_split_away_is_replaced(
 
 def test_a_fault_says_what_it_does() -> None:
     assert Fault(1.5, "split", ("a", "b"), 2.0).label == "1.50s split a,b for 2.00s"
+
+
+#: Seconds of a slow, lossy network in the no-false-alarm test (longer runs:
+#: RDVPUMP_CALM_SECONDS=300).
+CALM = float(os.environ.get("RDVPUMP_CALM_SECONDS", "20"))
+
+
+@pytest.mark.slow
+async def test_a_slow_lossy_network_replaces_nobody(nemesis: Make, tmp_path: os.PathLike[str]
+                                                    ) -> None:
+    """50 +/- 20 ms on every frame and 2 % of them lost, for CALM seconds: no server is
+    counted out, the root stays, and publishes through another server keep being
+    acknowledged by it."""
+    import pathlib
+
+    from tests.mq.test_cluster_processes import cluster_file
+
+    net = nemesis(["m", "a", "b", "c"], impairable=True)
+    manager = await manager_on(net, "m")
+    shop = cluster_file(pathlib.Path(tmp_path) / "shop.toml",
+                        [("a", "primary"), ("b", "primary"), ("c", "primary")])
+    lines = {}
+    for name in ("a", "b", "c"):
+        state = pathlib.Path(tmp_path) / name
+        state.mkdir()
+        proc = await net.spawn(name, [
+            *RDVPUMP, "broker", "run", "--universe", "k", "--id", name, "--cluster", shop,
+            "--state-dir", str(state), "--role", "server", "--mq-dir", str(state),
+            "--manager", manager, "--listen", f"{net.hosts[name].address}:0"], env=ENV)
+        lines[name] = Lines(proc)
+    for name in "abc":
+        await lines[name].until("(2 of 2 peers); root a")
+    on_c = f"c@{await lines['c'].address()}"
+    declared = await trio.run_process(net.hosts["m"].command(
+        [*RDVPUMP, "mq", "declare", "orders", "--shared", "--server", on_c, "--universe",
+         "k"]), capture_stdout=True, env=ENV)
+    assert declared.stdout.startswith(b"declared orders")
+    before = {}
+    for name in "abc":
+        await lines[name].drain()
+        before[name] = len(lines[name].seen)
+    net.impair(delay=0.05, jitter=0.02, loss=0.02)
+    end = trio.current_time() + CALM
+    published = 0
+    while trio.current_time() < end:
+        done = await trio.run_process(net.hosts["m"].command(
+            [*RDVPUMP, "mq", "publish", "orders", "--server", on_c, "--universe", "k",
+             "--timeout", "30"]), stdin=b"m\n", capture_stdout=True, env=ENV)
+        assert done.stdout.startswith(b"published 1 to orders on a:15555"), done.stdout
+        published += 1
+        await trio.sleep(1)  # a publish a second through the slow network
+    assert published >= CALM / 4
+    for name in "abc":
+        await lines[name].drain()
+        said = lines[name].seen[before[name]:]
+        assert not [line for line in said if "silent" in line or "steps down" in line
+                    or "no root" in line], said
