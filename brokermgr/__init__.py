@@ -27,6 +27,8 @@ from ._names import DEFAULT_BROKER_EXPIRY as DEFAULT_BROKER_EXPIRY
 from ._names import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
 from ._names import DEFAULT_MANAGER_PORT as DEFAULT_MANAGER_PORT
 from ._names import DEFAULT_NAME_RETRY as DEFAULT_NAME_RETRY
+from ._names import EXPIRY_BEATS as EXPIRY_BEATS
+from ._names import GROUP_HEARTBEAT as GROUP_HEARTBEAT
 from ._names import MANAGER_ID as MANAGER_ID
 from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
@@ -57,6 +59,8 @@ __all__ = [
     "DEFAULT_BROKER_EXPIRY",
     "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_HEARTBEAT",
+    "EXPIRY_BEATS",
+    "GROUP_HEARTBEAT",
     "DEFAULT_MANAGER_PORT",
     "DEFAULT_NAME_RETRY",
     "DEFAULT_RETRY",

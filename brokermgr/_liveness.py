@@ -10,6 +10,7 @@ its brokers in one (keyed by broker id) and a tracker its servers (keyed by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -44,10 +45,13 @@ class LivenessTable(Generic[V]):
     same or a higher version replaces the value and proves the entry alive.
     """
 
-    def __init__(self, *, expiry: float) -> None:
+    def __init__(self, *, expiry: float,
+                 expiry_of: Callable[[V], float] | None = None) -> None:
         if not expiry > 0:
             raise ConfigError(f"expiry must be positive, got {expiry!r}")
         self.expiry = expiry
+        #: An entry's own expiry, from its value (at most :attr:`expiry`); None: the table's.
+        self.expiry_of = expiry_of
         self._entries: dict[str, LivenessEntry[V]] = {}
 
     def __len__(self) -> int:
@@ -87,8 +91,10 @@ class LivenessTable(Generic[V]):
 
     def scan(self, now: float) -> list[str]:
         """The backstop: drop entries not seen within the expiry (pinned ones stay)."""
+        own = self.expiry_of
         gone = [k for k, e in self._entries.items()
-                if e.connection is not PINNED and now - e.last_seen > self.expiry]
+                if e.connection is not PINNED and now - e.last_seen > (
+                    self.expiry if own is None else min(self.expiry, own(e.value)))]
         for key in gone:
             del self._entries[key]
         return gone

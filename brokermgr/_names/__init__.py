@@ -9,6 +9,8 @@ from .service import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
 from .service import DEFAULT_LOOKUP_TIMEOUT as DEFAULT_LOOKUP_TIMEOUT
 from .service import DEFAULT_MANAGER_PORT as DEFAULT_MANAGER_PORT
 from .service import DUPLICATE_ID as DUPLICATE_ID
+from .service import EXPIRY_BEATS as EXPIRY_BEATS
+from .service import GROUP_HEARTBEAT as GROUP_HEARTBEAT
 from .service import MANAGER_ID as MANAGER_ID
 from .service import NAME_PORT as NAME_PORT
 from .service import BrokerRecord as BrokerRecord

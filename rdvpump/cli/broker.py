@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import trio
 import typer
 
-from brokermgr import DEFAULT_HEARTBEAT, DEFAULT_MANAGER_PORT, GroupMember
+from brokermgr import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MANAGER_PORT,
+    EXPIRY_BEATS,
+    GROUP_HEARTBEAT,
+    GroupMember,
+)
 from brokermgr.tracking import (
     DEFAULT_REPORT_INTERVAL,
     DEFAULT_SCAN_INTERVAL,
@@ -61,8 +67,10 @@ def broker_run(
     echo: Annotated[list[int], typer.Option(
         help="Echo messages on this port (repeatable). Every broker echoes on port 80 "
              "unless told otherwise; --echo 0: on no port.")] = [80],  # noqa: B006
-    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = (
-        DEFAULT_HEARTBEAT),
+    heartbeat: Annotated[float | None, typer.Option(
+        help=f"Seconds between heartbeats to the managers [default: {DEFAULT_HEARTBEAT:g}; "
+             f"{GROUP_HEARTBEAT:g} for a --group member, which a manager drops after "
+             f"{EXPIRY_BEATS} of them without one]", show_default=False)] = None,
     tls_cert: CertOption = None, tls_key: KeyOption = None, tls_ca: CAOption = None,
     plan: Annotated[pathlib.Path | None, typer.Option(
         help="Play these brokers' roles in a universe file (used by `universe up`).")] = None,
@@ -177,7 +185,9 @@ def broker_run(
         universe, broker_id, managers, listen=address, token=token,
         identity=identity or None, identities=None if identities is None else str(identities),
         echo_ports=[port for port in echo if port != 0],
-        heartbeat=heartbeat, tls=tls, plan=None if plan is None else str(plan),
+        heartbeat=(heartbeat if heartbeat is not None
+                   else GROUP_HEARTBEAT if group is not None else DEFAULT_HEARTBEAT),
+        tls=tls, plan=None if plan is None else str(plan),
         trace=trace_recorder, tracking=tracking, busy_poll=busy_poll_us * 1e-6,
         cluster=clustered, cluster_store=state_dir or mq_dir, metrics=metrics_at,
         ready=ready_line("brokers"))))
