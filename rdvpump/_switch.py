@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
-import os
 import random
 import selectors
 import socket
@@ -114,7 +113,6 @@ def main() -> None:
     print("ready", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         switch.run()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -202,11 +202,12 @@ class Network:
 
     async def spawn(self, host: str, args: Sequence[str], *, env: dict[str, str] | None = None,
                     stdout: int | None = subprocess.PIPE,
-                    stderr: int | None = subprocess.PIPE) -> trio.Process:
+                    stderr: int | None = subprocess.PIPE,
+                    stdin: int | None = None) -> trio.Process:
         """Start ``args`` on ``host`` (remembered for :meth:`restart`)."""
         where = self.hosts[host]
         proc = await trio.lowlevel.open_process(where.command(args), env=env, stdout=stdout,
-                                                stderr=stderr)
+                                                stderr=stderr, stdin=stdin)
         where.processes.append(proc)
         where.commands.append((list(args), env))
         return proc

@@ -231,6 +231,10 @@ def test_the_benchmark_block_runs_as_printed(scratch: pathlib.Path,
         pytest.skip("`bench mq` needs redis-server (CI installs it)")
     if shutil.which("nats-server") is None:
         pytest.skip("`bench failover` needs nats-server (CI installs it)")
+    from rdvpump.nemesis import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"`bench partition` {why}")
     _, bench = shell_chains()
     text = _run_script(scratch, bench, free_ports, {"RDVPUMP_BENCH_SCALE": BENCH_SCALE})
     json_commands = [line for line in bench[0].splitlines() if "--json" in line]

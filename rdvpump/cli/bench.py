@@ -322,6 +322,39 @@ def bench_failover(
                      f"{r.msgs_per_s / r.baseline_msgs_per_s:.2f}x"])
 
 
+@app.command("partition")
+def bench_partition(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    trials: Annotated[int, typer.Option(help="Cuts of the master's host (and of NATS's "
+                                             "stream leader's).")] = 20,
+) -> None:
+    """A replicated group's master cut off from the network without a word, on network
+    namespaces: the time to the first publish its successor acknowledges, beside a
+    three-node NATS JetStream cluster's stream leader cut off the same way (root and
+    iproute2)."""
+    from ..bench import partition
+
+    if (smoke := _smoke()) < 1:
+        trials = max(1, round(trials * smoke))
+    if trials < 1:
+        raise fail("--trials must be at least 1")
+    with err.status("benchmarking a partition ...") as status:
+        results = guard(lambda: interruptible(lambda: partition.run(
+            trials, progress=status.update)))
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        return
+    table = Table(title=f"rdvpump bench partition ({trials} trials)")
+    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in results:
+        d = r.to_dict()
+        table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
+                      f"{d['max_s']:.3f}")
+    show_table(table)
+
+
 @app.command("cluster")
 def bench_cluster(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
