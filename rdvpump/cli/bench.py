@@ -305,21 +305,26 @@ def bench_failover(
         for r in results:
             print(json.dumps(r.to_dict()))
         return
-    table = Table(title=f"rdvpump bench failover ({trials} trials)")
-    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        if isinstance(r, failover.FailoverResult):
-            d = r.to_dict()
-            table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
-                          f"{d['max_s']:.3f}")
-    show_table(table)
+    _show_times(f"rdvpump bench failover ({trials} trials)",
+                [r for r in results if isinstance(r, failover.FailoverResult)])
     _show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
           "replication, 1 KiB publishes", ("case", "msgs/s", "baseline", "baseline msgs/s",
                                            "ratio"),
           lambda r: [r.case, f"{r.msgs_per_s:,.0f}", r.baseline,
                      f"{r.baseline_msgs_per_s:,.0f}",
                      f"{r.msgs_per_s / r.baseline_msgs_per_s:.2f}x"])
+
+
+def _show_times(title: str, results: list[Any]) -> None:
+    """Failover times (``FailoverResult``s) as a table: p50, p99 and max of each case."""
+    table = Table(title=title)
+    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in results:
+        d = r.to_dict()
+        table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
+                      f"{d['max_s']:.3f}")
+    show_table(table)
 
 
 @app.command("partition")
@@ -345,14 +350,7 @@ def bench_partition(
         for r in results:
             print(json.dumps(r.to_dict()))
         return
-    table = Table(title=f"rdvpump bench partition ({trials} trials)")
-    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        d = r.to_dict()
-        table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
-                      f"{d['max_s']:.3f}")
-    show_table(table)
+    _show_times(f"rdvpump bench partition ({trials} trials)", results)
 
 
 @app.command("cluster")

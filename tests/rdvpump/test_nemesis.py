@@ -49,6 +49,30 @@ async def known(net: Network, host: str, manager: str) -> str:
     return shown.stdout.decode()
 
 
+async def three_primaries(net: Network, tmp_path: os.PathLike[str], manager: str
+                          ) -> dict[str, Lines]:
+    """MQ servers a, b and c of a cluster of three primaries, on hosts of those names,
+    once each says a is root."""
+    import pathlib
+
+    from tests.mq.test_cluster_processes import cluster_file
+
+    shop = cluster_file(pathlib.Path(tmp_path) / "shop.toml",
+                        [("a", "primary"), ("b", "primary"), ("c", "primary")])
+    lines = {}
+    for name in ("a", "b", "c"):
+        state = pathlib.Path(tmp_path) / name
+        state.mkdir()
+        proc = await net.spawn(name, [
+            *RDVPUMP, "broker", "run", "--universe", "k", "--id", name, "--cluster", shop,
+            "--state-dir", str(state), "--role", "server", "--mq-dir", str(state),
+            "--manager", manager, "--listen", f"{net.hosts[name].address}:0"], env=ENV)
+        lines[name] = Lines(proc)
+    for name in "abc":
+        await lines[name].until("(2 of 2 peers); root a")
+    return lines
+
+
 @pytest.mark.slow
 async def test_a_broker_cut_off_silently_is_dropped_by_the_manager_in_seconds(
         nemesis: Make) -> None:
@@ -77,25 +101,8 @@ async def test_a_cluster_root_cut_off_hung_or_split_away_is_replaced(
     the root alone on one side of a split; the two others elect b (the root's peers
     count it out after the silence timeout); healed, a is root again at a newer epoch
     and the three agree."""
-    import pathlib
-
-    from tests.mq.test_cluster_processes import cluster_file
-
     net = nemesis(["m", "a", "b", "c"])
-    manager = await manager_on(net, "m")
-    shop = cluster_file(pathlib.Path(tmp_path) / "shop.toml",
-                        [("a", "primary"), ("b", "primary"), ("c", "primary")])
-    lines = {}
-    for name in ("a", "b", "c"):
-        state = pathlib.Path(tmp_path) / name
-        state.mkdir()
-        proc = await net.spawn(name, [
-            *RDVPUMP, "broker", "run", "--universe", "k", "--id", name, "--cluster", shop,
-            "--state-dir", str(state), "--manager", manager, "--listen",
-            f"{net.hosts[name].address}:0"], env=ENV)
-        lines[name] = Lines(proc)
-    for name in "abc":
-        await lines[name].until("(2 of 2 peers); root a")
+    lines = await three_primaries(net, tmp_path, await manager_on(net, "m"))
     seen = {name: len(lines[name].seen) for name in "abc"}
     began = trio.current_time()
     {"cut": lambda: net.cut("a"), "pause": lambda: net.pause("a"),
@@ -125,25 +132,8 @@ async def test_a_slow_lossy_network_replaces_nobody(nemesis: Make, tmp_path: os.
     """50 +/- 20 ms on every frame and 2 % of them lost, for CALM seconds: no server is
     counted out, the root stays, and publishes through another server keep being
     acknowledged by it."""
-    import pathlib
-
-    from tests.mq.test_cluster_processes import cluster_file
-
     net = nemesis(["m", "a", "b", "c"], impairable=True)
-    manager = await manager_on(net, "m")
-    shop = cluster_file(pathlib.Path(tmp_path) / "shop.toml",
-                        [("a", "primary"), ("b", "primary"), ("c", "primary")])
-    lines = {}
-    for name in ("a", "b", "c"):
-        state = pathlib.Path(tmp_path) / name
-        state.mkdir()
-        proc = await net.spawn(name, [
-            *RDVPUMP, "broker", "run", "--universe", "k", "--id", name, "--cluster", shop,
-            "--state-dir", str(state), "--role", "server", "--mq-dir", str(state),
-            "--manager", manager, "--listen", f"{net.hosts[name].address}:0"], env=ENV)
-        lines[name] = Lines(proc)
-    for name in "abc":
-        await lines[name].until("(2 of 2 peers); root a")
+    lines = await three_primaries(net, tmp_path, await manager_on(net, "m"))
     on_c = f"c@{await lines['c'].address()}"
     declared = await trio.run_process(net.hosts["m"].command(
         [*RDVPUMP, "mq", "declare", "orders", "--shared", "--server", on_c, "--universe",
