@@ -315,7 +315,8 @@ async def test_a_seeded_schedule_of_faults_never_gives_an_epoch_two_roots(
         for proc in net.hosts[name].processes:
             if proc is not lines[name].proc:
                 readers[name].append(Lines(proc))
-    with trio.fail_after(60):
+    last: list[str] = []
+    with trio.move_on_after(60) as waited:
         while True:
             said = {}
             for name in "abc":
@@ -329,6 +330,7 @@ async def test_a_seeded_schedule_of_faults_never_gives_an_epoch_two_roots(
             if len(roots) == 1 and None not in roots and all("(2 of 2 peers)" in line
                                                              for line in last):
                 break  # whole again, and agreed
+    assert not waited.cancelled_caught, ([f.label for f in faults], last)
     became: dict[int, set[str]] = {}
     for name in "abc":
         for reader in readers[name]:
