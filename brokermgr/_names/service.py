@@ -232,6 +232,12 @@ def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, obj
     return row
 
 
+def _from_host(queue: MessageQueue | None, host: str) -> bool:
+    """Whether a request's link comes from ``host`` (a link within this process does)."""
+    where = None if queue is None else queue.peer_address
+    return where is None or where.rsplit(":", 1)[0] == host
+
+
 def _expiry_of(record: BrokerRecord) -> float:
     """A broker's own expiry: :data:`EXPIRY_BEATS` of its stated heartbeats."""
     return float("inf") if record.heartbeat is None else EXPIRY_BEATS * record.heartbeat
@@ -293,7 +299,19 @@ class NameService:
         for registration in request.brokers:
             record = registration.record
             held = self.table.get(record.broker_id)
-            if held is not None and held.connection is not call.queue:
+            if (held is not None and held.connection is not call.queue
+                    and held.value.address == record.address
+                    and _from_host(call.queue, record.address[0])):
+                # the same broker (from the host it listens on, where the held one does:
+                # no other process can) over a new connection: its old one went silent
+                # without closing (a partition, a host cut off) and is dropped
+                log.warning("broker %s registered again over a new connection from %s: its "
+                            "old connection, silent, is dropped", record.broker_id,
+                            record.address)
+                if isinstance(held.connection, MessageQueue):
+                    held.connection.close(f"broker {record.broker_id} registered again over "
+                                          f"a new connection")
+            elif held is not None and held.connection is not call.queue:
                 # another live registration: its connection is open (a crashed
                 # process's closed with it, which dropped its brokers at once)
                 log.warning("refused a second registration of broker %s: it is held "

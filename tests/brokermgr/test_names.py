@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -234,3 +235,47 @@ async def test_a_partition_between_the_manager_and_a_process(autojump_clock: obj
         q = await client.connect_queue("server", 80)
         await q.send(b"found again")
         assert await q.receive() == b"found again"
+
+
+async def test_a_broker_registering_again_from_its_own_address_replaces_its_silent_connection(
+        ) -> None:
+    """After a partition, a broker's process dials its manager again while the manager
+    still holds its old connection, silent, open: a registration of the same broker id
+    at the same address, from that address's host, takes over (the old connection is
+    closed); one at another address is still a duplicate id."""
+    from brokermgr import ServiceError, decode, encode
+
+    server = BrokerManager("u", pump=Pump(name="manager"))
+    client = BrokerManager("u", pump=Pump(name="client"))
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.pump.serve)
+            await nursery.start(client.pump.serve)
+            service = NameService(server)
+            client.directory["@manager"] = await nursery.start(server.serve_network,
+                                                               "127.0.0.1", 0)
+            await nursery.start(client.serve_network, "127.0.0.1", 0)
+            row = {"id": "x", "address": ["127.0.0.1", 4444], "version": 1}
+
+            async def register(address: list[Any]) -> tuple[Any, dict[str, Any]]:
+                queue = await client.add_broker(f"c{len(client.broker_ids)}").connect_queue(
+                    "@manager", 0)
+                await queue.send(encode({"cmd": "register", "seq": 1,
+                                         "brokers": [{**row, "address": address}]}))
+                return queue, decode(await queue.receive())
+
+            first, said = await register(["127.0.0.1", 4444])
+            assert said["cmd"] == "registered"
+            second, said = await register(["127.0.0.1", 4444])  # the same broker, again
+            assert said["cmd"] == "registered"
+            with pytest.raises(trio.EndOfChannel, match="peer disconnected \\(broker x "
+                               "registered again over a new connection\\)"):
+                await first.receive()  # the old connection is closed, saying why
+            entry = service.table.get("x")
+            assert entry is not None and entry.connection is not None
+            _, said = await register(["127.0.0.1", 5555])  # another process: refused
+            error = ServiceError.of(said)
+            assert error is not None and error.reason == (
+                "duplicate id: x (held by 127.0.0.1:4444)")
+            await second.aclose()
+            nursery.cancel_scope.cancel()
