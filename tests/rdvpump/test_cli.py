@@ -606,3 +606,35 @@ def test_a_table_at_80_columns_breaks_no_word_or_figure() -> None:
     assert max(len(line) for line in text.splitlines()) > 80
     narrow = shown([("r0", "127.0.0.1:15672", "0")], ("broker", "address", "version"))
     assert max(len(line) for line in narrow.splitlines()) <= 80
+
+
+def test_identity_new_appends_a_table_and_its_errors_are_one_line(
+        tmp_path: pathlib.Path) -> None:
+    """``identity new`` prints NAME:SECRET and appends a table the file's parser takes; a
+    bad name, a name the file holds, a credential that is not NAME:SECRET and an
+    identities file that cannot be read are each one line and exit 1."""
+    from rdv import Credential, Identities
+
+    ids = tmp_path / "ids.toml"
+    made = runner.invoke(app, ["identity", "new", "alice", "--file", str(ids), "--publish",
+                               "orders.*", "--admin"])
+    assert made.exit_code == 0, made.output
+    credential = Credential.parse(made.stdout.strip())
+    identity = Identities.load(ids).verify("alice", credential.secret)
+    assert identity is not None and identity.admin and identity.may("publish", "orders.x")
+    for args, said in [
+        (["identity", "new", "alice", "--file", str(ids)],
+         f"error: {ids} holds identity 'alice' already"),
+        (["identity", "new", "a b"], "error: an identity's name is 1 to 64 letters"),
+        (["status", "--identity", "no-colon", "--timeout", "1"],
+         "error: an identity is NAME:SECRET"),
+        (["manager", "serve", "--identities", str(tmp_path / "missing.toml"), "--listen",
+          "127.0.0.1:0"], f"error: {tmp_path / 'missing.toml'}: cannot read the "
+                          f"identities file"),
+    ]:
+        proc = subprocess.run([sys.executable, "-m", "rdvpump", *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stderr.startswith(said) and len(proc.stderr.splitlines()) == 1, (
+            args, proc.stderr)
+    assert Identities.load(ids).names() == ["alice"]  # nothing appended by the refusal
