@@ -30,6 +30,8 @@ from ._names import DEFAULT_NAME_RETRY as DEFAULT_NAME_RETRY
 from ._names import EXPIRY_BEATS as EXPIRY_BEATS
 from ._names import GROUP_HEARTBEAT as GROUP_HEARTBEAT
 from ._names import MANAGER_ID as MANAGER_ID
+from ._names import QUIET as QUIET
+from ._names import SUSPECT_BEATS as SUSPECT_BEATS
 from ._names import BrokerRecord as BrokerRecord
 from ._names import NameClient as NameClient
 from ._names import NameService as NameService
@@ -61,6 +63,8 @@ __all__ = [
     "DEFAULT_HEARTBEAT",
     "EXPIRY_BEATS",
     "GROUP_HEARTBEAT",
+    "QUIET",
+    "SUSPECT_BEATS",
     "DEFAULT_MANAGER_PORT",
     "DEFAULT_NAME_RETRY",
     "DEFAULT_RETRY",

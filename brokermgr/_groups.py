@@ -87,20 +87,29 @@ class GroupProgress:
 
     held: int = 0
     insync: tuple[str, ...] = ()
+    #: From a slave copying its master: the seconds since the master last said anything
+    #: (it answers a query every :data:`~mq._follower.DEFAULT_RESCAN` while it lives).
+    quiet: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"held": self.held, "insync": list(self.insync)}
+        row: dict[str, Any] = {"held": self.held, "insync": list(self.insync)}
+        if self.quiet is not None:
+            row["quiet"] = self.quiet
+        return row
 
     @classmethod
     def from_json(cls, value: Any) -> GroupProgress:
         if not isinstance(value, dict):
-            raise ValueError("its progress must be an object: held, insync")
+            raise ValueError("its progress must be an object: held, insync, quiet")
         held, insync = value.get("held", 0), value.get("insync", [])
+        quiet = value.get("quiet")
         if type(held) is not int or held < 0:
             raise ValueError("its progress's held must be a non-negative integer")
         if not isinstance(insync, list) or not all(isinstance(i, str) for i in insync):
             raise ValueError("its progress's insync must be a list of broker ids")
-        return cls(held, tuple(insync))
+        if quiet is not None and (type(quiet) not in (int, float) or not 0 <= quiet < 1e9):
+            raise ValueError("its progress's quiet must be a number of seconds")
+        return cls(held, tuple(insync), None if quiet is None else float(quiet))
 
 
 @dataclass(frozen=True, slots=True)

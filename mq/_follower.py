@@ -45,8 +45,9 @@ from ._record import StoreError
 from ._requests import DEFAULT_FOLLOW_WINDOW
 
 #: Seconds between a follower's questions for the master's topics, by default: a live
-#: master is heard at least that often (a word a quarter of a second, as a cluster's beats).
-DEFAULT_RESCAN = 0.25
+#: master is heard at least that often, which is how its slaves find it silent (the name
+#: service's :data:`~brokermgr.QUIET`).
+DEFAULT_RESCAN = 0.1
 #: Seconds before a follow refused as unavailable (a member promoted that has not taken
 #: over yet) is asked again, instead of at the next rescan.
 UNAVAILABLE_RETRY = 0.05

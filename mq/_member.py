@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from brokermgr import (
+    QUIET,
     EpochError,
     GroupMember,
     GroupProgress,
@@ -66,7 +67,10 @@ class GroupRole:
     def progress(self) -> GroupProgress:
         """How far this server's copy is, for the name service: the records it holds
         over its topics on disk, and (as a master) its replicas in sync."""
-        return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()))
+        group, follower = self.group, self.follower
+        quiet = (round(follower.quiet, 3) if follower is not None and group is not None
+                 and group.role == "slave" else None)
+        return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()), quiet)
 
     def held(self) -> int:
         """The records this server holds over its topics on disk."""
@@ -206,15 +210,17 @@ class GroupRole:
 
 
 #: Seconds between a group member's questions to the name service about its group.
-GROUP_POLL = 0.2
+GROUP_POLL = 0.1
 #: Seconds (at random up to twice as long) that a member of a group whose several name
 #: services name no master by a majority waits before it claims the next epoch itself.
 CLAIM_AFTER = 2.0
-#: Seconds without a word from the old master (it answers a query every quarter of a
-#: second while it lives, :data:`~._follower.DEFAULT_RESCAN`) after which a promoted member
-#: takes over though the link is still open: the old master is hung (the name service
-#: found it by its expiry).  The cluster's silence timeout, for the same reasons.
-HUNG = 1.0
+#: Seconds without a word from the old master (it answers a query every 0.1 s while it
+#: lives, :data:`~._follower.DEFAULT_RESCAN`) after which a promoted member takes over
+#: though the link is still open: the old master is hung or cut off (the name service
+#: found it so, its silence witnessed by this member, which says so at once).  Safe
+#: however short: a ``sync`` master acknowledges nothing that a member it reported in
+#: sync has not stored, and this member stores nothing from it once promoted.
+HUNG = QUIET
 
 
 def _decide(views: list[dict[str, Any]], managers: int, me: str
@@ -257,12 +263,18 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
     following: str | None = None
     insync = server.progress().insync
     claim_at: float | None = None
+    witnessed = False  # this slave told the name service its master is quiet
     while True:
         mine = server.group
         assert mine is not None
         if mine.role == "master" and (now := server.progress().insync) != insync:
             insync = now  # the failover's choice follows the in-sync set: said at once
             names.register_now()
+        quiet = mine.role == "slave" and server.follower is not None and (
+            server.follower.quiet >= QUIET)
+        if quiet and not witnessed:
+            names.register_now()  # its master's silence, witnessed: said at once
+        witnessed = quiet
         views = await names.group_views(mine.group)
         if not views:
             log.info("group %s: no answer from the name service", mine.group)
@@ -297,6 +309,7 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                 server.promote(epoch)
                 following = None
                 names.register_now()
+                continue  # confirmed by the next answer, asked at once
             elif mine.role == "master" and epoch > mine.epoch:
                 server.promote(epoch)  # back as master at a newer epoch (a restart)
                 names.register_now()

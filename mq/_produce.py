@@ -84,6 +84,8 @@ class ProduceCommand:
         first = None if recent is None else recent.original(producer, sequence, len(messages))
         reply = {"cmd": "stored", "topic": state.topic.name, "offset": first,
                  "count": len(messages), "server": self.address}
+        if self.role.group is not None:  # the epoch a replicated group's master stored it in
+            reply["epoch"] = self.role.group.epoch
         if first is not None:  # a retry of messages stored: answered as they were
             reply["duplicate"] = True
             self.counts["duplicates"] += len(messages)

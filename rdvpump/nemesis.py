@@ -5,10 +5,11 @@ Each host is a Linux network namespace with one address (``10.66.N.i``), joined 
 veth pair to a bridge in a namespace of the network's own; nothing touches the
 machine's own interfaces, and several networks can run at once.  Faults:
 
-* :meth:`Network.cut` a host off, or :meth:`Network.split` the hosts in two sides,
-  silently: the frames go nowhere (a ``tc`` filter redirects them to a veth whose peer is
-  down), so no FIN or RST says that anything happened, as when a cable is pulled or a
-  switch fails; :meth:`Network.heal` ends every cut and split;
+* :meth:`Network.cut` a host off, or :meth:`Network.split` the hosts in two sides (or in
+  two sides and a bridge that hears both: ``split(side, other)``), silently: the frames
+  go nowhere (a ``tc`` filter redirects them to a veth whose peer is down), so no FIN or
+  RST says that anything happened, as when a cable is pulled or a switch fails;
+  :meth:`Network.heal` ends every cut and split;
 * :meth:`Network.pause` (SIGSTOP) and :meth:`Network.resume` a host's processes,
   :meth:`Network.crash` them (SIGKILL) and :meth:`Network.restart` them with the same
   command lines.
@@ -45,8 +46,13 @@ import trio
 
 from pump import ConfigError
 
-#: What :func:`schedule` draws from.
-ACTIONS = ("cut", "split", "pause", "crash")
+#: What :func:`schedule` draws from by default: a host cut off, a minority split away, a
+#: bridge (two sides that cannot hear each other, and one host that hears both), a host's
+#: processes paused (SIGSTOP) or crashed (SIGKILL, then restarted).
+ACTIONS = ("cut", "split", "bridge", "pause", "crash")
+#: ``impair``: every frame delayed, jittered (so reordered), lost and duplicated, from
+#: draws (a network made ``impairable``; :meth:`Network.impair`).
+IMPAIR = "impair"
 
 
 def _ip(*args: str) -> None:
@@ -298,14 +304,22 @@ class Network:
             self.cut(fault.hosts[0])
         elif fault.action == "split":
             self.split(fault.hosts)
+        elif fault.action == "bridge":  # the first host hears both sides of the rest
+            rest = [h for h in self.hosts if h not in fault.hosts]
+            self.split(fault.hosts[1:], rest)
+        elif fault.action == IMPAIR:
+            delay, jitter, loss, duplicate = fault.impairment
+            self.impair(delay=delay, jitter=jitter, loss=loss, duplicate=duplicate)
         elif fault.action == "pause":
             self.pause(fault.hosts[0])
         elif fault.action == "crash":
             await self.crash(fault.hosts[0])
 
     async def _end(self, fault: Fault) -> None:
-        if fault.action in ("cut", "split"):
+        if fault.action in ("cut", "split", "bridge"):
             self.heal()
+        elif fault.action == IMPAIR:
+            self.impair()
         elif fault.action == "pause":
             self.resume(fault.hosts[0])
         elif fault.action == "crash":
@@ -314,17 +328,27 @@ class Network:
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault of a schedule: ``action`` on ``hosts`` (a split's one side), ``at``
-    seconds in, for ``lasting`` seconds."""
+    """One fault of a schedule: ``action`` on ``hosts`` (a split's one side; a bridge's
+    host, then one side of the others), ``at`` seconds in, for ``lasting`` seconds; an
+    impairment's ``(delay, jitter, loss, duplicate)`` on every frame."""
 
     at: float
     action: str
     hosts: tuple[str, ...]
     lasting: float
+    impairment: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     @property
     def label(self) -> str:
-        return f"{self.at:.2f}s {self.action} {','.join(self.hosts)} for {self.lasting:.2f}s"
+        if self.action == IMPAIR:
+            delay, jitter, loss, duplicate = self.impairment
+            what = (f"{delay * 1000:.0f}+/-{jitter * 1000:.0f}ms loss {loss:.1%} "
+                    f"dup {duplicate:.1%}")
+        elif self.action == "bridge":
+            what = f"{self.hosts[0]} between {','.join(self.hosts[1:])} and the rest"
+        else:
+            what = ",".join(self.hosts)
+        return f"{self.at:.2f}s {self.action} {what} for {self.lasting:.2f}s"
 
 
 def schedule(seed: int, hosts: Sequence[str], *, faults: int = 3, within: float = 10.0,
@@ -332,22 +356,37 @@ def schedule(seed: int, hosts: Sequence[str], *, faults: int = 3, within: float 
              actions: Sequence[str] = ACTIONS) -> list[Fault]:
     """``faults`` faults one after another (each healed before the next), drawn from
     ``seed``: the same seed and hosts, the same schedule.  A split puts a minority of the
-    hosts on one side."""
-    unknown = [a for a in actions if a not in ACTIONS]
+    hosts on one side; a bridge (three hosts or more) one host between two sides of the
+    others; an impairment (in ``actions`` only if asked: it needs an impairable network)
+    delays every frame up to 100 ms, with jitter up to as much, and loses and duplicates
+    up to 5 % and 2 % of them."""
+    unknown = [a for a in actions if a not in (*ACTIONS, IMPAIR)]
     if unknown or not actions:
-        raise ConfigError(f"actions are among {', '.join(ACTIONS)}, got {unknown}")
+        raise ConfigError(f"actions are among {', '.join((*ACTIONS, IMPAIR))}, got "
+                          f"{unknown}")
     rng = random.Random(seed)
     out, at = [], 0.0
+    choices = [a for a in actions if a != "bridge" or len(hosts) >= 3]
     for _ in range(faults):
         at += rng.uniform(0, within / max(faults, 1))
-        action = rng.choice(list(actions))
+        action = rng.choice(choices)
+        impairment = (0.0, 0.0, 0.0, 0.0)
         if action == "split" and len(hosts) > 1:
             side = tuple(sorted(rng.sample(list(hosts), rng.randint(1, (len(hosts) - 1) // 2
                                                                     or 1))))
+        elif action == "bridge":
+            bridge = rng.choice(list(hosts))
+            rest = [h for h in hosts if h != bridge]
+            side = (bridge, *sorted(rng.sample(rest, rng.randint(1, len(rest) - 1))))
+        elif action == IMPAIR:
+            side = ()
+            delay = rng.uniform(0, 0.1)
+            impairment = (round(delay, 4), round(rng.uniform(0, delay), 4),
+                          round(rng.uniform(0, 0.05), 4), round(rng.uniform(0, 0.02), 4))
         else:
             side = (rng.choice(list(hosts)),)
         length = rng.uniform(*lasting)
-        out.append(Fault(round(at, 3), action, side, round(length, 3)))
+        out.append(Fault(round(at, 3), action, side, round(length, 3), impairment))
         at += length
     return out
 

@@ -13,6 +13,8 @@ from .service import EXPIRY_BEATS as EXPIRY_BEATS
 from .service import GROUP_HEARTBEAT as GROUP_HEARTBEAT
 from .service import MANAGER_ID as MANAGER_ID
 from .service import NAME_PORT as NAME_PORT
+from .service import QUIET as QUIET
+from .service import SUSPECT_BEATS as SUSPECT_BEATS
 from .service import BrokerRecord as BrokerRecord
 from .service import NameService as NameService
 from .service import record_dict as record_dict

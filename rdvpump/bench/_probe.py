@@ -11,6 +11,7 @@ rdvpump MANAGER`` or ``... nats URL,URL,URL``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -113,6 +114,57 @@ def rdvpump_probe(manager: str, universe: str) -> None:
     trio.run(main)
 
 
+def cluster_probe(manager: str, universe: str, listen: str, via: str) -> None:
+    """The cluster's case: publishes to a shared topic through the server ``via`` (never
+    the one cut off), which relays it to the root; each try waits 0.25 s at most, as
+    NATS's do."""
+    import trio
+
+    from brokermgr import BrokerManager, NameClient, ServiceError
+    from mq import MqClient
+    from pump import Pump
+    from rdv import Address
+
+    async def main() -> None:
+        side = BrokerManager(universe, pump=Pump(name="probe"))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(side.pump.serve)
+            await nursery.start(side.serve_network, listen, 0)
+            names = NameClient(side, [Address.parse(manager)], lookup_timeout=0.5)
+            names.start()
+            client = MqClient(side.add_broker("p"), f"{via}:15555", timeout=0.25)
+
+            async def publish() -> None:
+                with trio.fail_after(DEADLINE):
+                    while True:
+                        try:
+                            await client.publish("bench", BODY)
+                            return
+                        except ServiceError as exc:
+                            if exc.status == 404:  # declared through the root, once
+                                with contextlib.suppress(ServiceError):
+                                    await client.declare("bench", shared=True)
+                            await trio.sleep(0.005)
+
+            stdin = trio.lowlevel.FdStream(0)
+            buffer = b""
+            while True:
+                while b"\n" not in buffer:
+                    chunk = await stdin.receive_some(4096)
+                    if not chunk:
+                        client.close()
+                        nursery.cancel_scope.cancel()
+                        return
+                    buffer += chunk
+                line, buffer = buffer.split(b"\n", 1)
+                began = time.perf_counter()
+                await publish()
+                _say(f"acked {time.perf_counter() - began:.4f}" if line.startswith(b"cut")
+                     else "ready root")
+
+    trio.run(main)
+
+
 def nats_probe(urls: str) -> None:
     import asyncio
 
@@ -182,5 +234,7 @@ def nats_probe(urls: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "rdvpump":
         rdvpump_probe(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "cluster":
+        cluster_probe(*sys.argv[2:6])
     else:
         nats_probe(sys.argv[2])

@@ -105,6 +105,87 @@ async def _ours(trials: int, tmp: Path, progress: Callable[[str], None]) -> Fail
     return result
 
 
+class _Said:
+    """A server's stderr, line by line, and an event for each new chunk of it."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.changed = trio.Event()
+
+    async def read(self) -> None:
+        assert self.proc.stderr is not None
+        buffer = b""
+        while chunk := await self.proc.stderr.receive_some(65536):
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            self.lines += [line.decode(errors="replace") for line in lines]
+            self.changed.set()
+            self.changed = trio.Event()
+
+    async def until(self, needles: tuple[str, ...], after: int) -> None:
+        with trio.fail_after(DEADLINE):
+            while not any(all(n in x for n in needles) for x in self.lines[after:]):
+                await self.changed.wait()
+
+
+async def _root(trials: int, tmp: Path, progress: Callable[[str], None]) -> FailoverResult:
+    """The cluster's case: three primaries a, b, c (a the most senior, so root), a client
+    publishing to a shared topic through b; each trial cuts a off, times the first
+    publish acknowledged through the new root, heals, and waits until a is root again
+    with every peer linked."""
+    result = FailoverResult("partition-rdvpump-cluster-root-cut", trials)
+    shop = tmp / "shop.toml"
+    shop.write_text('[cluster]\nname = "shop"\n' + "".join(
+        f'[[server]]\nid = "{i}"\naddress = "127.0.0.1:9999"\ntype = "primary"\n'
+        for i in "abc"))
+    with Network(["m", "a", "b", "c", "p"]) as net:
+        try:
+            manager = f"{net.hosts['m'].address}:9876"
+            await net.spawn("m", [*RDVPUMP, "manager", "serve", "--universe", UNIVERSE,
+                                  "--listen", manager], stderr=subprocess.DEVNULL)
+            said = {}
+            async with trio.open_nursery() as nursery:
+                for name in "abc":
+                    state = tmp / f"cluster-{name}"
+                    state.mkdir()
+                    proc = await net.spawn(name, [
+                        *RDVPUMP, "broker", "run", "--id", name, "--universe", UNIVERSE,
+                        "--manager", manager, "--listen", f"{net.hosts[name].address}:0",
+                        "--role", "server", "--cluster", str(shop), "--state-dir",
+                        str(state), "--mq-dir", str(state)], stdout=subprocess.DEVNULL)
+                    said[name] = _Said(proc)
+                    nursery.start_soon(said[name].read)
+                whole = ("(2 of 2 peers)", "; root a at epoch")
+                for name in "abc":
+                    await said[name].until(whole, 0)
+                probe = await net.spawn("p", [*PROBE, "cluster", manager, UNIVERSE,
+                                              net.hosts["p"].address, "b"],
+                                        stderr=subprocess.DEVNULL, stdin=subprocess.PIPE)
+                assert probe.stdin is not None
+                buffer = [b""]
+                await probe.stdin.send_all(b"wait\n")
+                await _ready(probe, buffer)
+                for trial in range(trials):
+                    progress(f"rdvpump cluster: trial {trial + 1} of {trials}, cutting the "
+                             f"root a off")
+                    marks = {name: len(said[name].lines) for name in "abc"}
+                    net.cut("a")
+                    await probe.stdin.send_all(b"cut a\n")
+                    line = await _line(probe, buffer)
+                    if not line.startswith("acked "):
+                        raise RunError(f"rdvpump cluster: the probe said {line!r}")
+                    result.seconds.append(float(line.split()[1]))
+                    net.heal()
+                    for name in "abc":
+                        await said[name].until(whole, marks[name])
+                    await probe.stdin.send_all(b"wait\n")
+                    await _ready(probe, buffer)
+                nursery.cancel_scope.cancel()
+        finally:
+            await net.aclose()
+    return result
+
+
 async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]) -> FailoverResult:
     binary = shutil.which("nats-server")
     if binary is None:
@@ -131,12 +212,14 @@ async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]) -> Fail
 
 def run(trials: int = 20, *, progress: Callable[[str], None] = lambda _: None
         ) -> list[FailoverResult]:
-    """Ours, then NATS's: the seconds from each cut to the first acknowledgement."""
+    """Ours (a group's master, a cluster's root), then NATS's: the seconds from each cut
+    to the first acknowledgement."""
     why = unavailable()
     if why is not None:
         raise RunError(f"bench partition {why}")
     with tempfile.TemporaryDirectory(prefix="rdvpump-partition-") as tmp:
         ours = trio.run(_ours, trials, Path(tmp), progress)
+        root = trio.run(_root, trials, Path(tmp), progress)
         theirs = trio.run(_nats, trials, Path(tmp), progress)
-    return [ours, theirs]
+    return [ours, root, theirs]
 

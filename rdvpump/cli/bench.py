@@ -353,6 +353,51 @@ def bench_partition(
     _show_times(f"rdvpump bench partition ({trials} trials)", results)
 
 
+@app.command("nemesis")
+def bench_nemesis(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    schedules: Annotated[int, typer.Option(help="Runs, each a schedule of its own "
+                                                "seed.")] = 50,
+    first_seed: Annotated[int, typer.Option(help="The first run's seed (the next ones "
+                                                 "follow it).")] = 0,
+    faults: Annotated[int, typer.Option(help="Faults in each schedule.")] = 3,
+) -> None:
+    """Jepsen-style runs of a sync replicated group on network namespaces: seeded
+    schedules of faults (cuts, splits, bridges, pauses, crashes, slow and lossy links)
+    while a producer and a consumer on hosts of their own go on; every history checked.
+    Availability, recovery after the heal, redeliveries (root, iproute2, ethtool)."""
+    from ..bench import nemesis_runs
+
+    if (smoke := _smoke()) < 1:
+        schedules = max(1, round(schedules * smoke))
+    if schedules < 1 or faults < 1:
+        raise fail("--schedules and --faults must be at least 1")
+    seeds = list(range(first_seed, first_seed + schedules))
+    with err.status("playing schedules ...") as status:
+        results = guard(lambda: interruptible(lambda: nemesis_runs.run(
+            seeds, faults=faults, progress=status.update)))
+    total = nemesis_runs.summary(results)
+    if json_out:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+        print(json.dumps(total))
+    else:
+        table = Table(title=f"rdvpump bench nemesis ({schedules} schedules)")
+        for col in ("seed", "ok", "availability", "longest gap s", "recover s",
+                    "redelivered", "findings"):
+            table.add_column(col, justify="left" if col in ("ok", "findings") else "right")
+        for r in results:
+            d = r.to_dict()
+            table.add_row(str(r.seed), "yes" if r.ok else "NO", f"{d['availability']:.2f}",
+                          f"{d['longest_unavailable_s']:.2f}",
+                          "-" if r.recover_s is None else f"{r.recover_s:.3f}",
+                          str(r.redeliveries), ", ".join(f"{k} {v}" for k, v in
+                                                        r.findings.items()) or "none")
+        show_table(table)
+    if total["failed"]:
+        raise fail(f"schedules that failed their check: seeds {total['failed']}")
+
+
 @app.command("cluster")
 def bench_cluster(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,

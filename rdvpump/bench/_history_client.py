@@ -1,0 +1,144 @@
+"""The clients of ``bench nemesis``, each run on a host of its own: a producer or a
+consumer of a replicated group's topic that follows the master the name service names
+and writes what it saw as history operations (:mod:`mq._history`), one JSON object a
+line on stdout, each with ``t``, the machine's monotonic clock when it happened.
+
+``python -m rdvpump.bench._history_client produce|consume MANAGER UNIVERSE LISTEN``.
+The producer publishes one message at a time (a retry of one not acknowledged keeps its
+producer id and sequence, as a routed producer's does) until it reads ``stop`` on stdin,
+then says ``{"op": "done"}``; the consumer consumes and acknowledges until ``stop`` (an
+ack is sent, not confirmed: ``"status": "sent"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+#: Seconds a request may wait for its answer.
+TIMEOUT = 1.0
+#: Seconds between two questions to the name service when it names no master.
+POLL = 0.01
+TOPIC = "orders"
+GROUP = "a"
+BODY = b"x" * 100
+
+
+def _say(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def main(role: str, manager: str, universe: str, listen: str) -> None:
+    import trio
+
+    from brokermgr import BrokerManager, NameClient, ServiceError
+    from mq import MqClient
+    from pump import Pump, RdvpumpError
+    from rdv import Address
+
+    async def run() -> None:
+        side = BrokerManager(universe, pump=Pump(name=role))
+        stop = trio.Event()
+
+        async def read_stdin() -> None:
+            await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+            stop.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(side.pump.serve)
+            await nursery.start(side.serve_network, listen, 0)
+            names = NameClient(side, [Address.parse(manager)], lookup_timeout=0.5)
+            names.start()
+            nursery.start_soon(read_stdin)
+            made = 0
+
+            async def master() -> str | None:
+                try:
+                    group = await names.group(GROUP)
+                except ServiceError:
+                    return None
+                found = group.get("master")
+                return found if isinstance(found, str) else None
+
+            def client_of(name: str) -> MqClient:
+                nonlocal made
+                made += 1
+                return MqClient(side.add_broker(f"{role}{made}"), f"{name}:15555",
+                                timeout=TIMEOUT)
+
+            if role == "produce":
+                await produce(master, client_of, stop)
+                _say({"op": "done"})
+            else:
+                await consume(master, client_of, stop)
+            names.close()
+            nursery.cancel_scope.cancel()
+
+    async def produce(master: Any, client_of: Any, stop: trio.Event) -> None:
+        producer, sequence = f"p{time.monotonic_ns()}", 1
+        clients: dict[str, MqClient] = {}
+        while not stop.is_set():
+            to = await master()
+            if to is None:
+                await trio.sleep(POLL)
+                continue
+            client = clients.get(to) or clients.setdefault(to, client_of(to))
+            op: dict[str, Any] = {"op": "publish", "topic": TOPIC, "producer": producer,
+                                  "sequence": sequence, "partition": GROUP}
+            try:
+                reply = await client.request({"cmd": "produce", "topic": TOPIC,
+                                              "producer": producer, "sequence": sequence},
+                                             BODY)
+            except ServiceError as exc:  # not stored as far as it knows, or no answer
+                _say({**op, "status": "unknown", "t": time.monotonic(), "error": str(exc)})
+                if exc.status == 0:
+                    clients.pop(to).close()  # lost: a new link to whichever is named
+                elif exc.status == 404:  # the first publish: the topic is declared
+                    with contextlib.suppress(ServiceError):
+                        await client.declare(TOPIC)
+                await trio.sleep(POLL)
+                continue
+            _say({**op, "status": "ok", "offset": reply["offset"], "server": reply["server"],
+                  "epoch": reply.get("epoch"), "t": time.monotonic()})
+            sequence += 1
+        for client in clients.values():
+            client.close()
+
+    async def consume(master: Any, client_of: Any, stop: trio.Event) -> None:
+        while not stop.is_set():
+            to = await master()
+            if to is None:
+                await trio.sleep(POLL)
+                continue
+            client = client_of(to)
+            try:
+                subscription = await client.subscribe(TOPIC, window=500)
+                while not stop.is_set():
+                    with trio.move_on_after(0.25):
+                        messages = await subscription.receive_many()
+                        now = time.monotonic()
+                        for m in messages:
+                            _say({"op": "consume", "topic": TOPIC, "group": m.group,
+                                  "producer": m.producer, "sequence": m.sequence,
+                                  "partition": GROUP, "offset": m.offset, "t": now})
+                        await subscription.ack([m.offset for m in messages])
+                        for m in messages:
+                            _say({"op": "ack", "topic": TOPIC, "group": m.group,
+                                  "partition": GROUP, "offset": m.offset, "status": "sent",
+                                  "t": time.monotonic()})
+                        continue
+                    if await master() != to:
+                        break  # another master now: follow it
+            except (ServiceError, RdvpumpError):  # the link lost, a slave's refusal
+                await trio.sleep(POLL)
+            finally:
+                client.close()
+
+    trio.run(run)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

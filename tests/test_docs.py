@@ -1,0 +1,46 @@
+"""Every Python block of the pages in ``docs/`` runs as printed: each in a fresh
+interpreter, and what a ``# prints:`` comment promises is in its output.  A block that
+puts processes on a network of namespaces (:mod:`rdvpump.nemesis`) is skipped, with the
+reason, where this machine cannot make one."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rdvpump.nemesis import unavailable
+
+from .test_readme import PYTHON_DEADLINE, _env
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+
+
+def _blocks() -> list[tuple[str, int, str]]:
+    found = []
+    for page in sorted(DOCS.glob("*.md")):
+        for i, code in enumerate(re.findall(r"^```python\n(.*?)^```$", page.read_text(),
+                                            flags=re.S | re.M)):
+            found.append((page.name, i, code))
+    return found
+
+
+def test_the_failures_page_has_its_blocks() -> None:
+    assert sum(name == "failures.md" for name, _, _ in _blocks()) == 2
+
+
+@pytest.mark.parametrize(("page", "index", "code"), _blocks(),
+                         ids=[f"{name}-{i}" for name, i, _ in _blocks()])
+def test_a_docs_python_block_runs_as_printed(page: str, index: int, code: str,
+                                             tmp_path: pathlib.Path) -> None:
+    if "network(" in code and (why := unavailable()) is not None:
+        pytest.skip(why)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=PYTHON_DEADLINE, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for promised in re.findall(r"# prints: (.*)$", code, flags=re.M):
+        assert promised.strip() in proc.stdout, (promised, proc.stdout)
+    assert "Traceback" not in proc.stderr
