@@ -52,6 +52,7 @@ from ._member import keep_role
 from ._memory import MemoryLog
 from ._names import MAX_NAME_BYTES, check_name, disk_name
 from ._record import FORMAT_VERSION, FormatError, Record, StoreError
+from ._replication import DEFAULT_INSYNC_LAG
 from ._routed import Consumer, Producer
 from ._rpc import Caller, RpcTimeout, Service
 from ._scan import INDEX_INTERVAL, Corruption
@@ -71,7 +72,8 @@ from ._topic import (
 from ._verify import Finding, Report, verify
 
 __all__ = [
-    "DEFAULT_ACK_TIMEOUT", "DEFAULT_MAX_DELIVERIES", "DEFAULT_SEGMENT_BYTES", "DEFAULT_WINDOW",
+    "DEFAULT_ACK_TIMEOUT", "DEFAULT_INSYNC_LAG", "DEFAULT_MAX_DELIVERIES",
+    "DEFAULT_SEGMENT_BYTES", "DEFAULT_WINDOW",
     "FORMAT_VERSION", "INDEX_INTERVAL", "MAX_FILTER_BYTES", "Consumer", "Corruption",
     "CursorStore", "Delivery", "FilterError", "FormatError", "MemoryLog", "Record", "Start",
     "StoreError", "TagFilter", "Topic", "TopicLog", "UnknownGroupError", "matches",

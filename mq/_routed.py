@@ -9,10 +9,13 @@ sequence number, so a server that has those messages already (a slave promoted a
 its master died, which had copied them) answers with where they are and does not store
 them again (:mod:`._dedupe`), and a consumer that must not see duplicates drops a
 message whose ``(producer, sequence)`` it has seen (another server of the topic may
-have stored it).  While every server of the topic refuses (503: a replicated group's
-slave, a master not confirmed yet) or does not answer, a publish waits for the route
-table to change and tries again, for up to ``failover`` seconds: a publish in flight
-when a master dies goes to the member promoted, with its numbers.
+have stored it).  A publish waiting for its answer from a server that the route table
+no longer lists as taking the topic's writes (a master that died or stepped down) is
+given up at once and tried again elsewhere with its numbers, without waiting for its
+timeout.  While every server of the topic refuses (503: a replicated group's slave, a
+master not confirmed yet) or does not answer, a publish waits for the route table to
+change and tries again, for up to ``failover`` seconds: a publish in flight when a
+master dies goes to the member promoted, with its numbers.
 
 :class:`Consumer` consumes the topic on every server that holds it (of a replicated
 group: its master, or its slaves while it has none), attaches to servers as they join
@@ -71,9 +74,14 @@ class Producer:
         return client
 
     def _candidates(self, key: bytes | str | None, tried: set[str]) -> list[str]:
+        """The servers to try, in order: those the selector chooses, then the topic's
+        others (a slave may have been promoted since the table said otherwise), but
+        never a master that one at a newer epoch superseded (hung or cut off: it would
+        keep the publish until its timeout)."""
+        table = self.routes.routes
         chosen = [a for a in self.route.servers(key) if a not in tried]
-        others = sorted(a for a in self.routes.routes.servers_of(self.topic)
-                        if a not in tried and a not in chosen)
+        others = sorted(a for a in table.servers_of(self.topic)
+                        if a not in tried and a not in chosen and not table.superseded(a))
         return chosen + others
 
     async def publish(self, body: bytes, *, tag: str | None = None,
@@ -107,13 +115,45 @@ class Producer:
             client = self._client(address)
             client.sequence = sequence  # a retry keeps the sequence numbers
             try:
-                return await client.publish_many(self.topic, bodies, tag=tag)
+                return await self._publish_at(client, address, bodies, tag)
             except ServiceError as exc:
                 if exc.status not in RETRYABLE:
                     raise
                 tried.add(address)
                 last = exc
                 self.retried += 1
+
+    async def _publish_at(self, client: MqClient, address: str, bodies: Sequence[bytes],
+                          tag: str | None) -> list[Stored]:
+        """``client.publish_many``, given up (status 0: it may or may not have been
+        stored) as soon as the route table no longer lists ``address`` among the servers
+        that take the topic's writes (its master died, or stepped down) or its link is
+        lost, rather than when the timeout runs out."""
+        if address not in self.routes.routes.writable_of(self.topic):
+            return await client.publish_many(self.topic, bodies, tag=tag)
+        outcome: list[Stored] | ServiceError | None = None
+        async with trio.open_nursery() as nursery:
+            async def request() -> None:
+                nonlocal outcome
+                try:
+                    outcome = await client.publish_many(self.topic, bodies, tag=tag)
+                except ServiceError as exc:
+                    outcome = exc
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                while address in self.routes.routes.writable_of(self.topic):
+                    await self.routes.changed()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(request)
+            nursery.start_soon(watch)
+        if isinstance(outcome, ServiceError):
+            raise outcome
+        if outcome is None:
+            raise ServiceError(Status.NO_REPLY, f"{address} no longer takes the writes of "
+                                                f"{self.topic!r} (the route table changed)")
+        return outcome
 
     def close(self) -> None:
         for client in self.clients.values():

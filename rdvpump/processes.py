@@ -333,14 +333,15 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     """TrackNodes (and, with ``mq_dir``, an MQ server on each server role, its topics in
     ``mq_dir/<broker id>``); what to close, in order."""
     from brokermgr.tracking import TRACKER_ALIAS, TrackNode
-    from mq import DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
+    from mq import DEFAULT_INSYNC_LAG, DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
 
     options = dict(tracking)
     topics = options.pop("topics", ())
     mq_dir = options.pop("mq_dir", None)
     durability = options.pop("durability", "sync")
     replication = {"replication": options.pop("replication", "async"),
-                   "min_insync": options.pop("min_insync", 1)}
+                   "min_insync": options.pop("min_insync", 1),
+                   "insync_lag": options.pop("insync_lag", DEFAULT_INSYNC_LAG)}
     slave = options.get("group") is not None and options["group"].role == "slave"
     retention = {"retain_bytes": options.pop("retain_bytes", None),
                  "retain_age": options.pop("retain_age", None),

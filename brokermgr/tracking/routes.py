@@ -177,19 +177,37 @@ class RouteTable:
         return self.topic_table.get(topic, {})
 
     def writable_of(self, topic: str) -> dict[str, TopicInfo]:
-        """The servers of ``topic`` that take writes: all but replicated groups' slaves."""
-        table = self.server_table
+        """The servers of ``topic`` that take writes: all but replicated groups' slaves,
+        and masters that one at a newer epoch of their group has superseded (hung or
+        cut off, still listed until their reports expire)."""
+        table, newest = self.server_table, self._newest_masters()
         return {a: t for a, t in self.servers_of(topic).items()
-                if a not in table or not table[a].slave}
+                if a not in table or not (table[a].slave or _superseded(table[a], newest))}
 
     def readable(self) -> list[str]:
-        """The servers to read from, sorted: a replicated group's master, or its slaves
-        while no master of it is in the table; every server in no group."""
-        mastered = {info.group.group for info in self.server_table.values()
-                    if info.group is not None and not info.slave}
+        """The servers to read from, sorted: a replicated group's master (the one at its
+        newest epoch), or its slaves while no master of it is in the table; every server
+        in no group."""
+        newest = self._newest_masters()
         return sorted(a for a, info in self.server_table.items()
-                      if not info.slave or info.group is None
-                      or info.group.group not in mastered)
+                      if info.group is None
+                      or (info.slave and info.group.group not in newest)
+                      or (not info.slave and not _superseded(info, newest)))
+
+    def superseded(self, address: str) -> bool:
+        """Whether the server at ``address`` is a group's master that one at a newer
+        epoch of its group has superseded in the table."""
+        info = self.server_table.get(address)
+        return info is not None and _superseded(info, self._newest_masters())
+
+    def _newest_masters(self) -> dict[str, int]:
+        """Each replicated group's newest master epoch in the table."""
+        newest: dict[str, int] = {}
+        for info in self.server_table.values():
+            if info.group is not None and not info.slave:
+                group = info.group
+                newest[group.group] = max(newest.get(group.group, 0), group.epoch)
+        return newest
 
     def rebuild_topic_table(self) -> dict[str, dict[str, TopicInfo]]:
         """The topic table computed from scratch from the server table (and installed)."""
@@ -291,3 +309,9 @@ class RouteTable:
                 for address in change.left:
                     self.on_leave(address)
         return change
+
+
+def _superseded(info: ServerInfo, newest: dict[str, int]) -> bool:
+    """A group's master listed beside one at a newer epoch of its group."""
+    return (info.group is not None and not info.slave
+            and info.group.epoch < newest.get(info.group.group, 0))

@@ -140,28 +140,33 @@ async def _until(event_of: Callable[[], bool], changed: Callable[[], trio.Event]
 HOSTS = ("m", *MEMBERS, "p", "c")
 
 
-async def run_one(seed: int, tmp: Path, *, faults: int = 3) -> RunResult:
+async def run_one(seed: int, tmp: Path, *, faults: int = 3,
+                  insync_lag: float | None = None) -> RunResult:
     """One schedule drawn from ``seed``, played against a fresh group on a network of its
     own."""
     with Network(HOSTS, impairable=True, seed=seed) as net:
-        return await play(net, seed, tmp, faults=faults)
+        return await play(net, seed, tmp, faults=faults, insync_lag=insync_lag)
 
 
 async def play(net: Network, seed: int, tmp: Path, *, faults: int = 3, within: float = 6.0,
-               lasting: tuple[float, float] = (1.0, 3.0)) -> RunResult:
+               lasting: tuple[float, float] = (1.0, 3.0),
+               insync_lag: float | None = None) -> RunResult:
     """One schedule drawn from ``seed`` against a fresh group on ``net`` (an impairable
-    network of :data:`HOSTS`); every process it started killed and reaped at its end."""
+    network of :data:`HOSTS`), its members at ``insync_lag`` (None: the default); every
+    process it started killed and reaped at its end."""
     drawn = schedule(seed, MEMBERS, faults=faults, within=within, lasting=lasting,
                      actions=(*ACTIONS, IMPAIR))
     result = RunResult(seed, [f.label for f in drawn])
     try:
-        await _play(net, drawn, tmp / f"run{seed}", result)
+        lag = [] if insync_lag is None else ["--insync-lag", str(insync_lag)]
+        await _play(net, drawn, tmp / f"run{seed}", result, lag)
     finally:
         await net.aclose()
     return result
 
 
-async def _play(net: Network, drawn: list[Fault], tmp: Path, result: RunResult) -> None:
+async def _play(net: Network, drawn: list[Fault], tmp: Path, result: RunResult,
+                extra: list[str]) -> None:
     manager = f"{net.hosts['m'].address}:9876"
     quiet = subprocess.DEVNULL
     await net.spawn("m", [*RDVPUMP, "manager", "serve", "--universe", UNIVERSE, "--listen",
@@ -171,7 +176,7 @@ async def _play(net: Network, drawn: list[Fault], tmp: Path, result: RunResult) 
             *RDVPUMP, "broker", "run", "--id", name, "--universe", UNIVERSE, "--manager",
             manager, "--listen", f"{net.hosts[name].address}:0", "--role", "server",
             "--mq-dir", str(tmp), "--group", "a", "--group-id", str(i), "--replication",
-            "sync"], stdout=quiet, stderr=quiet)
+            "sync", *extra], stdout=quiet, stderr=quiet)
     clients = {}
     async with trio.open_nursery() as nursery:
         for role, host in (("produce", "p"), ("consume", "c")):
@@ -230,7 +235,7 @@ async def _play(net: Network, drawn: list[Fault], tmp: Path, result: RunResult) 
         result.detail.append(f"nothing acknowledged within {DEADLINE:g} s of the heal")
 
 
-def run(seeds: list[int], *, faults: int = 3,
+def run(seeds: list[int], *, faults: int = 3, insync_lag: float | None = None,
         progress: Callable[[str], None] = lambda _: None) -> list[RunResult]:
     """A run per seed, one after another."""
     why = unavailable(impairable=True)
@@ -240,7 +245,8 @@ def run(seeds: list[int], *, faults: int = 3,
     with tempfile.TemporaryDirectory(prefix="rdvpump-nemesis-") as tmp:
         for i, seed in enumerate(seeds):
             progress(f"schedule {i + 1} of {len(seeds)} (seed {seed})")
-            results.append(trio.run(partial(run_one, seed, Path(tmp), faults=faults)))
+            results.append(trio.run(partial(run_one, seed, Path(tmp), faults=faults,
+                                            insync_lag=insync_lag)))
     return results
 
 

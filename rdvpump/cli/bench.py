@@ -361,6 +361,8 @@ def bench_nemesis(
     first_seed: Annotated[int, typer.Option(help="The first run's seed (the next ones "
                                                  "follow it).")] = 0,
     faults: Annotated[int, typer.Option(help="Faults in each schedule.")] = 3,
+    insync_lag: Annotated[float | None, typer.Option(
+        help="The members' --insync-lag (default: theirs).", show_default=False)] = None,
 ) -> None:
     """Jepsen-style runs of a sync replicated group on network namespaces: seeded
     schedules of faults (cuts, splits, bridges, pauses, crashes, slow and lossy links)
@@ -375,8 +377,8 @@ def bench_nemesis(
     seeds = list(range(first_seed, first_seed + schedules))
     with err.status("playing schedules ...") as status:
         results = guard(lambda: interruptible(lambda: nemesis_runs.run(
-            seeds, faults=faults, progress=status.update)))
-    total = nemesis_runs.summary(results)
+            seeds, faults=faults, insync_lag=insync_lag, progress=status.update)))
+    total = {**nemesis_runs.summary(results), "insync_lag": insync_lag}
     if json_out:
         for r in results:
             print(json.dumps(r.to_dict()))

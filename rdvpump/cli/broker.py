@@ -121,6 +121,10 @@ def broker_run(
     min_insync: Annotated[int, typer.Option(
         help="Under --replication sync, the members that must have copied a produce "
              "before it is acknowledged.")] = 1,
+    insync_lag: Annotated[float | None, typer.Option(
+        help="Seconds a member may stay behind its master (a slow or silent one) and "
+             "still count as in sync: a sync master waits that long for one cut off "
+             "before it acknowledges without it [default: 10]", show_default=False)] = None,
     cluster: Annotated[pathlib.Path | None, typer.Option(
         help="A cluster file: these brokers are servers of that cluster, each linked to "
              "every other server listed in it (one --id without --listen listens at its "
@@ -143,6 +147,8 @@ def broker_run(
 
         guard(lambda: Durability.parse(durability))
     member = guard(lambda: _member(group, group_id, broker_id, mq_dir, replication, min_insync))
+    if insync_lag is not None and not 0 < insync_lag < float("inf"):
+        raise fail(f"--insync-lag must be a positive number of seconds, got {insync_lag:g}")
     if role is not None:
         from brokermgr.tracking import ROLES
 
@@ -158,7 +164,8 @@ def broker_run(
                     "segment_bytes": guard(lambda: _segment_bytes(segment_mb)),
                     "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
                     "retain_age": None if retain_hours is None else retain_hours * 3600,
-                    "group": member, "replication": replication, "min_insync": min_insync}
+                    "group": member, "replication": replication, "min_insync": min_insync,
+                    **({} if insync_lag is None else {"insync_lag": insync_lag})}
         if state_dir is None and mq_dir is None:
             err.print("note: tracking without --state-dir (or --mq-dir): the versions of "
                       "this process's route information start from the wall clock, so they "

@@ -476,7 +476,8 @@ def test_broker_run_refuses_group_options_it_cannot_use_in_one_line() -> None:
             (["--group", "a", "--mq-dir", "d", "--id", "s2"], "--group needs one --id"),
             (["--group", "a", "--mq-dir", "d", "--group-id", "-1"], "--group-id must be 0"),
             (["--replication", "maybe"], "--replication is async or sync, not 'maybe'"),
-            (["--min-insync", "0"], "--min-insync must be 1 or more, got 0")):
+            (["--min-insync", "0"], "--min-insync must be 1 or more, got 0"),
+            (["--insync-lag", "0"], "--insync-lag must be a positive number of seconds")):
         result = runner.invoke(app, [*base, *extra])
         assert result.exit_code == 1, (extra, result.output)
         (line,) = result.output.strip().splitlines()

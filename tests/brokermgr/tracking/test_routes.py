@@ -306,6 +306,13 @@ def test_writes_go_to_masters_and_reads_to_the_master_or_while_none_its_slaves()
         a1, info_version=2, group=GroupMember("a", 1, "master", epoch=2)), a2, solo))
     assert sorted(routes.writable_of("orders")) == ["a1:15555", "solo:15555"]
     assert all_servers(routes, "orders") == ["a1:15555", "solo:15555"]
+    # a hung master still listed beside the one promoted over it: superseded, it takes
+    # neither writes nor reads until its reports expire
+    routes.update_tracker("t1", tracker("t1", 4, a0, replace(
+        a1, info_version=2, group=GroupMember("a", 1, "master", epoch=2)), a2, solo))
+    assert routes.superseded("a0:15555") and not routes.superseded("a1:15555")
+    assert sorted(routes.writable_of("orders")) == ["a1:15555", "solo:15555"]
+    assert routes.readable() == ["a1:15555", "solo:15555"]
     # the group travels in the ServerInfo's JSON, checked like every field
     again = ServerInfo.from_json(a1.to_json())
     assert again.group == a1.group and again.slave
