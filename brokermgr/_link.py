@@ -69,6 +69,10 @@ class ReconnectingLink(QueueListener):
         #: Set (and renewed) each time the link takes messages again after its high-water
         #: mark, and when it closes.
         self.room = trio.Event()
+        #: Set when the link is lost or closed, renewed when it is up again; with
+        #: :attr:`lost_reason`, why.
+        self.down = trio.Event()
+        self.lost_reason: str | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} to {self.name}>"
@@ -90,6 +94,8 @@ class ReconnectingLink(QueueListener):
         self.last_refusal = None
         self._refusals = 0
         queue.set_listener(self)
+        if self.down.is_set():
+            self.down = trio.Event()
         self.up.set()
         self.opened()
         self._outcome()
@@ -103,6 +109,8 @@ class ReconnectingLink(QueueListener):
 
     def closed(self, reason: str) -> None:
         self.queue = None
+        self.lost_reason = reason
+        self.down.set()
         if not self._closing:
             self.up = trio.Event()
         waiting, self._waiting = self._waiting, {}

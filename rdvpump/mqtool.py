@@ -129,10 +129,17 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
     show is not, so the group gets it again."""
     subscription = await client.subscribe(topic, group=group, window=window)
     seen = 0
+    link = client.link
     while count is None or seen < count:
+        messages: list[Any] = []
         with trio.move_on_after(idle if idle > 0 else math.inf) as scope:
-            messages = await subscription.receive_many(
-                window if count is None else min(window, count - seen))
+            messages = await _receive_or_lost(
+                subscription, link, window if count is None else min(window, count - seen))
+        if link.down.is_set() and not messages:
+            raise OSError(f"{client.server.address}: the link to the server was lost "
+                          f"({link.lost_reason}) after {seen:,} messages consumed and "
+                          f"acknowledged; what it delivered since its last ack comes again "
+                          f"to the group")
         if scope.cancelled_caught:
             break
         acks: list[int] = []
@@ -145,6 +152,23 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
             if acks:
                 await subscription.ack(acks)
     return seen
+
+
+async def _receive_or_lost(subscription: Any, link: Any, most: int) -> list[Any]:
+    """``subscription.receive_many(most)``, or nothing as soon as ``link`` is lost."""
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        async def take() -> None:
+            got.extend(await subscription.receive_many(most))
+            nursery.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await link.down.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(take)
+        nursery.start_soon(watch)
+    return got
 
 
 #: The most bytes of stdin one read takes (and so the most that one arrival holds).

@@ -3,15 +3,18 @@ is acknowledged by its successor; beside a three-node NATS JetStream cluster who
 leader is SIGKILLed the same way, in the same run.
 
 Ours: a name service (``manager serve``) and three ``broker run --role server --group
-a`` processes, ``--replication sync``, on 127.0.0.1.  A client in this process publishes
-1 KiB messages to the master; each trial SIGKILLs the master and times from the kill to
-the first publish the new master acknowledges (the client asks the name service which
-member is master, every 5 ms, and publishes there); the killed member is then started
-again on its directory and the next trial waits until it is back in sync.  One more
-trial SIGSTOPs the master instead (hung, its links open): only the name service's
-heartbeat expiry (``--expiry``) finds it.  Throughput: 1 KiB publishes from 32
-concurrent publishers (:data:`PUBLISHERS`) for the single server, the ``async`` group
-and the ``sync`` group.
+a`` processes, ``--replication sync``, and a tracker, on 127.0.0.1, every setting at its
+default.  A client in this process publishes 1 KiB messages to the master; each trial
+SIGKILLs the master and times from the kill to the first publish the new master
+acknowledges (the client asks the name service which member is master, every 5 ms, and
+publishes there); the killed member is then started again on its directory and the next
+trial waits until it is back in sync.  Beside it, in the same trials, an ``mq.Producer``
+with its default settings that follows the tracker's route table publishes a message
+every 5 ms, and the time from the kill to its first acknowledgement is the routed
+figure.  One more trial SIGSTOPs the master instead (hung, its links open): the
+members' silence rules find it.  Throughput: 1 KiB publishes from 32 concurrent
+publishers (:data:`PUBLISHERS`) for the single server, the ``async`` group and the
+``sync`` group.
 
 NATS: three ``nats-server -js`` processes in one cluster, a stream with three replicas,
 the ``nats-py`` client connected to all three; each trial SIGKILLs the stream's leader
@@ -45,8 +48,6 @@ from ._ports import free_ports
 UNIVERSE = "bench-failover"
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
 SIZE = 1024
-#: The name service's heartbeat expiry for the hung-master trial, in seconds.
-EXPIRY = 3.0
 DEADLINE = 60.0
 
 
@@ -114,11 +115,10 @@ class _Group:
 
     def member_args(self, name: str, member_id: int) -> list[str]:
         args = ["broker", "run", "--id", name, "--universe", UNIVERSE, "--manager",
-                self.manager, "--role", "server", "--mq-dir", str(self.tmp / "data"),
-                "--heartbeat", "0.5"]
+                self.manager, "--role", "server", "--mq-dir", str(self.tmp / "data")]
         if self.replication is not None:
             args += ["--group", "a", "--group-id", str(member_id), "--replication",
-                     self.replication]
+                     self.replication, "--tracker", "t1:15555"]
         return args
 
 
@@ -163,8 +163,7 @@ async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
         progress(f"rdvpump {label}: starting")
         group = _Group(tmp / label, replication)
         async with _spawn(["manager", "serve", "--universe", UNIVERSE, "--listen",
-                           "127.0.0.1:0", "--expiry", str(EXPIRY), "--scan", "0.1"]) as (
-                _, manager), trio.open_nursery() as nursery:
+                           "127.0.0.1:0"]) as (_, manager), trio.open_nursery() as nursery:
             group.manager = manager
             universe = BrokerManager(UNIVERSE, pump=Pump(name="bench"))
             await nursery.start(universe.pump.serve)
@@ -184,6 +183,9 @@ async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
                 rates[label] = await _rate(client, messages, body, publishers)
                 client.close()
                 if replication == "sync":
+                    await stack.enter_async_context(_spawn([
+                        "broker", "run", "--id", "t1", "--universe", UNIVERSE, "--manager",
+                        manager, "--role", "tracker"]))
                     results += await _trials(universe, names, group, spawned, stack,
                                              trials, body, progress)
             names.close()
@@ -216,33 +218,64 @@ async def _rate(client: Any, messages: int, body: bytes, publishers: int) -> flo
 async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, Any],
                   stack: AsyncExitStack, trials: int, body: bytes,
                   progress: Callable[[str], None]) -> list[FailoverResult]:
-    from mq import MqClient
+    from brokermgr.tracking import RouteClient
+    from mq import MqClient, Producer
 
     killed = FailoverResult("failover-rdvpump-sync-sigkill", trials)
+    routed = FailoverResult("failover-rdvpump-sync-sigkill-routed-producer", trials)
     hung = FailoverResult("failover-rdvpump-sync-sigstop", 1)
-    for trial in range(trials + 1):
-        stop = trial == trials  # the last trial: a hung master, found by the expiry
-        master = await _master(names, insync=2)
-        progress(f"rdvpump sync: trial {trial + 1} of {trials + 1}, master {master}")
-        before = MqClient(universe.add_broker(f"c{trial}"), f"{master}:15555", timeout=5)
-        await before.publish("bench", body)
-        before.close()
-        proc = spawned[master]
-        start = trio.current_time()
-        proc.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
-        successor = await _master(names, not_=master, insync=0)
-        after = MqClient(universe.add_broker(f"d{trial}"), f"{successor}:15555", timeout=1)
-        await _publish_until_acked(after, body, start + DEADLINE)
-        (hung if stop else killed).seconds.append(trio.current_time() - start)
-        after.close()
-        if stop:
-            proc.kill()
-        with trio.move_on_after(10):
-            await proc.wait()
-        member_id = int(master[1:])
-        spawned[master], _ = await stack.enter_async_context(
-            _spawn(group.member_args(master, member_id)))
-    return [killed, hung]
+    routes = RouteClient(universe.add_broker("routes"))
+    routes.add_tracker("t1:15555")
+    with trio.fail_after(DEADLINE):
+        while len(routes.routes.servers_of("bench")) < 3:
+            await routes.changed()
+    producer = Producer(routes, "bench")  # every setting its default
+    acked: list[float] = []
+    changed = trio.Event()
+
+    async def publish_every_5ms() -> None:
+        nonlocal changed
+        while True:
+            await producer.publish(body)
+            acked.append(trio.current_time())
+            changed.set()
+            changed = trio.Event()
+            await trio.sleep(0.005)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(publish_every_5ms)
+        for trial in range(trials + 1):
+            stop = trial == trials  # the last trial: a hung master, found by its silence
+            master = await _master(names, insync=2)
+            progress(f"rdvpump sync: trial {trial + 1} of {trials + 1}, master {master}")
+            before = MqClient(universe.add_broker(f"c{trial}"), f"{master}:15555", timeout=5)
+            await before.publish("bench", body)
+            before.close()
+            proc = spawned[master]
+            start = trio.current_time()
+            proc.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
+            successor = await _master(names, not_=master, insync=0)
+            after = MqClient(universe.add_broker(f"d{trial}"), f"{successor}:15555",
+                             timeout=1)
+            await _publish_until_acked(after, body, start + DEADLINE)
+            (hung if stop else killed).seconds.append(trio.current_time() - start)
+            after.close()
+            if not stop:
+                with trio.fail_after(DEADLINE):
+                    while not acked or acked[-1] <= start:
+                        await changed.wait()
+                routed.seconds.append(next(t for t in acked if t > start) - start)
+            if stop:
+                proc.kill()
+            with trio.move_on_after(10):
+                await proc.wait()
+            member_id = int(master[1:])
+            spawned[master], _ = await stack.enter_async_context(
+                _spawn(group.member_args(master, member_id)))
+        nursery.cancel_scope.cancel()
+    producer.close()
+    routes.close()
+    return [killed, routed, hung]
 
 
 # -- NATS JetStream -------------------------------------------------------------------------

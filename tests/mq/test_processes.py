@@ -870,3 +870,41 @@ async def test_mq_consume_into_a_reader_that_stops_ends_quietly(tmp_path: pathli
         assert got[0].offset > 0  # the one it printed was acknowledged
         assert [m.body for m in got if m.body.startswith(b"late ")] == [
             b"late %d" % i for i in range(100)]
+
+
+async def test_mq_consume_whose_server_dies_says_so_in_one_line_and_fails(
+        tmp_path: pathlib.Path) -> None:
+    """``mq consume --idle 0`` (no end of its own) from a server that is SIGKILLed: it
+    ends at once with one line saying the link was lost and how many messages it had
+    consumed and acknowledged, and exits 1, rather than waiting on, or ending as if
+    nothing happened."""
+    async with spawn("manager", "serve", "--universe", "q", "--listen", "127.0.0.1:0") as (
+            _, manager), spawn(*server_args(manager, tmp_path)) as (server, address):
+        where = f"s1@{address[0]}:{address[1]}"
+        env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+        published = await trio.run_process(
+            [*RDVPUMP, "mq", "publish", "orders", "--server", where, "--universe", "q"],
+            stdin=b"a\nb\nc\n", capture_stdout=True, env=env)
+        assert published.stdout.startswith(b"published 3"), published
+        consumer = await trio.lowlevel.open_process(
+            [*RDVPUMP, "mq", "consume", "orders", "--server", where, "--universe", "q",
+             "--idle", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            assert consumer.stdout is not None and consumer.stderr is not None
+            shown = b""
+            with trio.fail_after(30):
+                while shown.count(b"\n") < 3:
+                    shown += await consumer.stdout.receive_some(4096)
+            assert shown.split() == [b"a", b"b", b"c"]
+            server.send_signal(signal.SIGKILL)
+            said = b""
+            with trio.fail_after(30):
+                while chunk := await consumer.stderr.receive_some(4096):
+                    said += chunk
+                await consumer.wait()
+            assert consumer.returncode == 1
+            (line,) = said.decode().strip().splitlines()
+            assert line.startswith("error: ") and "the link to the server was lost" in line \
+                and "after 3 messages consumed and acknowledged" in line, line
+        finally:
+            await reap(consumer)
