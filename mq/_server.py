@@ -392,6 +392,9 @@ class MqServer:
                 reply["topics"][name]["replicas"] = replicas
         if self.catalogue.unavailable and not request.topic:
             reply["unavailable"] = dict(self.catalogue.unavailable)
+        if (group := self.group) is not None:  # its place in a replicated group
+            reply["group"] = {"name": group.group, "role": group.role, "epoch": group.epoch,
+                              "confirmed": group.role == "master" and self.role.confirmed}
         if self.relay is not None:
             self.relay.describe(reply["topics"])  # a cluster's shared topics
         return reply

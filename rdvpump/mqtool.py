@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from brokermgr import BrokerManager, ServiceError, Status
+from brokermgr import BrokerManager, NameClient, ServiceError, Status
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
 from pump import ConfigError, Pump
 from rdv import Address, is_final, parse_located
 
 from ._dial import NotBound, refusal_text
+
+T = TypeVar("T")
 
 #: How often the CLI dials a server that is not reachable yet, within its ``timeout``.
 CLI_RETRY = 0.1
@@ -83,26 +85,161 @@ async def connect(universe: str, server: str, *, token: str = "", identity: str 
             nursery.cancel_scope.cancel()
 
 
+#: Seconds between a following client's questions to the name service for its group's
+#: master, while none other than the one lost is named.
+FOLLOW_POLL = 0.02
+
+
+class Following:
+    """The master of the replicated group ``group``, found through the name service and
+    followed: after its link is lost or it refuses as a slave, :meth:`move` waits (up to
+    ``timeout``) until the name service names a master (another, or the same one back)
+    and links to it, saying so on one line.  The client keeps one producer id, so that a
+    publish tried again at the new master is not stored twice."""
+
+    def __init__(self, manager: BrokerManager, names: NameClient, group: str, *,
+                 track_port: int, timeout: float, say: Callable[[str], None]) -> None:
+        self.manager = manager
+        self.names = names
+        self.group = group
+        self.track_port = track_port
+        self.timeout = timeout
+        self.say = say
+        self.master: str | None = None
+        self.epoch = 0
+        self.producer = f"@mq.{os.getpid()}.{os.urandom(4).hex()}"
+        self.moves = 0
+        self.client: MqClient | None = None
+
+    async def find(self, lost: str | None = None) -> MqClient:
+        """A client of the group's master: the first one named (other than ``lost``, or
+        at a newer epoch), linked within the timeout."""
+        with trio.move_on_after(self.timeout):
+            while True:
+                try:
+                    said = await self.names.group(self.group)
+                except ServiceError:
+                    said = {}
+                master, epoch = said.get("master"), said.get("epoch") or 0
+                if isinstance(master, str) and (master != lost or epoch > self.epoch):
+                    client = MqClient(self.manager.add_broker(f"@mq.{self.moves}"),
+                                      f"{master}:{self.track_port}", producer=self.producer,
+                                      timeout=self.timeout, retry=CLI_RETRY)
+                    self.moves += 1
+                    with trio.move_on_after(self.timeout):
+                        await client.link.up.wait()
+                    if client.link.queue is not None:
+                        self.master, self.epoch, self.client = master, epoch, client
+                        return client
+                    client.close()
+                await trio.sleep(FOLLOW_POLL)
+        raise OSError(f"group {self.group}: no master "
+                      f"{'' if lost is None else f'other than {lost} '}named and reachable "
+                      f"within {self.timeout:g} s")
+
+    async def refused(self, why: str) -> MqClient:
+        """The master refused (503: a slave, or a master not confirmed yet): the same
+        client again after a moment while the name service still names it, else the
+        next master."""
+        await trio.sleep(FOLLOW_POLL)
+        try:
+            said = await self.names.group(self.group)
+        except ServiceError:
+            said = {}
+        client = self.client
+        if said.get("master") == self.master and client is not None \
+                and client.link.queue is not None:
+            return client
+        return await self.move(why)
+
+    async def taking_writes(self) -> None:
+        """Once the master followed says it is its group's confirmed master (the name
+        service names a member it promotes before the member itself took over), within
+        the timeout: a consumer subscribes to the master, not to a slave."""
+        assert self.client is not None
+        with trio.move_on_after(self.timeout):
+            while True:
+                said = (await self.client.query_all()).get("group") or {}
+                if said.get("confirmed"):
+                    return
+                await trio.sleep(FOLLOW_POLL)
+        raise OSError(f"group {self.group}: {self.master} did not take writes within "
+                      f"{self.timeout:g} s")
+
+    async def move(self, why: str) -> MqClient:
+        """The master was lost (``why``): the next one, said on one line."""
+        lost = self.master
+        if self.client is not None:
+            self.client.close()
+        client = await self.find(lost)
+        self.say(f"group {self.group}: master {lost} lost ({why}); following "
+                 f"{self.master} at epoch {self.epoch}")
+        return client
+
+
+@asynccontextmanager
+async def connect_group(universe: str, manager_address: str, group: str, *, token: str = "",
+                        identity: str | None = None, track_port: int = DEFAULT_TRACK_PORT,
+                        timeout: float = 10.0, say: Callable[[str], None]
+                        ) -> AsyncIterator[Following]:
+    """The master of replicated group ``group`` as the name service at
+    ``manager_address`` names it, followed (:class:`Following`)."""
+    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        names = NameClient(manager, [Address.parse(manager_address)],
+                           lookup_timeout=min(timeout, 2.0))
+        names.start()
+        following = Following(manager, names, group, track_port=track_port, timeout=timeout,
+                              say=say)
+        await following.find()
+        try:
+            yield following
+        finally:
+            if following.client is not None:
+                await following.client.aclose()
+            names.close()
+            nursery.cancel_scope.cancel()
+
+
 async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[bytes]], *,
                   tag: str | None, batch: int, progress: Callable[[int], None],
-                  immediate: bool = False) -> dict[str, Any]:
+                  immediate: bool = False, following: Following | None = None
+                  ) -> dict[str, Any]:
     """``rdvpump mq publish``: the messages of each arrival (:func:`arrivals`) in batches
     of at most ``batch``, each acknowledged before the next; a batch never waits for more
     input than its arrival brought (a line typed at a terminal is published as it is
     typed).  ``immediate``: a batch no consumer takes now is returned by the server, not
-    stored, and counted in ``returned``; the next batches are still sent."""
+    stored, and counted in ``returned``; the next batches are still sent.  ``following``:
+    a batch its master did not answer (lost) or refused as a slave is sent again, with
+    its numbers, to the master the name service names next."""
     count = returned = 0
     first = last = stored_by = None
 
     async def send(pending: list[bytes]) -> None:
-        nonlocal count, first, last, returned, stored_by
-        try:
-            stored = await client.publish_many(topic, pending, tag=tag, immediate=immediate)
-        except ServiceError as exc:
-            if exc.status != Status.GONE:
-                raise
-            returned += int(exc.detail.get("returned", len(pending)))
-            return
+        nonlocal client, count, first, last, returned, stored_by
+        while True:
+            before = client.sequence
+            try:
+                if following is None:
+                    stored = await client.publish_many(topic, pending, tag=tag,
+                                                       immediate=immediate)
+                else:  # a lost link moves on at once, not at the request's timeout
+                    stored = await _or_lost(client, client.publish_many(
+                        topic, pending, tag=tag, immediate=immediate))
+                break
+            except ServiceError as exc:
+                if following is not None and exc.status in (Status.NO_REPLY,
+                                                             Status.UNAVAILABLE):
+                    client = await (following.move(str(exc)) if exc.status == Status.NO_REPLY
+                                    else following.refused(str(exc)))
+                    client.sequence = before  # the same numbers: not stored twice
+                    continue
+                if exc.status != Status.GONE:
+                    raise
+                returned += int(exc.detail.get("returned", len(pending)))
+                return
         first = stored[0].offset if first is None else first
         last = stored[-1].offset
         stored_by = stored[-1].server  # a cluster's root, when a shared topic's
@@ -119,14 +256,16 @@ async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[byt
 
 
 async def consume(client: MqClient, topic: str, *, group: str | None, count: int | None,
-                  idle: float, window: int,
-                  show: Callable[[Any], None]) -> int:
+                  idle: float, window: int, show: Callable[[Any], None],
+                  following: Following | None = None) -> int:
     """Print messages and acknowledge them, until ``count`` or ``idle`` seconds without one
     (``idle`` 0: never, until ``count`` or a cancellation).  The messages here are shown
     and then acknowledged together before waiting for more, so a consumer that waits
     owes nothing it showed.  When ``show`` raises (the reader of the output went away),
     what it showed before is acknowledged and the error goes on: the message it could not
-    show is not, so the group gets it again."""
+    show is not, so the group gets it again.  A server lost ends it (OSError); with
+    ``following``, it goes on at the master the name service names next, which delivers
+    again what the group had not acknowledged there."""
     subscription = await client.subscribe(topic, group=group, window=window)
     seen = 0
     link = client.link
@@ -135,6 +274,12 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
         with trio.move_on_after(idle if idle > 0 else math.inf) as scope:
             messages = await _receive_or_lost(
                 subscription, link, window if count is None else min(window, count - seen))
+        if link.down.is_set() and not messages and following is not None:
+            client = await following.move(str(link.lost_reason))
+            await following.taking_writes()
+            subscription = await client.subscribe(topic, group=group, window=window)
+            link = client.link
+            continue
         if link.down.is_set() and not messages:
             raise OSError(f"{client.server.address}: the link to the server was lost "
                           f"({link.lost_reason}) after {seen:,} messages consumed and "
@@ -152,6 +297,34 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
             if acks:
                 await subscription.ack(acks)
     return seen
+
+
+async def _or_lost(client: MqClient, request: Awaitable[T]) -> T:
+    """``request``'s answer, or :class:`ServiceError` ``NO_REPLY`` as soon as the
+    client's link is lost (or at once, if it is down)."""
+    answer: list[T] = []
+    failed: list[ServiceError] = []
+    link = client.link
+    async with trio.open_nursery() as nursery:
+        async def ask() -> None:
+            try:
+                answer.append(await request)
+            except ServiceError as exc:
+                failed.append(exc)
+            nursery.cancel_scope.cancel()
+
+        async def watch() -> None:
+            await link.down.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(ask)
+        nursery.start_soon(watch)
+    if failed:
+        raise failed[0]
+    if not answer:
+        raise ServiceError(Status.NO_REPLY, f"{client.server.address}: the link was lost "
+                                            f"({link.lost_reason})")
+    return answer[0]
 
 
 async def _receive_or_lost(subscription: Any, link: Any, most: int) -> list[Any]:

@@ -46,6 +46,42 @@ TimeoutOption = Annotated[float, typer.Option(callback=positive,
                                               help="Seconds to wait for the server.")]
 
 
+#: ``--server`` of the commands that may follow a group's master instead.
+FollowServerOption = Annotated[str | None, typer.Option(
+    "--server", help="The server as BROKER@HOST:PORT (HOST:PORT: its process's ready line); "
+                     "or --manager with --master-of.", show_default=False)]
+ManagerOption = Annotated[str | None, typer.Option(
+    "--manager", help="A manager HOST:PORT, with --master-of: the name service that names "
+                      "the group's master.", show_default=False)]
+MasterOfOption = Annotated[str | None, typer.Option(
+    "--master-of", help="A replicated group: its master, found through --manager and "
+                        "followed when it fails over (one line on stderr says so).",
+    show_default=False)]
+
+
+def _run_following(universe: str, server: str | None, manager: str | None,
+                   master_of: str | None, token: str, identity: str, track_port: int,
+                   timeout: float, body: Any) -> Any:
+    """``body(client, following)`` on ``--server``'s client (``following`` None), or on
+    the master of ``--master-of`` found through ``--manager`` and followed."""
+    if (server is None) == (master_of is None) or (master_of is None) != (manager is None):
+        raise fail("give --server, or --manager with --master-of")
+    if server is not None:
+        return _run(universe, server, token, identity, track_port, timeout,
+                    lambda client: body(client, None))
+    assert manager is not None and master_of is not None
+
+    async def main() -> Any:
+        async with mqtool.connect_group(universe, manager, master_of, token=token,
+                                        identity=identity or None, track_port=track_port,
+                                        timeout=timeout, say=lambda line: err.print(line)
+                                        ) as following:
+            assert following.client is not None
+            return await body(following.client, following)
+
+    return interruptible(lambda: run_trio(main))
+
+
 def _run(universe: str, server: str, token: str, identity: str, track_port: int,
          timeout: float, body: Any) -> Any:
     async def main() -> Any:
@@ -86,7 +122,7 @@ def mq_declare(
 @app.command("publish")
 def mq_publish(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    server: ServerOption,
+    server: FollowServerOption = None,
     file: Annotated[list[str], typer.Option(
         help="Publish this file as one message (repeatable); without: each line of "
              "stdin.")] = [],  # noqa: B006
@@ -99,8 +135,13 @@ def mq_publish(
     identity: IdentityOption = "",
     track_port: TrackPortOption = DEFAULT_TRACK_PORT, timeout: TimeoutOption = 10.0,
     as_json: JsonOption = False,
+    manager: ManagerOption = None, master_of: MasterOfOption = None,
 ) -> None:
-    """Publish lines of stdin (or files), acknowledged by the server before the next batch."""
+    """Publish lines of stdin (or files), acknowledged by the server before the next batch.
+
+    With --manager and --master-of, to a replicated group's master, followed when it
+    fails over: a batch its master did not answer is sent again to the next one, with its
+    numbers (so not stored twice)."""
     if batch < 1:
         raise typer.BadParameter("--batch must be at least 1")
 
@@ -113,10 +154,11 @@ def mq_publish(
             if status is not None:
                 status.update(f"{n:,} published ...")
 
-        result = _run(universe, server, token, identity, track_port, timeout,
-                      lambda c: mqtool.publish(c, topic, mqtool.arrivals(file), tag=tag,
-                                               batch=batch, progress=progress,
-                                               immediate=immediate))
+        result = _run_following(
+            universe, server, manager, master_of, token, identity, track_port, timeout,
+            lambda c, following: mqtool.publish(c, topic, mqtool.arrivals(file), tag=tag,
+                                                batch=batch, progress=progress,
+                                                immediate=immediate, following=following))
     if as_json:
         print(json.dumps(result))
     else:
@@ -135,7 +177,7 @@ def mq_publish(
 @app.command("consume")
 def mq_consume(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    server: ServerOption,
+    server: FollowServerOption = None,
     group: Annotated[str | None, typer.Option(help="Consume group (default: the topic's).")]
         = None,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after this many "
@@ -153,13 +195,15 @@ def mq_consume(
     as_json: Annotated[bool, typer.Option(
         "--json", help="A JSON object per message: its fields, and its body as text "
                        "(\"body\") when it is UTF-8, else in base64 (\"body_base64\").")] = False,
+    manager: ManagerOption = None, master_of: MasterOfOption = None,
 ) -> None:
     """Print messages of a topic and acknowledge them.
 
     By default each message's bytes go to stdout as they are, each followed by a newline:
     exact, but messages that hold newlines or binary data cannot be told apart there (use
     --out or --json).  A reader that stops reading (``| head``) ends the command quietly;
-    what it did not read is not acknowledged.
+    what it did not read is not acknowledged.  A server lost ends it with one line and
+    exit 1; with --manager and --master-of it follows the group's master instead.
     """
     if out_dir is not None:
         guard(lambda: out_dir.mkdir(parents=True, exist_ok=True), arg="--out")
@@ -187,14 +231,15 @@ def mq_consume(
         except BrokenPipeError:
             raise _ReaderGone from None
 
-    async def consume(client: Any) -> int | None:
+    async def consume(client: Any, following: Any) -> int | None:
         try:
             return await mqtool.consume(client, topic, group=group, count=count, idle=idle,
-                                        window=window, show=show)
+                                        window=window, show=show, following=following)
         except _ReaderGone:
             return None
 
-    seen = _run(universe, server, token, identity, track_port, timeout, consume)
+    seen = _run_following(universe, server, manager, master_of, token, identity,
+                          track_port, timeout, consume)
     if seen is None:
         # the reader is gone: nothing more to say, and no error at exit for the flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -908,3 +908,86 @@ async def test_mq_consume_whose_server_dies_says_so_in_one_line_and_fails(
                 and "after 3 messages consumed and acknowledged" in line, line
         finally:
             await reap(consumer)
+
+
+async def test_mq_publish_and_consume_follow_a_group_s_master_through_a_failover(
+        tmp_path: pathlib.Path) -> None:
+    """``mq publish`` and ``mq consume`` given a manager and a group (``--manager``,
+    ``--master-of``) find its master; SIGKILL it mid-stream: each says on one line that
+    it follows the member promoted, and goes on; every line published is consumed, none
+    stored twice, and the publisher's last batch is acknowledged by the new master."""
+    def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
+        return sync_member("g", name, member_id, manager, tmp_path / "data")
+
+    universe = BrokerManager("g", token=TOKEN, pump=Pump(name="test"))
+    env = {**os.environ, "RDVPUMP_TOKEN": TOKEN}
+    async with spawn("manager", "serve", "--universe", "g", "--listen", "127.0.0.1:0") as (
+            _, manager), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        where = f"{manager[0]}:{manager[1]}"
+        follow = ["orders", "--manager", where, "--master-of", "a", "--universe", "g"]
+        with trio.fail_after(120):
+            async with spawn(*member("s1", 0, manager)) as (s1, a1), \
+                    spawn(*member("s2", 1, manager)) as (_, a2), \
+                    spawn(*member("s3", 2, manager)) as (_, a3):
+                universe.directory["s1"] = Address(*a1)
+                admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=5)
+                while True:
+                    try:
+                        await admin.declare("orders")  # once s1 is confirmed master
+                        break
+                    except ServiceError as exc:
+                        assert exc.status == 503, exc
+                        await trio.sleep(0.05)  # polled, bounded by the deadline
+                admin.close()
+                publisher = await trio.lowlevel.open_process(
+                    [*RDVPUMP, "mq", "publish", *follow], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                consumer = await trio.lowlevel.open_process(
+                    [*RDVPUMP, "mq", "consume", *follow, "--idle", "5"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                try:
+                    assert publisher.stdin is not None and consumer.stdout is not None
+                    shown = b""
+                    for i in range(50):
+                        await publisher.stdin.send_all(b"m%d\n" % i)
+                    while shown.count(b"\n") < 50:
+                        shown += await consumer.stdout.receive_some(65536)
+                    s1.send_signal(signal.SIGKILL)
+                    for i in range(50, 100):
+                        await publisher.stdin.send_all(b"m%d\n" % i)
+                        await trio.sleep(0.01)  # a stream across the failover
+                    await publisher.stdin.aclose()
+                    published = await _all_of(publisher)
+                    while chunk := await consumer.stdout.receive_some(65536):
+                        shown += chunk
+                    consumed = await _all_of(consumer)
+                finally:
+                    await reap(publisher)
+                    await reap(consumer)
+        nursery.cancel_scope.cancel()
+    out, said = published
+    assert publisher.returncode == 0, said
+    assert out.startswith(b"published 100 to orders on s"), out
+    assert b"s1" not in out.split(b" on ")[1]
+    (line,) = said.decode().strip().splitlines()
+    assert line.startswith("group a: master s1 lost (") and "; following s" in line, line
+    _, said = consumed
+    assert consumer.returncode == 0
+    assert any(x.startswith("group a: master s1 lost (") for x in said.decode().splitlines())
+    got = shown.decode().split()
+    assert set(got) == {f"m{i}" for i in range(100)}, sorted(set(got))
+
+
+async def _all_of(proc: trio.Process) -> tuple[bytes, bytes]:
+    """What ``proc`` writes on stdout and stderr until it ends (bounded), once it ended."""
+    out, err = b"", b""
+    assert proc.stdout is not None and proc.stderr is not None
+    with trio.fail_after(60):
+        while chunk := await proc.stdout.receive_some(65536):
+            out += chunk
+        while chunk := await proc.stderr.receive_some(65536):
+            err += chunk
+        await proc.wait()
+    return out, err
