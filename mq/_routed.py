@@ -42,10 +42,12 @@ from ._topic import DEFAULT_WINDOW
 #: Statuses after which a publish is tried on another server (no answer; server closed).
 RETRYABLE = frozenset({0, 503})
 #: Seconds a publish goes on trying while every server of its topic refuses it (503) or
-#: does not answer (a replicated group's master failing over), by default; and between
-#: its rounds of tries when the route table does not change meanwhile.
+#: does not answer (a replicated group's master failing over), by default.
 DEFAULT_FAILOVER = 10.0
-RECHECK = 1.0
+#: Seconds between its rounds of tries when the route table does not change meanwhile:
+#: from the first, doubling up to the most.
+FIRST_RECHECK = 0.01
+RECHECK = 0.1
 
 
 class Producer:
@@ -98,13 +100,23 @@ class Producer:
         tried: set[str] = set()
         last: ServiceError | None = None
         deadline = trio.current_time() + self.failover
+        seen, rounds = self.routes.changes, 0
         while True:
             candidates = self._candidates(key, tried)
             if not candidates and last is not None and trio.current_time() < deadline:
                 # every server of the topic refused (503) or did not answer: a master may
                 # be failing over; try them all again at the route table's next change
-                with trio.move_on_at(min(deadline, trio.current_time() + RECHECK)):
-                    await self.routes.changed()
+                # (at once if it changed while they were tried), or after a pause that
+                # doubles from FIRST_RECHECK: a master promoted refuses until a member is
+                # in sync with it again, which changes no route
+                if self.routes.changes == seen:
+                    pause = min(RECHECK, FIRST_RECHECK * 2 ** rounds)
+                    with trio.move_on_at(min(deadline, trio.current_time() + pause)):
+                        await self.routes.changed()
+                    rounds += 1
+                else:
+                    rounds = 0
+                seen = self.routes.changes
                 tried.clear()
                 continue
             if not candidates:
@@ -130,6 +142,9 @@ class Producer:
         that take the topic's writes (its master died, or stepped down) or its link is
         lost, rather than when the timeout runs out."""
         if address not in self.routes.routes.writable_of(self.topic):
+            if client.link.queue is None:  # a slave, say, whose link is being dialled:
+                # not waited for (it keeps dialling meanwhile)
+                raise ServiceError(Status.NO_REPLY, f"{address}: not connected")
             return await client.publish_many(self.topic, bodies, tag=tag)
         outcome: list[Stored] | ServiceError | None = None
         async with trio.open_nursery() as nursery:

@@ -61,6 +61,9 @@ class RouteClient:
         self.ssl_cert_files: dict[str, str] = {}
         self.callbacks: list[Callable[[RouteChange], object]] = []
         self._event = trio.Event()
+        #: How many times the table changed (or a fresh TrackerInfo came): what a caller
+        #: that was busy meanwhile compares, where :meth:`changed` waits for the next.
+        self.changes = 0
 
     # -- zbus's client API --------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class RouteClient:
             for callback in list(self.callbacks):
                 callback(change)
         if change or notify:
+            self.changes += 1
             self._event.set()
             self._event = trio.Event()
 
