@@ -371,7 +371,7 @@ def bench_nemesis(
     from ..bench import nemesis_runs
 
     if (smoke := _smoke()) < 1:
-        schedules = max(1, round(schedules * smoke))
+        schedules, faults = max(1, round(schedules * smoke)), 1
     if schedules < 1 or faults < 1:
         raise fail("--schedules and --faults must be at least 1")
     seeds = list(range(first_seed, first_seed + schedules))

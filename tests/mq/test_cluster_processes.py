@@ -362,8 +362,10 @@ async def test_a_hung_root_is_replaced_and_steps_down_when_it_wakes(
         tmp_path: pathlib.Path) -> None:
     """SIGSTOP of the root's process closes no link: its peers count it out once it has
     been silent for the silence timeout, the next primary is root, and a publish through
-    another server is acknowledged by it; woken, the old root steps down and follows, then
-    takes over again at a newer epoch as the most senior primary."""
+    another server is acknowledged by it; woken, the old root steps down, then takes over
+    again at a newer epoch as the most senior primary (how soon, against b's beats, is a
+    matter of the machine's timing: whether it was seen following b first is not
+    asserted)."""
     shop = cluster_file(tmp_path / "shop.toml", [("a", "primary"), ("b", "primary"),
                                                  ("c", "primary")])
     async with spawn("manager", "serve", "--universe", "k", "--listen", "127.0.0.1:0") as (
@@ -404,7 +406,6 @@ async def test_a_hung_root_is_replaced_and_steps_down_when_it_wakes(
             finally:
                 a.proc.send_signal(signal.SIGCONT)
             await a.until("a steps down")
-            await a.until("(2 of 2 peers); root b")
             await b.until("b: a heard again")
             # a, the most senior primary, is root again, at a newer epoch than b's
             await a.until("(2 of 2 peers); root a")
