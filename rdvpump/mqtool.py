@@ -302,9 +302,26 @@ async def consume(client: MqClient, topic: str, *, group: str | None, count: int
 async def _or_lost(client: MqClient, request: Awaitable[T]) -> T:
     """``request``'s answer, or :class:`ServiceError` ``NO_REPLY`` as soon as the
     client's link is lost (or at once, if it is down)."""
+    link = client.link
+    answer = await _unless_lost(link, request)
+    if answer is None:
+        raise ServiceError(Status.NO_REPLY, f"{client.server.address}: the link was lost "
+                                            f"({link.lost_reason})")
+    return answer[0]
+
+
+async def _receive_or_lost(subscription: Any, link: Any, most: int) -> list[Any]:
+    """``subscription.receive_many(most)``, or nothing as soon as ``link`` is lost."""
+    got = await _unless_lost(link, subscription.receive_many(most))
+    return [] if got is None else list(got[0])
+
+
+async def _unless_lost(link: Any, request: Awaitable[T]) -> tuple[T] | None:
+    """``request``'s answer (in a tuple), or None once ``link`` is lost (at once if it is
+    down); a :class:`ServiceError` the request raises is raised, unless the link was
+    lost meanwhile."""
     answer: list[T] = []
     failed: list[ServiceError] = []
-    link = client.link
     async with trio.open_nursery() as nursery:
         async def ask() -> None:
             try:
@@ -319,29 +336,11 @@ async def _or_lost(client: MqClient, request: Awaitable[T]) -> T:
 
         nursery.start_soon(ask)
         nursery.start_soon(watch)
-    if failed:
+    if answer:
+        return (answer[0],)
+    if failed and not link.down.is_set():
         raise failed[0]
-    if not answer:
-        raise ServiceError(Status.NO_REPLY, f"{client.server.address}: the link was lost "
-                                            f"({link.lost_reason})")
-    return answer[0]
-
-
-async def _receive_or_lost(subscription: Any, link: Any, most: int) -> list[Any]:
-    """``subscription.receive_many(most)``, or nothing as soon as ``link`` is lost."""
-    got: list[Any] = []
-    async with trio.open_nursery() as nursery:
-        async def take() -> None:
-            got.extend(await subscription.receive_many(most))
-            nursery.cancel_scope.cancel()
-
-        async def watch() -> None:
-            await link.down.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(take)
-        nursery.start_soon(watch)
-    return got
+    return None
 
 
 #: The most bytes of stdin one read takes (and so the most that one arrival holds).

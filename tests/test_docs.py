@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
 from rdvpump.nemesis import unavailable
 
-from .test_readme import PYTHON_DEADLINE, _env
+from .test_readme import runs_as_printed
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 
@@ -38,9 +36,4 @@ def test_a_docs_python_block_runs_as_printed(page: str, index: int, code: str,
                                              tmp_path: pathlib.Path) -> None:
     if "network(" in code and (why := unavailable()) is not None:
         pytest.skip(why)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=PYTHON_DEADLINE, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for promised in re.findall(r"# prints: (.*)$", code, flags=re.M):
-        assert promised.strip() in proc.stdout, (promised, proc.stdout)
-    assert "Traceback" not in proc.stderr
+    runs_as_printed(code, tmp_path)

@@ -69,8 +69,13 @@ def test_the_test_command_installs_what_the_spark_extra_holds() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_block_runs_as_printed(index: int, tmp_path: pathlib.Path) -> None:
-    code = blocks("python")[index]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+    runs_as_printed(blocks("python")[index], tmp_path)
+
+
+def runs_as_printed(code: str, where: pathlib.Path) -> None:
+    """``code`` runs in a fresh interpreter in ``where``, and prints what its
+    ``# prints:`` comments promise."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=where, capture_output=True,
                           text=True, timeout=PYTHON_DEADLINE, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     for promised in re.findall(r"# prints: (.*)$", code, flags=re.M):

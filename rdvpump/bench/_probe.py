@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 DEADLINE = 60.0
@@ -92,16 +93,7 @@ def rdvpump_probe(manager: str, universe: str) -> None:
                         await trio.sleep(0.05)
             declarer.close()
             await ready()
-            stdin = trio.lowlevel.FdStream(0)
-            buffer = b""
-            while True:
-                while b"\n" not in buffer:
-                    chunk = await stdin.receive_some(4096)
-                    if not chunk:
-                        nursery.cancel_scope.cancel()
-                        return
-                    buffer += chunk
-                line, buffer = buffer.split(b"\n", 1)
+            async for line in _stdin_lines():
                 words = line.decode().split()
                 if words[0] == "cut":
                     began = time.perf_counter()
@@ -110,6 +102,7 @@ def rdvpump_probe(manager: str, universe: str) -> None:
                     _say(f"acked {time.perf_counter() - began:.4f}")
                 else:
                     await ready()
+            nursery.cancel_scope.cancel()
 
     trio.run(main)
 
@@ -146,23 +139,31 @@ def cluster_probe(manager: str, universe: str, listen: str, via: str) -> None:
                                     await client.declare("bench", shared=True)
                             await trio.sleep(0.005)
 
-            stdin = trio.lowlevel.FdStream(0)
-            buffer = b""
-            while True:
-                while b"\n" not in buffer:
-                    chunk = await stdin.receive_some(4096)
-                    if not chunk:
-                        client.close()
-                        nursery.cancel_scope.cancel()
-                        return
-                    buffer += chunk
-                line, buffer = buffer.split(b"\n", 1)
+            async for line in _stdin_lines():
                 began = time.perf_counter()
                 await publish()
                 _say(f"acked {time.perf_counter() - began:.4f}" if line.startswith(b"cut")
                      else "ready root")
+            client.close()
+            nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+async def _stdin_lines() -> AsyncIterator[bytes]:
+    """The lines of stdin, without their newlines, until it ends."""
+    import trio
+
+    stdin = trio.lowlevel.FdStream(0)
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = await stdin.receive_some(4096)
+            if not chunk:
+                return
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        yield line
 
 
 def nats_probe(urls: str) -> None:

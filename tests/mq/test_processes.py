@@ -717,15 +717,7 @@ async def test_routed_clients_follow_a_sync_group_s_failover_by_themselves(
                     spawn(*member("s3", 2, manager)) as (_, a3):
                 universe.directory.update({"s1": Address(*a1), "s2": Address(*a2),
                                            "s3": Address(*a3)})
-                admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=5)
-                while True:
-                    try:
-                        await admin.declare("orders")  # once s1 is confirmed master
-                        break
-                    except ServiceError as exc:
-                        assert exc.status == 503, exc
-                        await trio.sleep(0.05)  # polled, bounded by the deadline
-                admin.close()
+                await declare_at_master(universe, "s1", "orders")
                 routes = RouteClient(universe.add_broker("app"), retry=0.2)
                 routes.add_tracker("t1:15555")
                 while len(routes.routes.servers_of("orders")) < 3:
@@ -929,18 +921,9 @@ async def test_mq_publish_and_consume_follow_a_group_s_master_through_a_failover
         follow = ["orders", "--manager", where, "--master-of", "a", "--universe", "g"]
         with trio.fail_after(120):
             async with spawn(*member("s1", 0, manager)) as (s1, a1), \
-                    spawn(*member("s2", 1, manager)) as (_, a2), \
-                    spawn(*member("s3", 2, manager)) as (_, a3):
+                    spawn(*member("s2", 1, manager)), spawn(*member("s3", 2, manager)):
                 universe.directory["s1"] = Address(*a1)
-                admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=5)
-                while True:
-                    try:
-                        await admin.declare("orders")  # once s1 is confirmed master
-                        break
-                    except ServiceError as exc:
-                        assert exc.status == 503, exc
-                        await trio.sleep(0.05)  # polled, bounded by the deadline
-                admin.close()
+                await declare_at_master(universe, "s1", "orders")
                 publisher = await trio.lowlevel.open_process(
                     [*RDVPUMP, "mq", "publish", *follow], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -978,6 +961,22 @@ async def test_mq_publish_and_consume_follow_a_group_s_master_through_a_failover
     assert any(x.startswith("group a: master s1 lost (") for x in said.decode().splitlines())
     got = shown.decode().split()
     assert set(got) == {f"m{i}" for i in range(100)}, sorted(set(got))
+
+
+async def declare_at_master(universe: BrokerManager, master: str, topic: str) -> None:
+    """Declare ``topic`` at the group's master ``master`` once it takes writes (a 503
+    before it is confirmed: asked again, bounded by the caller's deadline)."""
+    admin = MqClient(universe.add_broker("admin"), f"{master}:15555", timeout=5)
+    try:
+        while True:
+            try:
+                await admin.declare(topic)
+                return
+            except ServiceError as exc:
+                assert exc.status == 503, exc
+                await trio.sleep(0.05)  # polled, bounded by the deadline
+    finally:
+        admin.close()
 
 
 async def _all_of(proc: trio.Process) -> tuple[bytes, bytes]:
