@@ -132,6 +132,9 @@ class GroupTables:
         self.epochs: dict[str, tuple[int, str]] = {}
         #: the in-sync members each group's master reported last (broker ids)
         self.insync: dict[str, tuple[str, ...]] = {}
+        #: groups whose in-sync set is still the one their master was promoted with (the
+        #: old master's, less itself), by the epoch of that promotion
+        self.inherited: dict[str, int] = {}
 
     # -- registrations ---------------------------------------------------------------------
 
@@ -158,8 +161,14 @@ class GroupTables:
         self.members[broker_id] = _Member(broker_id, address, member, version, progress)
         if member.role == "master":
             self.epochs[member.group] = (member.epoch, broker_id)
-            if progress is not None:
+            # a master just promoted, none of its members in sync with it yet, keeps the
+            # set it was promoted with: under ``sync`` it acknowledges nothing until one
+            # is, so those still hold every acknowledged message, and if it dies now one
+            # of them is promoted (not nobody)
+            if progress is not None and (
+                    progress.insync or self.inherited.get(member.group) != member.epoch):
                 self.insync[member.group] = progress.insync
+                self.inherited.pop(member.group, None)
             declared = set(topics)
             for topic in declared:
                 self.topics.setdefault(topic, {})[member.group] = True
@@ -212,6 +221,7 @@ class GroupTables:
             return f"group {group}: master {lost} lost at epoch {epoch}; no master: {exc}"
         self.epochs[group] = (new, winner.broker_id)
         self.insync[group] = tuple(sorted(insync - {winner.broker_id}))
+        self.inherited[group] = new
         records = winner.progress.held if winner.progress is not None else 0
         if returned:
             return (f"group {group}: without a master since epoch {epoch}; "

@@ -270,3 +270,28 @@ def test_a_failover_by_hand_goes_only_to_a_live_member_in_sync() -> None:
     assert t.master("a") is not None and t.master("a").broker_id == "a1"  # type: ignore[union-attr]
     assert t.refusal("a0", member("a", 0, epoch=1)) is not None  # the old master steps down
     assert t.insync["a"] == ("a0",)
+
+
+def test_a_master_that_dies_right_after_its_promotion_is_followed_by_the_next_in_sync() -> None:
+    """A member promoted registers as master before any member is in sync with it (its
+    in-sync set empty): the set it was promoted with stands until it reports one of its
+    own, so if it dies then, the other member that was in sync is promoted, not nobody.
+    Once it reports a set of its own, that one is the set."""
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1, GroupProgress(100, ("a1", "a2")))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(100))
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(100))
+    assert "a1 promoted at epoch 2" in str(t.forget("a0"))
+    t.update("a1", ("h", 2), member("a", 1, epoch=2, role="master"), ("orders",), 2,
+             GroupProgress(100, ()))  # promoted; a2 not following it yet
+    assert t.insync["a"] == ("a2",)
+    assert "a2 promoted at epoch 3" in str(t.forget("a1"))
+    assert t.group("a")["master"] == "a2"
+    # a set of its own replaces the inherited one, and an empty one later is taken as is
+    t.update("a2", ("h", 3), member("a", 2, epoch=3, role="master"), ("orders",), 3,
+             GroupProgress(100, ("a1",)))
+    t.update("a2", ("h", 3), member("a", 2, epoch=3, role="master"), ("orders",), 4,
+             GroupProgress(100, ()))
+    assert t.insync["a"] == ()

@@ -990,3 +990,67 @@ async def _all_of(proc: trio.Process) -> tuple[bytes, bytes]:
             err += chunk
         await proc.wait()
     return out, err
+
+
+async def test_a_master_killed_right_after_its_promotion_is_followed_by_the_last_in_sync(
+        tmp_path: pathlib.Path) -> None:
+    """A ``sync`` group of three: SIGKILL the master, and as soon as the member promoted
+    has registered as master, SIGKILL that one too, before any member is in sync with
+    it: the third member, in sync with the first master, is promoted next (not nobody,
+    waiting for the dead member to come back); once the first is back as its slave it
+    acknowledges a publish, and every message acknowledged before is there."""
+    from brokermgr import NameClient
+
+    universe = BrokerManager("h", token=TOKEN, pump=Pump(name="test"))
+    async with spawn("manager", "serve", "--universe", "h", "--listen", "127.0.0.1:0") as (
+            _, manager), trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        names = NameClient(universe, [Address(*manager)])
+        names.start()
+        with trio.fail_after(120):
+            procs = {}
+            async with spawn(*sync_member("h", "s1", 0, manager, tmp_path)) as (p1, _), \
+                    spawn(*sync_member("h", "s2", 1, manager, tmp_path)) as (p2, _), \
+                    spawn(*sync_member("h", "s3", 2, manager, tmp_path)) as (p3, _):
+                procs = {"s1": p1, "s2": p2, "s3": p3}
+                await declare_at_master(universe, "s1", "orders")
+                while len((await names.group("a")).get("insync") or []) < 2:
+                    await trio.sleep(0.02)  # both slaves in sync: polled, bounded
+                client = MqClient(universe.add_broker("c1"), "s1:15555", timeout=5)
+                await client.publish_many("orders", [b"m%d" % i for i in range(20)])
+                client.close()
+                procs["s1"].send_signal(signal.SIGKILL)
+                while (promoted := (await names.group("a")).get("master")) in (None, "s1"):
+                    await trio.sleep(0.005)  # the first promotion: polled, bounded
+
+                async def registered_as_master() -> bool:
+                    return any(b["id"] == promoted and (b.get("group") or {}).get("role")
+                               == "master" for b in await names.list() or [])
+
+                while not await registered_as_master():
+                    await trio.sleep(0.005)  # its own registration, as master: polled
+                procs[promoted].send_signal(signal.SIGKILL)
+                last = ({"s2", "s3"} - {promoted}).pop()
+                while (await names.group("a")).get("master") != last:
+                    await trio.sleep(0.02)  # the second promotion: polled, bounded
+                # it needs a member in sync to acknowledge (--min-insync 1): the first
+                # master, back on its directory, copies it as its slave
+                async with spawn(*sync_member("h", "s1", 0, manager, tmp_path)):
+                    after = MqClient(universe.add_broker("c2"), f"{last}:15555", timeout=5)
+                    while True:
+                        try:
+                            await after.publish("orders", b"after")
+                            break
+                        except ServiceError as exc:
+                            assert exc.status in (0, 503), exc
+                            await trio.sleep(0.05)  # s1 in sync: polled, bounded
+                    subscription = await after.subscribe("orders")
+                    got: list[bytes] = []
+                    while len(got) < 21:
+                        got += [m.body for m in await subscription.receive_many()]
+                    assert got == [b"m%d" % i for i in range(20)] + [b"after"]
+                    assert (await names.group("a")).get("master") == last
+                    after.close()
+        names.close()
+        nursery.cancel_scope.cancel()
