@@ -83,12 +83,16 @@ class GroupRole:
         group = self.group
         if group is not None and group.role == "slave":
             follower = self.follower
-            master = (f"its master, {follower.master}" if follower is not None
-                      else "its master (not known here yet)")
+            queue = None if follower is None else follower.link.queue
+            where = None if queue is None else queue.peer_address
+            master = ("its master (not known here yet)" if follower is None
+                      else f"its master, {follower.master}"
+                      + ("" if where is None else f" (at {where})"))
             raise ServiceError(Status.UNAVAILABLE,
                                f"{self.address} is a slave of group {group.group}: {what} "
                                f"at {master}",
-                               **({} if follower is None else {"master": str(follower.master)}))
+                               **({} if follower is None else {"master": str(follower.master)}),
+                               **({} if where is None else {"master_at": where}))
         if group is not None and not self.confirmed:
             raise ServiceError(Status.UNAVAILABLE,
                                f"{self.address} is not confirmed as the master of group "

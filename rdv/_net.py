@@ -366,6 +366,7 @@ class NetNode:
                 if fresh is None:
                     outcome = RefusalReason(Refusal.UNKNOWN_BROKER)
                 elif fresh != address:
+                    address = fresh
                     outcome = await self._attempt(node, dst, fresh, port)
         if isinstance(outcome, RefusalReason):
             node.refuse(dst, port, listener, outcome)
@@ -373,6 +374,7 @@ class NetNode:
         stream, reply, rest = outcome
         assert reply.link is not None
         channel = self.channels.open_end(node.id, dst, port, link_id=reply.link)
+        channel.peer_address = f"{address[0]}:{address[1]}"  # the address dialled
         node.connected(channel, listener)
         await StreamLink(channel, stream, busy_poll=self.busy_poll,
                          adaptive_poll=self.adaptive_poll).run(rest)

@@ -921,9 +921,18 @@ async def test_mq_publish_and_consume_follow_a_group_s_master_through_a_failover
         follow = ["orders", "--manager", where, "--master-of", "a", "--universe", "g"]
         with trio.fail_after(120):
             async with spawn(*member("s1", 0, manager)) as (s1, a1), \
-                    spawn(*member("s2", 1, manager)), spawn(*member("s3", 2, manager)):
+                    spawn(*member("s2", 1, manager)) as (_, a2), \
+                    spawn(*member("s3", 2, manager)):
                 universe.directory["s1"] = Address(*a1)
                 await declare_at_master(universe, "s1", "orders")
+                # a slave's refusal names its master, and where it is
+                at_slave = await trio.run_process(
+                    [*RDVPUMP, "mq", "publish", "orders", "--server",
+                     f"s2@{a2[0]}:{a2[1]}", "--universe", "g"], stdin=b"x\n",
+                    capture_stdout=True, capture_stderr=True, env=env, check=False)
+                assert at_slave.returncode == 1
+                assert (f"s2:15555 is a slave of group a: publish at its master, s1:15555 "
+                        f"(at {a1[0]}:") in at_slave.stderr.decode(), at_slave.stderr
                 publisher = await trio.lowlevel.open_process(
                     [*RDVPUMP, "mq", "publish", *follow], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
