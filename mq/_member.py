@@ -73,9 +73,11 @@ class GroupRole:
         return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()), quiet)
 
     def held(self) -> int:
-        """The records this server holds over its topics on disk."""
-        return sum(state.topic.log.next_offset for state in self.catalogue.topics.values()
-                   if "memory" not in state.flags)
+        """The records this server holds over its topics on disk (a topic whose log is
+        closed, as the process stops and a last beat goes out, counts for none)."""
+        return sum(log.next_offset for state in list(self.catalogue.topics.values())
+                   if "memory" not in state.flags
+                   and not (isinstance(log := state.topic.log, TopicLog) and not log.segments))
 
     def not_a_slave(self, what: str) -> None:
         """A 503 naming the master for ``what`` (a write) at a slave, or at a master the

@@ -138,7 +138,7 @@ def test_a_fault_says_what_it_does() -> None:
 
 #: Seconds of a slow, lossy network in the no-false-alarm test (longer runs:
 #: RDVPUMP_CALM_SECONDS=300).
-CALM = float(os.environ.get("RDVPUMP_CALM_SECONDS", "12"))
+CALM = float(os.environ.get("RDVPUMP_CALM_SECONDS", "8"))
 
 
 @pytest.mark.slow
