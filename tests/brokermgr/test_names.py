@@ -279,3 +279,33 @@ async def test_a_broker_registering_again_from_its_own_address_replaces_its_sile
                 "duplicate id: x (held by 127.0.0.1:4444)")
             await second.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_witness_alone_drops_no_master_that_beats(autojump_clock: object) -> None:
+    """A member in sync that says its master has been quiet for seconds (a lie, or a link
+    of its own stalled) drops nothing while the master's own beats come: a master is
+    dropped early only when it is silent for five of its beats too.  Once the master
+    hangs (no beat, its connection open), that witness has it dropped after those five
+    beats (0.5 s), not after the ten of the expiry."""
+    from brokermgr import GroupMember, GroupProgress
+
+    async with world() as w:
+        service, _ = await w.manager(MANAGER)
+        a, b = await w.process("A"), await w.process("B")
+        a.u.add_broker("m0")
+        b.u.add_broker("s1")
+        NameClient(a.u, [MANAGER], heartbeat=0.1,
+                   groups=lambda _: GroupMember("g", 0, "master", 1),
+                   progress=lambda _: GroupProgress(10, ("s1",))).start()
+        NameClient(b.u, [MANAGER], heartbeat=0.1,
+                   groups=lambda _: GroupMember("g", 1, "slave", 1),
+                   progress=lambda _: GroupProgress(10, (), quiet=5.0)).start()
+        await wait_until(lambda: service.groups.master("g") is not None
+                         and service.groups.insync.get("g") == ("s1",))
+        await trio.sleep(3)  # thirty of the master's beats, each witnessed against
+        assert service.groups.epochs["g"] == (1, "m0") and "m0" in service.table
+        a.pump_scope.cancel()  # hung: connected, no beat ever again
+        took = await wait_until(lambda: service.groups.epochs["g"][1] == "s1", step=0.01)
+        # five beats from its last one (up to a beat before the hang) and a scan: not the
+        # expiry's ten
+        assert 0.4 <= took < 0.8, took

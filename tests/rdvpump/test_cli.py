@@ -639,3 +639,23 @@ def test_identity_new_appends_a_table_and_its_errors_are_one_line(
         assert proc.stderr.startswith(said) and len(proc.stderr.splitlines()) == 1, (
             args, proc.stderr)
     assert Identities.load(ids).names() == ["alice"]  # nothing appended by the refusal
+
+
+def test_mq_publish_and_consume_need_a_server_or_a_manager_and_a_group_in_one_line() -> None:
+    for args in (["mq", "publish", "orders"], ["mq", "consume", "orders"],
+                 ["mq", "consume", "orders", "--master-of", "a"],
+                 ["mq", "publish", "orders", "--manager", "127.0.0.1:1"],
+                 ["mq", "publish", "orders", "--server", "s@127.0.0.1:1", "--manager",
+                  "127.0.0.1:1", "--master-of", "a"]):
+        result = runner.invoke(app, args, input="")
+        assert result.exit_code == 1, (args, result.output)
+        (line,) = result.output.strip().splitlines()
+        assert line == "error: give --server, or --manager with --master-of", (args, line)
+
+
+def test_mq_consume_following_a_group_without_its_manager_is_one_line() -> None:
+    result = runner.invoke(app, ["mq", "consume", "orders", "--manager", "127.0.0.1:1",
+                                 "--master-of", "a", "--timeout", "1"])
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: group a: no master named and reachable within 1 s"), line
