@@ -90,26 +90,35 @@ class GroupProgress:
     #: From a slave copying its master: the seconds since the master last said anything
     #: (it answers a query every :data:`~mq._follower.DEFAULT_RESCAN` while it lives).
     quiet: float | None = None
+    #: The member's own timeout: a master quiet to it for this long is silent, and it is
+    #: a witness of that (None: the name service's :data:`~brokermgr.QUIET`).
+    silence: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"held": self.held, "insync": list(self.insync)}
         if self.quiet is not None:
             row["quiet"] = self.quiet
+        if self.silence is not None:
+            row["silence"] = self.silence
         return row
 
     @classmethod
     def from_json(cls, value: Any) -> GroupProgress:
         if not isinstance(value, dict):
-            raise ValueError("its progress must be an object: held, insync, quiet")
+            raise ValueError("its progress must be an object: held, insync, quiet, silence")
         held, insync = value.get("held", 0), value.get("insync", [])
-        quiet = value.get("quiet")
+        quiet, silence = value.get("quiet"), value.get("silence")
         if type(held) is not int or held < 0:
             raise ValueError("its progress's held must be a non-negative integer")
         if not isinstance(insync, list) or not all(isinstance(i, str) for i in insync):
             raise ValueError("its progress's insync must be a list of broker ids")
         if quiet is not None and (type(quiet) not in (int, float) or not 0 <= quiet < 1e9):
             raise ValueError("its progress's quiet must be a number of seconds")
-        return cls(held, tuple(insync), None if quiet is None else float(quiet))
+        if silence is not None and (type(silence) not in (int, float)
+                                    or not 0 < silence < 1e9):
+            raise ValueError("its progress's silence must be a positive number of seconds")
+        return cls(held, tuple(insync), None if quiet is None else float(quiet),
+                   None if silence is None else float(silence))
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,32 +53,18 @@ from channels import MessageQueue
 from pump import ConfigError, Future, Repeating
 from rdv import Identity, Right
 
-from ._cluster_file import ClusterConfig
+from ._cluster_file import HEARTBEAT, SILENCE, ClusterConfig
 from ._cluster_links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
 from ._cluster_state import ClusterState, StateError
 from ._files import write_file
 from ._root import Ballot, ballot, has_majority, may_take_over
 
-__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "ClusterNode"]
+__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "SILENCE", "ClusterNode"]
 
 log = logging.getLogger("rdvpump.mq.cluster")
 
 #: The rendezvous port of the links between a cluster's servers.
 CLUSTER_PORT = 15556
-#: Seconds between heartbeats on each link a server dialled.
-HEARTBEAT = 0.1
-#: Seconds a peer may go unheard before it counts as gone, its links open or not (a
-#: process stopped, a host cut off without a reset): it no longer counts for the root's
-#: rule, a root that is silent is replaced, and a second link that says it comes from
-#: that peer may replace its link.  Heard is a beat on its link in or an answer on ours
-#: out: two TCP connections, each stalled by a lost segment until it is sent again.
-#: Measured over 24,000 beats 0.1 s apart on links of 50 +/- 20 ms with 2 % loss, a gap
-#: of 0.5 s or more came once in 300 s of a link (the longest 0.64 s), so both links of
-#: a peer at once about once in a day, and a root is replaced only when a majority of
-#: the primaries count it out; five beats, so that a process the machine is slow to
-#: schedule for a moment is not counted out either; a member that returns is counted in
-#: again at its next beat.
-SILENCE = 0.5
 #: Longest back-off between dials of a peer that cannot be reached or refused us.
 RETRY = 1.0
 #: Seconds a change waits for a root before it is refused: the cluster is not ready (less
@@ -114,7 +100,7 @@ class ClusterNode:
     (whose id must be one of ``config``'s servers) and dials every other server."""
 
     def __init__(self, broker: Broker, config: ClusterConfig, *,
-                 heartbeat: float = HEARTBEAT, silence: float = SILENCE,
+                 heartbeat: float | None = None, silence: float | None = None,
                  retry: float = RETRY,
                  on_change: Callable[[], object] | None = None,
                  on_state: Callable[[ClusterState, ClusterState], object] | None = None,
@@ -171,6 +157,9 @@ class ClusterNode:
         for peer in self.peers.values():
             peer.outgoing = PeerLink(self, peer, retry=retry)
             peer.outgoing.connect()
+        # by default the cluster file's (every server of a cluster reads the same)
+        heartbeat = config.heartbeat if heartbeat is None else heartbeat
+        silence = config.silence if silence is None else silence
         if not 0 < heartbeat < silence:
             raise ConfigError(f"a cluster's heartbeat ({heartbeat:g} s) must be above 0 and "
                               f"below its silence timeout ({silence:g} s)")

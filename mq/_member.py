@@ -26,9 +26,10 @@ from brokermgr import (
     next_epoch,
 )
 from brokermgr.tracking import TrackNode
+from pump import ConfigError
 
 from ._catalogue import FLAGS, Catalogue, TopicState
-from ._follower import Follower
+from ._follower import DEFAULT_RESCAN, Follower
 from ._log import TopicLog
 from ._replication import Shipper
 from ._topic import Start
@@ -44,8 +45,22 @@ class GroupRole:
     replicas in ``shipper``); ``dispatch`` delivers what a topic's consumers may have."""
 
     def __init__(self, node: TrackNode, catalogue: Catalogue, shipper: Shipper, *,
-                 address: str, dispatch: Callable[[TopicState], None]) -> None:
+                 address: str, dispatch: Callable[[TopicState], None],
+                 beat: float = DEFAULT_RESCAN, silence: float = QUIET) -> None:
+        if not 0 < beat < float("inf") or not silence >= 2 * beat:
+            raise ConfigError(f"a group member asks its master every {beat:g} s; its "
+                              f"silence must be at least two of those, got {silence:g} s")
         self.node = node
+        #: Seconds between this member's questions to its master, as a slave (its
+        #: master's answers are the beats it hears), and the silence after which the
+        #: master counts as gone to it: it says so to the name service at once, and, once
+        #: promoted, takes over from a master quiet for as long, its link still open (hung
+        #: or cut off: the name service found it so, its silence witnessed by this
+        #: member).  Safe however short: a ``sync`` master acknowledges nothing that a
+        #: member it reported in sync has not stored, and this member stores nothing from
+        #: it once promoted.
+        self.beat = beat
+        self.silence = silence
         self.catalogue = catalogue
         self.shipper = shipper
         self.address = address
@@ -70,7 +85,8 @@ class GroupRole:
         group, follower = self.group, self.follower
         quiet = (round(follower.quiet, 3) if follower is not None and group is not None
                  and group.role == "slave" else None)
-        return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()), quiet)
+        return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()), quiet,
+                             None if self.silence == QUIET else self.silence)
 
     def held(self) -> int:
         """The records this server holds over its topics on disk (a topic whose log is
@@ -153,6 +169,7 @@ class GroupRole:
         group = self.group
         if group is not None:
             options.setdefault("config", self.shipper.config(group))
+        options.setdefault("rescan", self.beat)
         self.follower = Follower(self.node.broker, master, self, **options)
         return self.follower
 
@@ -220,14 +237,6 @@ GROUP_POLL = 0.1
 #: Seconds (at random up to twice as long) that a member of a group whose several name
 #: services name no master by a majority waits before it claims the next epoch itself.
 CLAIM_AFTER = 2.0
-#: Seconds without a word from the old master (it answers a query every 0.1 s while it
-#: lives, :data:`~._follower.DEFAULT_RESCAN`) after which a promoted member takes over
-#: though the link is still open: the old master is hung or cut off (the name service
-#: found it so, its silence witnessed by this member, which says so at once).  Safe
-#: however short: a ``sync`` master acknowledges nothing that a member it reported in
-#: sync has not stored, and this member stores nothing from it once promoted.
-HUNG = QUIET
-
 
 def _decide(views: list[dict[str, Any]], managers: int, me: str
             ) -> tuple[str | None, int, bool, int, int, frozenset[str]]:
@@ -252,9 +261,9 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
     :data:`GROUP_POLL` seconds; with several, what a majority of them say): a master
     takes writes once confirmed at its epoch; a member promoted takes over once the old
     master no longer ships it records (its link gone, or the old master stepped down: it
-    closes its replicas' links and refuses to be followed, or it said nothing for
-    :data:`HUNG` seconds: hung, its link open); a member whose group has another master
-    at its epoch or a newer one is a slave and copies that master; a master that any
+    closes its replicas' links and refuses to be followed, or it said nothing for the
+    member's :attr:`GroupRole.silence`: hung, its link open); a member whose group has
+    another master at its epoch or a newer one is a slave and copies that master; a master that any
     name service says the group left for a newer epoch steps down.  A master registers
     again as soon as its in-sync set changes, not at its next heartbeat.
 
@@ -277,7 +286,7 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
             insync = now  # the failover's choice follows the in-sync set: said at once
             names.register_now()
         quiet = mine.role == "slave" and server.follower is not None and (
-            server.follower.quiet >= QUIET)
+            server.follower.quiet >= server.role.silence)
         if quiet and not witnessed:
             names.register_now()  # its master's silence, witnessed: said at once
         witnessed = quiet
@@ -311,7 +320,7 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
             server.shipper.confirm_insync(named_insync)
             if mine.role == "slave" and epoch > mine.epoch and (
                     server.follower is None or not server.follower.copying
-                    or server.follower.quiet > HUNG):
+                    or server.follower.quiet > server.role.silence):
                 server.promote(epoch)
                 following = None
                 names.register_now()

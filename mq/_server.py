@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from brokermgr import (
+    QUIET,
     Call,
     Command,
     CommandTable,
@@ -82,7 +83,7 @@ from ._consumers import ConsumerCommands
 from ._delivery import FRAME_ROOM, Links
 from ._files import lock_directory
 from ._filter import FilterError
-from ._follower import Follower
+from ._follower import DEFAULT_RESCAN, Follower
 from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
 from ._member import GroupRole
 from ._names import check_name, dead_letter_topic, disk_name
@@ -153,7 +154,8 @@ class MqServer:
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  fsync_thread: bool = True, retain_bytes: int | None = None,
                  retain_age: float | None = None, replication: str = "async",
-                 min_insync: int = 1, insync_lag: float = DEFAULT_INSYNC_LAG) -> None:
+                 min_insync: int = 1, insync_lag: float = DEFAULT_INSYNC_LAG,
+                 group_beat: float = DEFAULT_RESCAN, group_silence: float = QUIET) -> None:
         if node.server is None:
             raise ConfigError(f"{node.address} has no server role: an MQ server needs one")
         self.node = node
@@ -200,8 +202,11 @@ class MqServer:
                                min_insync=min_insync, insync_lag=insync_lag,
                                dispatch=self._dispatch)
         #: Its place in a replicated group, and its side as a replica (:mod:`._member`).
+        #: ``group_beat`` and ``group_silence``: :attr:`GroupRole.beat` and
+        #: :attr:`GroupRole.silence`.
         self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
-                              dispatch=self._dispatch)
+                              dispatch=self._dispatch, beat=group_beat,
+                              silence=group_silence)
         #: consume, unconsume, ack (:mod:`._consumers`)
         self.consumers = ConsumerCommands(node, self.catalogue, self.links, self.counts,
                                           self._dispatch, self.address)

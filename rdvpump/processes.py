@@ -339,9 +339,11 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     topics = options.pop("topics", ())
     mq_dir = options.pop("mq_dir", None)
     durability = options.pop("durability", "sync")
-    replication = {"replication": options.pop("replication", "async"),
-                   "min_insync": options.pop("min_insync", 1),
-                   "insync_lag": options.pop("insync_lag", DEFAULT_INSYNC_LAG)}
+    replication: dict[str, Any] = {
+        "replication": options.pop("replication", "async"),
+        "min_insync": options.pop("min_insync", 1),
+        "insync_lag": options.pop("insync_lag", DEFAULT_INSYNC_LAG),
+        **{key: options.pop(key) for key in ("group_beat", "group_silence") if key in options}}
     slave = options.get("group") is not None and options["group"].role == "slave"
     retention = {"retain_bytes": options.pop("retain_bytes", None),
                  "retain_age": options.pop("retain_age", None),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import tomllib
 
 import pytest
 
@@ -24,6 +25,17 @@ def _blocks() -> list[tuple[str, int, str]]:
                                             flags=re.S | re.M)):
             found.append((page.name, i, code))
     return found
+
+
+def test_a_docs_cluster_file_is_one() -> None:
+    """Each TOML block of a page that has a ``[cluster]`` is a cluster file as printed."""
+    from mq._cluster_file import parse_cluster
+
+    files = [tomllib.loads(code) for page in sorted(DOCS.glob("*.md"))
+             for code in re.findall(r"^```toml\n(.*?)^```$", page.read_text(),
+                                    flags=re.S | re.M)]
+    clusters = [parse_cluster(data) for data in files if "cluster" in data]
+    assert clusters and clusters[0].silence == 0.5
 
 
 def test_the_failures_page_has_its_blocks() -> None:

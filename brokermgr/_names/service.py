@@ -252,6 +252,13 @@ def _from_host(queue: MessageQueue | None, host: str) -> bool:
     return where is None or where.rsplit(":", 1)[0] == host
 
 
+def _witnesses(progress: GroupProgress) -> bool:
+    """Whether a slave's progress says its master has been silent to it: quiet for the
+    silence it states (:data:`QUIET` if it states none)."""
+    return progress.quiet is not None and progress.quiet >= (
+        QUIET if progress.silence is None else progress.silence)
+
+
 def _expiry_of(record: BrokerRecord) -> float:
     """A broker's own expiry: :data:`EXPIRY_BEATS` of its stated heartbeats."""
     return float("inf") if record.heartbeat is None else EXPIRY_BEATS * record.heartbeat
@@ -355,8 +362,7 @@ class NameService:
                 said = self.groups.recover(record.group.group)
                 if said is not None:
                     log.warning("%s", said)
-                if record.progress is not None and record.progress.quiet is not None \
-                        and record.progress.quiet >= QUIET:
+                if record.progress is not None and _witnesses(record.progress):
                     self._drop_silent_masters(now)  # a witness: its master may be gone
             elif held is not None and held.value.group is not None:
                 self._forget(record.broker_id)
@@ -447,8 +453,9 @@ class NameService:
 
     def _drop_silent_masters(self, now: float) -> None:
         """Drop each group master silent for :data:`SUSPECT_BEATS` of its heartbeats whose
-        in-sync members heard lately all say it has been quiet to them for :data:`QUIET`
-        seconds (at least one of them: without a witness it waits out its expiry)."""
+        in-sync members heard lately all say it has been quiet to them for their silence
+        (:data:`QUIET` seconds unless they state another; at least one of them: without
+        a witness it waits out its expiry)."""
         for group, (_, holder) in list(self.groups.epochs.items()):
             entry = self.table.get(holder)
             if (entry is None or entry.value.heartbeat is None
@@ -460,9 +467,8 @@ class NameService:
                 if (seen is not None and seen.value.heartbeat is not None
                         and now - seen.last_seen <= FRESH_BEATS * seen.value.heartbeat):
                     witnesses.append(seen)
-            quiet = [w.value.progress.quiet for w in witnesses
-                     if w.value.progress is not None and w.value.progress.quiet is not None
-                     and w.value.progress.quiet >= QUIET]
+            quiet = [w.value.progress.quiet for w in witnesses if w.value.progress is not None
+                     and w.value.progress.quiet is not None and _witnesses(w.value.progress)]
             if not witnesses or len(quiet) < len(witnesses):
                 continue
             self.table.remove(holder)

@@ -14,6 +14,8 @@ from brokermgr import (
     DEFAULT_MANAGER_PORT,
     EXPIRY_BEATS,
     GROUP_HEARTBEAT,
+    QUIET,
+    SUSPECT_BEATS,
     GroupMember,
 )
 from brokermgr.tracking import (
@@ -125,6 +127,14 @@ def broker_run(
         help="Seconds a member may stay behind its master (a slow or silent one) and "
              "still count as in sync: a sync master waits that long for one cut off "
              "before it acknowledges without it [default: 10]", show_default=False)] = None,
+    silence: Annotated[float | None, typer.Option(
+        help=f"Seconds a --group member's master may say nothing to it (it answers every "
+             f"--heartbeat) before the member counts it as silent: it tells its managers "
+             f"at once, which drop a master that every member in sync finds silent after "
+             f"{SUSPECT_BEATS} of its heartbeats, and a member promoted then takes over "
+             f"from it [default: {QUIET / GROUP_HEARTBEAT:g} heartbeats, {QUIET:g} s; at least "
+             f"two]",
+        show_default=False)] = None,
     cluster: Annotated[pathlib.Path | None, typer.Option(
         help="A cluster file: these brokers are servers of that cluster, each linked to "
              "every other server listed in it (one --id without --listen listens at its "
@@ -149,6 +159,7 @@ def broker_run(
     member = guard(lambda: _member(group, group_id, broker_id, mq_dir, replication, min_insync))
     if insync_lag is not None and not 0 < insync_lag < float("inf"):
         raise fail(f"--insync-lag must be a positive number of seconds, got {insync_lag:g}")
+    timing = _group_timing(member, heartbeat, silence)
     if role is not None:
         from brokermgr.tracking import ROLES
 
@@ -165,7 +176,7 @@ def broker_run(
                     "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
                     "retain_age": None if retain_hours is None else retain_hours * 3600,
                     "group": member, "replication": replication, "min_insync": min_insync,
-                    **({} if insync_lag is None else {"insync_lag": insync_lag})}
+                    **({} if insync_lag is None else {"insync_lag": insync_lag}), **timing}
         if state_dir is None and mq_dir is None:
             err.print("note: tracking without --state-dir (or --mq-dir): the versions of "
                       "this process's route information start from the wall clock, so they "
@@ -229,6 +240,25 @@ def _member(group: str | None, group_id: int, broker_ids: list[str],
     if group_id < 0:
         raise ConfigError(f"--group-id must be 0 or more, got {group_id}")
     return GroupMember(group, group_id, "master" if group_id == 0 else "slave", epoch=1)
+
+
+def _group_timing(member: GroupMember | None, heartbeat: float | None,
+                  silence: float | None) -> dict[str, float]:
+    """A group member's beat (its --heartbeat) and silence, for its MQ server."""
+    if member is None:
+        if silence is not None:
+            raise fail("--silence is a --group member's")
+        return {}
+    beat = GROUP_HEARTBEAT if heartbeat is None else heartbeat
+    # by default, as many beats as the default's: 0.4 s at 0.1 s
+    timing = {"group_beat": beat,
+              "group_silence": QUIET / GROUP_HEARTBEAT * beat if silence is None else silence}
+    if not 0 < beat < float("inf"):
+        raise fail(f"--heartbeat must be a positive number of seconds, got {beat:g}")
+    if not timing["group_silence"] >= 2 * beat:
+        raise fail(f"--silence must be at least two heartbeats ({2 * beat:g} s), got "
+                   f"{timing['group_silence']:g}")
+    return timing
 
 
 def _segment_bytes(megabytes: float) -> int:

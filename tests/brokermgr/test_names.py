@@ -309,3 +309,28 @@ async def test_a_witness_alone_drops_no_master_that_beats(autojump_clock: object
         # five beats from its last one (up to a beat before the hang) and a scan: not the
         # expiry's ten
         assert 0.4 <= took < 0.8, took
+
+
+async def test_a_witness_counts_only_once_quiet_for_the_silence_it_states(
+        autojump_clock: object) -> None:
+    """A member in sync that states a silence of 2 s (``broker run --silence 2``) and has
+    heard nothing from its master for 1 s is no witness yet: its master, hung, goes at
+    its expiry (ten beats), not five beats after its last one."""
+    from brokermgr import GroupMember, GroupProgress
+
+    async with world() as w:
+        service, _ = await w.manager(MANAGER)
+        a, b = await w.process("A"), await w.process("B")
+        a.u.add_broker("m0")
+        b.u.add_broker("s1")
+        NameClient(a.u, [MANAGER], heartbeat=0.1,
+                   groups=lambda _: GroupMember("g", 0, "master", 1),
+                   progress=lambda _: GroupProgress(10, ("s1",))).start()
+        NameClient(b.u, [MANAGER], heartbeat=0.1,
+                   groups=lambda _: GroupMember("g", 1, "slave", 1),
+                   progress=lambda _: GroupProgress(10, (), quiet=1.0, silence=2.0)).start()
+        await wait_until(lambda: service.groups.master("g") is not None
+                         and service.groups.insync.get("g") == ("s1",))
+        a.pump_scope.cancel()  # hung: connected, no beat ever again
+        took = await wait_until(lambda: service.groups.epochs["g"][1] == "s1", step=0.01)
+        assert 0.9 <= took < 1.3, took

@@ -59,7 +59,25 @@ def test_a_cluster_file_is_read_and_its_problems_named(tmp_path: pathlib.Path) -
                 config(("a", "primary"), ("b", "primary"), ("c", "fanout")).checksum,
                 config(("a", "primary"), ("b", "primary"), ("c", "backup"),
                        name="other").checksum}) == 4
+    # the beat and the silence are the cluster's: every server must read the same
+    timed = {"cluster": {"name": "shop", "heartbeat": 1, "silence": 5},
+             "server": [{"id": "a", "address": "127.0.0.1:9901", "type": "primary"}]}
+    assert (parse_cluster(timed).heartbeat, parse_cluster(timed).silence) == (1.0, 5.0)
+    default = config(("a", "primary"))
+    assert (default.heartbeat, default.silence) == (0.1, 0.5)
+    assert parse_cluster(timed).checksum != default.checksum
+    timed["cluster"].update(heartbeat=0.1, silence=0.5)  # the defaults, said
+    assert parse_cluster(timed).checksum == default.checksum
+    server = '[[server]]\nid = "a"\naddress = "h:1"\ntype = "primary"\n'
     for text, said in (
+            ('[cluster]\nname = "x"\nheartbeat = 0\n' + server,
+             "[cluster] heartbeat must be seconds, above 0 and below a day, got 0"),
+            ('[cluster]\nname = "x"\nsilence = "1s"\n' + server,
+             "[cluster] silence must be seconds, above 0 and below a day, got '1s'"),
+            ('[cluster]\nname = "x"\nheartbeat = 1\n' + server,
+             "[cluster] silence (0.5 s) must be at least two heartbeats (1 s each)"),
+            ('[cluster]\nname = "x"\nbeat = 1\n' + server,
+             "[cluster] takes name, and optionally heartbeat and silence"),
             ('[cluster]\nname = "x"\n', "no [[server]]"),
             ('[[server]]\nid = "a"\naddress = "h:1"\ntype = "primary"\n', "no [cluster] table"),
             ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\ntype = "root"\n',
@@ -172,6 +190,36 @@ async def test_a_live_peer_s_link_is_never_displaced_and_a_silent_one_is(
         refusal = await fourth.receive()
         assert b"says it is 'c' but its link is from broker 'b'" in refusal
         await third.aclose()
+        a.close()
+        b.close()
+
+
+async def test_a_peer_counts_as_gone_after_the_cluster_file_s_silence(
+        autojump_clock: object) -> None:
+    """With ``silence = 5`` in the file, a peer whose beats stop (its links open) still
+    counts 4.5 s later, and is counted out at 5 s: a link that says it is that peer
+    replaces its silent one only then."""
+    slow = parse_cluster({"cluster": {"name": "shop", "heartbeat": 1, "silence": 5},
+                          "server": [{"id": i, "address": f"127.0.0.1:{9901 + n}",
+                                      "type": "primary"} for n, i in enumerate("ab")]})
+    async with open_universe("u") as universe:
+        a = ClusterNode(universe.add_broker("a"), slow)
+        b_broker = universe.add_broker("b")
+        b = ClusterNode(b_broker, slow)
+        await until(lambda: a.linked() and b.linked())
+        hello = b'{"cmd":"hello","cluster":"shop","id":"b","checksum":%d,"seq":1}' % (
+            slow.checksum)
+        b._beats.cancel()  # b goes silent, its links left open
+        await trio.sleep(4.5)
+        early = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await early.send(hello)
+        assert b"its link is live" in await early.receive()
+        await trio.sleep(1.5)
+        late = await b_broker.connect_queue("a", CLUSTER_PORT)
+        await late.send(hello)
+        assert b'"welcome"' in await late.receive()
+        for queue in (early, late):
+            await queue.aclose()
         a.close()
         b.close()
 

@@ -469,7 +469,8 @@ def test_an_error_line_prints_addresses_and_brackets_as_they_are(
     assert capsys.readouterr().err == f"error: {said}\n"
 
 
-def test_broker_run_refuses_group_options_it_cannot_use_in_one_line() -> None:
+def test_broker_run_refuses_group_options_it_cannot_use_in_one_line(
+        tmp_path: pathlib.Path) -> None:
     base = ["broker", "run", "--id", "s1", "--manager", "127.0.0.1:1", "--role", "server"]
     for extra, says in (
             (["--group", "a"], "--group needs one --id and an --mq-dir"),
@@ -477,7 +478,12 @@ def test_broker_run_refuses_group_options_it_cannot_use_in_one_line() -> None:
             (["--group", "a", "--mq-dir", "d", "--group-id", "-1"], "--group-id must be 0"),
             (["--replication", "maybe"], "--replication is async or sync, not 'maybe'"),
             (["--min-insync", "0"], "--min-insync must be 1 or more, got 0"),
-            (["--insync-lag", "0"], "--insync-lag must be a positive number of seconds")):
+            (["--insync-lag", "0"], "--insync-lag must be a positive number of seconds"),
+            (["--silence", "1"], "--silence is a --group member's"),
+            (["--group", "a", "--mq-dir", str(tmp_path), "--silence", "0.1"],
+             "--silence must be at least two heartbeats (0.2 s), got 0.1"),
+            (["--group", "a", "--mq-dir", str(tmp_path), "--heartbeat", "0.5", "--silence",
+              "0.6"], "--silence must be at least two heartbeats (1 s), got 0.6")):
         result = runner.invoke(app, [*base, *extra])
         assert result.exit_code == 1, (extra, result.output)
         (line,) = result.output.strip().splitlines()
