@@ -86,6 +86,8 @@ class ProduceCommand:
                  "count": len(messages), "server": self.address}
         if self.role.group is not None:  # the epoch a replicated group's master stored it in
             reply["epoch"] = self.role.group.epoch
+        elif self.relay is not None and state.topic.name in self.relay.cluster.state.topics:
+            reply["root_epoch"] = self.relay.cluster.epoch  # a shared topic's, at its root
         if first is not None:  # a retry of messages stored: answered as they were
             reply["duplicate"] = True
             self.counts["duplicates"] += len(messages)

@@ -11,7 +11,7 @@ record: if the replica's records up to ``start`` are not the master's (a former 
 tail, written after its successor's epoch began), the answer is ``diverged {topic, epoch,
 end}`` and the replica cuts its copy back and asks again (the rule: :mod:`._epochs`); the
 answer that agrees (``following``) carries the master's epochs, which the replica keeps.
-Every tick the master also sends each follower the positions of the topic's consume
+Every 0.1 s the master also sends each follower the positions of the topic's consume
 groups that changed, with their filters (``positions {topic, groups: {name: [floor,
 filter]}}``, a floor never past what was shipped to it): the replica declares the groups
 it lacks and moves its own forward, so consumers that move to it after a failover are
@@ -258,7 +258,7 @@ class Shipper:
         """Send each follower of the topic its consume groups' positions that changed
         (each at most what was shipped to it), and their filters: a ``positions {topic,
         groups: {name: [floor, filter]}}`` frame; and the committed offset if no copies
-        frame carried it since (called every tick)."""
+        frame carried it since (called every 0.1 s)."""
         name = state.topic.name
         groups = state.topic.groups
         for (_, topic), follower in self.followers.items():

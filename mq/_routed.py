@@ -18,11 +18,13 @@ change and tries again, for up to ``failover`` seconds: a publish in flight when
 master dies goes to the member promoted, with its numbers.
 
 :class:`Consumer` consumes the topic on every server that holds it (of a replicated
-group: its master, or its slaves while it has none), attaches to servers as they join
-the route table or become readable, and lets go of those that leave.  A promoted member
-has its group's position as its master last sent it (every second): a consumer that
-moves there is given what the master had not seen handled (at-least-once: the
-acknowledgements of the last second may come again).
+group: its master, or its slaves once it has had none for :data:`SLAVES_AFTER` seconds),
+attaches to servers as they join the route table or become readable, and lets go of
+those that leave.  A promoted member has its group's position as its master last sent
+it (every 0.1 s): a consumer that moves there is given what the master had not seen
+handled (at-least-once: what it had delivered and not seen acknowledged, and the
+acknowledgements of the last 0.1 s, come again).  What a consumer acknowledges on a
+slave stays there: the master, once back, delivers it again.
 """
 
 from __future__ import annotations
@@ -175,6 +177,14 @@ class Producer:
             client.close()
 
 
+#: Seconds a replicated group must go without a master in the route table before a
+#: :class:`Consumer` reads from its slaves: longer than a failover takes with every
+#: setting at its default (a master silent for 1 s expires), so that a consumer waits
+#: for the member promoted instead of acknowledging on a slave what the new master does
+#: not hear of (it would deliver it again).
+SLAVES_AFTER = 2.0
+
+
 class Consumer:
     """Consumes ``topic`` (in ``group``) on every server that holds it; ``async for``.
 
@@ -183,15 +193,25 @@ class Consumer:
     """
 
     def __init__(self, routes: RouteClient, topic: str, *, group: str | None = None,
-                 window: int = DEFAULT_WINDOW, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 window: int = DEFAULT_WINDOW, timeout: float = DEFAULT_TIMEOUT,
+                 slaves_after: float = SLAVES_AFTER) -> None:
         self.routes = routes
         self.topic = topic
         self.group = group or topic
         self.window = window
         self.timeout = timeout
+        #: Seconds a replicated group goes without a master in the route table before
+        #: this consumer reads from its slaves (:data:`SLAVES_AFTER`).
+        self.slaves_after = slaves_after
         self.clients: dict[str, MqClient] = {}
         self._send, self._receive = trio.open_memory_channel[Message](math.inf)
         self._nursery: trio.Nursery | None = None
+        #: Since when each replicated group of the topic has had no master in the table.
+        self._masterless: dict[str, float] = {}
+        #: When the slaves held back by :meth:`_holding` are next due, and what wakes the
+        #: task that waits for that.
+        self._slaves_due = math.inf
+        self._due_changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -200,16 +220,46 @@ class Consumer:
             self.routes.on_change(self._changed)
             for address in sorted(self._holding()):
                 self._attach(address)
+            nursery.start_soon(self._slaves_in_time)
             task_status.started()
             await trio.sleep_forever()
 
     def _holding(self) -> set[str]:
-        """The servers to read the topic from: a replicated group's master, its slaves
-        while it has none (:meth:`~brokermgr.tracking.RouteTable.readable`)."""
-        readable = set(self.routes.routes.readable())
-        return {a for a in self.routes.routes.servers_of(self.topic) if a in readable}
+        """The servers to read the topic from: a replicated group's master, or its slaves
+        once it has had none in the table for :attr:`slaves_after` seconds
+        (:meth:`~brokermgr.tracking.RouteTable.readable`)."""
+        table = self.routes.routes
+        readable = set(table.readable())
+        now = trio.current_time()
+        holding, masterless = set(), set()
+        for address in table.servers_of(self.topic):
+            if address not in readable:
+                continue
+            info = table.server_table.get(address)
+            if info is not None and info.group is not None and info.slave:
+                group = info.group.group
+                masterless.add(group)
+                due = self._masterless.setdefault(group, now) + self.slaves_after
+                if now < due:
+                    if due < self._slaves_due:
+                        self._slaves_due = due
+                        self._due_changed.set()
+                    continue
+            holding.add(address)
+        self._masterless = {g: t for g, t in self._masterless.items() if g in masterless}
+        return holding
 
-    def _changed(self, change: RouteChange) -> None:
+    async def _slaves_in_time(self) -> None:
+        """Read again which servers to hold when slaves held back are due."""
+        while True:
+            with trio.move_on_at(self._slaves_due):
+                await self._due_changed.wait()
+                self._due_changed = trio.Event()
+                continue
+            self._slaves_due = math.inf
+            self._changed(None)
+
+    def _changed(self, change: RouteChange | None) -> None:
         holding = self._holding()
         for address in sorted(holding - set(self.clients)):
             self._attach(address)

@@ -117,6 +117,10 @@ COMMANDS = frozenset(PARSERS)
 ANSWERED_IF_ASKED = frozenset({"ack", "route", "push", "copied"})
 #: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
 TICK = 1.0
+#: Seconds between a master's shipments of its consume groups' positions to its replicas
+#: (what changed, if anything): after a failover, what a group acknowledged on the old
+#: master within about this long before it died may be delivered again.
+POSITIONS_EVERY = 0.1
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
 
 #: The right each command needs of its link's identity, and on which topic (or receiver
@@ -238,6 +242,7 @@ class MqServer:
                 raise
         node.extend(self)
         self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
+        self._positions_timer = self.pump.call_every(POSITIONS_EVERY, self._ship_positions)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -530,11 +535,14 @@ class MqServer:
                 self._dispatch(state)
             if self.shipper.held or self.shipper.followers:
                 self.shipper.check(state.topic.name)  # the in-sync set moves with time
-            if self.shipper.followers:
-                self.shipper.ship_positions(state)
             self.catalogue.save_positions(state)
         if self.relay is not None:
             self.relay.tick()
+
+    def _ship_positions(self) -> None:
+        if self.shipper.followers:
+            for state in list(self.catalogue.topics.values()):
+                self.shipper.ship_positions(state)
 
     def sync_all(self) -> None:
         """fsync every topic now, on the pump."""
@@ -546,6 +554,7 @@ class MqServer:
             return
         self._closed = True
         self._tick_timer.cancel()
+        self._positions_timer.cancel()
         try:
             if self.relay is not None:
                 self.relay.redirect_clients()  # a cluster's server: its clients go elsewhere

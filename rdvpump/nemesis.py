@@ -41,6 +41,7 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -89,7 +90,8 @@ class Host:
     address: str
     device: str
     processes: list[trio.Process] = field(default_factory=list)
-    commands: list[tuple[list[str], dict[str, str] | None]] = field(default_factory=list)
+    #: What it ran: each command's arguments, and its env, stdout, stderr and stdin.
+    commands: list[tuple[list[str], dict[str, Any]]] = field(default_factory=list)
 
     def command(self, args: Sequence[str]) -> list[str]:
         """``args`` as run on this host."""
@@ -210,12 +212,15 @@ class Network:
                     stdout: int | None = subprocess.PIPE,
                     stderr: int | None = subprocess.PIPE,
                     stdin: int | None = None) -> trio.Process:
-        """Start ``args`` on ``host`` (remembered for :meth:`restart`)."""
+        """Start ``args`` on ``host`` (remembered for :meth:`restart`, with where its
+        output goes: a file descriptor given is written to again by the restarted
+        process, a pipe is a new one)."""
         where = self.hosts[host]
         proc = await trio.lowlevel.open_process(where.command(args), env=env, stdout=stdout,
                                                 stderr=stderr, stdin=stdin)
         where.processes.append(proc)
-        where.commands.append((list(args), env))
+        where.commands.append((list(args), {"env": env, "stdout": stdout, "stderr": stderr,
+                                            "stdin": stdin}))
         return proc
 
     def pause(self, host: str) -> None:
@@ -235,7 +240,7 @@ class Network:
         where = self.hosts[host]
         await self.crash(host)
         commands, where.commands, where.processes = where.commands, [], []
-        return [await self.spawn(host, args, env=env) for args, env in commands]
+        return [await self.spawn(host, args, **how) for args, how in commands]
 
     def _signal(self, host: str, sig: signal.Signals) -> None:
         for proc in self.hosts[host].processes:

@@ -1,9 +1,13 @@
 """The clients of ``bench nemesis``, each run on a host of its own: a producer or a
 consumer of a replicated group's topic that follows the master the name service names
-and writes what it saw as history operations (:mod:`mq._history`), one JSON object a
-line on stdout, each with ``t``, the machine's monotonic clock when it happened.
+(or of a cluster's shared topic, through one server of the cluster after another: the
+next once one fails it) and writes what it saw as history operations
+(:mod:`mq._history`), one JSON object a line on stdout, each with ``t``, the machine's
+monotonic clock when it happened.
 
-``python -m rdvpump.bench._history_client produce|consume MANAGER UNIVERSE LISTEN``.
+``python -m rdvpump.bench._history_client produce|consume MANAGER UNIVERSE LISTEN
+[SERVER,SERVER,...]`` (the cluster's servers' broker ids: a cluster's client; it starts
+at the first).
 The producer publishes one message at a time (a retry of one not acknowledged keeps its
 producer id and sequence, as a routed producer's does) until it reads ``stop`` on stdin,
 then says ``{"op": "done"}``; the consumer consumes and acknowledges until ``stop`` (an
@@ -31,7 +35,7 @@ def _say(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def main(role: str, manager: str, universe: str, listen: str) -> None:
+def main(role: str, manager: str, universe: str, listen: str, servers: str = "") -> None:
     import trio
 
     from brokermgr import BrokerManager, NameClient, ServiceError
@@ -55,13 +59,27 @@ def main(role: str, manager: str, universe: str, listen: str) -> None:
             nursery.start_soon(read_stdin)
             made = 0
 
+            cluster = servers.split(",") if servers else []
+            at = 0
+
             async def master() -> str | None:
+                """Where to publish and consume now: the master the name service names,
+                or the cluster's server this client is at."""
+                if cluster:
+                    return cluster[at % len(cluster)]
                 try:
                     group = await names.group(GROUP)
                 except ServiceError:
                     return None
                 found = group.get("master")
                 return found if isinstance(found, str) else None
+
+            def failed(name: str) -> None:
+                """``name`` did not answer, or refused: a cluster's client moves on to the
+                next server (a group's asks the name service again)."""
+                nonlocal at
+                if cluster and cluster[at % len(cluster)] == name:
+                    at += 1
 
             def client_of(name: str) -> MqClient:
                 nonlocal made
@@ -70,14 +88,15 @@ def main(role: str, manager: str, universe: str, listen: str) -> None:
                                 timeout=TIMEOUT)
 
             if role == "produce":
-                await produce(master, client_of, stop)
+                await produce(master, failed, client_of, stop, bool(cluster))
                 _say({"op": "done"})
             else:
-                await consume(master, client_of, stop)
+                await consume(master, failed, client_of, stop, bool(cluster))
             names.close()
             nursery.cancel_scope.cancel()
 
-    async def produce(master: Any, client_of: Any, stop: trio.Event) -> None:
+    async def produce(master: Any, failed: Any, client_of: Any, stop: trio.Event,
+                      shared: bool) -> None:
         producer, sequence = f"p{time.monotonic_ns()}", 1
         clients: dict[str, MqClient] = {}
         while not stop.is_set():
@@ -96,18 +115,28 @@ def main(role: str, manager: str, universe: str, listen: str) -> None:
                 _say({**op, "status": "unknown", "t": time.monotonic(), "error": str(exc)})
                 if exc.status == 0:
                     clients.pop(to).close()  # lost: a new link to whichever is named
-                elif exc.status == 404:  # the first publish: the topic is declared
+                if exc.status == 404:  # the first publish: the topic is declared
                     with contextlib.suppress(ServiceError):
-                        await client.declare(TOPIC)
+                        await client.declare(TOPIC, shared=shared)
+                else:
+                    failed(to)
                 await trio.sleep(POLL)
                 continue
-            _say({**op, "status": "ok", "offset": reply["offset"], "server": reply["server"],
-                  "epoch": reply.get("epoch"), "t": time.monotonic()})
+            if shared:  # a shared topic: its root stored it, at the cluster's epoch;
+                # offsets are each root's own, so none is said
+                _say({**op, "partition": "cluster", "status": "ok",
+                      "server": reply["server"], "epoch": reply.get("root_epoch"),
+                      "t": time.monotonic()})
+            else:
+                _say({**op, "status": "ok", "offset": reply["offset"],
+                      "server": reply["server"], "epoch": reply.get("epoch"),
+                      "t": time.monotonic()})
             sequence += 1
         for client in clients.values():
             client.close()
 
-    async def consume(master: Any, client_of: Any, stop: trio.Event) -> None:
+    async def consume(master: Any, failed: Any, client_of: Any, stop: trio.Event,
+                      shared: bool) -> None:
         while not stop.is_set():
             to = await master()
             if to is None:
@@ -120,19 +149,23 @@ def main(role: str, manager: str, universe: str, listen: str) -> None:
                     with trio.move_on_after(0.25):
                         messages = await subscription.receive_many()
                         now = time.monotonic()
-                        for m in messages:
+                        for m in messages:  # a shared topic's offsets are each
+                            # root's own: none is said
+                            where = {} if shared else {"partition": GROUP, "offset": m.offset}
                             _say({"op": "consume", "topic": TOPIC, "group": m.group,
-                                  "producer": m.producer, "sequence": m.sequence,
-                                  "partition": GROUP, "offset": m.offset, "t": now})
+                                  "producer": m.producer, "sequence": m.sequence, **where,
+                                  "t": now})
                         await subscription.ack([m.offset for m in messages])
                         for m in messages:
                             _say({"op": "ack", "topic": TOPIC, "group": m.group,
-                                  "partition": GROUP, "offset": m.offset, "status": "sent",
+                                  "partition": None if shared else GROUP,
+                                  "offset": m.offset, "status": "sent",
                                   "t": time.monotonic()})
                         continue
                     if await master() != to:
                         break  # another master now: follow it
             except (ServiceError, RdvpumpError):  # the link lost, a slave's refusal
+                failed(to)
                 await trio.sleep(POLL)
             finally:
                 client.close()
@@ -141,4 +174,4 @@ def main(role: str, manager: str, universe: str, listen: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -11,7 +11,10 @@ publishes there); the killed member is then started again on its directory and t
 trial waits until it is back in sync.  Beside it, in the same trials, an ``mq.Producer``
 with its default settings that follows the tracker's route table publishes a message
 every 5 ms, and the time from the kill to its first acknowledgement is the routed
-figure.  One more trial SIGSTOPs the master instead (hung, its links open): the
+figure; an ``mq.Consumer`` of the route table acknowledges every message as it comes,
+and what it gets again after each kill is the redelivery figure (duplicates per
+failover, and how long before the kill the oldest of them had first come).  One more
+trial SIGSTOPs the master instead (hung, its links open): the
 members' silence rules find it.  Throughput: 1 KiB publishes from 32 concurrent
 publishers (:data:`PUBLISHERS`) for the single server, the ``async`` group and the
 ``sync`` group.
@@ -64,6 +67,31 @@ class FailoverResult:
                 "p99_s": round(s[min(len(s) - 1, round(0.99 * (len(s) - 1)))], 4) if s
                 else None,
                 "max_s": round(s[-1], 4) if s else None}
+
+
+@dataclass
+class RedeliveryResult:
+    """What a routed consumer got again after each failover: the messages, and how long
+    before the kill the oldest of them had first come."""
+
+    case: str
+    duplicates: list[int] = field(default_factory=list)
+    span: list[float] = field(default_factory=list)
+    deliveries: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d, s = sorted(self.duplicates), sorted(self.span)
+
+        def p99(v: list[Any]) -> Any:
+            return v[min(len(v) - 1, round(0.99 * (len(v) - 1)))] if v else None
+
+        return {"case": self.case, "failovers": len(d),
+                "duplicates_p50": statistics.median(d) if d else None,
+                "duplicates_p99": p99(d), "duplicates_max": d[-1] if d else None,
+                "first_delivered_before_kill_p50_s": round(statistics.median(s), 4) if s
+                else None,
+                "first_delivered_before_kill_max_s": round(s[-1], 4) if s else None,
+                "deliveries": self.deliveries}
 
 
 @dataclass
@@ -148,7 +176,7 @@ async def _publish_until_acked(client: Any, body: bytes, deadline: float) -> Non
 
 
 async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
-                progress: Callable[[str], None]) -> tuple[list[FailoverResult],
+                progress: Callable[[str], None]) -> tuple[list[FailoverResult | RedeliveryResult],
                                                           dict[str, float]]:
     from brokermgr import BrokerManager, NameClient
     from mq import MqClient
@@ -157,7 +185,7 @@ async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
 
     body = b"x" * SIZE
     rates: dict[str, float] = {}
-    results: list[FailoverResult] = []
+    results: list[FailoverResult | RedeliveryResult] = []
     for replication in (None, "async", "sync"):
         label = replication or "single"
         progress(f"rdvpump {label}: starting")
@@ -217,9 +245,9 @@ async def _rate(client: Any, messages: int, body: bytes, publishers: int) -> flo
 
 async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, Any],
                   stack: AsyncExitStack, trials: int, body: bytes,
-                  progress: Callable[[str], None]) -> list[FailoverResult]:
+                  progress: Callable[[str], None]) -> list[FailoverResult | RedeliveryResult]:
     from brokermgr.tracking import RouteClient
-    from mq import MqClient, Producer
+    from mq import Consumer, MqClient, Producer
 
     killed = FailoverResult("failover-rdvpump-sync-sigkill", trials)
     routed = FailoverResult("failover-rdvpump-sync-sigkill-routed-producer", trials)
@@ -232,6 +260,20 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
     producer = Producer(routes, "bench")  # every setting its default
     acked: list[float] = []
     changed = trio.Event()
+    consumer = Consumer(routes, "bench", group="failover")  # from the end on, acks each
+    first: dict[tuple[str, int], float] = {}
+    again: list[tuple[float, float]] = []  # (redelivered, first delivered)
+    redelivered = RedeliveryResult("failover-rdvpump-sync-sigkill-routed-consumer")
+
+    async def consume() -> None:
+        async for message in consumer:
+            now, key = trio.current_time(), (message.producer, message.sequence)
+            redelivered.deliveries += 1
+            if key in first:
+                again.append((now, first[key]))
+            else:
+                first[key] = now
+            message.ack_nowait()
 
     async def publish_every_5ms() -> None:
         nonlocal changed
@@ -242,7 +284,10 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
             changed = trio.Event()
             await trio.sleep(0.005)
 
+    kills: list[float] = []
     async with trio.open_nursery() as nursery:
+        await nursery.start(consumer.run)
+        nursery.start_soon(consume)
         nursery.start_soon(publish_every_5ms)
         for trial in range(trials + 1):
             stop = trial == trials  # the last trial: a hung master, found by its silence
@@ -254,6 +299,8 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
             proc = spawned[master]
             start = trio.current_time()
             proc.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
+            if not stop:
+                kills.append(start)
             successor = await _master(names, not_=master, insync=0)
             after = MqClient(universe.add_broker(f"d{trial}"), f"{successor}:15555",
                              timeout=1)
@@ -274,8 +321,14 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
                 _spawn(group.member_args(master, member_id)))
         nursery.cancel_scope.cancel()
     producer.close()
+    consumer.close()
     routes.close()
-    return [killed, routed, hung]
+    for i, kill in enumerate(kills):  # what came again between this kill and the next
+        until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+        these = [(at, was) for at, was in again if kill < at <= until]
+        redelivered.duplicates.append(len(these))
+        redelivered.span.append(max((kill - was for _, was in these), default=0.0))
+    return [killed, routed, hung, redelivered]
 
 
 # -- NATS JetStream -------------------------------------------------------------------------

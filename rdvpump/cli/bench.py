@@ -307,6 +307,17 @@ def bench_failover(
         return
     _show_times(f"rdvpump bench failover ({trials} trials)",
                 [r for r in results if isinstance(r, failover.FailoverResult)])
+    table = Table(title="redelivered to a routed consumer after each SIGKILL")
+    for col in ("case", "failovers", "duplicates p50", "p99", "max",
+                "first delivered before the kill, max s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in results:
+        if isinstance(r, failover.RedeliveryResult):
+            d = r.to_dict()
+            table.add_row(r.case, str(d["failovers"]), str(d["duplicates_p50"]),
+                          str(d["duplicates_p99"]), str(d["duplicates_max"]),
+                          str(d["first_delivered_before_kill_max_s"]))
+    show_table(table)
     _show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
           "replication, 1 KiB publishes", ("case", "msgs/s", "baseline", "baseline msgs/s",
                                            "ratio"),
@@ -363,28 +374,37 @@ def bench_nemesis(
     faults: Annotated[int, typer.Option(help="Faults in each schedule.")] = 3,
     insync_lag: Annotated[float | None, typer.Option(
         help="The members' --insync-lag (default: theirs).", show_default=False)] = None,
+    cluster: Annotated[bool, typer.Option(
+        "--cluster", help="A cluster of three primaries and a shared topic instead of a "
+                          "group; their logs checked for two roots in an epoch.")] = False,
 ) -> None:
-    """Jepsen-style runs of a sync replicated group on network namespaces: seeded
-    schedules of faults (cuts, splits, bridges, pauses, crashes, slow and lossy links)
-    while a producer and a consumer on hosts of their own go on; every history checked.
-    Availability, recovery after the heal, redeliveries (root, iproute2, ethtool)."""
+    """Jepsen-style runs of a sync replicated group (or a cluster) on network namespaces:
+    seeded schedules of faults (cuts, splits, bridges, pauses, crashes, slow and lossy
+    links) while a producer and a consumer on hosts of their own go on; every history
+    checked. Availability, recovery after the heal, redeliveries (root, iproute2,
+    ethtool)."""
     from ..bench import nemesis_runs
 
     if (smoke := _smoke()) < 1:
         schedules, faults = max(1, round(schedules * smoke)), 1
     if schedules < 1 or faults < 1:
         raise fail("--schedules and --faults must be at least 1")
+    if cluster and insync_lag is not None:
+        raise fail("--insync-lag is a group's: a cluster has none")
     seeds = list(range(first_seed, first_seed + schedules))
     with err.status("playing schedules ...") as status:
         results = guard(lambda: interruptible(lambda: nemesis_runs.run(
-            seeds, faults=faults, insync_lag=insync_lag, progress=status.update)))
-    total = {**nemesis_runs.summary(results), "insync_lag": insync_lag}
+            seeds, faults=faults, insync_lag=insync_lag, cluster=cluster,
+            progress=status.update)))
+    total = {**nemesis_runs.summary(results),
+             **({} if cluster else {"insync_lag": insync_lag})}
     if json_out:
         for r in results:
             print(json.dumps(r.to_dict()))
         print(json.dumps(total))
     else:
-        table = Table(title=f"rdvpump bench nemesis ({schedules} schedules)")
+        table = Table(title=f"rdvpump bench nemesis{' --cluster' if cluster else ''} "
+                            f"({schedules} schedules)")
         for col in ("seed", "ok", "availability", "longest gap s", "recover s",
                     "redelivered", "findings"):
             table.add_column(col, justify="left" if col in ("ok", "findings") else "right")

@@ -173,3 +173,72 @@ async def test_producers_and_consumers_move_to_the_member_promoted(
             routes.close()
             s2.close()
             s3.close()
+
+
+async def test_a_consumer_waits_for_the_member_promoted_and_reads_slaves_only_later(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """s1 master, s2 and s3 slaves.  s1 dies: for ``slaves_after`` (2 s) the consumer
+    reads from no slave, so when s2 is promoted 1 s later the consumer has acknowledged
+    nothing on a slave, and moves to s2.  s2 dies in turn and nobody is promoted: 2 s
+    after the table lost its last master, the consumer reads from s3, the slave left."""
+    from brokermgr import GroupMember
+
+    with trio.fail_after(600):
+        async with open_universe("mq") as universe:
+            TrackNode(universe.add_broker("t1"), role="tracker", **TIMING)
+            members = (("s1", "master"), ("s2", "slave"), ("s3", "slave"))
+            nodes = {name: TrackNode(universe.add_broker(name), role="server",
+                                     trackers=["t1:15555"],
+                                     group=GroupMember("a", i, role, epoch=1), **TIMING)
+                     for i, (name, role) in enumerate(members)}
+            s1, s2, s3 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False)
+                          for n in nodes)
+            s1.confirm()
+            s1.handle_local({"cmd": "declare", "topic": "orders"})
+            s2.follow("s1:15555", retry=0.5)
+            s3.follow("s1:15555", retry=0.5)
+            routes = RouteClient(universe.add_broker("app"), retry=0.5)
+            routes.add_tracker("t1:15555")
+            while sorted(routes.routes.servers_of("orders")) != [
+                    "s1:15555", "s2:15555", "s3:15555"]:
+                await routes.changed()
+            consumer = Consumer(routes, "orders", window=100)
+            attached: list[tuple[float, str]] = []
+            attach = consumer._attach
+
+            def seen(address: str) -> None:
+                if address not in consumer.clients:
+                    attached.append((trio.current_time(), address))
+                attach(address)
+
+            consumer._attach = seen  # type: ignore[method-assign]
+
+            async def lost(name: str) -> float:
+                while f"{name}:15555" in routes.routes.servers_of("orders"):
+                    await routes.changed()
+                return trio.current_time()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                assert [a for _, a in attached] == ["s1:15555"]
+                s1.close()
+                nodes["s1"].broker.close("killed")
+                gone = await lost("s1")
+                await trio.sleep(1)
+                assert list(consumer.clients) == []  # no slave read meanwhile
+                s2.promote(2)
+                s3.follow("s2:15555", retry=0.5)
+                while "s2:15555" not in consumer.clients:
+                    await routes.changed()
+                assert [a for _, a in attached] == ["s1:15555", "s2:15555"]
+                s2.close()
+                nodes["s2"].broker.close("killed")
+                gone = await lost("s2")
+                while "s3:15555" not in consumer.clients:
+                    await trio.sleep(0.05)
+                when, address = attached[-1]
+                assert address == "s3:15555" and 2.0 <= when - gone < 2.1, (when - gone)
+                nursery.cancel_scope.cancel()
+            consumer.close()
+            routes.close()
+            s3.close()
