@@ -222,8 +222,11 @@ class GroupTables:
         if not candidates:
             return (f"group {group}: master {lost} lost at epoch {epoch}; no member it "
                     f"reported in sync is alive: no master")
+        # the most records, as each last registered them (a member that said nothing of
+        # its records comes after every one that did)
         winner = max(candidates, key=lambda m: (
-            m.progress.held if m.progress is not None else 0, -m.member.member_id))
+            m.progress is not None, m.progress.held if m.progress is not None else 0,
+            -m.member.member_id))
         try:
             new = next_epoch(epoch)
         except EpochError as exc:  # the epoch held stays: its master may come back
@@ -231,13 +234,13 @@ class GroupTables:
         self.epochs[group] = (new, winner.broker_id)
         self.insync[group] = tuple(sorted(insync - {winner.broker_id}))
         self.inherited[group] = new
-        records = winner.progress.held if winner.progress is not None else 0
+        records = ("its records not reported" if winner.progress is None
+                   else f"holding {winner.progress.held} records")
         if returned:
             return (f"group {group}: without a master since epoch {epoch}; "
-                    f"{winner.broker_id} is back and promoted at epoch {new} "
-                    f"(holding {records} records)")
+                    f"{winner.broker_id} is back and promoted at epoch {new} ({records})")
         return (f"group {group}: master {lost} lost at epoch {epoch}; {winner.broker_id} "
-                f"promoted at epoch {new} (in sync, holding {records} records)")
+                f"promoted at epoch {new} (in sync, {records})")
 
     def claim(self, group: str, broker_id: str, epoch: int) -> tuple[bool, int]:
         """A member asks to be the group's master at ``epoch`` (several name services that

@@ -185,7 +185,6 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 for link in names.links:
                     nursery.start_soon(_watch_link, link, "+".join(broker_ids), refused,
                                        nursery.cancel_scope)
-                names.start()
             nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
             for node in nodes:  # a server's links to its trackers (--tracker)
                 for publisher in getattr(getattr(node, "server", None), "publishers", ()):
@@ -194,11 +193,16 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             mq_servers = _mq_servers(nodes)
             if group is not None:
                 servers.update(mq_servers)
-                if names is not None and mq_servers:
-                    from mq import keep_role
+            if names is not None:
+                # registered once the MQ servers have read their topics: a group's member
+                # says how many records it holds from its first registration on (a
+                # failover chooses by that)
+                names.start()
+            if group is not None and names is not None and mq_servers:
+                from mq import keep_role
 
-                    for server in mq_servers.values():
-                        nursery.start_soon(keep_role, server, names)
+                for server in mq_servers.values():
+                    nursery.start_soon(keep_role, server, names)
             cluster, store = clustering
             if cluster is not None:
                 for b in brokers:

@@ -177,6 +177,27 @@ def test_when_the_master_is_lost_the_in_sync_member_holding_most_is_promoted() -
     assert t.master("a") is None and t.route("orders")["groups"]["a"]["perm"] == "r"
 
 
+def test_a_promotion_chooses_and_reports_by_each_member_s_latest_registration() -> None:
+    """Each beat of a member replaces what it said it holds: the failover chooses by the
+    latest numbers and says them; a member that said nothing of its records comes after
+    every one that did, and the log says so."""
+    from brokermgr import GroupProgress
+
+    t = GroupTables()
+    t.update("a0", ("h", 1), member("a", 0), ("orders",), 1,
+             GroupProgress(500, ("a1", "a2", "a3")))
+    t.update("a1", ("h", 2), member("a", 1), (), 1, GroupProgress(300))
+    t.update("a2", ("h", 3), member("a", 2), (), 1, GroupProgress(400))
+    t.update("a3", ("h", 4), member("a", 3), (), 1, None)
+    t.update("a1", ("h", 2), member("a", 1), (), 2, GroupProgress(440))  # its next beat
+    assert t.forget("a0") == ("group a: master a0 lost at epoch 1; a1 promoted at epoch 2 "
+                              "(in sync, holding 440 records)")
+    t.update("a1", ("h", 2), member("a", 1, epoch=2, role="master"), ("orders",), 3,
+             GroupProgress(450, ("a3",)))
+    assert t.forget("a1") == ("group a: master a1 lost at epoch 2; a3 promoted at epoch 3 "
+                              "(in sync, its records not reported)")
+
+
 def test_a_group_left_without_a_master_gets_one_when_a_member_holding_all_is_back(
         ) -> None:
     """The master is lost while no member it reported in sync lives: no master.  A member

@@ -72,6 +72,11 @@ class Chaos:
             self.faults.restart(back)
             self.crashed.discard(back)
 
+    def crash(self, server: str) -> None:
+        """Crash ``server`` (a live one, chosen by the caller)."""
+        self.faults.crash(server)
+        self.crashed.add(server)
+
     def end(self) -> None:
         for pair in sorted(self.delayed):
             self.faults.delay(pair, 0)

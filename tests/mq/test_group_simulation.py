@@ -7,7 +7,8 @@ through a name client of its own and keeps its role as they hold it
 that the fault kit cuts: partitions between the master and its slaves, between servers
 and name services, and between the clients and the servers; delays of every byte
 between two servers (up to 1.5 s); crashes and restarts of any server (each keeps its
-directory).
+directory), and a quick second failure (the master, then within 0.2 s of its promotion
+the member promoted after it).
 A producer publishes throughout and a consumer consumes, both following the tracker's
 route table.  Once the faults stop and every server is back, the consumer must get every
 acknowledged message, and the history checker (:func:`mq.check_history`) must find
@@ -143,6 +144,26 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
                     history.ack("orders", "orders", message.offset, "unknown",
                                 partition="a")
 
+            def master() -> str | None:
+                """The live member that is master at the newest epoch, if any."""
+                held = [(m.server.group.epoch, name) for name, m in members.items()
+                        if name in chaos.live and m.server.group is not None
+                        and m.server.group.role == "master"]
+                return max(held)[1] if held else None
+
+            async def crash_twice(chaos: Chaos) -> None:
+                """A quick second failure: the master crashes, and the member promoted
+                after it crashes within 0.2 s of its promotion (when all three live)."""
+                first = master()
+                if first is None or len(chaos.live) < len(SERVERS):
+                    return
+                chaos.crash(first)
+                with trio.move_on_after(5.0):
+                    while (second := master()) is None:
+                        await trio.sleep(0.01)
+                    await trio.sleep(rng.uniform(0.0, 0.2))
+                    chaos.crash(second)
+
             with trio.fail_after(10):  # the name service confirms s1 as the master
                 while True:
                     try:
@@ -165,8 +186,10 @@ async def one_run(seed: int, store: pathlib.Path, mode: str = "sync", services: 
             for _step in range(10):
                 await trio.sleep(rng.uniform(0.2, 3.0))
                 action = rng.choice(("partition", "partition", "heal", "crash", "restart",
-                                     "delay"))
-                if action == "partition":
+                                     "delay", "twice"))
+                if action == "twice":
+                    await crash_twice(chaos)
+                elif action == "partition":
                     kind = rng.choice(("servers", "names", "clients"))
                     if kind == "servers":
                         side = [rng.choice(SERVERS)]

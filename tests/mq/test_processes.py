@@ -618,10 +618,11 @@ async def test_a_sync_group_fails_over_and_loses_no_acknowledged_message(
 async def test_a_hung_master_is_replaced_once_the_name_service_expires_it(
         tmp_path: pathlib.Path) -> None:
     """SIGSTOP of a sync group's master: its links stay open and it answers nothing.  With
-    every setting at its default, the name service drops it after eight of its 0.25 s
-    heartbeats and promotes a slave, which takes over though its link to the hung master
-    is still open (the master has said nothing for 1 s): a publish is acknowledged there
-    within seconds, and no acknowledged message is lost."""
+    every setting at its default, the name service drops it five of its 0.1 s beats after
+    the last one (its slaves witnessing its silence) and promotes a slave, which takes
+    over though its link to the hung master is still open (the master has said nothing
+    to it for its silence, 0.4 s): a publish is acknowledged there within seconds, and
+    no acknowledged message is lost."""
     from brokermgr import NameClient
 
     def member(name: str, member_id: int, manager: tuple[str, int]) -> list[str]:
