@@ -91,7 +91,8 @@ class RedeliveryResult:
                 "first_delivered_before_kill_p50_s": round(statistics.median(s), 4) if s
                 else None,
                 "first_delivered_before_kill_max_s": round(s[-1], 4) if s else None,
-                "deliveries": self.deliveries}
+                "deliveries": self.deliveries, "per_failover": self.duplicates,
+                "first_delivered_before_kill_s": [round(x, 4) for x in self.span]}
 
 
 @dataclass
