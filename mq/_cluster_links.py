@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from brokermgr import (
     MAX_INT,
     STALE_EPOCH,
+    Broker,
     BrokerLink,
+    CommandTable,
     Fields,
     Outcome,
     ServiceError,
@@ -24,11 +26,35 @@ from brokermgr import (
 )
 from channels import MessageQueue
 
-from ._cluster_file import ClusterServer
-from ._cluster_state import CHANGES
+from ._cluster_file import ClusterConfig, ClusterServer
+from ._cluster_state import CHANGES, ClusterState
+from ._root import Ballot
 
-if TYPE_CHECKING:
-    from ._cluster import ClusterNode
+
+class LinkedNode(Protocol):
+    """What the links ask of their server's side of the cluster (:class:`~mq.ClusterNode`):
+    what it says of itself in each message, its commands, and what it is told."""
+
+    broker: Broker
+    port: int
+    config: ClusterConfig
+    me: ClusterServer
+    checksum: int
+    ballot: Ballot
+    root: str | None
+    epoch: int
+    state: ClusterState
+    table: CommandTable
+
+    def incoming_closed(self, queue: MessageQueue) -> None: ...
+
+    def took(self, peer: str, state_epoch: int, version: int) -> None: ...
+
+    def refused(self, peer: Peer, why: str) -> None: ...
+
+    def disagreement(self, cluster: str, server_id: str, checksum: int) -> str | None: ...
+
+    def links_changed(self) -> None: ...
 
 @dataclass(frozen=True)
 class Said:
@@ -107,7 +133,7 @@ class Inbound(ServiceSession):
 
     what = "cluster request"
 
-    def __init__(self, node: ClusterNode, queue: MessageQueue) -> None:
+    def __init__(self, node: LinkedNode, queue: MessageQueue) -> None:
         super().__init__(queue, node.table)
         self.node = node
 
@@ -118,7 +144,7 @@ class Inbound(ServiceSession):
 class PeerLink(BrokerLink):
     """This server's link to one peer: hello on every connect, beats while agreed."""
 
-    def __init__(self, node: ClusterNode, peer: Peer, *, retry: float) -> None:
+    def __init__(self, node: LinkedNode, peer: Peer, *, retry: float) -> None:
         super().__init__(node.broker, peer.server.id, node.port,
                          name=f"cluster peer {peer.server.id}", retry=retry)
         self.node = node

@@ -13,14 +13,15 @@ had reached it here before): at least once.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from brokermgr import Outcome, ServiceError, Status
+from brokermgr import Body, Outcome, ServiceError, Status
+from channels import MessageQueue
 
-if TYPE_CHECKING:
-    from ._catalogue import TopicState
-    from ._record import Record
-    from ._relay import Relay, Upstream
+from ._catalogue import Catalogue, TopicState
+from ._cluster import ClusterNode
+from ._record import Record
 
 __all__ = ["DRAIN_BATCH", "Drain"]
 
@@ -30,22 +31,34 @@ log = logging.getLogger("rdvpump.mq.cluster")
 DRAIN_BATCH = 256
 
 
-class Drain:
-    """``relay``'s server's copies of shared topics, sent to the root (see the module)."""
+class RootLink(Protocol):
+    """The link to the cluster's root that a drain sends on (:class:`~._relay.Upstream`)."""
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    root: str
+    queue: MessageQueue | None
+
+    def request(self, obj: dict[str, Any], on_reply: Callable[[Outcome], object], *,
+                body: Body | None = None) -> bool: ...
+
+
+class Drain:
+    """The copies of shared topics in ``catalogue`` (of the MQ server at ``address``),
+    sent to the root (see the module); ``counts["drained"]`` counts what went."""
+
+    def __init__(self, catalogue: Catalogue, address: str, counts: dict[str, int]) -> None:
+        self.catalogue = catalogue
+        self.address = address
+        self.counts = counts
         #: Topics with a batch on its way to the root.
         self.busy: set[str] = set()
 
-    def run(self) -> None:
-        """The next batch of each shared topic that has one, to the root."""
-        relay = self.relay
-        upstream = relay.upstream
-        if upstream is None or upstream.queue is None or relay.cluster.root == relay.me:
+    def run(self, upstream: RootLink | None, cluster: ClusterNode) -> None:
+        """The next batch of each shared topic of ``cluster`` that has one, to the root
+        over ``upstream`` (none while this server is the root)."""
+        if upstream is None or upstream.queue is None or cluster.root == cluster.me.id:
             return
-        for name in relay.cluster.state.topics:
-            state = relay.server.catalogue.topics.get(name)
+        for name in cluster.state.topics:
+            state = self.catalogue.topics.get(name)
             if state is None or name in self.busy or not state.topic.groups:
                 continue
             topic = state.topic
@@ -56,8 +69,7 @@ class Drain:
             if records:
                 self._send(upstream, state, records)
 
-    def _send(self, upstream: Upstream, state: TopicState, records: list[Record]) -> None:
-        relay = self.relay
+    def _send(self, upstream: RootLink, state: TopicState, records: list[Record]) -> None:
         name = state.topic.name
         self.busy.add(name)
         left = [len(records)]
@@ -73,16 +85,16 @@ class Drain:
             self.busy.discard(name)
             if failed:
                 log.warning("%s: drain of %s to root %s: %s (tried again)",
-                            relay.server.address, name, upstream.root, failed[0])
+                            self.address, name, upstream.root, failed[0])
                 return
-            if relay.server.catalogue.topics.get(name) is not state:
+            if self.catalogue.topics.get(name) is not state:
                 return
             for group in list(state.topic.groups):
                 state.topic.advance(group, end)
-            relay.server.catalogue.save_positions(state)
-            relay.counts["drained"] += len(records)
+            self.catalogue.save_positions(state)
+            self.counts["drained"] += len(records)
             log.info("%s: %d messages of %s stored under an earlier root sent to root %s",
-                     relay.server.address, len(records), name, upstream.root)
+                     self.address, len(records), name, upstream.root)
 
         for record in records:
             obj: dict[str, Any] = {"cmd": "produce", "topic": name, "origin": record.producer,

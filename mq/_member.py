@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -33,9 +33,6 @@ from ._follower import DEFAULT_RESCAN, Follower
 from ._log import TopicLog
 from ._replication import Shipper
 from ._topic import Start
-
-if TYPE_CHECKING:
-    from ._server import MqServer
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -232,6 +229,13 @@ class GroupRole:
             self.dispatch(state)
 
 
+class HasRole(Protocol):
+    """An MQ server that may be a replicated group's member (:class:`~mq.MqServer`)."""
+
+    @property
+    def role(self) -> GroupRole: ...
+
+
 #: Seconds between a group member's questions to the name service about its group.
 GROUP_POLL = 0.1
 #: Seconds (at random up to twice as long) that a member of a group whose several name
@@ -256,7 +260,7 @@ def _decide(views: list[dict[str, Any]], managers: int, me: str
     return master, epoch, count > managers // 2, newest, others, insync - {me}
 
 
-async def keep_role(server: MqServer, names: NameClient) -> None:
+async def keep_role(server: HasRole, names: NameClient) -> None:
     """A group member's role, as the name services hold it (asked every
     :data:`GROUP_POLL` seconds; with several, what a majority of them say): a master
     takes writes once confirmed at its epoch; a member promoted takes over once the old
@@ -272,21 +276,22 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
     the next epoch at each (:meth:`~brokermgr.NameClient.claim`): a name service grants
     one member per epoch, and only one that holds every acknowledged message as far as
     it knows, so the members granted by a majority are one, and it is safe."""
-    port = server.node.address.port
-    me = server.node.broker.id
-    random = server.node.broker.pump.random
+    role = server.role
+    port = role.node.address.port
+    me = role.node.broker.id
+    random = role.node.broker.pump.random
     following: str | None = None
-    insync = server.progress().insync
+    insync = role.progress().insync
     claim_at: float | None = None
     witnessed = False  # this slave told the name service its master is quiet
     while True:
-        mine = server.group
+        mine = role.group
         assert mine is not None
-        if mine.role == "master" and (now := server.progress().insync) != insync:
+        if mine.role == "master" and (now := role.progress().insync) != insync:
             insync = now  # the failover's choice follows the in-sync set: said at once
             names.register_now()
-        quiet = mine.role == "slave" and server.follower is not None and (
-            server.follower.quiet >= server.role.silence)
+        quiet = mine.role == "slave" and role.follower is not None and (
+            role.follower.quiet >= role.silence)
         if quiet and not witnessed:
             names.register_now()  # its master's silence, witnessed: said at once
         witnessed = quiet
@@ -317,29 +322,29 @@ async def keep_role(server: MqServer, names: NameClient) -> None:
                     continue  # asked again at once: now a majority names it
         if decided and master == me and not stuck:
             # the members a failover would choose from: this master waits for each
-            server.shipper.confirm_insync(named_insync)
+            role.shipper.confirm_insync(named_insync)
             if mine.role == "slave" and epoch > mine.epoch and (
-                    server.follower is None or not server.follower.copying
-                    or server.follower.quiet > server.role.silence):
-                server.promote(epoch)
+                    role.follower is None or not role.follower.copying
+                    or role.follower.quiet > role.silence):
+                role.promote(epoch)
                 following = None
                 names.register_now()
                 continue  # confirmed by the next answer, asked at once
             elif mine.role == "master" and epoch > mine.epoch:
-                server.promote(epoch)  # back as master at a newer epoch (a restart)
+                role.promote(epoch)  # back as master at a newer epoch (a restart)
                 names.register_now()
             elif mine.role == "master" and epoch == mine.epoch:
-                server.confirm()
+                role.confirm()
         elif mine.role == "master" and others > mine.epoch:
-            server.demote(others)  # the group moved on without this master: fenced
+            role.demote(others)  # the group moved on without this master: fenced
             names.register_now()
         if decided and isinstance(master, str) and master != me:
             # the master a majority names, whatever epoch a minority may have seen since
             if mine.role == "master" or epoch != mine.epoch:
-                server.demote(epoch)
+                role.demote(epoch)
                 names.register_now()
             if master != following:
                 log.info("group %s: %s follows master %s", mine.group, me, master)
-                server.follow(f"{master}:{port}")
+                role.follow(f"{master}:{port}")
                 following = master
         await trio.sleep(GROUP_POLL)

@@ -35,20 +35,58 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from brokermgr import BrokerLink, Call, Outcome, ServiceError, Status, encode
+from brokermgr import BrokerLink, Call, CommandTable, Outcome, ServiceError, Status, encode
+from brokermgr.tracking import TrackNode
 from channels import MessageQueue
+from pump import Pump
 
-from ._delivery import FRAME_BYTES, FRAME_TAIL
+from ._catalogue import Catalogue
+from ._cluster import ClusterNode
+from ._delivery import FRAME_BYTES, FRAME_TAIL, Links
 from ._drain import Drain
 from ._relay_groups import LocalConsumer, Relayed, RelayedFrame, RelayGroup, take_frame
 from ._requests import Ack, Consume, Produce, Unconsume
 from ._wire import pack_column
 
-if TYPE_CHECKING:
-    from ._cluster import ClusterNode
-    from ._server import MqServer
+
+class Consumes(Protocol):
+    """A server's ``consume`` command (:class:`~._consumers.ConsumerCommands`)."""
+
+    def consume(self, request: Consume, call: Call) -> dict[str, Any] | None: ...
+
+
+class RelayedServer(Protocol):
+    """What a relay asks of its MQ server (:class:`~mq.MqServer`): where it is, its
+    topics, links and commands, and to answer a request or handle one as its own."""
+
+    @property
+    def node(self) -> TrackNode: ...
+
+    @property
+    def pump(self) -> Pump: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def catalogue(self) -> Catalogue: ...
+
+    @property
+    def links(self) -> Links: ...
+
+    @property
+    def table(self) -> CommandTable: ...
+
+    @property
+    def consumers(self) -> Consumes: ...
+
+
+    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+              ) -> None: ...
+
+    def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None: ...
 
 __all__ = ["RELAY_WINDOW", "Relay", "RelayGroup"]
 
@@ -97,7 +135,7 @@ class Relay:
     """The shared topics' messages on ``server``, a server of ``cluster`` (see the
     module)."""
 
-    def __init__(self, server: MqServer, cluster: ClusterNode, *,
+    def __init__(self, server: RelayedServer, cluster: ClusterNode, *,
                  window: int = RELAY_WINDOW) -> None:
         self.server = server
         self.cluster = cluster
@@ -113,7 +151,7 @@ class Relay:
         self._root = cluster.root
         self.counts = {"forwarded": 0, "relayed": 0, "drained": 0}
         #: What this server stored while it was root, sent to the root (:mod:`._drain`).
-        self.drain = Drain(self)
+        self.drain = Drain(server.catalogue, server.address, self.counts)
         cluster.watchers.append(self.root_changed)
         self.root_changed()
 
@@ -480,7 +518,7 @@ class Relay:
         for relay_group in self.groups.values():
             if not relay_group.subscribed:
                 self._subscribe(relay_group)
-        self.drain.run()
+        self.drain.run(self.upstream, self.cluster)
 
     def describe(self, topics: dict[str, Any]) -> None:
         """What ``query`` shows of the shared topics among ``topics`` (as the catalogue

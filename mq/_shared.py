@@ -10,22 +10,40 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from brokermgr import Call, ServiceError, Status
+from brokermgr import Call, CommandTable, ServiceError, Status
+from channels import MessageQueue
 
+from ._cluster import ClusterNode
 from ._cluster_state import ClusterState
 from ._requests import Declare
 
-if TYPE_CHECKING:
-    from ._server import MqServer
+
+class SharingServer(Protocol):
+    """What declaring shared topics asks of an MQ server (:class:`~mq.MqServer`): its
+    cluster, where it is, its commands, and to handle a request of its own."""
+
+    @property
+    def cluster(self) -> ClusterNode | None: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def table(self) -> CommandTable: ...
+
+    def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+              ) -> None: ...
 
 __all__ = ["declare_on", "declare_shared"]
 
 log = logging.getLogger("rdvpump.mq.cluster")
 
 
-def declare_shared(server: MqServer, request: Declare, call: Call) -> None:
+def declare_shared(server: SharingServer, request: Declare, call: Call) -> None:
     """A topic of the cluster (and a group of it): asked of the root; once the root
     has it, declared here too (every other server declares it as the cluster's state
     reaches it), then answered."""
@@ -58,7 +76,7 @@ def declare_shared(server: MqServer, request: Declare, call: Call) -> None:
     return None
 
 
-def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
+def declare_on(server: SharingServer) -> Callable[[ClusterState, ClusterState], None]:
     """An ``on_state`` for :class:`~mq.ClusterNode`: each new state declared on
     ``server`` (an :class:`~mq.MqServer`); a topic or group it holds that the new state
     says was removed is removed, with its messages.  One the new state leaves out
@@ -102,7 +120,7 @@ def declare_on(server: Any) -> Callable[[ClusterState, ClusterState], None]:
     return take
 
 
-def _local(server: Any, request: dict[str, Any]) -> None:
+def _local(server: SharingServer, request: dict[str, Any]) -> None:
     try:
         server.handle_local(request)
     except ServiceError as exc:  # that topic's refusal (a store error, say): logged

@@ -21,19 +21,29 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, Protocol, overload
 
 import trio
 
-from brokermgr import Sent, ServiceError
+from brokermgr import BrokerLink, ReplyObject, Sent, ServiceError
 from channels import SMALL_PIECE, QueueFullError, split_bodies
 from pump import ConfigError
 
 from ._held import Held
 from ._wire import pack_column
 
-if TYPE_CHECKING:
-    from ._client import MqClient
+
+class SubscriptionClient(Protocol):
+    """What a subscription asks of its client (:class:`~mq.MqClient`): its link to the
+    server, its subscriptions by topic and group, and a request answered."""
+
+    @property
+    def link(self) -> BrokerLink: ...
+
+    @property
+    def subscriptions(self) -> dict[tuple[str, str], Subscription]: ...
+
+    async def request(self, obj: dict[str, Any]) -> ReplyObject: ...
 
 
 @dataclass(slots=True)
@@ -249,7 +259,7 @@ class Receiver:
 class Subscription:
     """Messages of one topic and group, as they are pushed (``async for``)."""
 
-    def __init__(self, client: MqClient, topic: str, group: str, window: int, *,
+    def __init__(self, client: SubscriptionClient, topic: str, group: str, window: int, *,
                  on_message: Callable[[Message], object] | None = None) -> None:
         self.client = client
         self.topic = topic
