@@ -15,9 +15,9 @@ import trio
 from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import Message, MqClient, MqServer, Subscription, declare_on
-from mq._cluster import ClusterNode
-from mq._cluster_file import ClusterConfig
-from mq._relay import Relay
+from mq.cluster._file import ClusterConfig
+from mq.cluster._node import ClusterNode
+from mq.cluster._relay import Relay
 from tests.mq.test_cluster import config, until
 
 #: Three primaries, a backup and two fanout servers.
