@@ -391,7 +391,7 @@ class Relay:
             # an ack the root no longer held (redelivered after its ack timeout): that
             # message comes again, at least once
             log.info("%s: root %s: %s", self.server.address, upstream.root,
-                     obj.get("reason"))
+                     obj.get("error"))
 
     def _take(self, obj: dict[str, Any]) -> None:
         """A ``messages`` frame from the root, for one group or (``groups``) for several

@@ -54,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -572,9 +572,6 @@ class MqServer:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-
-    def topic_names(self) -> Iterable[str]:
-        return sorted(self.catalogue.topics)
 
 
 def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -158,10 +158,6 @@ class TopicLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
-    @property
-    def last_timestamp(self) -> int:
-        return self.segments[-1].max_ts if self.segments else 0
-
     # -- opening -----------------------------------------------------------------------
 
     def _open(self) -> None:
