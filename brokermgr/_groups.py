@@ -88,7 +88,7 @@ class GroupProgress:
     held: int = 0
     insync: tuple[str, ...] = ()
     #: From a slave copying its master: the seconds since the master last said anything
-    #: (it answers a query every :data:`~mq._follower.DEFAULT_RESCAN` while it lives).
+    #: (it answers a query every :data:`~mq.replication._follower.DEFAULT_RESCAN` while it lives).
     quiet: float | None = None
     #: The member's own timeout: a master quiet to it for this long is silent, and it is
     #: a witness of that (None: the name service's :data:`~brokermgr.QUIET`).

@@ -444,9 +444,6 @@ class ChannelManager:
                        link_id=link_id, local=local, remote=remote, port=port,
                        accepting=accepting)
 
-    def next_link_id(self) -> int:
-        return next(self._link_ids)
-
     def open_pair(self, a: str, b: str, port: int) -> tuple[Channel, Channel]:
         """Return ``(a_side, b_side)`` of a new link: ``a`` connected, ``b`` accepted."""
         link_id = next(self._link_ids)

@@ -34,12 +34,6 @@ Checking what clients saw:
 
 from brokermgr import ServiceError, Status
 
-from ._client import MqClient, Stored
-from ._cluster import ClusterNode
-from ._cluster_file import ClusterConfig, ClusterServer, load_cluster
-from ._commit import Durability
-from ._cursor import CursorStore
-from ._filter import MAX_FILTER_BYTES, FilterError, TagFilter, matches
 from ._history import (
     History,
     HistoryError,
@@ -47,29 +41,55 @@ from ._history import (
     HistoryReport,
     check_history,
 )
-from ._log import DEFAULT_SEGMENT_BYTES, TopicLog
-from ._member import keep_role
-from ._memory import MemoryLog
-from ._names import MAX_NAME_BYTES, check_name, disk_name
-from ._record import FORMAT_VERSION, FormatError, Record, StoreError
-from ._replication import DEFAULT_INSYNC_LAG
-from ._routed import Consumer, Producer
-from ._rpc import Caller, RpcTimeout, Service
-from ._scan import INDEX_INTERVAL, Corruption
-from ._server import FLAGS, MqServer
-from ._shared import declare_on
-from ._subscription import Message as Message
-from ._subscription import MessageBatch, Pushed, Receiver, Subscription
-from ._topic import (
+from .client import (
+    Caller,
+    Consumer,
+    MessageBatch,
+    MqClient,
+    Producer,
+    Pushed,
+    Receiver,
+    RpcTimeout,
+    Service,
+    Stored,
+    Subscription,
+)
+from .client import Message as Message
+from .cluster import ClusterConfig, ClusterNode, ClusterServer, declare_on, load_cluster
+from .replication import DEFAULT_INSYNC_LAG, keep_role
+from .server import FLAGS, MqServer
+from .storage import (
+    DEFAULT_SEGMENT_BYTES,
+    FORMAT_VERSION,
+    INDEX_INTERVAL,
+    MAX_NAME_BYTES,
+    Corruption,
+    CursorStore,
+    FormatError,
+    MemoryLog,
+    Record,
+    StoreError,
+    TopicLog,
+    check_name,
+    disk_name,
+)
+from .topics import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     DEFAULT_WINDOW,
+    MAX_FILTER_BYTES,
     Delivery,
+    Durability,
+    FilterError,
+    Finding,
+    Report,
     Start,
+    TagFilter,
     Topic,
     UnknownGroupError,
+    matches,
+    verify,
 )
-from ._verify import Finding, Report, verify
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT", "DEFAULT_INSYNC_LAG", "DEFAULT_MAX_DELIVERIES",

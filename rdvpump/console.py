@@ -202,7 +202,7 @@ class UniverseConsole:
         return f"{server}: " + mqtool.declared(topic, reply, options["filter"])
 
     async def _failover(self, fields: dict[str, Any]) -> str:
-        from .processes import master_switched, switch_master
+        from .admin import master_switched, switch_master
 
         group, to = _text(fields, "group"), _text(fields, "to")
         info = await switch_master(self.universe, self.manager_address, group, to,

@@ -99,7 +99,9 @@ def layers_diagram(pyproject: Path = ROOT / "pyproject.toml") -> str:
     config = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]
     lines = ["flowchart TD"]
     for contract in config["contracts"]:
-        if contract["type"] == "layers":
+        if contract["type"] == "layers" and contract.get("containers"):
+            lines += _contained_layers(contract)
+        elif contract["type"] == "layers":
             layers = contract["layers"]
             for upper, lower in zip(layers, layers[1:], strict=False):
                 arrow = "-.->" if "(" in upper + lower else "-->"
@@ -120,6 +122,23 @@ def layers_diagram(pyproject: Path = ROOT / "pyproject.toml") -> str:
     lines.append("    %% an arrow: may import (and so may every layer above it); \"~~~\": "
                  "independent")
     return "\n".join(lines) + "\n"
+
+
+def _contained_layers(contract: dict[str, Any]) -> list[str]:
+    """A layers contract inside its container, as a subgraph: each layer's modules (``a
+    | b``: independent of each other) may import those of the layers below."""
+    (container,) = contract["containers"]
+    lines = [f"    subgraph {container}_inside [{container}]"]
+    layers = [[f"{container}.{n.strip()}" for n in layer.split("|")]
+              for layer in contract["layers"]]
+    for upper, lower in zip(layers, layers[1:], strict=False):
+        lines += [f"        {u.replace('.', '_')}[{u}] --> {v.replace('.', '_')}[{v}]"
+                  for u in upper for v in lower]
+    for layer in layers:
+        lines += [f"        {a.replace('.', '_')} ~~~ {b.replace('.', '_')}"
+                  for a, b in zip(layer, layer[1:], strict=False)]
+    lines.append("    end")
+    return lines
 
 
 def generated_docs() -> dict[str, str]:

@@ -280,7 +280,7 @@ def _mq(server: Any) -> Iterator[Metric]:
     for outcome in ("stored", "duplicates", "returned", "delivered", "acked", "dead"):
         counts.add_metric([address, outcome], server.counts.get(outcome, 0))
     yield counts
-    from mq._commit import FSYNC_BUCKETS
+    from mq.topics._commit import FSYNC_BUCKETS
 
     commit = server.commit
     cumulative, buckets = 0, []

@@ -29,10 +29,10 @@ from brokermgr import (
 )
 from channels import DEFAULT_RING_CAPACITY
 from pump import ConfigError, Pump, TraceRecorder
-from rdv import Address, Refusal, is_final, tls_contexts
+from rdv import Address, Refusal
 
-from ._dial import refusal_text
 from ._errors import RunError
+from .admin import TLSFiles, tls_arguments
 from .children import (
     DONE,
     ERROR,
@@ -57,15 +57,6 @@ if TYPE_CHECKING:  # loaded by the brokers that take a tracking, MQ or cluster r
 ANY_LOCAL = Address("127.0.0.1", 0)
 log = logging.getLogger("rdvpump.mq")
 
-TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
-
-
-def _tls(tls: TLSFiles | None) -> dict[str, Any]:
-    """BrokerManager's TLS arguments for these files (none: plain TCP)."""
-    if tls is None:
-        return {}
-    server, client = tls_contexts(*tls)
-    return {"tls_server": server, "tls_client": client}
 
 
 #: Seconds ``broker run`` waits for a manager to accept its brokers before its ready
@@ -86,7 +77,7 @@ async def run_manager(universe: str, listen: Address, *, token: str = "",
                       ready: Callable[[Address], None] = lambda address: None) -> None:
     manager = BrokerManager(universe, token=token, pump=Pump(trace=trace, name="manager"),
                             identities=identities,
-                            **_tls(tls))
+                            **tls_arguments(tls))
     service = NameService(manager, expiry=expiry, scan_interval=scan_interval)
     try:
         with stop_signals() as until_signalled:
@@ -136,7 +127,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
     manager = BrokerManager(universe, token=token, identity=identity, identities=identities,
                             ring_capacity=ring_capacity or
                             DEFAULT_RING_CAPACITY, busy_poll=busy_poll,
-                            pump=Pump(trace=trace, name="+".join(broker_ids)), **_tls(tls))
+                            pump=Pump(trace=trace, name="+".join(broker_ids)), **tls_arguments(tls))
     brokers = [manager.add_broker(b) for b in broker_ids]
     try:
         await _serve_brokers(manager, brokers, broker_ids, managers, listen, echo_ports,
@@ -375,103 +366,6 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
             manager.aliases[TRACKER_ALIAS] = broker.id
         closing.append(node)
     return closing
-
-
-async def query_status(universe: str, manager_address: Address, *, token: str = "",
-                       identity: str | None = None, timeout: float = 5.0,
-                       tls: TLSFiles | None = None, wait: Sequence[str] = ()
-                       ) -> list[dict[str, object]]:
-    """The broker list of one manager; OSError when it cannot be reached or refuses us.
-
-    With ``wait`` (broker ids), a manager that is still starting is dialled again and the
-    list asked again until it holds every one of them, for up to ``timeout`` seconds;
-    OSError names those still missing."""
-    manager = BrokerManager(universe, token=token, identity=identity, **_tls(tls))
-    where = f"manager {manager_address[0]}:{manager_address[1]}"
-    brokers: list[dict[str, object]] | None = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
-        names = NameClient(manager, [manager_address], retry=_WAIT_POLL if wait else timeout)
-        link = names.links[0]
-        names.start()
-        with trio.move_on_after(timeout):
-            while link.queue is None:
-                if link.last_refusal is not None and (not wait or is_final(
-                        link.last_refusal)):
-                    break
-                await link.attempted()
-            while link.queue is not None:
-                brokers = await names.list()
-                listed = {str(b["id"]) for b in brokers or ()}
-                if brokers is None or all(w in listed for w in wait):
-                    break
-                await trio.sleep(_WAIT_POLL)
-        await names.aclose()  # a clean close: the manager hears why, not a lost connection
-        nursery.cancel_scope.cancel()
-    if link.queue is None and brokers is None:
-        raise OSError(_refused(where, link.last_refusal))
-    if brokers is None:
-        raise OSError(f"{where} did not answer")
-    missing = [w for w in wait if w not in {str(b["id"]) for b in brokers}]
-    if missing:
-        raise OSError(f"{where}: {', '.join(missing)} not registered within {timeout} s")
-    return brokers
-
-
-def _refused(where: str, refusal: object) -> str:
-    """Why a manager could not be asked: a process that answers without a manager (a
-    broker process's address given for the manager's) says so in those words."""
-    if getattr(refusal, "refusal", None) == Refusal.UNKNOWN_BROKER:
-        return (f"no {where}: the process there answers, but runs no manager (is it a "
-                f"broker process's address?)")
-    return refusal_text(where, refusal or "timed out", "manager")
-
-
-#: How often ``status --wait`` dials a manager that is starting, and asks its list again.
-_WAIT_POLL = 0.1
-
-
-def master_switched(group: str, info: dict[str, Any]) -> str:
-    """What ``rdvpump mq failover`` (and the console's) says once the member took over."""
-    return f"group {group}: {info['master']} is master at epoch {info['epoch']}"
-
-
-async def switch_master(universe: str, manager_address: Address, group: str, to: str, *,
-                        token: str = "", identity: str | None = None, timeout: float = 5.0,
-                        tls: TLSFiles | None = None) -> dict[str, Any]:
-    """``rdvpump mq failover``: member ``to`` of ``group`` is its master at the next
-    epoch, per the manager at ``manager_address``, and has taken over (its group's reply
-    once the member says it is master, within ``timeout``); ServiceError when the manager
-    refuses (with the reason), OSError when it cannot be reached or the member does not
-    take over in time."""
-    manager = BrokerManager(universe, token=token, identity=identity, **_tls(tls))
-    where = f"manager {manager_address[0]}:{manager_address[1]}"
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
-        names = NameClient(manager, [manager_address], retry=timeout)
-        link = names.links[0]
-        names.start()
-        try:
-            with trio.move_on_after(timeout) as waited:
-                while link.queue is None and link.last_refusal is None:
-                    await link.attempted()
-                if link.queue is None:
-                    raise OSError(_refused(where, link.last_refusal))
-                info = await names.failover(group, to)
-                master = info["master"]
-                while not any(m["broker"] == master and m["role"] == "master"
-                              and m["epoch"] == info["epoch"] for m in info["members"]):
-                    await trio.sleep(_WAIT_POLL)  # the member's next registration
-                    info = await names.group(group)
-            if waited.cancelled_caught:
-                raise OSError(f"{where}: group {group}: no master at the new epoch within "
-                              f"{timeout} s")
-        finally:
-            await names.aclose()
-            nursery.cancel_scope.cancel()
-    return info
 
 
 async def serve_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,

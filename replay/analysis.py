@@ -1,13 +1,13 @@
 """The replay's analysis, whatever runs it: check and measure pump traces.
 
 :func:`analyze` takes an engine that does the work over the trace rows (the
-:class:`Engine` it asks for is defined here), and does the rest itself, one module per
+:class:`~replay.measure.Engine` it asks for), and does the rest itself, one module per
 step: the trace files and their checks (:mod:`replay.sources`), the census of the events
 added up (:mod:`replay.census`), the fold of every stream's messages turned into figures
 (:mod:`replay.measure`), and the summary, tables and plots (:mod:`replay.output`).  Two
 engines do the same work with the same code (:mod:`replay.fold`, on Arrow tables):
 :class:`replay.local.Local` in this process, for traces that fit in memory, and
-:class:`replay.job.Spark` on a SparkSession, local or a cluster.  Nothing here imports
+:class:`replay.spark.Spark` on a SparkSession, local or a cluster.  Nothing here imports
 pyspark; :mod:`replay.reference` is the executable specification both are held to.
 
 Checks: every delivered message was sent; FIFO per link and direction (a delivery with a
@@ -26,53 +26,11 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from replay import output as _output
 from replay.census import Census
-from replay.measure import Plan, measure
-
-
-class Engine(Protocol):
-    """What :func:`analyze` asks of the engine that reads the traces: passes over every
-    row (a table of them at a time, :mod:`replay.fold`'s work), and the listings."""
-
-    #: "local" or "spark"
-    name: str
-
-    def census(self) -> list[dict[str, Any]]:
-        """:func:`replay.fold.census` of every table of trace rows, added up
-        (:func:`replay.fold.merge_census`)."""
-
-    def other_versions(self) -> list[tuple[str, int]]:
-        """(file, version) of the rows of another schema version, sorted, up to 100."""
-
-    def corrupt_lines(self) -> list[dict[str, Any]]:
-        """File, line (from 1) and text (up to 200 characters) of the first corrupt lines
-        of the JSON Lines traces (up to 1,000), in file and line order."""
-
-    def fold(self, plan: Plan) -> list[dict[str, Any]]:
-        """The rows of :func:`replay.fold.fold` over every message row, routed by
-        :func:`replay.fold.route` as ``plan`` says, but for the listed ones
-        (:data:`replay.fold.LISTED`): those stay with the engine for :meth:`listing`."""
-
-    def listing(self, work: Callable[..., Any], args: tuple[Any, ...], schema: Any,
-                extra: list[tuple[Any, ...]], count: int, out: str | None, name: str
-                ) -> tuple[list[dict[str, Any]], bool]:
-        """``work(table, *args)`` over the listed rows of the last :meth:`fold` (an Arrow table of
-        :data:`replay.fold.FOLDED` rows to one of ``schema``), with the rows ``extra``,
-        sorted by every column (nulls first); the rows (or, when ``count`` is large and
-        ``out`` given, the first :data:`replay.measure.SUMMARY_LIMIT`) and whether the engine wrote
-        the table ``out/name`` itself."""
-
-    def stage(self, what: str) -> None:
-        """Tell the caller the analysis's stage."""
-
-    def jobs(self) -> int:
-        """Spark jobs run so far for this analysis (0 for the local engine)."""
-
-    def close(self) -> None:
-        """Release what the passes held (a Spark local checkpoint, tables in memory)."""
+from replay.measure import Engine, measure
 
 
 def analyze(traces: str, out: str | None = None, *, spark: Any = None,
@@ -80,7 +38,7 @@ def analyze(traces: str, out: str | None = None, *, spark: Any = None,
     """Check and measure the traces; write the tables and plots to ``out`` if given.
 
     ``spark`` None runs the analysis in this process (:class:`replay.local.Local`), a
-    SparkSession runs it there (:class:`replay.job.Spark`); the results are the same.
+    SparkSession runs it there (:class:`replay.spark.Spark`); the results are the same.
     Two passes over the traces, the work of each done on Arrow tables by
     :mod:`replay.fold`:
 
@@ -100,7 +58,7 @@ def analyze(traces: str, out: str | None = None, *, spark: Any = None,
         from replay.local import Local
 
         return run(Local(traces, progress), traces, out)
-    from replay.job import Spark
+    from replay.spark import Spark
 
     return run(Spark(spark, traces, progress), traces, out)
 

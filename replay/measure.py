@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from replay import fold as _fold
 from replay.census import Census
-
-if TYPE_CHECKING:
-    from replay.analysis import Engine
 
 #: Violations and undelivered messages listed in summary.json (all are in Parquet).
 SUMMARY_LIMIT = 100
@@ -60,6 +58,48 @@ class Plan:
         self.options: dict[str, Any] = {"start": self.start, "width": self.width,
                         "per_second": self.width > 1.0, "fine_per_decade": FINE_PER_DECADE,
                         "buckets_per_decade": BUCKETS_PER_DECADE, "held_bytes": HELD_BYTES}
+
+
+class Engine(Protocol):
+    """What :func:`analyze` asks of the engine that reads the traces: passes over every
+    row (a table of them at a time, :mod:`replay.fold`'s work), and the listings."""
+
+    #: "local" or "spark"
+    name: str
+
+    def census(self) -> list[dict[str, Any]]:
+        """:func:`replay.fold.census` of every table of trace rows, added up
+        (:func:`replay.fold.merge_census`)."""
+
+    def other_versions(self) -> list[tuple[str, int]]:
+        """(file, version) of the rows of another schema version, sorted, up to 100."""
+
+    def corrupt_lines(self) -> list[dict[str, Any]]:
+        """File, line (from 1) and text (up to 200 characters) of the first corrupt lines
+        of the JSON Lines traces (up to 1,000), in file and line order."""
+
+    def fold(self, plan: Plan) -> list[dict[str, Any]]:
+        """The rows of :func:`replay.fold.fold` over every message row, routed by
+        :func:`replay.fold.route` as ``plan`` says, but for the listed ones
+        (:data:`replay.fold.LISTED`): those stay with the engine for :meth:`listing`."""
+
+    def listing(self, work: Callable[..., Any], args: tuple[Any, ...], schema: Any,
+                extra: list[tuple[Any, ...]], count: int, out: str | None, name: str
+                ) -> tuple[list[dict[str, Any]], bool]:
+        """``work(table, *args)`` over the listed rows of the last :meth:`fold` (an Arrow table of
+        :data:`replay.fold.FOLDED` rows to one of ``schema``), with the rows ``extra``,
+        sorted by every column (nulls first); the rows (or, when ``count`` is large and
+        ``out`` given, the first :data:`replay.measure.SUMMARY_LIMIT`) and whether the engine wrote
+        the table ``out/name`` itself."""
+
+    def stage(self, what: str) -> None:
+        """Tell the caller the analysis's stage."""
+
+    def jobs(self) -> int:
+        """Spark jobs run so far for this analysis (0 for the local engine)."""
+
+    def close(self) -> None:
+        """Release what the passes held (a Spark local checkpoint, tables in memory)."""
 
 
 def measure(engine: Engine, census: Census, out: str | None) -> dict[str, Any]:

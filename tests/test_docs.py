@@ -29,7 +29,7 @@ def _blocks() -> list[tuple[str, int, str]]:
 
 def test_a_docs_cluster_file_is_one() -> None:
     """Each TOML block of a page that has a ``[cluster]`` is a cluster file as printed."""
-    from mq._cluster_file import parse_cluster
+    from mq.cluster._file import parse_cluster
 
     files = [tomllib.loads(code) for page in sorted(DOCS.glob("*.md"))
              for code in re.findall(r"^```toml\n(.*?)^```$", page.read_text(),

@@ -256,10 +256,6 @@ class TrackerInfo:
     server_version: str = ""
     server_table: dict[str, ServerInfo] = field(default_factory=dict)
 
-    @property
-    def tracked_servers(self) -> list[str]:
-        return sorted(self.server_table)
-
     def to_json(self) -> dict[str, Any]:
         return {"serverAddress": self.server_address.to_json(),
                 "serverVersion": self.server_version, "infoVersion": self.info_version,

@@ -167,12 +167,6 @@ class RouteTable:
     def voters(self, address: str) -> int:
         return sum(1 for vote in self.votes.values() if address in vote.servers)
 
-    def can_remove(self, address: str) -> bool:
-        """Listed by fewer than ``vote_factor`` of the trackers (never with zero trackers)."""
-        if address in self.static or not self.votes:
-            return False
-        return self.voters(address) < len(self.votes) * self.vote_factor
-
     def servers_of(self, topic: str) -> dict[str, TopicInfo]:
         return self.topic_table.get(topic, {})
 

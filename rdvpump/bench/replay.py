@@ -143,7 +143,7 @@ def latency_floor(spark: Any, traces: str) -> int:
     counted.  Returns the messages with a latency."""
     from pyspark.sql import functions as F
 
-    from replay.job import MESSAGE_KINDS, load
+    from replay.spark import MESSAGE_KINDS, load
 
     events, _ = load(spark, traces)
     send, at = F.col("kind") == Kind.SEND, F.col("time")

@@ -461,9 +461,5 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
         os.sched_setaffinity(0, old_affinity)
 
 
-def result_rows(results: list[Result]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in results]
-
-
 if __name__ == "__main__":
     peer_main()

@@ -432,7 +432,7 @@ def mq_failover(
     """Switch a replicated group's master by hand: the member (it must be in sync with
     the master) is master at the next epoch, the old master steps down and copies it.
     Waits until the member says it is master."""
-    from ..processes import master_switched, switch_master
+    from ..admin import master_switched, switch_master
 
     address = guard(lambda: Address.parse(manager, default_port=DEFAULT_MANAGER_PORT))
     info = interruptible(lambda: run_trio(lambda: switch_master(

@@ -47,7 +47,7 @@ def status(
 
     from rdv import Address
 
-    from ..processes import query_status
+    from ..admin import query_status
 
     address = guard(lambda: Address.parse(manager, default_port=MANAGER_PORT))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import MessageBatch, Subscription
-from mq._held import Held
+from mq.topics._held import Held
 from pump import ConfigError
 
 from .test_server import site

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from brokermgr import open_universe
 from mq import ServiceError
-from mq._cluster import CLUSTER_PORT, ClusterNode
-from mq._cluster_file import ClusterConfig, load_cluster, parse_cluster
+from mq.cluster._file import ClusterConfig, load_cluster, parse_cluster
+from mq.cluster._node import CLUSTER_PORT, ClusterNode
 from pump import ConfigError
 
 
@@ -160,7 +160,7 @@ async def test_a_live_peer_s_link_is_never_displaced_and_a_silent_one_is(
     timeout (b restarted behind a connection left open), a newer link from b
     replaces it.  A hello naming another server than the broker that dialled is
     refused."""
-    from mq._cluster import SILENCE
+    from mq.cluster._node import SILENCE
 
     async with open_universe("u") as universe:
         a = ClusterNode(universe.add_broker("a"), THREE)
@@ -244,7 +244,7 @@ FOUR = config(("a", "primary"), ("b", "primary"), ("c", "primary"), ("d", "backu
 
 
 def test_the_root_is_the_most_senior_active_primary_with_every_vote_and_a_majority() -> None:
-    from mq._root import ballot, candidate, may_take_over
+    from mq.cluster._root import ballot, candidate, may_take_over
 
     everyone = ["a", "b", "c", "d"]
     votes: dict[str, Any] = {"b": ("a", 1), "c": ("a", 1)}
@@ -279,7 +279,7 @@ def test_the_root_is_the_most_senior_active_primary_with_every_vote_and_a_majori
        st.data())
 def test_servers_that_see_the_same_peers_elect_at_most_one_root(types: list[str],
                                                                 data: Any) -> None:
-    from mq._root import ballot, candidate, may_take_over
+    from mq.cluster._root import ballot, candidate, may_take_over
 
     if "primary" not in types:
         types[0] = "primary"
@@ -454,7 +454,7 @@ async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
 
 
 def test_the_state_takes_declares_and_removes() -> None:
-    from mq._cluster_state import ClusterState, StateError
+    from mq.cluster._state import ClusterState, StateError
 
     state = ClusterState()
     assert state.apply("declare", "orders")
@@ -660,7 +660,7 @@ async def test_a_state_that_leaves_a_shared_topic_out_deletes_nothing(
     (the root's, after an explicit removal) removes it."""
     from brokermgr.tracking import TrackNode
     from mq import MqClient, MqServer, declare_on
-    from mq._cluster_state import ClusterState
+    from mq.cluster._state import ClusterState
 
     async with open_universe("u") as universe:
         server = MqServer(TrackNode(universe.add_broker("b"), role="server"),

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from brokermgr import MAX_EPOCH, decode, encode, open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer, declare_on
-from mq._cluster import CLUSTER_PORT, ClusterNode
-from mq._cluster_file import parse_cluster
+from mq.cluster._file import parse_cluster
+from mq.cluster._node import CLUSTER_PORT, ClusterNode
 from rdvpump.testing import run_simulation
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ import trio
 from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import Message, MqClient, MqServer, Subscription, declare_on
-from mq._cluster import ClusterNode
-from mq._cluster_file import ClusterConfig
-from mq._relay import Relay
+from mq.cluster._file import ClusterConfig
+from mq.cluster._node import ClusterNode
+from mq.cluster._relay import Relay
 from tests.mq.test_cluster import config, until
 
 #: Three primaries, a backup and two fanout servers.
@@ -353,4 +353,28 @@ async def test_a_relaying_server_takes_an_ack_of_first_and_count_for_what_is_hel
             await client.request(ack)
         for c in (producer, client):
             c.close()
+        cluster.close()
+
+
+async def test_a_root_s_error_to_a_relaying_server_is_logged_with_its_text(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An ack the root does not hold (redelivered after its ack timeout, say): the root
+    says why in the error envelope's ``error``, and the relaying server logs that text."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="rdvpump.mq.cluster")
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        client = MqClient(universe.add_broker("c-e"), "e:15555", timeout=30)
+        nursery.start_soon(take, await client.subscribe("orders"), [])
+        relay = await relay_on_e(cluster, 1)
+        upstream = relay.upstream
+        assert upstream is not None
+        upstream.send({"cmd": "ack", "topic": "orders", "group": "orders", "offsets": [999]})
+        await until(lambda: any("root a:" in r.getMessage() and "999" in r.getMessage()
+                                for r in caplog.records))
+        nursery.cancel_scope.cancel()
+        client.close()
+        producer.close()
         cluster.close()

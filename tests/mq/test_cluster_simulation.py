@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from mq import ServiceError
-from mq._cluster import ClusterNode
-from mq._cluster_file import parse_cluster
+from mq.cluster._file import parse_cluster
+from mq.cluster._node import ClusterNode
 from rdvpump.testing import open_simulation, run_simulation
 
 from .chaos import Chaos, memory_dir

@@ -11,8 +11,8 @@ from typing import Any
 from brokermgr import open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer
-from mq._client import unique_producer
-from mq._dedupe import Recent
+from mq.client._client import unique_producer
+from mq.topics._dedupe import Recent
 
 from .test_replication import TIMING, group_of_two, master
 

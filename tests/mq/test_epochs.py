@@ -1,5 +1,5 @@
 """Master epochs and the rule that finds where a replica's copy parts from its master's
-(mq._epochs), on logs modelled as the epoch of each record."""
+(mq.storage._epochs), on logs modelled as the epoch of each record."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mq._epochs import EPOCHS, Epochs, diverged, kept
-from mq._record import FormatError
+from mq.storage._epochs import EPOCHS, Epochs, diverged, kept
+from mq.storage._record import FormatError
 
 
 def of(epochs: list[int]) -> Epochs:

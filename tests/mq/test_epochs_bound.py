@@ -74,8 +74,8 @@ def test_a_group_at_the_last_epoch_keeps_its_master_and_refuses_to_move_on() -> 
 
 
 def test_a_cluster_vote_at_the_last_epoch_stays_as_it_was() -> None:
-    from mq._cluster_file import parse_cluster
-    from mq._root import ballot
+    from mq.cluster._file import parse_cluster
+    from mq.cluster._root import ballot
 
     config = parse_cluster({"cluster": {"name": "k"}, "server": [
         {"id": s, "address": "127.0.0.1:1", "type": "primary"} for s in ("a", "b")]})
@@ -88,7 +88,7 @@ def test_a_cluster_vote_at_the_last_epoch_stays_as_it_was() -> None:
 @pytest.mark.parametrize("field", ["epoch", "ballot", "state"])
 def test_a_cluster_state_file_with_an_epoch_out_of_range_is_refused_with_its_repair(
         tmp_path: pathlib.Path, field: str) -> None:
-    from mq._cluster import _load_votes
+    from mq.cluster._node import _load_votes
 
     kept: dict[str, object] = {"epoch": 3, "ballot": ["a", 3],
                                "state": {"version": 1, "state_epoch": 3, "topics": {}}}
@@ -115,7 +115,7 @@ def test_a_cluster_state_file_with_an_epoch_out_of_range_is_refused_with_its_rep
 def test_a_topic_s_epochs_file_past_the_bound_is_damage_named_at_open(
         tmp_path: pathlib.Path) -> None:
     from mq import FormatError
-    from mq._epochs import EPOCHS, EPOCHS_VERSION, Epochs
+    from mq.storage._epochs import EPOCHS, EPOCHS_VERSION, Epochs
 
     (tmp_path / EPOCHS).write_text(json.dumps({"version": EPOCHS_VERSION,
                                                "epochs": [[0, 0], [MAX_EPOCH, 5]]}))
@@ -127,7 +127,7 @@ def test_a_cluster_announcement_past_the_bound_is_a_400_and_changes_nothing() ->
     """The ``root`` claim at 2^63 - 1 that once left a cluster without a root for good:
     refused at the edge, naming the field; the server follows whom it followed."""
     from mq import ClusterNode
-    from mq._cluster_file import parse_cluster
+    from mq.cluster._file import parse_cluster
 
     config = parse_cluster({"cluster": {"name": "k"}, "server": [
         {"id": s, "address": "127.0.0.1:1", "type": t}

@@ -15,14 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr import decode
-from mq._client import cut_bodies as client_cut_bodies
-from mq._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
-from mq._files import VIEW_BODY
-from mq._produce import cut_bodies
-from mq._record import Record
-from mq._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
-from mq._topic import Run
-from mq._wire import unpack_column
+from mq.client._client import cut_bodies as client_cut_bodies
+from mq.cluster._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
+from mq.server._produce import cut_bodies
+from mq.storage._files import VIEW_BODY
+from mq.storage._record import Record
+from mq.topics._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
+from mq.topics._topic import Run
+from mq.topics._wire import unpack_column
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
                                st.integers(0, 3), st.integers(1, 3), st.binary(max_size=40)),
@@ -145,8 +145,8 @@ def test_a_client_acks_what_it_holds_and_drops_what_came_on_a_lost_link(
     refuse; a consecutive run goes as its first offset and a count.  Held offsets came
     in frames of consecutive runs (``as_runs``) or one by one; acks name lists or
     ranges."""
-    from mq._held import Held
-    from mq._subscription import Subscription
+    from mq.client._subscription import Subscription
+    from mq.topics._held import Held
 
     sub = Subscription(None, "t", "g", 10)  # type: ignore[arg-type]
     sub.held = Held()
@@ -228,7 +228,7 @@ def test_what_a_client_holds_follows_its_frames_acks_and_lost_links(
     """Frames of runs or scattered offsets (overlapping what is held, too), acks of any
     offsets, lost links, in any order: what is held, what is stale and every ack sent
     are as if each offset were held on its own."""
-    from mq._subscription import Subscription
+    from mq.client._subscription import Subscription
 
     sub = Subscription(None, "t", "g", 10_000)  # type: ignore[arg-type]
     held: dict[int, None] = {}
@@ -262,7 +262,7 @@ def test_what_a_client_holds_follows_its_frames_acks_and_lost_links(
 def test_a_client_forgets_the_oldest_it_holds_past_its_bound() -> None:
     """Runs first, oldest first, then single offsets: what is held stays within the
     bound, and the newest are what is left."""
-    from mq._held import Held
+    from mq.topics._held import Held
 
     held: Held[None] = Held()
     held.add(range(0, 10), None)
@@ -294,7 +294,7 @@ def test_held_offsets_keep_what_was_delivered_under_each(
     frames added as runs or one by one, overlapping or not, offsets popped, acks of
     ranges and lists taken whole or not at all, all drained: the same offsets and values
     as one entry per offset."""
-    from mq._held import Held
+    from mq.topics._held import Held
 
     held: Held[int] = Held()
     model: dict[int, int] = {}

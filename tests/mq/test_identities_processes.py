@@ -14,7 +14,7 @@ import trio
 
 from brokermgr import BrokerManager, ServiceError, decode, encode
 from mq import load_cluster
-from mq._cluster import CLUSTER_PORT
+from mq.cluster._node import CLUSTER_PORT
 from pump import Pump
 from rdv import Address, Credential
 from tests.mq.test_cluster_processes import cluster_file, server

@@ -27,9 +27,9 @@ from mq import (
     disk_name,
     verify,
 )
-from mq._meta import encode_meta
-from mq._record import SEGMENT_HEADER
-from mq._verify import Finding
+from mq.storage._record import SEGMENT_HEADER
+from mq.topics._meta import encode_meta
+from mq.topics._verify import Finding
 
 from .test_server import Site, site
 
@@ -465,8 +465,8 @@ def test_an_index_without_the_segment_checksum_is_not_trusted_and_is_written_aga
     segment gets a version 2 index."""
     import struct
 
-    from mq._record import crc32
-    from mq._scan import INDEX_FOOTER, INDEX_MAGIC
+    from mq.storage._record import crc32
+    from mq.storage._scan import INDEX_FOOTER, INDEX_MAGIC
 
     log = TopicLog(tmp_path, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
     _fill(log, 25)

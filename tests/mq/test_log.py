@@ -11,9 +11,9 @@ import struct
 import pytest
 
 from mq import CursorStore, FormatError, StoreError, TopicLog
-from mq._files import VIEW_BODY
-from mq._record import SEGMENT_HEADER
-from mq._topic import Log
+from mq.storage._files import VIEW_BODY
+from mq.storage._record import SEGMENT_HEADER
+from mq.topics._topic import Log
 
 Clock = list[float]
 
@@ -377,7 +377,7 @@ def records(log: Log) -> list[tuple[object, ...]]:
 
 
 def _copies(log: TopicLog, offset: int, count: int) -> bytes:
-    from mq._record import encode_records
+    from mq.storage._record import encode_records
 
     records = log.read(offset, max_count=count, max_bytes=1 << 30)
     chunks, _ = encode_records(records, log.max_body)
@@ -432,7 +432,7 @@ def test_copies_that_are_damaged_cut_short_or_out_of_line_store_nothing(
     assert replica.append_copies(good) == 6
     assert replica.append_copies(b"") == 0
     # a record older than the replica's newest (its master's clock never goes back)
-    from mq._record import Record, encode_records
+    from mq.storage._record import Record, encode_records
 
     chunks, _ = encode_records([Record(10, 0, 1, None, "p1", b"old")], replica.max_body)
     with pytest.raises(StoreError, match="timestamp 0 before"):

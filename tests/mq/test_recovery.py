@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import CursorStore, TopicLog
-from mq._record import SEGMENT_HEADER
+from mq.storage._record import SEGMENT_HEADER
 
 
 @pytest.mark.slow  # thousands of reopened logs: CI runs it, the quick loop does not

@@ -17,9 +17,9 @@ import trio
 from brokermgr import BrokerManager, ServiceError, Status, open_universe
 from brokermgr.tracking import TrackNode
 from mq import MqClient, MqServer, TopicLog
-from mq._epochs import Epochs
-from mq._follower import Follower
-from mq._record import encode_records
+from mq.replication._follower import Follower
+from mq.storage._epochs import Epochs
+from mq.storage._record import encode_records
 
 from .test_log import records
 

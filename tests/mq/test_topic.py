@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq import CursorStore, TopicLog
-from mq._memory import MemoryLog
-from mq._record import Record
-from mq._topic import Delivery, Member, Start, Topic, UnknownGroupError
+from mq.storage._memory import MemoryLog
+from mq.storage._record import Record
+from mq.topics._topic import Delivery, Member, Start, Topic, UnknownGroupError
 
 
 class World:

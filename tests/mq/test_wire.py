@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mq._wire import pack_column, unpack_column
+from mq.topics._wire import pack_column, unpack_column
 
 
 @pytest.mark.parametrize(("values", "counting", "sent"), [

@@ -14,7 +14,8 @@ from pump import FIELDS, SCHEMA_VERSION, Pump, open_trace, schema
 
 def test_the_replay_job_reads_the_schema_of_pump() -> None:
     pytest.importorskip("pyspark")
-    from replay import job, sources
+    from replay import sources
+    from replay import spark as job
 
     assert sources.SCHEMA_VERSION == SCHEMA_VERSION == 3
     assert tuple(f.name for f in job.trace_schema().fields) == FIELDS

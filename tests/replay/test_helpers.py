@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from replay import job, jvm, measure
+from replay import jvm, measure
+from replay import spark as job
 
 
 @pytest.mark.parametrize(("duration", "width"), [

@@ -1,0 +1,766 @@
+"""A cluster of MQ servers: its configuration, and the links that make its membership.
+
+Every server of a cluster reads the same configuration, a cluster file
+(:mod:`._file`: its servers in seniority order, and a checksum of it all).
+
+Membership: each server dials every other on :data:`CLUSTER_PORT` and accepts every
+other's link there, so that a pair has one link each way, fully interconnected.  A link
+opens with ``hello`` ``{cluster, id, checksum}``: the side that accepts it checks that
+the cluster name and the checksum are its own, and that the id is a server of the
+configuration and the broker that dialled, and refuses it otherwise (409, with the
+reason; it closes the link).  The same check runs on every heartbeat (``beat``, each
+:data:`HEARTBEAT` seconds).  Each side logs a refusal once per peer and reason, however
+often the peer dials again.  A second link from one peer replaces the first (the older
+one is closed): never two live links one way for one pair.
+
+The root: every message also carries the sender's ballot, the root it follows with its
+epoch, and the mark of its cluster state; each server works out the election itself
+(:mod:`._root`), keeps its epoch and ballot on disk before a peer hears them, and the
+root announces itself (``root``).  Cluster state (:mod:`._state`): changed only
+by the root (``change``, asked of it by the others, held with a bounded wait while there
+is no root: the cluster is not ready), sent whole to every server (``state``), fetched
+by a server that is behind (``fetch``).  A change is acknowledged once a majority of the
+primaries hold it, and a primary that voted in a newer epoch takes no older root's
+state: a root of a newer epoch, which a majority voted for, never lacks a change that
+was acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from brokermgr import (
+    STALE_EPOCH,
+    Broker,
+    Call,
+    Command,
+    CommandTable,
+    EpochError,
+    Outcome,
+    ReplyObject,
+    ServiceError,
+    Status,
+    check_epoch,
+    fenced,
+    send,
+)
+from channels import MessageQueue
+from pump import ConfigError, Future, Repeating
+from rdv import Identity, Right
+
+from ..storage._files import write_file
+from ._file import HEARTBEAT, SILENCE, ClusterConfig
+from ._links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
+from ._root import Ballot, ballot, has_majority, may_take_over
+from ._state import ClusterState, StateError
+
+__all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "SILENCE", "ClusterNode"]
+
+log = logging.getLogger("rdvpump.mq.cluster")
+
+#: The rendezvous port of the links between a cluster's servers.
+CLUSTER_PORT = 15556
+#: Longest back-off between dials of a peer that cannot be reached or refused us.
+RETRY = 1.0
+#: Seconds a change waits for a root before it is refused: the cluster is not ready (less
+#: than a client's default timeout, so that the client hears why).
+NOT_READY_WAIT = 5.0
+
+
+def _load_votes(path: Path) -> tuple[int, Ballot, ClusterState]:
+    """The epoch, ballot and cluster state a server kept (0, no ballot and an empty state
+    if it kept none)."""
+    try:
+        kept = json.loads(path.read_bytes())
+        vote, epoch = kept["ballot"]
+        state = kept.get("state")
+        return check_epoch(kept["epoch"], "its epoch"), (
+            vote if isinstance(vote, str) else None, check_epoch(epoch, "its ballot's epoch")), (
+            ClusterState() if state is None else ClusterState.of(
+                int(state["version"]), state["topics"],
+                check_epoch(state["state_epoch"], "its state's epoch"), state.get("removed")))
+    except FileNotFoundError:
+        return 0, (None, 0), ClusterState()
+    except EpochError as exc:
+        raise ConfigError(f"{path}: {exc}: no server writes that; to repair, stop this "
+                          f"server and remove the file: it comes back with no vote and "
+                          f"takes its peers' epoch and state") from None
+    except (OSError, ValueError, KeyError, TypeError, StateError) as exc:
+        raise ConfigError(f"{path}: the cluster's epoch, vote and state cannot be read "
+                          f"({exc}); remove the file only if this server never voted") from None
+
+
+class ClusterNode:
+    """One server's side of its cluster: it serves :data:`CLUSTER_PORT` on ``broker``
+    (whose id must be one of ``config``'s servers) and dials every other server."""
+
+    def __init__(self, broker: Broker, config: ClusterConfig, *,
+                 heartbeat: float | None = None, silence: float | None = None,
+                 retry: float = RETRY,
+                 on_change: Callable[[], object] | None = None,
+                 on_state: Callable[[ClusterState, ClusterState], object] | None = None,
+                 not_ready_wait: float = NOT_READY_WAIT,
+                 store: str | os.PathLike[str] | None = None) -> None:
+        me = config.server(broker.id)
+        if me is None:
+            raise ConfigError(f"broker {broker.id!r} is not a server of cluster "
+                              f"{config.name!r} ({', '.join(s.id for s in config.servers)})")
+        self.broker = broker
+        self.config = config
+        self.me = me
+        self.checksum = config.checksum
+        self.port = CLUSTER_PORT
+        self.peers = {s.id: Peer(s) for s in config.peers(broker.id)}
+        self.table = CommandTable("cluster", {"hello": Command(hello_fields, self._hello),
+                                              "beat": Command(hello_fields, self._beat),
+                                              "root": Command(hello_fields, self._root),
+                                              "state": Command(state_fields, self._state),
+                                              "change": Command(change_fields, self._change),
+                                              "fetch": Command(hello_fields, self._fetch)})
+        #: The shared topics and groups (:mod:`._state`); ``on_state(old, new)``
+        #: is told each new state this server takes (its MQ server declares and removes).
+        self.state = ClusterState()
+        self.on_state = on_state
+        self.not_ready_wait = not_ready_wait
+        #: The state version each peer said last: a primary behind one of them fetches
+        #: that peer's state before it may take over.
+        self.versions: dict[str, tuple[int, int]] = {}
+        self._fetching = False
+        #: Changes this root made that wait for a majority of the primaries to hold
+        #: them: (version, epoch, done).
+        self._confirming: list[tuple[int, int, Callable[[int | ServiceError], object]]] = []
+        #: The root this server follows (None: none yet, the cluster is not ready) and its
+        #: epoch; each peer's vote as it last said it (:mod:`._root`).
+        self.root: str | None = None
+        self.epoch = 0
+        self.votes: dict[str, Ballot] = {}
+        #: This server's vote: a primary and the epoch it would lead (a primary's; (None,
+        #: 0) from the others).
+        self.ballot: Ballot = (None, 0)
+        #: Where this server keeps its epoch and ballot across restarts (None: nowhere;
+        #: then a server that restarts may vote twice in one epoch).
+        self.store = None if store is None else Path(store) / f"cluster-{broker.id}.json"
+        if self.store is not None:
+            self.epoch, self.ballot, self.state = _load_votes(self.store)
+        self._closed = False
+        self._said: set[str] = set()  # refusals of brokers that are not peers, logged
+        #: Called when a peer's links come up or go down, or the root changes; and the
+        #: same for each of ``watchers`` (this server's MQ relay: :mod:`._relay`).
+        self.on_change = on_change
+        self.watchers: list[Callable[[], object]] = []
+        broker.listen(CLUSTER_PORT, self)
+        for peer in self.peers.values():
+            peer.outgoing = PeerLink(self, peer, retry=retry)
+            peer.outgoing.connect()
+        # by default the cluster file's (every server of a cluster reads the same)
+        heartbeat = config.heartbeat if heartbeat is None else heartbeat
+        silence = config.silence if silence is None else silence
+        if not 0 < heartbeat < silence:
+            raise ConfigError(f"a cluster's heartbeat ({heartbeat:g} s) must be above 0 and "
+                              f"below its silence timeout ({silence:g} s)")
+        #: Peers counted out for their silence (:data:`SILENCE`), while they are.
+        self.silent: set[str] = set()
+        self._live = silence
+        self._beats: Repeating = broker.pump.call_every(heartbeat, self._beat_all)
+
+    # -- links in ----------------------------------------------------------------------
+
+    def accepted(self, queue: MessageQueue) -> None:
+        queue.set_listener(Inbound(self, queue))
+
+    def _hello(self, request: Said, call: Call) -> ReplyObject:
+        """A peer's link in: taken, unless that peer has a live link in already (a hello
+        or beat on it within the silence timeout, :data:`SILENCE`): a second link that says it
+        is that peer is refused and changes nothing; a silent one (its peer restarted
+        behind a connection left open) is replaced."""
+        peer = self._check(request, call)
+        assert call.queue is not None
+        now = self.broker.pump.now()
+        if peer.incoming is not None and peer.incoming is not call.queue:
+            if now - peer.heard_at < self._live:
+                why = (f"a second link that says it is {peer.server.id}: its link is live "
+                       f"(heard {now - peer.heard_at:.1f} s ago), and is kept")
+                self._say(why, key=peer.server.id)
+                queue = call.queue
+                self.broker.pump.post("cluster refusal", lambda: queue.close(
+                    f"refused by {self.me.id}: {why}"), owner=self.broker)
+                raise ServiceError(Status.CONFLICT, why, refused="live")
+            old, peer.incoming = peer.incoming, None
+            old.close(f"a newer link from {peer.server.id} replaces this one, silent for "
+                      f"{now - peer.heard_at:.1f} s")
+        peer.incoming = call.queue
+        peer.heard_at = now
+        self._heard(request)
+        self.links_changed()
+        return self._agreed()
+
+    def _beat(self, request: Said, call: Call) -> ReplyObject:
+        peer = self._check(request, call)
+        if peer.incoming is not call.queue:
+            raise ServiceError(Status.CONFLICT, f"{peer.server.id}: a beat on a link that "
+                                                f"did not say hello", refused="cluster")
+        peer.heard_at = self.broker.pump.now()
+        self._heard(request)
+        if peer.server.id in self.silent:
+            self._silences()
+        self.elect()
+        return self._agreed()
+
+    def _root(self, request: Said, call: Call) -> ReplyObject:
+        """A root's announcement: followed unless the rule forbids it
+        (:meth:`_unruly`) or an epoch this server holds fences it."""
+        self._check(request, call)
+        if request.root != request.id or fenced(self._held(), request.id, request.epoch):
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
+                               f"itself root at epoch {request.epoch}; this server follows "
+                               f"{self.root} at epoch {self.epoch}", refused=STALE_EPOCH)
+        self.votes[request.id] = (request.vote, request.vote_epoch)
+        self._refuse_unruly(request.id, request.epoch, "announced itself root")
+        self._follow(request.id, request.epoch)
+        return self._agreed()
+
+    def _state(self, request: Said, call: Call) -> ReplyObject:
+        """The root's state: taken under a newer epoch whatever its version, under this
+        epoch when newer; from any other server, refused."""
+        self._check(request, call)
+        if request.root != request.id or fenced(self._held(), request.id, request.epoch):
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
+                               f"at epoch {request.epoch}; this server follows {self.root} "
+                               f"at epoch {self.epoch}", refused=STALE_EPOCH)
+        if request.epoch < self.ballot[1]:
+            # this primary voted in a newer epoch: whoever is root there may have taken
+            # over without this state, so it must not count towards a change's majority
+            raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: state from {request.id} "
+                               f"at epoch {request.epoch}; this server voted for "
+                               f"{self.ballot[0]} at epoch {self.ballot[1]}",
+                               refused=STALE_EPOCH)
+        self._refuse_unruly(request.id, request.epoch, "sent its state as root")
+        try:  # a state that cannot be taken changes nothing, the root followed included
+            state = ClusterState.of(request.version, request.topics, request.state_epoch,
+                                    request.removed)
+        except StateError as exc:
+            raise ServiceError(Status.BAD_REQUEST, f"state from {request.id}: {exc}") from None
+        if request.epoch > self.epoch or self.root is None:
+            self._follow(request.id, request.epoch)
+        if state.mark != self.state.mark or state.topics != self.state.topics:
+            self._take(state)
+        return {"cmd": "taken", "version": self.state.version,
+                "state_epoch": self.state.epoch}
+
+    def _change(self, request: Said, call: Call) -> ReplyObject | None:
+        """A change asked of the root, answered once a majority of the primaries hold it
+        (:meth:`_apply`); another server says where the root is (503)."""
+        self._check(request, call)
+        if self.root != self.me.id:
+            raise ServiceError(Status.UNAVAILABLE, f"{self.me.id} is not the root; the "
+                               f"root is {self.root or 'not known: the cluster is not ready'}",
+                               root=self.root)
+        assert request.change is not None
+        queue, seq = call.queue, call.seq
+
+        def answer(outcome: int | ServiceError) -> None:
+            if queue is None or seq is None:
+                return
+            reply = (outcome.envelope("change") if isinstance(outcome, ServiceError)
+                     else {"cmd": "changed", "version": outcome})
+            send(queue, {**reply, "seq": seq}, what=f"cluster peer {queue.remote_id}")
+
+        self._apply(*request.change, answer, by=request.id)
+        return None
+
+    def _apply(self, op: str, topic: str, group: str | None, filter_: str | None,
+               done: Callable[[int | ServiceError], object], *, by: str | None = None
+               ) -> None:
+        """On the root: a change applied and, if it changed anything, a new version sent
+        to every peer; ``done(version)`` once a majority of the primaries (this root
+        among them) hold that version, or ``done(ServiceError)`` (503) if that did not
+        happen within :attr:`not_ready_wait` seconds or the root changed first: the
+        change may or may not be kept then.  A change acknowledged so is never one a
+        later root lacks: a primary that voted in a newer epoch takes no older root's
+        state.  A bad change raises its :class:`ServiceError` (400)."""
+        new = ClusterState.of(self.state.version, self.state.topics, self.epoch,
+                              [list(r) for r in self.state.removed])
+        try:
+            changed = new.apply(op, topic, group, filter_)
+        except (StateError, ValueError) as exc:
+            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
+        if changed:
+            new.version += 1
+            if op == "remove":  # the one change that deletes messages: on the record
+                log.warning("cluster %s: %s removes shared %s at state v%d (asked through "
+                            "%s): its messages go on every server", self.config.name,
+                            self.me.id, topic if group is None else f"group {group} of "
+                            f"{topic}", new.version, by or self.me.id)
+            self._take(new)
+            self._send_state()
+        version, epoch = self.state.version, self.epoch
+        if self._held_by_majority(version):
+            done(version)
+            return
+        waiter = (version, epoch, done)
+        self._confirming.append(waiter)
+
+        def expire() -> None:
+            if waiter in self._confirming:
+                self._confirming.remove(waiter)
+                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: the "
+                                  f"change was not held by a majority of the primaries "
+                                  f"within {self.not_ready_wait:g} s; it may or may not "
+                                  f"be kept"))
+
+        self.broker.pump.call_later(self.not_ready_wait, expire, owner=self.broker)
+
+    def _held_by_majority(self, version: int) -> bool:
+        """Whether more than half of the primaries listed hold this root's state at
+        ``version`` or later (this root does)."""
+        mark = (self.epoch, version)
+        return has_majority(self.config, [self.me.id, *(
+            p for p, said in self.versions.items() if said >= mark)])
+
+    def took(self, peer: str, state_epoch: int, version: int) -> None:
+        """``peer`` took this root's state at ``version`` (its reply to ``state``): the
+        changes waiting for it may be answered."""
+        self.versions[peer] = max(self.versions.get(peer, (0, 0)), (state_epoch, version))
+        self._answer_confirmed()
+
+    def _answer_confirmed(self) -> None:
+        if not self._confirming or self.root != self.me.id:
+            return
+        ready = [w for w in self._confirming
+                 if w[1] == self.epoch and self._held_by_majority(w[0])]
+        for waiter in ready:
+            self._confirming.remove(waiter)
+            waiter[2](waiter[0])
+
+    def _drop_confirming(self, why: str) -> None:
+        """This server is no longer the root it was when the changes waiting were made:
+        each is answered 503 (``why``)."""
+        waiting, self._confirming = self._confirming, []
+        for version, _epoch, done in waiting:
+            done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: {why} "
+                              f"before a majority of the primaries held version {version}; "
+                              f"the change may or may not be kept"))
+
+    def _take(self, state: ClusterState) -> None:
+        old, self.state = self.state, state
+        self._keep()
+        if self.on_state is not None:
+            self.on_state(old, state)
+        self.changed()
+
+    def _send_state(self) -> None:
+        """The whole state to every peer linked (the root's: a change, a joiner)."""
+        for peer in self.peers.values():
+            if peer.outgoing is not None and peer.outgoing.agreed:
+                peer.outgoing.say("state", **self.state.snapshot())
+
+    def change_soon(self, op: str, topic: str, group: str | None, filter_: str | None,
+                    done: Callable[[int | ServiceError], object]) -> None:
+        """Declare or remove a shared topic (or a group of it) through the root;
+        ``done(version)`` once the root has it, or ``done(ServiceError)``: the root's
+        refusal, or 503 ("cluster not ready") when no root answered within
+        :attr:`not_ready_wait` seconds (asked again every 0.1 s meanwhile, on the
+        pump)."""
+        pump = self.broker.pump
+        deadline = pump.now() + self.not_ready_wait
+
+        def attempt() -> None:
+            if self._closed:
+                done(ServiceError(Status.UNAVAILABLE, f"{self.me.id}: the cluster server "
+                                                      f"is closed"))
+            elif self.root == self.me.id:
+                try:
+                    self._apply(op, topic, group, filter_, done)
+                except ServiceError as exc:
+                    done(exc)
+            elif (link := self._root_link()) is None or not link.request(
+                    {"cmd": "change", **link.said(), "op": op, "topic": topic,
+                     "group": group, "filter": filter_}, replied):
+                again()  # no root, or its link is past its high-water mark: not sent
+
+        def replied(outcome: Outcome) -> None:
+            if not isinstance(outcome, ServiceError):
+                done(int(outcome["version"]))
+            elif outcome.status in (Status.NO_REPLY, Status.UNAVAILABLE):
+                again()  # the root went, or is not root any more: ask the next one
+            else:
+                done(outcome)
+
+        def again() -> None:
+            left = deadline - pump.now()
+            if left <= 0:
+                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name} not "
+                                  f"ready: no root within {self.not_ready_wait:g} s"))
+            else:
+                pump.call_later(min(0.1, left), attempt, owner=self.broker)
+
+        attempt()
+
+    def _root_link(self) -> PeerLink | None:
+        link = None if self.root is None else self.peers[self.root].outgoing
+        return link if link is not None and link.agreed else None
+
+    async def change(self, op: str, topic: str, group: str | None = None,
+                     filter_: str | None = None) -> int:
+        """:meth:`change_soon`, awaited: the state's version once the root has it, or
+        the :class:`ServiceError`."""
+        outcome: Future[int | ServiceError] = Future()
+        self.change_soon(op, topic, group, filter_, outcome.set)
+        result = await outcome.wait()
+        if isinstance(result, ServiceError):
+            raise result
+        return result
+
+    def _fetch(self, request: Said, call: Call) -> ReplyObject:
+        """This server's state, for a peer behind it."""
+        self._check(request, call)
+        return {"cmd": "state", **self.state.snapshot()}
+
+    def _behind(self, peer: str) -> None:
+        """A peer has a newer state than this server: fetch it (at most one at a time)."""
+        link = self.peers[peer].outgoing
+        if link is None or not link.agreed or self._fetching:
+            return
+        self._fetching = True
+
+        def fetched(outcome: Outcome) -> None:
+            self._fetching = False
+            if isinstance(outcome, ServiceError):
+                return
+            try:
+                state = ClusterState.of(int(outcome.get("version") or 0), outcome.get("topics"),
+                                        int(outcome.get("state_epoch") or 0),
+                                        outcome.get("removed"))
+            except (StateError, ValueError):
+                return
+            if state.mark > self.state.mark or (peer == self.root
+                                                and state.mark != self.state.mark):
+                self._take(state)
+                self.elect()
+
+        if not link.request({"cmd": "fetch", **link.said()}, fetched):
+            self._fetching = False  # not sent (past the high-water mark): asked again later
+
+    def _heard(self, request: Said) -> None:
+        """What a peer's hello or beat says: its vote, its state's version (this server
+        fetches a newer one), and a root under a newer epoch."""
+        self.votes[request.id] = (request.vote, request.vote_epoch)
+        mark = (request.state_epoch, request.version)
+        self.versions[request.id] = mark
+        self._answer_confirmed()
+        if mark > self.state.mark or (request.id == self.root and mark != self.state.mark):
+            self._behind(request.id)
+        if request.root is not None and request.root != self.me.id and (
+                request.epoch > self.epoch or (self.root is None
+                                               and request.epoch == self.epoch)):
+            why = self._unruly(request.root, request.epoch) or self._unvoted(
+                request.root, request.epoch)
+            if why is None:
+                self._follow(request.root, request.epoch)
+            else:  # hearsay that breaks the rule: not followed
+                self._say(f"not following {request.root}, named root by {request.id}: "
+                          f"{why}", key=request.id)
+
+    def _senior_to(self, other: str) -> bool:
+        """Whether this server comes before ``other`` in the cluster file's order."""
+        ids = [s.id for s in self.config.servers]
+        return other in ids and ids.index(self.me.id) < ids.index(other)
+
+    def _unruly(self, claimer: str, epoch: int) -> str | None:
+        """Why the rule forbids ``claimer`` to be root at ``epoch``, as this server knows
+        it (None: it allows it): only a primary of the cluster file is ever root; and
+        the root needs the vote of every active primary, so a primary that voted for
+        another at that very epoch (a voter holds one ballot an epoch) knows the claim
+        is false."""
+        server = self.config.server(claimer)
+        if server is None or server.type != "primary":
+            kind = "no server of the cluster" if server is None else f"a {server.type} server"
+            return f"{claimer} is {kind}: only a primary is ever root"
+        voted, at = self.ballot
+        if self.me.type == "primary" and at == epoch and voted not in (None, claimer):
+            return (f"this server voted for {voted} at epoch {epoch}: {claimer} lacks its "
+                    f"vote there")
+        return None
+
+    def _unvoted(self, claimer: str, epoch: int) -> str | None:
+        """Why ``claimer`` cannot have the votes of most primaries at ``epoch``, as far as
+        this server knows them (None: it may have): a primary whose ballot (this server's
+        own, or one an active peer said last) is at an older epoch, or for another at
+        that one, has not voted for it there, since a ballot only moves up.  A claim made
+        before its voters' new ballots reached this server is refused until they do (the
+        claimer's beats name it root again); a claim no majority made is refused for
+        good."""
+        primaries = [s.id for s in self.config.servers if s.type == "primary"]
+        active = set(self.active())
+        against = []
+        for p in primaries:
+            if p == self.me.id:
+                held: Ballot | None = self.ballot
+            else:
+                held = self.votes.get(p) if p in active else None
+            if held is not None and (held[1] < epoch or (held[1] == epoch
+                                                          and held[0] != claimer)):
+                against.append(p)
+        if (len(primaries) - len(against)) * 2 > len(primaries):
+            return None
+        return (f"{', '.join(against)} of the {len(primaries)} primaries did not vote for "
+                f"{claimer} at epoch {epoch}, as this server last heard them: it cannot "
+                f"hold a majority")
+
+    def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
+        """:meth:`_unruly`'s refusal (409, logged once); nothing changes.  A claim the
+        claimer makes itself, on its own link to this server, is also refused by a
+        primary more senior than it: the claimer reaches this server, so this server was
+        active to it, and the rule would have made this one its candidate; and a claim
+        the primaries' votes, as this server heard them, cannot carry
+        (:meth:`_unvoted`, the link kept: those votes may be on their way)."""
+        why = self._unruly(claimer, epoch)
+        if why is None and self.me.type == "primary" and self._senior_to(claimer):
+            why = (f"{self.me.id}, a primary more senior than {claimer}, is active: the "
+                   f"rule makes it the candidate, not {claimer}")
+        kind = "rule"
+        if why is None:
+            why, kind = self._unvoted(claimer, epoch), "votes"
+        if why is not None:
+            said = f"{claimer} {what} at epoch {epoch}: refused: {why}"
+            self._say(said, key=claimer, level=logging.INFO if kind == "votes"
+                      else logging.ERROR)
+            raise ServiceError(Status.CONFLICT, said, refused=kind)
+
+    def _agreed(self) -> ReplyObject:
+        return {"cmd": "welcome", "cluster": self.config.name, "id": self.me.id,
+                "checksum": self.checksum}
+
+    # -- the root ----------------------------------------------------------------------
+
+    def active(self) -> list[str]:
+        """This server and the peers linked to it both ways and heard within the silence
+        timeout."""
+        return [self.me.id, *(p.server.id for p in self.peers.values()
+                              if p.outgoing is not None and p.outgoing.agreed
+                              and p.incoming is not None and p.server.id not in self.silent)]
+
+    def _silences(self) -> None:
+        """Count out the peers whose link in has been silent too long, and in again those
+        heard since; an election when that changes who counts."""
+        now = self.broker.pump.now()
+        silent = {p.server.id for p in self.peers.values()
+                  if p.incoming is not None
+                  and now - max(p.heard_at, p.answered_at) > self._live}
+        if silent == self.silent:
+            return
+        for peer_id in sorted(silent - self.silent):
+            peer = self.peers[peer_id]
+            log.warning("cluster %s: %s: %s silent for %.1f s: counted out until it is "
+                        "heard again", self.config.name, self.me.id, peer_id,
+                        now - max(peer.heard_at, peer.answered_at))
+        for peer_id in sorted(self.silent - silent):
+            log.warning("cluster %s: %s: %s heard again", self.config.name, self.me.id,
+                        peer_id)
+        self.silent = silent
+        self.links_changed()
+
+    def vote(self) -> Ballot:
+        """This server's ballot now (:func:`._root.ballot`); (None, 0) from a backup or
+        fanout server."""
+        if self.me.type != "primary":
+            return None, 0
+        active = self.active()
+        heard = [v for p, v in self.votes.items() if p in active]
+        new = ballot(self.config, active, self.ballot, self.epoch, self.root, heard)
+        if new != self.ballot:
+            self.ballot = new
+            self._keep()  # on disk before any peer hears it
+        return self.ballot
+
+    def _keep(self) -> None:
+        """The epoch, ballot and cluster state to disk (the state too: a server that
+        restarts must not take over with an empty one while the others that held it
+        are down)."""
+        if self.store is not None:
+            write_file(self.store, json.dumps({"epoch": self.epoch,
+                                               "ballot": list(self.ballot),
+                                               "state": self.state.snapshot()}).encode())
+
+    def elect(self) -> None:
+        """Take over as root when the rule of :mod:`._root` says so (announced to every
+        peer at its ballot's epoch); step down when it no longer holds (a minority left,
+        or its own ballot is for another)."""
+        if self._closed:
+            return
+        active = self.active()
+        mine = self.vote()
+        if mine[1] > self.epoch and may_take_over(self.config, self.me.id, active,
+                                                  self.votes, mine, self.state.mark,
+                                                  self.versions):
+            self._follow(self.me.id, mine[1])
+            log.warning("cluster %s: %s is root at epoch %d (active: %s)",
+                        self.config.name, self.me.id, self.epoch, ", ".join(active))
+            for peer in self.peers.values():
+                if peer.outgoing is not None and peer.outgoing.agreed:
+                    peer.outgoing.say("root")
+            # the new root's state, marked after any before
+            self.state.version += 1
+            self.state.epoch = self.epoch
+            self._keep()
+            self._send_state()
+        elif self.root == self.me.id and (mine[0] != self.me.id
+                                          or not has_majority(self.config, active)):
+            log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
+                        self.config.name, self.me.id, self.epoch, ", ".join(active))
+            self.root = None
+            self._drop_confirming("the root stepped down")
+            self.changed()
+        elif self.root is not None and self.root not in active:
+            self.root = None  # its root is out of reach: not ready until one is known
+            self.changed()
+
+    def _follow(self, root: str, epoch: int) -> None:
+        if self.root == self.me.id and root != self.me.id:
+            log.warning("cluster %s: %s steps down: %s is root at epoch %d",
+                        self.config.name, self.me.id, root, epoch)
+        if self.root == self.me.id and (root != self.me.id or epoch != self.epoch):
+            self._drop_confirming(f"{root} became root at epoch {epoch}")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._keep()
+        self.root = root
+        self.changed()
+
+    def _held(self) -> tuple[int, str] | None:
+        return None if self.root is None else (self.epoch, self.root)
+
+    def _check(self, request: Said, call: Call) -> Peer:
+        """The peer a hello or beat comes from; 409 with the reason (logged once per peer
+        and reason, the link closed once the reply is sent) if it is not one of ours."""
+        remote = call.queue.remote_id if call.queue is not None else "?"
+        identity: Identity | None = None if call.queue is None else call.queue.identity
+        status = Status.CONFLICT
+        why = self.disagreement(request.cluster, request.id, request.checksum)
+        if why is None and request.id != remote:
+            why = f"says it is {request.id!r} but its link is from broker {remote!r}"
+        if why is None and identity is not None and not identity.may(Right.MEMBER, request.id):
+            identity.denied(Right.MEMBER)
+            status = Status.FORBIDDEN
+            why = (f"says it is {request.id!r}, which its link's identity {identity.name!r} "
+                   f"may not speak as")
+        if why is None:
+            peer = self.peers[request.id]
+            peer.refusal = None
+            return peer
+        peer_or_none = self.peers.get(remote)
+        if peer_or_none is not None:
+            self.refused(peer_or_none, f"refused {remote}: {why}")
+        else:
+            self._say(f"refused {remote}: {why}", key=remote)
+        if call.queue is not None:
+            queue = call.queue
+            self.broker.pump.post("cluster refusal", lambda: queue.close(
+                f"refused by {self.me.id}: {why}"), owner=self.broker)
+        raise ServiceError(status, why, refused="cluster")
+
+    def disagreement(self, cluster: str, server_id: str, checksum: int) -> str | None:
+        """Why a peer that says this is not one of this server's cluster (None: it is)."""
+        if cluster != self.config.name:
+            return f"cluster {cluster!r} is not this one ({self.config.name!r})"
+        if server_id == self.me.id or server_id not in self.peers:
+            return (f"{server_id!r} is not another server of cluster {self.config.name!r} "
+                    f"({', '.join(s.id for s in self.config.servers)})")
+        if checksum != self.checksum:
+            return (f"the cluster's server list differs (checksum {checksum:#010x}, this "
+                    f"server's {self.checksum:#010x}): every server must read the same "
+                    f"cluster file")
+        return None
+
+    def incoming_closed(self, queue: MessageQueue) -> None:
+        for peer in self.peers.values():
+            if peer.incoming is queue:
+                peer.incoming = None
+                self.links_changed()
+
+    def links_changed(self) -> None:
+        """A link came up or went down: the vote may change; say it to every peer now
+        (not at the next beat), and elect again."""
+        self.changed()
+        self._beat_all()
+        self.elect()
+
+    def changed(self) -> None:
+        if self._closed:
+            return
+        if self.on_change is not None:
+            self.on_change()
+        for watcher in list(self.watchers):
+            watcher()
+
+    # -- links out ---------------------------------------------------------------------
+
+    def _beat_all(self) -> None:
+        self._silences()
+        for peer in self.peers.values():
+            if peer.outgoing is not None and peer.outgoing.agreed:
+                peer.outgoing.say("beat")
+
+    def refused(self, peer: Peer, why: str) -> None:
+        """``peer`` disagrees (``why``): kept with it, logged once."""
+        peer.refusal = why
+        self._say(why, key=peer.server.id, peer=peer)
+
+    def _say(self, why: str, *, key: str, peer: Peer | None = None,
+             level: int = logging.ERROR) -> None:
+        said = peer.said if peer is not None else self._said
+        if why not in said:
+            if len(said) >= 256:  # bounded: reasons name epochs, which move on
+                said.clear()
+            said.add(why)
+            log.log(level, "cluster %s: %s: %s", self.config.name, self.me.id, why)
+
+    # -- state -------------------------------------------------------------------------
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Each peer: its type, its links out and in (up or down), a refusal."""
+        return [peer.row() for peer in self.peers.values()]
+
+    def summary(self) -> str:
+        """Which peers are linked both ways, for a person: ``cluster shop: a linked to
+        b, c (2 of 3 peers)``."""
+        up = [p.server.id for p in self.peers.values() if p.outgoing is not None
+              and p.outgoing.agreed and p.incoming is not None
+              and p.server.id not in self.silent]
+        root = (f"root {self.root} at epoch {self.epoch}" if self.root is not None
+                else "no root")
+        silent = f"; {', '.join(sorted(self.silent))} silent" if self.silent else ""
+        return (f"cluster {self.config.name}: {self.me.id} ({self.me.type}) linked to "
+                f"{', '.join(up) or 'no peer'} ({len(up)} of {len(self.peers)} peers"
+                f"{silent}); {root}")
+
+    def info(self) -> dict[str, Any]:
+        """What this server registers with the name service (``rdvpump status`` shows it):
+        its cluster and type, the root it follows, the epoch, its state's version."""
+        return {"name": self.config.name, "type": self.me.type, "root": self.root,
+                "epoch": self.epoch, "version": self.state.version}
+
+    def linked(self) -> bool:
+        """Every peer linked both ways and agreeing."""
+        return all(p.outgoing is not None and p.outgoing.agreed and p.incoming is not None
+                   for p in self.peers.values())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_confirming("the cluster server closed")
+        self._beats.cancel()
+        for peer in self.peers.values():
+            if peer.outgoing is not None:
+                peer.outgoing.close()
+            if peer.incoming is not None:
+                peer.incoming.close("cluster server closed")
+        if not self.broker.closed:
+            self.broker.unbind(CLUSTER_PORT)
+

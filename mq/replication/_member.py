@@ -1,0 +1,350 @@
+"""An MQ server's place in a replicated group: its role (master or slave) and epoch as
+its ServerInfo says, whether the name service confirmed it as master, the moves between
+roles (confirm, promote, demote, follow), and its side as a replica: the
+:class:`~._follower.Replica` its follower stores the master's records, epochs and consume
+groups into; :func:`keep_role`, the loop that keeps a server's role as the name service
+holds it (``broker run --group`` runs it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import trio
+
+from brokermgr import (
+    QUIET,
+    EpochError,
+    GroupMember,
+    GroupProgress,
+    NameClient,
+    ServiceError,
+    Status,
+    next_epoch,
+)
+from brokermgr.tracking import TrackNode
+from pump import ConfigError
+
+from ..storage._log import TopicLog
+from ..topics._catalogue import FLAGS, Catalogue, TopicState
+from ..topics._topic import Start
+from ._follower import DEFAULT_RESCAN, Follower
+from ._shipper import Shipper
+
+log = logging.getLogger("rdvpump.mq")
+
+
+class GroupRole:
+    """The group role of the MQ server at ``address`` (its topics in ``catalogue``, its
+    replicas in ``shipper``); ``dispatch`` delivers what a topic's consumers may have."""
+
+    def __init__(self, node: TrackNode, catalogue: Catalogue, shipper: Shipper, *,
+                 address: str, dispatch: Callable[[TopicState], None],
+                 beat: float = DEFAULT_RESCAN, silence: float = QUIET) -> None:
+        if not 0 < beat < float("inf") or not silence >= 2 * beat:
+            raise ConfigError(f"a group member asks its master every {beat:g} s; its "
+                              f"silence must be at least two of those, got {silence:g} s")
+        self.node = node
+        #: Seconds between this member's questions to its master, as a slave (its
+        #: master's answers are the beats it hears), and the silence after which the
+        #: master counts as gone to it: it says so to the name service at once, and, once
+        #: promoted, takes over from a master quiet for as long, its link still open (hung
+        #: or cut off: the name service found it so, its silence witnessed by this
+        #: member).  Safe however short: a ``sync`` master acknowledges nothing that a
+        #: member it reported in sync has not stored, and this member stores nothing from
+        #: it once promoted.
+        self.beat = beat
+        self.silence = silence
+        self.catalogue = catalogue
+        self.shipper = shipper
+        self.address = address
+        self.dispatch = dispatch
+        #: Copying from a master, while this server is a replica (:meth:`follow`).
+        self.follower: Follower | None = None
+        #: A group's master takes writes only once the name service confirmed it at its
+        #: epoch (a former master restarting must not take any: :meth:`confirm`).
+        self.confirmed = False
+        group = self.group
+        if group is not None and group.role == "master":
+            self.shipper.epoch = group.epoch
+
+    @property
+    def group(self) -> GroupMember | None:
+        """This server's place in a replicated group (its ServerInfo's), or None."""
+        return None if self.node.server is None else self.node.server.group
+
+    def progress(self) -> GroupProgress:
+        """How far this server's copy is, for the name service: the records it holds
+        over its topics on disk, and (as a master) its replicas in sync."""
+        group, follower = self.group, self.follower
+        quiet = (round(follower.quiet, 3) if follower is not None and group is not None
+                 and group.role == "slave" else None)
+        return GroupProgress(self.held(), tuple(self.shipper.insync_replicas()), quiet,
+                             None if self.silence == QUIET else self.silence)
+
+    def held(self) -> int:
+        """The records this server holds over its topics on disk (a topic whose log is
+        closed, as the process stops and a last beat goes out, counts for none)."""
+        return sum(log.next_offset for state in list(self.catalogue.topics.values())
+                   if "memory" not in state.flags
+                   and not (isinstance(log := state.topic.log, TopicLog) and not log.segments))
+
+    def not_a_slave(self, what: str) -> None:
+        """A 503 naming the master for ``what`` (a write) at a slave, or at a master the
+        name service has not confirmed."""
+        group = self.group
+        if group is not None and group.role == "slave":
+            follower = self.follower
+            queue = None if follower is None else follower.link.queue
+            where = None if queue is None else queue.peer_address
+            master = ("its master (not known here yet)" if follower is None
+                      else f"its master, {follower.master}"
+                      + ("" if where is None else f" (at {where})"))
+            raise ServiceError(Status.UNAVAILABLE,
+                               f"{self.address} is a slave of group {group.group}: {what} "
+                               f"at {master}",
+                               **({} if follower is None else {"master": str(follower.master)}),
+                               **({} if where is None else {"master_at": where}))
+        if group is not None and not self.confirmed:
+            raise ServiceError(Status.UNAVAILABLE,
+                               f"{self.address} is not confirmed as the master of group "
+                               f"{group.group} at epoch {group.epoch} by the name service "
+                               f"(yet)")
+
+    def confirm(self) -> None:
+        """The name service holds this server as its group's master at its epoch: it
+        takes writes."""
+        self.confirmed = True
+        self.begin_epoch()
+
+    def begin_epoch(self) -> None:
+        """As its group's master: its epoch writes every topic from its next offset on."""
+        group = self.group
+        if group is not None and group.role == "master":
+            for topic_log in self.replica_logs().values():
+                topic_log.begin_epoch(group.epoch)
+
+    def promote(self, epoch: int) -> None:
+        """This slave is its group's master from ``epoch`` on: it stops copying, takes
+        writes, and says so in its ServerInfo."""
+        group = self.group
+        assert group is not None and self.node.server is not None
+        if self.follower is not None:
+            self.follower.close()
+            self.follower = None
+        self.node.server.set_group(dataclasses.replace(group, role="master", epoch=epoch))
+        self.confirmed = True
+        self.shipper.epoch = epoch
+        self.begin_epoch()
+        for state in self.catalogue.topics.values():
+            state.recent = None  # built again from the records copied
+        log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
+
+    def demote(self, epoch: int) -> None:
+        """Another member is the master at ``epoch``: this one takes no writes from now
+        on (it copies the master once told where)."""
+        group = self.group
+        assert group is not None and self.node.server is not None
+        if group.role == "master":
+            log.warning("%s: no longer master of group %s: epoch %d is another's",
+                        self.address, group.group, epoch)
+        self.confirmed = False
+        self.node.server.set_group(dataclasses.replace(group, role="slave", epoch=epoch))
+        for link in self.shipper.forget_all():  # its replicas: free to take over
+            link.queue.close(f"{self.address} is no longer the master of group "
+                             f"{group.group}: epoch {epoch} is another's")
+
+    def follow(self, master: str, **options: Any) -> Follower:
+        """Copy the topics of the master at ``master`` (``"broker:port"``) into this
+        server's (options: :class:`~._follower.Follower`'s); the follower it was copying
+        from before, if any, stops."""
+        if self.follower is not None:
+            self.follower.close()
+        group = self.group
+        if group is not None:
+            options.setdefault("config", self.shipper.config(group))
+        options.setdefault("rescan", self.beat)
+        self.follower = Follower(self.node.broker, master, self, **options)
+        return self.follower
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
+
+    # -- the Replica a follower stores into ------------------------------------------------
+
+    def replica_logs(self) -> dict[str, TopicLog]:
+        return {name: state.topic.log for name, state in self.catalogue.topics.items()
+                if isinstance(state.topic.log, TopicLog)}
+
+    def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
+        if "memory" in flags or self.catalogue.directory is None:
+            return None
+        state = self.catalogue.open(name, frozenset(f for f in flags if f in FLAGS))
+        state.topic.declare_group(name, start="beginning")
+        state.filters[name] = None
+        self.catalogue.save_meta(state)
+        self.catalogue.save_positions(state)
+        self.node.declare_group(name, name)
+        assert isinstance(state.topic.log, TopicLog)
+        return state.topic.log
+
+    def replica_cut(self, name: str, offset: int) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            state.topic.cut(offset)
+            state.recent = None
+            state.committed = min(state.committed, offset)
+            self.catalogue.save_positions(state)
+
+    def replica_committed(self, name: str, offset: int) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None and offset > state.committed:
+            state.committed = offset
+            self.dispatch(state)
+
+    def replica_positions(self, name: str, groups: Mapping[str, tuple[int, str | None]]
+                          ) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is None:
+            return
+        declared = False
+        for group, (floor, filter_) in groups.items():
+            if group not in state.topic.groups or state.filters.get(group) != filter_:
+                state.topic.declare_group(group, filter=filter_, start=Start("offset", floor))
+                state.filters[group] = filter_
+                self.node.declare_group(name, group, filter=filter_)
+                declared = True
+            state.topic.advance(group, floor)
+        if declared:
+            self.catalogue.save_meta(state)
+        self.catalogue.save_positions(state)
+
+    def replica_stored(self, name: str) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            self.dispatch(state)
+
+
+class HasRole(Protocol):
+    """An MQ server that may be a replicated group's member (:class:`~mq.MqServer`)."""
+
+    @property
+    def role(self) -> GroupRole: ...
+
+
+#: Seconds between a group member's questions to the name service about its group.
+GROUP_POLL = 0.1
+#: Seconds (at random up to twice as long) that a member of a group whose several name
+#: services name no master by a majority waits before it claims the next epoch itself.
+CLAIM_AFTER = 2.0
+
+def _decide(views: list[dict[str, Any]], managers: int, me: str
+            ) -> tuple[str | None, int, bool, int, int, frozenset[str]]:
+    """What the name services that answered say of a group: the master and epoch that
+    most of them name, whether that is a majority of all ``managers`` (each names one
+    master per epoch, so two members never both have a majority for one epoch), the
+    newest epoch any names, the newest any names for another member or for none, and
+    the members in sync as the views naming ``me`` master hold them (each of them may
+    promote one)."""
+    votes = Counter((v.get("master"), v.get("epoch") or 0) for v in views)
+    (master, epoch), count = max(votes.items(), key=lambda kv: (kv[1], kv[0][1]),
+                                 default=((None, 0), 0))
+    newest = max((v.get("epoch") or 0 for v in views), default=0)
+    others = max((v.get("epoch") or 0 for v in views if v.get("master") != me), default=0)
+    insync = frozenset(m for v in views if v.get("master") == me
+                       and (v.get("epoch") or 0) == epoch for m in v.get("insync") or ())
+    return master, epoch, count > managers // 2, newest, others, insync - {me}
+
+
+async def keep_role(server: HasRole, names: NameClient) -> None:
+    """A group member's role, as the name services hold it (asked every
+    :data:`GROUP_POLL` seconds; with several, what a majority of them say): a master
+    takes writes once confirmed at its epoch; a member promoted takes over once the old
+    master no longer ships it records (its link gone, or the old master stepped down: it
+    closes its replicas' links and refuses to be followed, or it said nothing for the
+    member's :attr:`GroupRole.silence`: hung, its link open); a member whose group has
+    another master at its epoch or a newer one is a slave and copies that master; a master that any
+    name service says the group left for a newer epoch steps down.  A master registers
+    again as soon as its in-sync set changes, not at its next heartbeat.
+
+    Several name services decide each on its own and may name different masters; when
+    no majority names one for :data:`CLAIM_AFTER` seconds (jittered), a member claims
+    the next epoch at each (:meth:`~brokermgr.NameClient.claim`): a name service grants
+    one member per epoch, and only one that holds every acknowledged message as far as
+    it knows, so the members granted by a majority are one, and it is safe."""
+    role = server.role
+    port = role.node.address.port
+    me = role.node.broker.id
+    random = role.node.broker.pump.random
+    following: str | None = None
+    insync = role.progress().insync
+    claim_at: float | None = None
+    witnessed = False  # this slave told the name service its master is quiet
+    while True:
+        mine = role.group
+        assert mine is not None
+        if mine.role == "master" and (now := role.progress().insync) != insync:
+            insync = now  # the failover's choice follows the in-sync set: said at once
+            names.register_now()
+        quiet = mine.role == "slave" and role.follower is not None and (
+            role.follower.quiet >= role.silence)
+        if quiet and not witnessed:
+            names.register_now()  # its master's silence, witnessed: said at once
+        witnessed = quiet
+        views = await names.group_views(mine.group)
+        if not views:
+            log.info("group %s: no answer from the name service", mine.group)
+        master, epoch, decided, newest, others, named_insync = _decide(
+            views, len(names.links), me)
+        # no majority, or one that names this member at an epoch older than its own: the
+        # name services saw different things; a claim of a newer epoch brings them to one
+        stuck = not decided or (master == me and epoch < mine.epoch)
+        if not stuck or len(names.links) == 1 or not views:
+            claim_at = None
+        elif claim_at is None:
+            claim_at = trio.current_time() + CLAIM_AFTER * (1 + random.random())
+        elif trio.current_time() >= claim_at:
+            claim_at = None
+            try:
+                claimed = next_epoch(newest)
+            except EpochError as exc:  # no epoch left to claim: the group stays as it is
+                log.error("group %s: %s cannot claim an epoch: %s", mine.group, me, exc)
+            else:
+                granted = await names.claim(mine.group, me, claimed)
+                if granted > len(names.links) // 2:
+                    log.warning("group %s: %s claimed epoch %d; %d of %d name services "
+                                "granted it", mine.group, me, claimed, granted,
+                                len(names.links))
+                    continue  # asked again at once: now a majority names it
+        if decided and master == me and not stuck:
+            # the members a failover would choose from: this master waits for each
+            role.shipper.confirm_insync(named_insync)
+            if mine.role == "slave" and epoch > mine.epoch and (
+                    role.follower is None or not role.follower.copying
+                    or role.follower.quiet > role.silence):
+                role.promote(epoch)
+                following = None
+                names.register_now()
+                continue  # confirmed by the next answer, asked at once
+            elif mine.role == "master" and epoch > mine.epoch:
+                role.promote(epoch)  # back as master at a newer epoch (a restart)
+                names.register_now()
+            elif mine.role == "master" and epoch == mine.epoch:
+                role.confirm()
+        elif mine.role == "master" and others > mine.epoch:
+            role.demote(others)  # the group moved on without this master: fenced
+            names.register_now()
+        if decided and isinstance(master, str) and master != me:
+            # the master a majority names, whatever epoch a minority may have seen since
+            if mine.role == "master" or epoch != mine.epoch:
+                role.demote(epoch)
+                names.register_now()
+            if master != following:
+                log.info("group %s: %s follows master %s", mine.group, me, master)
+                role.follow(f"{master}:{port}")
+                following = master
+        await trio.sleep(GROUP_POLL)

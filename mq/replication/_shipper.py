@@ -1,0 +1,439 @@
+"""A master's side of replication: the records of its topics shipped to the replicas that
+follow them.
+
+A replica (:class:`~._follower.Follower`) asks ``follow {topic, start, window}`` on a
+link: from then on the master sends it that topic's records from ``start`` on, as they
+are written, in ``copies {topic, first, count}`` frames whose body is the records as the
+log stored them (checksums included: the replica checks each one and stores the bytes as
+they are), never more than ``window`` bytes ahead of what the replica acknowledged
+(``copied {topic, next}``).  The follow names the master epoch of the replica's last
+record: if the replica's records up to ``start`` are not the master's (a former master's
+tail, written after its successor's epoch began), the answer is ``diverged {topic, epoch,
+end}`` and the replica cuts its copy back and asks again (the rule: :mod:`mq.storage._epochs`); the
+answer that agrees (``following``) carries the master's epochs, which the replica keeps.
+Every 0.1 s the master also sends each follower the positions of the topic's consume
+groups that changed, with their filters (``positions {topic, groups: {name: [floor,
+filter]}}``, a floor never past what was shipped to it): the replica declares the groups
+it lacks and moves its own forward, so consumers that move to it after a failover are
+given only what the master had not seen handled.
+A replica with records of a newer epoch, or with more records of the master's own epoch
+than the master, is refused with that reason (409): those are never cut.  A memory topic
+is not replicated (400).  Members of a group compare their group's configuration (the
+group, its cluster, the replication mode, ``min_insync``, ``insync_lag``, and a checksum
+of them): a follow whose configuration differs from the master's is refused with both
+(409) and logged once on each side.
+
+What each replica acknowledged is kept.  A replica is *in sync* while it has
+acknowledged everything written, or did so within the last ``insync_lag`` seconds
+(:meth:`Shipper.in_sync`; ``query`` shows each replica's offset and whether it is).
+Two modes: ``async`` acknowledges a produce once this server stored it; ``sync`` once
+this server stored it and every replica in sync acknowledged it, at least
+``min_insync`` of them (so any member in sync holds every acknowledged message: the
+failover may promote any of them).  A replica that falls out of sync is waited for no
+longer, and is no longer one the failover may choose.  Under
+``sync`` with fewer replicas in sync than that, a produce is refused (503, the reason
+says how many are in sync; nothing stored), and the produces waiting for replicas are
+answered with that refusal (stored here, not acknowledged: they may or may not stay).
+
+Under ``sync`` the replicas waited for are also those the name service holds in sync
+(:meth:`Shipper.confirm_insync`, from the group's answer): those are the ones a failover
+may promote, and the name service learns that one fell out of sync only from this
+master's next registration.  A master cut off from the name service therefore stops
+acknowledging once such a replica falls behind, instead of going on without it while
+the name service may still promote it (Kafka's rule: the in-sync set shrinks only once
+the controller has it).
+
+Under ``sync`` each topic also has a *committed* offset (Kafka's high watermark): the
+records below it are stored by enough replicas by the same rule, so no failover cuts
+them, and only those are delivered to consumers (:meth:`Catalogue.visible
+<._catalogue.Catalogue.visible>`); otherwise a consumer could see a message that a
+failover then cuts and another replaces at its offset.  The master moves it as its
+replicas acknowledge and sends it to them with the records (``copies`` carries
+``committed``) or, at the next tick, alone when no records carried it (``committed
+{topic, offset}``);
+a replica delivers to its own consumers only up to what its master said.  It lives in
+memory: a restarted member delivers again once its replicas, or its master, confirm it.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokermgr import GroupMember, ServiceError, Status, encode
+from channels import MessageQueue
+from pump import ConfigError
+
+from ..storage._epochs import diverged
+from ..storage._log import TopicLog
+from ..storage._record import encode_records
+from ..topics._catalogue import Catalogue, TopicState
+from ..topics._delivery import FRAME_BYTES, ClientLink
+from ..topics._requests import Copied, Follow
+
+_ANY_BODY = 1 << 62
+
+log = logging.getLogger("rdvpump.mq")
+
+@dataclass
+class _Follower:
+    link: ClientLink
+    topic: str
+    #: the next offset to ship, and the replica's next offset as it acknowledged
+    next: int
+    acked: int
+    window: int
+    #: bytes shipped and not acknowledged yet, by the first offset after them
+    in_flight: list[tuple[int, int]]
+    #: when it last had acknowledged everything written
+    caught_up: float = 0.0
+    #: the replica's broker id, if it said
+    replica: str | None = None
+    #: the consume groups' positions (and filters) it was last sent
+    positions: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    #: the committed offset it was last sent
+    committed: int = 0
+
+
+#: The replication modes.
+MODES = ("async", "sync")
+#: Seconds a replica may stay behind and still count as in sync, by default.
+DEFAULT_INSYNC_LAG = 10.0
+
+
+@dataclass
+class _Held:
+    """A produce's reply waiting for replicas: sent once ``end`` is acknowledged by
+    enough of them."""
+
+    end: int
+    queue: MessageQueue | None
+    seq: int | None
+    reply: dict[str, Any] = field(default_factory=dict)
+
+
+class Shipper:
+    """The followers of a server's topics, by link and topic."""
+
+    def __init__(self, catalogue: Catalogue,
+                 reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None], *,
+                 mode: str = "async", min_insync: int = 1,
+                 insync_lag: float = DEFAULT_INSYNC_LAG,
+                 dispatch: Callable[[TopicState], None] = lambda state: None) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"replication is async or sync, not {mode!r}")
+        if type(min_insync) is not int or min_insync < 1:
+            raise ConfigError(f"min_insync is a positive integer, not {min_insync!r}")
+        if not insync_lag > 0:
+            raise ConfigError(f"insync_lag is a positive number of seconds, not "
+                              f"{insync_lag!r}")
+        self.catalogue = catalogue
+        self.reply = reply
+        self.dispatch = dispatch
+        self.now = catalogue.node.pump.now
+        self.mode = mode
+        catalogue.deliver_committed = mode == "sync"
+        self.min_insync = min_insync
+        self.insync_lag = insync_lag
+        #: by the link's id and the topic
+        self.followers: dict[tuple[str, str], _Follower] = {}
+        #: produce replies waiting for replicas, by topic, in offset order
+        self.held: dict[str, list[_Held]] = {}
+        #: this master's epoch (each topic's log keeps where each epoch began)
+        self.epoch = 0
+        #: the replicas (broker ids) that the name service holds in sync with this master:
+        #: the failover may promote any of them, so under ``sync`` each is waited for
+        #: until the name service has dropped it (:meth:`confirm_insync`)
+        self.confirmed: frozenset[str] = frozenset()
+        #: the replicas refused for a configuration that differs (logged once each)
+        self._config_refused: set[tuple[str | None, str]] = set()
+        #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
+        self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
+
+    def config(self, group: GroupMember) -> str:
+        """A group's configuration as its members compare it: the group, its cluster and
+        the replication settings (with a checksum of it all)."""
+        text = (f"group={group.group} cluster={group.cluster} replication={self.mode} "
+                f"min-insync={self.min_insync} insync-lag={self.insync_lag:g}")
+        return f"{text} checksum={zlib.crc32(text.encode()):08x}"
+
+    def check_config(self, request: Follow, group: GroupMember) -> None:
+        """A replica whose group configuration differs from this master's is refused
+        with both (409), and logged here once."""
+        mine = self.config(group)
+        if request.config is None or request.config == mine:
+            return
+        reason = (f"group {group.group}: this master's configuration is '{mine}', the "
+                  f"replica's '{request.config}': members of a group must share one")
+        if (request.replica, request.config) not in self._config_refused:
+            self._config_refused.add((request.replica, request.config))
+            log.error("%s refused: %s", request.replica or "a replica", reason)
+        raise ServiceError(Status.CONFLICT, reason)
+
+    def follow(self, link: ClientLink, request: Follow) -> dict[str, Any]:
+        state = self.catalogue.get(request.topic)
+        log = state.topic.log
+        if not isinstance(log, TopicLog):
+            raise ServiceError(Status.BAD_REQUEST,
+                               f"topic {request.topic!r} is memory only: not replicated")
+        try:
+            answer = diverged(log.epochs, log.next_offset, self.epoch,
+                              log.epochs.last if request.epoch is None else request.epoch,
+                              request.start) if request.start > 0 else None
+        except ValueError as exc:
+            raise ServiceError(Status.CONFLICT, f"{request.topic}: {exc}") from None
+        if answer is not None:
+            return {"cmd": "diverged", "topic": request.topic, "epoch": answer[0],
+                    "end": answer[1]}
+        if request.start < log.start_offset:
+            raise ServiceError(Status.CONFLICT,
+                               f"{request.topic}: records before {log.start_offset} are gone "
+                               f"(retention); the replica asked from {request.start}")
+        self.followers[(link.caller_id, request.topic)] = _Follower(
+            link, request.topic, request.start, request.start, request.window, [],
+            self.now() if request.start == log.next_offset else -float("inf"),
+            request.replica)
+        self.ship(state)
+        return {"cmd": "following", "topic": request.topic, "next": log.next_offset,
+                "epoch": self.epoch, "epochs": log.epochs.to_json()}
+
+    def copied(self, link: ClientLink, request: Copied) -> None:
+        follower = self.followers.get((link.caller_id, request.topic))
+        if follower is None:
+            raise ServiceError(Status.CONFLICT,
+                               f"this link does not follow {request.topic!r}")
+        if not follower.acked <= request.next <= follower.next:
+            raise ServiceError(Status.BAD_REQUEST,
+                               f"{request.topic}: copied up to {request.next}, but "
+                               f"{follower.acked}..{follower.next} was shipped")
+        follower.acked = request.next
+        follower.in_flight = [(end, n) for end, n in follower.in_flight if end > request.next]
+        state = self.catalogue.topics.get(request.topic)
+        if state is not None:
+            if request.next >= state.topic.log.next_offset:
+                follower.caught_up = self.now()
+            self._release(request.topic)
+            self.ship(state)
+
+    def ship(self, state: TopicState) -> None:
+        """Send each follower of the topic what was written since, within its window."""
+        name = state.topic.name
+        log = state.topic.log
+        for (_, topic), follower in list(self.followers.items()):
+            if topic != name:
+                continue
+            link = follower.link
+            while follower.next < log.next_offset:
+                room = follower.window - sum(n for _, n in follower.in_flight)
+                if room <= 0:
+                    break
+                records = log.read(follower.next, max_count=10_000,
+                                   max_bytes=min(room, FRAME_BYTES))
+                if not records:
+                    break
+                if records[0].offset != follower.next:
+                    # damage in this log hides the records from next on: the replica
+                    # cannot be given them (it keeps its offsets in line)
+                    self.catalogue.failed(state, "replication",
+                                          f"records from {follower.next} cannot be read")
+                    break
+                records = [r for i, r in enumerate(records)
+                           if r.offset == follower.next + i]
+                # as stored (the replica checks each body against its own maximum)
+                chunks, lengths = encode_records(records, _ANY_BODY)
+                size = sum(lengths)
+                link.send(encode({"cmd": "copies", "topic": name, "first": follower.next,
+                                  "count": len(records), "committed": state.committed},
+                                 chunks))
+                follower.committed = state.committed
+                follower.next += len(records)
+                follower.in_flight.append((follower.next, size))
+                self.counts["frames"] += 1
+                self.counts["bytes"] += size
+
+    def ship_positions(self, state: TopicState) -> None:
+        """Send each follower of the topic its consume groups' positions that changed
+        (each at most what was shipped to it), and their filters: a ``positions {topic,
+        groups: {name: [floor, filter]}}`` frame; and the committed offset if no copies
+        frame carried it since (called every 0.1 s)."""
+        name = state.topic.name
+        groups = state.topic.groups
+        for (_, topic), follower in self.followers.items():
+            if topic != name:
+                continue
+            changed = {}
+            for group_name, group in groups.items():
+                now = (min(group.floor, follower.next), state.filters.get(group_name))
+                if follower.positions.get(group_name) != now:
+                    changed[group_name] = now
+            if changed:
+                follower.positions.update(changed)
+                follower.link.send(encode({"cmd": "positions", "topic": name, "groups": {
+                    g: list(v) for g, v in changed.items()}}))
+            if follower.committed != state.committed and self._replicated(name):
+                # what no copies frame carried since (they carry it as they go)
+                follower.committed = state.committed
+                follower.link.send(encode({"cmd": "committed", "topic": name,
+                                           "offset": state.committed}))
+
+    def forget(self, link: ClientLink) -> None:
+        topics = {k[1] for k in self.followers if k[0] == link.caller_id}
+        for topic in topics:
+            del self.followers[(link.caller_id, topic)]
+        for topic in topics:
+            self.check(topic)
+
+    def forget_all(self) -> list[ClientLink]:
+        """No followers any more (this server stepped down): their links, once each."""
+        links = {id(f.link): f.link for f in self.followers.values()}
+        self.followers.clear()
+        for topic in list(self.held):
+            self.check(topic)
+        return list(links.values())
+
+    # -- the in-sync set and sync acknowledgements ------------------------------------
+
+    def in_sync(self, topic: str) -> list[str]:
+        """The replicas of ``topic`` in sync, by their links' ids."""
+        state = self.catalogue.topics.get(topic)
+        if state is None:
+            return []
+        written, now = state.topic.log.next_offset, self.now()
+        return sorted(caller for (caller, t), f in self.followers.items() if t == topic and (
+            f.acked >= written or now - f.caught_up <= self.insync_lag))
+
+    def insync_replicas(self) -> list[str]:
+        """The replicas (broker ids) in sync on every replicated topic of this server."""
+        topics = [name for name, state in self.catalogue.topics.items()
+                  if "memory" not in state.flags]
+        named = {f.replica for f in self.followers.values() if f.replica is not None}
+        found = []
+        for replica in sorted(named):
+            callers = {caller for (caller, _), f in self.followers.items()
+                       if f.replica == replica}
+            if all(callers & set(self.in_sync(topic)) for topic in topics):
+                found.append(replica)
+        return found
+
+    def describe(self, topic: str) -> dict[str, Any]:
+        """Each replica's acknowledged next offset and whether it is in sync."""
+        sync = set(self.in_sync(topic))
+        return {caller: {"next": f.acked, "inSync": caller in sync}
+                for (caller, t), f in sorted(self.followers.items()) if t == topic}
+
+    def refusal(self, topic: str) -> ServiceError | None:
+        """Under ``sync``, why a produce to ``topic`` cannot be acknowledged now (a memory
+        topic is not replicated: never)."""
+        if not self._replicated(topic):
+            return None
+        count = len(self.in_sync(topic))
+        if count >= self.min_insync:
+            return None
+        return ServiceError(Status.UNAVAILABLE,
+                            f"{topic}: {count} replicas in sync, {self.min_insync} needed "
+                            f"(replication sync)", topic=topic)
+
+    def hold(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+             ) -> bool:
+        """Under ``sync``, keep a produce's reply (``stored``) until enough replicas
+        acknowledged it: True then (the caller does not reply)."""
+        if reply.get("cmd") != "stored" or not self._replicated(reply["topic"]):
+            return False
+        topic, end = reply["topic"], reply["offset"] + reply["count"]
+        if self._enough(topic, end):
+            return False
+        self.held.setdefault(topic, []).append(_Held(end, queue, seq, reply))
+        self.counts["held"] += 1
+        return True
+
+    def check(self, topic: str) -> None:
+        """Release the replies held for ``topic`` that the replicas still in sync have
+        all acknowledged, and answer the others with the refusal when too few replicas
+        are in sync (called when a replica leaves, and every tick)."""
+        self._release(topic)
+        held = self.held.get(topic)
+        refused = self.refusal(topic) if held else None
+        if held and refused is not None:
+            del self.held[topic]
+            error = ServiceError(Status.UNAVAILABLE,
+                                 f"not acknowledged, stored here but it may or may not stay: "
+                                 f"{refused.reason}", topic=topic).envelope("produce")
+            for waiting in held:
+                self.counts["refused"] += 1
+                self.reply(waiting.queue, waiting.seq, dict(error))
+
+    def _replicated(self, topic: str) -> bool:
+        """Whether a produce to ``topic`` waits for replicas."""
+        state = self.catalogue.topics.get(topic)
+        return self.mode == "sync" and state is not None and "memory" not in state.flags
+
+    def _enough(self, topic: str, end: int) -> bool:
+        """Whether the replicas have ``topic`` up to ``end``: every one in sync (here, or
+        as the name service holds it), and at least ``min_insync``."""
+        have = sum(1 for (_, t), f in self.followers.items() if t == topic and f.acked >= end)
+        required = self._stored_by(topic)
+        return have >= self.min_insync and required is not None and all(
+            acked >= end for acked in required)
+
+    def confirm_insync(self, replicas: frozenset[str]) -> None:
+        """The name service holds ``replicas`` in sync with this master (what a failover
+        would choose from): waited for from now on, and no longer those it dropped."""
+        if replicas != self.confirmed:
+            self.confirmed = replicas
+            for topic in list(self.catalogue.topics):
+                self.check(topic)
+
+    def _stored_by(self, topic: str) -> list[int] | None:
+        """Under ``sync``, the next offsets of the replicas that must have a record before
+        it counts as stored by enough of them: every replica in sync here, and every one
+        the name service holds in sync (:attr:`confirmed`), which a failover may promote
+        (so this master never acknowledges past one of those that it cannot reach: it
+        waits until the name service dropped it).  None while one of those does not
+        follow the topic."""
+        insync = set(self.in_sync(topic))
+        required = []
+        named = set()
+        for (caller, t), f in self.followers.items():
+            if t == topic and (caller in insync or f.replica in self.confirmed):
+                required.append(f.acked)
+                if f.replica is not None:
+                    named.add(f.replica)
+        if not self.confirmed <= named:
+            return None
+        return required
+
+    def _commit(self, topic: str) -> None:
+        """Under ``sync``, move the topic's committed offset up to what enough replicas
+        stored (the rule of :meth:`_enough`), and deliver and tell the replicas what it
+        opens."""
+        state = self.catalogue.topics.get(topic)
+        if state is None or not self._replicated(topic):
+            return
+        acked = sorted((f.acked for (_, t), f in self.followers.items() if t == topic),
+                       reverse=True)
+        required = self._stored_by(topic)
+        if len(acked) < self.min_insync or required is None:
+            return
+        end = min([acked[self.min_insync - 1], state.topic.log.next_offset, *required])
+        if end > state.committed:
+            state.committed = end
+            self.dispatch(state)
+
+    def _release(self, topic: str) -> None:
+        self._commit(topic)
+        held = self.held.get(topic)
+        while held and self._enough(topic, held[0].end):
+            waiting = held.pop(0)
+            self.reply(waiting.queue, waiting.seq, waiting.reply)
+        if held is not None and not held:
+            del self.held[topic]
+
+    def forget_queue(self, queue: MessageQueue) -> None:
+        """A client's link closed: its held replies are dropped."""
+        for topic, held in list(self.held.items()):
+            held[:] = [w for w in held if w.queue is not queue]
+            if not held:
+                del self.held[topic]

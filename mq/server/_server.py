@@ -1,0 +1,601 @@
+"""The MQ server role: topics and consume groups served on a broker's tracking port.
+
+Commands (JSON, a binary body behind a NUL byte where there is one; every
+request may carry a ``seq`` that its reply echoes):
+
+* ``declare {topic, flags?, group?, filter?, start?, shared?}`` -- a topic (flags:
+  ``memory``, ``rpc``, ``exclusive``, ``delete-on-exit``) and a group; the
+  topic's default group is its name.  ``shared``: a topic of the server's cluster
+  (:meth:`MqServer.join_cluster`), declared through its root on every server of it and
+  answered once the root has it.
+* ``produce {topic, producer, sequence, tag?, sizes?}`` + body -- one
+  message, or ``len(sizes)`` messages cut from the body; the reply
+  ``stored {offset, count, server}`` comes once they are stored as the
+  durability policy says.  No topic is created by a produce (zbus).
+* ``consume {topic, group?, window?}`` -- this link becomes a consumer of the
+  group, with ``window`` credits; messages come while credits last, as
+  ``messages {topic, group, offsets, sizes, tags, producers, sequences,
+  deliveries, timestamps}`` + their bodies back to back, one frame for what
+  one dispatch sends the link.  Each field is a column: a list with one entry
+  a message, or one value for all of them (offsets and sequences: the first
+  of consecutive values; :mod:`mq.topics._wire`).  ``unconsume`` ends it.
+* ``ack {topic, group, offsets}`` -- any number of offsets at once: a list,
+  or ``offsets`` the first of ``count`` consecutive ones.
+* ``query {topic?}``, ``remove {topic, group?}``, ``empty {topic}``.
+* ``follow {topic, start, window?}`` and ``copied {topic, next}`` -- a replica follows a
+  topic's records from ``start`` on: :mod:`mq.replication._shipper`.
+* RPC replies (``route``) and pushes (``receive``, ``push``): :mod:`._push`.
+* A cluster's shared topics on a server that is not the root: :mod:`mq.cluster._relay` (its
+  clients are told ``redirect {server}`` when the server stops).
+
+Every request is parsed whole first (:mod:`mq.topics._requests`): a bad field is a 400
+naming it and changes nothing.  Every error is replied, with a status and the
+reason (404 for an unknown topic or group, 409 for an ack of offsets the
+consumer does not hold), never dropped: a request without a ``seq`` (an ack)
+gets its error all the same, with ``for`` (its command), its topic and its
+group, so the client can tell whose it is.  A message that is not JSON closes
+only its own link.  A failure inside one topic's work (dispatch, commit,
+cursor save) is that topic's (or group's) error state, shown by ``query`` and
+logged once; the broker and the other topics go on.  Every declare, remove,
+first and last consumer updates the broker's ServerInfo, so trackers and
+route tables follow.
+
+This module holds the command table, the handlers of the topics' lifecycle (declare,
+query, remove, empty, dead letters), the links and the timers; ``produce`` is in
+:mod:`._produce`, the consumers' commands in :mod:`._consumers`.  The topics (on disk,
+their groups and positions, their error states) are in :mod:`mq.topics._catalogue`; durability
+and the group commit in :mod:`mq.topics._commit`; the links and the frames sent on them in
+:mod:`mq.topics._delivery`; RPC replies and pushes in :mod:`._push`; records shipped to replicas
+in :mod:`mq.replication._shipper`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from brokermgr import (
+    QUIET,
+    Call,
+    Command,
+    CommandTable,
+    GroupMember,
+    GroupProgress,
+    ServiceError,
+    Status,
+    encode,
+    request_seq,
+    require,
+)
+from brokermgr.tracking import TrackNode
+from channels import MessageQueue
+from pump import ConfigError, Repeating
+from rdv import Right
+
+from ..cluster._node import ClusterNode
+from ..cluster._relay import Relay
+from ..cluster._shared import declare_shared
+from ..replication._follower import DEFAULT_RESCAN, Follower
+from ..replication._member import GroupRole
+from ..replication._shipper import DEFAULT_INSYNC_LAG, Shipper
+from ..storage._files import lock_directory
+from ..storage._log import DEFAULT_SEGMENT_BYTES, TopicLog
+from ..storage._names import check_name, dead_letter_topic, disk_name
+from ..storage._record import Record, StoreError
+from ..topics._catalogue import FLAGS, Catalogue, TopicState
+from ..topics._commit import Durability, GroupCommit
+from ..topics._delivery import FRAME_ROOM, Links
+from ..topics._filter import FilterError
+from ..topics._requests import (
+    MAX_ACK_RANGE,
+    MAX_WINDOW,
+    PARSERS,
+    Copied,
+    Declare,
+    Empty,
+    Follow,
+    Query,
+    Remove,
+)
+from ..topics._topic import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    UnknownGroupError,
+)
+from ._consumers import ConsumerCommands
+from ._produce import ProduceCommand
+from ._push import Router
+
+log = logging.getLogger("rdvpump.mq")
+
+COMMANDS = frozenset(PARSERS)
+#: Commands answered only when the request asks (has a ``seq``); their errors always are.
+ANSWERED_IF_ASKED = frozenset({"ack", "route", "push", "copied"})
+#: Seconds between ack-timeout scans, cursor saves and ServerInfo depth updates.
+TICK = 1.0
+#: Seconds between a master's shipments of its consume groups' positions to its replicas
+#: (what changed, if anything): after a failover, what a group acknowledged on the old
+#: master within about this long before it died may be delivered again.
+POSITIONS_EVERY = 0.1
+__all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
+
+#: The right each command needs of its link's identity, and on which topic (or receiver
+#: name); commands not here need none (query, unconsume, ack and copied act only on what
+#: the link was allowed; a route is a reply to a waiting caller).
+RIGHTS: dict[str, Callable[[Any], tuple[Right, str]]] = {
+    "produce": lambda r: (Right.PUBLISH, r.topic),
+    "consume": lambda r: (Right.CONSUME, r.topic),
+    "declare": lambda r: (Right.DECLARE, r.topic),
+    "remove": lambda r: (Right.DECLARE, r.topic),
+    "empty": lambda r: (Right.DECLARE, r.topic),
+    "push": lambda r: (Right.PUBLISH, r.to),
+    "receive": lambda r: (Right.CONSUME, r.name),
+}
+#: Admin actions: each logged with who asked, from where, and how it ended.
+AUDITED: dict[str, Callable[[Any], str]] = {
+    "remove": lambda r: f"topic {r.topic}" + ("" if r.group is None else f" group {r.group}"),
+    "empty": lambda r: f"topic {r.topic}",
+}
+
+
+class MqServer:
+    """Topics of a server-role :class:`~brokermgr.tracking.TrackNode`, on its port.
+
+    ``directory`` holds one folder per topic (None: memory only, every topic
+    is a bounded ring).
+    """
+
+    commands = COMMANDS
+
+    def __init__(self, node: TrackNode, directory: str | os.PathLike[str] | None, *,
+                 durability: str | Durability = "sync",
+                 ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+                 max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 fsync_thread: bool = True, retain_bytes: int | None = None,
+                 retain_age: float | None = None, replication: str = "async",
+                 min_insync: int = 1, insync_lag: float = DEFAULT_INSYNC_LAG,
+                 group_beat: float = DEFAULT_RESCAN, group_silence: float = QUIET) -> None:
+        if node.server is None:
+            raise ConfigError(f"{node.address} has no server role: an MQ server needs one")
+        self.node = node
+        self.pump = node.pump
+        self.address = node.address.address
+        self.directory = None if directory is None else Path(directory)
+        self.durability = (durability if isinstance(durability, Durability)
+                           else Durability.parse(durability))
+        self.ack_timeout = ack_timeout
+        self.max_deliveries = max_deliveries
+        #: Largest body a produce may carry: what a delivery of it can carry.
+        self.max_body = node.broker.manager.max_message_size - FRAME_ROOM
+        self.segment_bytes = segment_bytes
+        #: Retention per disk topic: whole segments go once the topic is larger than
+        #: ``retain_bytes`` or their newest message is older than ``retain_age`` seconds,
+        #: whether or not every group has read them (as Kafka); checked every second.
+        self.retain_bytes = retain_bytes
+        self.retain_age = retain_age
+        self.links = Links()
+        self._closed = False
+        #: The cluster this server is one of (:meth:`join_cluster`), or None.
+        self.cluster: ClusterNode | None = None
+        #: Counters: stored, retries not stored again (:mod:`mq.topics._dedupe`), returned
+        #: (``immediate`` with no consumer there), delivered, acked, dead letters, errors
+        #: replied.
+        self.counts = {"stored": 0, "duplicates": 0, "returned": 0, "delivered": 0,
+                       "acked": 0, "dead": 0, "errors": 0, "routed": 0, "unroutable": 0}
+        #: The lock that keeps the directory this server's alone (:func:`lock_directory`),
+        #: taken before anything in it is read.
+        self._lock: int | None = None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_directory(self.directory)
+        self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
+                                  reply=self._committed, failed=self._commit_failed,
+                                  committed=self._dispatch_all, fsync_thread=fsync_thread)
+        router = Router(self.links, self.counts, self.address)
+        self.catalogue = Catalogue(node, self.directory, self.commit,
+                                   segment_bytes=segment_bytes, ack_timeout=ack_timeout,
+                                   max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
+        #: The replicas that follow this server's topics, and whether a produce waits for
+        #: them (``replication``: async or sync; :mod:`mq.replication._shipper`).
+        self.shipper = Shipper(self.catalogue, self.reply, mode=replication,
+                               min_insync=min_insync, insync_lag=insync_lag,
+                               dispatch=self._dispatch)
+        #: Its place in a replicated group, and its side as a replica
+        #: (:mod:`mq.replication._member`).
+        #: ``group_beat`` and ``group_silence``: :attr:`GroupRole.beat` and
+        #: :attr:`GroupRole.silence`.
+        self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
+                              dispatch=self._dispatch, beat=group_beat,
+                              silence=group_silence)
+        #: consume, unconsume, ack (:mod:`._consumers`)
+        self.consumers = ConsumerCommands(node, self.catalogue, self.links, self.counts,
+                                          self._dispatch, self.address)
+        self.produce = ProduceCommand(
+            self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
+            self._dispatch_soon, max_body=self.max_body, address=self.address)
+        #: Topics a produce wrote, dispatched by one task after the produces of the turn
+        #: (:meth:`_dispatch_soon`).
+        self._to_dispatch: dict[str, TopicState] = {}
+        #: A cluster's shared topics' messages, relayed through its root (:mod:`mq.cluster._relay`).
+        self.relay: Relay | None = None
+        handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
+            "declare": self._declare, "produce": self.produce,
+            "consume": self.consumers.consume, "unconsume": self.consumers.unconsume,
+            "ack": self.consumers.ack, "query": self._query,
+            "remove": self._remove, "empty": self._empty, "route": router.route,
+            "receive": router.receive, "push": router.push, "follow": self._follow,
+            "copied": self._copied}
+        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler),
+                                                      right=RIGHTS.get(cmd),
+                                                      audit=AUDITED.get(cmd))
+                                         for cmd, handler in handlers.items()},
+                                  names=_error_names)
+        if self.directory is not None:
+            try:
+                self.catalogue.load()
+            except BaseException:
+                self._unlock()
+                raise
+        node.extend(self)
+        self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
+        self._positions_timer = self.pump.call_every(POSITIONS_EVERY, self._ship_positions)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None:
+        """A request from a link, through the command table: parsed and checked whole
+        first (a refused one changes nothing), then handled; every error is replied on
+        the caller's link with the request's ``seq`` when it has one, else with ``for``
+        (its command), its topic and group, so that a client can tell whose it is."""
+        seq = request_seq(obj)
+        cmd = obj.get("cmd")
+        if self._closed:
+            reply: dict[str, Any] | None = self.table.refusal(
+                obj, ServiceError(Status.UNAVAILABLE, f"{self.address}: the MQ server is "
+                                                      f"closed"),
+                cmd if cmd in COMMANDS else None)
+        else:
+            reply = self.table.answer(obj, queue)
+        if reply is not None and (seq is not None or reply["cmd"] == "error"
+                                  or cmd not in ANSWERED_IF_ASKED):
+            self.reply(queue, seq, reply)
+
+    def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A request from this process (declare at start, say): the reply, or
+        :class:`~brokermgr.ServiceError` with its status and reason."""
+        cmd, command = self.table.command(obj)
+        if cmd not in ("declare", "query", "remove", "empty"):
+            raise ValueError(f"{cmd!r} is not a local request")
+        reply = command.handle(self.table.parse(obj), Call(None, None, cmd))
+        assert reply is not None
+        return reply
+
+    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+              ) -> None:
+        """Send ``reply`` on ``queue`` (with ``seq`` when there is one); errors counted."""
+        if reply.get("cmd") == "error":
+            self.counts["errors"] += 1
+        if queue is None:
+            return
+        if seq is not None:
+            reply["seq"] = seq
+        self.links.of(queue).send(encode(reply))
+
+    def join_cluster(self, cluster: ClusterNode) -> None:
+        """This server is ``cluster``'s: a ``shared`` declare goes through its root, and
+        the shared topics' messages too (:mod:`mq.cluster._relay`)."""
+        self.cluster = cluster
+        self.relay = self.produce.relay = self.consumers.relay = Relay(self, cluster)
+
+    def _declare(self, request: Declare, call: Call) -> dict[str, Any] | None:
+        if request.shared:
+            declare_shared(self, request, call)
+            return None  # answered once the cluster's root has it
+        name = request.topic
+        group = request.group or name
+        state = self.catalogue.topics.get(name)
+        if state is None and disk_name(name) in self.catalogue.unavailable:
+            raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
+                               f"{self.catalogue.unavailable[disk_name(name)]}")
+        if state is None or group not in state.topic.groups or request.filter is not None:
+            self.role.not_a_slave("declare")  # what it would change comes from the master
+        start = request.start
+        if start is not None and start.kind == "copy" and (
+                state is None or start.value not in state.topic.groups):
+            raise ServiceError(Status.NOT_FOUND,
+                               f"topic {name!r} has no consume group {start.value!r} to copy")
+        created = state is None
+        if state is None:
+            state = self.catalogue.open(name, request.flags)
+            state.creator = call.queue
+            state.topic.declare_group(name, start="beginning")
+            state.filters[name] = None
+            self.role.begin_epoch()
+        new_group = group not in state.topic.groups
+        old_filter = state.filters.get(group)
+        if new_group or request.filter is not None:
+            # a new group, or a new filter; declaring an existing group again keeps it
+            state.topic.declare_group(group, filter=request.filter, start=start)
+            state.filters[group] = request.filter
+        try:
+            self.catalogue.save_meta(state)
+            self.catalogue.save_positions(state)  # a new group's start holds across a crash
+        except OSError as exc:
+            # not declared after all: what this request changed is undone
+            if created:
+                self._drop_topic(state)
+            elif new_group:
+                state.topic.remove_group(group)
+                state.filters.pop(group, None)
+            else:
+                state.topic.declare_group(group, filter=old_filter)
+                state.filters[group] = old_filter
+            raise StoreError(f"{name}: not declared: {exc.strerror or exc}") from exc
+        if new_group or request.filter is not None:
+            self.node.declare_group(name, group, filter=request.filter)
+        return {"cmd": "declared", "topic": name, "group": group, "created": created,
+                "group_created": new_group}
+
+    def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
+                   ) -> None:
+        """A produce's reply after the group commit: now, or once replicas have it."""
+        if self.shipper.mode != "sync" or not self.shipper.hold(queue, seq, reply):
+            self.reply(queue, seq, reply)
+
+    def _commit_failed(self, name: str, reason: str) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            self.catalogue.failed(state, "commit", reason)
+
+    def _dispatch_all(self) -> None:
+        for state in list(self.catalogue.topics.values()):
+            self._dispatch(state)
+
+    def _dispatch_soon(self, state: TopicState) -> None:
+        """:meth:`_dispatch` once the produces being read now are answered: a producer
+        has its reply before the messages go out (it sends its next batch while they do),
+        and the produces of one read are dispatched at once."""
+        if not self._to_dispatch:
+            # posted from a task posted now: after the write of the reply, which the
+            # produce's handler queues once it returns
+            self.pump.post("mq dispatch", self._post_dispatch, owner=self.node.broker)
+        self._to_dispatch[state.topic.name] = state
+
+    def _post_dispatch(self) -> None:
+        self.pump.post("mq dispatch", self._dispatch_produced, owner=self.node.broker)
+
+    def _dispatch_produced(self) -> None:
+        states, self._to_dispatch = self._to_dispatch, {}
+        for name, state in states.items():
+            if self.catalogue.topics.get(name) is state:  # (not removed meanwhile)
+                self._dispatch(state)
+
+    def _dispatch(self, state: TopicState) -> None:
+        """Push what a topic's groups may have now; a failure stays with the topic (its
+        error state, logged once), and the broker and the other topics go on."""
+        try:
+            sent = state.topic.dispatch(self.catalogue.visible(state))
+        except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
+            self.catalogue.failed(state, "dispatch", f"{type(exc).__name__}: {exc}", exc)
+            sent = 0
+            self.links.clear_batches()
+        else:
+            if state.error is not None:
+                self.catalogue.works_again(state)
+        if sent:
+            self.counts["delivered"] += sent
+            self.links.flush()
+        if self.shipper.followers:
+            self.shipper.ship(state)
+
+    def _query(self, request: Query, call: Call) -> dict[str, Any]:
+        names = [self.catalogue.get(request.topic).topic.name] if request.topic else sorted(
+            self.catalogue.topics)
+        reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
+                                 "topics": {n: self.catalogue.describe(n) for n in names}}
+        for name in names:
+            if replicas := self.shipper.describe(name):
+                reply["topics"][name]["replicas"] = replicas
+        if self.catalogue.unavailable and not request.topic:
+            reply["unavailable"] = dict(self.catalogue.unavailable)
+        if (group := self.group) is not None:  # its place in a replicated group
+            reply["group"] = {"name": group.group, "role": group.role, "epoch": group.epoch,
+                              "confirmed": group.role == "master" and self.role.confirmed}
+        if self.relay is not None:
+            self.relay.describe(reply["topics"])  # a cluster's shared topics
+        return reply
+
+    def _remove(self, request: Remove, call: Call) -> dict[str, Any]:
+        state = self.catalogue.get(request.topic)
+        group = request.group
+        if group:
+            self.catalogue.remove_group(state, group)
+            return {"cmd": "removed", "topic": state.topic.name, "group": group}
+        self._drop_topic(state)
+        return {"cmd": "removed", "topic": state.topic.name}
+
+    def _drop_topic(self, state: TopicState) -> None:
+        """A topic goes: its consumers end (their links stay), then the topic and its
+        files."""
+        self.consumers.drop_topic(state.topic.name)
+        self.catalogue.drop(state)
+
+    # -- its replicated group: mq.replication._member -----------------------------------
+
+    @property
+    def group(self) -> GroupMember | None:
+        """This server's place in a replicated group (its ServerInfo's), or None."""
+        return self.role.group
+
+    @property
+    def follower(self) -> Follower | None:
+        return self.role.follower
+
+    def progress(self) -> GroupProgress:
+        return self.role.progress()
+
+    def confirm(self) -> None:
+        self.role.confirm()
+
+    def promote(self, epoch: int) -> None:
+        self.role.promote(epoch)
+
+    def demote(self, epoch: int) -> None:
+        self.role.demote(epoch)
+
+    def follow(self, master: str, **options: Any) -> Follower:
+        return self.role.follow(master, **options)
+
+    def replica_logs(self) -> dict[str, TopicLog]:
+        return self.role.replica_logs()
+
+    def _follow(self, request: Follow, call: Call) -> dict[str, Any]:
+        if call.queue is None:
+            raise ServiceError(Status.BAD_REQUEST, "follow needs a link to ship records on")
+        # only a member of the group copies its records (and counts as in sync)
+        require(call.queue, Right.MEMBER, request.replica or call.queue.remote_id,
+                cmd="follow")
+        self.role.not_a_slave("follow")
+        if (group := self.group) is not None:
+            self.shipper.check_config(request, group)
+        return self.shipper.follow(self.links.of(call.queue), request)
+
+    def _copied(self, request: Copied, call: Call) -> dict[str, Any] | None:
+        if call.queue is None:
+            raise ServiceError(Status.BAD_REQUEST, "copied comes from a replica's link")
+        self.shipper.copied(self.links.of(call.queue), request)
+        return {"cmd": "noted", "topic": request.topic, "next": request.next}
+
+    def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
+        state = self.catalogue.get(request.topic)
+        state.topic.empty()
+        return {"cmd": "emptied", "topic": state.topic.name}
+
+    # -- links -------------------------------------------------------------------------
+
+    def drained(self, queue: MessageQueue) -> None:
+        link = None if self._closed else self.links.get(queue)
+        if link is not None:
+            link.drained()
+
+    def closed(self, queue: MessageQueue, reason: str) -> None:
+        """A link closed: its consumers' messages go to the others; topics it declared
+        with delete-on-exit go."""
+        if self._closed:
+            return
+        link = self.links.drop(queue)
+        if link is not None:
+            self.shipper.forget(link)
+            self.consumers.gone(link, queue)
+        if self.relay is not None:
+            self.relay.gone(queue)
+        self.commit.forget(queue)
+        self.shipper.forget_queue(queue)
+        for state in list(self.catalogue.topics.values()):
+            if state.creator is queue and "delete-on-exit" in state.flags:
+                self._drop_topic(state)
+
+    def _dead(self, topic: str, group: str, record: Record, deliveries: int) -> None:
+        """A message out of deliveries goes to ``<topic>.<group>.DLQ`` (shortened with a
+        hash when that is too long a name: :func:`~mq.storage._names.dead_letter_topic`)."""
+        self.counts["dead"] += 1
+        name = dead_letter_topic(topic, group)
+        state = self.catalogue.topics.get(name)
+        if state is None:
+            flags = self.catalogue.topics[topic].flags & {"memory"}
+            state = self.catalogue.open(name, frozenset(flags))
+            state.topic.declare_group(name, start="beginning")
+            state.filters[name] = None
+            self.catalogue.save_meta(state)
+        state.topic.publish([(record.tag, record.producer, record.sequence, record.body)])
+        if not self.commit.written(name, state.topic.log):
+            self._dispatch(state)
+        log.warning("%s: %s/%s: offset %d went to %s after %d deliveries", self.address,
+                    topic, group, record.offset, name, deliveries)
+
+    # -- timers ------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self.group is not None and self.node.server is not None:
+            self.node.server.set_held(self.role.held())  # routes show how far a slave is
+        if self.retain_bytes is not None or self.retain_age is not None:
+            self.catalogue.retain(self.retain_bytes, self.retain_age)
+        for state in list(self.catalogue.topics.values()):
+            try:
+                expired = state.topic.expire()
+            except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's
+                self.catalogue.failed(state, "ack timeout scan", f"{type(exc).__name__}: {exc}",
+                                   exc)
+                expired = 0
+            if expired:
+                self._dispatch(state)
+            if self.shipper.held or self.shipper.followers:
+                self.shipper.check(state.topic.name)  # the in-sync set moves with time
+            self.catalogue.save_positions(state)
+        if self.relay is not None:
+            self.relay.tick()
+
+    def _ship_positions(self) -> None:
+        if self.shipper.followers:
+            for state in list(self.catalogue.topics.values()):
+                self.shipper.ship_positions(state)
+
+    def sync_all(self) -> None:
+        """fsync every topic now, on the pump."""
+        self.commit.sync_all()
+
+    def close(self) -> None:
+        """Save every position, fsync every topic, close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        self._tick_timer.cancel()
+        self._positions_timer.cancel()
+        try:
+            if self.relay is not None:
+                self.relay.redirect_clients()  # a cluster's server: its clients go elsewhere
+                self.relay.close()
+            self.role.close()
+            self.commit.close()
+            self.sync_all()
+            self.catalogue.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Let the directory go (closing its descriptor drops the lock)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What an error reply names of its request: its topic and group, when they are valid
+    names, so that a client can tell whose error it is even when the request had no
+    ``seq`` (an ack); nothing else of the request is echoed."""
+    named = {}
+    for key in ("topic", "group"):
+        with contextlib.suppress(ValueError):
+            named[key] = check_name(obj.get(key), key)
+    return named
+
+
+def _translated(handler: Callable[[Any, Call], dict[str, Any] | None]
+                ) -> Callable[[Any, Call], dict[str, Any] | None]:
+    """``handler``, with the errors of the topics' cores as the service errors they are:
+    an unknown group 404, a store that failed 500, a filter or value refused 400."""
+    def handle(request: Any, call: Call) -> dict[str, Any] | None:
+        try:
+            return handler(request, call)
+        except UnknownGroupError as exc:
+            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+        except StoreError as exc:
+            raise ServiceError(Status.INTERNAL, str(exc)) from None
+        except (FilterError, ValueError) as exc:
+            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
+    return handle

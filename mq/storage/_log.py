@@ -1,0 +1,548 @@
+"""A topic's durable log: append-only segments, sparse indexes, recovery after a crash.
+
+``<dir>/segments/<20-digit base offset>.seg`` hold the records
+(:mod:`._record`); a sealed segment (not the last) also has a ``.idx``: its
+sparse index (one entry every :data:`INDEX_INTERVAL` bytes: offset, file
+position, timestamp) and a checksummed footer, so a restart reads only the
+last segment whole.  Offsets count messages from 0 and never repeat.
+
+Durability is the caller's policy: :meth:`TopicLog.append` hands the bytes to
+the OS in one ``write``; :meth:`TopicLog.sync` makes everything appended so
+far durable (one ``fsync`` for however many appends: group commit) and says
+up to which offset.  A full segment is sealed (fsynced, its index written) before
+the next append, or in a thread while appends go on to the next segment
+(``flush_in_thread``; the next sync waits for it).  A failed write is cut back, so
+nothing half-written stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
+("fsyncgate": the kernel may have dropped the pages) -- the log refuses every
+later write until it is opened again, and recovery reads what really is on
+disk.
+
+Opening recovers and verifies: a record torn by a crash at the tail of the
+last segment is cut (the bytes cut are logged); a sealed segment is taken on
+its index only if the checksum of the whole segment, kept in the index, still
+matches, and is read whole (and fsynced: a killed process may have been sealing
+it) otherwise; a corrupt record anywhere is reported
+with its file, byte position and the offsets it hides (:class:`Corruption`),
+and reading goes on after it.  Damage that appears while the log is open is
+found when it is read, reported the same way and skipped.
+
+Opening the segment files, sealing them and recovery are in :mod:`._segment`; the index's
+format and the reading of a segment's bytes (each record checked, damage skipped) in
+:mod:`._scan`; the newest records kept in memory in :mod:`._tail`; durable file writes
+and fsyncs in :mod:`._files`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pump import ConfigError
+
+from ._epochs import EPOCHS, Epochs
+from ._files import Flush, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
+from ._record import (
+    DEFAULT_MAX_BODY,
+    RECORD_OVERHEAD,
+    SEGMENT_HEADER,
+    BadRecord,
+    Entry,
+    FormatError,
+    Record,
+    StoreError,
+    decode,
+    encode_batch,
+)
+from ._scan import (
+    INDEX_INTERVAL,
+    Corruption,
+    offset_at,
+    resync,
+    scan_segment,
+)
+from ._segment import Segment, create_segment, open_segments, rescan, seal
+from ._tail import Tail
+
+log = logging.getLogger("rdvpump.mq")
+
+#: A segment is sealed and a new one started past this size.
+DEFAULT_SEGMENT_BYTES = 64 << 20
+#: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
+#: served without reading the file back (and checking each record again).
+DEFAULT_TAIL_BYTES = 8 << 20
+
+
+class TopicLog:
+    """One topic's records on disk.
+
+    ``segment_bytes`` bounds a segment; ``max_body`` the body of one record.
+    ``clock()`` gives the time in seconds for timestamps (which never go
+    backwards within a log).  ``flush_in_thread``: a sealed segment is fsynced and
+    indexed in a thread while appends go on to the next one (else on the caller's
+    thread, before the next append: deterministic, but the caller waits for the disk).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_body: int = DEFAULT_MAX_BODY,
+                 clock: Callable[[], float] = time.time,
+                 tail_bytes: int = DEFAULT_TAIL_BYTES, flush_in_thread: bool = False) -> None:
+        if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
+            raise ConfigError(f"segment_bytes must be at least "
+                             f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.max_record = RECORD_OVERHEAD + 2 * 255 + max_body
+        self.max_body = max_body
+        self.clock = clock
+        self.segments: list[Segment] = []
+        #: The newest records, as appended, for readers that keep up.
+        self.tail = Tail(tail_bytes)
+        #: Corrupt stretches found when opening, in order, then any found when reading.
+        self.corruptions: list[Corruption] = []
+        #: Bytes cut from the tail when opening (a record torn by a crash).
+        self.cut_bytes = 0
+        #: Why the log refuses writes (a failed fsync), or None.
+        self.failed: str | None = None
+        self.flush_in_thread = flush_in_thread
+        #: The flush of the segment sealed last, while it may be under way, and the
+        #: offset below which it makes every record durable.
+        self._flush: Flush | None = None
+        self._flush_upto = 0
+        self._durable = 0
+        self._dir_dirty = False
+        self._segdir = self.directory / "segments"
+        try:
+            self._segdir.mkdir(parents=True, exist_ok=True)
+            self._open()
+        except FormatError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"{self.directory}: cannot open the queue: "
+                             f"{exc.strerror or exc}") from exc
+        self._durable = self.next_offset
+        #: The master epochs its records were written under (:mod:`._epochs`).
+        self.epochs = Epochs.read(self.directory)
+
+    # -- state -------------------------------------------------------------------------
+
+    #: On disk: what is fsynced survives a crash.
+    persistent = True
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset still held."""
+        return self.segments[0].base
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record gets."""
+        return self.segments[-1].next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset has been fsynced (by :meth:`sync`, a roll, or an
+        earlier run)."""
+        flush = self._flush
+        if flush is not None and flush.done and flush.error is None:
+            self._take_flush()
+        return self._durable
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -- opening -----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        opened = open_segments(self._segdir, self.max_record, int(self.clock() * 1000))
+        self.segments = opened.segments
+        self.corruptions.extend(opened.corruptions)
+        self.cut_bytes = opened.cut_bytes
+        self._dir_dirty = True  # a new directory or segment: the first sync covers it
+
+    def _create(self, base: int, *, sync: bool = True) -> Segment:
+        segment = create_segment(self._segdir, base, int(self.clock() * 1000),
+                                 self.segments[-1].max_ts, sync=sync)
+        self._dir_dirty = True
+        return segment
+
+    # -- writing -----------------------------------------------------------------------
+
+    def append(self, messages: Sequence[Entry]) -> int:
+        """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
+        the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
+        disk.
+        :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
+        self._check_writable()
+        if not messages:
+            return self.next_offset
+        segment = self.segments[-1]
+        now = max(int(self.clock() * 1000), segment.max_ts)
+        first = segment.next_offset
+        chunks, lengths = encode_batch(first, now, messages, self.max_body)
+        try:
+            crc = write_chunks(segment.fd, chunks, segment.size, segment.crc)
+        except OSError as exc:
+            self._undo(segment, exc)
+        index, base = segment.index, segment.base
+        pos, last_indexed, offset = segment.size, segment.last_indexed, first
+        for length in lengths:
+            if pos - last_indexed >= INDEX_INTERVAL:
+                index.append((offset - base, pos, now))
+                last_indexed = pos
+            pos += length
+            offset += 1
+        segment.last_indexed = last_indexed
+        segment.size = pos
+        segment.crc = crc
+        segment.next_offset = offset
+        segment.max_ts = now
+        if self.tail.limit > 0:
+            self.tail.keep(first, now, messages)
+        if segment.size >= self.segment_bytes:
+            self._roll()
+        return first
+
+    def append_copies(self, data: bytes | memoryview) -> int:
+        """Store records another log wrote, as they are (a replica of its master's):
+        ``data`` is whole records back to back in this format (:mod:`._record`), the
+        first at :attr:`next_offset`, each offset one more than the one before and no
+        timestamp lower than the one before.  Every record's checksum is checked before
+        anything is written; the count of records stored.  :class:`StoreError` (nothing
+        stored) naming the first record that is damaged, cut short or out of line, or if
+        the write fails."""
+        self._check_writable()
+        segment = self.segments[-1]
+        records: list[Record] = []
+        ends: list[int] = []
+        pos, expected, latest = 0, segment.next_offset, segment.max_ts
+        while pos < len(data):
+            where = f"{self.directory}: a copied record at byte {pos} of {len(data)}"
+            try:
+                found = decode(data, pos, self.max_record)
+            except BadRecord as exc:
+                raise StoreError(f"{where}: {exc}; nothing stored") from None
+            if found is None:
+                raise StoreError(f"{where}: the bytes end inside it; nothing stored")
+            record, pos = found
+            if record.offset != expected:
+                raise StoreError(f"{where}: offset {record.offset}, {expected} expected; "
+                                 f"nothing stored")
+            if record.timestamp < latest:
+                raise StoreError(f"{where}: timestamp {record.timestamp} before "
+                                 f"{latest}; nothing stored")
+            if len(record.body) > self.max_body:
+                raise StoreError(f"{where}: a body of {len(record.body)} bytes exceeds the "
+                                 f"queue's maximum of {self.max_body}; nothing stored")
+            records.append(record)
+            ends.append(pos)
+            expected, latest = expected + 1, record.timestamp
+        if not records:
+            return 0
+        try:
+            crc = write_chunks(segment.fd, [data], segment.size, segment.crc)
+        except OSError as exc:
+            self._undo(segment, exc)
+        index, base, start = segment.index, segment.base, segment.size
+        last_indexed, before = segment.last_indexed, 0
+        for record, end in zip(records, ends, strict=True):
+            if start + before - last_indexed >= INDEX_INTERVAL:
+                index.append((record.offset - base, start + before, record.timestamp))
+                last_indexed = start + before
+            before = end
+        segment.last_indexed = last_indexed
+        segment.size = start + len(data)
+        segment.crc = crc
+        segment.next_offset = expected
+        segment.max_ts = latest
+        if self.tail.limit > 0:
+            self.tail.keep_records(records)
+        if segment.size >= self.segment_bytes:
+            self._roll()
+        return len(records)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """This log's records are written under master epoch ``epoch`` from its next
+        offset on (kept on disk before it returns)."""
+        if self.epochs.begin(epoch, self.next_offset):
+            write_file(self.directory / EPOCHS, self.epochs.encode())
+
+    def adopt_epochs(self, epochs: Epochs) -> None:
+        """The master's epochs (this replica's records are its master's)."""
+        if epochs.entries != self.epochs.entries:
+            self.epochs = epochs
+            write_file(self.directory / EPOCHS, epochs.encode())
+
+    def truncate(self, offset: int) -> int:
+        """Cut every record from ``offset`` on (a replica's tail that its master's history
+        replaced): later segments are deleted, the one holding ``offset`` is cut there and
+        is the last again, the epochs that began past it go; durable when it returns.  The
+        count of records cut; :class:`StoreError` (nothing cut) below the oldest held."""
+        if offset >= self.next_offset:
+            return 0
+        self._take_flush()
+        if self.failed is not None or offset < self.start_offset:
+            raise StoreError(f"{self.directory}: cannot cut from offset {offset}: " + (
+                self.failed or f"the oldest record held is {self.start_offset}"))
+        cut = self.next_offset - offset
+        keep = next(i for i in range(len(self.segments) - 1, -1, -1)
+                    if i == 0 or self.segments[i].base < offset)
+        segment = self.segments[keep]
+        pos = self._position(segment, offset)
+        buf = os.pread(segment.fd, segment.size - pos, pos)
+        at = 0
+        try:
+            while (found := decode(buf, at, self.max_record)) is not None \
+                    and found[0].offset < offset:
+                at = found[1]
+        except BadRecord as exc:
+            raise StoreError(f"{segment.path}: cannot cut from offset {offset}: a damaged "
+                             f"record before it ({exc})") from None
+        for gone in self.segments[keep + 1:]:
+            os.close(gone.fd)
+            gone.path.unlink()
+            gone.index_path.unlink(missing_ok=True)
+        del self.segments[keep + 1:]
+        segment.index_path.unlink(missing_ok=True)  # the last segment has none
+        fsync_dir(self._segdir)
+        os.ftruncate(segment.fd, pos + at)
+        os.fsync(segment.fd)
+        segment.size, segment.bad = pos + at, []
+        rescan(segment, self.max_record)
+        self.tail.clear()
+        self._durable = self.next_offset
+        self.epochs.cut(offset)
+        write_file(self.directory / EPOCHS, self.epochs.encode())
+        return cut
+
+    def _undo(self, segment: Segment, exc: OSError) -> None:
+        reason = exc.strerror or str(exc)
+        try:
+            os.ftruncate(segment.fd, segment.size)
+        except OSError as again:
+            self.failed = f"a write failed ({reason}) and could not be undone ({again.strerror})"
+            raise StoreError(f"{self.directory}: {self.failed}") from exc
+        raise StoreError(f"{segment.path}: write failed, nothing stored: {reason}") from exc
+
+    def sync(self) -> int:
+        """fsync what was appended; the durable offset.  A failure is final for this log
+        (see the module)."""
+        point = self.prepare_sync()
+        try:
+            run_sync(point)
+        except OSError as exc:
+            return self.finish_sync(point, exc)
+        return self.finish_sync(point, None)
+
+    def prepare_sync(self) -> SyncPoint:
+        """What an fsync must cover now; :func:`run_sync` may then run in another thread
+        while appends go on, and :meth:`finish_sync` (back here) records the outcome."""
+        if self.failed is not None:
+            raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+        point = SyncPoint(self.segments[-1].fd, self._segdir if self._dir_dirty else None,
+                          self.next_offset, self._flush)
+        self._dir_dirty = False
+        return point
+
+    def finish_sync(self, point: SyncPoint, error: OSError | None) -> int:
+        if error is not None:
+            raise self._fsync_failed(error) from error
+        if point.flush is not None and point.flush is self._flush:
+            self._flush = None  # done, and covered by the target
+        self._durable = max(self._durable, point.target)
+        return self._durable
+
+    def _roll(self) -> None:
+        """Seal the last segment (fsynced, its index written) and start a new one.
+
+        With ``flush_in_thread`` the fsyncs (the sealed segment's, the new one's header)
+        and the index are a :class:`Flush` of their own, which also fsyncs the
+        directory.  A crash of the machine meanwhile may leave the sealed segment
+        without its index (opening reads it whole and fsyncs it) or, like the last one,
+        short of what was not yet on disk (opening reports the records lost and keeps
+        the rest)."""
+        segment = self.segments[-1]
+        self._take_flush()  # the one before: done long ago, a whole segment ago
+        if self.flush_in_thread:
+            # the new segment's header is fsynced there too: an fsync here would wait on
+            # the disk behind the sealed segment's
+            new = self._create(segment.next_offset, sync=False)
+
+            def flush() -> None:
+                os.fsync(segment.fd)
+                os.fsync(new.fd)  # its header, before the directory names it
+                seal(segment)  # the index, fsynced with the directory
+
+            self._flush = Flush(flush, f"mq seal {segment.path.name}")
+            self._flush_upto = segment.next_offset
+            self.segments.append(new)
+            return
+        os.fsync(segment.fd)
+        seal(segment)
+        self._durable = max(self._durable, segment.next_offset)
+        self.segments.append(self._create(segment.next_offset))
+        fsync_dir(self._segdir)
+        self._dir_dirty = False
+
+    def _take_flush(self) -> None:
+        """Wait for the flush of the segment sealed last, if one is under way, and take
+        its outcome: its records are durable, or the log refuses writes from now on."""
+        flush, self._flush = self._flush, None
+        if flush is None:
+            return
+        try:
+            flush.wait()
+        except OSError as exc:
+            raise self._fsync_failed(exc, " (sealing a segment)") from exc
+        self._durable = max(self._durable, self._flush_upto)
+
+    def _fsync_failed(self, error: OSError, where: str = "") -> StoreError:
+        """The log refuses writes from now on (never retried: see the module); logged,
+        and the error to raise."""
+        self.failed = f"fsync failed: {error.strerror or error}"
+        log.error("%s: %s%s; the queue refuses writes until it is opened again",
+                  self.directory, self.failed, where)
+        return StoreError(f"{self.directory}: {self.failed}")
+
+    def _check_writable(self) -> None:
+        """:class:`StoreError` if the log has failed (a flush that failed included)."""
+        flush = self._flush
+        if self.failed is None and (flush is None or flush.error is None):
+            return
+        if self.failed is None:
+            self._take_flush()  # raises: the flush failed
+        raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
+             ) -> list[Record]:
+        """Records from ``offset`` on (from the oldest held if it is older), at most
+        ``max_count`` and about ``max_bytes`` of bodies (at least one record); offsets lost
+        to corruption are skipped."""
+        offset = max(offset, self.start_offset)
+        kept = self.tail.read(offset, max_count, max_bytes)
+        if kept is not None:
+            return kept
+        out: list[Record] = []
+        budget = [max_count, max_bytes]
+        i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
+        for segment in self.segments[i:]:
+            if offset < segment.next_offset:
+                self._read_segment(segment, offset, out, budget)
+            if budget[0] <= 0 or budget[1] <= 0:
+                break
+        return out
+
+    def _read_segment(self, segment: Segment, offset: int, out: list[Record],
+                      budget: list[int]) -> None:
+        pos = self._position(segment, offset)
+        want = 64 << 10
+        while pos < segment.size and budget[0] > 0 and budget[1] > 0:
+            skip = next((end for start, end in segment.bad if start <= pos < end), None)
+            if skip is not None:
+                pos = skip
+                continue
+            buf = os.pread(segment.fd, min(segment.size - pos, max(want, budget[1])), pos)
+            at = 0
+            while at < len(buf) and budget[0] > 0 and budget[1] > 0:
+                try:
+                    found = decode(buf, at, self.max_record)
+                except BadRecord as exc:
+                    if not any(start <= pos + at < end for start, end in segment.bad):
+                        self._damaged(segment, pos + at, str(exc))
+                    break
+                if found is None:
+                    break
+                record, end = found
+                if record.offset >= offset:
+                    out.append(record)
+                    budget[0] -= 1
+                    budget[1] -= len(record.body)
+                at = end
+            if at == 0 and not any(start <= pos < end for start, end in segment.bad):
+                if len(buf) >= segment.size - pos:
+                    self._damaged(segment, pos, "a record runs past the end of the segment")
+                    continue
+                want = len(buf) * 2  # one record larger than what was read
+            pos += at
+
+    def _damaged(self, segment: Segment, pos: int, reason: str) -> None:
+        """Damage found while reading (it came after the log was opened): reported like
+        damage found at open, and skipped from now on."""
+        buf = os.pread(segment.fd, segment.size, 0)
+        expected = segment.base
+        if pos > SEGMENT_HEADER.size:  # the offset the bad record should have had
+            before = scan_segment(buf[:pos], segment.base, self.max_record, last=True)
+            expected = before.next_offset
+        resume = resync(buf, pos, expected, self.max_record)
+        end = segment.size if resume is None else resume
+        last = (offset_at(buf, resume) - 1 if resume is not None
+                else segment.next_offset - 1)
+        corruption = Corruption(str(segment.path), pos, end, reason, expected, last)
+        log.error("%s (found while reading)", corruption)
+        self.corruptions.append(corruption)
+        segment.bad.append((pos, end))
+        segment.bad.sort()
+
+    def _position(self, segment: Segment, offset: int) -> int:
+        i = bisect.bisect_right(segment.index, (offset - segment.base, 1 << 64, 0)) - 1
+        return segment.index[i][1] if i >= 0 else SEGMENT_HEADER.size
+
+    def offset_for_time(self, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms`` (the next offset if none)."""
+        for segment in self.segments:
+            if segment.max_ts < timestamp_ms or segment.next_offset == segment.base:
+                continue
+            i = bisect.bisect_left([e[2] for e in segment.index], timestamp_ms) - 1
+            offset = segment.base + segment.index[i][0] if i >= 0 else segment.base
+            while True:
+                records = self.read(offset, max_count=256)
+                if not records:
+                    break
+                for record in records:
+                    if record.timestamp >= timestamp_ms:
+                        return record.offset
+                offset = records[-1].offset + 1
+        return self.next_offset
+
+    # -- retention ---------------------------------------------------------------------
+
+    def retain(self, *, max_bytes: int | None = None, max_age: float | None = None) -> int:
+        """Delete the oldest whole segments (never the last) while the log is larger than
+        ``max_bytes`` or their newest record is older than ``max_age`` seconds; how many
+        records went."""
+        now_ms = int(self.clock() * 1000)
+        gone = 0
+        if len(self.segments) > 1:  # the segment sealed last may go too
+            with contextlib.suppress(StoreError):  # logged; writes are refused from now on
+                self._take_flush()
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            too_big = max_bytes is not None and self.size_bytes > max_bytes
+            too_old = max_age is not None and oldest.max_ts < now_ms - max_age * 1000
+            if not (too_big or too_old):
+                break
+            self.segments.pop(0)
+            os.close(oldest.fd)
+            oldest.path.unlink()
+            oldest.index_path.unlink(missing_ok=True)
+            gone += oldest.next_offset - oldest.base
+        if gone:
+            fsync_dir(self._segdir)
+        return gone
+
+    def close(self) -> None:
+        with contextlib.suppress(StoreError):  # logged; opening again reads what is on disk
+            self._take_flush()
+        for segment in self.segments:
+            with contextlib.suppress(OSError):
+                os.close(segment.fd)
+        self.segments = []

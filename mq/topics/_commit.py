@@ -1,0 +1,278 @@
+"""Durability of an MQ server's produces: the policy and the group commit.
+
+``sync`` -- a produce is acknowledged after fsync, and every produce that arrived before
+the fsync shares it (group commit: the fsync runs in a thread while the pump goes on,
+and what arrives meanwhile waits for the next one), and messages are delivered only
+once durable; ``interval:S`` -- acknowledged and delivered once written, fsynced every S
+seconds; ``none`` -- fsynced only when a segment is sealed or the server closes.
+(``fsync_thread=False`` keeps the fsyncs on the pump: deterministic under a virtual
+clock, but the pump waits for the disk.)
+
+What a commit needs of a topic's log is the :class:`~._topic.Log` protocol: whether it
+is ``persistent``, ``prepare_sync`` (what an fsync must cover now; None for a log with
+nothing to fsync), ``finish_sync`` back on the pump, and its ``durable_offset``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from queue import SimpleQueue
+from typing import Any
+
+import trio
+
+from brokermgr import ServiceError, Status
+from channels import MessageQueue
+from pump import ConfigError, Pump, Repeating
+
+from ..storage._files import SyncPoint, run_sync
+from ..storage._record import StoreError
+from ._topic import Log
+
+__all__ = ["Durability", "GroupCommit", "Waiting"]
+
+logger = logging.getLogger("rdvpump.mq")
+
+
+@dataclass(frozen=True)
+class Durability:
+    kind: str  # sync, interval, none
+    interval: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Durability:
+        if text in ("sync", "none"):
+            return cls(text)
+        kind, sep, seconds = text.partition(":")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if kind == "interval" and sep and value > 0:
+            return cls("interval", value)
+        raise ConfigError(f"durability {text!r}: expected sync, interval:SECONDS or none")
+
+    def __str__(self) -> str:
+        return f"interval:{self.interval:g}" if self.kind == "interval" else self.kind
+
+
+#: A produce waiting for its group commit: the caller's link, its seq, the reply, the topic.
+Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
+
+
+#: Upper bounds, in seconds, of the buckets a commit's fsync time is counted in
+#: (:attr:`GroupCommit.fsync_buckets`); the last bucket takes the rest.
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class GroupCommit:
+    """The fsyncs of a server's topics under its :class:`Durability`, and the replies
+    that wait for them.
+
+    The server tells it of each topic's log (:meth:`add`, :meth:`remove`).  When a commit
+    is done (or failed), ``reply`` sends each waiting reply (an error envelope for a topic whose
+    commit failed), ``failed`` is told of each topic whose fsync failed (with why), and
+    ``committed`` runs, to deliver what became durable.
+    """
+
+    def __init__(self, pump: Pump, durability: Durability, *, owner: Any,
+                 reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None],
+                 failed: Callable[[str, str], None], committed: Callable[[], None],
+                 fsync_thread: bool = True) -> None:
+        self.pump = pump
+        self.durability = durability
+        #: fsyncs may run in threads (the topics' logs flush sealed segments in one too)
+        self.fsync_thread = fsync_thread
+        self._owner = owner
+        #: the topics' logs, by name
+        self.logs: dict[str, Log] = {}
+        self._reply = reply
+        self._failed = failed
+        self._committed_hook = committed
+        #: topics written since their last fsync was started
+        self._dirty: set[str] = set()
+        self._waiting: list[Waiting] = []
+        self._posted = False
+        self._running = False
+        self._closed = False
+        #: fsyncs run in a thread and report back through trio (when trio runs this pump)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._syncer: _Syncer | None = None
+        if fsync_thread:
+            try:
+                self._token = trio.lowlevel.current_trio_token()
+            except RuntimeError:
+                self._token = None
+        #: How long each commit's fsyncs took, counted by :data:`FSYNC_BUCKETS` (one
+        #: bucket more, past the last bound), and their sum in seconds
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)
+        self.fsync_seconds = 0.0
+        self._timer: Repeating | None = None
+        if durability.kind == "interval":
+            self._timer = pump.call_every(durability.interval, self._interval)
+
+    def add(self, name: str, log: Log) -> None:
+        self.logs[name] = log
+
+    def remove(self, name: str) -> None:
+        """A topic is gone: its log is no longer fsynced (a commit under way skips it)."""
+        self.logs.pop(name, None)
+        self._dirty.discard(name)
+
+    def visible(self, log: Log) -> int:
+        """The offsets below this may be delivered: under ``sync`` what is durable."""
+        return log.durable_offset if self.durability.kind == "sync" else log.next_offset
+
+    def written(self, name: str, log: Log, waiting: Waiting | None = None) -> bool:
+        """Topic ``name`` was just written.  Under ``sync``, on a persistent log, it waits
+        for the next group commit (posted once for all), and so does ``waiting``, the
+        produce's reply: True then, and the caller neither replies nor delivers now."""
+        if self.durability.kind != "sync" or not log.persistent:
+            return False
+        self._dirty.add(name)
+        if waiting is not None:
+            self._waiting.append(waiting)
+        self._want()
+        return True
+
+    def forget(self, queue: MessageQueue) -> None:
+        """A link closed: the replies waiting for it are dropped."""
+        self._waiting = [w for w in self._waiting if w[0] is not queue]
+
+    def _want(self) -> None:
+        if not self._posted and not self._running:
+            self._posted = True
+            self.pump.post("mq commit", self._commit, owner=self._owner)
+
+    def _commit(self) -> None:
+        """One fsync per dirty topic for every produce since the last commit; their
+        replies and deliveries follow when it is done.  With the fsync thread the fsyncs
+        run there while the pump goes on (and produces gather for the next commit);
+        otherwise on the pump."""
+        self._posted = False
+        if self._closed:
+            return
+        points: dict[str, SyncPoint] = {}
+        failed: dict[str, str] = {}
+        dirty, self._dirty = self._dirty, set()
+        for name in sorted(dirty):
+            log = self.logs.get(name)
+            if log is None:
+                continue
+            try:
+                point = log.prepare_sync()
+            except StoreError as exc:
+                failed[name] = str(exc)
+                continue
+            if point is not None:
+                points[name] = point
+        waiting, self._waiting = self._waiting, []
+        started = time.perf_counter()
+        if not points or self._token is None:
+            self._done(points, _run_syncs(points), failed, waiting, started)
+            return
+        self._running = True
+        if self._syncer is None:
+            self._syncer = _Syncer(self._token)
+        self._syncer.submit(points, lambda errors: self.pump.post(
+            "mq committed", self._done, points, errors, failed, waiting, started))
+
+    def _done(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
+              failed: dict[str, str], waiting: list[Waiting], started: float) -> None:
+        self._running = False
+        if points:
+            took = time.perf_counter() - started
+            self.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, took)] += 1
+            self.fsync_seconds += took
+        if self._closed:
+            return
+        for name, point in points.items():
+            log = self.logs.get(name)
+            if log is None:
+                continue
+            try:
+                log.finish_sync(point, errors.get(name))
+            except StoreError as exc:
+                failed[name] = str(exc)
+        for name, reason in failed.items():
+            self._failed(name, reason)
+        for queue, seq, reply, name in waiting:
+            if name in failed:
+                reply = ServiceError(Status.INTERNAL, f"not acknowledged, it may or may not "
+                                                      f"be stored: {failed[name]}",
+                                     topic=name).envelope("produce")
+            self._reply(queue, seq, reply)
+        self._committed_hook()
+        if self._waiting or self._dirty:
+            self._want()
+
+    def _interval(self) -> None:
+        """Every topic written since the last interval is fsynced (a commit, in the fsync
+        thread when there is one)."""
+        self._dirty.update(name for name, log in self.logs.items()
+                           if log.persistent and log.durable_offset < log.next_offset)
+        self._want()
+
+    def sync_all(self) -> None:
+        """fsync every topic now, on the pump (at close); a failure is logged."""
+        for name, log in self.logs.items():
+            try:
+                log.sync()
+            except StoreError as exc:
+                logger.error("%s: %s", name, exc)
+
+    def close(self) -> None:
+        """No more commits: the timer stops, the fsync thread ends after the commit under
+        way (not waited for), and waiting replies are not sent."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._syncer is not None:
+            self._syncer.stop()
+
+
+class _Syncer:
+    """One thread that runs the commits' fsyncs, one commit at a time, and reports each
+    back on the pump's trio loop (a thread started per commit cost more than many
+    fsyncs of a small commit)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._jobs: SimpleQueue[
+            tuple[dict[str, SyncPoint], Callable[[dict[str, OSError]], object]] | None
+        ] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mq fsync", daemon=True)
+        self._thread.start()
+
+    def submit(self, points: dict[str, SyncPoint],
+               done: Callable[[dict[str, OSError]], object]) -> None:
+        self._jobs.put((points, done))
+
+    def stop(self) -> None:
+        """No more commits: the thread ends after the one under way (not waited for)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            points, done = job
+            errors = _run_syncs(points)
+            try:
+                self._token.run_sync_soon(done, errors)
+            except trio.RunFinishedError:  # ending: nothing is acknowledged
+                return
+
+
+def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:
+    """fsync each point (any thread); the errors by topic."""
+    errors = {}
+    for name, point in points.items():
+        try:
+            run_sync(point)
+        except OSError as exc:
+            errors[name] = exc
+    return errors

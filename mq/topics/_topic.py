@@ -1,0 +1,576 @@
+"""A topic's consume groups, sans-I/O: who gets which message, credits, acks, redelivery.
+
+Every group gets every message of its topic (that passes its filter);
+consumers of one group share the group's messages.  A consumer holds a
+*window* of unacknowledged messages (its credits, zbus's ``consume_window``)
+and is pushed messages while it has credits -- no request per message.  An
+ack names offsets, any number at once.  A message still unacknowledged when
+its consumer detaches, or after ``ack_timeout`` seconds, goes to another
+consumer of the group (the next with credits) with its delivery count; after
+``max_deliveries`` deliveries it goes to the dead-letter callback instead
+(the server appends it to the group's dead-letter topic) and counts as
+handled.
+
+A group's *floor* is the lowest offset not yet handled: every offset below it
+was acknowledged, or skipped by the filter.  The floor is what is persisted
+(:class:`~mq.storage._cursor.CursorStore`); after a restart a group starts again at
+its floor, so what was delivered but not acknowledged is delivered again
+(at least once).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Protocol
+
+from pump import ConfigError, RdvpumpError
+
+from ..storage._files import SyncPoint
+from ..storage._record import Entry, Record
+from ..storage._scan import Corruption
+from ._filter import TagFilter
+
+#: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
+DEFAULT_ACK_TIMEOUT = 30.0
+#: Deliveries of one message before it goes to the dead-letter topic (RocketMQ's 16).
+DEFAULT_MAX_DELIVERIES = 16
+#: Unacknowledged messages a consumer holds by default (zbus's consume window).
+DEFAULT_WINDOW = 100
+
+
+_offset = attrgetter("offset")
+
+
+class UnknownGroupError(RdvpumpError, KeyError):
+    """No such consume group on this topic."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Log(Protocol):
+    """A topic's log (:class:`~mq.storage._log.TopicLog` on disk,
+    :class:`~mq.storage._memory.MemoryLog`): what its topic reads and writes, and what
+    the server's durability needs of it (:mod:`._commit`, retention, ``query``)."""
+
+    @property
+    def persistent(self) -> bool:
+        """On disk: its writes are durable once fsynced (a memory log's never are)."""
+    @property
+    def start_offset(self) -> int: ...
+    @property
+    def next_offset(self) -> int: ...
+    @property
+    def durable_offset(self) -> int: ...
+    @property
+    def corruptions(self) -> list[Corruption]:
+        """Damage found in its files (none in memory)."""
+
+    def append(self, messages: Sequence[Entry]) -> int: ...
+    def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
+             ) -> list[Record]: ...
+    def offset_for_time(self, timestamp_ms: int) -> int: ...
+    def sync(self) -> int: ...
+    def prepare_sync(self) -> SyncPoint | None:
+        """What an fsync must cover now (None: nothing to fsync); see :mod:`._commit`."""
+    def finish_sync(self, point: SyncPoint, error: OSError | None) -> int: ...
+    def retain(self, *, max_bytes: int | None = None, max_age: float | None = None
+               ) -> int: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a new group starts: ``end`` (zbus's default: where the most advanced group
+    reads, or the end if there is none), ``beginning``, ``offset:N``, ``time:MS`` (ms since
+    the epoch; zbus left it a stub) or ``copy:GROUP`` (another group's position)."""
+
+    kind: str = "end"
+    value: int | str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Start:
+        if text is None or text in ("", "end"):
+            return cls("end")
+        if text == "beginning":
+            return cls("beginning")
+        kind, sep, value = text.partition(":")
+        if sep and kind in ("offset", "time") and value.isdigit():
+            return cls(kind, int(value))
+        if sep and kind == "copy" and value:
+            return cls(kind, value)
+        raise ConfigError(f"start {text!r}: expected end, beginning, offset:N, time:MS or "
+                         f"copy:GROUP")
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+
+
+class Delivery:
+    """A message on its way to a consumer, and then in flight until acknowledged:
+    ``deliveries`` counts this one; ``consumer`` holds it until ``deadline`` (the pump's
+    clock).  One is made per delivery, so it is a plain slotted class; read-only by
+    convention, like :class:`~mq.storage._record.Record`."""
+
+    __slots__ = ("topic", "group", "record", "deliveries", "consumer", "deadline")
+
+    def __init__(self, topic: str, group: str, record: Record, deliveries: int,
+                 consumer: Member, deadline: float) -> None:
+        self.topic = topic
+        self.group = group
+        self.record = record
+        self.deliveries = deliveries
+        self.consumer = consumer
+        self.deadline = deadline
+
+    def record_at(self, offset: int) -> Record:
+        """The record delivered (as :meth:`Run.record_at`, for what holds either)."""
+        return self.record
+
+    def __repr__(self) -> str:
+        return (f"<Delivery {self.topic}/{self.group} offset {self.record.offset} "
+                f"#{self.deliveries} to {self.consumer.name}>")
+
+
+class Run:
+    """The first deliveries of a run of records (ascending offsets, read from the log in
+    one piece) to one consumer at once: what a group of one consumer and no filter is
+    handed (a cluster's relaying server, a lone consumer).  One object stands for the
+    run's every delivery: in flight, each of its offsets maps to it, and the consumer's
+    link frames it whole."""
+
+    __slots__ = ("topic", "group", "records", "consumer", "deadline")
+
+    #: every delivery of a run is a first one
+    deliveries = 1
+
+    def __init__(self, topic: str, group: str, records: list[Record], consumer: Member,
+                 deadline: float) -> None:
+        self.topic = topic
+        self.group = group
+        self.records = records
+        self.consumer = consumer
+        self.deadline = deadline
+
+    def record_at(self, offset: int) -> Record:
+        """The run's record at ``offset`` (one of its offsets)."""
+        records = self.records
+        i = offset - records[0].offset
+        if 0 <= i < len(records) and records[i].offset == offset:
+            return records[i]
+        return records[bisect_left(records, offset, key=_offset)]
+
+    def __repr__(self) -> str:
+        return (f"<Run {self.topic}/{self.group} offsets {self.records[0].offset}-"
+                f"{self.records[-1].offset} to {self.consumer.name}>")
+
+
+class Member:
+    """One member of a consume group (a consumer, server side): ``deliver(delivery)`` is
+    called for each message it gets; for a run of first deliveries in order (a consumer
+    that has the group's messages to itself), ``deliver_run(run)`` when given, with the
+    :class:`Run`, else ``deliver_many(deliveries)`` when given."""
+
+    def __init__(self, name: str, group: str, deliver: Callable[[Delivery], object], *,
+                 window: int = DEFAULT_WINDOW,
+                 deliver_many: Callable[[list[Delivery]], object] | None = None,
+                 deliver_run: Callable[[Run], object] | None = None) -> None:
+        if window < 1:
+            raise ConfigError(f"window must be at least 1, got {window}")
+        self.name = name
+        self.group = group
+        self.window = window
+        self.deliver = deliver
+        self.deliver_many = deliver_many
+        self.deliver_run = deliver_run
+        #: A lone consumer behind is handed messages only once this many credits (or
+        #: all there is for it) are free: runs of that many, not one per ack.
+        self.min_room = 1
+        #: offsets delivered and not acknowledged
+        self.in_flight: set[int] = set()
+
+    @property
+    def credits(self) -> int:
+        return self.window - len(self.in_flight)
+
+    def __repr__(self) -> str:
+        return f"<Member {self.name} of {self.group} {len(self.in_flight)}/{self.window}>"
+
+
+@dataclass
+class Group:
+    name: str
+    filter: TagFilter | None
+    next_read: int
+    #: offset -> its delivery (a :class:`Run` for each offset of one)
+    in_flight: dict[int, Delivery | Run] = field(default_factory=dict)
+    #: (record, deliveries so far) waiting for a consumer with credits
+    redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
+    consumers: list[Member] = field(default_factory=list)
+    #: where the round robin of consumers starts next
+    turn: int = 0
+    #: the floor changed since it was last saved
+    dirty: bool = True
+    dead_letters: int = 0
+
+    @property
+    def floor(self) -> int:
+        """Every offset below it is handled (acknowledged, dead-lettered or filtered out)."""
+        low = self.next_read
+        if self.in_flight:
+            low = min(low, min(self.in_flight))
+        if self.redeliver:
+            low = min(low, min(r.offset for r, _ in self.redeliver))
+        return low
+
+    def pick(self) -> Member | None:
+        """The next consumer with credits, round robin."""
+        n = len(self.consumers)
+        for k in range(n):
+            consumer = self.consumers[(self.turn + k) % n]
+            if consumer.credits > 0:
+                self.turn = (self.turn + k + 1) % n
+                return consumer
+        return None
+
+
+class Topic:
+    """A topic's log and consume groups.
+
+    ``saved`` maps groups to the floors persisted before (a restart);
+    ``clock()`` is the pump's clock (seconds); ``dead(topic, group, record,
+    deliveries)`` takes a message that ran out of deliveries.
+    """
+
+    def __init__(self, name: str, log: Log, *, clock: Callable[[], float],
+                 saved: dict[str, int] | None = None,
+                 ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+                 max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+                 dead: Callable[[str, str, Record, int], object] | None = None) -> None:
+        if not ack_timeout > 0 or max_deliveries < 1:
+            raise ConfigError("ack_timeout must be positive and max_deliveries at least 1")
+        self.name = name
+        self.log = log
+        self.clock = clock
+        self.ack_timeout = ack_timeout
+        self.max_deliveries = max_deliveries
+        self.dead = dead
+        self.groups: dict[str, Group] = {}
+        self._saved = dict(saved or {})
+
+    # -- groups ------------------------------------------------------------------------
+
+    def declare_group(self, name: str, *, filter: str | None = None,
+                      start: Start | str | None = None) -> Group:
+        """Create a group (or change an existing one's filter).  A group saved before a
+        restart starts at its saved floor whatever ``start`` says."""
+        parsed = TagFilter.parse(filter)
+        group = self.groups.get(name)
+        if group is not None:
+            group.filter = parsed
+            return group
+        if name in self._saved:
+            position = self._saved.pop(name)
+        else:
+            position = self._start(start if isinstance(start, Start) else Start.parse(start))
+        position = min(max(position, self.log.start_offset), self.log.next_offset)
+        group = self.groups[name] = Group(name, parsed, position)
+        return group
+
+    def _start(self, start: Start) -> int:
+        log = self.log
+        if start.kind == "beginning":
+            return log.start_offset
+        if start.kind == "offset":
+            assert isinstance(start.value, int)
+            return start.value
+        if start.kind == "time":
+            assert isinstance(start.value, int)
+            return log.offset_for_time(start.value)
+        if start.kind == "copy":
+            assert isinstance(start.value, str)
+            return self.group(start.value).floor
+        if self.groups:
+            return max(g.next_read for g in self.groups.values())
+        return log.next_offset
+
+    def group(self, name: str) -> Group:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise UnknownGroupError(f"topic {self.name!r} has no consume group {name!r}"
+                                    ) from None
+
+    def remove_group(self, name: str) -> Group:
+        group = self.group(name)
+        for consumer in list(group.consumers):
+            self.detach(consumer)
+        return self.groups.pop(name)
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def attach(self, consumer: Member) -> None:
+        self.group(consumer.group).consumers.append(consumer)
+
+    def detach(self, consumer: Member) -> int:
+        """A consumer left: what it held goes to the others; how many messages."""
+        group = self.groups.get(consumer.group)
+        if group is None or consumer not in group.consumers:
+            return 0
+        group.consumers.remove(consumer)
+        returned = sorted(consumer.in_flight)
+        for offset in returned:
+            pending = group.in_flight.pop(offset)
+            group.redeliver.append((pending.record_at(offset), pending.deliveries))
+        consumer.in_flight.clear()
+        return len(returned)
+
+    # -- messages ----------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[Entry]) -> int:
+        """Store messages; the first one's offset.  Nothing is delivered until
+        :meth:`dispatch` (the server calls it once they are visible)."""
+        return self.log.append(messages)
+
+    def dispatch(self, visible: int | None = None) -> int:
+        """Push messages below ``visible`` (default: all stored) to consumers with
+        credits; how many went."""
+        limit = self.log.next_offset if visible is None else visible
+        sent = 0
+        for group in self.groups.values():
+            sent += self._dispatch(group, limit)
+        return sent
+
+    def _dispatch(self, group: Group, limit: int) -> int:
+        sent = 0
+        deadline = self.clock() + self.ack_timeout
+        while group.consumers:
+            if group.redeliver:
+                consumer = group.pick()
+                if consumer is None:
+                    return sent
+                record, deliveries = group.redeliver.popleft()
+                if deliveries >= self.max_deliveries:
+                    group.dead_letters += 1
+                    group.dirty = True
+                    if self.dead is not None:
+                        self.dead(self.name, group.name, record, deliveries)
+                    continue
+                self._send(group, consumer, record, deliveries + 1, deadline)
+                sent += 1
+                continue
+            if group.next_read < self.log.start_offset:
+                group.next_read = self.log.start_offset  # retention took them
+            if group.next_read >= limit:
+                return sent
+            credits = sum(max(c.credits, 0) for c in group.consumers)
+            if credits == 0:
+                return sent
+            if len(group.consumers) == 1 and credits < min(group.consumers[0].min_room,
+                                                           limit - group.next_read):
+                return sent  # until its acks free a batch's worth (see Member)
+            records = self.log.read(group.next_read, max_count=min(credits, 1024))
+            if not records:
+                return sent
+            handed, more = self._hand_out(group, records, limit, deadline)
+            sent += handed
+            if not more:
+                return sent
+        return sent
+
+    def _hand_out(self, group: Group, records: list[Record], limit: int, deadline: float
+                  ) -> tuple[int, bool]:
+        """First deliveries of ``records`` (in offset order, from ``group.next_read``) to the
+        group's consumers with credits, round robin from the group's turn, as
+        :meth:`Group.pick` would choose them one by one; how many went, and whether every
+        record was handled (False: a record at ``limit``, or no credits left)."""
+        consumers = group.consumers
+        n = len(consumers)
+        if n == 1 and group.filter is None:
+            return self._hand_to_one(group, consumers[0], records, limit, deadline)
+        ready = [c for k in range(n) if (c := consumers[(group.turn + k) % n]).credits > 0]
+        left = [c.window - len(c.in_flight) for c in ready]
+        filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
+        j = sent = 0
+        last: Member | None = None
+        done = True
+        for record in records:
+            offset = record.offset
+            if offset >= limit:
+                done = False
+                break
+            if filter_ is not None and not filter_.matches(record.tag):
+                group.next_read = offset + 1
+                group.dirty = True
+                continue
+            if not ready:
+                done = False
+                break
+            last = consumer = ready[j]
+            group.next_read = offset + 1
+            in_flight[offset] = delivery = Delivery(topic, name, record, 1, consumer, deadline)
+            consumer.in_flight.add(offset)
+            consumer.deliver(delivery)
+            sent += 1
+            left[j] -= 1
+            if left[j]:
+                j += 1
+            else:
+                del ready[j], left[j]
+            if j >= len(ready):
+                j = 0
+        if last is not None:
+            group.turn = (consumers.index(last) + 1) % n
+        return sent, done
+
+    def _hand_to_one(self, group: Group, consumer: Member, records: list[Record], limit: int,
+                     deadline: float) -> tuple[int, bool]:
+        """:meth:`_hand_out` for a group of one consumer and no filter (a relaying
+        server's group, a lone consumer): the records below ``limit``, as many as its
+        credits allow, in one run."""
+        room = consumer.window - len(consumer.in_flight)
+        if room <= 0:
+            return 0, False
+        take = records[:room]
+        if take[-1].offset >= limit:  # offsets ascend: keep those below the limit
+            take = take[:bisect_left(take, limit, key=_offset)]
+            if not take:
+                return 0, False
+        first, last = take[0].offset, take[-1].offset
+        offsets: Sequence[int] = (range(first, last + 1) if last - first + 1 == len(take)
+                                  else [record.offset for record in take])
+        group.in_flight.update(dict.fromkeys(offsets, run := Run(
+            self.name, group.name, take, consumer, deadline)))
+        consumer.in_flight.update(offsets)
+        group.next_read = last + 1
+        group.turn = 0
+        if consumer.deliver_run is not None:
+            consumer.deliver_run(run)
+        else:
+            topic, name = self.name, group.name
+            deliveries = [Delivery(topic, name, record, 1, consumer, deadline)
+                          for record in take]
+            if consumer.deliver_many is not None:
+                consumer.deliver_many(deliveries)
+            else:
+                for delivery in deliveries:
+                    consumer.deliver(delivery)
+        return len(take), len(take) == len(records)
+
+    def _send(self, group: Group, consumer: Member, record: Record, deliveries: int,
+              deadline: float) -> None:
+        delivery = Delivery(self.name, group.name, record, deliveries, consumer, deadline)
+        group.in_flight[record.offset] = delivery
+        consumer.in_flight.add(record.offset)
+        consumer.deliver(delivery)
+
+    def ack(self, group_name: str, offsets: Iterable[int], consumer: Member | None = None
+            ) -> tuple[int, list[int]]:
+        """Acknowledge offsets of a group (from ``consumer``, if given: only what it holds):
+        how many were acknowledged, and the offsets that were not pending (for that
+        consumer): never delivered, acknowledged already, or gone to another consumer."""
+        group = self.group(group_name)
+        in_flight = group.in_flight
+        if consumer is not None:
+            if not isinstance(offsets, (list, range)):
+                offsets = list(offsets)
+            named = set(offsets)
+            if len(named) == len(offsets) and named <= consumer.in_flight:
+                # each once, every one this consumer's: taken in C (what holds an offset
+                # in flight is always that offset's consumer's own)
+                consumer.in_flight -= named
+                deque(map(in_flight.__delitem__, offsets), 0)
+                if named:
+                    group.dirty = True
+                return len(named), []
+        done = 0
+        missed: list[int] = []
+        for offset in offsets:
+            pending = in_flight.get(offset)
+            if pending is None or (consumer is not None and pending.consumer is not consumer):
+                missed.append(offset)
+                continue
+            del in_flight[offset]
+            pending.consumer.in_flight.discard(offset)
+            done += 1
+        if done:
+            group.dirty = True
+        return done, missed
+
+    def waiting(self, group_name: str) -> bool:
+        """Whether the group has consumers and messages for them not handed out yet
+        (stored, or to be delivered again): a dispatch may give it some."""
+        group = self.group(group_name)
+        return bool(group.consumers) and (bool(group.redeliver)
+                                          or group.next_read < self.log.next_offset)
+
+    def expire(self) -> int:
+        """Messages past their ack timeout go back to their group; how many."""
+        now = self.clock()
+        late = 0
+        for group in self.groups.values():
+            in_flight = group.in_flight
+            # in offset order, only the late ones sorted (a wide window holds thousands)
+            for offset in sorted([o for o, p in in_flight.items() if p.deadline <= now]):
+                pending = in_flight.pop(offset)
+                pending.consumer.in_flight.discard(offset)
+                group.redeliver.append((pending.record_at(offset), pending.deliveries))
+                late += 1
+        return late
+
+    def empty(self) -> None:
+        """Every group skips to the end: what was stored is handled."""
+        for group in self.groups.values():
+            for offset, pending in group.in_flight.items():
+                pending.consumer.in_flight.discard(offset)
+            group.in_flight.clear()
+            group.redeliver.clear()
+            group.next_read = self.log.next_offset
+            group.dirty = True
+
+    def advance(self, name: str, floor: int) -> None:
+        """Another copy of this topic (its master) handled the group's messages below
+        ``floor``: they are not delivered here (those given out here already stay
+        theirs)."""
+        group = self.groups[name]
+        floor = min(floor, self.log.next_offset)
+        if floor <= group.next_read:
+            return
+        group.next_read = floor
+        group.redeliver = deque(r for r in group.redeliver if r[0].offset >= floor)
+        group.dirty = True
+
+    def cut(self, offset: int) -> None:
+        """The log lost its records from ``offset`` on (a replica cut a tail its master
+        never had): no group reads or waits for them any more."""
+        for group in self.groups.values():
+            for late in [o for o in group.in_flight if o >= offset]:
+                group.in_flight.pop(late).consumer.in_flight.discard(late)
+            group.redeliver = deque(r for r in group.redeliver if r[0].offset < offset)
+            if group.next_read > offset:
+                group.next_read = offset
+                group.dirty = True
+
+    # -- figures -----------------------------------------------------------------------
+
+    def lag(self, group_name: str) -> int:
+        """Messages of the group not yet handled."""
+        return self.log.next_offset - self.group(group_name).floor
+
+    @property
+    def depth(self) -> int:
+        """The largest lag of any group (zbus's ``messageDepth``)."""
+        return max((self.lag(g) for g in self.groups), default=0)
+
+    def floors_to_save(self) -> dict[str, int]:
+        """The floors that changed since the last call."""
+        out = {}
+        for group in self.groups.values():
+            if group.dirty:
+                out[group.name] = group.floor
+                group.dirty = False
+        return out
