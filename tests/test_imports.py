@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pump", "rdv", "channels", "brokermgr", "mq", "rdvpump", "replay")
@@ -89,3 +90,13 @@ def test_no_module_of_the_project_imports_itself_through_others() -> None:
     assert {"mq", "replay.fold", "brokermgr._names.service"} <= set(modules)
     circles = _circles(_arrows(modules))
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_every_package_is_installed() -> None:
+    """A plain ``pip install`` ships every package directory of the seven (the list in
+    pyproject.toml is explicit)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
+             for p in (ROOT / package).rglob("__init__.py")}
+    assert found - listed == set()
