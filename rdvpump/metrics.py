@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client.core import (
@@ -29,7 +29,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from brokermgr import BrokerManager, NameService
+from brokermgr.tracking import TrackNode
 from rdv import RdvNode
+
+if TYPE_CHECKING:  # a broker process without an MQ server does not load mq
+    from mq import ClusterNode, MqServer
 
 __all__ = ["Metrics", "serve_metrics"]
 
@@ -42,8 +46,9 @@ class Metrics(Collector):
     def __init__(self, manager: BrokerManager) -> None:
         self.manager = manager
         self.names: list[NameService] = []
-        self.nodes: list[Any] = []  # TrackNodes and MqServers
-        self.clusters: dict[str, Any] = {}  # a ClusterNode by broker id
+        self.nodes: list[TrackNode] = []
+        self.mq_servers: list[MqServer] = []
+        self.clusters: dict[str, ClusterNode] = {}  # by broker id
         #: rendezvous nodes that are not brokers of the manager (a name client's own)
         self.rdv_nodes: list[Any] = []
         #: (broker, reason) -> connects refused; (broker, cause) -> links closed
@@ -53,10 +58,9 @@ class Metrics(Collector):
         self.address: str | None = None
         manager.pump.tally = self._tally
 
-    def watch(self, *what: Any) -> None:
-        """Also report these: name services, tracking nodes, MQ servers, and the links
-        of rendezvous nodes that are no broker of the manager's (``rdv`` of a
-        ``NameClient``)."""
+    def watch(self, *what: NameService | RdvNode | TrackNode) -> None:
+        """Also report these: name services, tracking nodes, and the links of rendezvous
+        nodes that are no broker of the manager's (``rdv`` of a ``NameClient``)."""
         for item in what:
             if isinstance(item, NameService):
                 self.names.append(item)
@@ -65,7 +69,11 @@ class Metrics(Collector):
             else:
                 self.nodes.append(item)
 
-    def watch_cluster(self, broker_id: str, node: Any) -> None:
+    def watch_mq(self, *servers: MqServer) -> None:
+        """Also report these MQ servers' topics, groups, counters and fsync times."""
+        self.mq_servers += servers
+
+    def watch_cluster(self, broker_id: str, node: ClusterNode) -> None:
         self.clusters[broker_id] = node
 
     def _tally(self, kind: str, fields: dict[str, Any]) -> None:
@@ -79,9 +87,8 @@ class Metrics(Collector):
         yield from self._links()
         yield from self._names()
         yield from self._tracking()
-        for node in self.nodes:
-            if hasattr(node, "catalogue"):
-                yield from _mq(node)
+        for server in self.mq_servers:
+            yield from _mq(server)
         yield from self._cluster()
 
     # -- links -------------------------------------------------------------------------
@@ -170,7 +177,7 @@ class Metrics(Collector):
                                           "Servers a tracker's table has serving a topic.",
                                           labels=["tracker", "topic"])
         for node in self.nodes:
-            tracker = getattr(node, "tracker", None)
+            tracker = node.tracker
             if tracker is None:
                 continue
             entries = tracker.tracked.entries()

@@ -54,8 +54,8 @@ async def connect(universe: str, server: str, *, token: str = "", identity: str 
                   track_port: int = DEFAULT_TRACK_PORT, timeout: float = 10.0
                   ) -> AsyncIterator[MqClient]:
     broker_id, address = parse_server(server)
-    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"))
-    manager.directory[broker_id] = address
+    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"),
+                            directory={broker_id: address})
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)
@@ -219,22 +219,21 @@ async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[byt
 
     async def send(pending: list[bytes]) -> None:
         nonlocal client, count, first, last, returned, stored_by
-        while True:
-            before = client.sequence
+        numbers = client.sequence + 1  # the batch's first: the same on every try, so
+        while True:  # a master that has it (stored before a failover) does not store it again
             try:
                 if following is None:
                     stored = await client.publish_many(topic, pending, tag=tag,
-                                                       immediate=immediate)
+                                                       immediate=immediate, sequence=numbers)
                 else:  # a lost link moves on at once, not at the request's timeout
                     stored = await _or_lost(client, client.publish_many(
-                        topic, pending, tag=tag, immediate=immediate))
+                        topic, pending, tag=tag, immediate=immediate, sequence=numbers))
                 break
             except ServiceError as exc:
                 if following is not None and exc.status in (Status.NO_REPLY,
                                                              Status.UNAVAILABLE):
                     client = await (following.move(str(exc)) if exc.status == Status.NO_REPLY
                                     else following.refused(str(exc)))
-                    client.sequence = before  # the same numbers: not stored twice
                     continue
                 if exc.status != Status.GONE:
                     raise

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ from .universe_file import UniverseSpec, load_universe
 from .workloads import Stats, drive, payloads, serve_role, sink_expectations, sink_payloads
 
 if TYPE_CHECKING:  # loaded by the brokers that take a tracking, MQ or cluster role
+    from brokermgr.tracking import TrackNode
     from mq import ClusterConfig, ClusterNode, MqServer
 
     from .metrics import Metrics
@@ -176,12 +178,13 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                 for link in names.links:
                     nursery.start_soon(_watch_link, link, "+".join(broker_ids), refused,
                                        nursery.cancel_scope)
-            nodes = _start_tracking(manager, brokers, tracking) if tracking is not None else []
-            for node in nodes:  # a server's links to its trackers (--tracker)
-                for publisher in getattr(getattr(node, "server", None), "publishers", ()):
+            started = (_start_tracking(manager, brokers, tracking) if tracking is not None
+                       else _Tracking())
+            for node in started.nodes:  # a server's links to its trackers (--tracker)
+                for publisher in node.server.publishers if node.server is not None else ():
                     nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
                                        nursery.cancel_scope)
-            mq_servers = _mq_servers(nodes)
+            mq_servers = started.servers
             if group is not None:
                 servers.update(mq_servers)
             if names is not None:
@@ -203,8 +206,9 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             watched = await start_metrics(nursery, manager, metrics,
                                           "broker " + "+".join(broker_ids))
             if watched is not None:
-                watched.watch(*nodes, *([] if names is None else [names.rdv]),
-                              *(server for _, found in plan_roles.values() for server in found))
+                watched.watch(*started.nodes, *([] if names is None else [names.rdv]))
+                watched.watch_mq(*mq_servers.values(),
+                                 *(server for _, found in plan_roles.values() for server in found))
                 if names is not None:  # ``rdvpump status`` shows where
                     names.metrics = watched.address
                     names.register_now()
@@ -232,8 +236,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             await until_signalled()
             for member in clustered.values():
                 member.close()
-            for node in nodes:  # MQ servers first: positions saved, files synced
-                node.close()
+            started.close()
             if names is not None:
                 await names.aclose()  # the unregisters leave before the links are cut
             for broker in brokers:  # its other links end with a close frame, not a cut
@@ -257,13 +260,20 @@ async def start_metrics(nursery: trio.Nursery, manager: BrokerManager, where: Ad
     return metrics
 
 
-def _mq_servers(nodes: list[Any]) -> dict[str, MqServer]:
-    """The MQ servers among ``nodes``, by broker id."""
-    if not nodes:
-        return {}
-    from mq import MqServer
+@dataclass
+class _Tracking:
+    """What a broker process's tracking roles started: each broker's node, and its MQ
+    server (with ``--mq-dir``) by broker id."""
 
-    return {n.node.broker.id: n for n in nodes if isinstance(n, MqServer)}
+    nodes: list[TrackNode] = field(default_factory=list)
+    servers: dict[str, MqServer] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """The MQ servers first (positions saved, files synced), then the nodes."""
+        for server in self.servers.values():
+            server.close()
+        for node in self.nodes:
+            node.close()
 
 
 def _cluster_node(broker: Any, cluster: ClusterConfig, store: Path | None,
@@ -324,9 +334,9 @@ async def _watch_link(link: Any, brokers: str, refused: list[str],
 
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],
-                    tracking: dict[str, Any]) -> list[Any]:
+                    tracking: dict[str, Any]) -> _Tracking:
     """TrackNodes (and, with ``mq_dir``, an MQ server on each server role, its topics in
-    ``mq_dir/<broker id>``); what to close, in order."""
+    ``mq_dir/<broker id>``)."""
     from brokermgr.tracking import TRACKER_ALIAS, TrackNode
     from mq import DEFAULT_INSYNC_LAG, DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
 
@@ -343,14 +353,14 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
     retention = {"retain_bytes": options.pop("retain_bytes", None),
                  "retain_age": options.pop("retain_age", None),
                  "segment_bytes": options.pop("segment_bytes", DEFAULT_SEGMENT_BYTES)}
-    closing: list[Any] = []
+    started = _Tracking()
     for broker in brokers:
         node = TrackNode(broker, **options)
         server = None
         if node.is_server and mq_dir is not None:
             server = MqServer(node, Path(mq_dir) / broker.id, durability=durability,
                               **retention, **replication)
-            closing.append(server)
+            started.servers[broker.id] = server
         if node.is_server and not slave:  # a slave's topics are its master's
             for topic in topics:
                 if server is not None:
@@ -364,18 +374,18 @@ def _start_tracking(manager: BrokerManager, brokers: list[Any],
                     node.declare_topic(topic)
         if node.is_tracker and TRACKER_ALIAS not in manager.aliases:
             manager.aliases[TRACKER_ALIAS] = broker.id
-        closing.append(node)
-    return closing
+        started.nodes.append(node)
+    return started
 
 
 async def serve_plan(spec: UniverseSpec, broker_id: str, manager: BrokerManager,
-                     nursery: trio.Nursery) -> tuple[Stats, list[Any]]:
+                     nursery: trio.Nursery) -> tuple[Stats, list[MqServer]]:
     """The child side, first: serve this broker's roles in the plan (each port bound when
     this returns); its stats, and the MQ servers among them (for the process's
     metrics)."""
     broker = manager.broker(broker_id)
     stats = Stats()
-    servers: list[Any] = []
+    servers: list[MqServer] = []
     serves, _ = spec.roles(broker_id)
     for kind, port in serves:
         await nursery.start(functools.partial(serve_role, broker, kind, port, stats,

@@ -69,9 +69,7 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
     is told, once until it answers, of each tracker that could not be reached yet.
     """
     manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="routes"),
-                            tls_client=tls_client)
-    for broker_id, address in trackers:
-        manager.directory[broker_id] = address
+                            tls_client=tls_client, directory=dict(trackers))
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.pump.serve)
         await nursery.start(manager.serve_network, "127.0.0.1", 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,9 @@ from pump import RdvpumpError
 from ._errors import first_leaf
 from .testing import Faults, SimulationError
 from .universe_file import FaultSpec, UniverseSpec, WorkloadSpec
+
+if TYPE_CHECKING:  # loaded by the roles that run one
+    from mq import MqServer
 
 #: The most (virtual) seconds a universe run may take before it is stopped and says so.
 RUN_LIMIT = 600.0
@@ -111,7 +114,7 @@ class _Cycle:
 
 async def serve_role(broker: Broker, kind: str, port: int, stats: Stats,
                      expected: dict[tuple[str, int], list[bytes]] | None = None, *,
-                     watch: Callable[[Any], None] | None = None,
+                     watch: Callable[[MqServer], None] | None = None,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Echo every message back, count and compare them (a sink: ``expected`` holds what
     each sender sends, in order), or run a memory-only MQ server (``mq``), on ``port``

@@ -330,15 +330,23 @@ class MqClient:
         return Stored(str(reply["server"]), int(reply["offset"]))
 
     async def publish_many(self, topic: str, bodies: Sequence[bytes], *,
-                           tag: str | None = None, immediate: bool = False) -> list[Stored]:
+                           tag: str | None = None, immediate: bool = False,
+                           sequence: int | None = None) -> list[Stored]:
         """Store several messages in one request (one fsync under ``sync``);
         :class:`~channels.MessageTooLargeError` (nothing sent) if the request is larger
         than the link carries.  ``immediate`` as for :meth:`publish`: all are returned
-        or none."""
+        or none.  ``sequence``: the first message's number, for messages sent before
+        with these numbers (a retry, on this server or another of the topic: a server
+        that has them answers where they are and does not store them again); by default
+        the next of this client's."""
         if not bodies:
             return []
-        first_sequence = self.sequence + 1
-        self.sequence += len(bodies)
+        if sequence is None:
+            first_sequence = self.sequence + 1
+            self.sequence += len(bodies)
+        else:
+            first_sequence = sequence
+            self.sequence = max(self.sequence, sequence + len(bodies) - 1)
         obj: dict[str, Any] = {"cmd": "produce", "topic": topic, "producer": self.producer,
                                "sequence": first_sequence, "sizes": [len(b) for b in bodies]}
         if tag is not None:

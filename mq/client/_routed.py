@@ -127,9 +127,8 @@ class Producer:
                 raise ServiceError(Status.NOT_FOUND, f"no server holds topic {self.topic!r}")
             address = candidates[0]
             client = self._client(address)
-            client.sequence = sequence  # a retry keeps the sequence numbers
-            try:
-                return await self._publish_at(client, address, bodies, tag)
+            try:  # a retry keeps the sequence numbers
+                return await self._publish_at(client, address, bodies, tag, sequence + 1)
             except ServiceError as exc:
                 if exc.status not in RETRYABLE:
                     raise
@@ -138,7 +137,7 @@ class Producer:
                 self.retried += 1
 
     async def _publish_at(self, client: MqClient, address: str, bodies: Sequence[bytes],
-                          tag: str | None) -> list[Stored]:
+                          tag: str | None, sequence: int) -> list[Stored]:
         """``client.publish_many``, given up (status 0: it may or may not have been
         stored) as soon as the route table no longer lists ``address`` among the servers
         that take the topic's writes (its master died, or stepped down) or its link is
@@ -147,13 +146,14 @@ class Producer:
             if client.link.queue is None:  # a slave, say, whose link is being dialled:
                 # not waited for (it keeps dialling meanwhile)
                 raise ServiceError(Status.NO_REPLY, f"{address}: not connected")
-            return await client.publish_many(self.topic, bodies, tag=tag)
+            return await client.publish_many(self.topic, bodies, tag=tag, sequence=sequence)
         outcome: list[Stored] | ServiceError | None = None
         async with trio.open_nursery() as nursery:
             async def request() -> None:
                 nonlocal outcome
                 try:
-                    outcome = await client.publish_many(self.topic, bodies, tag=tag)
+                    outcome = await client.publish_many(self.topic, bodies, tag=tag,
+                                                        sequence=sequence)
                 except ServiceError as exc:
                     outcome = exc
                 nursery.cancel_scope.cancel()

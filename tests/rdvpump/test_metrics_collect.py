@@ -78,7 +78,7 @@ async def test_every_cluster_server_says_its_root_and_epoch(
         metrics = Metrics(universe)
         for server_id, node in cluster.nodes.items():
             metrics.watch_cluster(server_id, node)
-        metrics.watch(*cluster.servers.values())
+        metrics.watch_mq(*cluster.servers.values())
         got = samples(metrics)
         epoch = cluster.nodes["a"].epoch
         for server in SIX.servers:
@@ -105,7 +105,7 @@ async def test_a_master_s_replicas_lag_and_sync(tmp_path: pathlib.Path,
     async with sync_master(tmp_path) as (universe, server, client):
         logs, followers = await two_replicas(universe, tmp_path)
         metrics = Metrics(universe)
-        metrics.watch(server)
+        metrics.watch_mq(server)
         await client.publish_many("orders", [b"o%d" % i for i in range(20)])
         for name in followers:
             await until_copied(followers[name], logs[name], 20)
