@@ -18,8 +18,8 @@ from ._groups import GroupProgress as GroupProgress
 from ._groups import GroupTables as GroupTables
 from ._link import DEFAULT_RETRY as DEFAULT_RETRY
 from ._link import BrokerLink as BrokerLink
-from ._link import Outcome as Outcome
 from ._link import ReconnectingLink as ReconnectingLink
+from ._link import ReplyOrError as ReplyOrError
 from ._liveness import DEFAULT_SCAN_INTERVAL as DEFAULT_SCAN_INTERVAL
 from ._liveness import LivenessEntry as LivenessEntry
 from ._liveness import LivenessTable as LivenessTable
@@ -92,7 +92,7 @@ __all__ = [
     "LivenessTable",
     "NameClient",
     "NameService",
-    "Outcome",
+    "ReplyOrError",
     "ReconnectingLink",
     "ReplyObject",
     "Sent",

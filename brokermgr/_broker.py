@@ -26,7 +26,18 @@ from channels import (
     QueueFullError,
 )
 from pump import ConfigError, Future, Pump
-from rdv import OPEN, Address, Credential, Identities, NetNode, RdvNode, RefusedError, Resolver
+from rdv import (
+    OPEN,
+    Accepting,
+    Address,
+    Connecting,
+    Credential,
+    Identities,
+    NetNode,
+    RdvNode,
+    RefusedError,
+    Resolver,
+)
 
 #: How long an ``aclose`` (of a broker, a reconnecting link, a name client) waits for
 #: what was sent, and the link's end, to leave this process.
@@ -95,12 +106,12 @@ class Broker:
 
     # -- listener API ------------------------------------------------------------------
 
-    def bind(self, port: int, listener: Any) -> None:
+    def bind(self, port: int, listener: Accepting) -> None:
         """Wait on ``port`` for one connect; raises if the port is already bound."""
         self._check()
         self.rdv.bind(port, listener)
 
-    def listen(self, port: int, listener: Any) -> None:
+    def listen(self, port: int, listener: Accepting) -> None:
         """Accept connects on ``port`` one after another until ``unbind``."""
         self._check()
         self.rdv.listen(port, listener)
@@ -109,7 +120,7 @@ class Broker:
         self._check()
         self.rdv.unbind(port)
 
-    def connect(self, broker_id: str, port: int, listener: Any) -> None:
+    def connect(self, broker_id: str, port: int, listener: Connecting) -> None:
         """Post a connect; ``listener.connected(queue)`` or ``listener.refused(reason)`` follows."""
         self._check()
         self.rdv.connect(broker_id, port, listener)

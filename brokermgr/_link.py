@@ -28,7 +28,7 @@ FIRST_RETRY = 0.02
 
 #: What a request's callback gets: the reply, or the error it carried (the envelope made an
 #: exception again), or :data:`Status.NO_REPLY` if the link closed first.
-Outcome = ReplyObject | ServiceError
+ReplyOrError = ReplyObject | ServiceError
 
 
 class ReconnectingLink(QueueListener):
@@ -62,7 +62,7 @@ class ReconnectingLink(QueueListener):
         self._closing = False
         self._attempted = trio.Event()
         self._seq = 0
-        self._waiting: dict[int, Callable[[Outcome], object]] = {}
+        self._waiting: dict[int, Callable[[ReplyOrError], object]] = {}
         #: Set while the link is up, and for good once it is closed (so that nothing
         #: waits on a link that will not come up again).
         self.up = trio.Event()
@@ -172,7 +172,7 @@ class ReconnectingLink(QueueListener):
             return Sent.GONE
         return send(self.queue, obj, what=self.name)
 
-    def request(self, obj: dict[str, Any], on_reply: Callable[[Outcome], object], *,
+    def request(self, obj: dict[str, Any], on_reply: Callable[[ReplyOrError], object], *,
                 body: Body | None = None) -> bool:
         """Send ``obj`` (and ``body``, if any) with a fresh ``seq``; ``on_reply`` runs with
         the reply when it comes (a :class:`ServiceError` for an error reply, or status
@@ -202,7 +202,7 @@ class ReconnectingLink(QueueListener):
         carried out); :class:`~channels.MessageTooLargeError` if it can never be sent.
         On a closed link (or one that closes while this waits for it to come up) it
         raises status :data:`Status.NO_REPLY` at once: nothing was sent."""
-        reply: Future[Outcome] = Future()
+        reply: Future[ReplyOrError] = Future()
         what = obj.get("cmd", "the request")
         with trio.move_on_after(timeout):
             while True:

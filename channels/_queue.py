@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -41,6 +41,15 @@ DEFAULT_STALL_TIMEOUT = 30.0
 _CLOSED_ROOM = -(1 << 62)
 _IDLE_ROOM = -1
 _ONLY_BYTES = {bytes}
+
+
+class Listening(Protocol):
+    """What a queue's listener must have (:class:`QueueListener` is one; ``drained`` and
+    ``received_many`` are optional)."""
+
+    def received(self, message: bytes) -> None: ...
+
+    def closed(self, reason: str) -> None: ...
 
 
 class QueueListener:
@@ -155,7 +164,7 @@ class MessageQueue:
         #: reader that pulls reads ahead of a ring that full (:meth:`read_ahead`).
         self.rx_used = channel.rx_ring.used_counter()
         self.rx_half = channel.rx_ring.capacity // 2
-        self._listener: Any = None
+        self._listener: Listening | None = None
         self._received_many: Callable[[list[bytes]], object] | None = None
         self._state = _State.OPEN
         self._reason: str | None = None
@@ -251,7 +260,7 @@ class MessageQueue:
 
     # -- listener ----------------------------------------------------------------------
 
-    def set_listener(self, listener: Any) -> None:
+    def set_listener(self, listener: Listening) -> None:
         """Install the listener.  Messages that arrived before are delivered to it."""
         missing = [m for m in ("received", "closed") if not callable(getattr(listener, m, None))]
         if missing:

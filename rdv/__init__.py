@@ -33,7 +33,9 @@ from ._identity import Identities as Identities
 from ._identity import Identity as Identity
 from ._identity import IdentityError as IdentityError
 from ._identity import Right as Right
+from ._listeners import Accepting as Accepting
 from ._listeners import AcceptListener as AcceptListener
+from ._listeners import Connecting as Connecting
 from ._listeners import ConnectListener as ConnectListener
 from ._listeners import RefusedError as RefusedError
 from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
@@ -83,6 +85,8 @@ __all__ = [
     "UNAUTHORIZED",
     "UNKNOWN_BROKER",
     "AcceptListener",
+    "Accepting",
+    "Connecting",
     "Action",
     "ConnectListener",
     "PortState",

@@ -5,12 +5,26 @@ Base methods do nothing; any object with the named methods works too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from channels import CloseCause, MessageQueue
 from pump import RdvpumpError
 
 from ._core import Refusal, RefusalReason
+
+
+class Accepting(Protocol):
+    """What a listener of a bound port must have (:class:`AcceptListener` is one)."""
+
+    def accepted(self, queue: MessageQueue) -> None: ...
+
+
+class Connecting(Protocol):
+    """What a connect's listener must have (:class:`ConnectListener` is one)."""
+
+    def connected(self, queue: MessageQueue) -> None: ...
+
+    def refused(self, reason: str) -> None: ...
 
 
 class AcceptListener:
@@ -55,7 +69,7 @@ class RefusedError(RdvpumpError, ConnectionRefusedError):
         self.port = port
 
 
-def require(listener: Any, role: str, *methods: str) -> None:
+def require(listener: object, role: str, *methods: str) -> None:
     """Raise TypeError unless ``listener`` has every one of ``methods``."""
     missing = [m for m in methods if not callable(getattr(listener, m, None))]
     if missing:

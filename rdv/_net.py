@@ -15,7 +15,6 @@ import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 
@@ -27,6 +26,7 @@ from ._address import Address
 from ._core import Refusal, RefusalReason
 from ._handshake import NEED_DATA, Handshake, Role
 from ._identity import OPEN, Credential, Identities, Identity
+from ._listeners import Connecting
 from ._node import RdvNode
 from ._resolve import Resolver
 from ._wire import HandshakeError, Hello, Reply
@@ -337,7 +337,7 @@ class NetNode:
         """Whether ``dst`` might live in another process."""
         return self.resolver.can_reach(dst)
 
-    def dial(self, node: RdvNode, dst: str, port: int, listener: Any, *,
+    def dial(self, node: RdvNode, dst: str, port: int, listener: Connecting, *,
              address: Address | None = None) -> None:
         """Start an outbound connect of ``node`` to ``dst`` (called from a pump task).
 
@@ -349,7 +349,7 @@ class NetNode:
             return
         self._nursery.start_soon(self._dial, node, dst, port, listener, address)
 
-    async def _dial(self, node: RdvNode, dst: str, port: int, listener: Any,
+    async def _dial(self, node: RdvNode, dst: str, port: int, listener: Connecting,
                     address: Address | None) -> None:
         if address is not None:
             outcome = await self._attempt(node, dst, address, port)

@@ -17,7 +17,7 @@ from pump import Owner, Pump
 from pump.schema import Kind
 
 from ._core import Action, RdvEvent, Refusal, RefusalReason, Rendezvous, check_port
-from ._listeners import require
+from ._listeners import Accepting, Connecting, require
 
 #: Keyword arguments a node passes to every MessageQueue it creates.
 QueueOptions = dict[str, int]
@@ -28,7 +28,7 @@ class Network(Protocol):
 
     def can_reach(self, dst: str) -> bool: ...
 
-    def dial(self, node: RdvNode, dst: str, port: int, listener: Any) -> None: ...
+    def dial(self, node: RdvNode, dst: str, port: int, listener: Connecting) -> None: ...
 
 
 class RdvNode:
@@ -61,14 +61,14 @@ class RdvNode:
 
     # -- ports -------------------------------------------------------------------------
 
-    def bind(self, port: int, listener: Any) -> None:
+    def bind(self, port: int, listener: Accepting) -> None:
         """Wait on ``port`` for one connect; ``listener.accepted(queue)`` when it comes."""
         require(listener, "accept", "accepted")
         self.core.handle(RdvEvent.BIND, port)
         self._acceptors[port] = listener
         self.pump.emit(Kind.BIND, broker=self.id, port=port)
 
-    def listen(self, port: int, listener: Any) -> None:
+    def listen(self, port: int, listener: Accepting) -> None:
         """Like ``bind``, re-armed after every accept: many connects, one after another."""
         require(listener, "accept", "accepted")
         self.core.handle(RdvEvent.LISTEN, port)
@@ -109,7 +109,7 @@ class RdvNode:
 
     # -- connect -----------------------------------------------------------------------
 
-    def connect(self, broker_id: str, port: int, listener: Any) -> None:
+    def connect(self, broker_id: str, port: int, listener: Connecting) -> None:
         """Post a connect to ``(broker_id, port)``; the listener hears how it ended."""
         if not isinstance(broker_id, str):
             raise TypeError(f"broker id must be a str, not {type(broker_id).__name__}")
@@ -118,7 +118,7 @@ class RdvNode:
         self.pump.emit(Kind.CONNECT, broker=self.id, peer=broker_id, port=port)
         self.pump.post("connect", self._run_connect, broker_id, port, listener, owner=self.owner)
 
-    def _run_connect(self, broker_id: str, port: int, listener: Any) -> None:
+    def _run_connect(self, broker_id: str, port: int, listener: Connecting) -> None:
         if self.closed:
             self.refuse(broker_id, port, listener, RefusalReason(Refusal.CLOSED))
             return
@@ -147,12 +147,13 @@ class RdvNode:
             return
         self.connected(ours[0], listener)
 
-    def connected(self, channel: Channel, listener: Any) -> None:
+    def connected(self, channel: Channel, listener: Connecting) -> None:
         """Our end of an accepted connect: ``listener.connected(queue)`` as a task."""
         queue = self.open_queue(channel)
         self.pump.post("connected", listener.connected, queue, owner=queue)
 
-    def refuse(self, broker_id: str, port: int, listener: Any, reason: RefusalReason) -> None:
+    def refuse(self, broker_id: str, port: int, listener: Connecting,
+               reason: RefusalReason) -> None:
         """A connect of ours was refused: ``listener.refused(reason)`` as a task."""
         self.pump.emit(Kind.REFUSE, broker=self.id, peer=broker_id, port=port, reason=str(reason))
         self.pump.post("refuse", listener.refused, reason, owner=self.owner)

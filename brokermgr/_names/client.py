@@ -20,7 +20,7 @@ from rdv import Address, RdvNode
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager, wait_all_sent
 from .._fence import STALE_EPOCH
 from .._groups import GroupMember, GroupProgress
-from .._link import Outcome, ReconnectingLink
+from .._link import ReconnectingLink, ReplyOrError
 from .._service import ReplyObject, ServiceError, Status
 from .service import (
     DEFAULT_HEARTBEAT,
@@ -320,7 +320,7 @@ class _ManagerLink(ReconnectingLink):
         if registrations:
             self.request({"cmd": "register", "brokers": registrations}, self._registered)
 
-    def _registered(self, outcome: Outcome) -> None:
+    def _registered(self, outcome: ReplyOrError) -> None:
         if not isinstance(outcome, ServiceError):
             self.client.answered(None)
             return

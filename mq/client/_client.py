@@ -36,8 +36,8 @@ from brokermgr import (
     Body,
     Broker,
     BrokerLink,
-    Outcome,
     ReplyObject,
+    ReplyOrError,
     Sent,
     ServiceError,
     Status,
@@ -415,7 +415,7 @@ class MqClient:
         if tag is not None:
             obj["tag"] = tag
 
-        def answered(outcome: Outcome) -> None:
+        def answered(outcome: ReplyOrError) -> None:
             if on_stored is not None:
                 on_stored(outcome if isinstance(outcome, ServiceError)
                           else _stored(outcome, len(bodies)))
@@ -439,7 +439,7 @@ class MqClient:
         subscription = Subscription(self, key[0], key[1], window, on_message=on_message)
         self.subscriptions[key] = subscription
 
-        def answered(outcome: Outcome) -> None:
+        def answered(outcome: ReplyOrError) -> None:
             if not isinstance(outcome, ServiceError):
                 subscription.active = True
                 return

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from brokermgr import Body, Outcome, ServiceError, Status
+from brokermgr import Body, ReplyOrError, ServiceError, Status
 from channels import MessageQueue
 
 from ..storage._record import Record
@@ -37,7 +37,7 @@ class RootLink(Protocol):
     root: str
     queue: MessageQueue | None
 
-    def request(self, obj: dict[str, Any], on_reply: Callable[[Outcome], object], *,
+    def request(self, obj: dict[str, Any], on_reply: Callable[[ReplyOrError], object], *,
                 body: Body | None = None) -> bool: ...
 
 
@@ -76,7 +76,7 @@ class Drain:
         failed: list[str] = []
         end = records[-1].offset + 1
 
-        def stored(outcome: Outcome) -> None:
+        def stored(outcome: ReplyOrError) -> None:
             if isinstance(outcome, ServiceError):
                 failed.append(outcome.reason)
             left[0] -= 1

@@ -19,7 +19,7 @@ from brokermgr import (
     BrokerLink,
     CommandTable,
     Fields,
-    Outcome,
+    ReplyOrError,
     ServiceError,
     ServiceSession,
     Status,
@@ -169,7 +169,7 @@ class PeerLink(BrokerLink):
         self.request({"cmd": cmd, **self.said(), **more},
                      self._taken if cmd == "state" else self._answered)
 
-    def _taken(self, outcome: Outcome) -> None:
+    def _taken(self, outcome: ReplyOrError) -> None:
         if not isinstance(outcome, ServiceError):
             version, epoch = outcome.get("version"), outcome.get("state_epoch")
             if type(version) is int and type(epoch) is int:
@@ -178,7 +178,7 @@ class PeerLink(BrokerLink):
             self.node.refused(self.peer, f"{self.peer.server.id} refused the state: "
                                          f"{outcome.reason}")
 
-    def _answered(self, outcome: Outcome) -> None:
+    def _answered(self, outcome: ReplyOrError) -> None:
         if isinstance(outcome, ServiceError):
             if outcome.status == Status.NO_REPLY:
                 return

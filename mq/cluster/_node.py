@@ -41,8 +41,8 @@ from brokermgr import (
     Command,
     CommandTable,
     EpochError,
-    Outcome,
     ReplyObject,
+    ReplyOrError,
     ServiceError,
     Status,
     check_epoch,
@@ -383,7 +383,7 @@ class ClusterNode:
                      "group": group, "filter": filter_}, replied):
                 again()  # no root, or its link is past its high-water mark: not sent
 
-        def replied(outcome: Outcome) -> None:
+        def replied(outcome: ReplyOrError) -> None:
             if not isinstance(outcome, ServiceError):
                 done(int(outcome["version"]))
             elif outcome.status in (Status.NO_REPLY, Status.UNAVAILABLE):
@@ -428,7 +428,7 @@ class ClusterNode:
             return
         self._fetching = True
 
-        def fetched(outcome: Outcome) -> None:
+        def fetched(outcome: ReplyOrError) -> None:
             self._fetching = False
             if isinstance(outcome, ServiceError):
                 return

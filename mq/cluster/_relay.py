@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any, Protocol
 
-from brokermgr import BrokerLink, Call, CommandTable, Outcome, ServiceError, Status, encode
+from brokermgr import BrokerLink, Call, CommandTable, ReplyOrError, ServiceError, Status, encode
 from brokermgr.tracking import TrackNode
 from channels import MessageQueue
 from pump import Pump
@@ -198,7 +198,7 @@ class Relay:
             obj["immediate"] = True  # a return comes back as the root's reply
         queue, seq = call.queue, call.seq
 
-        def answered(outcome: Outcome) -> None:
+        def answered(outcome: ReplyOrError) -> None:
             if isinstance(outcome, ServiceError):
                 if outcome.status == Status.NO_REPLY:
                     outcome = ServiceError(Status.UNAVAILABLE, f"{self.server.address}: the "
@@ -349,7 +349,7 @@ class Relay:
             return  # when the link comes up
         key = (relay_group.topic, relay_group.group)
 
-        def answered(outcome: Outcome) -> None:
+        def answered(outcome: ReplyOrError) -> None:
             current = self.groups.get(key)
             if isinstance(outcome, ServiceError):
                 if current is relay_group and outcome.status != Status.NO_REPLY:

@@ -29,7 +29,7 @@ from brokermgr import (
     DEFAULT_RETRY,
     Broker,
     BrokerLink,
-    Outcome,
+    ReplyOrError,
     ServiceError,
     Status,
     check_epoch,
@@ -179,7 +179,7 @@ class Follower:
         if self.link.queue is not None:
             self.link.request({"cmd": "query"}, self._topics)
 
-    def _topics(self, outcome: Outcome) -> None:
+    def _topics(self, outcome: ReplyOrError) -> None:
         if not isinstance(outcome, ServiceError) or outcome.status:
             self.heard()  # an answer (a lost link is not one)
         if isinstance(outcome, ServiceError):
@@ -215,7 +215,7 @@ class Follower:
         if not self.link.request(ask, functools.partial(self.answered, name)):
             self.following.discard(name)  # not sent (past the high-water mark): next scan
 
-    def answered(self, topic: str, outcome: Outcome) -> None:
+    def answered(self, topic: str, outcome: ReplyOrError) -> None:
         if isinstance(outcome, ServiceError):
             self.following.discard(topic)  # asked again at the next scan
             if outcome.status:
