@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pump import ConfigError
+from rdv import Address
 
 __all__ = ["SERVER_TYPES", "ClusterConfig", "ClusterServer", "load_cluster", "parse_cluster"]
 
@@ -126,9 +127,13 @@ def parse_cluster(data: Mapping[str, Any], where: str = "cluster") -> ClusterCon
         if row["type"] not in SERVER_TYPES:
             raise ConfigError(f"{at}: type must be one of {', '.join(SERVER_TYPES)}, got "
                               f"{row['type']!r}")
-        host, _, port = row["address"].rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{at}: address must be HOST:PORT, got {row['address']!r}")
+        try:  # the one parser of addresses; a port the others dial, so not 0
+            listen: Address | None = Address.parse(row["address"])
+        except ConfigError:
+            listen = None
+        if listen is None or listen.port == 0:
+            raise ConfigError(f"{at}: address must be HOST:PORT, with a port 1-65535, got "
+                              f"{row['address']!r}")
         if any(s.id == row["id"] for s in servers):
             raise ConfigError(f"{at}: id {row['id']!r} is listed twice")
         servers.append(ClusterServer(row["id"], row["address"], row["type"]))

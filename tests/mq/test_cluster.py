@@ -85,7 +85,9 @@ def test_a_cluster_file_is_read_and_its_problems_named(tmp_path: pathlib.Path) -
             ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\ntype = "backup"\n',
              "no primary server"),
             ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h"\ntype = "primary"\n',
-             "server 1: address must be HOST:PORT, got 'h'"),
+             "server 1: address must be HOST:PORT, with a port 1-65535, got 'h'"),
+            ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:0"\ntype = "primary"\n',
+             "server 1: address must be HOST:PORT, with a port 1-65535, got 'h:0'"),
             ('[cluster]\nname = "x"\n' + '[[server]]\nid = "a"\naddress = "h:1"\n'
              'type = "primary"\n' * 2, "server 2: id 'a' is listed twice"),
             ('[cluster]\nname = "x"\n[[server]]\nid = "a"\naddress = "h:1"\n', "takes id, "),
