@@ -24,10 +24,13 @@ from brokermgr import (
     DEFAULT_HEARTBEAT,
     DEFAULT_SCAN_INTERVAL,
     BrokerManager,
+    GroupMember,
     NameClient,
     NameService,
     echo,
 )
+from brokermgr.tracking import DEFAULT_REPORT_INTERVAL, DEFAULT_SERVER_EXPIRY, DEFAULT_TRACK_PORT
+from brokermgr.tracking import DEFAULT_SCAN_INTERVAL as DEFAULT_TRACK_SCAN
 from channels import DEFAULT_RING_CAPACITY
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal
@@ -103,7 +106,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
                       echo_ports: Sequence[int] = (), heartbeat: float = DEFAULT_HEARTBEAT,
                       ring_capacity: int | None = None, tls: TLSFiles | None = None,
                       plan: str | None = None, trace: TraceRecorder | None = None,
-                      tracking: dict[str, Any] | None = None, busy_poll: float = 0.0,
+                      tracking: TrackingOptions | None = None, busy_poll: float = 0.0,
                       cluster: ClusterConfig | None = None, cluster_store: Path | None = None,
                       metrics: Address | None = None,
                       ready: Callable[[Address], None] = lambda address: None) -> None:
@@ -111,8 +114,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
 
     With ``plan`` (a universe file) they play their roles in it instead and
     print ``stats {json}`` lines, then ``done {json}``, on stdout.  With
-    ``tracking`` (keyword arguments of :class:`~brokermgr.tracking.TrackNode`
-    plus ``topics``, topics to declare) every broker takes a tracking role;
+    ``tracking`` (:class:`TrackingOptions`) every broker takes a tracking role;
     the first tracker of the process also answers as ``@tracker``.  With ``cluster``
     each broker is a server of that cluster, linked to every other (a line on stderr
     each time which peers are linked or the root changes), its epoch and vote kept in
@@ -141,7 +143,7 @@ async def run_brokers(universe: str, broker_ids: list[str], managers: list[Addre
 
 async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
                          managers: list[Address], listen: Address, echo_ports: Sequence[int],
-                         heartbeat: float, spec: Any, tracking: dict[str, Any] | None,
+                         heartbeat: float, spec: Any, tracking: TrackingOptions | None,
                          clustering: tuple[ClusterConfig | None, Path | None],
                          metrics: Address | None, ready: Callable[[Address], None]) -> None:
     refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
@@ -163,7 +165,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                                f"{reason}")
                 nursery.cancel_scope.cancel()
 
-            group = None if tracking is None else tracking.get("group")
+            group = None if tracking is None else tracking.group
             servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
             clustered: dict[str, ClusterNode] = {}  # a cluster's server, by broker id
             names = NameClient(manager, managers, heartbeat=heartbeat,
@@ -260,6 +262,50 @@ async def start_metrics(nursery: trio.Nursery, manager: BrokerManager, where: Ad
     return metrics
 
 
+@dataclass(frozen=True)
+class TrackingOptions:
+    """A broker process's tracking role (``broker run --role``), and with ``mq_dir`` the
+    settings of an MQ server on each of its server roles (None: the library's
+    default)."""
+
+    role: str
+    port: int = DEFAULT_TRACK_PORT
+    trackers: tuple[str, ...] = ()
+    #: Topics each server role declares at start.
+    topics: tuple[str, ...] = ()
+    report_interval: float = DEFAULT_REPORT_INTERVAL
+    expiry: float = DEFAULT_SERVER_EXPIRY
+    scan_interval: float = DEFAULT_TRACK_SCAN
+    state_dir: Path | None = None
+    mq_dir: Path | None = None
+    durability: str = "sync"
+    segment_bytes: int | None = None
+    retain_bytes: int | None = None
+    retain_age: float | None = None
+    group: GroupMember | None = None
+    replication: str = "async"
+    min_insync: int = 1
+    insync_lag: float | None = None
+    group_beat: float | None = None
+    group_silence: float | None = None
+
+    def node(self) -> dict[str, Any]:
+        """:class:`~brokermgr.tracking.TrackNode`'s keyword arguments."""
+        return {"role": self.role, "port": self.port, "trackers": self.trackers,
+                "report_interval": self.report_interval, "expiry": self.expiry,
+                "scan_interval": self.scan_interval, "state_dir": self.state_dir,
+                "group": self.group}
+
+    def server(self) -> dict[str, Any]:
+        """:class:`~mq.MqServer`'s keyword arguments (those set)."""
+        chosen = {"segment_bytes": self.segment_bytes, "insync_lag": self.insync_lag,
+                  "group_beat": self.group_beat, "group_silence": self.group_silence}
+        return {"durability": self.durability, "retain_bytes": self.retain_bytes,
+                "retain_age": self.retain_age, "replication": self.replication,
+                "min_insync": self.min_insync,
+                **{k: v for k, v in chosen.items() if v is not None}}
+
+
 @dataclass
 class _Tracking:
     """What a broker process's tracking roles started: each broker's node, and its MQ
@@ -334,35 +380,22 @@ async def _watch_link(link: Any, brokers: str, refused: list[str],
 
 
 def _start_tracking(manager: BrokerManager, brokers: list[Any],
-                    tracking: dict[str, Any]) -> _Tracking:
+                    tracking: TrackingOptions) -> _Tracking:
     """TrackNodes (and, with ``mq_dir``, an MQ server on each server role, its topics in
     ``mq_dir/<broker id>``)."""
     from brokermgr.tracking import TRACKER_ALIAS, TrackNode
-    from mq import DEFAULT_INSYNC_LAG, DEFAULT_SEGMENT_BYTES, MqServer, ServiceError
+    from mq import MqServer, ServiceError
 
-    options = dict(tracking)
-    topics = options.pop("topics", ())
-    mq_dir = options.pop("mq_dir", None)
-    durability = options.pop("durability", "sync")
-    replication: dict[str, Any] = {
-        "replication": options.pop("replication", "async"),
-        "min_insync": options.pop("min_insync", 1),
-        "insync_lag": options.pop("insync_lag", DEFAULT_INSYNC_LAG),
-        **{key: options.pop(key) for key in ("group_beat", "group_silence") if key in options}}
-    slave = options.get("group") is not None and options["group"].role == "slave"
-    retention = {"retain_bytes": options.pop("retain_bytes", None),
-                 "retain_age": options.pop("retain_age", None),
-                 "segment_bytes": options.pop("segment_bytes", DEFAULT_SEGMENT_BYTES)}
+    slave = tracking.group is not None and tracking.group.role == "slave"
     started = _Tracking()
     for broker in brokers:
-        node = TrackNode(broker, **options)
+        node = TrackNode(broker, **tracking.node())
         server = None
-        if node.is_server and mq_dir is not None:
-            server = MqServer(node, Path(mq_dir) / broker.id, durability=durability,
-                              **retention, **replication)
+        if node.is_server and tracking.mq_dir is not None:
+            server = MqServer(node, tracking.mq_dir / broker.id, **tracking.server())
             started.servers[broker.id] = server
         if node.is_server and not slave:  # a slave's topics are its master's
-            for topic in topics:
+            for topic in tracking.topics:
                 if server is not None:
                     try:
                         server.handle_local({"cmd": "declare", "topic": topic})

@@ -28,7 +28,7 @@ from pump import ConfigError
 from rdv import Address
 
 from ..children import ready_line
-from ..processes import run_brokers
+from ..processes import TrackingOptions, run_brokers
 from ._common import (
     CAOption,
     CertOption,
@@ -167,16 +167,17 @@ def broker_run(
             raise fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
         if mq_dir is not None and role == "tracker":
             raise fail("--mq-dir needs a server role (--role server or both)")
-        tracking = {"role": role, "port": track_port, "trackers": tracker, "topics": topic,
-                    "report_interval": report_interval, "expiry": track_expiry,
-                    # an MQ server's directory keeps its versions' epochs too
-                    "scan_interval": track_scan, "state_dir": state_dir or mq_dir,
-                    "mq_dir": mq_dir, "durability": durability,
-                    "segment_bytes": guard(lambda: _segment_bytes(segment_mb)),
-                    "retain_bytes": None if retain_mb is None else int(retain_mb * 1e6),
-                    "retain_age": None if retain_hours is None else retain_hours * 3600,
-                    "group": member, "replication": replication, "min_insync": min_insync,
-                    **({} if insync_lag is None else {"insync_lag": insync_lag}), **timing}
+        beat, quiet = timing
+        tracking = TrackingOptions(
+            role=role, port=track_port, trackers=tuple(tracker), topics=tuple(topic),
+            report_interval=report_interval, expiry=track_expiry, scan_interval=track_scan,
+            state_dir=state_dir or mq_dir,  # an MQ server's directory keeps its epochs too
+            mq_dir=mq_dir, durability=durability,
+            segment_bytes=guard(lambda: _segment_bytes(segment_mb)),
+            retain_bytes=None if retain_mb is None else int(retain_mb * 1e6),
+            retain_age=None if retain_hours is None else retain_hours * 3600,
+            group=member, replication=replication, min_insync=min_insync,
+            insync_lag=insync_lag, group_beat=beat, group_silence=quiet)
         if state_dir is None and mq_dir is None:
             err.print("note: tracking without --state-dir (or --mq-dir): the versions of "
                       "this process's route information start from the wall clock, so they "
@@ -243,22 +244,22 @@ def _member(group: str | None, group_id: int, broker_ids: list[str],
 
 
 def _group_timing(member: GroupMember | None, heartbeat: float | None,
-                  silence: float | None) -> dict[str, float]:
-    """A group member's beat (its --heartbeat) and silence, for its MQ server."""
+                  silence: float | None) -> tuple[float | None, float | None]:
+    """A group member's beat (its --heartbeat) and silence, for its MQ server (None,
+    None: not a member)."""
     if member is None:
         if silence is not None:
             raise fail("--silence is a --group member's")
-        return {}
+        return None, None
     beat = GROUP_HEARTBEAT if heartbeat is None else heartbeat
     # by default, as many beats as the default's: 0.4 s at 0.1 s
-    timing = {"group_beat": beat,
-              "group_silence": QUIET / GROUP_HEARTBEAT * beat if silence is None else silence}
+    chosen = QUIET / GROUP_HEARTBEAT * beat if silence is None else silence
     if not 0 < beat < float("inf"):
         raise fail(f"--heartbeat must be a positive number of seconds, got {beat:g}")
-    if not timing["group_silence"] >= 2 * beat:
+    if not chosen >= 2 * beat:
         raise fail(f"--silence must be at least two heartbeats ({2 * beat:g} s), got "
-                   f"{timing['group_silence']:g}")
-    return timing
+                   f"{chosen:g}")
+    return beat, chosen
 
 
 def _segment_bytes(megabytes: float) -> int:
