@@ -1,12 +1,36 @@
-"""What the CLI's clients of another process's service (``mq``, ``routes``, ``status``)
-share: when a broker that answers has no service on the port dialled, and how a refusal
-reads."""
+"""What the CLI's clients of another process's service (``mq``, ``routes``, ``status``,
+``console``) share: the universe of a tool process (:func:`tool_universe`), when a broker
+that answers has no service on the port dialled, and how a refusal reads."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 import trio
 
+from brokermgr import BrokerManager
+from pump import Pump
 from rdv import Refusal
+
+
+@asynccontextmanager
+async def tool_universe(universe: str, *, name: str = "tool", token: str = "",
+                        identity: str | None = None, **options: Any
+                        ) -> AsyncIterator[BrokerManager]:
+    """A tool process's side of ``universe``: its pump served and its links dialling out
+    over TCP (from 127.0.0.1, a port the kernel picks) for the block, then stopped.
+    ``options`` are :class:`~brokermgr.BrokerManager`'s (``directory``, ``tls_client``)."""
+    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name=name),
+                            **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.pump.serve)
+        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+        try:
+            yield manager
+        finally:
+            nursery.cancel_scope.cancel()
 
 #: How long a broker that answers but has nothing bound on the port dialled may take to
 #: bind it (a server or tracker process binds it before it prints its ready line): then

@@ -9,10 +9,10 @@ from typing import Any
 
 import trio
 
-from brokermgr import BrokerManager, NameClient
+from brokermgr import NameClient
 from rdv import Address, Refusal, is_final, tls_contexts
 
-from ._dial import refusal_text
+from ._dial import refusal_text, tool_universe
 
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
 
@@ -34,12 +34,10 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
     With ``wait`` (broker ids), a manager that is still starting is dialled again and the
     list asked again until it holds every one of them, for up to ``timeout`` seconds;
     OSError names those still missing."""
-    manager = BrokerManager(universe, token=token, identity=identity, **tls_arguments(tls))
     where = f"manager {manager_address[0]}:{manager_address[1]}"
     brokers: list[dict[str, object]] | None = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+    async with tool_universe(universe, name="status", token=token, identity=identity,
+                             **tls_arguments(tls)) as manager:
         names = NameClient(manager, [manager_address], retry=_WAIT_POLL if wait else timeout)
         link = names.links[0]
         names.start()
@@ -56,7 +54,6 @@ async def query_status(universe: str, manager_address: Address, *, token: str = 
                     break
                 await trio.sleep(_WAIT_POLL)
         await names.aclose()  # a clean close: the manager hears why, not a lost connection
-        nursery.cancel_scope.cancel()
     if link.queue is None and brokers is None:
         raise OSError(_refused(where, link.last_refusal))
     if brokers is None:
@@ -93,11 +90,9 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
     once the member says it is master, within ``timeout``); ServiceError when the manager
     refuses (with the reason), OSError when it cannot be reached or the member does not
     take over in time."""
-    manager = BrokerManager(universe, token=token, identity=identity, **tls_arguments(tls))
     where = f"manager {manager_address[0]}:{manager_address[1]}"
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+    async with tool_universe(universe, name="failover", token=token, identity=identity,
+                             **tls_arguments(tls)) as manager:
         names = NameClient(manager, [manager_address], retry=timeout)
         link = names.links[0]
         names.start()
@@ -118,5 +113,4 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
                               f"{timeout} s")
         finally:
             await names.aclose()
-            nursery.cancel_scope.cancel()
     return info

@@ -14,10 +14,10 @@ import trio
 from brokermgr import BrokerManager, NameClient, ServiceError, Status
 from brokermgr.tracking import DEFAULT_TRACK_PORT
 from mq import MqClient
-from pump import ConfigError, Pump
+from pump import ConfigError
 from rdv import Address, is_final, parse_located
 
-from ._dial import NotBound, refusal_text
+from ._dial import NotBound, refusal_text, tool_universe
 
 T = TypeVar("T")
 
@@ -54,11 +54,8 @@ async def connect(universe: str, server: str, *, token: str = "", identity: str 
                   track_port: int = DEFAULT_TRACK_PORT, timeout: float = 10.0
                   ) -> AsyncIterator[MqClient]:
     broker_id, address = parse_server(server)
-    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"),
-                            directory={broker_id: address})
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+    async with tool_universe(universe, name="mq-cli", token=token, identity=identity,
+                             directory={broker_id: address}) as manager:
         client = MqClient(manager.add_broker(f"@mq.{os.getpid()}"),
                           f"{broker_id}:{track_port}", timeout=timeout, retry=CLI_RETRY)
         link = client.link
@@ -82,7 +79,6 @@ async def connect(universe: str, server: str, *, token: str = "", identity: str 
             yield client
         finally:
             await client.aclose()  # the last acks leave before the links are cut
-            nursery.cancel_scope.cancel()
 
 
 #: Seconds between a following client's questions to the name service for its group's
@@ -184,10 +180,8 @@ async def connect_group(universe: str, manager_address: str, group: str, *, toke
                         ) -> AsyncIterator[Following]:
     """The master of replicated group ``group`` as the name service at
     ``manager_address`` names it, followed (:class:`Following`)."""
-    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="mq-cli"))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+    async with tool_universe(universe, name="mq-cli", token=token,
+                             identity=identity) as manager:
         names = NameClient(manager, [Address.parse(manager_address)],
                            lookup_timeout=min(timeout, 2.0))
         names.start()
@@ -200,7 +194,6 @@ async def connect_group(universe: str, manager_address: str, group: str, *, toke
             if following.client is not None:
                 await following.client.aclose()
             names.close()
-            nursery.cancel_scope.cancel()
 
 
 async def publish(client: MqClient, topic: str, arrivals: AsyncIterable[list[bytes]], *,

@@ -14,12 +14,11 @@ from typing import Any
 
 import trio
 
-from brokermgr import BrokerManager
 from brokermgr.tracking import DEFAULT_TRACK_PORT, TRACKER_ALIAS, RouteClient, RouteTable
-from pump import ConfigError, Pump
+from pump import ConfigError
 from rdv import Address, Refusal, is_final, parse_located
 
-from ._dial import NotBound
+from ._dial import NotBound, tool_universe
 
 
 def parse_tracker(text: str, index: int, *, port: int = DEFAULT_TRACK_PORT
@@ -68,11 +67,9 @@ async def watch_routes(universe: str, trackers: list[tuple[str, Address]], *,
     one snapshot and return; OSError if no tracker answered at all.  Otherwise ``warn``
     is told, once until it answers, of each tracker that could not be reached yet.
     """
-    manager = BrokerManager(universe, token=token, identity=identity, pump=Pump(name="routes"),
-                            tls_client=tls_client, directory=dict(trackers))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.pump.serve)
-        await nursery.start(manager.serve_network, "127.0.0.1", 0)
+    async with tool_universe(universe, name="routes", token=token, identity=identity,
+                             tls_client=tls_client, directory=dict(trackers)
+                             ) as manager, trio.open_nursery() as nursery:
         client = RouteClient(manager.add_broker(f"@routes.{id(manager):x}"),
                              vote_factor=vote_factor)
         given = {}  # each tracker as the user gave it, not by the alias dialled
