@@ -29,8 +29,6 @@ from brokermgr import (
     NameService,
     echo,
 )
-from brokermgr.tracking import DEFAULT_REPORT_INTERVAL, DEFAULT_SERVER_EXPIRY, DEFAULT_TRACK_PORT
-from brokermgr.tracking import DEFAULT_SCAN_INTERVAL as DEFAULT_TRACK_SCAN
 from channels import DEFAULT_RING_CAPACITY
 from pump import ConfigError, Pump, TraceRecorder
 from rdv import Address, Refusal
@@ -269,13 +267,13 @@ class TrackingOptions:
     default)."""
 
     role: str
-    port: int = DEFAULT_TRACK_PORT
+    port: int | None = None
     trackers: tuple[str, ...] = ()
     #: Topics each server role declares at start.
     topics: tuple[str, ...] = ()
-    report_interval: float = DEFAULT_REPORT_INTERVAL
-    expiry: float = DEFAULT_SERVER_EXPIRY
-    scan_interval: float = DEFAULT_TRACK_SCAN
+    report_interval: float | None = None
+    expiry: float | None = None
+    scan_interval: float | None = None
     state_dir: Path | None = None
     mq_dir: Path | None = None
     durability: str = "sync"
@@ -290,11 +288,11 @@ class TrackingOptions:
     group_silence: float | None = None
 
     def node(self) -> dict[str, Any]:
-        """:class:`~brokermgr.tracking.TrackNode`'s keyword arguments."""
-        return {"role": self.role, "port": self.port, "trackers": self.trackers,
-                "report_interval": self.report_interval, "expiry": self.expiry,
-                "scan_interval": self.scan_interval, "state_dir": self.state_dir,
-                "group": self.group}
+        """:class:`~brokermgr.tracking.TrackNode`'s keyword arguments (those set)."""
+        chosen = {"port": self.port, "report_interval": self.report_interval,
+                  "expiry": self.expiry, "scan_interval": self.scan_interval}
+        return {"role": self.role, "trackers": self.trackers, "state_dir": self.state_dir,
+                "group": self.group, **{k: v for k, v in chosen.items() if v is not None}}
 
     def server(self) -> dict[str, Any]:
         """:class:`~mq.MqServer`'s keyword arguments (those set)."""
