@@ -218,7 +218,9 @@ def test_the_installed_command_runs_for_real() -> None:
 
 
 @pytest.mark.slow
-def test_mq_and_broker_errors_are_one_line_and_exit_1() -> None:
+def test_mq_and_broker_errors_are_one_line_and_exit_1(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    monkeypatch.chdir(tmp_path)  # the directories the commands make, made there
     cases = [
         (["mq", "topics", "--server", "127.0.0.1:1"], "expected BROKER@HOST:PORT"),
         (["mq", "topics", "--server", "s1@127.0.0.1:1", "--timeout", "2"], "s1@127.0.0.1:1"),
@@ -474,8 +476,10 @@ def test_broker_run_refuses_group_options_it_cannot_use_in_one_line(
     base = ["broker", "run", "--id", "s1", "--manager", "127.0.0.1:1", "--role", "server"]
     for extra, says in (
             (["--group", "a"], "--group needs one --id and an --mq-dir"),
-            (["--group", "a", "--mq-dir", "d", "--id", "s2"], "--group needs one --id"),
-            (["--group", "a", "--mq-dir", "d", "--group-id", "-1"], "--group-id must be 0"),
+            (["--group", "a", "--mq-dir", str(tmp_path), "--id", "s2"],
+             "--group needs one --id"),
+            (["--group", "a", "--mq-dir", str(tmp_path), "--group-id", "-1"],
+             "--group-id must be 0"),
             (["--replication", "maybe"], "--replication is async or sync, not 'maybe'"),
             (["--min-insync", "0"], "--min-insync must be 1 or more, got 0"),
             (["--insync-lag", "0"], "--insync-lag must be a positive number of seconds"),
