@@ -49,3 +49,12 @@ def test_a_docs_python_block_runs_as_printed(page: str, index: int, code: str,
     if "network(" in code and (why := unavailable()) is not None:
         pytest.skip(why)
     runs_as_printed(code, tmp_path)
+
+
+def test_the_changelog_names_the_version_rdvpump_says() -> None:
+    """CHANGELOG.md has an Unreleased section and one for the version in pyproject.toml
+    (the one ``rdvpump --version`` shows)."""
+    root = DOCS.parent
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    headings = re.findall(r"^## \[([^\]]+)\]", (root / "CHANGELOG.md").read_text(), flags=re.M)
+    assert headings[:1] == ["Unreleased"] and version in headings
