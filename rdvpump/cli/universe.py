@@ -26,7 +26,7 @@ from rich.text import Text
 from pump import ConfigError
 
 from ..children import ChildState
-from ..processes import universe_up
+from ..universe_up import universe_up
 from ..testing import run_simulation
 from ..universe_file import load_universe
 from ..workloads import RunResult, run_universe
