@@ -26,9 +26,9 @@ from rich.text import Text
 from pump import ConfigError
 
 from ..children import ChildState
-from ..universe_up import universe_up
 from ..testing import run_simulation
 from ..universe_file import load_universe
+from ..universe_up import universe_up
 from ..workloads import RunResult, run_universe
 from ._common import (
     RunOption,
