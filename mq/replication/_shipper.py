@@ -105,7 +105,7 @@ DEFAULT_INSYNC_LAG = 10.0
 
 
 @dataclass
-class _Held:
+class _WaitingReply:
     """A produce's reply waiting for replicas: sent once ``end`` is acknowledged by
     enough of them."""
 
@@ -141,7 +141,7 @@ class Shipper:
         #: by the link's id and the topic
         self.followers: dict[tuple[str, str], _Follower] = {}
         #: produce replies waiting for replicas, by topic, in offset order
-        self.held: dict[str, list[_Held]] = {}
+        self.waiting: dict[str, list[_WaitingReply]] = {}
         #: this master's epoch (each topic's log keeps where each epoch began)
         self.epoch = 0
         #: the replicas (broker ids) that the name service holds in sync with this master:
@@ -290,7 +290,7 @@ class Shipper:
         """No followers any more (this server stepped down): their links, once each."""
         links = {id(f.link): f.link for f in self.followers.values()}
         self.followers.clear()
-        for topic in list(self.held):
+        for topic in list(self.waiting):
             self.check(topic)
         return list(links.values())
 
@@ -345,7 +345,7 @@ class Shipper:
         topic, end = reply["topic"], reply["offset"] + reply["count"]
         if self._enough(topic, end):
             return False
-        self.held.setdefault(topic, []).append(_Held(end, queue, seq, reply))
+        self.waiting.setdefault(topic, []).append(_WaitingReply(end, queue, seq, reply))
         self.counts["held"] += 1
         return True
 
@@ -354,10 +354,10 @@ class Shipper:
         all acknowledged, and answer the others with the refusal when too few replicas
         are in sync (called when a replica leaves, and every tick)."""
         self._release(topic)
-        held = self.held.get(topic)
+        held = self.waiting.get(topic)
         refused = self.refusal(topic) if held else None
         if held and refused is not None:
-            del self.held[topic]
+            del self.waiting[topic]
             error = ServiceError(Status.UNAVAILABLE,
                                  f"not acknowledged, stored here but it may or may not stay: "
                                  f"{refused.reason}", topic=topic).envelope("produce")
@@ -424,16 +424,16 @@ class Shipper:
 
     def _release(self, topic: str) -> None:
         self._commit(topic)
-        held = self.held.get(topic)
+        held = self.waiting.get(topic)
         while held and self._enough(topic, held[0].end):
             waiting = held.pop(0)
             self.reply(waiting.queue, waiting.seq, waiting.reply)
         if held is not None and not held:
-            del self.held[topic]
+            del self.waiting[topic]
 
     def forget_queue(self, queue: MessageQueue) -> None:
         """A client's link closed: its held replies are dropped."""
-        for topic, held in list(self.held.items()):
+        for topic, held in list(self.waiting.items()):
             held[:] = [w for w in held if w.queue is not queue]
             if not held:
-                del self.held[topic]
+                del self.waiting[topic]

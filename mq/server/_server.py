@@ -534,7 +534,7 @@ class MqServer:
                 expired = 0
             if expired:
                 self._dispatch(state)
-            if self.shipper.held or self.shipper.followers:
+            if self.shipper.waiting or self.shipper.followers:
                 self.shipper.check(state.topic.name)  # the in-sync set moves with time
             self.catalogue.save_positions(state)
         if self.relay is not None:
