@@ -42,6 +42,7 @@ from ._history import (
     check_history,
 )
 from .client import (
+    SLAVES_AFTER,
     Caller,
     Consumer,
     MessageBatch,
@@ -102,5 +103,5 @@ __all__ = [
     "MAX_NAME_BYTES", "check_name", "disk_name", "ServiceError", "Status", "Finding", "Report",
     "verify", "History", "HistoryError", "HistoryFinding", "HistoryReport", "check_history",
     "ClusterConfig", "ClusterNode", "ClusterServer", "declare_on", "load_cluster",
-    "keep_role",
+    "keep_role", "SLAVES_AFTER",
 ]

@@ -11,6 +11,7 @@ server, its replication or its cluster.
 
 from ._client import MqClient as MqClient
 from ._client import Stored as Stored
+from ._routed import SLAVES_AFTER as SLAVES_AFTER
 from ._routed import Consumer as Consumer
 from ._routed import Producer as Producer
 from ._rpc import Caller as Caller
