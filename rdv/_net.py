@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from channels import DEFAULT_ADAPTIVE_POLL, Channel, ChannelManager, CloseCause, StreamLink
-from pump import CollapsingLog, ConfigError, Pump
+from pump import CollapsingLog, ConfigError, Future, Pump
 from pump.schema import Kind, Outcome
 
 from ._address import Address
@@ -273,11 +273,9 @@ class NetNode:
                     False, reason=f"{Refusal.UNAUTHORIZED}: {why}")))
             await trio.aclose_forcefully(stream)
             return
-        decided = trio.Event()
-        outcome: list[Channel | Refusal] = []
-        self.pump.post("connect", self._decide, hello, outcome, decided, identity, source)
-        await decided.wait()
-        (result,) = outcome
+        decided: Future[Channel | Refusal] = Future()
+        self.pump.post("connect", self._decide, hello, decided, identity, source)
+        result = await decided.wait()
         if isinstance(result, Refusal):
             reply = Reply(False, reason=result)
         else:
@@ -306,9 +304,10 @@ class NetNode:
         self.rejections[str(kind)] += 1
         del self.rejected[:-100], self.rejected_causes[:-100]
 
-    def _decide(self, hello: Hello, outcome: list[Channel | Refusal], decided: trio.Event,
+    def _decide(self, hello: Hello, decided: Future[Channel | Refusal],
                 identity: Identity | None = None, source: str | None = None) -> None:
-        """Pump task: the rendezvous decision for an inbound connect."""
+        """Pump task: the rendezvous decision for an inbound connect (a refusal if the
+        decision itself fails: the dialler hears that, not a dropped connection)."""
         try:
             target = self.resolve_local(hello.dst)
             ends: list[Channel] = []
@@ -325,11 +324,11 @@ class NetNode:
             if isinstance(result, Refusal):
                 self.pump.emit(Kind.REFUSE, broker=hello.dst, peer=hello.src, port=hello.port,
                                outcome=Outcome.INBOUND, reason=str(result))
-                outcome.append(result)
+                decided.set(result)
             else:
-                outcome.append(ends[0])
+                decided.set(ends[0])
         finally:
-            decided.set()
+            decided.set(Refusal.OTHER)  # ignored once a decision was set
 
     # -- dialling ---------------------------------------------------------------------
 
