@@ -113,7 +113,7 @@ def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:
         return Opened([create_segment(directory, 0, now_ms, 0)], [], 0)
     segments: list[Segment] = []
     found: list[tuple[Segment, _Hidden]] = []
-    cut = 0
+    cut = _torn_header(paths[-1], now_ms)
     try:
         for i, path in enumerate(paths):
             segment, cut_here = _load(path, last=i == len(paths) - 1,
@@ -141,6 +141,30 @@ def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:
         log.error("%s", corruption)
         corruptions.append(corruption)
     return Opened(segments, corruptions, cut)
+
+
+def _torn_header(path: Path, now_ms: int) -> int:
+    """A last segment shorter than its header (a crash between the file's creation and
+    its header's write: it holds no record) gets its header again, from its name; the
+    bytes of the torn header cut (0 if it was whole)."""
+    size = path.stat().st_size
+    if size >= SEGMENT_HEADER.size:
+        return 0
+    try:
+        base = int(path.stem)
+    except ValueError:
+        raise FormatError(f"{path}: {size} bytes, shorter than a segment header, and its "
+                          f"name is not a segment's base offset") from None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, segment_header(base, now_ms), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.warning("%s: a header torn at %d bytes (the process stopped as it created the "
+                "segment, before any record): written again", path, size)
+    return size
 
 
 def rescan(segment: Segment, max_record: int) -> None:

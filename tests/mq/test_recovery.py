@@ -54,6 +54,40 @@ def test_a_cut_at_every_byte_of_the_last_segment_keeps_exactly_the_whole_records
         shutil.rmtree(copy)
 
 
+def test_a_segment_torn_inside_its_header_is_written_again_and_loses_nothing(
+        tmp_path: pathlib.Path) -> None:
+    """A process killed as it rolled to a new segment, between the file's creation and
+    its header's write, leaves a last segment of 0 to 23 bytes: the log opens with every
+    record of the segments before, the segment's header written again, and appends go
+    on there."""
+    source = tmp_path / "source"
+    log = TopicLog(source, segment_bytes=4096)
+    messages = [(None, "p", i, os.urandom(200)) for i in range(40)]
+    for message in messages:
+        log.append([message])
+    log.sync()
+    last = log.segments[-1]
+    assert len(log.segments) >= 2
+    name, base = last.path.name, last.base
+    kept = [m for m in messages if m[2] < base]
+    log.close()
+    for cut in range(SEGMENT_HEADER.size):
+        copy = tmp_path / f"cut{cut}"
+        shutil.copytree(source, copy)
+        with open(copy / "segments" / name, "r+b") as f:
+            f.truncate(cut)
+        again = TopicLog(copy, segment_bytes=4096)
+        assert again.next_offset == base and again.cut_bytes == cut, cut
+        got = [(r.tag, r.producer, r.sequence, r.body) for r in again.read(0, max_count=1000)]
+        assert got == kept, cut
+        assert again.append([(None, "after", 0, b"x")]) == base
+        again.close()
+        reopened = TopicLog(copy, segment_bytes=4096)
+        assert reopened.next_offset == base + 1
+        reopened.close()
+        shutil.rmtree(copy)
+
+
 op = st.one_of(
     st.tuples(st.just("append"), st.lists(st.integers(0, 600), min_size=1, max_size=8)),
     st.tuples(st.just("sync")),
