@@ -502,6 +502,12 @@ def test_mq_failover_without_a_manager_is_one_line() -> None:
     assert line.startswith("error: manager 127.0.0.1:1: "), line
 
 
+def test_bench_nemesis_refuses_a_group_option_for_a_cluster_in_one_line() -> None:
+    result = runner.invoke(app, ["bench", "nemesis", "--cluster", "--insync-lag", "1"])
+    assert result.exit_code == 1, result.output
+    assert result.output == "error: --insync-lag is a group's: a cluster has none\n"
+
+
 def test_a_bad_trace_format_names_the_option_given() -> None:
     """``bench inproc --trace`` and ``universe run --trace-format`` check the same formats;
     each error names its own option and what it takes."""
