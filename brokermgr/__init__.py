@@ -46,8 +46,12 @@ from ._service import MAX_INT as MAX_INT
 from ._service import Call as Call
 from ._service import Command as Command
 from ._service import CommandTable as CommandTable
+from ._service import Deferred as Deferred
 from ._service import Fields as Fields
+from ._service import Push as Push
+from ._service import PushTable as PushTable
 from ._service import ReplyObject as ReplyObject
+from ._service import SendReply as SendReply
 from ._service import ServiceError as ServiceError
 from ._service import Status as Status
 from ._service import audit_log as audit_log
@@ -76,6 +80,10 @@ __all__ = [
     "STALE_EPOCH",
     "Body",
     "Call",
+    "Deferred",
+    "Push",
+    "PushTable",
+    "SendReply",
     "Command",
     "CommandTable",
     "Broker",

@@ -17,7 +17,7 @@ from pump import ConfigError, Future, Pump, Timer
 
 from ._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from ._rpc import Body, Sent, decode, encode, send
-from ._service import ReplyObject, ServiceError, Status
+from ._service import PushTable, ReplyObject, ServiceError, Status
 
 log = logging.getLogger("rdvpump.link")
 
@@ -264,8 +264,13 @@ class ReconnectingLink(QueueListener):
     def goodbye(self) -> None:
         """Last words on a clean :meth:`close`, sent before the link closes."""
 
+    #: What the link does with a message that is no reply (a subclass sets its own).
+    pushes: PushTable | None = None
+
     def pushed(self, obj: dict[str, Any]) -> None:
-        """A message that is not a reply to a request."""
+        """A message that is not a reply to a request: through :attr:`pushes`."""
+        if self.pushes is not None:
+            self.pushes.take(obj, self.protocol_error)
 
     def room_again(self) -> None:
         """The link takes messages again (after its high-water mark, or closing)."""

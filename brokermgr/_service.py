@@ -196,6 +196,8 @@ class Fields:
             return parse(self.obj.get(key))
         except ValueError as exc:
             raise self.bad(key, f"is not valid: {exc}") from None
+        except RecursionError:
+            raise self.bad(key, "is nested too deeply") from None
 
     def body(self) -> bytes | memoryview:
         """The binary body behind the JSON head (empty if none)."""
@@ -215,6 +217,52 @@ class Call:
     queue: MessageQueue | None
     seq: int | None
     cmd: str
+
+
+#: How a service sends a reply: on the link (None: to this process, not sent), with the
+#: ``seq`` it echoes (None: the caller does not wait for one).
+SendReply = Callable[[MessageQueue | None, int | None, ReplyObject], None]
+
+
+class Deferred:
+    """A reply sent after its request's handler returned (the handler returned None):
+    held for a group commit, for replicas' acknowledgements, for a cluster's root.  The
+    one form of every held reply: the :class:`Call` it answers, the reply once it is
+    known, what a refusal names besides its reason (the topic, the group), and the
+    service's ``send``.  It is sent at most once; a later answer is dropped."""
+
+    __slots__ = ("call", "reply", "named", "sent", "_send")
+
+    def __init__(self, call: Call, send: SendReply, reply: ReplyObject | None = None,
+                 **named: Any) -> None:
+        self.call = call
+        #: the reply, once known (sent by :meth:`answer` with no argument)
+        self.reply = reply
+        self.named = named
+        self.sent = False
+        self._send = send
+
+    @property
+    def queue(self) -> MessageQueue | None:
+        """The link the reply goes on (None: a request of this process)."""
+        return self.call.queue
+
+    def answer(self, reply: ReplyObject | None = None) -> None:
+        """Send ``reply`` (by default the one held) unless an answer went already."""
+        if self.sent:
+            return
+        reply = self.reply if reply is None else reply
+        if reply is None:
+            raise ValueError(f"a deferred {self.call.cmd} reply answered with no reply")
+        self.sent = True
+        self._send(self.call.queue, self.call.seq, reply)
+
+    def refuse(self, error: ServiceError) -> None:
+        """Answer with ``error``'s envelope, naming what this reply names."""
+        reply = error.envelope(self.call.cmd)
+        for key, value in self.named.items():
+            reply.setdefault(key, value)
+        self.answer(reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,3 +420,64 @@ class CommandTable:
             for key, value in self._names(obj).items():
                 reply.setdefault(key, value)
         return reply
+
+
+@dataclass(frozen=True, slots=True)
+class Push(Generic[R]):
+    """A message a service sends unasked (a delivery, a feed's update, a redirect):
+    ``parse`` makes it typed from its fields, as a request's are (a bad field is a
+    :class:`ServiceError` naming it, and closes the link as a protocol error), then
+    ``handle`` takes it.  :meth:`raw` is a push whose handler reads the fields itself: a
+    delivery frame, whose columns are unpacked in one pass on the hot path."""
+
+    parse: Callable[[Fields], R]
+    handle: Callable[[R], None]
+
+    @staticmethod
+    def raw(handle: Callable[[dict[str, Any]], None]) -> Push[dict[str, Any]]:
+        return Push(_fields_object, handle)
+
+
+def _fields_object(fields: Fields) -> dict[str, Any]:
+    return fields.obj  # type: ignore[return-value]  # a decoded message: a dict
+
+
+class PushTable:
+    """What a link does with the messages that are no reply to its requests, by their
+    ``cmd``, as :class:`CommandTable` does with requests.  An error envelope goes to
+    ``refused`` as its :class:`ServiceError` (logged by default); a ``cmd`` the table does
+    not list closes the link as a protocol error, or is ignored when ``unknown`` is
+    ``"ignore"`` (a client that a newer server may tell more)."""
+
+    def __init__(self, what: str, pushes: Mapping[str, Push[Any]], *,
+                 refused: Callable[[ServiceError], None] | None = None,
+                 unknown: str = "close") -> None:
+        if unknown not in ("close", "ignore"):
+            raise ValueError(f"unknown is 'close' or 'ignore', not {unknown!r}")
+        self.what = what
+        self.pushes = dict(pushes)
+        self.refused = refused or self._log_refusal
+        self.unknown = unknown
+
+    def _log_refusal(self, error: ServiceError) -> None:
+        log.warning("%s: %s", self.what, error)
+
+    def take(self, obj: dict[str, Any], protocol_error: Callable[[str], None]) -> None:
+        """Handle one push; ``protocol_error(reason)`` closes its link."""
+        cmd = obj.get("cmd")
+        push = self.pushes.get(cmd) if isinstance(cmd, str) else None
+        if push is None:
+            if cmd == "error":
+                error = ServiceError.of(obj)
+                assert error is not None
+                self.refused(error)
+            elif self.unknown == "close":
+                protocol_error(f"{self.what} sent {show(cmd)}, which is no message it sends")
+            return
+        assert isinstance(cmd, str)
+        try:
+            value = push.parse(Fields(obj, cmd))
+        except ServiceError as exc:
+            protocol_error(f"a bad {cmd} from {self.what}: {exc.reason}")
+            return
+        push.handle(value)

@@ -22,6 +22,7 @@ from pump import ConfigError
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from .._link import DEFAULT_RETRY, BrokerLink
+from .._service import Fields, Push, PushTable
 from .feed import FeedReader, Resync, Snapshot
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
 from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable
@@ -169,6 +170,9 @@ class _Subscription(_ClientLink):
     def __init__(self, client: RouteClient, tracker: ServerAddress) -> None:
         super().__init__(client, tracker, "tracker")
         self.reader = FeedReader()
+        #: The tracker's feed, in pieces (:class:`~.feed.FeedReader` checks each).
+        self.pushes = PushTable(self.name, {"track_pub": Push.raw(self._feed),
+                                            "track_delta": Push.raw(self._feed)})
         #: Full snapshots asked for again after a gap (tests and benchmarks read it).
         self.resyncs = 0
         #: The tracker's own address (``<broker id>:<port>``), as its snapshots say.
@@ -182,10 +186,8 @@ class _Subscription(_ClientLink):
         self.send({"cmd": "track_sub", "deltas": True} if self.client.deltas
                   else {"cmd": "track_sub"})
 
-    def pushed(self, obj: dict[str, Any]) -> None:
-        if obj.get("cmd") == "error":
-            log.warning("%s: %s", self.name, obj.get("error"))
-            return
+    def _feed(self, obj: dict[str, Any]) -> None:
+        """A piece of the tracker's feed: a snapshot's or a delta's."""
         routes = self.client.routes
         tracker = self.address.address
         try:
@@ -234,26 +236,20 @@ class _ServerQuery(_ClientLink):
 
     def __init__(self, client: RouteClient, server: ServerAddress) -> None:
         super().__init__(client, server, "server")
+        self.pushes = PushTable(self.name, {"server": Push(self._server_info, self._server)})
 
     def opened(self) -> None:
         self.send({"cmd": "server_sub"})
 
-    def pushed(self, obj: dict[str, Any]) -> None:
-        cmd = obj.get("cmd")
-        if cmd == "error":
-            log.warning("%s: %s", self.name, obj.get("error"))
-            return
-        if cmd != "server":
-            self.protocol_error(f"a server sent a watcher {cmd!r}")
-            return
-        try:
-            info = ServerInfo.from_json(obj.get("serverInfo"))
-            if info.server_address.address != self.address.address:
-                raise InfoError(f"asked {self.address.address}, got the ServerInfo of "
-                                f"{info.server_address.address}")
-        except (ValueError, RecursionError) as exc:
-            self._bad("ServerInfo", exc)
-            return
+    def _server_info(self, fields: Fields) -> ServerInfo:
+        """The server's ``serverInfo``: its own (it says what it is asked of)."""
+        info = fields.parsed("serverInfo", ServerInfo.from_json)
+        if info.server_address.address != self.address.address:
+            raise fields.bad("serverInfo", f"holds {info.server_address.address}, asked "
+                                           f"{self.address.address}")
+        return info
+
+    def _server(self, info: ServerInfo) -> None:
         if self.address.address in self.client.servers:
             self.client.apply(self.client.routes.update_server(info))
 

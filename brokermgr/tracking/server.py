@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
 from channels import MessageQueue
 from pump import ConfigError, Pump, Repeating
@@ -22,6 +21,7 @@ from .._broker import Broker
 from .._groups import GroupMember
 from .._link import BrokerLink
 from .._rpc import Sent, encode, send
+from .._service import PushTable
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 
 log = logging.getLogger("rdvpump.tracking")
@@ -226,6 +226,9 @@ class _Publisher(BrokerLink):
         self.address = tracker
         #: A report is owed: the last one did not fit under the high-water mark.
         self.behind = False
+        #: A tracker sends a publisher nothing but a refusal of its report.
+        self.pushes = PushTable(f"tracker {tracker}", {}, refused=lambda error: log.warning(
+            "tracker %s refused our report: %s", tracker, error))
 
     def opened(self) -> None:
         self.behind = False
@@ -249,8 +252,3 @@ class _Publisher(BrokerLink):
     def goodbye(self) -> None:
         self.publish(live=False)
 
-    def pushed(self, obj: dict[str, Any]) -> None:
-        if obj.get("cmd") == "error":
-            log.warning("tracker %s refused our report: %s", self.address, obj.get("error"))
-        else:
-            self.protocol_error("a tracker sent a publisher something unexpected")

@@ -36,6 +36,9 @@ from brokermgr import (
     Body,
     Broker,
     BrokerLink,
+    Fields,
+    Push,
+    PushTable,
     ReplyObject,
     ReplyOrError,
     Sent,
@@ -88,6 +91,13 @@ class _ServerLink(BrokerLink):
         self.at = 0
         #: The server a redirect named: the one dialled after this link is lost.
         self.redirected: int | None = None
+        #: What a server sends unasked; a push this client does not know is ignored.
+        self.pushes = PushTable(f"mq server {first.address}", {
+            "redirect": Push(lambda f: f.raw("server"), self.redirect),
+            "pushed": Push(_parse_pushed, self._pushed_to),
+            "reply": Push.raw(self._rpc_reply),
+            "messages": Push.raw(self._messages),
+        }, refused=client.failed, unknown="ignore")
 
     @property
     def server(self) -> ServerAddress:
@@ -144,26 +154,17 @@ class _ServerLink(BrokerLink):
         """One message with a binary body, fire and forget."""
         return self.send(encode(obj, body))
 
-    def pushed(self, obj: dict[str, Any]) -> None:
-        if obj.get("cmd") == "redirect":
-            self.redirect(obj.get("server"))
-            return
-        if obj.get("cmd") == "pushed":
-            receiver = self.client.receivers.get(obj.get("to"))  # type: ignore[arg-type]
-            if receiver is not None:
-                receiver.inbox.send_nowait(Pushed(str(obj.get("to")), str(obj.get("from")),
-                                                  bytes(obj.get("body", b""))))
-            return
-        if obj.get("cmd") == "reply":
-            waiting = self.client.calls.pop(obj.get("id"), None)  # type: ignore[arg-type]
-            if waiting is not None:
-                waiting(obj)
-            return  # a reply after its call timed out: dropped
-        if obj.get("cmd") == "error":
-            self.client.failed(obj)
-            return
-        if obj.get("cmd") != "messages":
-            return
+    def _pushed_to(self, pushed: Pushed) -> None:
+        receiver = self.client.receivers.get(pushed.to)
+        if receiver is not None:
+            receiver.inbox.send_nowait(pushed)
+
+    def _rpc_reply(self, obj: dict[str, Any]) -> None:
+        waiting = self.client.calls.pop(obj.get("id"), None)  # type: ignore[arg-type]
+        if waiting is not None:
+            waiting(obj)  # (a reply after its call timed out: dropped)
+
+    def _messages(self, obj: dict[str, Any]) -> None:
         key = (obj.get("topic"), obj.get("group"))
         subscription = self.client.subscriptions.get(key)  # type: ignore[arg-type]
         if subscription is None:
@@ -202,6 +203,11 @@ class _ServerLink(BrokerLink):
         else:
             for message in batch:
                 subscription.on_message(message)
+
+
+def _parse_pushed(fields: Fields) -> Pushed:
+    """A ``pushed`` message: for a receiver name of this client, from a link's id."""
+    return Pushed(fields.string("to"), str(fields.raw("from")), bytes(fields.body()))
 
 
 def check_sizes(body: bytes | memoryview, sizes: list[Any]) -> None:
@@ -270,20 +276,19 @@ class MqClient:
         """The server this client is on (or dials next)."""
         return self.link.server
 
-    def failed(self, reply: ReplyObject) -> None:
+    def failed(self, error: ServiceError) -> None:
         """An error reply that no request waits for: to the subscription whose topic and
         group it names (its ack or consume), else :attr:`on_error`, else the log."""
-        error = ServiceError.of(reply)
-        assert error is not None
-        topic, group = reply.get("topic"), reply.get("group") or reply.get("topic")
+        named = error.detail
+        topic, group = named.get("topic"), named.get("group") or named.get("topic")
         subscription = self.subscriptions.get((topic, group))  # type: ignore[arg-type]
-        if subscription is not None and reply.get("for") in ("ack", "consume"):
+        if subscription is not None and named.get("for") in ("ack", "consume"):
             subscription.failed(error)
         elif self.on_error is not None:
             self.on_error(error)
         else:
             log.warning("%s: an error reply to %s: %s", self.server.address,
-                        reply.get("for", "a request"), error)
+                        named.get("for", "a request"), error)
 
     async def connected(self) -> None:
         """Wait until the link to the server is up; :class:`~brokermgr.ServiceError`

@@ -37,7 +37,17 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any, Protocol
 
-from brokermgr import BrokerLink, Call, CommandTable, ReplyOrError, ServiceError, Status, encode
+from brokermgr import (
+    BrokerLink,
+    Call,
+    Deferred,
+    Push,
+    PushTable,
+    ReplyOrError,
+    ServiceError,
+    Status,
+    encode,
+)
 from brokermgr.tracking import TrackNode
 from channels import MessageQueue
 from pump import Pump
@@ -59,7 +69,7 @@ class Consumes(Protocol):
 
 class RelayedServer(Protocol):
     """What a relay asks of its MQ server (:class:`~mq.MqServer`): where it is, its
-    topics, links and commands, and to answer a request or handle one as its own."""
+    topics and links, to answer a request later or handle one as its own."""
 
     @property
     def node(self) -> TrackNode: ...
@@ -77,14 +87,11 @@ class RelayedServer(Protocol):
     def links(self) -> Links: ...
 
     @property
-    def table(self) -> CommandTable: ...
-
-    @property
     def consumers(self) -> Consumes: ...
 
 
-    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
-              ) -> None: ...
+    def defer(self, call: Call, reply: dict[str, Any] | None = None, **named: Any
+              ) -> Deferred: ...
 
     def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None: ...
 
@@ -110,6 +117,12 @@ class Upstream(BrokerLink):
                          name=f"cluster root {root}", retry=0.5)
         self.relay = relay
         self.root = root
+        #: What the root sends: its groups' messages; an error is an ack it no longer
+        #: held (redelivered after its ack timeout): that message comes again.
+        self.pushes = PushTable(f"root {root}", {
+            "messages": Push.raw(lambda obj: relay.take(self, obj)),
+        }, refused=lambda error: log.info("%s: root %s: %s", relay.server.address, root,
+                                          error), unknown="ignore")
 
     def opened(self) -> None:
         self.relay.upstream_up(self)
@@ -117,18 +130,18 @@ class Upstream(BrokerLink):
     def lost(self, reason: str) -> None:
         self.relay.upstream_lost(self, reason)
 
-    def pushed(self, obj: dict[str, Any]) -> None:
-        self.relay.pushed(self, obj)
-
     def room_again(self) -> None:
         self.relay.run_waiting()
 
 
 @dataclass
 class _Waiting:
+    """A request waiting for a root: run ``again`` when one is there, or refused through
+    ``reply`` at ``deadline``."""
+
     deadline: float
     again: Callable[[], object]
-    refuse: Callable[[ServiceError], object]
+    reply: Deferred
 
 
 class Relay:
@@ -166,14 +179,9 @@ class Relay:
               group: str | None = None) -> None:
         """Wait for a root (bounded), then ``again``; refused 503 after the wait (naming
         the topic and group, so that a client can tell whose refusal it is)."""
-        queue, seq = call.queue, call.seq
-        named = {"cmd": what, "topic": topic, "group": group or topic}
-
-        def refuse(error: ServiceError) -> None:
-            self.server.reply(queue, seq, self.server.table.refusal(named, error, what))
-
+        reply = self.server.defer(call, topic=topic, group=group or topic)
         self.waiting.append(_Waiting(self.pump.now() + self.cluster.not_ready_wait, again,
-                                     refuse))
+                                     reply))
 
     # -- produce -----------------------------------------------------------------------
 
@@ -196,7 +204,7 @@ class Relay:
             obj["sizes"] = list(request.sizes)
         if request.immediate:
             obj["immediate"] = True  # a return comes back as the root's reply
-        queue, seq = call.queue, call.seq
+        deferred = self.server.defer(call, topic=request.topic)
 
         def answered(outcome: ReplyOrError) -> None:
             if isinstance(outcome, ServiceError):
@@ -205,13 +213,12 @@ class Relay:
                                            f"link to the cluster's root closed before it "
                                            f"answered ({outcome.reason}); it may or may not "
                                            f"be stored")
-                self.server.reply(queue, seq, self.server.table.refusal(
-                    {"cmd": "produce", "topic": request.topic}, outcome, "produce"))
+                deferred.refuse(outcome)
                 return
             self.counts["forwarded"] += 1
             reply = {k: v for k, v in outcome.items() if k != "seq"}
             reply["via"] = self.server.address
-            self.server.reply(queue, seq, reply)
+            deferred.answer(reply)
 
         if not upstream.request(obj, answered, body=request.body):
             self._hold(call, lambda: self._produce_again(request, call), "produce",
@@ -259,12 +266,11 @@ class Relay:
             reply = (self.consume(request, call) if self.takes(request.topic)
                      else self.server.consumers.consume(request, call))
         except ServiceError as exc:
-            self.server.reply(call.queue, call.seq, self.server.table.refusal(
-                {"cmd": "consume", "topic": request.topic,
-                 "group": request.group or request.topic}, exc, "consume"))
+            self.server.defer(call, topic=request.topic,
+                              group=request.group or request.topic).refuse(exc)
             return
         if reply is not None:
-            self.server.reply(call.queue, call.seq, reply)
+            self.server.defer(call).answer(reply)
 
     def unconsume(self, request: Unconsume, call: Call) -> dict[str, Any]:
         group = request.group or request.topic
@@ -378,20 +384,15 @@ class Relay:
             request["offsets"] = listed
         upstream.send(request)
 
-    def pushed(self, upstream: Upstream, obj: dict[str, Any]) -> None:
+    def take(self, upstream: Upstream, obj: dict[str, Any]) -> None:
+        """A ``messages`` frame from the root (on the current link; one from a link
+        replaced meanwhile is dropped)."""
         if upstream is not self.upstream:
             return
-        cmd = obj.get("cmd")
-        if cmd == "messages":
-            try:
-                self._take(obj)
-            except (KeyError, TypeError, ValueError) as exc:
-                upstream.protocol_error(f"a bad messages frame from the root: {exc}")
-        elif cmd == "error":
-            # an ack the root no longer held (redelivered after its ack timeout): that
-            # message comes again, at least once
-            log.info("%s: root %s: %s", self.server.address, upstream.root,
-                     obj.get("error"))
+        try:
+            self._take(obj)
+        except (KeyError, TypeError, ValueError) as exc:
+            upstream.protocol_error(f"a bad messages frame from the root: {exc}")
 
     def _take(self, obj: dict[str, Any]) -> None:
         """A ``messages`` frame from the root, for one group or (``groups``) for several
@@ -510,7 +511,7 @@ class Relay:
         if late:
             self.waiting = [w for w in self.waiting if w.deadline > now]
             for held in late:
-                held.refuse(ServiceError(
+                held.reply.refuse(ServiceError(
                     Status.UNAVAILABLE, f"{self.server.address}: cluster "
                                         f"{self.cluster.config.name!r} is not ready: no root "
                                         f"within {self.cluster.not_ready_wait} s"))

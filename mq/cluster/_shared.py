@@ -12,8 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from brokermgr import Call, CommandTable, ServiceError, Status
-from channels import MessageQueue
+from brokermgr import Call, Deferred, ServiceError, Status
 
 from ..topics._requests import Declare
 from ._node import ClusterNode
@@ -22,7 +21,7 @@ from ._state import ClusterState
 
 class SharingServer(Protocol):
     """What declaring shared topics asks of an MQ server (:class:`~mq.MqServer`): its
-    cluster, where it is, its commands, and to handle a request of its own."""
+    cluster, where it is, to handle a request of its own and to answer one later."""
 
     @property
     def cluster(self) -> ClusterNode | None: ...
@@ -30,13 +29,10 @@ class SharingServer(Protocol):
     @property
     def address(self) -> str: ...
 
-    @property
-    def table(self) -> CommandTable: ...
-
     def handle_local(self, obj: dict[str, Any]) -> dict[str, Any]: ...
 
-    def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
-              ) -> None: ...
+    def defer(self, call: Call, reply: dict[str, Any] | None = None, **named: Any
+              ) -> Deferred: ...
 
 __all__ = ["declare_on", "declare_shared"]
 
@@ -53,8 +49,8 @@ def declare_shared(server: SharingServer, request: Declare, call: Call) -> None:
                            f"shared topic needs one (broker run --cluster)")
     if call.queue is None:
         raise ServiceError(Status.BAD_REQUEST, "a shared declare is answered on a link")
-    queue, seq, group = call.queue, call.seq, request.group or request.topic
-    named = {"cmd": "declare", "topic": request.topic, "group": group}
+    group = request.group or request.topic
+    reply = server.defer(call, topic=request.topic, group=group)
 
     def done(outcome: int | ServiceError) -> None:
         if isinstance(outcome, int):
@@ -66,11 +62,10 @@ def declare_shared(server: SharingServer, request: Declare, call: Call) -> None:
             except ServiceError as exc:
                 outcome = exc
             else:
-                server.reply(queue, seq, {"cmd": "declared", "topic": request.topic,
-                                         "group": group, "created": created,
-                                         "shared": True, "version": outcome})
+                reply.answer({"cmd": "declared", "topic": request.topic, "group": group,
+                              "created": created, "shared": True, "version": outcome})
                 return
-        server.reply(queue, seq, server.table.refusal(named, outcome, "declare"))
+        reply.refuse(outcome)
 
     cluster.change_soon("declare", request.topic, request.group, request.filter, done)
     return None

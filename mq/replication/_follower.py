@@ -29,6 +29,8 @@ from brokermgr import (
     DEFAULT_RETRY,
     Broker,
     BrokerLink,
+    Push,
+    PushTable,
     ReplyOrError,
     ServiceError,
     Status,
@@ -114,6 +116,14 @@ class _MasterLink(BrokerLink):
         super().__init__(broker, master.broker_id, master.port,
                          name=f"replica of {master.address}", retry=retry)
         self.follower = follower
+        #: What the master sends: copies of records, the groups' positions, the committed
+        #: offset (each checked against what this replica follows, by its handler).
+        self.pushes = PushTable(f"master {master.address}", {
+            "copies": Push.raw(lambda obj: follower.copies(self, obj)),
+            "positions": Push.raw(lambda obj: follower.positions(self, obj)),
+            "committed": Push.raw(lambda obj: follower.committed(self, obj.get("topic"),
+                                                                 obj.get("offset"))),
+        }, refused=lambda error: log.warning("%s: %s", self.name, error), unknown="ignore")
 
     def opened(self) -> None:
         self.follower.heard()
@@ -122,15 +132,8 @@ class _MasterLink(BrokerLink):
         self.follower.scan()
 
     def pushed(self, obj: dict[str, Any]) -> None:
-        self.follower.heard()
-        if obj.get("cmd") == "copies":
-            self.follower.copies(self, obj)
-        elif obj.get("cmd") == "positions":
-            self.follower.positions(self, obj)
-        elif obj.get("cmd") == "committed":
-            self.follower.committed(self, obj.get("topic"), obj.get("offset"))
-        elif obj.get("cmd") == "error":
-            log.warning("%s: %s", self.name, ServiceError.of(obj))
+        self.follower.heard()  # whatever it says: the master is alive
+        super().pushed(obj)
 
 
 class Follower:

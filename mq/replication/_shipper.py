@@ -63,7 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokermgr import GroupMember, ServiceError, Status, encode
+from brokermgr import Deferred, GroupMember, ServiceError, Status, encode
 from channels import MessageQueue
 from pump import ConfigError
 
@@ -110,16 +110,13 @@ class _WaitingReply:
     enough of them."""
 
     end: int
-    queue: MessageQueue | None
-    seq: int | None
-    reply: dict[str, Any] = field(default_factory=dict)
+    reply: Deferred
 
 
 class Shipper:
     """The followers of a server's topics, by link and topic."""
 
-    def __init__(self, catalogue: Catalogue,
-                 reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None], *,
+    def __init__(self, catalogue: Catalogue, *,
                  mode: str = "async", min_insync: int = 1,
                  insync_lag: float = DEFAULT_INSYNC_LAG,
                  dispatch: Callable[[TopicState], None] = lambda state: None) -> None:
@@ -131,7 +128,6 @@ class Shipper:
             raise ConfigError(f"insync_lag is a positive number of seconds, not "
                               f"{insync_lag!r}")
         self.catalogue = catalogue
-        self.reply = reply
         self.dispatch = dispatch
         self.now = catalogue.node.pump.now
         self.mode = mode
@@ -336,16 +332,17 @@ class Shipper:
                             f"{topic}: {count} replicas in sync, {self.min_insync} needed "
                             f"(replication sync)", topic=topic)
 
-    def hold(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
-             ) -> bool:
+    def hold(self, deferred: Deferred) -> bool:
         """Under ``sync``, keep a produce's reply (``stored``) until enough replicas
         acknowledged it: True then (the caller does not reply)."""
-        if reply.get("cmd") != "stored" or not self._replicated(reply["topic"]):
+        reply = deferred.reply
+        if reply is None or reply.get("cmd") != "stored" or not self._replicated(
+                reply["topic"]):
             return False
         topic, end = reply["topic"], reply["offset"] + reply["count"]
         if self._enough(topic, end):
             return False
-        self.waiting.setdefault(topic, []).append(_WaitingReply(end, queue, seq, reply))
+        self.waiting.setdefault(topic, []).append(_WaitingReply(end, deferred))
         self.counts["held"] += 1
         return True
 
@@ -360,10 +357,10 @@ class Shipper:
             del self.waiting[topic]
             error = ServiceError(Status.UNAVAILABLE,
                                  f"not acknowledged, stored here but it may or may not stay: "
-                                 f"{refused.reason}", topic=topic).envelope("produce")
+                                 f"{refused.reason}", topic=topic)
             for waiting in held:
                 self.counts["refused"] += 1
-                self.reply(waiting.queue, waiting.seq, dict(error))
+                waiting.reply.refuse(error)
 
     def _replicated(self, topic: str) -> bool:
         """Whether a produce to ``topic`` waits for replicas."""
@@ -426,14 +423,13 @@ class Shipper:
         self._commit(topic)
         held = self.waiting.get(topic)
         while held and self._enough(topic, held[0].end):
-            waiting = held.pop(0)
-            self.reply(waiting.queue, waiting.seq, waiting.reply)
+            held.pop(0).reply.answer()
         if held is not None and not held:
             del self.waiting[topic]
 
     def forget_queue(self, queue: MessageQueue) -> None:
         """A client's link closed: its held replies are dropped."""
         for topic, held in list(self.waiting.items()):
-            held[:] = [w for w in held if w.queue is not queue]
+            held[:] = [w for w in held if w.reply.queue is not queue]
             if not held:
                 del self.waiting[topic]

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from brokermgr import Call, ServiceError, Status
+from brokermgr import Call, Deferred, SendReply, ServiceError, Status
 from channels import split_bodies
 
 from ..cluster._relay import Relay
@@ -31,11 +31,12 @@ __all__ = ["ProduceCommand"]
 
 class ProduceCommand:
     """``produce`` on ``catalogue``'s topics; ``dispatch(state)`` pushes what a topic's
-    groups may have now; bodies over ``max_body`` are refused (413)."""
+    groups may have now; bodies over ``max_body`` are refused (413); a reply held (for the
+    group commit, for replicas) goes out through ``send``."""
 
     def __init__(self, catalogue: Catalogue, links: Links, commit: GroupCommit,
                  shipper: Shipper, role: GroupRole, counts: dict[str, int],
-                 dispatch: Callable[[TopicState], None], *, max_body: int,
+                 dispatch: Callable[[TopicState], None], *, send: SendReply, max_body: int,
                  address: str) -> None:
         self.catalogue = catalogue
         self.links = links
@@ -44,6 +45,7 @@ class ProduceCommand:
         self.role = role
         self.counts = counts
         self.dispatch = dispatch
+        self.send = send
         self.max_body = max_body
         self.address = address
         #: A cluster's server: a shared topic's produce goes to the root (:mod:`mq.cluster._relay`).
@@ -101,11 +103,13 @@ class ProduceCommand:
             self.counts["stored"] += len(messages)
             if recent is not None:
                 recent.add(producer, sequence, first, len(messages))
-        if self.commit.written(state.topic.name, state.topic.log,
-                               (queue, call.seq, reply, state.topic.name)):
-            return None  # replied and delivered once the group commit is done
+        if self.commit.waits(state.topic.log):  # replied and delivered after the commit
+            self.commit.written(state.topic.name, state.topic.log,
+                                Deferred(call, self.send, reply, topic=state.topic.name))
+            return None
         self.dispatch(state)
-        if sync and self.shipper.hold(queue, call.seq, reply):
+        if sync and self.shipper.hold(Deferred(call, self.send, reply,
+                                               topic=state.topic.name)):
             return None  # replied once enough replicas stored it
         return reply
 

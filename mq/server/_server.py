@@ -63,6 +63,7 @@ from brokermgr import (
     Call,
     Command,
     CommandTable,
+    Deferred,
     GroupMember,
     GroupProgress,
     ServiceError,
@@ -194,7 +195,7 @@ class MqServer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock = lock_directory(self.directory)
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
-                                  reply=self._committed, failed=self._commit_failed,
+                                  release=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
         router = Router(self.links, self.counts, self.address)
         self.catalogue = Catalogue(node, self.directory, self.commit,
@@ -202,7 +203,7 @@ class MqServer:
                                    max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
         #: The replicas that follow this server's topics, and whether a produce waits for
         #: them (``replication``: async or sync; :mod:`mq.replication._shipper`).
-        self.shipper = Shipper(self.catalogue, self.reply, mode=replication,
+        self.shipper = Shipper(self.catalogue, mode=replication,
                                min_insync=min_insync, insync_lag=insync_lag,
                                dispatch=self._dispatch)
         #: Its place in a replicated group, and its side as a replica
@@ -217,7 +218,8 @@ class MqServer:
                                           self._dispatch, self.address)
         self.produce = ProduceCommand(
             self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
-            self._dispatch_soon, max_body=self.max_body, address=self.address)
+            self._dispatch_soon, send=self.reply, max_body=self.max_body,
+            address=self.address)
         #: Topics a produce wrote, dispatched by one task after the produces of the turn
         #: (:meth:`_dispatch_soon`).
         self._to_dispatch: dict[str, TopicState] = {}
@@ -274,6 +276,12 @@ class MqServer:
         reply = command.handle(self.table.parse(obj), Call(None, None, cmd))
         assert reply is not None
         return reply
+
+    def defer(self, call: Call, reply: dict[str, Any] | None = None, **named: Any
+              ) -> Deferred:
+        """``call``'s reply, sent later by this server (:class:`~brokermgr.Deferred`);
+        a refusal names ``named`` (the topic, the group) besides its reason."""
+        return Deferred(call, self.reply, reply, **named)
 
     def reply(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
               ) -> None:
@@ -341,11 +349,10 @@ class MqServer:
         return {"cmd": "declared", "topic": name, "group": group, "created": created,
                 "group_created": new_group}
 
-    def _committed(self, queue: MessageQueue | None, seq: int | None, reply: dict[str, Any]
-                   ) -> None:
+    def _committed(self, reply: Deferred) -> None:
         """A produce's reply after the group commit: now, or once replicas have it."""
-        if self.shipper.mode != "sync" or not self.shipper.hold(queue, seq, reply):
-            self.reply(queue, seq, reply)
+        if self.shipper.mode != "sync" or not self.shipper.hold(reply):
+            reply.answer()
 
     def _commit_failed(self, name: str, reason: str) -> None:
         state = self.catalogue.topics.get(name)

@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from brokermgr import ServiceError, Status
+from brokermgr import Deferred, ServiceError, Status
 from channels import MessageQueue
 from pump import ConfigError, Pump, Repeating
 
@@ -61,8 +61,8 @@ class Durability:
         return f"interval:{self.interval:g}" if self.kind == "interval" else self.kind
 
 
-#: A produce waiting for its group commit: the caller's link, its seq, the reply, the topic.
-Waiting = tuple[MessageQueue | None, int | None, dict[str, Any], str]
+#: A produce waiting for its group commit: its topic and its reply.
+Waiting = tuple[str, Deferred]
 
 
 #: Upper bounds, in seconds, of the buckets a commit's fsync time is counted in
@@ -75,13 +75,13 @@ class GroupCommit:
     that wait for them.
 
     The server tells it of each topic's log (:meth:`add`, :meth:`remove`).  When a commit
-    is done (or failed), ``reply`` sends each waiting reply (an error envelope for a topic whose
-    commit failed), ``failed`` is told of each topic whose fsync failed (with why), and
+    is done (or failed), each waiting reply goes to ``release`` (or is refused, for a topic
+    whose commit failed), ``failed`` is told of each topic whose fsync failed (with why), and
     ``committed`` runs, to deliver what became durable.
     """
 
     def __init__(self, pump: Pump, durability: Durability, *, owner: Any,
-                 reply: Callable[[MessageQueue | None, int | None, dict[str, Any]], None],
+                 release: Callable[[Deferred], None],
                  failed: Callable[[str, str], None], committed: Callable[[], None],
                  fsync_thread: bool = True) -> None:
         self.pump = pump
@@ -91,7 +91,7 @@ class GroupCommit:
         self._owner = owner
         #: the topics' logs, by name
         self.logs: dict[str, Log] = {}
-        self._reply = reply
+        self._release = release
         self._failed = failed
         self._committed_hook = committed
         #: topics written since their last fsync was started
@@ -128,21 +128,26 @@ class GroupCommit:
         """The offsets below this may be delivered: under ``sync`` what is durable."""
         return log.durable_offset if self.durability.kind == "sync" else log.next_offset
 
-    def written(self, name: str, log: Log, waiting: Waiting | None = None) -> bool:
-        """Topic ``name`` was just written.  Under ``sync``, on a persistent log, it waits
-        for the next group commit (posted once for all), and so does ``waiting``, the
-        produce's reply: True then, and the caller neither replies nor delivers now."""
-        if self.durability.kind != "sync" or not log.persistent:
+    def waits(self, log: Log) -> bool:
+        """Whether what is written to ``log`` waits for a group commit (``sync``, on a
+        persistent log) before it is acknowledged and delivered."""
+        return self.durability.kind == "sync" and log.persistent
+
+    def written(self, name: str, log: Log, reply: Deferred | None = None) -> bool:
+        """Topic ``name`` was just written.  If it :meth:`waits`, it waits for the next
+        group commit (posted once for all), and so does ``reply``, the produce's: True
+        then, and the caller neither replies nor delivers now."""
+        if not self.waits(log):
             return False
         self._dirty.add(name)
-        if waiting is not None:
-            self._waiting.append(waiting)
+        if reply is not None:
+            self._waiting.append((name, reply))
         self._want()
         return True
 
     def forget(self, queue: MessageQueue) -> None:
         """A link closed: the replies waiting for it are dropped."""
-        self._waiting = [w for w in self._waiting if w[0] is not queue]
+        self._waiting = [w for w in self._waiting if w[1].queue is not queue]
 
     def _want(self) -> None:
         if not self._posted and not self._running:
@@ -201,12 +206,13 @@ class GroupCommit:
                 failed[name] = str(exc)
         for name, reason in failed.items():
             self._failed(name, reason)
-        for queue, seq, reply, name in waiting:
+        for name, reply in waiting:
             if name in failed:
-                reply = ServiceError(Status.INTERNAL, f"not acknowledged, it may or may not "
-                                                      f"be stored: {failed[name]}",
-                                     topic=name).envelope("produce")
-            self._reply(queue, seq, reply)
+                reply.refuse(ServiceError(Status.INTERNAL, f"not acknowledged, it may or may "
+                                                           f"not be stored: {failed[name]}",
+                                          topic=name))
+            else:
+                self._release(reply)
         self._committed_hook()
         if self._waiting or self._dirty:
             self._want()

@@ -17,10 +17,14 @@ from hypothesis import strategies as st
 from brokermgr import (
     BrokerLink,
     BrokerManager,
+    Call,
     Command,
     CommandTable,
+    Deferred,
     Fields,
     NameService,
+    Push,
+    PushTable,
     ServiceError,
     Status,
     Template,
@@ -221,6 +225,50 @@ def test_an_envelope_is_the_error_again_on_the_calling_side() -> None:
     assert again.detail == {"for": "register", "brokers": [{"id": "a"}]}
     assert str(again) == "duplicate id: a (status 409)"
     assert ServiceError.of({"cmd": "declared"}) is None
+
+
+def test_a_deferred_reply_goes_once_with_its_seq_and_a_refusal_names_what_it_held() -> None:
+    sent: list[tuple[object, int | None, dict[str, Any]]] = []
+    call = Call(None, 7, "produce")
+    stored = {"cmd": "stored", "topic": "t", "offset": 0, "count": 1}
+    reply = Deferred(call, lambda queue, seq, obj: sent.append((queue, seq, obj)), stored,
+                     topic="t")
+    reply.answer()
+    reply.refuse(ServiceError(Status.INTERNAL, "too late"))  # an answer went: dropped
+    assert sent == [(None, 7, stored)]
+    refused = Deferred(call, lambda queue, seq, obj: sent.append((queue, seq, obj)),
+                       topic="t", group="g")
+    refused.refuse(ServiceError(Status.UNAVAILABLE, "no root", topic="other"))
+    assert sent[1] == (None, 7, {"cmd": "error", "status": 503, "error": "no root",
+                                 "for": "produce", "topic": "other", "group": "g"})
+    with pytest.raises(ValueError, match="no reply"):
+        Deferred(call, lambda *_: None).answer()
+
+
+def test_a_push_table_types_each_push_and_closes_the_link_on_a_bad_or_unknown_one() -> None:
+    taken: list[object] = []
+    closed: list[str] = []
+    table = PushTable("server s1:1", {
+        "redirect": Push(lambda fields: fields.string("server"), taken.append),
+        "messages": Push.raw(taken.append),
+    }, refused=taken.append)
+    table.take({"cmd": "redirect", "server": "s2:1"}, closed.append)
+    table.take({"cmd": "messages", "count": 1}, closed.append)
+    table.take({"cmd": "error", "status": 404, "error": "no topic 'a'", "topic": "a"},
+               closed.append)
+    assert taken[:2] == ["s2:1", {"cmd": "messages", "count": 1}] and not closed
+    refusal = taken[2]
+    assert isinstance(refusal, ServiceError)
+    assert (refusal.status, refusal.reason, refusal.detail) == (404, "no topic 'a'",
+                                                                {"topic": "a"})
+    table.take({"cmd": "redirect", "server": 3}, closed.append)  # a bad field
+    table.take({"cmd": "surprise"}, closed.append)  # not a push of this service
+    assert closed == ["a bad redirect from server s1:1: redirect: server must be a "
+                      "string, got int",
+                      "server s1:1 sent 'surprise', which is no message it sends"]
+    lenient = PushTable("server s1:1", {}, unknown="ignore")
+    lenient.take({"cmd": "surprise"}, closed.append)
+    assert len(closed) == 2 and len(taken) == 3
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
