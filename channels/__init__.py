@@ -34,8 +34,9 @@ from ._queue import MessageQueue as MessageQueue
 from ._queue import ObservedMessageQueue as ObservedMessageQueue
 from ._queue import QueueListener as QueueListener
 from ._queue import QueueStatistics as QueueStatistics
-from ._relay import Direction as Direction
-from ._relay import RelayedLink as RelayedLink
+from ._faults import Direction as Direction
+from ._faults import FaultLink as FaultLink
+from ._faults import FaultLink as RelayedLink  # its name before 0.2, kept for a release
 from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
@@ -80,6 +81,7 @@ __all__ = [
     "QueueFullError",
     "QueueListener",
     "QueueStatistics",
+    "FaultLink",
     "RelayedLink",
     "RingBuffer",
     "StreamLink",

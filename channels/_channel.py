@@ -407,7 +407,7 @@ class LinkGate(Protocol):
     ``refusal(src, dst)`` is why ``src`` cannot reach ``dst`` now (a partition, a
     crashed broker), or None; ``join(a, b)`` gets the two ends of every new link
     (``a`` connected, ``b`` accepted), each with its own rings, and must join them
-    (through a :class:`~channels.RelayedLink`).
+    (through a :class:`~channels.FaultLink`).
     """
 
     def refusal(self, src: str, dst: str) -> str | None: ...

@@ -1,6 +1,8 @@
-"""What an operator asks of a running universe, from a process of its own (the CLI's
-``status`` and ``mq failover``, and the console): each dials the manager, asks, and
-closes its link cleanly."""
+"""What an operator asks of a running universe, from a process of its own: the status
+(``rdvpump status``), a topic or group declared (``rdvpump mq declare``) and a group's
+master switched (``rdvpump mq failover``).  The CLI and the console call these and
+nothing else, so the console changes a universe only as the CLI does.  Each dials, asks,
+and closes its link cleanly."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import Any
 import trio
 
 from brokermgr import NameClient
+from brokermgr.tracking import DEFAULT_TRACK_PORT
 from rdv import Address, Refusal, is_final, tls_contexts
 
+from . import mqtool
 from ._dial import refusal_text, tool_universe
 
 TLSFiles = tuple[str, str, str | None]  # certificate, key, CA (None: system roots)
@@ -114,3 +118,31 @@ async def switch_master(universe: str, manager_address: Address, group: str, to:
         finally:
             await names.aclose()
     return info
+
+
+async def declare(universe: str, server: str, topic: str, *, flags: Sequence[str] = (),
+                  group: str | None = None, filter: str | None = None,
+                  start: str | None = None, shared: bool = False, token: str = "",
+                  identity: str | None = None, track_port: int = DEFAULT_TRACK_PORT,
+                  timeout: float = 10.0) -> dict[str, Any]:
+    """Declare ``topic`` (and ``group``) on the MQ server ``server``
+    (``BROKER@HOST:PORT``): the server's reply, or its refusal as
+    :class:`~brokermgr.ServiceError` (:func:`declared` says it in a line)."""
+    async with mqtool.connect(universe, server, token=token, identity=identity,
+                              track_port=track_port, timeout=timeout) as client:
+        return await client.declare(topic, flags=list(flags), group=group, filter=filter,
+                                    start=start, shared=shared)
+
+
+def declared(topic: str, reply: dict[str, Any], filter: str | None) -> str:
+    """What ``rdvpump mq declare`` (and the console's declare) says of the server's reply."""
+    if reply.get("shared"):  # declared through the cluster's root, on every server
+        return (f"declared {topic}, group {reply['group']}, shared (cluster state "
+                f"v{reply['version']})")
+    if reply.get("created"):
+        return f"declared {topic}, group {reply['group']}"
+    if reply.get("group_created"):
+        return f"declared group {reply['group']} of {topic}"
+    if filter is not None:
+        return f"updated {topic}, group {reply['group']}: filter {filter}"
+    return f"{topic}, group {reply['group']}: declared already, unchanged"

@@ -181,7 +181,7 @@ class UniverseConsole:
         return said
 
     async def _declare(self, fields: dict[str, Any]) -> str:
-        from . import mqtool
+        from .admin import declare, declared
 
         server, topic = _text(fields, "server"), _text(fields, "topic")
         options = {name: _text(fields, name, optional=True)
@@ -194,12 +194,11 @@ class UniverseConsole:
             raise AdminError(404, f"no broker {server!r} is registered in universe "
                                   f"{self.universe!r}")
         host, port = found["address"]
-        async with mqtool.connect(self.universe, f"{server}@{host}:{port}", token=self.token,
-                                  identity=self.identity, timeout=ADMIN_TIMEOUT) as client:
-            reply = await client.declare(topic, group=options["group"],
-                                         filter=options["filter"], start=options["start"],
-                                         shared=shared)
-        return f"{server}: " + mqtool.declared(topic, reply, options["filter"])
+        reply = await declare(self.universe, f"{server}@{host}:{port}", topic,
+                              group=options["group"], filter=options["filter"],
+                              start=options["start"], shared=shared, token=self.token,
+                              identity=self.identity, timeout=ADMIN_TIMEOUT)
+        return f"{server}: " + declared(topic, reply, options["filter"])
 
     async def _failover(self, fields: dict[str, Any]) -> str:
         from .admin import master_switched, switch_master

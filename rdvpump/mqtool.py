@@ -35,20 +35,6 @@ def parse_server(text: str) -> tuple[str, Address]:
     return broker_id, address
 
 
-def declared(topic: str, reply: dict[str, Any], filter: str | None) -> str:
-    """What ``rdvpump mq declare`` (and the console's declare) says of the server's reply."""
-    if reply.get("shared"):  # declared through the cluster's root, on every server
-        return (f"declared {topic}, group {reply['group']}, shared (cluster state "
-                f"v{reply['version']})")
-    if reply.get("created"):
-        return f"declared {topic}, group {reply['group']}"
-    if reply.get("group_created"):
-        return f"declared group {reply['group']} of {topic}"
-    if filter is not None:
-        return f"updated {topic}, group {reply['group']}: filter {filter}"
-    return f"{topic}, group {reply['group']}: declared already, unchanged"
-
-
 @asynccontextmanager
 async def connect(universe: str, server: str, *, token: str = "", identity: str | None = None,
                   track_port: int = DEFAULT_TRACK_PORT, timeout: float = 10.0

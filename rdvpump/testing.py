@@ -8,7 +8,7 @@ testing; the faults after turmoil's partition, hold, release and crash):
   tasks drawn from the seed, so the same program and seed give the same run,
   down to the bytes of its trace.
 - :class:`Faults`, installed on a universe before its first link, relays every
-  in-memory link (:class:`channels.RelayedLink`) and acts on it: partitions
+  in-memory link (:class:`channels.FaultLink`) and acts on it: partitions
   between brokers or groups of brokers, held and delayed links, lossy links,
   crashed and restarted brokers.  Its randomness (jitter, loss) is the pump's
   seeded generator.
@@ -29,7 +29,7 @@ from typing import Any, TypeGuard, TypeVar
 import trio
 
 from brokermgr import Broker, BrokerManager, open_universe
-from channels import Channel, RelayedLink
+from channels import Channel, FaultLink
 from pump import RdvpumpError, Timer
 from pump.schema import Kind
 
@@ -97,7 +97,7 @@ def run_simulation(async_fn: Callable[..., Awaitable[T]], *args: Any, seed: int 
 
 # -- faults -----------------------------------------------------------------------------
 
-LinkRef = RelayedLink | int | tuple[str, str] | Any
+LinkRef = FaultLink | int | tuple[str, str] | Any
 
 
 class Faults:
@@ -105,7 +105,7 @@ class Faults:
 
     Install it right after the universe is made, before its first link: every
     link made afterwards is relayed and listed in :attr:`links`.  A *link*
-    argument is a :class:`~channels.RelayedLink`, a link id, a queue (anything
+    argument is a :class:`~channels.FaultLink`, a link id, a queue (anything
     with ``link_id``), or a pair of broker ids: then the fault holds for every
     link between the two, those open now and those that form until it is undone
     (``release``, ``delay(..., 0)``, ``drop(..., 0)``).
@@ -121,8 +121,8 @@ class Faults:
         self.universe = universe
         self.pump = universe.pump
         self.partition_timeout = partition_timeout
-        #: Every relayed link, in the order they formed.
-        self.links: list[RelayedLink] = []
+        #: Every fault link, in the order they formed.
+        self.links: list[FaultLink] = []
         self._cut: dict[tuple[str, str], None] = {}  # partitioned pairs (ordered: a dict)
         self._crashed: dict[str, None] = {}
         self._expiry: dict[int, Timer] = {}  # link id -> close timer of a stalled link
@@ -148,7 +148,7 @@ class Faults:
         return None
 
     def join(self, a: Channel, b: Channel) -> None:
-        link = RelayedLink(self.pump, a, b)
+        link = FaultLink(self.pump, a, b)
         self.links.append(link)
         rule = self._rules.get(_key(a.local, b.local), {})
         for way in (link.ab, link.ba):
@@ -164,13 +164,13 @@ class Faults:
     def partitioned(self, a: str, b: str) -> bool:
         return (a, b) in self._cut
 
-    def live_links(self) -> list[RelayedLink]:
+    def live_links(self) -> list[FaultLink]:
         return [link for link in self.links if not link.ended]
 
-    def find(self, ref: LinkRef) -> list[RelayedLink]:
+    def find(self, ref: LinkRef) -> list[FaultLink]:
         """The live links ``ref`` names (see the class); an unknown one is an error.  For
         a pair of brokers that has no live link the list is empty."""
-        if isinstance(ref, RelayedLink):
+        if isinstance(ref, FaultLink):
             return [ref]
         if _is_pair(ref):
             for who in ref:
@@ -185,11 +185,11 @@ class Faults:
                                   "or a pair of broker ids)")
         found = [link for link in self.links if link.link_id == link_id]
         if not found:
-            raise SimulationError(f"universe {self.universe.name!r} has no relayed link with "
+            raise SimulationError(f"universe {self.universe.name!r} has no link with "
                                   f"id {link_id}")
         return found
 
-    def _targets(self, ref: LinkRef, setting: str, value: Any) -> list[RelayedLink]:
+    def _targets(self, ref: LinkRef, setting: str, value: Any) -> list[FaultLink]:
         """``find(ref)``; for a pair of brokers, the setting also holds for its future
         links."""
         found = self.find(ref)
@@ -224,19 +224,19 @@ class Faults:
                 self._unstall(link)
         self._emit("heal", _name(a), _name(b))
 
-    def _stall(self, link: RelayedLink) -> None:
+    def _stall(self, link: FaultLink) -> None:
         link.hold()
         if link.link_id not in self._expiry:
             self._expiry[link.link_id] = self.pump.call_later(
                 self.partition_timeout, self._expire, link, owner=link, kind="partition")
 
-    def _unstall(self, link: RelayedLink) -> None:
+    def _unstall(self, link: FaultLink) -> None:
         timer = self._expiry.pop(link.link_id, None)
         if timer is not None:
             timer.cancel()
         link.release()
 
-    def _expire(self, link: RelayedLink) -> None:
+    def _expire(self, link: FaultLink) -> None:
         self._expiry.pop(link.link_id, None)
         if self.partitioned(*link.brokers):
             link.cut("partitioned")
@@ -277,7 +277,7 @@ class Faults:
             found.ab.loss = found.ba.loss = float(probability)
         self._emit(Kind.DROP, *self._ends(link), detail=f"{probability:g}")
 
-    def _ends(self, ref: LinkRef) -> tuple[str, str, RelayedLink | None]:
+    def _ends(self, ref: LinkRef) -> tuple[str, str, FaultLink | None]:
         if _is_pair(ref):
             return ref[0], ref[1], None
         (link,) = self.find(ref)
@@ -343,7 +343,7 @@ class Faults:
                                   f"(one of {', '.join(ACTIONS)})")
 
     def _emit(self, action: str, a: str, b: str | None = None,
-              link: RelayedLink | None = None, *, detail: str | None = None) -> None:
+              link: FaultLink | None = None, *, detail: str | None = None) -> None:
         self.pump.emit(Kind.FAULT, broker=a, peer=b, outcome=action, reason=detail,
                        link=None if link is None else link.a.trace_link,
                        port=None if link is None else link.a.port)

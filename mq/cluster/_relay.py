@@ -413,7 +413,7 @@ class Relay:
                 continue
             self.counts["relayed"] += frame.count
             if not relay_group.pending and (
-                    consumer := relay_group.pick_for(frame.count)) is not None:
+                    consumer := relay_group.pick(frame.count)) is not None:
                 # taken whole: passed on as it came (see :mod:`._relay_groups`)
                 consumer.held.add(frame.offsets, frame)
                 consumer.link.send(frame.forward(group))

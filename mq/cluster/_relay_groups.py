@@ -19,6 +19,7 @@ from channels import Gather
 
 from ..topics._delivery import ClientLink, messages_frame
 from ..topics._held import Held
+from ..topics._turns import InTurn
 from ..topics._wire import unpack_column, unpack_offsets
 
 __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
@@ -115,7 +116,7 @@ class LocalConsumer:
 
 
 @dataclass(eq=False)
-class RelayGroup:
+class RelayGroup(InTurn[LocalConsumer]):
     """One consume group of a shared topic, as this server serves it from the root."""
 
     topic: str
@@ -126,25 +127,6 @@ class RelayGroup:
     #: The root answered this server's consume on the current link.
     subscribed: bool = False
     turn: int = 0
-
-    def pick(self) -> LocalConsumer | None:
-        n = len(self.consumers)
-        for k in range(n):
-            consumer = self.consumers[(self.turn + k) % n]
-            if consumer.credits > 0:
-                self.turn = (self.turn + k + 1) % n
-                return consumer
-        return None
-
-    def pick_for(self, count: int) -> LocalConsumer | None:
-        """The next consumer with credits for ``count`` messages, round robin."""
-        n = len(self.consumers)
-        for k in range(n):
-            consumer = self.consumers[(self.turn + k) % n]
-            if consumer.credits >= count:
-                self.turn = (self.turn + k + 1) % n
-                return consumer
-        return None
 
     def frame(self, messages: list[Relayed]) -> bytes | Gather:
         """A ``messages`` frame of ``messages`` for a consumer here, as the root's are

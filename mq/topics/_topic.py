@@ -33,6 +33,7 @@ from ..storage._files import SyncPoint
 from ..storage._record import Entry, Record
 from ..storage._scan import Corruption
 from ._filter import TagFilter
+from ._turns import InTurn
 
 #: Seconds a delivered message may stay unacknowledged before it goes to another consumer.
 DEFAULT_ACK_TIMEOUT = 30.0
@@ -202,7 +203,9 @@ class Member:
 
 
 @dataclass
-class Group:
+class Group(InTurn["Member"]):
+    """A consume group of a topic: where it reads, what it holds, its consumers."""
+
     name: str
     filter: TagFilter | None
     next_read: int
@@ -227,15 +230,6 @@ class Group:
             low = min(low, min(r.offset for r, _ in self.redeliver))
         return low
 
-    def pick(self) -> Member | None:
-        """The next consumer with credits, round robin."""
-        n = len(self.consumers)
-        for k in range(n):
-            consumer = self.consumers[(self.turn + k) % n]
-            if consumer.credits > 0:
-                self.turn = (self.turn + k + 1) % n
-                return consumer
-        return None
 
 
 class Topic:
@@ -392,7 +386,7 @@ class Topic:
         n = len(consumers)
         if n == 1 and group.filter is None:
             return self._hand_to_one(group, consumers[0], records, limit, deadline)
-        ready = [c for k in range(n) if (c := consumers[(group.turn + k) % n]).credits > 0]
+        ready = group.ready()
         left = [c.window - len(c.in_flight) for c in ready]
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
         j = sent = 0
@@ -424,7 +418,7 @@ class Topic:
             if j >= len(ready):
                 j = 0
         if last is not None:
-            group.turn = (consumers.index(last) + 1) % n
+            group.served(last)
         return sent, done
 
     def _hand_to_one(self, group: Group, consumer: Member, records: list[Record], limit: int,

@@ -19,7 +19,7 @@ from mq import History, verify
 from pump import RdvpumpError
 from rdv import Address
 
-from .. import mqtool
+from .. import admin, mqtool
 from ._common import (
     IdentityOption,
     TokenOption,
@@ -111,12 +111,14 @@ def mq_declare(
     as_json: JsonOption = False,
 ) -> None:
     """Declare a topic (and a consume group)."""
-    reply = _run(universe, server, token, identity, track_port, timeout, lambda c: c.declare(
-        topic, flags=flag, group=group, filter=filter, start=start, shared=shared))
+    reply = interruptible(lambda: run_trio(lambda: admin.declare(
+        universe, server, topic, flags=flag, group=group, filter=filter, start=start,
+        shared=shared, token=token, identity=identity or None, track_port=track_port,
+        timeout=timeout)))
     if as_json:
         print(json.dumps({k: v for k, v in reply.items() if k != "seq"}))
     else:
-        out.print(mqtool.declared(topic, reply, filter))
+        out.print(admin.declared(topic, reply, filter))
 
 
 @app.command("publish")

@@ -1,8 +1,9 @@
-"""A relayed in-memory link: the two ends keep their own rings and a relay moves the bytes.
+"""A fault link: an in-memory link whose two ends keep their own rings, with the bytes
+moved between them, where a simulation's faults act.
 
 An ordinary in-memory link shares its two rings between its ends: a write is
-readable at once.  A *relayed* link gives each end its own pair of rings; the
-relay moves bytes from one end's tx ring into the other end's rx ring as pump
+readable at once.  A *fault link* gives each end its own pair of rings; the
+link moves bytes from one end's tx ring into the other end's rx ring as pump
 tasks, and that is where a simulation acts on a link (see :mod:`rdvpump.testing`):
 each direction can be **held** (nothing moves, nothing is lost), **delayed**
 (bytes wait a time, in order, with seeded jitter), and the whole link can be
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from ._channel import Channel
 
 
-class RelayedLink:
-    """The relay between two channels of one link (connector ``a``, acceptor ``b``).
+class FaultLink:
+    """The mover between two channels of one link (connector ``a``, acceptor ``b``).
 
     :attr:`ab` and :attr:`ba` are its two directions; :meth:`cut` ends it.
     """
@@ -46,7 +47,7 @@ class RelayedLink:
         b.attach_peer(_End(self.ba, self.ab))
 
     def __repr__(self) -> str:
-        return f"<RelayedLink {self.a.trace_link} {self.a.local}<->{self.b.local}:{self.a.port}>"
+        return f"<FaultLink {self.a.trace_link} {self.a.local}<->{self.b.local}:{self.a.port}>"
 
     @property
     def link_id(self) -> int:
@@ -94,9 +95,9 @@ class RelayedLink:
 
 
 class Direction:
-    """One way of a relayed link: ``src``'s tx ring -> a delay line -> ``dst``'s rx ring."""
+    """One way of a fault link: ``src``'s tx ring -> a delay line -> ``dst``'s rx ring."""
 
-    def __init__(self, link: RelayedLink, src: Channel, dst: Channel) -> None:
+    def __init__(self, link: FaultLink, src: Channel, dst: Channel) -> None:
         self.link = link
         self.src = src
         self.dst = dst
@@ -122,7 +123,7 @@ class Direction:
             self.held = False
             self.schedule()
 
-    # -- the relay's end of the channels' peer interface ------------------------------
+    # -- the mover's end of the channels' peer interface ------------------------------
 
     def schedule(self) -> None:
         if not self._posted and not self.finished:
@@ -199,7 +200,7 @@ class Direction:
 
 
 class _End:
-    """What one channel of a relayed link sees as its peer."""
+    """What one channel of a fault link sees as its peer."""
 
     __slots__ = ("out", "into")
 
