@@ -27,6 +27,9 @@ from ._codec import gather as gather
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
+from ._faults import Direction as Direction
+from ._faults import FaultLink as FaultLink
+from ._faults import FaultLink as RelayedLink  # its name before 0.2, kept for a release
 from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
 from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from ._queue import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT
@@ -34,9 +37,6 @@ from ._queue import MessageQueue as MessageQueue
 from ._queue import ObservedMessageQueue as ObservedMessageQueue
 from ._queue import QueueListener as QueueListener
 from ._queue import QueueStatistics as QueueStatistics
-from ._faults import Direction as Direction
-from ._faults import FaultLink as FaultLink
-from ._faults import FaultLink as RelayedLink  # its name before 0.2, kept for a release
 from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY

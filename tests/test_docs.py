@@ -1,10 +1,11 @@
-"""Every Python block of the pages in ``docs/`` runs as printed: each in a fresh
+"""Every Python block of the pages in ``docs/`` (the guides' too) runs as printed: each in a fresh
 interpreter, and what a ``# prints:`` comment promises is in its output.  A block that
 puts processes on a network of namespaces (:mod:`rdvpump.nemesis`) is skipped, with the
 reason, where this machine cannot make one."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import tomllib
@@ -20,10 +21,10 @@ DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 
 def _blocks() -> list[tuple[str, int, str]]:
     found = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in sorted(DOCS.rglob("*.md")):
         for i, code in enumerate(re.findall(r"^```python\n(.*?)^```$", page.read_text(),
                                             flags=re.S | re.M)):
-            found.append((page.name, i, code))
+            found.append((str(page.relative_to(DOCS)), i, code))
     return found
 
 
@@ -58,3 +59,24 @@ def test_the_changelog_names_the_version_rdvpump_says() -> None:
     version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     headings = re.findall(r"^## \[([^\]]+)\]", (root / "CHANGELOG.md").read_text(), flags=re.M)
     assert headings[:1] == ["Unreleased"] and version in headings
+
+
+def test_the_site_builds_with_no_warning(tmp_path: pathlib.Path) -> None:
+    """``mkdocs build --strict`` (warnings are errors: a broken link, a page left out of
+    the navigation, a docstring the API reference cannot read): the site of the guides,
+    the tutorial, the architecture and the API reference generated from the docstrings."""
+    pytest.importorskip("mkdocs", reason="the site needs the docs extra")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=DOCS.parent, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARNING" not in proc.stderr, proc.stderr[-3000:]
+    site = tmp_path / "site"
+    for page in ("index.html", "tutorial/index.html", "guides/mq/index.html",
+                 "reference/mq/index.html", "architecture/index.html"):
+        assert (site / page).stat().st_size > 10_000, page
+    reference = (site / "reference" / "brokermgr" / "index.html").read_text()
+    assert "PushTable" in reference and ":class:" not in reference

@@ -1,4 +1,4 @@
-"""The embedding example of the README runs and prints what the README says."""
+"""The examples run, print what the pages say, and the pages show them verbatim."""
 
 from __future__ import annotations
 
@@ -21,23 +21,24 @@ def test_embed_echo_example_runs() -> None:
                                         "refused as expected: not bound"]
 
 
-def test_readme_shows_the_example_verbatim() -> None:
-    readme = (ROOT / "README.md").read_text()
+def page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text()
+
+
+def test_the_tutorial_shows_the_example_verbatim() -> None:
     example = (ROOT / "examples/embed_echo.py").read_text()
     body = example.split('"""', 2)[2].strip()  # the code after the module docstring
-    assert body in readme
+    assert body in page("tutorial.md")
 
 
-def test_readme_shows_the_simulation_test_example_verbatim() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_testing_guide_shows_the_simulation_test_example_verbatim() -> None:
     example = (ROOT / "examples/test_partition.py").read_text()
     body = example.split('"""', 2)[2].strip()
-    assert body in readme.split("## Testing your brokers", 1)[1]
+    assert body in page("guides/testing.md")
 
 
-def test_readme_listener_example_runs_as_shown() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Listener style", 1)[1]
+def test_the_listener_example_runs_as_shown() -> None:
+    section = page("guides/embedding.md").split("## Listener style", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
@@ -58,7 +59,7 @@ def test_tracking_example_runs() -> None:
 def test_mq_example_runs_and_the_readme_shows_it() -> None:
     example = (ROOT / "examples/mq_orders.py").read_text()
     body = example.split('"""', 2)[2].strip()
-    assert body in (ROOT / "README.md").read_text()
+    assert body in page("guides/mq.md")
     proc = subprocess.run([sys.executable, str(ROOT / "examples/mq_orders.py")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -70,7 +71,7 @@ def test_mq_example_runs_and_the_readme_shows_it() -> None:
 
 def test_mq_listener_example_runs_and_the_readme_shows_it() -> None:
     example = (ROOT / "examples/mq_listener.py").read_text()
-    assert example.split('"""', 2)[2].strip() in (ROOT / "README.md").read_text()
+    assert example.split('"""', 2)[2].strip() in page("guides/mq.md")
     proc = subprocess.run([sys.executable, str(ROOT / "examples/mq_listener.py")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -78,8 +79,8 @@ def test_mq_listener_example_runs_and_the_readme_shows_it() -> None:
                                         "got b'order 2' at offset 1"]
 
 
-def test_readme_tracking_snippet_runs_as_shown() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_tracking_snippet_runs_as_shown() -> None:
+    readme = page("guides/tracking.md")
     code = readme.split("from brokermgr.tracking import ProducerRoute", 1)[0].rsplit(
         "```python\n", 1)[1] + "from brokermgr.tracking import ProducerRoute" + readme.split(
         "from brokermgr.tracking import ProducerRoute", 1)[1].split("```", 1)[0]

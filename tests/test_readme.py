@@ -1,15 +1,16 @@
-"""Every code block of the README runs as printed.
+"""Every code block of the README and of the guides runs as printed.
 
-The first block (set up and run the demo; set up and run the tests) is what CI runs
-itself.  Each Python block runs in a fresh interpreter, and what a ``# prints:`` comment
-promises is in its output.  The shell blocks after the first follow each other in one
-shell, as a reader pastes them, so they run in order in one bash (``set -e``: the first
-command that fails stops it), from a scratch directory that holds the checkout's
-``.venv``, ``examples/`` and ``replay/``, against 127.0.0.1 only, under one deadline;
-everything they start in the background is killed and reaped at the end.  The
-benchmark block needs nothing from the others and runs the same way in a test of its
-own, at a smoke size (``RDVPUMP_BENCH_SCALE``): what is tested is that its commands run
-and report, not their figures.  The ports the README prints are mapped to free ones
+The README's first block (set up and run the demo; set up and run the tests) is what CI
+runs itself.  Each Python block runs in a fresh interpreter, and what a ``# prints:``
+comment promises is in its output (the guides' Python blocks: ``tests/test_docs.py``).
+The guides' shell blocks follow each other in one shell, as a reader pastes them, page
+after page in the order of :data:`CHAIN`, so they run in order in one bash (``set -e``:
+the first command that fails stops it), from a scratch directory that holds the
+checkout's ``.venv``, ``examples/`` and ``replay/``, against 127.0.0.1 only, under one
+deadline; everything they start in the background is killed and reaped at the end.  The
+benchmark page's block needs nothing from the others and runs the same way in a test of
+its own, at a smoke size (``RDVPUMP_BENCH_SCALE``): what is tested is that its commands
+run and report, not their figures.  The ports the pages print are mapped to free ones
 (two checkouts can run the suite at once).
 """
 
@@ -30,7 +31,15 @@ import pytest
 from rdvpump.bench import _ports
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: Ports the README's shell blocks use: the manager, the MQ server, the tracker, Spark.
+#: The pages whose shell blocks follow each other, in this order (a universe started in
+#: the CLI guide serves the tracking and MQ guides), and the benchmark page.
+CHAIN = ("docs/guides/cli.md", "docs/guides/tracking.md", "docs/guides/mq.md",
+         "docs/guides/metrics.md", "docs/guides/traces.md", "docs/guides/testing.md")
+BENCH_PAGE = "docs/guides/benchmarks.md"
+#: The fences a page may hold: run (sh, python), parsed (toml), drawn (mermaid), or a
+#: figure of text.
+FENCES = {"sh", "python", "toml", "mermaid", "text"}
+#: Ports the guides' shell blocks use: the manager, the MQ server, the tracker, Spark.
 PORTS = (9876, 9877, 9878, 7077, 9100, 8080)
 #: The fraction of their work the benchmark commands do here.
 BENCH_SCALE = "0.002"
@@ -38,16 +47,34 @@ SHELL_DEADLINE = 1500.0
 PYTHON_DEADLINE = 120.0
 
 
-def blocks(language: str) -> list[str]:
-    text = (ROOT / "README.md").read_text()
+def blocks(language: str, page: str = "README.md") -> list[str]:
+    text = (ROOT / page).read_text()
     return re.findall(rf"^```{language}\n(.*?)^```$", text, flags=re.S | re.M)
 
 
-def test_the_readme_has_the_blocks_this_test_runs() -> None:
-    assert len(blocks("python")) >= 5
-    assert len(blocks("sh")) >= 6
-    fences = re.findall(r"^```(\S*)$", (ROOT / "README.md").read_text(), flags=re.M)
-    assert set(fences[0::2]) == {"sh", "python"}, "a block in another language is not run"
+def pages() -> list[str]:
+    """The README and every page of the documentation."""
+    return ["README.md", *sorted(str(p.relative_to(ROOT))
+                                 for p in (ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Two commands, one example, one picture, and at most about 250 lines."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert len(blocks("python")) == 1 and len(blocks("sh")) == 1
+    assert len(blocks("sh")[0].splitlines()) == 2
+    assert len(blocks("mermaid")) == 1
+
+
+def test_every_block_of_every_page_is_one_the_tests_run() -> None:
+    """No fence of another language, and every shell block is in the chain or is the
+    benchmark page's."""
+    for page in pages():
+        fences = re.findall(r"^```(\S*)$", (ROOT / page).read_text(), flags=re.M)
+        assert set(fences[0::2]) <= FENCES, (page, set(fences[0::2]) - FENCES)
+        if page not in ("README.md", *CHAIN, BENCH_PAGE):
+            assert not blocks("sh", page), f"{page}: a shell block that no test runs"
 
 
 def test_the_test_command_installs_what_the_spark_extra_holds() -> None:
@@ -60,16 +87,17 @@ def test_the_test_command_installs_what_the_spark_extra_holds() -> None:
     (pyspark,) = [r for r in extras["spark"] if r.startswith("pyspark")]
     assert sorted(extras["spark"]) == sorted([pyspark, "rdvpump[replay]"])
     setup, test = blocks("sh")[0].splitlines()
+    script = (ROOT / test.split()[-1]).read_text()
     assert (f"pip install -q --no-compile --config-settings=--build-option=--compression=stored "
-            f"'{pyspark}' &") in test
-    assert "pip install -q --no-compile -e '.[dev,replay]'" in test
-    assert "-e '.[dev,spark]'" in setup
+            f"'{pyspark}' &") in script
+    assert "pip install -q --no-compile -e '.[dev,replay,docs]'" in script
+    assert setup.split("&&")[1].split() == [".venv/bin/pip", "install", "-q", "."], \
+        "the demo's command installs no extra"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(blocks("python"))))
-def test_python_block_runs_as_printed(index: int, tmp_path: pathlib.Path) -> None:
-    runs_as_printed(blocks("python")[index], tmp_path)
+def test_the_readme_example_runs_as_printed(tmp_path: pathlib.Path) -> None:
+    runs_as_printed(blocks("python")[0], tmp_path)
 
 
 def runs_as_printed(code: str, where: pathlib.Path) -> None:
@@ -93,7 +121,7 @@ def _env() -> dict[str, str]:
 def scratch(tmp_path: pathlib.Path) -> pathlib.Path:
     venv = pathlib.Path(sys.prefix)
     if not (venv / "bin" / "activate").exists():
-        pytest.skip("the README's shell blocks need the checkout's virtualenv")
+        pytest.skip("the guides' shell blocks need the checkout's virtualenv")
     (tmp_path / ".venv").symlink_to(venv)
     for name in ("examples", "replay"):
         (tmp_path / name).symlink_to(ROOT / name)
@@ -102,7 +130,7 @@ def scratch(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def free_ports() -> dict[int, int]:
-    """A free port on 127.0.0.1 for each port the README prints, all different and below
+    """A free port on 127.0.0.1 for each port the guides print, all different and below
     the ephemeral range (:func:`~rdvpump.bench._ports.free_ports`: the blocks hold them
     for minutes while their processes bind and connect)."""
     return dict(zip(PORTS, _ports.free_ports(len(PORTS)), strict=True))
@@ -115,23 +143,20 @@ def _mapped(script: str, ports: dict[int, int]) -> str:
 
 
 def shell_chains() -> tuple[list[str], list[str]]:
-    """The shell blocks after the first, as two chains that share nothing: the blocks
-    that build on each other (a universe, its traces, their analysis), in order, and
-    the benchmark block, whose commands (``.venv/bin/rdvpump bench ...``) need nothing
-    from the others, so it runs in a test of its own, beside them."""
-    chain, bench = [], []
-    for block in blocks("sh")[1:]:
-        commands = [line for line in block.splitlines() if line.strip()]
-        if commands and all(c.startswith(".venv/bin/rdvpump bench ") for c in commands):
-            bench.append(block)
-        else:
-            chain.append(block)
-    return chain, bench
+    """The guides' shell blocks as two chains that share nothing: the blocks that build
+    on each other (a universe, its traces, their analysis), page after page in
+    :data:`CHAIN` order, and the benchmark page's block, whose commands
+    (``.venv/bin/rdvpump bench ...``) need nothing from the others, so it runs in a test
+    of its own, beside them."""
+    chain = [block for page in CHAIN for block in blocks("sh", page)]
+    return chain, blocks("sh", BENCH_PAGE)
 
 
 def test_the_benchmark_block_needs_nothing_from_the_others() -> None:
     chain, bench = shell_chains()
     assert len(bench) == 1 and len(chain) >= 6
+    commands = [line for line in bench[0].splitlines() if line.strip()]
+    assert all(c.startswith(".venv/bin/rdvpump bench ") for c in commands)
     assert "rdvpump bench" not in "\n".join(chain)
 
 
@@ -298,7 +323,7 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # orphans that the init process has yet to reap
-    assert not _group_alive(proc.pid), "a process the README started outlived the test"
+    assert not _group_alive(proc.pid), "a process the blocks started outlived the test"
 
 
 def _group_alive(pgid: int) -> bool:

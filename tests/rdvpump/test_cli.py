@@ -320,8 +320,9 @@ def test_help_starts_without_trio_and_the_brokers() -> None:
         assert proc.stdout.strip().splitlines()[-1] == "[]", (args, proc.stdout[-300:])
 
 
-def test_every_top_level_command_is_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_every_top_level_command_is_in_the_guides() -> None:
+    readme = "".join(page.read_text() for page in [ROOT / "README.md",
+                                                   *(ROOT / "docs").rglob("*.md")])
     top = {path[0] for path in _commands() if len(path) == 1}
     assert top and not {c for c in top if f"rdvpump {c}" not in readme}
 

@@ -1,7 +1,7 @@
 """``rdvpump console`` in headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, driven by Selenium): what a person sees on the page as a universe of
 real processes changes.  Screenshots go to ``$RDVPUMP_SCREENSHOTS`` (default: the test's
-temporary directory); the README's comes from there."""
+temporary directory); the metrics guide's comes from there."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ runpy.run_module("rdvpump", run_name="__main__")
 @pytest.mark.slow  # starts processes
 def test_runs_on_two_clocks_in_one_directory_are_analysed_each_on_its_own_axis(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's recipe: a run on the virtual clock and one on the real clock (a
+    """The traces guide's recipe: a run on the virtual clock and one on the real clock (a
     process per broker, found through the name service), their traces in one directory.
     Each run's times start at its own first event: the analysis spans the longer run
     (not the hours between them), names each run with its clock and figures, gives no
