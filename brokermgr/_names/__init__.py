@@ -4,6 +4,8 @@ managers of its universe)."""
 
 from .client import DEFAULT_NAME_RETRY as DEFAULT_NAME_RETRY
 from .client import NameClient as NameClient
+from .requests import BrokerRecord as BrokerRecord
+from .requests import record_dict as record_dict
 from .service import DEFAULT_BROKER_EXPIRY as DEFAULT_BROKER_EXPIRY
 from .service import DEFAULT_HEARTBEAT as DEFAULT_HEARTBEAT
 from .service import DEFAULT_LOOKUP_TIMEOUT as DEFAULT_LOOKUP_TIMEOUT
@@ -15,6 +17,4 @@ from .service import MANAGER_ID as MANAGER_ID
 from .service import NAME_PORT as NAME_PORT
 from .service import QUIET as QUIET
 from .service import SUSPECT_BEATS as SUSPECT_BEATS
-from .service import BrokerRecord as BrokerRecord
 from .service import NameService as NameService
-from .service import record_dict as record_dict

@@ -22,12 +22,12 @@ from .._fence import STALE_EPOCH
 from .._groups import GroupMember, GroupProgress
 from .._link import ReconnectingLink, ReplyOrError
 from .._service import ReplyObject, ServiceError, Status
+from .requests import MAX_HEARTBEAT
 from .service import (
     DEFAULT_HEARTBEAT,
     DEFAULT_LOOKUP_TIMEOUT,
     DUPLICATE_ID,
     MANAGER_ID,
-    MAX_HEARTBEAT,
     NAME_PORT,
 )
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from channels import MessageQueue
@@ -22,18 +21,36 @@ from rdv import Address, Right
 
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
 from .._fence import STALE_EPOCH
-from .._groups import GroupMember, GroupProgress, GroupTables
-from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
+from .._groups import GroupProgress, GroupTables
+from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessTable
 from .._rpc import ServiceSession
 from .._service import (
     Call,
     Command,
     CommandTable,
-    Fields,
     ReplyObject,
     ServiceError,
     Status,
     require_member,
+)
+from .requests import (
+    BrokerRecord,
+    Claim,
+    GroupQuery,
+    ListBrokers,
+    Lookup,
+    Register,
+    RouteQuery,
+    Switch,
+    Unregister,
+    parse_claim,
+    parse_group,
+    parse_lookup,
+    parse_register,
+    parse_route,
+    parse_switch,
+    parse_unregister,
+    record_dict,
 )
 
 log = logging.getLogger("rdvpump.names")
@@ -49,8 +66,6 @@ DEFAULT_HEARTBEAT = 30.0
 #: Seconds without a heartbeat before the name service drops a broker, as RocketMQ's.
 DEFAULT_BROKER_EXPIRY = 120.0
 DEFAULT_LOOKUP_TIMEOUT = 5.0
-#: The longest heartbeat interval a registration may state (a day).
-MAX_HEARTBEAT = 86400.0
 #: A broker that states its heartbeat interval is dropped after this many of them without
 #: one (or at the service's expiry, if sooner): 4 x 30 s is the default expiry, and a
 #: group's member, which beats every 0.1 s, is dropped 1 s after it went silent
@@ -76,174 +91,6 @@ QUIET = 0.4
 #: A member's registration counts as a witness of its master's silence while it is at
 #: most this many of the member's heartbeats old.
 FRESH_BEATS = 3
-
-
-@dataclass(frozen=True)
-class BrokerRecord:
-    """What a broker registers: where it listens, the topics it serves, and its place in
-    a replicated group if it has one."""
-
-    broker_id: str
-    address: Address
-    topics: tuple[str, ...] = ()
-    group: GroupMember | None = None
-    progress: GroupProgress | None = None
-    #: Its place in an MQ cluster: name, type, the root it follows, epoch, state version.
-    cluster: tuple[tuple[str, Any], ...] | None = None
-    #: Where its process serves Prometheus metrics (``HOST:PORT``), if it does.
-    metrics: str | None = None
-    #: Seconds between its heartbeats, as it says: how a reader tells a late one.
-    heartbeat: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """One broker of a ``register`` (or ``heartbeat``) request."""
-
-    record: BrokerRecord
-    version: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Register:
-    brokers: tuple[Registration, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Unregister:
-    ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ListBrokers:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class RouteQuery:
-    topic: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupQuery:
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Switch:
-    group: str
-    to: str
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    group: str
-    id: str
-    epoch: int
-
-
-def _registration(item: Any) -> Registration:
-    broker_id = item["id"]
-    if not isinstance(broker_id, str) or not broker_id:
-        raise ValueError("its id must be a non-empty string")
-    topics = item.get("topics", [])
-    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
-        raise ValueError("its topics must be a list of strings")
-    version = item.get("version", 0)
-    if type(version) is not int or version < 0:
-        raise ValueError("its version must be a non-negative integer")
-    group = None if item.get("group") is None else GroupMember.from_json(item["group"])
-    progress = None if item.get("progress") is None else GroupProgress.from_json(
-        item["progress"])
-    metrics = item.get("metrics")
-    if metrics is not None and (not isinstance(metrics, str) or len(metrics) > 300):
-        raise ValueError("its metrics must be a HOST:PORT string")
-    heartbeat = item.get("heartbeat")
-    if heartbeat is not None and (type(heartbeat) not in (int, float)
-                                  or not 0 < heartbeat <= MAX_HEARTBEAT):
-        raise ValueError(f"its heartbeat must be seconds, more than 0 and at most "
-                         f"{MAX_HEARTBEAT:g}")
-    return Registration(BrokerRecord(broker_id, Address.of(item["address"]), tuple(topics),
-                                     group, progress, _cluster(item.get("cluster")),
-                                     metrics, None if heartbeat is None else float(heartbeat)),
-                        version)
-
-
-#: A cluster registration's fields and the types they take.
-_CLUSTER_FIELDS = {"name": (str,), "type": (str,), "root": (str, type(None)), "epoch": (int,),
-                   "version": (int,)}
-
-
-def _cluster(value: Any) -> tuple[tuple[str, Any], ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != set(_CLUSTER_FIELDS):
-        raise ValueError(f"its cluster must be an object of {', '.join(_CLUSTER_FIELDS)}")
-    for key, types in _CLUSTER_FIELDS.items():
-        if type(value[key]) not in types:
-            raise ValueError(f"its cluster's {key} is not a {types[0].__name__}")
-    return tuple((key, value[key]) for key in _CLUSTER_FIELDS)
-
-
-def _broker_id(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("not a non-empty string")
-    return value
-
-
-def _register(fields: Fields) -> Register:
-    return Register(tuple(fields.items("brokers", _registration,
-                                       what="a broker's id, address, version and topics")))
-
-
-def _unregister(fields: Fields) -> Unregister:
-    return Unregister(tuple(fields.items("ids", _broker_id, what="a broker id")))
-
-
-def _lookup(fields: Fields) -> Lookup:
-    return Lookup(fields.string("id"))
-
-
-def _route(fields: Fields) -> RouteQuery:
-    return RouteQuery(fields.string("topic"))
-
-
-def _group(fields: Fields) -> GroupQuery:
-    return GroupQuery(fields.string("name"))
-
-
-def _switch(fields: Fields) -> Switch:
-    return Switch(fields.string("group"), fields.string("to"))
-
-
-def _claim(fields: Fields) -> Claim:
-    return Claim(fields.string("group"), fields.string("id"),
-                 fields.epoch("epoch", None, low=1))
-
-
-def record_dict(entry: LivenessEntry[BrokerRecord], now: float) -> dict[str, object]:
-    """A registration as the ``list`` reply carries it."""
-    r = entry.value
-    row: dict[str, object] = {
-        "id": r.broker_id, "address": list(r.address), "version": entry.version,
-        "topics": list(r.topics), "age": round(now - entry.since, 3),
-        "since_heartbeat": round(now - entry.last_seen, 3)}
-    if r.group is not None:
-        row["group"] = r.group.to_json()
-    if r.progress is not None:
-        row["progress"] = r.progress.to_json()
-    if r.cluster is not None:
-        row["cluster"] = dict(r.cluster)
-    if r.metrics is not None:
-        row["metrics"] = r.metrics
-    if r.heartbeat is not None:
-        row["heartbeat"] = r.heartbeat
-    return row
 
 
 def _from_host(queue: MessageQueue | None, host: str) -> bool:
@@ -287,16 +134,16 @@ class NameService:
         self.groups = GroupTables()
         self.scan_interval = scan_interval
         self.commands = CommandTable("name-service", {
-            "register": Command(_register, self._register),
-            "heartbeat": Command(_register, self._register),
-            "unregister": Command(_unregister, self._unregister),
-            "lookup": Command(_lookup, self._lookup),
+            "register": Command(parse_register, self._register),
+            "heartbeat": Command(parse_register, self._register),
+            "unregister": Command(parse_unregister, self._unregister),
+            "lookup": Command(parse_lookup, self._lookup),
             "list": Command(lambda fields: ListBrokers(), self._list),
-            "route": Command(_route, self._route),
-            "group": Command(_group, self._group),
-            "failover": Command(_switch, self._switch, right=lambda r: (Right.ADMIN, ""),
+            "route": Command(parse_route, self._route),
+            "group": Command(parse_group, self._group),
+            "failover": Command(parse_switch, self._switch, right=lambda r: (Right.ADMIN, ""),
                                 audit=lambda r: f"group {r.group} to {r.to}"),
-            "claim": Command(_claim, self._claim),
+            "claim": Command(parse_claim, self._claim),
         })
         self.broker = manager.add_broker(broker_id)
         self.broker.listen(NAME_PORT, self)

@@ -54,9 +54,10 @@ from pump import ConfigError, Future, Repeating
 from rdv import Identity, Right
 
 from ..storage._files import write_file
+from ._changes import Changes
 from ._file import HEARTBEAT, SILENCE, ClusterConfig
 from ._links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
-from ._root import Ballot, ballot, has_majority, may_take_over
+from ._root import Ballot, ballot, has_majority, may_take_over, senior, unruly, unvoted
 from ._state import ClusterState, StateError
 
 __all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "SILENCE", "ClusterNode"]
@@ -131,9 +132,6 @@ class ClusterNode:
         #: that peer's state before it may take over.
         self.versions: dict[str, tuple[int, int]] = {}
         self._fetching = False
-        #: Changes this root made that wait for a majority of the primaries to hold
-        #: them: (version, epoch, done).
-        self._confirming: list[tuple[int, int, Callable[[int | ServiceError], object]]] = []
         #: The root this server follows (None: none yet, the cluster is not ready) and its
         #: epoch; each peer's vote as it last said it (:mod:`._root`).
         self.root: str | None = None
@@ -148,6 +146,8 @@ class ClusterNode:
         if self.store is not None:
             self.epoch, self.ballot, self.state = _load_votes(self.store)
         self._closed = False
+        #: The changes to the shared topics, made by the root once a majority hold them.
+        self.changes = Changes(self)
         self._said: set[str] = set()  # refusals of brokers that are not peers, logged
         #: Called when a peer's links come up or go down, or the root changes; and the
         #: same for each of ``watchers`` (this server's MQ relay: :mod:`._relay`).
@@ -213,7 +213,7 @@ class ClusterNode:
 
     def _root(self, request: Said, call: Call) -> ReplyObject:
         """A root's announcement: followed unless the rule forbids it
-        (:meth:`_unruly`) or an epoch this server holds fences it."""
+        (:func:`._root.unruly`) or an epoch this server holds fences it."""
         self._check(request, call)
         if request.root != request.id or fenced(self._held(), request.id, request.epoch):
             raise ServiceError(Status.CONFLICT, f"{STALE_EPOCH}: {request.id} announced "
@@ -248,13 +248,13 @@ class ClusterNode:
         if request.epoch > self.epoch or self.root is None:
             self._follow(request.id, request.epoch)
         if state.mark != self.state.mark or state.topics != self.state.topics:
-            self._take(state)
+            self.take(state)
         return {"cmd": "taken", "version": self.state.version,
                 "state_epoch": self.state.epoch}
 
     def _change(self, request: Said, call: Call) -> ReplyObject | None:
         """A change asked of the root, answered once a majority of the primaries hold it
-        (:meth:`_apply`); another server says where the root is (503)."""
+        (:meth:`._changes.Changes.apply`); another server says where the root is (503)."""
         self._check(request, call)
         if self.root != self.me.id:
             raise ServiceError(Status.UNAVAILABLE, f"{self.me.id} is not the root; the "
@@ -270,90 +270,18 @@ class ClusterNode:
                      else {"cmd": "changed", "version": outcome})
             send(queue, {**reply, "seq": seq}, what=f"cluster peer {queue.remote_id}")
 
-        self._apply(*request.change, answer, by=request.id)
+        self.changes.apply(*request.change, answer, by=request.id)
         return None
 
-    def _apply(self, op: str, topic: str, group: str | None, filter_: str | None,
-               done: Callable[[int | ServiceError], object], *, by: str | None = None
-               ) -> None:
-        """On the root: a change applied and, if it changed anything, a new version sent
-        to every peer; ``done(version)`` once a majority of the primaries (this root
-        among them) hold that version, or ``done(ServiceError)`` (503) if that did not
-        happen within :attr:`not_ready_wait` seconds or the root changed first: the
-        change may or may not be kept then.  A change acknowledged so is never one a
-        later root lacks: a primary that voted in a newer epoch takes no older root's
-        state.  A bad change raises its :class:`ServiceError` (400)."""
-        new = ClusterState.of(self.state.version, self.state.topics, self.epoch,
-                              [list(r) for r in self.state.removed])
-        try:
-            changed = new.apply(op, topic, group, filter_)
-        except (StateError, ValueError) as exc:
-            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
-        if changed:
-            new.version += 1
-            if op == "remove":  # the one change that deletes messages: on the record
-                log.warning("cluster %s: %s removes shared %s at state v%d (asked through "
-                            "%s): its messages go on every server", self.config.name,
-                            self.me.id, topic if group is None else f"group {group} of "
-                            f"{topic}", new.version, by or self.me.id)
-            self._take(new)
-            self._send_state()
-        version, epoch = self.state.version, self.epoch
-        if self._held_by_majority(version):
-            done(version)
-            return
-        waiter = (version, epoch, done)
-        self._confirming.append(waiter)
-
-        def expire() -> None:
-            if waiter in self._confirming:
-                self._confirming.remove(waiter)
-                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: the "
-                                  f"change was not held by a majority of the primaries "
-                                  f"within {self.not_ready_wait:g} s; it may or may not "
-                                  f"be kept"))
-
-        self.broker.pump.call_later(self.not_ready_wait, expire, owner=self.broker)
-
-    def _held_by_majority(self, version: int) -> bool:
-        """Whether more than half of the primaries listed hold this root's state at
-        ``version`` or later (this root does)."""
-        mark = (self.epoch, version)
-        return has_majority(self.config, [self.me.id, *(
-            p for p, said in self.versions.items() if said >= mark)])
-
-    def took(self, peer: str, state_epoch: int, version: int) -> None:
-        """``peer`` took this root's state at ``version`` (its reply to ``state``): the
-        changes waiting for it may be answered."""
-        self.versions[peer] = max(self.versions.get(peer, (0, 0)), (state_epoch, version))
-        self._answer_confirmed()
-
-    def _answer_confirmed(self) -> None:
-        if not self._confirming or self.root != self.me.id:
-            return
-        ready = [w for w in self._confirming
-                 if w[1] == self.epoch and self._held_by_majority(w[0])]
-        for waiter in ready:
-            self._confirming.remove(waiter)
-            waiter[2](waiter[0])
-
-    def _drop_confirming(self, why: str) -> None:
-        """This server is no longer the root it was when the changes waiting were made:
-        each is answered 503 (``why``)."""
-        waiting, self._confirming = self._confirming, []
-        for version, _epoch, done in waiting:
-            done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name}: {why} "
-                              f"before a majority of the primaries held version {version}; "
-                              f"the change may or may not be kept"))
-
-    def _take(self, state: ClusterState) -> None:
+    def take(self, state: ClusterState) -> None:
+        """``state`` is this server's now: kept on disk, told to ``on_state``."""
         old, self.state = self.state, state
         self._keep()
         if self.on_state is not None:
             self.on_state(old, state)
         self.changed()
 
-    def _send_state(self) -> None:
+    def send_state(self) -> None:
         """The whole state to every peer linked (the root's: a change, a joiner)."""
         for peer in self.peers.values():
             if peer.outgoing is not None and peer.outgoing.agreed:
@@ -361,49 +289,9 @@ class ClusterNode:
 
     def change_soon(self, op: str, topic: str, group: str | None, filter_: str | None,
                     done: Callable[[int | ServiceError], object]) -> None:
-        """Declare or remove a shared topic (or a group of it) through the root;
-        ``done(version)`` once the root has it, or ``done(ServiceError)``: the root's
-        refusal, or 503 ("cluster not ready") when no root answered within
-        :attr:`not_ready_wait` seconds (asked again every 0.1 s meanwhile, on the
-        pump)."""
-        pump = self.broker.pump
-        deadline = pump.now() + self.not_ready_wait
-
-        def attempt() -> None:
-            if self._closed:
-                done(ServiceError(Status.UNAVAILABLE, f"{self.me.id}: the cluster server "
-                                                      f"is closed"))
-            elif self.root == self.me.id:
-                try:
-                    self._apply(op, topic, group, filter_, done)
-                except ServiceError as exc:
-                    done(exc)
-            elif (link := self._root_link()) is None or not link.request(
-                    {"cmd": "change", **link.said(), "op": op, "topic": topic,
-                     "group": group, "filter": filter_}, replied):
-                again()  # no root, or its link is past its high-water mark: not sent
-
-        def replied(outcome: ReplyOrError) -> None:
-            if not isinstance(outcome, ServiceError):
-                done(int(outcome["version"]))
-            elif outcome.status in (Status.NO_REPLY, Status.UNAVAILABLE):
-                again()  # the root went, or is not root any more: ask the next one
-            else:
-                done(outcome)
-
-        def again() -> None:
-            left = deadline - pump.now()
-            if left <= 0:
-                done(ServiceError(Status.UNAVAILABLE, f"cluster {self.config.name} not "
-                                  f"ready: no root within {self.not_ready_wait:g} s"))
-            else:
-                pump.call_later(min(0.1, left), attempt, owner=self.broker)
-
-        attempt()
-
-    def _root_link(self) -> PeerLink | None:
-        link = None if self.root is None else self.peers[self.root].outgoing
-        return link if link is not None and link.agreed else None
+        """:meth:`._changes.Changes.soon`: a shared topic (or a group of it) declared or
+        removed through the root."""
+        self.changes.soon(op, topic, group, filter_, done)
 
     async def change(self, op: str, topic: str, group: str | None = None,
                      filter_: str | None = None) -> int:
@@ -415,6 +303,17 @@ class ClusterNode:
         if isinstance(result, ServiceError):
             raise result
         return result
+
+    def took(self, peer: str, state_epoch: int, version: int) -> None:
+        """``peer`` took this root's state at ``version`` (its reply to ``state``): the
+        changes waiting for it may be answered."""
+        self.versions[peer] = max(self.versions.get(peer, (0, 0)), (state_epoch, version))
+        self.changes.answer_confirmed()
+
+    def root_link(self) -> PeerLink | None:
+        """The link to the root, if one is up and agreed."""
+        link = None if self.root is None else self.peers[self.root].outgoing
+        return link if link is not None and link.agreed else None
 
     def _fetch(self, request: Said, call: Call) -> ReplyObject:
         """This server's state, for a peer behind it."""
@@ -440,7 +339,7 @@ class ClusterNode:
                 return
             if state.mark > self.state.mark or (peer == self.root
                                                 and state.mark != self.state.mark):
-                self._take(state)
+                self.take(state)
                 self.elect()
 
         if not link.request({"cmd": "fetch", **link.said()}, fetched):
@@ -452,75 +351,37 @@ class ClusterNode:
         self.votes[request.id] = (request.vote, request.vote_epoch)
         mark = (request.state_epoch, request.version)
         self.versions[request.id] = mark
-        self._answer_confirmed()
+        self.changes.answer_confirmed()
         if mark > self.state.mark or (request.id == self.root and mark != self.state.mark):
             self._behind(request.id)
         if request.root is not None and request.root != self.me.id and (
                 request.epoch > self.epoch or (self.root is None
                                                and request.epoch == self.epoch)):
-            why = self._unruly(request.root, request.epoch) or self._unvoted(
-                request.root, request.epoch)
+            why = unruly(self.config, self.me.id, self.ballot, request.root,
+                         request.epoch) or self._unvoted(request.root, request.epoch)
             if why is None:
                 self._follow(request.root, request.epoch)
             else:  # hearsay that breaks the rule: not followed
                 self._say(f"not following {request.root}, named root by {request.id}: "
                           f"{why}", key=request.id)
 
-    def _senior_to(self, other: str) -> bool:
-        """Whether this server comes before ``other`` in the cluster file's order."""
-        ids = [s.id for s in self.config.servers]
-        return other in ids and ids.index(self.me.id) < ids.index(other)
-
-    def _unruly(self, claimer: str, epoch: int) -> str | None:
-        """Why the rule forbids ``claimer`` to be root at ``epoch``, as this server knows
-        it (None: it allows it): only a primary of the cluster file is ever root; and
-        the root needs the vote of every active primary, so a primary that voted for
-        another at that very epoch (a voter holds one ballot an epoch) knows the claim
-        is false."""
-        server = self.config.server(claimer)
-        if server is None or server.type != "primary":
-            kind = "no server of the cluster" if server is None else f"a {server.type} server"
-            return f"{claimer} is {kind}: only a primary is ever root"
-        voted, at = self.ballot
-        if self.me.type == "primary" and at == epoch and voted not in (None, claimer):
-            return (f"this server voted for {voted} at epoch {epoch}: {claimer} lacks its "
-                    f"vote there")
-        return None
-
     def _unvoted(self, claimer: str, epoch: int) -> str | None:
-        """Why ``claimer`` cannot have the votes of most primaries at ``epoch``, as far as
-        this server knows them (None: it may have): a primary whose ballot (this server's
-        own, or one an active peer said last) is at an older epoch, or for another at
-        that one, has not voted for it there, since a ballot only moves up.  A claim made
-        before its voters' new ballots reached this server is refused until they do (the
-        claimer's beats name it root again); a claim no majority made is refused for
-        good."""
-        primaries = [s.id for s in self.config.servers if s.type == "primary"]
+        """:func:`._root.unvoted` over the ballots this server knows: its own, and what
+        each active peer said last."""
         active = set(self.active())
-        against = []
-        for p in primaries:
-            if p == self.me.id:
-                held: Ballot | None = self.ballot
-            else:
-                held = self.votes.get(p) if p in active else None
-            if held is not None and (held[1] < epoch or (held[1] == epoch
-                                                          and held[0] != claimer)):
-                against.append(p)
-        if (len(primaries) - len(against)) * 2 > len(primaries):
-            return None
-        return (f"{', '.join(against)} of the {len(primaries)} primaries did not vote for "
-                f"{claimer} at epoch {epoch}, as this server last heard them: it cannot "
-                f"hold a majority")
+        known = {p: v for p, v in self.votes.items() if p in active}
+        return unvoted(self.config, self.me.id, self.ballot, known, claimer, epoch)
 
     def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
-        """:meth:`_unruly`'s refusal (409, logged once); nothing changes.  A claim the
+        """:func:`._root.unruly`'s refusal (409, logged once); nothing changes.  A claim the
         claimer makes itself, on its own link to this server, is also refused by a
         primary more senior than it: the claimer reaches this server, so this server was
         active to it, and the rule would have made this one its candidate; and a claim
         the primaries' votes, as this server heard them, cannot carry
         (:meth:`_unvoted`, the link kept: those votes may be on their way)."""
-        why = self._unruly(claimer, epoch)
-        if why is None and self.me.type == "primary" and self._senior_to(claimer):
+        why = unruly(self.config, self.me.id, self.ballot, claimer, epoch)
+        if why is None and self.me.type == "primary" and senior(self.config, self.me.id,
+                                                                 claimer):
             why = (f"{self.me.id}, a primary more senior than {claimer}, is active: the "
                    f"rule makes it the candidate, not {claimer}")
         kind = "rule"
@@ -608,13 +469,13 @@ class ClusterNode:
             self.state.version += 1
             self.state.epoch = self.epoch
             self._keep()
-            self._send_state()
+            self.send_state()
         elif self.root == self.me.id and (mine[0] != self.me.id
                                           or not has_majority(self.config, active)):
             log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
                         self.config.name, self.me.id, self.epoch, ", ".join(active))
             self.root = None
-            self._drop_confirming("the root stepped down")
+            self.changes.drop("the root stepped down")
             self.changed()
         elif self.root is not None and self.root not in active:
             self.root = None  # its root is out of reach: not ready until one is known
@@ -625,7 +486,7 @@ class ClusterNode:
             log.warning("cluster %s: %s steps down: %s is root at epoch %d",
                         self.config.name, self.me.id, root, epoch)
         if self.root == self.me.id and (root != self.me.id or epoch != self.epoch):
-            self._drop_confirming(f"{root} became root at epoch {epoch}")
+            self.changes.drop(f"{root} became root at epoch {epoch}")
         if epoch != self.epoch:
             self.epoch = epoch
             self._keep()
@@ -754,7 +615,7 @@ class ClusterNode:
         if self._closed:
             return
         self._closed = True
-        self._drop_confirming("the cluster server closed")
+        self.changes.drop("the cluster server closed")
         self._beats.cancel()
         for peer in self.peers.values():
             if peer.outgoing is not None:
@@ -764,3 +625,6 @@ class ClusterNode:
         if not self.broker.closed:
             self.broker.unbind(CLUSTER_PORT)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed

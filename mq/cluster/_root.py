@@ -90,3 +90,51 @@ def may_take_over(config: ClusterConfig, me: str, active: Collection[str],
     if any(v > version for p, v in (versions or {}).items() if p in active):
         return False
     return all(votes.get(p) == mine for p in voters if p != me)
+
+
+def senior(config: ClusterConfig, me: str, other: str) -> bool:
+    """Whether ``me`` comes before ``other`` in the cluster file's order."""
+    ids = [s.id for s in config.servers]
+    return other in ids and ids.index(me) < ids.index(other)
+
+
+def unruly(config: ClusterConfig, me: str, mine: Ballot, claimer: str, epoch: int
+           ) -> str | None:
+    """Why the rule forbids ``claimer`` to be root at ``epoch``, as server ``me`` (whose
+    ballot is ``mine``) knows it (None: it allows it): only a primary of the cluster file
+    is ever root; and the root needs the vote of every active primary, so a primary that
+    voted for another at that very epoch (a voter holds one ballot an epoch) knows the
+    claim is false."""
+    server = config.server(claimer)
+    if server is None or server.type != "primary":
+        kind = "no server of the cluster" if server is None else f"a {server.type} server"
+        return f"{claimer} is {kind}: only a primary is ever root"
+    voted, at = mine
+    me_server = config.server(me)
+    if (me_server is not None and me_server.type == "primary" and at == epoch
+            and voted not in (None, claimer)):
+        return (f"this server voted for {voted} at epoch {epoch}: {claimer} lacks its "
+                f"vote there")
+    return None
+
+
+def unvoted(config: ClusterConfig, me: str, mine: Ballot, known: Mapping[str, Ballot],
+            claimer: str, epoch: int) -> str | None:
+    """Why ``claimer`` cannot have the votes of most primaries at ``epoch``, as server
+    ``me`` knows them (None: it may have): a primary whose ballot (``mine``, or the one
+    ``known`` of an active peer) is at an older epoch, or for another at that one, has
+    not voted for it there, since a ballot only moves up.  A claim made before its
+    voters' new ballots reached ``me`` is refused until they do (the claimer's beats name
+    it root again); a claim no majority made is refused for good."""
+    primaries = [s.id for s in config.servers if s.type == "primary"]
+    against = []
+    for p in primaries:
+        held = mine if p == me else known.get(p)
+        if held is not None and (held[1] < epoch or (held[1] == epoch
+                                                      and held[0] != claimer)):
+            against.append(p)
+    if (len(primaries) - len(against)) * 2 > len(primaries):
+        return None
+    return (f"{', '.join(against)} of the {len(primaries)} primaries did not vote for "
+            f"{claimer} at epoch {epoch}, as this server last heard them: it cannot "
+            f"hold a majority")

@@ -40,8 +40,8 @@ logged once; the broker and the other topics go on.  Every declare, remove,
 first and last consumer updates the broker's ServerInfo, so trackers and
 route tables follow.
 
-This module holds the command table, the handlers of the topics' lifecycle (declare,
-query, remove, empty, dead letters), the links and the timers; ``produce`` is in
+This module holds the command table, the links, dead letters and the timers; the topics'
+lifecycle (declare, query, remove, empty) is in :mod:`._topics`, ``produce`` in
 :mod:`._produce`, the consumers' commands in :mod:`._consumers`.  The topics (on disk,
 their groups and positions, their error states) are in :mod:`mq.topics._catalogue`; durability
 and the group commit in :mod:`mq.topics._commit`; the links and the frames sent on them in
@@ -51,10 +51,9 @@ in :mod:`mq.replication._shipper`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,31 +84,31 @@ from ..replication._member import GroupRole
 from ..replication._shipper import DEFAULT_INSYNC_LAG, Shipper
 from ..storage._files import lock_directory
 from ..storage._log import DEFAULT_SEGMENT_BYTES, TopicLog
-from ..storage._names import check_name, dead_letter_topic, disk_name
-from ..storage._record import Record, StoreError
+from ..storage._names import dead_letter_topic
+from ..storage._record import Record
 from ..topics._catalogue import FLAGS, Catalogue, TopicState
 from ..topics._commit import Durability, GroupCommit
 from ..topics._delivery import FRAME_ROOM, Links
-from ..topics._filter import FilterError
 from ..topics._requests import (
+    AUDITED,
     MAX_ACK_RANGE,
     MAX_WINDOW,
     PARSERS,
+    RIGHTS,
     Copied,
     Declare,
-    Empty,
     Follow,
-    Query,
-    Remove,
+    error_names,
+    translated,
 )
 from ..topics._topic import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
-    UnknownGroupError,
 )
 from ._consumers import ConsumerCommands
 from ._produce import ProduceCommand
 from ._push import Router
+from ._topics import TopicCommands
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -123,25 +122,6 @@ TICK = 1.0
 #: master within about this long before it died may be delivered again.
 POSITIONS_EVERY = 0.1
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
-
-#: The right each command needs of its link's identity, and on which topic (or receiver
-#: name); commands not here need none (query, unconsume, ack and copied act only on what
-#: the link was allowed; a route is a reply to a waiting caller).
-RIGHTS: dict[str, Callable[[Any], tuple[Right, str]]] = {
-    "produce": lambda r: (Right.PUBLISH, r.topic),
-    "consume": lambda r: (Right.CONSUME, r.topic),
-    "declare": lambda r: (Right.DECLARE, r.topic),
-    "remove": lambda r: (Right.DECLARE, r.topic),
-    "empty": lambda r: (Right.DECLARE, r.topic),
-    "push": lambda r: (Right.PUBLISH, r.to),
-    "receive": lambda r: (Right.CONSUME, r.name),
-}
-#: Admin actions: each logged with who asked, from where, and how it ended.
-AUDITED: dict[str, Callable[[Any], str]] = {
-    "remove": lambda r: f"topic {r.topic}" + ("" if r.group is None else f" group {r.group}"),
-    "empty": lambda r: f"topic {r.topic}",
-}
-
 
 class MqServer:
     """Topics of a server-role :class:`~brokermgr.tracking.TrackNode`, on its port.
@@ -220,6 +200,9 @@ class MqServer:
             self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
             self._dispatch_soon, send=self.reply, max_body=self.max_body,
             address=self.address)
+        #: declare, query, remove, empty (:mod:`._topics`)
+        self.topics = TopicCommands(node, self.catalogue, self.role, self.shipper,
+                                    self.consumers, address=self.address)
         #: Topics a produce wrote, dispatched by one task after the produces of the turn
         #: (:meth:`_dispatch_soon`).
         self._to_dispatch: dict[str, TopicState] = {}
@@ -228,15 +211,15 @@ class MqServer:
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self.produce,
             "consume": self.consumers.consume, "unconsume": self.consumers.unconsume,
-            "ack": self.consumers.ack, "query": self._query,
-            "remove": self._remove, "empty": self._empty, "route": router.route,
+            "ack": self.consumers.ack, "query": self.topics.query,
+            "remove": self.topics.remove, "empty": self.topics.empty, "route": router.route,
             "receive": router.receive, "push": router.push, "follow": self._follow,
             "copied": self._copied}
-        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], _translated(handler),
+        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], translated(handler),
                                                       right=RIGHTS.get(cmd),
                                                       audit=AUDITED.get(cmd))
                                          for cmd, handler in handlers.items()},
-                                  names=_error_names)
+                                  names=error_names)
         if self.directory is not None:
             try:
                 self.catalogue.load()
@@ -298,56 +281,14 @@ class MqServer:
         """This server is ``cluster``'s: a ``shared`` declare goes through its root, and
         the shared topics' messages too (:mod:`mq.cluster._relay`)."""
         self.cluster = cluster
-        self.relay = self.produce.relay = self.consumers.relay = Relay(self, cluster)
+        self.relay = self.produce.relay = self.consumers.relay = self.topics.relay = Relay(
+            self, cluster)
 
     def _declare(self, request: Declare, call: Call) -> dict[str, Any] | None:
         if request.shared:
             declare_shared(self, request, call)
             return None  # answered once the cluster's root has it
-        name = request.topic
-        group = request.group or name
-        state = self.catalogue.topics.get(name)
-        if state is None and disk_name(name) in self.catalogue.unavailable:
-            raise ServiceError(Status.UNAVAILABLE, f"topic {name!r} cannot be opened: "
-                               f"{self.catalogue.unavailable[disk_name(name)]}")
-        if state is None or group not in state.topic.groups or request.filter is not None:
-            self.role.not_a_slave("declare")  # what it would change comes from the master
-        start = request.start
-        if start is not None and start.kind == "copy" and (
-                state is None or start.value not in state.topic.groups):
-            raise ServiceError(Status.NOT_FOUND,
-                               f"topic {name!r} has no consume group {start.value!r} to copy")
-        created = state is None
-        if state is None:
-            state = self.catalogue.open(name, request.flags)
-            state.creator = call.queue
-            state.topic.declare_group(name, start="beginning")
-            state.filters[name] = None
-            self.role.begin_epoch()
-        new_group = group not in state.topic.groups
-        old_filter = state.filters.get(group)
-        if new_group or request.filter is not None:
-            # a new group, or a new filter; declaring an existing group again keeps it
-            state.topic.declare_group(group, filter=request.filter, start=start)
-            state.filters[group] = request.filter
-        try:
-            self.catalogue.save_meta(state)
-            self.catalogue.save_positions(state)  # a new group's start holds across a crash
-        except OSError as exc:
-            # not declared after all: what this request changed is undone
-            if created:
-                self._drop_topic(state)
-            elif new_group:
-                state.topic.remove_group(group)
-                state.filters.pop(group, None)
-            else:
-                state.topic.declare_group(group, filter=old_filter)
-                state.filters[group] = old_filter
-            raise StoreError(f"{name}: not declared: {exc.strerror or exc}") from exc
-        if new_group or request.filter is not None:
-            self.node.declare_group(name, group, filter=request.filter)
-        return {"cmd": "declared", "topic": name, "group": group, "created": created,
-                "group_created": new_group}
+        return self.topics.declare(request, call)
 
     def _committed(self, reply: Deferred) -> None:
         """A produce's reply after the group commit: now, or once replicas have it."""
@@ -400,38 +341,6 @@ class MqServer:
         if self.shipper.followers:
             self.shipper.ship(state)
 
-    def _query(self, request: Query, call: Call) -> dict[str, Any]:
-        names = [self.catalogue.get(request.topic).topic.name] if request.topic else sorted(
-            self.catalogue.topics)
-        reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
-                                 "topics": {n: self.catalogue.describe(n) for n in names}}
-        for name in names:
-            if replicas := self.shipper.describe(name):
-                reply["topics"][name]["replicas"] = replicas
-        if self.catalogue.unavailable and not request.topic:
-            reply["unavailable"] = dict(self.catalogue.unavailable)
-        if (group := self.group) is not None:  # its place in a replicated group
-            reply["group"] = {"name": group.group, "role": group.role, "epoch": group.epoch,
-                              "confirmed": group.role == "master" and self.role.confirmed}
-        if self.relay is not None:
-            self.relay.describe(reply["topics"])  # a cluster's shared topics
-        return reply
-
-    def _remove(self, request: Remove, call: Call) -> dict[str, Any]:
-        state = self.catalogue.get(request.topic)
-        group = request.group
-        if group:
-            self.catalogue.remove_group(state, group)
-            return {"cmd": "removed", "topic": state.topic.name, "group": group}
-        self._drop_topic(state)
-        return {"cmd": "removed", "topic": state.topic.name}
-
-    def _drop_topic(self, state: TopicState) -> None:
-        """A topic goes: its consumers end (their links stay), then the topic and its
-        files."""
-        self.consumers.drop_topic(state.topic.name)
-        self.catalogue.drop(state)
-
     # -- its replicated group: mq.replication._member -----------------------------------
 
     @property
@@ -478,11 +387,6 @@ class MqServer:
         self.shipper.copied(self.links.of(call.queue), request)
         return {"cmd": "noted", "topic": request.topic, "next": request.next}
 
-    def _empty(self, request: Empty, call: Call) -> dict[str, Any]:
-        state = self.catalogue.get(request.topic)
-        state.topic.empty()
-        return {"cmd": "emptied", "topic": state.topic.name}
-
     # -- links -------------------------------------------------------------------------
 
     def drained(self, queue: MessageQueue) -> None:
@@ -505,7 +409,7 @@ class MqServer:
         self.shipper.forget_queue(queue)
         for state in list(self.catalogue.topics.values()):
             if state.creator is queue and "delete-on-exit" in state.flags:
-                self._drop_topic(state)
+                self.topics.drop(state)
 
     def _dead(self, topic: str, group: str, record: Record, deliveries: int) -> None:
         """A message out of deliveries goes to ``<topic>.<group>.DLQ`` (shortened with a
@@ -579,30 +483,3 @@ class MqServer:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-
-
-def _error_names(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What an error reply names of its request: its topic and group, when they are valid
-    names, so that a client can tell whose error it is even when the request had no
-    ``seq`` (an ack); nothing else of the request is echoed."""
-    named = {}
-    for key in ("topic", "group"):
-        with contextlib.suppress(ValueError):
-            named[key] = check_name(obj.get(key), key)
-    return named
-
-
-def _translated(handler: Callable[[Any, Call], dict[str, Any] | None]
-                ) -> Callable[[Any, Call], dict[str, Any] | None]:
-    """``handler``, with the errors of the topics' cores as the service errors they are:
-    an unknown group 404, a store that failed 500, a filter or value refused 400."""
-    def handle(request: Any, call: Call) -> dict[str, Any] | None:
-        try:
-            return handler(request, call)
-        except UnknownGroupError as exc:
-            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
-        except StoreError as exc:
-            raise ServiceError(Status.INTERNAL, str(exc)) from None
-        except (FilterError, ValueError) as exc:
-            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
-    return handle

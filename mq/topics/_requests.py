@@ -9,15 +9,18 @@ Handlers get typed values only.  Sans-I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from brokermgr import MAX_INT, Fields, ServiceError, Status
+from brokermgr import MAX_INT, Call, Fields, ServiceError, Status
+from rdv import Right
 
 from ..storage._names import check_name
+from ..storage._record import StoreError
 from ._filter import FilterError, TagFilter
-from ._topic import DEFAULT_WINDOW, Start
+from ._topic import DEFAULT_WINDOW, Start, UnknownGroupError
 
 #: Largest window a consumer may ask for.
 MAX_WINDOW = 10_000
@@ -284,3 +287,49 @@ PARSERS: dict[str, Callable[[Fields], Request]] = {
     "ack": _ack, "query": _query, "remove": _remove, "empty": _empty, "route": _route,
     "receive": _receive, "push": _push, "follow": _follow, "copied": _copied,
 }
+
+
+#: The right each command needs of its link's identity, and on which topic (or receiver
+#: name); commands not here need none (query, unconsume, ack and copied act only on what
+#: the link was allowed; a route is a reply to a waiting caller).
+RIGHTS: dict[str, Callable[[Any], tuple[Right, str]]] = {
+    "produce": lambda r: (Right.PUBLISH, r.topic),
+    "consume": lambda r: (Right.CONSUME, r.topic),
+    "declare": lambda r: (Right.DECLARE, r.topic),
+    "remove": lambda r: (Right.DECLARE, r.topic),
+    "empty": lambda r: (Right.DECLARE, r.topic),
+    "push": lambda r: (Right.PUBLISH, r.to),
+    "receive": lambda r: (Right.CONSUME, r.name),
+}
+#: Admin actions: each logged with who asked, from where, and how it ended.
+AUDITED: dict[str, Callable[[Any], str]] = {
+    "remove": lambda r: f"topic {r.topic}" + ("" if r.group is None else f" group {r.group}"),
+    "empty": lambda r: f"topic {r.topic}",
+}
+
+
+def error_names(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What an error reply names of its request: its topic and group, when they are valid
+    names, so that a client can tell whose error it is even when the request had no
+    ``seq`` (an ack); nothing else of the request is echoed."""
+    named = {}
+    for key in ("topic", "group"):
+        with contextlib.suppress(ValueError):
+            named[key] = check_name(obj.get(key), key)
+    return named
+
+
+def translated(handler: Callable[[Any, Call], dict[str, Any] | None]
+                ) -> Callable[[Any, Call], dict[str, Any] | None]:
+    """``handler``, with the errors of the topics' cores as the service errors they are:
+    an unknown group 404, a store that failed 500, a filter or value refused 400."""
+    def handle(request: Any, call: Call) -> dict[str, Any] | None:
+        try:
+            return handler(request, call)
+        except UnknownGroupError as exc:
+            raise ServiceError(Status.NOT_FOUND, str(exc)) from None
+        except StoreError as exc:
+            raise ServiceError(Status.INTERNAL, str(exc)) from None
+        except (FilterError, ValueError) as exc:
+            raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
+    return handle
