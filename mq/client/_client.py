@@ -50,7 +50,7 @@ from brokermgr.tracking import ServerAddress
 from channels import QueueFullError
 from pump import ConfigError
 
-from ..topics._topic import DEFAULT_WINDOW
+from ..topics._group import DEFAULT_WINDOW
 from ..topics._wire import unpack_column, unpack_offsets
 from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
 

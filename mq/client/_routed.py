@@ -37,7 +37,7 @@ import trio
 from brokermgr import ServiceError, Status
 from brokermgr.tracking import ProducerRoute, RouteChange, RouteClient, Selector
 
-from ..topics._topic import DEFAULT_WINDOW
+from ..topics._group import DEFAULT_WINDOW
 from ._client import DEFAULT_TIMEOUT, MqClient, Stored, unique_producer
 from ._subscription import Message, Subscription
 

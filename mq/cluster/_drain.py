@@ -32,7 +32,7 @@ DRAIN_BATCH = 256
 
 
 class RootLink(Protocol):
-    """The link to the cluster's root that a drain sends on (:class:`~._relay.Upstream`)."""
+    """The link to the cluster's root that a drain sends on (:class:`~._relayed.Upstream`)."""
 
     root: str
     queue: MessageQueue | None

@@ -27,7 +27,6 @@ was acknowledged.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -40,12 +39,10 @@ from brokermgr import (
     Call,
     Command,
     CommandTable,
-    EpochError,
     ReplyObject,
     ReplyOrError,
     ServiceError,
     Status,
-    check_epoch,
     fenced,
     send,
 )
@@ -53,12 +50,12 @@ from channels import MessageQueue
 from pump import ConfigError, Future, Repeating
 from rdv import Identity, Right
 
-from ..storage._files import write_file
 from ._changes import Changes
 from ._file import HEARTBEAT, SILENCE, ClusterConfig
 from ._links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
 from ._root import Ballot, ballot, has_majority, may_take_over, senior, unruly, unvoted
 from ._state import ClusterState, StateError
+from ._votes import keep_votes, load_votes
 
 __all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "SILENCE", "ClusterNode"]
 
@@ -71,29 +68,6 @@ RETRY = 1.0
 #: Seconds a change waits for a root before it is refused: the cluster is not ready (less
 #: than a client's default timeout, so that the client hears why).
 NOT_READY_WAIT = 5.0
-
-
-def _load_votes(path: Path) -> tuple[int, Ballot, ClusterState]:
-    """The epoch, ballot and cluster state a server kept (0, no ballot and an empty state
-    if it kept none)."""
-    try:
-        kept = json.loads(path.read_bytes())
-        vote, epoch = kept["ballot"]
-        state = kept.get("state")
-        return check_epoch(kept["epoch"], "its epoch"), (
-            vote if isinstance(vote, str) else None, check_epoch(epoch, "its ballot's epoch")), (
-            ClusterState() if state is None else ClusterState.of(
-                int(state["version"]), state["topics"],
-                check_epoch(state["state_epoch"], "its state's epoch"), state.get("removed")))
-    except FileNotFoundError:
-        return 0, (None, 0), ClusterState()
-    except EpochError as exc:
-        raise ConfigError(f"{path}: {exc}: no server writes that; to repair, stop this "
-                          f"server and remove the file: it comes back with no vote and "
-                          f"takes its peers' epoch and state") from None
-    except (OSError, ValueError, KeyError, TypeError, StateError) as exc:
-        raise ConfigError(f"{path}: the cluster's epoch, vote and state cannot be read "
-                          f"({exc}); remove the file only if this server never voted") from None
 
 
 class ClusterNode:
@@ -144,7 +118,7 @@ class ClusterNode:
         #: then a server that restarts may vote twice in one epoch).
         self.store = None if store is None else Path(store) / f"cluster-{broker.id}.json"
         if self.store is not None:
-            self.epoch, self.ballot, self.state = _load_votes(self.store)
+            self.epoch, self.ballot, self.state = load_votes(self.store)
         self._closed = False
         #: The changes to the shared topics, made by the root once a majority hold them.
         self.changes = Changes(self)
@@ -440,13 +414,9 @@ class ClusterNode:
         return self.ballot
 
     def _keep(self) -> None:
-        """The epoch, ballot and cluster state to disk (the state too: a server that
-        restarts must not take over with an empty one while the others that held it
-        are down)."""
+        """The epoch, ballot and cluster state to disk (:func:`._votes.keep_votes`)."""
         if self.store is not None:
-            write_file(self.store, json.dumps({"epoch": self.epoch,
-                                               "ballot": list(self.ballot),
-                                               "state": self.state.snapshot()}).encode())
+            keep_votes(self.store, self.epoch, self.ballot, self.state)
 
     def elect(self) -> None:
         """Take over as root when the rule of :mod:`._root` says so (announced to every

@@ -3,7 +3,7 @@
 A shared topic's queue is the root's.  A server that is not the root
 
 * forwards each ``produce`` of a shared topic to the root over one link of its own
-  (:class:`Upstream`, to the root's MQ port) and answers the client with the root's
+  (:class:`~._relayed.Upstream`, to the root's MQ port) and answers the client with the root's
   reply once the root stored it (a producer that names itself keeps its name, so the
   root's duplicate check holds across servers; a message from one that does not is
   stored under its *origin*, ``<link>@<server>``);
@@ -33,67 +33,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any
 
 from brokermgr import (
-    BrokerLink,
     Call,
-    Deferred,
-    Push,
-    PushTable,
     ReplyOrError,
     ServiceError,
     Status,
     encode,
 )
-from brokermgr.tracking import TrackNode
 from channels import MessageQueue
-from pump import Pump
 
-from ..topics._catalogue import Catalogue
-from ..topics._delivery import FRAME_BYTES, FRAME_TAIL, Links
-from ..topics._requests import Ack, Consume, Produce, Unconsume
+from ..topics._delivery import FRAME_BYTES, FRAME_TAIL
+from ..topics._requests import Ack, Consume, Produce, Unconsume, request_object
 from ..topics._wire import pack_column
 from ._drain import Drain
 from ._node import ClusterNode
 from ._relay_groups import LocalConsumer, Relayed, RelayedFrame, RelayGroup, take_frame
-
-
-class Consumes(Protocol):
-    """A server's ``consume`` command (:class:`~mq.server._consumers.ConsumerCommands`)."""
-
-    def consume(self, request: Consume, call: Call) -> dict[str, Any] | None: ...
-
-
-class RelayedServer(Protocol):
-    """What a relay asks of its MQ server (:class:`~mq.MqServer`): where it is, its
-    topics and links, to answer a request later or handle one as its own."""
-
-    @property
-    def node(self) -> TrackNode: ...
-
-    @property
-    def pump(self) -> Pump: ...
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def catalogue(self) -> Catalogue: ...
-
-    @property
-    def links(self) -> Links: ...
-
-    @property
-    def consumers(self) -> Consumes: ...
-
-
-    def defer(self, call: Call, reply: dict[str, Any] | None = None, **named: Any
-              ) -> Deferred: ...
-
-    def handle(self, queue: MessageQueue, obj: dict[str, Any]) -> None: ...
+from ._relayed import RelayedServer, Upstream, Waiting
 
 __all__ = ["RELAY_WINDOW", "Relay", "RelayGroup"]
 
@@ -107,41 +66,6 @@ log = logging.getLogger("rdvpump.mq.cluster")
 RELAY_WINDOW = 4096
 
 _first = itemgetter(0)
-
-
-class Upstream(BrokerLink):
-    """This server's link to its cluster's root, on the root's MQ port."""
-
-    def __init__(self, relay: Relay, root: str) -> None:
-        super().__init__(relay.server.node.broker, root, relay.port,
-                         name=f"cluster root {root}", retry=0.5)
-        self.relay = relay
-        self.root = root
-        #: What the root sends: its groups' messages; an error is an ack it no longer
-        #: held (redelivered after its ack timeout): that message comes again.
-        self.pushes = PushTable(f"root {root}", {
-            "messages": Push.raw(lambda obj: relay.take(self, obj)),
-        }, refused=lambda error: log.info("%s: root %s: %s", relay.server.address, root,
-                                          error), unknown="ignore")
-
-    def opened(self) -> None:
-        self.relay.upstream_up(self)
-
-    def lost(self, reason: str) -> None:
-        self.relay.upstream_lost(self, reason)
-
-    def room_again(self) -> None:
-        self.relay.run_waiting()
-
-
-@dataclass
-class _Waiting:
-    """A request waiting for a root: run ``again`` when one is there, or refused through
-    ``reply`` at ``deadline``."""
-
-    deadline: float
-    again: Callable[[], object]
-    reply: Deferred
 
 
 class Relay:
@@ -159,7 +83,7 @@ class Relay:
         self.window = window
         self.upstream: Upstream | None = None
         self.groups: dict[tuple[str, str], RelayGroup] = {}
-        self.waiting: list[_Waiting] = []
+        self.waiting: list[Waiting] = []
         #: The root this server last acted on (its clients' consumes were made for it).
         self._root = cluster.root
         self.counts = {"forwarded": 0, "relayed": 0, "drained": 0}
@@ -180,7 +104,7 @@ class Relay:
         """Wait for a root (bounded), then ``again``; refused 503 after the wait (naming
         the topic and group, so that a client can tell whose refusal it is)."""
         reply = self.server.defer(call, topic=topic, group=group or topic)
-        self.waiting.append(_Waiting(self.pump.now() + self.cluster.not_ready_wait, again,
+        self.waiting.append(Waiting(self.pump.now() + self.cluster.not_ready_wait, again,
                                      reply))
 
     # -- produce -----------------------------------------------------------------------
@@ -564,15 +488,3 @@ class Relay:
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
-
-
-def request_object(request: Produce, call: Call) -> dict[str, Any]:
-    """A produce as the request it was (with its ``seq``), to handle it again here."""
-    obj: dict[str, Any] = {"cmd": "produce", "topic": request.topic,
-                           "sequence": request.sequence, "body": request.body}
-    for key, value in (("producer", request.producer), ("tag", request.tag),
-                       ("sizes", None if request.sizes is None else list(request.sizes)),
-                       ("seq", call.seq)):
-        if value is not None:
-            obj[key] = value
-    return obj

@@ -30,7 +30,7 @@ from pump import ConfigError
 
 from ..storage._log import TopicLog
 from ..topics._catalogue import FLAGS, Catalogue, TopicState
-from ..topics._topic import Start
+from ..topics._group import Start
 from ._follower import DEFAULT_RESCAN, Follower
 from ._shipper import Shipper
 

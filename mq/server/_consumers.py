@@ -20,8 +20,8 @@ from channels import MessageQueue
 from ..cluster._relay import Relay
 from ..topics._catalogue import Catalogue, TopicState
 from ..topics._delivery import ClientLink, Links
+from ..topics._group import Member
 from ..topics._requests import Ack, Consume, Unconsume
-from ..topics._topic import Member
 
 __all__ = ["ConsumerCommands"]
 

@@ -29,7 +29,10 @@ found when it is read, reported the same way and skipped.
 Opening the segment files, sealing them and recovery are in :mod:`._segment`; the index's
 format and the reading of a segment's bytes (each record checked, damage skipped) in
 :mod:`._scan`; the newest records kept in memory in :mod:`._tail`; durable file writes
-and fsyncs in :mod:`._files`.
+and fsyncs in :mod:`._files`.  :class:`TopicLog` stays one class in one module, although
+long: it is the hot path of every publish and every read (``append``, ``read``), and
+each of its writes (an append, a replica's copies, a cut) changes the segment list, the
+tail, the epochs and the sync state together, which read straight through here.
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ from ._filter import MAX_FILTER_BYTES as MAX_FILTER_BYTES
 from ._filter import FilterError as FilterError
 from ._filter import TagFilter as TagFilter
 from ._filter import matches as matches
+from ._group import DEFAULT_WINDOW as DEFAULT_WINDOW
+from ._group import Delivery as Delivery
+from ._group import Start as Start
+from ._group import UnknownGroupError as UnknownGroupError
 from ._topic import DEFAULT_ACK_TIMEOUT as DEFAULT_ACK_TIMEOUT
 from ._topic import DEFAULT_MAX_DELIVERIES as DEFAULT_MAX_DELIVERIES
-from ._topic import DEFAULT_WINDOW as DEFAULT_WINDOW
-from ._topic import Delivery as Delivery
-from ._topic import Start as Start
 from ._topic import Topic as Topic
-from ._topic import UnknownGroupError as UnknownGroupError
 from ._verify import Finding as Finding
 from ._verify import Report as Report
 from ._verify import verify as verify

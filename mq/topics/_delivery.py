@@ -25,7 +25,7 @@ from brokermgr import Sent, encode, send
 from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue, coalesce
 
 from ..storage._record import Record
-from ._topic import Delivery, Member, Run
+from ._group import Delivery, Member, Run
 from ._wire import pack_column
 
 __all__ = ["FRAME_BYTES", "FRAME_ROOM", "FRAME_TAIL", "ClientLink", "Links", "messages_frame"]

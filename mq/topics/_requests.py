@@ -20,7 +20,7 @@ from rdv import Right
 from ..storage._names import check_name
 from ..storage._record import StoreError
 from ._filter import FilterError, TagFilter
-from ._topic import DEFAULT_WINDOW, Start, UnknownGroupError
+from ._group import DEFAULT_WINDOW, Start, UnknownGroupError
 
 #: Largest window a consumer may ask for.
 MAX_WINDOW = 10_000
@@ -333,3 +333,15 @@ def translated(handler: Callable[[Any, Call], dict[str, Any] | None]
         except (FilterError, ValueError) as exc:
             raise ServiceError(Status.BAD_REQUEST, str(exc)) from None
     return handle
+
+
+def request_object(request: Produce, call: Call) -> dict[str, Any]:
+    """A produce as the request it was (with its ``seq``), to handle it again here."""
+    obj: dict[str, Any] = {"cmd": "produce", "topic": request.topic,
+                           "sequence": request.sequence, "body": request.body}
+    for key, value in (("producer", request.producer), ("tag", request.tag),
+                       ("sizes", None if request.sizes is None else list(request.sizes)),
+                       ("seq", call.seq)):
+        if value is not None:
+            obj[key] = value
+    return obj

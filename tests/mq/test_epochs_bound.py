@@ -88,7 +88,7 @@ def test_a_cluster_vote_at_the_last_epoch_stays_as_it_was() -> None:
 @pytest.mark.parametrize("field", ["epoch", "ballot", "state"])
 def test_a_cluster_state_file_with_an_epoch_out_of_range_is_refused_with_its_repair(
         tmp_path: pathlib.Path, field: str) -> None:
-    from mq.cluster._node import _load_votes
+    from mq.cluster._votes import load_votes
 
     kept: dict[str, object] = {"epoch": 3, "ballot": ["a", 3],
                                "state": {"version": 1, "state_epoch": 3, "topics": {}}}
@@ -101,7 +101,7 @@ def test_a_cluster_state_file_with_an_epoch_out_of_range_is_refused_with_its_rep
     path = tmp_path / "cluster-a.json"
     path.write_text(json.dumps(kept))
     with pytest.raises(ConfigError) as info:
-        _load_votes(path)
+        load_votes(path)
     said = str(info.value)
     assert said.startswith(f"{path}: ") and "\n" not in said
     assert "must be an integer from 0 below" in said
@@ -109,7 +109,7 @@ def test_a_cluster_state_file_with_an_epoch_out_of_range_is_refused_with_its_rep
     kept.update(epoch=3, ballot=["a", 3],
                 state={"version": 1, "state_epoch": 3, "topics": {}})
     path.write_text(json.dumps(kept))
-    assert _load_votes(path)[0] == 3  # in range: read as written
+    assert load_votes(path)[0] == 3  # in range: read as written
 
 
 def test_a_topic_s_epochs_file_past_the_bound_is_damage_named_at_open(

@@ -21,7 +21,7 @@ from mq.server._produce import cut_bodies
 from mq.storage._files import VIEW_BODY
 from mq.storage._record import Record
 from mq.topics._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
-from mq.topics._topic import Run
+from mq.topics._group import Run
 from mq.topics._wire import unpack_column
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),

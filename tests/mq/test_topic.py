@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from mq import CursorStore, TopicLog
 from mq.storage._memory import MemoryLog
 from mq.storage._record import Record
-from mq.topics._topic import Delivery, Member, Start, Topic, UnknownGroupError
+from mq.topics._group import Delivery, Member, Start, UnknownGroupError
+from mq.topics._topic import Topic
 
 
 class World:
