@@ -169,7 +169,9 @@ def census(table: pa.Table) -> pa.Table:
     """The census of one table of trace rows (with ``bad``): counts, first and last time,
     bytes and sizes per pump, kind and the fields that matter to that kind (the stream
     for messages, the link, peer, port, reason and outcome for a link's life), and for
-    clock rows the pump's clock offset at its last one.  Bad rows are one group."""
+    clock rows the pump's clock offset at its last one.  Bad rows are one group.  One
+    function although long: the hot path of every trace row, one pass of array
+    operations over columns it decodes once."""
     kind = _Strings(table.column("kind"))
     bad = table.column("bad").to_numpy(zero_copy_only=False)
     good = ~bad
@@ -575,7 +577,8 @@ def _per_seq(rows: pa.Table) -> dict[str, Any]:
     (step, then place in the file): each delivered seq is compared with the delivered
     seq before it, and a pair out of pump order is one violation, named by the lower seq
     (``late``: delivered after the higher one).  A seq delivered more than once (itself
-    a violation) is placed at the least step and the least place of its deliveries."""
+    a violation) is placed at the least step and the least place of its deliveries.  One
+    function although long: a hot path of the fold, whose arrays its steps share."""
     sid = rows.column("sid").to_numpy().astype(np.int64)
     seq, seq_ok = _numbers(rows.column("seq"), np.int64)
     send = rows.column("send").to_numpy(zero_copy_only=False)
@@ -647,6 +650,10 @@ def _seq_order(sid: np.ndarray, seq: np.ndarray, seq_ok: np.ndarray) -> np.ndarr
 
 def _parts(s: dict[str, Any], *, start: float, width: float, per_second: bool,
            fine_per_decade: int, buckets_per_decade: int) -> pa.Table:
+    """Every figure of one piece's (sid, seq) rows, as the folded table's parts.  One
+    function although long: a hot path of the fold (every message row goes through it),
+    a run of array operations over one piece whose intermediate arrays the groupings
+    share; split, they would be passed around or computed again."""
     journey = s["latency_ok"]
     n = len(journey)
     sends, deliveries = s["sends"], s["deliveries"]

@@ -276,25 +276,33 @@ async def keep_role(server: HasRole, names: NameClient) -> None:
     the next epoch at each (:meth:`~brokermgr.NameClient.claim`): a name service grants
     one member per epoch, and only one that holds every acknowledged message as far as
     it knows, so the members granted by a majority are one, and it is safe."""
-    role = server.role
-    port = role.node.address.port
-    me = role.node.broker.id
-    random = role.node.broker.pump.random
-    following: str | None = None
-    insync = role.progress().insync
-    claim_at: float | None = None
-    witnessed = False  # this slave told the name service its master is quiet
+    keeper = _RoleKeeper(server.role, names)
     while True:
+        if not await keeper.step():
+            await trio.sleep(GROUP_POLL)
+
+
+class _RoleKeeper:
+    """:func:`keep_role`'s state between two questions to the name services."""
+
+    def __init__(self, role: GroupRole, names: NameClient) -> None:
+        self.role = role
+        self.names = names
+        self.port = role.node.address.port
+        self.me = role.node.broker.id
+        self.random = role.node.broker.pump.random
+        self.following: str | None = None
+        self.insync = role.progress().insync
+        self.claim_at: float | None = None
+        self.witnessed = False  # this slave told the name service its master is quiet
+
+    async def step(self) -> bool:
+        """Ask the name services once and act on what they say: True to ask again at
+        once (a claim granted, a promotion to confirm)."""
+        role, names, me = self.role, self.names, self.me
         mine = role.group
         assert mine is not None
-        if mine.role == "master" and (now := role.progress().insync) != insync:
-            insync = now  # the failover's choice follows the in-sync set: said at once
-            names.register_now()
-        quiet = mine.role == "slave" and role.follower is not None and (
-            role.follower.quiet >= role.silence)
-        if quiet and not witnessed:
-            names.register_now()  # its master's silence, witnessed: said at once
-        witnessed = quiet
+        self._say_changes(mine)
         views = await names.group_views(mine.group)
         if not views:
             log.info("group %s: no answer from the name service", mine.group)
@@ -303,48 +311,86 @@ async def keep_role(server: HasRole, names: NameClient) -> None:
         # no majority, or one that names this member at an epoch older than its own: the
         # name services saw different things; a claim of a newer epoch brings them to one
         stuck = not decided or (master == me and epoch < mine.epoch)
-        if not stuck or len(names.links) == 1 or not views:
-            claim_at = None
-        elif claim_at is None:
-            claim_at = trio.current_time() + CLAIM_AFTER * (1 + random.random())
-        elif trio.current_time() >= claim_at:
-            claim_at = None
-            try:
-                claimed = next_epoch(newest)
-            except EpochError as exc:  # no epoch left to claim: the group stays as it is
-                log.error("group %s: %s cannot claim an epoch: %s", mine.group, me, exc)
-            else:
-                granted = await names.claim(mine.group, me, claimed)
-                if granted > len(names.links) // 2:
-                    log.warning("group %s: %s claimed epoch %d; %d of %d name services "
-                                "granted it", mine.group, me, claimed, granted,
-                                len(names.links))
-                    continue  # asked again at once: now a majority names it
+        if await self._claim(mine, stuck and len(names.links) > 1 and bool(views), newest):
+            return True  # asked again at once: now a majority names it
         if decided and master == me and not stuck:
             # the members a failover would choose from: this master waits for each
             role.shipper.confirm_insync(named_insync)
-            if mine.role == "slave" and epoch > mine.epoch and (
-                    role.follower is None or not role.follower.copying
-                    or role.follower.quiet > role.silence):
-                role.promote(epoch)
-                following = None
-                names.register_now()
-                continue  # confirmed by the next answer, asked at once
-            elif mine.role == "master" and epoch > mine.epoch:
-                role.promote(epoch)  # back as master at a newer epoch (a restart)
-                names.register_now()
-            elif mine.role == "master" and epoch == mine.epoch:
-                role.confirm()
+            if self._lead(mine, epoch):
+                return True  # confirmed by the next answer, asked at once
         elif mine.role == "master" and others > mine.epoch:
             role.demote(others)  # the group moved on without this master: fenced
             names.register_now()
         if decided and isinstance(master, str) and master != me:
-            # the master a majority names, whatever epoch a minority may have seen since
-            if mine.role == "master" or epoch != mine.epoch:
-                role.demote(epoch)
-                names.register_now()
-            if master != following:
-                log.info("group %s: %s follows master %s", mine.group, me, master)
-                role.follow(f"{master}:{port}")
-                following = master
-        await trio.sleep(GROUP_POLL)
+            self._follow(mine, master, epoch)
+        return False
+
+    def _say_changes(self, mine: GroupMember) -> None:
+        """Register at once, not at the next heartbeat, when a master's in-sync set
+        changed (the failover's choice follows it) or a slave found its master quiet."""
+        role = self.role
+        if mine.role == "master" and (now := role.progress().insync) != self.insync:
+            self.insync = now
+            self.names.register_now()
+        quiet = mine.role == "slave" and role.follower is not None and (
+            role.follower.quiet >= role.silence)
+        if quiet and not self.witnessed:
+            self.names.register_now()  # its master's silence, witnessed: said at once
+        self.witnessed = quiet
+
+    async def _claim(self, mine: GroupMember, stuck: bool, newest: int) -> bool:
+        """While the name services stay split for :data:`CLAIM_AFTER` seconds (jittered),
+        claim the next epoch at each: True when a majority granted it."""
+        if not stuck:
+            self.claim_at = None
+            return False
+        now = trio.current_time()
+        if self.claim_at is None:
+            self.claim_at = now + CLAIM_AFTER * (1 + self.random.random())
+            return False
+        if now < self.claim_at:
+            return False
+        self.claim_at = None
+        try:
+            claimed = next_epoch(newest)
+        except EpochError as exc:  # no epoch left to claim: the group stays as it is
+            log.error("group %s: %s cannot claim an epoch: %s", mine.group, self.me, exc)
+            return False
+        links = len(self.names.links)
+        granted = await self.names.claim(mine.group, self.me, claimed)
+        if granted > links // 2:
+            log.warning("group %s: %s claimed epoch %d; %d of %d name services granted it",
+                        mine.group, self.me, claimed, granted, links)
+            return True
+        return False
+
+    def _lead(self, mine: GroupMember, epoch: int) -> bool:
+        """A majority names this member master at ``epoch``: a slave takes over once its
+        old master no longer ships it records (True: asked again at once); a master at a
+        newer epoch (a restart) is promoted, at its own epoch confirmed."""
+        role = self.role
+        if mine.role == "slave" and epoch > mine.epoch and (
+                role.follower is None or not role.follower.copying
+                or role.follower.quiet > role.silence):
+            role.promote(epoch)
+            self.following = None
+            self.names.register_now()
+            return True
+        if mine.role == "master" and epoch > mine.epoch:
+            role.promote(epoch)  # back as master at a newer epoch (a restart)
+            self.names.register_now()
+        elif mine.role == "master" and epoch == mine.epoch:
+            role.confirm()
+        return False
+
+    def _follow(self, mine: GroupMember, master: str, epoch: int) -> None:
+        """A majority names another master: this member is its slave, whatever epoch a
+        minority may have seen since."""
+        role = self.role
+        if mine.role == "master" or epoch != mine.epoch:
+            role.demote(epoch)
+            self.names.register_now()
+        if master != self.following:
+            log.info("group %s: %s follows master %s", mine.group, self.me, master)
+            role.follow(f"{master}:{self.port}")
+            self.following = master

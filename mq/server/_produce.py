@@ -52,6 +52,9 @@ class ProduceCommand:
         self.relay: Relay | None = None
 
     def __call__(self, request: Produce, call: Call) -> dict[str, Any] | None:
+        """A produce: refused, answered as a retry, or stored, then replied now or once
+        the commit (and the replicas) have it.  One function although long: the hot path
+        of every publish, its checks, dedupe and append read straight through."""
         queue = call.queue
         if self.relay is not None and self.relay.takes(request.topic):
             self.relay.produce(request, call)

@@ -154,9 +154,8 @@ class MqServer:
         #: Largest body a produce may carry: what a delivery of it can carry.
         self.max_body = node.broker.manager.max_message_size - FRAME_ROOM
         self.segment_bytes = segment_bytes
-        #: Retention per disk topic: whole segments go once the topic is larger than
-        #: ``retain_bytes`` or their newest message is older than ``retain_age`` seconds,
-        #: whether or not every group has read them (as Kafka); checked every second.
+        #: Retention per disk topic, checked every second: whole segments go past
+        #: ``retain_bytes``, or older than ``retain_age`` s, read or not (as Kafka).
         self.retain_bytes = retain_bytes
         self.retain_age = retain_age
         self.links = Links()
@@ -164,50 +163,68 @@ class MqServer:
         #: The cluster this server is one of (:meth:`join_cluster`), or None.
         self.cluster: ClusterNode | None = None
         #: Counters: stored, retries not stored again (:mod:`mq.topics._dedupe`), returned
-        #: (``immediate`` with no consumer there), delivered, acked, dead letters, errors
-        #: replied.
+        #: (``immediate`` with no consumer), delivered, acked, dead letters, errors replied.
         self.counts = {"stored": 0, "duplicates": 0, "returned": 0, "delivered": 0,
                        "acked": 0, "dead": 0, "errors": 0, "routed": 0, "unroutable": 0}
-        #: The lock that keeps the directory this server's alone (:func:`lock_directory`),
-        #: taken before anything in it is read.
-        self._lock: int | None = None
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._lock = lock_directory(self.directory)
+        #: The lock that keeps the directory this server's alone, before anything is read.
+        self._lock = self._take_directory()
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
                                   release=self._committed, failed=self._commit_failed,
                                   committed=self._dispatch_all, fsync_thread=fsync_thread)
-        router = Router(self.links, self.counts, self.address)
         self.catalogue = Catalogue(node, self.directory, self.commit,
                                    segment_bytes=segment_bytes, ack_timeout=ack_timeout,
                                    max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
         #: The replicas that follow this server's topics, and whether a produce waits for
         #: them (``replication``: async or sync; :mod:`mq.replication._shipper`).
-        self.shipper = Shipper(self.catalogue, mode=replication,
-                               min_insync=min_insync, insync_lag=insync_lag,
-                               dispatch=self._dispatch)
+        self.shipper = Shipper(self.catalogue, mode=replication, min_insync=min_insync,
+                               insync_lag=insync_lag, dispatch=self._dispatch)
         #: Its place in a replicated group, and its side as a replica
-        #: (:mod:`mq.replication._member`).
-        #: ``group_beat`` and ``group_silence``: :attr:`GroupRole.beat` and
-        #: :attr:`GroupRole.silence`.
+        #: (:mod:`mq.replication._member`; ``group_beat``: its beat, ``group_silence``).
         self.role = GroupRole(node, self.catalogue, self.shipper, address=self.address,
                               dispatch=self._dispatch, beat=group_beat,
                               silence=group_silence)
-        #: consume, unconsume, ack (:mod:`._consumers`)
-        self.consumers = ConsumerCommands(node, self.catalogue, self.links, self.counts,
-                                          self._dispatch, self.address)
-        self.produce = ProduceCommand(
-            self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
-            self._dispatch_soon, send=self.reply, max_body=self.max_body,
-            address=self.address)
-        #: declare, query, remove, empty (:mod:`._topics`)
-        self.topics = TopicCommands(node, self.catalogue, self.role, self.shipper,
-                                    self.consumers, address=self.address)
-        #: Topics a produce wrote, dispatched by one task after the produces of the turn
-        #: (:meth:`_dispatch_soon`).
+        #: consume, unconsume, ack (:mod:`._consumers`); produce; declare, query, remove,
+        #: empty (:mod:`._topics`)
+        self.consumers, self.produce, self.topics = self._commands()
+        #: Topics a produce wrote, dispatched after the turn's produces (:meth:`_dispatch_soon`).
         self._to_dispatch: dict[str, TopicState] = {}
         #: A cluster's shared topics' messages, relayed through its root (:mod:`mq.cluster._relay`).
         self.relay: Relay | None = None
+        self.table = self._command_table(Router(self.links, self.counts, self.address))
+        self._tick_timer, self._positions_timer = self._start()
+
+    def _start(self) -> tuple[Repeating, Repeating]:
+        """Its topics read from its directory, its commands on the node, its timers."""
+        if self.directory is not None:
+            try:
+                self.catalogue.load()
+            except BaseException:
+                self._unlock()
+                raise
+        self.node.extend(self)
+        return (self.pump.call_every(TICK, self._tick),
+                self.pump.call_every(POSITIONS_EVERY, self._ship_positions))
+
+    def _take_directory(self) -> int | None:
+        if self.directory is None:
+            return None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return lock_directory(self.directory)
+
+    def _commands(self) -> tuple[ConsumerCommands, ProduceCommand, TopicCommands]:
+        consumers = ConsumerCommands(self.node, self.catalogue, self.links, self.counts,
+                                     self._dispatch, self.address)
+        produce = ProduceCommand(
+            self.catalogue, self.links, self.commit, self.shipper, self.role, self.counts,
+            self._dispatch_soon, send=self.reply, max_body=self.max_body,
+            address=self.address)
+        topics = TopicCommands(self.node, self.catalogue, self.role, self.shipper, consumers,
+                               address=self.address)
+        return consumers, produce, topics
+
+    def _command_table(self, router: Router) -> CommandTable:
+        """Every command, parsed, checked for its right, audited if it is an admin
+        action, and with the topics' errors as service errors."""
         handlers: dict[str, Callable[[Any, Call], dict[str, Any] | None]] = {
             "declare": self._declare, "produce": self.produce,
             "consume": self.consumers.consume, "unconsume": self.consumers.unconsume,
@@ -215,20 +232,9 @@ class MqServer:
             "remove": self.topics.remove, "empty": self.topics.empty, "route": router.route,
             "receive": router.receive, "push": router.push, "follow": self._follow,
             "copied": self._copied}
-        self.table = CommandTable("mq", {cmd: Command(PARSERS[cmd], translated(handler),
-                                                      right=RIGHTS.get(cmd),
-                                                      audit=AUDITED.get(cmd))
-                                         for cmd, handler in handlers.items()},
-                                  names=error_names)
-        if self.directory is not None:
-            try:
-                self.catalogue.load()
-            except BaseException:
-                self._unlock()
-                raise
-        node.extend(self)
-        self._tick_timer: Repeating = self.pump.call_every(TICK, self._tick)
-        self._positions_timer = self.pump.call_every(POSITIONS_EVERY, self._ship_positions)
+        return CommandTable("mq", {cmd: Command(PARSERS[cmd], translated(handler),
+                                                right=RIGHTS.get(cmd), audit=AUDITED.get(cmd))
+                                   for cmd, handler in handlers.items()}, names=error_names)
 
     # -- requests ----------------------------------------------------------------------
 
