@@ -136,7 +136,7 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
                          heartbeat: float, spec: Any, tracking: TrackingOptions | None,
                          clustering: tuple[ClusterConfig | None, Path | None],
                          metrics: Address | None, ready: Callable[[Address], None]) -> None:
-    refused: list[str] = []  # a final refusal (manager, tracker) ends the process with it
+    process = _BrokerProcess(manager, brokers, broker_ids, tracking)
     with stop_signals() as until_signalled:
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.pump.serve)
@@ -149,62 +149,21 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
             # first, would be refused for a port not bound yet)
             plan_roles = {} if spec is None else {
                 b: await serve_plan(spec, b, manager, nursery) for b in broker_ids}
-
-            def on_refused(manager_name: str, reason: str) -> None:
-                refused.append(f"broker {'+'.join(broker_ids)}: {manager_name} refused it: "
-                               f"{reason}")
-                nursery.cancel_scope.cancel()
-
-            group = None if tracking is None else tracking.group
-            servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
-            clustered: dict[str, ClusterNode] = {}  # a cluster's server, by broker id
-            names = NameClient(manager, managers, heartbeat=heartbeat,
-                               clusters=lambda b: clustered[b].info() if b in clustered
-                               else None,
-                               groups=lambda b: servers[b].group if b in servers
-                               else group if b in broker_ids else None,
-                               progress=lambda b: None if b not in servers or group is None
-                               else servers[b].progress(),
-                               on_refused=on_refused) if managers else None
-            if names is not None:
-                for link in names.links:
-                    nursery.start_soon(_watch_link, link, "+".join(broker_ids), refused,
-                                       nursery.cancel_scope)
-            started = (_start_tracking(manager, brokers, tracking) if tracking is not None
-                       else _Tracking())
-            for node in started.nodes:  # a server's links to its trackers (--tracker)
-                for publisher in node.server.publishers if node.server is not None else ():
-                    nursery.start_soon(_watch_link, publisher, node.broker.id, refused,
-                                       nursery.cancel_scope)
-            mq_servers = started.servers
-            if group is not None:
-                servers.update(mq_servers)
-            if names is not None:
-                # registered once the MQ servers have read their topics: a group's member
-                # says how many records it holds from its first registration on (a
-                # failover chooses by that)
-                names.start()
-            if group is not None and names is not None and mq_servers:
-                from mq import keep_role
-
-                for server in mq_servers.values():
-                    nursery.start_soon(keep_role, server, names)
+            names = process.name_client(nursery, managers, heartbeat) if managers else None
+            started = process.start_roles(nursery, names)
             cluster, store = clustering
             if cluster is not None:
-                for b in brokers:
-                    clustered[b.id] = _cluster_node(b, cluster, store, mq_servers.get(b.id), names)
-                    if b.id in mq_servers:
-                        mq_servers[b.id].join_cluster(clustered[b.id])
+                process.join_cluster(cluster, store, names)
             watched = await start_metrics(nursery, manager, metrics,
                                           "broker " + "+".join(broker_ids))
             if watched is not None:
                 watched.watch(*started.nodes, *([] if names is None else [names.rdv]))
-                watched.watch_mq(*mq_servers.values(),
+                watched.watch_mq(*started.servers.values(),
                                  *(server for _, found in plan_roles.values() for server in found))
                 if names is not None:  # ``rdvpump status`` shows where
                     names.metrics = watched.address
                     names.register_now()
-                for broker_id, member in clustered.items():
+                for broker_id, member in process.clustered.items():
                     watched.watch_cluster(broker_id, member)
 
             async def announce() -> None:
@@ -226,16 +185,90 @@ async def _serve_brokers(manager: BrokerManager, brokers: list[Any], broker_ids:
 
             nursery.start_soon(announce)  # while a manager is out of reach, signals stop it
             await until_signalled()
-            for member in clustered.values():
-                member.close()
-            started.close()
-            if names is not None:
-                await names.aclose()  # the unregisters leave before the links are cut
-            for broker in brokers:  # its other links end with a close frame, not a cut
-                await broker.aclose("broker process stopped")
+            await process.stop(started, names)
             nursery.cancel_scope.cancel()
-    if refused:
-        raise RunError(refused[0])
+    if process.refused:
+        raise RunError(process.refused[0])
+
+
+class _BrokerProcess:
+    """The brokers of one ``broker run`` process, and what serves them: the name client,
+    tracking and MQ servers, a cluster's servers."""
+
+    def __init__(self, manager: BrokerManager, brokers: list[Any], broker_ids: list[str],
+                 tracking: TrackingOptions | None) -> None:
+        self.manager = manager
+        self.brokers = brokers
+        self.broker_ids = broker_ids
+        self.tracking = tracking
+        self.group = None if tracking is None else tracking.group
+        #: A final refusal (manager, tracker) ends the process with it.
+        self.refused: list[str] = []
+        self.servers: dict[str, MqServer] = {}  # a group member's MQ server, by broker id
+        self.clustered: dict[str, ClusterNode] = {}  # a cluster's server, by broker id
+        self.mq_servers: dict[str, MqServer] = {}  # every MQ server, by broker id
+
+    def name_client(self, nursery: trio.Nursery, managers: list[Address],
+                    heartbeat: float) -> NameClient:
+        """The brokers' registrations with ``managers`` (not started yet), each link
+        watched for a refusal for good."""
+        ids, servers, clustered, group = self.broker_ids, self.servers, self.clustered, self.group
+
+        def on_refused(manager_name: str, reason: str) -> None:
+            self.refused.append(f"broker {'+'.join(ids)}: {manager_name} refused it: "
+                                f"{reason}")
+            nursery.cancel_scope.cancel()
+
+        names = NameClient(self.manager, managers, heartbeat=heartbeat,
+                           clusters=lambda b: clustered[b].info() if b in clustered else None,
+                           groups=lambda b: servers[b].group if b in servers
+                           else group if b in ids else None,
+                           progress=lambda b: None if b not in servers or group is None
+                           else servers[b].progress(),
+                           on_refused=on_refused)
+        for link in names.links:
+            nursery.start_soon(_watch_link, link, "+".join(ids), self.refused,
+                               nursery.cancel_scope)
+        return names
+
+    def start_roles(self, nursery: trio.Nursery, names: NameClient | None) -> _Tracking:
+        """Tracking roles and MQ servers; then the registrations (once the MQ servers
+        have read their topics: a group's member says how many records it holds from its
+        first registration on, and a failover chooses by that); a member's role kept."""
+        started = (_start_tracking(self.manager, self.brokers, self.tracking)
+                   if self.tracking is not None else _Tracking())
+        for node in started.nodes:  # a server's links to its trackers (--tracker)
+            for publisher in node.server.publishers if node.server is not None else ():
+                nursery.start_soon(_watch_link, publisher, node.broker.id, self.refused,
+                                   nursery.cancel_scope)
+        if self.group is not None:
+            self.servers.update(started.servers)
+        if names is not None:
+            names.start()
+        if self.group is not None and names is not None and started.servers:
+            from mq import keep_role
+
+            for server in started.servers.values():
+                nursery.start_soon(keep_role, server, names)
+        self.mq_servers = started.servers
+        return started
+
+    def join_cluster(self, cluster: ClusterConfig, store: Path | None,
+                     names: NameClient | None) -> None:
+        for b in self.brokers:
+            server = self.mq_servers.get(b.id)
+            self.clustered[b.id] = _cluster_node(b, cluster, store, server, names)
+            if server is not None:
+                server.join_cluster(self.clustered[b.id])
+
+    async def stop(self, started: _Tracking, names: NameClient | None) -> None:
+        for member in self.clustered.values():
+            member.close()
+        started.close()
+        if names is not None:
+            await names.aclose()  # the unregisters leave before the links are cut
+        for broker in self.brokers:  # its other links end with a close frame, not a cut
+            await broker.aclose("broker process stopped")
 
 
 async def start_metrics(nursery: trio.Nursery, manager: BrokerManager, where: Address | None,
