@@ -227,6 +227,48 @@ class NetNode:
         handshake = Handshake(Role.ACCEPTOR)
         source = _peer_host(stream)
         watch_silence(stream, self.tcp_user_timeout)
+        shaken = await self._hello(stream, handshake, source)
+        if shaken is None:
+            return
+        stream, hello = shaken
+        if not hello.authorized(self.universe, self.token):
+            await self._refuse(stream, handshake, source, f"unauthorized connect from "
+                               f"{hello.src!r} to {hello.dst!r}", Refusal.UNAUTHORIZED)
+            return
+        identity = self.identities.verify(hello.identity, hello.secret)
+        if identity is None:
+            why = (f"identity {hello.identity!r} is not one of this process's, or its secret "
+                   "is wrong")
+            await self._refuse(stream, handshake, source,
+                               f"connect from {hello.src!r} to {hello.dst!r}: {why}",
+                               f"{Refusal.UNAUTHORIZED}: {why}")
+            return
+        decided: Future[Channel | Refusal] = Future()
+        self.pump.post("connect", self._decide, hello, decided, identity, source)
+        result = await decided.wait()
+        if isinstance(result, Refusal):
+            reply = Reply(False, reason=result)
+        else:
+            reply = Reply(True, link=result.link_id)
+        try:
+            await stream.send_all(handshake.send(reply))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if isinstance(result, Channel):
+                result.peer_ended("connection lost during the handshake", CloseCause.LOST)
+            await trio.aclose_forcefully(stream)
+            return
+        if isinstance(result, Refusal):
+            await stream.aclose()
+            return
+        await StreamLink(result, stream, busy_poll=self.busy_poll,
+                         adaptive_poll=self.adaptive_poll).run(handshake.trailing_data)
+
+    async def _hello(self, stream: trio.abc.Stream, handshake: Handshake, source: str
+                     ) -> tuple[trio.abc.Stream, Hello] | None:
+        """The connector's hello (after TLS's handshake, if any), within
+        :attr:`handshake_timeout`, among at most :attr:`max_pending` pending handshakes (a
+        new one past them evicts the oldest); None, the stream closed and the rejection
+        counted, if it never came."""
         if len(self._pending) >= self.max_pending:
             _, oldest = self._pending.popitem(last=False)
             oldest.cancel()  # its task closes it and says why
@@ -248,50 +290,23 @@ class NetNode:
             kind = _failure_kind(exc, tls=self.tls_server is not None)
         finally:
             self._pending.pop(key, None)
-        if hello is None:
-            if failed is None:
-                failed = (f"evicted before its handshake: {self.max_pending} newer "
-                          "connections were pending")
-            self._reject(kind, failed, source)
-            await trio.aclose_forcefully(stream)
-            return
-        if not hello.authorized(self.universe, self.token):
-            self._reject("unauthorized", f"unauthorized connect from {hello.src!r} to "
-                                         f"{hello.dst!r}", source)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(handshake.send(Reply(False, reason=Refusal.UNAUTHORIZED)))
-            await trio.aclose_forcefully(stream)
-            return
-        identity = self.identities.verify(hello.identity, hello.secret)
-        if identity is None:
-            why = (f"identity {hello.identity!r} is not one of this process's, or its secret "
-                   "is wrong")
-            self._reject("unauthorized", f"connect from {hello.src!r} to {hello.dst!r}: {why}",
-                         source)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(handshake.send(Reply(
-                    False, reason=f"{Refusal.UNAUTHORIZED}: {why}")))
-            await trio.aclose_forcefully(stream)
-            return
-        decided: Future[Channel | Refusal] = Future()
-        self.pump.post("connect", self._decide, hello, decided, identity, source)
-        result = await decided.wait()
-        if isinstance(result, Refusal):
-            reply = Reply(False, reason=result)
-        else:
-            reply = Reply(True, link=result.link_id)
-        try:
-            await stream.send_all(handshake.send(reply))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            if isinstance(result, Channel):
-                result.peer_ended("connection lost during the handshake", CloseCause.LOST)
-            await trio.aclose_forcefully(stream)
-            return
-        if isinstance(result, Refusal):
-            await stream.aclose()
-            return
-        await StreamLink(result, stream, busy_poll=self.busy_poll,
-                         adaptive_poll=self.adaptive_poll).run(handshake.trailing_data)
+        if hello is not None:
+            return stream, hello
+        if failed is None:
+            failed = (f"evicted before its handshake: {self.max_pending} newer "
+                      "connections were pending")
+        self._reject(kind, failed, source)
+        await trio.aclose_forcefully(stream)
+        return None
+
+    async def _refuse(self, stream: trio.abc.Stream, handshake: Handshake, source: str,
+                      logged: str, reason: str) -> None:
+        """An unauthorized connect: counted and logged (``logged``), refused with
+        ``reason``, closed."""
+        self._reject("unauthorized", logged, source)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(handshake.send(Reply(False, reason=reason)))
+        await trio.aclose_forcefully(stream)
 
     def _reject(self, kind: str, reason: str, source: str) -> None:
         # one kind of failure from one host: collapsed by its cause (never by its text,

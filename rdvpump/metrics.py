@@ -225,7 +225,13 @@ def _counted(name: str, documentation: str, labels: list[str],
 
 
 def _mq(server: Any) -> Iterator[Metric]:
-    """One MQ server's topics and groups, its counters and its fsync times."""
+    """One MQ server's topics and groups, its replicas, its counters and its fsync times."""
+    yield from _mq_topics(server)
+    yield from _mq_replicas(server)
+    yield from _mq_server(server)
+
+
+def _mq_topics(server: Any) -> Iterator[Metric]:
     address = server.address
     topic_labels = ["server", "topic"]
     group_labels = ["server", "topic", "group"]
@@ -253,20 +259,10 @@ def _mq(server: Any) -> Iterator[Metric]:
     dead = CounterMetricFamily("rdvpump_mq_group_dead_letters",
                                "Messages the group gave up on after too many deliveries.",
                                labels=group_labels)
-    replica_lag = GaugeMetricFamily("rdvpump_mq_replica_lag",
-                                    "Messages of a master's topic a replica has not "
-                                    "acknowledged yet.", labels=["server", "topic", "replica"])
-    replica_in_sync = GaugeMetricFamily("rdvpump_mq_replica_in_sync",
-                                        "1 while the replica counts as in sync.",
-                                        labels=["server", "topic", "replica"])
     for name in sorted(server.catalogue.topics):
         state = server.catalogue.topics[name]
         topic, log = state.topic, state.topic.log
         values = [address, name]
-        for replica, said in server.shipper.describe(name).items():
-            replica_lag.add_metric([address, name, replica],
-                                   max(0, log.next_offset - said["next"]))
-            replica_in_sync.add_metric([address, name, replica], 1 if said["inSync"] else 0)
         next_offset.add_metric(values, log.next_offset)
         durable.add_metric(values, log.durable_offset)
         depth.add_metric(values, topic.depth)
@@ -278,8 +274,29 @@ def _mq(server: Any) -> Iterator[Metric]:
             redeliver.add_metric(g, len(group.redeliver))
             consumers.add_metric(g, len(group.consumers))
             dead.add_metric(g, group.dead_letters)
-    yield from (next_offset, durable, depth, error, lag, in_flight, redeliver, consumers, dead,
-                replica_lag, replica_in_sync)
+    yield from (next_offset, durable, depth, error, lag, in_flight, redeliver, consumers, dead)
+
+
+def _mq_replicas(server: Any) -> Iterator[Metric]:
+    """On a master, each replica of each topic: how far behind, and whether in sync."""
+    address = server.address
+    replica_lag = GaugeMetricFamily("rdvpump_mq_replica_lag",
+                                    "Messages of a master's topic a replica has not "
+                                    "acknowledged yet.", labels=["server", "topic", "replica"])
+    replica_in_sync = GaugeMetricFamily("rdvpump_mq_replica_in_sync",
+                                        "1 while the replica counts as in sync.",
+                                        labels=["server", "topic", "replica"])
+    for name in sorted(server.catalogue.topics):
+        next_offset = server.catalogue.topics[name].topic.log.next_offset
+        for replica, said in server.shipper.describe(name).items():
+            replica_lag.add_metric([address, name, replica], max(0, next_offset - said["next"]))
+            replica_in_sync.add_metric([address, name, replica], 1 if said["inSync"] else 0)
+    yield from (replica_lag, replica_in_sync)
+
+
+def _mq_server(server: Any) -> Iterator[Metric]:
+    """The server's counters, its fsync times, its place in a replicated group."""
+    address = server.address
     counts = CounterMetricFamily(
         "rdvpump_mq_messages", "An MQ server's messages by what happened to them: stored, "
         "duplicates (retries not stored again), returned, delivered, acked, dead.",

@@ -38,6 +38,37 @@ class Census:
             self.kinds[r["kind"]] = self.kinds.get(r["kind"], 0) + r["n"]
         self.pumps = sorted({r["pump"] for r in good if r["pump"] is not None})
         self.runs = sorted({r["run"] for r in good if r["run"] is not None})
+        self._axes(good)
+        self.refusals: dict[str, int] = {}
+        self.service_refusals: dict[str, int] = {}
+        for r in good:
+            if r["kind"] == Kind.REFUSE and r["outcome"] != Outcome.INBOUND:
+                reason = r["reason"] or "?"
+                into = self.service_refusals if is_service(r["broker"], r["peer"]) \
+                    else self.refusals
+                into[reason] = into.get(reason, 0) + r["n"]
+        self._streams(good)
+        self.links: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
+            if r["link"] is None:
+                continue
+            link = self.links.setdefault((r["run"], r["link"]), _new_link())
+            link["pumps"].add(r["pump"])
+            if r["kind"] in _schema.MESSAGE_KINDS:
+                self._message(r, link)
+            else:
+                self._life(r, link)
+        self._connects(good)
+        self.service_links = {key for key, life in self.links.items() if is_service(
+            life["acceptor"] or key[1].rsplit("/", 1)[0], life["connector"])}
+        sends = [r for r in good if r["kind"] == Kind.SEND]
+        self.sent_sizes = None if not sends else {
+            "min": min(r["min_size"] for r in sends),
+            "mean": sum(r["bytes"] for r in sends) / sum(r["n"] for r in sends),
+            "max": max(r["max_size"] for r in sends)}
+
+    def _axes(self, good: list[Any]) -> None:
+        """Each run's time axis: its pumps' clocks mapped, from its first event."""
         # The last clock event of each served pump maps its time to the machine's
         # monotonic clock; pumps without one keep their own time.
         latest: dict[tuple[str, str], tuple[float, float]] = {}
@@ -64,14 +95,8 @@ class Census:
         self.run_durations = {run: b - a for run, (a, b) in spans.items()}
         self.start = 0.0
         self.duration = max(self.run_durations.values(), default=0.0)
-        self.refusals: dict[str, int] = {}
-        self.service_refusals: dict[str, int] = {}
-        for r in good:
-            if r["kind"] == Kind.REFUSE and r["outcome"] != Outcome.INBOUND:
-                reason = r["reason"] or "?"
-                into = self.service_refusals if is_service(r["broker"], r["peer"]) \
-                    else self.refusals
-                into[reason] = into.get(reason, 0) + r["n"]
+
+    def _streams(self, good: list[Any]) -> None:
         self.streams: dict[tuple[str, str, str], dict[str, Any]] = {}
         #: Each stream (run, link, dir) of the messages by its number (``sid``), and its
         #: messages (rows) and least and greatest seq, for the fold's pieces.
@@ -87,24 +112,6 @@ class Census:
         self.sid_of = {stream: sid for sid, stream in self.sids.items()}
         self.loads, self.lows, self.highs = ([seen[stream][i] for stream in ordered]
                                              for i in range(3))
-        self.links: dict[tuple[str, str], dict[str, Any]] = {}
-        for r in sorted(good, key=lambda r: (r["t0"] + self.offset(r), str(r["reason"]))):
-            if r["link"] is None:
-                continue
-            link = self.links.setdefault((r["run"], r["link"]), _new_link())
-            link["pumps"].add(r["pump"])
-            if r["kind"] in _schema.MESSAGE_KINDS:
-                self._message(r, link)
-            else:
-                self._life(r, link)
-        self._connects(good)
-        self.service_links = {key for key, life in self.links.items() if is_service(
-            life["acceptor"] or key[1].rsplit("/", 1)[0], life["connector"])}
-        sends = [r for r in good if r["kind"] == Kind.SEND]
-        self.sent_sizes = None if not sends else {
-            "min": min(r["min_size"] for r in sends),
-            "mean": sum(r["bytes"] for r in sends) / sum(r["n"] for r in sends),
-            "max": max(r["max_size"] for r in sends)}
 
     def stream_of(self, row: Any) -> tuple[str, str, str]:
         """(run, link, dir) of a row of the fold, keyed by ``sid``."""
