@@ -139,16 +139,25 @@ def measure(engine: Engine, census: Census, out: str | None) -> dict[str, Any]:
                                        quantiles.get((run,)), census)
                      for run in census.run_durations}
 
-    def binned(rows: list[Any]) -> list[dict[str, Any]]:
-        return [{**dict(zip(_STREAM, census.stream_of(r), strict=True)), "bin": r["k1"],
-                 "messages": r["journeys"], "bytes": r["delivered_bytes"]}
-                for r in rows if r["k1"] is not None]
-
-    found["bins"] = binned(by_part[_BIN])
-    found["per_second"] = None if plan.width <= 1.0 else binned(by_part[_SECOND])
+    found["bins"] = _binned(by_part[_BIN], census)
+    found["per_second"] = None if plan.width <= 1.0 else _binned(by_part[_SECOND], census)
     found["histogram"] = [{"latency_bucket": r["k1"], "size_bucket": r["k2"],
                            "journeys": r["journeys"], "messages": r["messages"],
                            "bytes": r["bytes"]} for r in by_part[_HISTOGRAM]]
+    _listings(engine, census, found, across, out)
+    return found
+
+
+def _binned(rows: list[Any], census: Census) -> list[dict[str, Any]]:
+    return [{**dict(zip(_STREAM, census.stream_of(r), strict=True)), "bin": r["k1"],
+             "messages": r["journeys"], "bytes": r["delivered_bytes"]}
+            for r in rows if r["k1"] is not None]
+
+
+def _listings(engine: Engine, census: Census, found: dict[str, Any], across: list[Any],
+              out: str | None) -> None:
+    """The violations and the undelivered messages, each listed by the engine (rows, or
+    a frame written to ``out``) when there is any."""
     streams = found["streams"]
     violation_count = sum(sum(r[name] for name in _fold.VIOLATIONS) for r in streams)
     undelivered_count = sum(r["undelivered"] for r in streams)
@@ -167,7 +176,6 @@ def measure(engine: Engine, census: Census, out: str | None) -> dict[str, Any]:
         found["undelivered"], found["undelivered_frame"] = engine.listing(
             _fold.undelivered, (names, ends), _fold.UNDELIVERED_ROWS, [], undelivered_count,
             out, "undelivered")
-    return found
 
 
 def _quantiles(latency: list[Any], census: Census

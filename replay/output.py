@@ -22,10 +22,10 @@ from replay.measure import BUCKETS_PER_DECADE, SUMMARY_LIMIT
 from replay.sources import SCHEMA_VERSION, find_traces
 
 
-def summarize(traces: str, census: Census, corrupt: list[dict[str, Any]],
-             found: dict[str, Any]) -> dict[str, Any]:
-    overall = found["overall"]
-    by_type = {name: sum(r[name] for r in found["streams"]) for name in _fold.VIOLATIONS}
+def _counted(census: Census, found: dict[str, Any]
+             ) -> tuple[dict[str, int], dict[str, Any], dict[str, int], int]:
+    """Messages sent, delivered and matched on the user's links and on the name
+    service's; undelivered ones by cause; those whose link crossed pumps."""
     by_cause: dict[str, int] = {}
     across = 0
     mine = {"sent": 0, "delivered": 0, "matched": 0}
@@ -50,6 +50,16 @@ def summarize(traces: str, census: Census, corrupt: list[dict[str, Any]],
             by_cause[cause] = by_cause.get(cause, 0) + r["undelivered"]
         if census.crosses_pumps(key):
             across += r["messages"]
+    return mine, service, by_cause, across
+
+
+def summarize(traces: str, census: Census, corrupt: list[dict[str, Any]],
+             found: dict[str, Any]) -> dict[str, Any]:
+    """The summary (``summary.json``): what the traces held, and every figure over the
+    user's links, the name service's apart."""
+    overall = found["overall"]
+    by_type = {name: sum(r[name] for r in found["streams"]) for name in _fold.VIOLATIONS}
+    mine, service, by_cause, across = _counted(census, found)
     return {
         "schema_version": SCHEMA_VERSION,
         "traces": traces,
