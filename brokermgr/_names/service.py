@@ -22,7 +22,7 @@ from rdv import Address, Right
 from .._broker import DEFAULT_CLOSE_TIMEOUT, BrokerManager
 from .._fence import STALE_EPOCH
 from .._groups import GroupProgress, GroupTables
-from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessTable
+from .._liveness import DEFAULT_SCAN_INTERVAL, LivenessEntry, LivenessTable
 from .._rpc import ServiceSession
 from .._service import (
     Call,
@@ -167,23 +167,8 @@ class NameService:
         for registration in request.brokers:
             record = registration.record
             held = self.table.get(record.broker_id)
-            if (held is not None and held.connection is not call.queue
-                    and held.value.address == record.address
-                    and _from_host(call.queue, record.address[0])):
-                # the same broker (from the host it listens on, where the held one does:
-                # no other process can) over a new connection: its old one went silent
-                # without closing (a partition, a host cut off) and is dropped
-                log.warning("broker %s registered again over a new connection from %s: its "
-                            "old connection, silent, is dropped", record.broker_id,
-                            record.address)
-                if isinstance(held.connection, MessageQueue):
-                    held.connection.close(f"broker {record.broker_id} registered again over "
-                                          f"a new connection")
-            elif held is not None and held.connection is not call.queue:
-                # another live registration: its connection is open (a crashed
-                # process's closed with it, which dropped its brokers at once)
-                log.warning("refused a second registration of broker %s: it is held "
-                            "by %s", record.broker_id, held.value.address)
+            if not self._takes_over(held, record, call.queue):
+                assert held is not None
                 refused.append({"id": record.broker_id, "held_by": list(held.value.address)})
                 continue
             why = None if record.group is None else self.groups.refusal(record.broker_id,
@@ -221,6 +206,29 @@ class NameService:
         if fenced:
             raise ServiceError(Status.CONFLICT, "; ".join(fenced), refused=STALE_EPOCH)
         return {"cmd": "registered", "count": len(request.brokers)}
+
+    @staticmethod
+    def _takes_over(held: LivenessEntry[BrokerRecord] | None, record: BrokerRecord,
+                    queue: MessageQueue | None) -> bool:
+        """Whether ``record``'s registration over ``queue`` may stand where ``held`` is:
+        none held, the same connection, or the same broker over a new connection (from
+        the host it listens on, where the held one does: no other process can; its old
+        connection went silent without closing, a partition or a host cut off, and is
+        dropped).  Another live registration (its connection open: a crashed process's
+        closed with it, which dropped its brokers at once) refuses it."""
+        if held is None or held.connection is queue:
+            return True
+        if held.value.address == record.address and _from_host(queue, record.address[0]):
+            log.warning("broker %s registered again over a new connection from %s: its "
+                        "old connection, silent, is dropped", record.broker_id,
+                        record.address)
+            if isinstance(held.connection, MessageQueue):
+                held.connection.close(f"broker {record.broker_id} registered again over "
+                                      f"a new connection")
+            return True
+        log.warning("refused a second registration of broker %s: it is held by %s",
+                    record.broker_id, held.value.address)
+        return False
 
     def _unregister(self, request: Unregister, call: Call) -> ReplyObject:
         for broker_id in request.ids:  # only what this connection registered
