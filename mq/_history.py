@@ -229,61 +229,77 @@ def check_history(operations: Iterable[Operation],
     every acknowledged message of each topic (by default, each topic's groups that
     consumed from it); ``idempotent``: a retried publish must not leave a second copy
     in one partition."""
-    ops = list(operations)
-    findings: list[HistoryFinding] = []
-    statuses: dict[_Key, set[str]] = {}
-    stored: dict[tuple[str, str], dict[_Key, set[int]]] = {}  # (topic, partition)
-    partitions_of: dict[_Key, set[str]] = {}
-    received: dict[tuple[str, str], set[_Key]] = {}  # (topic, group)
-    at_offset: dict[tuple[str, str, int], set[_Key]] = {}  # (topic, partition, offset)
-    acked: set[tuple[str, str, str | None, int]] = set()  # (topic, group, partition, offset)
-    masters: dict[tuple[str, int], set[str]] = {}  # (partition, epoch): servers
-    counts: Counter[str] = Counter()
-    tries: Counter[_Key] = Counter()
-    again: set[tuple[str, str, str | None, int]] = set()
-    for op in ops:
+    seen = _Seen()
+    for op in operations:
         if isinstance(op, Published):
-            key = (op.topic, op.producer, op.sequence)
-            statuses.setdefault(key, set()).add(op.status)
-            tries[key] += 1
-            counts[f"publishes {op.status}"] += 1
-            if op.partition is not None and op.offset is not None:
-                _store(stored, partitions_of, at_offset, key, op.topic, op.partition,
-                       op.offset)
-            if op.status == "ok" and op.partition is not None and op.epoch is not None \
-                    and op.server is not None:
-                masters.setdefault((op.partition, op.epoch), set()).add(op.server)
+            seen.published(op)
         elif isinstance(op, Consumed):
-            key = (op.topic, op.producer, op.sequence)
-            counts["deliveries"] += 1
-            if key in received.setdefault((op.topic, op.group), set()):
-                counts["redeliveries"] += 1
-            received[(op.topic, op.group)].add(key)
-            if op.partition is not None and op.offset is not None:
-                _store(stored, partitions_of, at_offset, key, op.topic, op.partition,
-                       op.offset)
-                where = (op.topic, op.group, op.partition, op.offset)
-                if where in acked and where not in again:
-                    again.add(where)
-                    findings.append(HistoryFinding(
-                        "delivered after its ack", op.topic,
-                        f"offset {op.offset} of {op.partition} delivered to {op.group} "
-                        f"after the group's ack of it was confirmed", op.producer,
-                        op.sequence, op.group, op.partition))
+            seen.consumed(op)
         elif op.status == "ok":
-            acked.add((op.topic, op.group, op.partition, op.offset))
-    findings += _lost(statuses, received, groups, counts)
-    findings += _stored_twice(stored, tries, idempotent)
+            seen.acked.add((op.topic, op.group, op.partition, op.offset))
+    findings, counts, stored = seen.findings, seen.counts, seen.stored
+    findings += _lost(seen.statuses, seen.received, groups, counts)
+    findings += _stored_twice(stored, seen.tries, idempotent)
     findings += _out_of_order(stored)
-    findings += _conflicts(at_offset, statuses, received, masters)
-    counts["messages"] = len(statuses)
-    counts["acknowledged"] = sum("ok" in s for s in statuses.values())
+    findings += _conflicts(seen.at_offset, seen.statuses, seen.received, seen.masters)
+    counts["messages"] = len(seen.statuses)
+    counts["acknowledged"] = sum("ok" in s for s in seen.statuses.values())
     counts["copies"] = sum(len(offsets) for keys in stored.values()
-                           for offsets in keys.values()) - len(partitions_of)
+                           for offsets in keys.values()) - len(seen.partitions_of)
     for kind in KINDS:
         counts[kind] = sum(f.kind == kind for f in findings)
     findings.sort(key=lambda f: KINDS.index(f.kind))
     return HistoryReport(findings, dict(sorted(counts.items())))
+
+
+class _Seen:
+    """What a history's operations say, gathered in one pass for the checks."""
+
+    def __init__(self) -> None:
+        self.findings: list[HistoryFinding] = []
+        self.statuses: dict[_Key, set[str]] = {}
+        self.stored: dict[tuple[str, str], dict[_Key, set[int]]] = {}  # (topic, partition)
+        self.partitions_of: dict[_Key, set[str]] = {}
+        self.received: dict[tuple[str, str], set[_Key]] = {}  # (topic, group)
+        #: (topic, partition, offset): the messages seen there
+        self.at_offset: dict[tuple[str, str, int], set[_Key]] = {}
+        #: (topic, group, partition, offset) acknowledged, and delivered again after that
+        self.acked: set[tuple[str, str, str | None, int]] = set()
+        self.again: set[tuple[str, str, str | None, int]] = set()
+        self.masters: dict[tuple[str, int], set[str]] = {}  # (partition, epoch): servers
+        self.counts: Counter[str] = Counter()
+        self.tries: Counter[_Key] = Counter()
+
+    def published(self, op: Published) -> None:
+        key = (op.topic, op.producer, op.sequence)
+        self.statuses.setdefault(key, set()).add(op.status)
+        self.tries[key] += 1
+        self.counts[f"publishes {op.status}"] += 1
+        if op.partition is not None and op.offset is not None:
+            _store(self.stored, self.partitions_of, self.at_offset, key, op.topic,
+                   op.partition, op.offset)
+        if op.status == "ok" and op.partition is not None and op.epoch is not None \
+                and op.server is not None:
+            self.masters.setdefault((op.partition, op.epoch), set()).add(op.server)
+
+    def consumed(self, op: Consumed) -> None:
+        key = (op.topic, op.producer, op.sequence)
+        self.counts["deliveries"] += 1
+        if key in self.received.setdefault((op.topic, op.group), set()):
+            self.counts["redeliveries"] += 1
+        self.received[(op.topic, op.group)].add(key)
+        if op.partition is None or op.offset is None:
+            return
+        _store(self.stored, self.partitions_of, self.at_offset, key, op.topic, op.partition,
+               op.offset)
+        where = (op.topic, op.group, op.partition, op.offset)
+        if where in self.acked and where not in self.again:
+            self.again.add(where)
+            self.findings.append(HistoryFinding(
+                "delivered after its ack", op.topic,
+                f"offset {op.offset} of {op.partition} delivered to {op.group} after the "
+                f"group's ack of it was confirmed", op.producer, op.sequence, op.group,
+                op.partition))
 
 
 def _conflicts(at_offset: dict[tuple[str, str, int], set[_Key]],

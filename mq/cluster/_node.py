@@ -70,6 +70,18 @@ RETRY = 1.0
 NOT_READY_WAIT = 5.0
 
 
+def _timing(config: ClusterConfig, heartbeat: float | None, silence: float | None
+            ) -> tuple[float, float]:
+    """The heartbeat and silence a server uses: by default the cluster file's (every
+    server of a cluster reads the same)."""
+    heartbeat = config.heartbeat if heartbeat is None else heartbeat
+    silence = config.silence if silence is None else silence
+    if not 0 < heartbeat < silence:
+        raise ConfigError(f"a cluster's heartbeat ({heartbeat:g} s) must be above 0 and "
+                          f"below its silence timeout ({silence:g} s)")
+    return heartbeat, silence
+
+
 class ClusterNode:
     """One server's side of its cluster: it serves :data:`CLUSTER_PORT` on ``broker``
     (whose id must be one of ``config``'s servers) and dials every other server."""
@@ -97,6 +109,7 @@ class ClusterNode:
                                               "state": Command(state_fields, self._state),
                                               "change": Command(change_fields, self._change),
                                               "fetch": Command(hello_fields, self._fetch)})
+        heartbeat, silence = _timing(config, heartbeat, silence)
         #: The shared topics and groups (:mod:`._state`); ``on_state(old, new)``
         #: is told each new state this server takes (its MQ server declares and removes).
         self.state = ClusterState()
@@ -127,20 +140,18 @@ class ClusterNode:
         #: same for each of ``watchers`` (this server's MQ relay: :mod:`._relay`).
         self.on_change = on_change
         self.watchers: list[Callable[[], object]] = []
-        broker.listen(CLUSTER_PORT, self)
-        for peer in self.peers.values():
-            peer.outgoing = PeerLink(self, peer, retry=retry)
-            peer.outgoing.connect()
-        # by default the cluster file's (every server of a cluster reads the same)
-        heartbeat = config.heartbeat if heartbeat is None else heartbeat
-        silence = config.silence if silence is None else silence
-        if not 0 < heartbeat < silence:
-            raise ConfigError(f"a cluster's heartbeat ({heartbeat:g} s) must be above 0 and "
-                              f"below its silence timeout ({silence:g} s)")
         #: Peers counted out for their silence (:data:`SILENCE`), while they are.
         self.silent: set[str] = set()
         self._live = silence
-        self._beats: Repeating = broker.pump.call_every(heartbeat, self._beat_all)
+        self._beats = self._start(retry, heartbeat)
+
+    def _start(self, retry: float, heartbeat: float) -> Repeating:
+        """Listen on :data:`CLUSTER_PORT`, dial every peer, beat."""
+        self.broker.listen(CLUSTER_PORT, self)
+        for peer in self.peers.values():
+            peer.outgoing = PeerLink(self, peer, retry=retry)
+            peer.outgoing.connect()
+        return self.broker.pump.call_every(heartbeat, self._beat_all)
 
     # -- links in ----------------------------------------------------------------------
 
