@@ -141,40 +141,9 @@ def load_universe(path: str | Path) -> UniverseSpec:
     name = uni.get("name")
     if not isinstance(name, str) or not name:
         raise UniverseFileError(f"{path} [universe]: name must be a non-empty string")
-    brokers: list[str] = []
-    for i, b in enumerate(data.get("broker", [])):
-        where = f"{path} [[broker]] #{i + 1}"
-        _check_keys(where, b, _BROKER_KEYS)
-        if not isinstance(b.get("id"), str) or not b["id"] or b["id"].startswith("@"):
-            raise UniverseFileError(f"{where}: id must be a non-empty string not starting "
-                                    "with '@'")
-        if b["id"] in brokers:
-            raise UniverseFileError(f"{where}: duplicate broker id {b['id']!r}")
-        brokers.append(b["id"])
-    workloads: list[WorkloadSpec] = []
-    for i, w in enumerate(data.get("workload", [])):
-        where = f"{path} [[workload]] #{i + 1}"
-        _check_keys(where, w, _WORKLOAD_KEYS)
-        kind = w.get("kind")
-        if kind not in KINDS:
-            raise UniverseFileError(f"{where}: kind must be one of {', '.join(KINDS)}, "
-                                    f"got {kind!r}")
-        source, targets = w.get("from"), w.get("to")
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, list) or not targets or not all(
-                isinstance(t, str) for t in targets):
-            raise UniverseFileError(f"{where}: to must be a broker id or a list of them")
-        if kind == "mq" and "port" not in w:
-            w = {**w, "port": DEFAULT_TRACK_PORT}
-        if kind != "fanout" and len(targets) != 1:
-            raise UniverseFileError(f"{where}: {kind} goes to exactly one broker")
-        for who in [source, *targets]:
-            if who not in brokers:
-                raise UniverseFileError(f"{where}: unknown broker {who!r}")
-        workloads.append(WorkloadSpec(
-            kind, str(source), tuple(targets), _int(where, w, "port", 80, 0),
-            _int(where, w, "messages", None, 1), _int(where, w, "size", None, 0)))
+    brokers = _brokers(path, data.get("broker", []))
+    workloads = [_workload(f"{path} [[workload]] #{i + 1}", w, brokers)
+                 for i, w in enumerate(data.get("workload", []))]
     if not brokers:
         raise UniverseFileError(f"{path}: a universe needs at least one [[broker]]")
     _check_runnable(path, workloads)
@@ -187,6 +156,46 @@ def load_universe(path: str | Path) -> UniverseSpec:
                         _int(f"{path} [universe]", uni, "seed", 0, 0), str(uni.get("token", "")),
                         faults, None if "explore" not in data else
                         _explore(f"{path} [explore]", data["explore"]))
+
+
+def _brokers(path: Path, tables: list[Any]) -> list[str]:
+    """The ``[[broker]]`` tables' ids: each a non-empty string not starting with ``@``,
+    none twice."""
+    brokers: list[str] = []
+    for i, b in enumerate(tables):
+        where = f"{path} [[broker]] #{i + 1}"
+        _check_keys(where, b, _BROKER_KEYS)
+        if not isinstance(b.get("id"), str) or not b["id"] or b["id"].startswith("@"):
+            raise UniverseFileError(f"{where}: id must be a non-empty string not starting "
+                                    "with '@'")
+        if b["id"] in brokers:
+            raise UniverseFileError(f"{where}: duplicate broker id {b['id']!r}")
+        brokers.append(b["id"])
+    return brokers
+
+
+def _workload(where: str, w: dict[str, Any], brokers: list[str]) -> WorkloadSpec:
+    """One ``[[workload]]`` table, between brokers of the file."""
+    _check_keys(where, w, _WORKLOAD_KEYS)
+    kind = w.get("kind")
+    if kind not in KINDS:
+        raise UniverseFileError(f"{where}: kind must be one of {', '.join(KINDS)}, "
+                                f"got {kind!r}")
+    source, targets = w.get("from"), w.get("to")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not targets or not all(
+            isinstance(t, str) for t in targets):
+        raise UniverseFileError(f"{where}: to must be a broker id or a list of them")
+    if kind == "mq" and "port" not in w:
+        w = {**w, "port": DEFAULT_TRACK_PORT}
+    if kind != "fanout" and len(targets) != 1:
+        raise UniverseFileError(f"{where}: {kind} goes to exactly one broker")
+    for who in [source, *targets]:
+        if who not in brokers:
+            raise UniverseFileError(f"{where}: unknown broker {who!r}")
+    return WorkloadSpec(kind, str(source), tuple(targets), _int(where, w, "port", 80, 0),
+                        _int(where, w, "messages", None, 1), _int(where, w, "size", None, 0))
 
 
 def _seconds(where: str, value: object, what: str) -> float:
