@@ -26,10 +26,11 @@ from typing import Any
 
 import trio
 
-from brokermgr import DEFAULT_HEARTBEAT, BrokerManager, NameClient
+from brokermgr import DEFAULT_HEARTBEAT, NameClient
 from pump import RdvpumpError
 from rdv import Address
 
+from ._dial import tool_universe
 from ._errors import first_leaf
 
 __all__ = ["AdminError", "UniverseConsole", "check_admin_address", "serve_console"]
@@ -84,7 +85,6 @@ class UniverseConsole:
         #: The console's identity (``NAME:SECRET``): whose rights its admin actions use.
         self.identity = identity
         self.admin = admin
-        self.manager = BrokerManager(universe, token=token, identity=identity)
         self.snapshot: dict[str, Any] = {"universe": universe, "time": 0.0, "admin": admin,
                                          "brokers": [], "links": [], "service_links": 0,
                                          "groups": [],
@@ -101,10 +101,9 @@ class UniverseConsole:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.manager.pump.serve)
-            await nursery.start(self.manager.serve_network, "127.0.0.1", 0)
-            names = NameClient(self.manager, [self.manager_address], retry=INTERVAL)
+        async with tool_universe(self.universe, name="console", token=self.token,
+                                 identity=self.identity) as manager:
+            names = NameClient(manager, [self.manager_address], retry=INTERVAL)
             names.start()
             task_status.started()
             link = names.links[0]
