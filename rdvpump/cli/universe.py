@@ -7,7 +7,7 @@ import functools
 import pathlib
 import signal
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import trio
 import typer
@@ -27,7 +27,7 @@ from pump import ConfigError
 
 from ..children import ChildState
 from ..testing import run_simulation
-from ..universe_file import load_universe
+from ..universe_file import UniverseSpec, load_universe
 from ..universe_up import universe_up
 from ..workloads import RunResult, run_universe
 from ._common import (
@@ -47,6 +47,9 @@ from ._common import (
     out,
     show_table,
 )
+
+if TYPE_CHECKING:
+    from rdv import Address
 
 app = typer.Typer(rich_markup_mode=None,
                   help="Universes from TOML files: echo, stream, fanout and mq workloads, "
@@ -147,56 +150,65 @@ def universe_explore(
     if spec.explore is None:
         raise fail(f"{file}: no [explore] table: nothing random to explore (add one with "
                    "faults, within, lasting and actions)")
-    failing: list[tuple[int, str]] = []
-    ran = 0
-    columns = (TextColumn("exploring {task.description}"), BarColumn(),
-               MofNCompleteColumn(), TextColumn("{task.fields[failing]} failing"),
-               TimeElapsedColumn())
-
-    stop: list[int] = []
-
-    def search() -> None:
-        nonlocal ran
-        # Ctrl-C is taken between runs: each run is short, and trio's own handler, which
-        # each run would install and remove, could take a signal just as its run ends
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
-        try:
-            _search()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def _search() -> None:
-        nonlocal ran
-        with Progress(*columns, console=err, transient=not err.is_terminal) as progress, \
-                logs_above(progress.console):
-            task = progress.add_task(spec.name, total=seeds, failing=0)
-            for seed in range(first, first + seeds):
-                if stop:
-                    raise KeyboardInterrupt
-                seeded = dataclasses.replace(spec, seed=seed)
-                result = run_simulation(functools.partial(run_universe, seeded, limit=limit),
-                                        seed=seed)
-                if not result.verified:
-                    why = next(f"{r.label}: {r.error}" for r in result.reports
-                               if not r.verified)
-                    failing.append((seed, why))
-                ran += 1
-                progress.update(task, advance=1, failing=len(failing))
-
+    search = _Exploration(spec, range(first, first + seeds), limit)
     try:
-        guard(search)
+        guard(search.run)
     except BaseException as exc:  # Ctrl-C: what was found so far is still shown
         if not is_ctrl_c(exc):
             raise
-        if failing:
-            _failing_table(file, spec.name, failing, ran)
-        err.print(f"stopped after {ran} of {seeds} seeds", highlight=False)
+        if search.failing:
+            _failing_table(file, spec.name, search.failing, search.ran)
+        err.print(f"stopped after {search.ran} of {seeds} seeds", highlight=False)
         raise interrupted() from None
+    failing, ran = search.failing, search.ran
     if not failing:
         out.print(f"{seeds} seeds from {first}: every workload complete and checked")
         return
     _failing_table(file, spec.name, failing, ran)
     raise typer.Exit(1)
+
+
+class _Exploration:
+    """``universe explore``'s search: a run of ``spec`` under each seed, the failing ones
+    kept with why, a progress bar on stderr."""
+
+    def __init__(self, spec: UniverseSpec, seeds: range, limit: float) -> None:
+        self.spec = spec
+        self.seeds = seeds
+        self.limit = limit
+        self.failing: list[tuple[int, str]] = []
+        self.ran = 0
+        self.stop: list[int] = []
+
+    def run(self) -> None:
+        # Ctrl-C is taken between runs: each run is short, and trio's own handler, which
+        # each run would install and remove, could take a signal just as its run ends
+        previous = signal.signal(signal.SIGINT,
+                                 lambda signum, frame: self.stop.append(signum))
+        try:
+            self._search()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _search(self) -> None:
+        columns = (TextColumn("exploring {task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TextColumn("{task.fields[failing]} failing"),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=not err.is_terminal) as progress, \
+                logs_above(progress.console):
+            task = progress.add_task(self.spec.name, total=len(self.seeds), failing=0)
+            for seed in self.seeds:
+                if self.stop:
+                    raise KeyboardInterrupt
+                seeded = dataclasses.replace(self.spec, seed=seed)
+                result = run_simulation(functools.partial(run_universe, seeded,
+                                                          limit=self.limit), seed=seed)
+                if not result.verified:
+                    why = next(f"{r.label}: {r.error}" for r in result.reports
+                               if not r.verified)
+                    self.failing.append((seed, why))
+                self.ran += 1
+                progress.update(task, advance=1, failing=len(self.failing))
 
 
 def _failing_table(file: pathlib.Path, name: str, failing: list[tuple[int, str]],
@@ -211,37 +223,30 @@ def _failing_table(file: pathlib.Path, name: str, failing: list[tuple[int, str]]
               highlight=False, soft_wrap=True)
 
 
+UpTimeoutOption = Annotated[float | None, typer.Option(
+    help="Stop the universe after this many seconds if its workloads are not done "
+         "(exit 1, saying what it waited for); no limit by default.")]
+UpConsoleOption = Annotated[str | None, typer.Option(
+    "--console", metavar="HOST:PORT",
+    help="Serve the universe's console there (as rdvpump console; port 0: one the "
+         "kernel picks), every process serving its metrics; the universe then stays "
+         "up once its workloads are done, until Ctrl-C.")]
+UpAdminOption = Annotated[bool, typer.Option(
+    "--admin", help="The console may change the universe (as console --admin).")]
+
+
 @app.command("up")
 def universe_up_cmd(
     file: Annotated[pathlib.Path, typer.Argument(help="Universe TOML file.")],
     token: TokenOption = "",
     trace: TraceOption = None, trace_format: TraceFormatOption = "jsonl", run: RunOption = None,
-    timeout: Annotated[float | None, typer.Option(
-        help="Stop the universe after this many seconds if its workloads are not done "
-             "(exit 1, saying what it waited for); no limit by default.")] = None,
-    console: Annotated[str | None, typer.Option(
-        "--console", metavar="HOST:PORT",
-        help="Serve the universe's console there (as rdvpump console; port 0: one the "
-             "kernel picks), every process serving its metrics; the universe then stays "
-             "up once its workloads are done, until Ctrl-C.")] = None,
-    admin: Annotated[bool, typer.Option(
-        "--admin", help="The console may change the universe (as console --admin).")
-    ] = False,
+    timeout: UpTimeoutOption = None, console: UpConsoleOption = None,
+    admin: UpAdminOption = False,
 ) -> None:
     """A manager and one process per broker on 127.0.0.1, shown live; Ctrl-C stops all.
     A broker process that exits while the universe runs, whatever its role, stops the
     universe at once with its name and how it ended (exit 1)."""
-    from rdv import Address
-
-    if timeout is not None and not timeout > 0:
-        raise fail(f"--timeout must be more than 0 seconds, got {timeout:g}")
-    if admin and console is None:
-        raise fail("--admin is for the console: give --console HOST:PORT too")
-    at = None if console is None else guard(lambda: Address.parse(console))
-    if admin and at is not None:
-        from ..console import check_admin_address
-
-        guard(lambda: check_admin_address(at.host))
+    at = _up_console(timeout, console, admin)
     spec = guard(lambda: load_universe(file), arg="universe file")
     if spec.faults or spec.explore:
         err.print("note: faults are simulated in one process (universe run); up runs this "
@@ -254,18 +259,7 @@ def universe_up_cmd(
         trace_args = ["--trace", str(trace.resolve()), "--trace-format", trace_format,
                       "--run", run_id]
 
-    def live_table(states: dict[str, ChildState]) -> Table:
-        table = Table(title=f"universe {spec.name!r}: manager + {len(states)} processes")
-        for col in ("broker", "links", "messages", "MB", "msgs/s", "MB/s", "state"):
-            table.add_column(col, justify="left" if col in ("broker", "state") else "right")
-        for s in states.values():
-            st = s.stats
-            state = _state(s)
-            table.add_row(s.broker, str(st.get("links", 0)), f"{st.get('messages', 0):,}",
-                          f"{st.get('bytes', 0) / 1e6:,.1f}", f"{s.rate[0]:,.0f}",
-                          f"{s.rate[1] / 1e6:,.1f}", state)
-        return table
-
+    live_table = functools.partial(_live_table, spec.name)
     outcome: dict[str, Any] = {}
     title = f"universe {spec.name!r}, one process per broker"
 
@@ -288,6 +282,42 @@ def universe_up_cmd(
         lines = _StateLines()
         states = guard(lambda: trio.run(lambda: up(on_change=lines.show)))
         show_table(_reports_table(title, _reports(states)))
+    _up_ended(spec, states, outcome, timeout)
+
+
+def _up_console(timeout: float | None, console: str | None, admin: bool) -> Address | None:
+    """``universe up``'s --timeout checked, and where its console serves (None: nowhere)."""
+    from rdv import Address
+
+    if timeout is not None and not timeout > 0:
+        raise fail(f"--timeout must be more than 0 seconds, got {timeout:g}")
+    if admin and console is None:
+        raise fail("--admin is for the console: give --console HOST:PORT too")
+    at = None if console is None else guard(lambda: Address.parse(console))
+    if admin and at is not None:
+        from ..console import check_admin_address
+
+        guard(lambda: check_admin_address(at.host))
+    return at
+
+
+def _live_table(name: str, states: dict[str, ChildState]) -> Table:
+    """``universe up``'s live table: each broker process's links, messages, rates, state."""
+    table = Table(title=f"universe {name!r}: manager + {len(states)} processes")
+    for col in ("broker", "links", "messages", "MB", "msgs/s", "MB/s", "state"):
+        table.add_column(col, justify="left" if col in ("broker", "state") else "right")
+    for s in states.values():
+        st = s.stats
+        table.add_row(s.broker, str(st.get("links", 0)), f"{st.get('messages', 0):,}",
+                      f"{st.get('bytes', 0) / 1e6:,.1f}", f"{s.rate[0]:,.0f}",
+                      f"{s.rate[1] / 1e6:,.1f}", _state(s))
+    return table
+
+
+def _up_ended(spec: UniverseSpec, states: dict[str, ChildState], outcome: dict[str, Any],
+              timeout: float | None) -> None:
+    """How ``universe up`` ended, as its exit: 130 when interrupted, 1 with the reason
+    when a process failed, the time ran out or a workload was not checked."""
     reports = _reports(states)
     stopped_by = outcome.get("stopped_by")
     if stopped_by == "signal":  # a workload is finished once its messages were checked
@@ -301,6 +331,7 @@ def universe_up_cmd(
     if failed:
         raise fail("; ".join(failed))
     if stopped_by == "timeout":
+        assert timeout is not None
         raise fail(f"the universe did not finish within {timeout:g} s (--timeout): it "
                    f"waited for {', '.join(outcome.get('waiting', [])) or 'nothing'}")
     done = all(states[w.source].reports is not None for w in spec.workloads)
