@@ -21,24 +21,28 @@ app = typer.Typer(rich_markup_mode=None, help="Analyse and draw pump traces.",
                   no_args_is_help=True)
 
 
+AnalysisOutOption = Annotated[pathlib.Path | None, typer.Option(
+    help="Write tables, summary.json, plots and Spark's log here (default: "
+         "TRACES/analysis, or FILE.analysis beside one file).")]
+EngineOption = Annotated[str, typer.Option(
+    help="Where the analysis runs: local (in this process, no JVM: traces that fit "
+         "in memory), spark, or auto: local for traces of up to about 400,000 events "
+         "(64 MB of JSON Lines, 8 MB of Parquet) unless --master is given, Spark "
+         "above. Both give the same results.")]
+JvmOption = Annotated[str, typer.Option(
+    help="Spark's JVM profile: quick (C1 compiler, serial GC), production (full JIT, "
+         "parallel GC), or auto: quick for traces of up to about 200,000 events (32 MB "
+         "of JSON Lines, 4 MB of Parquet), production above.")]
+
+
 @app.command("analyze")
 def trace_analyze(
     traces: Annotated[pathlib.Path, typer.Argument(
         help="Directory of trace files, or one trace file.")],
-    out: Annotated[pathlib.Path | None, typer.Option(
-        help="Write tables, summary.json, plots and Spark's log here (default: "
-             "TRACES/analysis, or FILE.analysis beside one file).")] = None,
-    engine: Annotated[str, typer.Option(
-        help="Where the analysis runs: local (in this process, no JVM: traces that fit "
-             "in memory), spark, or auto: local for traces of up to about 400,000 events "
-             "(64 MB of JSON Lines, 8 MB of Parquet) unless --master is given, Spark "
-             "above. Both give the same results.")] = "auto",
+    out: AnalysisOutOption = None, engine: EngineOption = "auto",
     master: Annotated[str | None, typer.Option(
         help="Spark master (implies --engine spark; default local[2]).")] = None,
-    jvm: Annotated[str, typer.Option(
-        help="Spark's JVM profile: quick (C1 compiler, serial GC), production (full JIT, "
-             "parallel GC), or auto: quick for traces of up to about 200,000 events (32 MB "
-             "of JSON Lines, 4 MB of Parquet), production above.")] = "auto",
+    jvm: JvmOption = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print summary.json instead.")] =
         False,
     verbose: Annotated[bool, typer.Option(
@@ -52,39 +56,11 @@ def trace_analyze(
     except ImportError:
         raise fail("trace analyze needs pyarrow and matplotlib: pip install "
                    "'rdvpump[replay]'") from None
-    if engine not in ("auto", "local", "spark"):
-        raise fail(f"--engine must be auto, local or spark, got {engine!r}")
-    if engine == "local" and master is not None:
-        raise fail("--master runs the analysis on Spark: it cannot go with --engine local")
     if jvm != "auto" and jvm not in JVM_PROFILES:
         raise fail(f"--jvm must be auto, {' or '.join(JVM_PROFILES)}, got {jvm!r}")
     guard(lambda: check_traces(str(traces)))  # what is no trace is said before a JVM starts
-    by_size = engine == "auto" and master is None
-    if engine == "auto":
-        engine = "spark" if master is not None else guard(lambda: engine_for(str(traces)))
-    if engine == "spark":
-        # chosen by size, Spark may not be what the user asked for: say why, and the other way
-        why, instead = (("traces this large (over about 400,000 events: 64 MB of JSON Lines, "
-                         "8 MB of Parquet) are analysed on Spark",
-                         "; or --engine local, with every row in this process's memory")
-                        if by_size else ("trace analyze --engine spark runs Spark", ""))
-        try:
-            import pyspark  # noqa: F401
-        except ImportError:
-            raise fail(f"{why}: pip install 'rdvpump[spark]'{instead}") from None
-        if shutil.which("java") is None:
-            raise fail(f"{why}, which needs Java 17 or 21 on PATH (for example: apt-get "
-                       f"install openjdk-17-jre-headless){instead}")
-    if out is not None:
-        target = out
-    elif traces.is_file():
-        target = traces.with_name(traces.name.split(".")[0] + "." + ".".join(
-            traces.name.split(".")[1:-1] + ["analysis"]))
-    else:
-        target = traces / "analysis"
-    if target.exists() and not target.is_dir():
-        raise fail(f"--out {target} is a file, not a directory")
-    guard(lambda: target.mkdir(parents=True, exist_ok=True))
+    engine = _engine(engine, master, traces, engine_for)
+    target = _analysis_dir(traces, out)
     began = time.perf_counter()
     where = "in this process" if engine == "local" else f"on Spark ({master or 'local[2]'})"
 
@@ -156,6 +132,49 @@ def _on_spark(traces: pathlib.Path, target: pathlib.Path, master: str, jvm: str,
             raise fail(f"the analysis failed on Spark: {failure(exc, printed())} (all Spark "
                        f"printed is {where})") from None
     return summary
+
+
+def _engine(engine: str, master: str | None, traces: pathlib.Path,
+            engine_for: Callable[[str], str]) -> str:
+    """The engine asked for, or chosen by the traces' size: local or spark, and Spark's
+    needs (pyspark, Java) checked, saying why Spark, and the other way, when chosen."""
+    if engine not in ("auto", "local", "spark"):
+        raise fail(f"--engine must be auto, local or spark, got {engine!r}")
+    if engine == "local" and master is not None:
+        raise fail("--master runs the analysis on Spark: it cannot go with --engine local")
+    by_size = engine == "auto" and master is None
+    if engine == "auto":
+        engine = "spark" if master is not None else guard(lambda: engine_for(str(traces)))
+    if engine == "spark":
+        # chosen by size, Spark may not be what the user asked for: say why, and the other way
+        why, instead = (("traces this large (over about 400,000 events: 64 MB of JSON Lines, "
+                         "8 MB of Parquet) are analysed on Spark",
+                         "; or --engine local, with every row in this process's memory")
+                        if by_size else ("trace analyze --engine spark runs Spark", ""))
+        try:
+            import pyspark  # noqa: F401
+        except ImportError:
+            raise fail(f"{why}: pip install 'rdvpump[spark]'{instead}") from None
+        if shutil.which("java") is None:
+            raise fail(f"{why}, which needs Java 17 or 21 on PATH (for example: apt-get "
+                       f"install openjdk-17-jre-headless){instead}")
+    return engine
+
+
+def _analysis_dir(traces: pathlib.Path, out: pathlib.Path | None) -> pathlib.Path:
+    """Where the analysis goes (made): ``--out``, else TRACES/analysis, or
+    FILE.analysis beside one file."""
+    if out is not None:
+        target = out
+    elif traces.is_file():
+        target = traces.with_name(traces.name.split(".")[0] + "." + ".".join(
+            traces.name.split(".")[1:-1] + ["analysis"]))
+    else:
+        target = traces / "analysis"
+    if target.exists() and not target.is_dir():
+        raise fail(f"--out {target} is a file, not a directory")
+    guard(lambda: target.mkdir(parents=True, exist_ok=True))
+    return target
 
 
 @contextlib.contextmanager
