@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -209,29 +210,7 @@ def mq_consume(
     """
     if out_dir is not None:
         guard(lambda: out_dir.mkdir(parents=True, exist_ok=True), arg="--out")
-    stdout = sys.stdout.buffer
-
-    def show(m: Any) -> None:
-        try:
-            if out_dir is not None:
-                path = out_dir / f"{m.offset:012d}.msg"
-                path.write_bytes(m.body)
-                line = str(path).encode() + b"\n"
-            elif as_json:
-                fields = {"offset": m.offset, "tag": m.tag, "producer": m.producer,
-                          "sequence": m.sequence, "deliveries": m.deliveries,
-                          "timestamp": m.timestamp}
-                try:
-                    fields["body"] = m.body.decode()
-                except UnicodeDecodeError:
-                    fields["body_base64"] = base64.b64encode(m.body).decode()
-                line = json.dumps(fields).encode() + b"\n"
-            else:
-                line = m.body + b"\n"
-            stdout.write(line)
-            stdout.flush()
-        except BrokenPipeError:
-            raise _ReaderGone from None
+    show = functools.partial(_show_message, sys.stdout.buffer, out_dir, as_json)
 
     async def consume(client: Any, following: Any) -> int | None:
         try:
@@ -247,6 +226,32 @@ def mq_consume(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0)
     err.print(f"{seen:,} consumed and acknowledged", highlight=False)
+
+
+def _show_message(stdout: Any, out_dir: pathlib.Path | None, as_json: bool, m: Any) -> None:
+    """One message on stdout: its bytes and a newline, the path of the file that holds
+    them (``--out``), or a JSON object (``--json``); :class:`_ReaderGone` when the reader
+    stopped reading."""
+    try:
+        if out_dir is not None:
+            path = out_dir / f"{m.offset:012d}.msg"
+            path.write_bytes(m.body)
+            line = str(path).encode() + b"\n"
+        elif as_json:
+            fields = {"offset": m.offset, "tag": m.tag, "producer": m.producer,
+                      "sequence": m.sequence, "deliveries": m.deliveries,
+                      "timestamp": m.timestamp}
+            try:
+                fields["body"] = m.body.decode()
+            except UnicodeDecodeError:
+                fields["body_base64"] = base64.b64encode(m.body).decode()
+            line = json.dumps(fields).encode() + b"\n"
+        else:
+            line = m.body + b"\n"
+        stdout.write(line)
+        stdout.flush()
+    except BrokenPipeError:
+        raise _ReaderGone from None
 
 
 class _ReaderGone(RdvpumpError):
