@@ -248,7 +248,7 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
                   stack: AsyncExitStack, trials: int, body: bytes,
                   progress: Callable[[str], None]) -> list[FailoverResult | RedeliveryResult]:
     from brokermgr.tracking import RouteClient
-    from mq import Consumer, MqClient, Producer
+    from mq import MqClient
 
     killed = FailoverResult("failover-rdvpump-sync-sigkill", trials)
     routed = FailoverResult("failover-rdvpump-sync-sigkill-routed-producer", trials)
@@ -258,38 +258,12 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
     with trio.fail_after(DEADLINE):
         while len(routes.routes.servers_of("bench")) < 3:
             await routes.changed()
-    producer = Producer(routes, "bench")  # every setting its default
-    acked: list[float] = []
-    changed = trio.Event()
-    consumer = Consumer(routes, "bench", group="failover")  # from the end on, acks each
-    first: dict[tuple[str, int], float] = {}
-    again: list[tuple[float, float]] = []  # (redelivered, first delivered)
-    redelivered = RedeliveryResult("failover-rdvpump-sync-sigkill-routed-consumer")
-
-    async def consume() -> None:
-        async for message in consumer:
-            now, key = trio.current_time(), (message.producer, message.sequence)
-            redelivered.deliveries += 1
-            if key in first:
-                again.append((now, first[key]))
-            else:
-                first[key] = now
-            message.ack_nowait()
-
-    async def publish_every_5ms() -> None:
-        nonlocal changed
-        while True:
-            await producer.publish(body)
-            acked.append(trio.current_time())
-            changed.set()
-            changed = trio.Event()
-            await trio.sleep(0.005)
-
+    clients = _RoutedClients(routes, body)
     kills: list[float] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(consumer.run)
-        nursery.start_soon(consume)
-        nursery.start_soon(publish_every_5ms)
+        await nursery.start(clients.consumer.run)
+        nursery.start_soon(clients.consume)
+        nursery.start_soon(clients.publish_every_5ms)
         for trial in range(trials + 1):
             stop = trial == trials  # the last trial: a hung master, found by its silence
             master = await _master(names, insync=2)
@@ -309,27 +283,73 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
             (hung if stop else killed).seconds.append(trio.current_time() - start)
             after.close()
             if not stop:
-                with trio.fail_after(DEADLINE):
-                    while not acked or acked[-1] <= start:
-                        await changed.wait()
-                routed.seconds.append(next(t for t in acked if t > start) - start)
+                routed.seconds.append(await clients.first_ack_after(start) - start)
             if stop:
                 proc.kill()
             with trio.move_on_after(10):
                 await proc.wait()
-            member_id = int(master[1:])
             spawned[master], _ = await stack.enter_async_context(
-                _spawn(group.member_args(master, member_id)))
+                _spawn(group.member_args(master, int(master[1:]))))
         nursery.cancel_scope.cancel()
-    producer.close()
-    consumer.close()
+    clients.close()
     routes.close()
-    for i, kill in enumerate(kills):  # what came again between this kill and the next
-        until = kills[i + 1] if i + 1 < len(kills) else float("inf")
-        these = [(at, was) for at, was in again if kill < at <= until]
-        redelivered.duplicates.append(len(these))
-        redelivered.span.append(max((kill - was for _, was in these), default=0.0))
-    return [killed, routed, hung, redelivered]
+    return [killed, routed, hung, clients.redeliveries(kills)]
+
+
+class _RoutedClients:
+    """A routed producer publishing every 5 ms, each ack's time kept, and a routed
+    consumer acknowledging each message, each message's first delivery kept."""
+
+    def __init__(self, routes: Any, body: bytes) -> None:
+        from mq import Consumer, Producer
+
+        self.body = body
+        self.producer = Producer(routes, "bench")  # every setting its default
+        self.consumer = Consumer(routes, "bench", group="failover")  # from the end on
+        self.acked: list[float] = []
+        self.changed = trio.Event()
+        self.first: dict[tuple[str, int], float] = {}
+        self.again: list[tuple[float, float]] = []  # (redelivered, first delivered)
+        self.deliveries = 0
+
+    async def consume(self) -> None:
+        async for message in self.consumer:
+            now, key = trio.current_time(), (message.producer, message.sequence)
+            self.deliveries += 1
+            if key in self.first:
+                self.again.append((now, self.first[key]))
+            else:
+                self.first[key] = now
+            message.ack_nowait()
+
+    async def publish_every_5ms(self) -> None:
+        while True:
+            await self.producer.publish(self.body)
+            self.acked.append(trio.current_time())
+            self.changed.set()
+            self.changed = trio.Event()
+            await trio.sleep(0.005)
+
+    async def first_ack_after(self, start: float) -> float:
+        with trio.fail_after(DEADLINE):
+            while not self.acked or self.acked[-1] <= start:
+                await self.changed.wait()
+        return next(t for t in self.acked if t > start)
+
+    def redeliveries(self, kills: list[float]) -> RedeliveryResult:
+        """What came again between each kill and the next."""
+        redelivered = RedeliveryResult("failover-rdvpump-sync-sigkill-routed-consumer")
+        redelivered.deliveries = self.deliveries
+        for i, kill in enumerate(kills):
+            until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+            these = [(at, was) for at, was in self.again if kill < at <= until]
+            redelivered.duplicates.append(len(these))
+            redelivered.span.append(max((kill - was for _, was in these), default=0.0))
+        return redelivered
+
+    def close(self) -> None:
+        self.producer.close()
+        self.consumer.close()
 
 
 # -- NATS JetStream -------------------------------------------------------------------------
@@ -338,7 +358,6 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
 async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
                 ) -> FailoverResult:
     import nats
-    from nats.js.api import StreamConfig
 
     binary = shutil.which("nats-server")
     if binary is None:
@@ -367,16 +386,7 @@ async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
                                 disconnected_cb=quiet, reconnected_cb=quiet)
         js = nc.jetstream(timeout=2)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        while True:  # the cluster elects its meta leader first
-            try:
-                await js.add_stream(StreamConfig(name="bench", subjects=["bench"],
-                                                 num_replicas=3))
-                break
-            except Exception:  # noqa: BLE001 - not ready yet: tried again, bounded
-                if loop.time() > deadline:
-                    raise RunError("the NATS cluster did not take the stream") from None
-                await asyncio.sleep(0.1)
+        await _nats_stream(js, loop.time() + DEADLINE)
         body = b"x" * SIZE
         for trial in range(trials):
             leader = await _nats_current(js, loop.time() + DEADLINE)
@@ -385,14 +395,7 @@ async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
             i = int(leader[1:])
             begin = time.perf_counter()
             procs[i].send_signal(signal.SIGKILL)
-            while True:
-                try:
-                    await js.publish("bench", body, timeout=0.25)
-                    break
-                except Exception:  # noqa: BLE001 - no leader yet: tried again, bounded
-                    if time.perf_counter() - begin > DEADLINE:
-                        raise RunError("NATS: no acknowledged publish after the "
-                                       "leader's kill") from None
+            await _nats_acked(js, body, begin)
             result.seconds.append(time.perf_counter() - begin)
             procs[i].wait(timeout=10)
             procs[i] = start(i)
@@ -404,6 +407,33 @@ async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
                 proc.kill()
             proc.wait(timeout=10)
     return result
+
+
+async def _nats_stream(js: Any, deadline: float) -> None:
+    """The bench stream, R = 3, once the cluster has elected its meta leader."""
+    from nats.js.api import StreamConfig
+
+    while True:
+        try:
+            await js.add_stream(StreamConfig(name="bench", subjects=["bench"],
+                                             num_replicas=3))
+            return
+        except Exception:  # noqa: BLE001 - not ready yet: tried again, bounded
+            if asyncio.get_running_loop().time() > deadline:
+                raise RunError("the NATS cluster did not take the stream") from None
+            await asyncio.sleep(0.1)
+
+
+async def _nats_acked(js: Any, body: bytes, begin: float) -> None:
+    """Publish until one is acknowledged (a new leader elected), within the deadline."""
+    while True:
+        try:
+            await js.publish("bench", body, timeout=0.25)
+            return
+        except Exception:  # noqa: BLE001 - no leader yet: tried again, bounded
+            if time.perf_counter() - begin > DEADLINE:
+                raise RunError("NATS: no acknowledged publish after the leader's "
+                               "kill") from None
 
 
 async def _nats_current(js: Any, deadline: float) -> str:
