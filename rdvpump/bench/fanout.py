@@ -71,6 +71,45 @@ def workload(sinks: int, messages: int, size: int) -> float:
     return report.seconds
 
 
+class _Feed:
+    """The faucet's end of one sink's link: batches of ``ring`` (the payloads in turn)
+    until ``messages`` are queued."""
+
+    def __init__(self, ring: list[bytes], messages: int, bad: list[str]) -> None:
+        self.ring = ring
+        self.messages = messages
+        self.bad = bad
+        self.sent = 0
+
+    def connected(self, queue: MessageQueue) -> None:
+        self.queue = queue
+        queue.set_listener(self)
+        self.drained()
+
+    def refused(self, reason: str) -> None:
+        self.bad.append(f"refused: {reason}")
+
+    def drained(self) -> None:
+        send_many, ring, messages = self.queue.send_many, self.ring, self.messages
+        while self.sent < messages:
+            n = min(BATCH, messages - self.sent)
+            start = self.sent & 15
+            try:
+                done = send_many(ring[start:start + n])
+            except QueueFullError:
+                return
+            self.sent += done
+            if done < n:
+                return
+        self.queue.close()
+
+    def received(self, message: bytes) -> None:
+        pass
+
+    def closed(self, reason: str) -> None:
+        pass
+
+
 def listener(sinks: int, messages: int, size: int) -> float:
     """Seconds for the listener API to switch ``messages`` into ``sinks`` queues, each
     delivery compared with the message sent."""
@@ -98,45 +137,11 @@ def listener(sinks: int, messages: int, size: int) -> float:
         def closed(self, reason: str) -> None:
             pass
 
-    class Feed:
-        """The faucet's end of one sink's link: batches until every message is queued."""
-
-        def __init__(self) -> None:
-            self.sent = 0
-
-        def connected(self, queue: MessageQueue) -> None:
-            self.queue = queue
-            queue.set_listener(self)
-            self.drained()
-
-        def refused(self, reason: str) -> None:
-            bad.append(f"refused: {reason}")
-
-        def drained(self) -> None:
-            send_many = self.queue.send_many
-            while self.sent < messages:
-                n = min(BATCH, messages - self.sent)
-                start = self.sent & 15
-                try:
-                    done = send_many(ring[start:start + n])
-                except QueueFullError:
-                    return
-                self.sent += done
-                if done < n:
-                    return
-            self.queue.close()
-
-        def received(self, message: bytes) -> None:
-            pass
-
-        def closed(self, reason: str) -> None:
-            pass
-
     for i in range(sinks):
         universe.add_broker(f"q{i}").bind(1, Sink(i))
     start = time.perf_counter()
     for i in range(sinks):
-        faucet.connect(f"q{i}", 1, Feed())
+        faucet.connect(f"q{i}", 1, _Feed(ring, messages, bad))
     pump.run_until_idle()
     seconds = time.perf_counter() - start
     if bad or got != [messages] * sinks:
