@@ -409,56 +409,69 @@ def run(sizes: list[int], *, scale: float = 1.0, repeat: int = 3, placement: str
     os.sched_setaffinity(0, {me_cpu})
     try:
         for size in sizes:
-            count = messages_for(size, DEFAULT_COUNTS, 2**25, scale)
-            best: dict[str, float] = {}
-            cases: list[tuple[str, str, Callable[[Peer], float]]] = [
-                ("rdvpump-tcp", "rdv-sink", partial(_on_port, rdv_stream, size, count)),
-                ("rdvpump-tcp-async-await-each", "rdv-sink",
-                 partial(_on_port, rdv_async_stream, size, count)),
-                ("rdvpump-tcp-async-send-many", "rdv-sink",
-                 partial(_on_port, partial(rdv_async_stream, batch=ASYNC_BATCH), size, count)),
-                ("pyzmq-tcp-push-pull", "zmq-sink", partial(_on_ports, zmq_stream, size, count)),
-                ("trio-batched-framing", "trio-sink",
-                 partial(_on_port, trio_stream, size, count)),
-            ]
-            for round_ in range(repeat):
-                for name, kind, fn in cases:
-                    if progress:
-                        progress(f"{size} B x {count}: {name} ({round_ + 1}/{repeat})")
-                    with Peer(kind, count, peer_cpu) as peer:
-                        best[name] = max(best.get(name, 0.0), count / fn(peer))
-            for case in ("rdvpump-tcp", "rdvpump-tcp-async-await-each",
-                         "rdvpump-tcp-async-send-many"):
-                ours = best[case]
-                for name in ("pyzmq-tcp-push-pull", "trio-batched-framing"):
-                    yield Result(case, size, ours, ours * size / 1e6, name, best[name],
-                                 ours / best[name], placement=placement)
-        pings = max(200, int(PINGS * scale))
-        if progress:
-            progress(f"64 B ping-pong x {pings}")
-        polls: list[str | float] = [ADAPTIVE, OFF]
-        if busy_poll > 0 and me_cpu != peer_cpu:
-            polls.append(busy_poll)
-        rtts: dict[str | float, list[float]] = {}
-        with Peer("zmq-echo", 0, peer_cpu) as peer:
-            theirs_rtt = zmq_ping(peer.ports[0], pings)
-        for poll in polls:
-            with Peer("rdv-echo", 0, peer_cpu, poll) as peer:
-                rtts[poll] = rdv_ping(peer.ports[0], pings, poll)
-        theirs_med = statistics.median(theirs_rtt)
-        for poll in polls:
-            ours_rtt = rtts[poll]
-            ours_med = statistics.median(ours_rtt)
-            case = "rdvpump-tcp-round-trip" + (
-                "" if poll == ADAPTIVE else "-no-polling" if poll == OFF
-                else f"-busy-poll-{float(poll) * 1e6:.0f}us")
-            yield Result(case, 64, 1 / ours_med, 64 / ours_med / 1e6,
-                         "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
-                         median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
-                         baseline_median_us=theirs_med * 1e6,
-                         baseline_p99_us=_pct(theirs_rtt, 0.99), placement=placement)
+            yield from _streams(size, scale, repeat, placement, peer_cpu, progress)
+        yield from _round_trips(scale, placement, busy_poll if me_cpu != peer_cpu else 0.0,
+                                peer_cpu, progress)
     finally:
         os.sched_setaffinity(0, old_affinity)
+
+
+def _streams(size: int, scale: float, repeat: int, placement: str, peer_cpu: int,
+             progress: Callable[[str], None] | None) -> Iterator[Result]:
+    """A stream of ``size``-byte messages: each rdvpump case against each baseline, the
+    cases interleaved over ``repeat`` rounds, each case's best round kept."""
+    count = messages_for(size, DEFAULT_COUNTS, 2**25, scale)
+    best: dict[str, float] = {}
+    cases: list[tuple[str, str, Callable[[Peer], float]]] = [
+        ("rdvpump-tcp", "rdv-sink", partial(_on_port, rdv_stream, size, count)),
+        ("rdvpump-tcp-async-await-each", "rdv-sink",
+         partial(_on_port, rdv_async_stream, size, count)),
+        ("rdvpump-tcp-async-send-many", "rdv-sink",
+         partial(_on_port, partial(rdv_async_stream, batch=ASYNC_BATCH), size, count)),
+        ("pyzmq-tcp-push-pull", "zmq-sink", partial(_on_ports, zmq_stream, size, count)),
+        ("trio-batched-framing", "trio-sink", partial(_on_port, trio_stream, size, count)),
+    ]
+    for round_ in range(repeat):
+        for name, kind, fn in cases:
+            if progress:
+                progress(f"{size} B x {count}: {name} ({round_ + 1}/{repeat})")
+            with Peer(kind, count, peer_cpu) as peer:
+                best[name] = max(best.get(name, 0.0), count / fn(peer))
+    for case in ("rdvpump-tcp", "rdvpump-tcp-async-await-each", "rdvpump-tcp-async-send-many"):
+        ours = best[case]
+        for name in ("pyzmq-tcp-push-pull", "trio-batched-framing"):
+            yield Result(case, size, ours, ours * size / 1e6, name, best[name],
+                         ours / best[name], placement=placement)
+
+
+def _round_trips(scale: float, placement: str, busy_poll: float, peer_cpu: int,
+                 progress: Callable[[str], None] | None) -> Iterator[Result]:
+    """64 B ping-pong, with default settings (adaptive polling), with no polling, and
+    (``busy_poll`` > 0: the two processes on two cores) both sides busy-polling."""
+    pings = max(200, int(PINGS * scale))
+    if progress:
+        progress(f"64 B ping-pong x {pings}")
+    polls: list[str | float] = [ADAPTIVE, OFF]
+    if busy_poll > 0:
+        polls.append(busy_poll)
+    rtts: dict[str | float, list[float]] = {}
+    with Peer("zmq-echo", 0, peer_cpu) as peer:
+        theirs_rtt = zmq_ping(peer.ports[0], pings)
+    for poll in polls:
+        with Peer("rdv-echo", 0, peer_cpu, poll) as peer:
+            rtts[poll] = rdv_ping(peer.ports[0], pings, poll)
+    theirs_med = statistics.median(theirs_rtt)
+    for poll in polls:
+        ours_rtt = rtts[poll]
+        ours_med = statistics.median(ours_rtt)
+        case = "rdvpump-tcp-round-trip" + (
+            "" if poll == ADAPTIVE else "-no-polling" if poll == OFF
+            else f"-busy-poll-{float(poll) * 1e6:.0f}us")
+        yield Result(case, 64, 1 / ours_med, 64 / ours_med / 1e6,
+                     "pyzmq-tcp-req-rep", 1 / theirs_med, theirs_med / ours_med,
+                     median_us=ours_med * 1e6, p99_us=_pct(ours_rtt, 0.99),
+                     baseline_median_us=theirs_med * 1e6,
+                     baseline_p99_us=_pct(theirs_rtt, 0.99), placement=placement)
 
 
 if __name__ == "__main__":
