@@ -136,12 +136,9 @@ def update_cost(servers: int = 1000, topics: int = 100, ops: int = 2000,
                        merge_full / merge, {"ops": len(snaps), "baseline_ops": rebuild_ops})
 
 
-def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
-                      clients: int = 20) -> Iterator[RoutesResult]:
-    """Virtual seconds from a server's failure (or hang) to its removal from every client."""
-    universe = BrokerManager("bench-routes")
-    pump = universe.pump
-    tracker_ids = [f"t{i}" for i in range(trackers)]
+def _tracked_servers(universe: BrokerManager, tracker_ids: list[str], servers: int,
+                     topics: int) -> list[TrackNode]:
+    """The trackers, and ``servers`` servers of ``topics`` topics each reporting to them."""
     for t in tracker_ids:
         TrackNode(universe.add_broker(t), role="tracker")
     nodes = []
@@ -151,6 +148,16 @@ def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
         for n in range(topics):
             node.declare_topic(f"topic-{n:03d}")
         nodes.append(node)
+    return nodes
+
+
+def crash_propagation(servers: int = 100, topics: int = 10, trackers: int = 2,
+                      clients: int = 20) -> Iterator[RoutesResult]:
+    """Virtual seconds from a server's failure (or hang) to its removal from every client."""
+    universe = BrokerManager("bench-routes")
+    pump = universe.pump
+    tracker_ids = [f"t{i}" for i in range(trackers)]
+    nodes = _tracked_servers(universe, tracker_ids, servers, topics)
     gone_at: dict[str, dict[str, float]] = {}
     route_clients = []
     for c in range(clients):
