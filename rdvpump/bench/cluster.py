@@ -125,6 +125,16 @@ async def _until_ok(attempt: Callable[[], Any]) -> Any:
                 await trio.sleep(0.05)
 
 
+async def _declare_feed(faucet: Any, groups: list[str]) -> None:
+    """The shared topic and its groups, each declared through the root once it answers."""
+    await _until_ok(lambda: faucet.declare("feed", shared=True))
+    for group in groups:
+        async def declare(group: str = group) -> Any:
+            return await faucet.declare("feed", group=group, shared=True)
+
+        await _until_ok(declare)
+
+
 async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, sink: str,
                tmp: Path, progress: Callable[[str], None]) -> ClusterResult:
     from brokermgr import BrokerManager, NameClient
@@ -154,13 +164,8 @@ async def _xsr(brokers: int, queues: int, messages: int, in_flight: int, sink: s
         names.start()
         progress(f"cluster of {len(ids)}: declaring")
         faucet = MqClient(universe.add_broker("faucet"), "root:15555", timeout=30)
-        await _until_ok(lambda: faucet.declare("feed", shared=True))
         groups = [(f"f{b}", f"q{b}.{q}") for b in range(brokers) for q in range(queues)]
-        for _, group in groups:
-            async def declare(group: str = group) -> Any:
-                return await faucet.declare("feed", group=group, shared=True)
-
-            await _until_ok(declare)
+        await _declare_feed(faucet, [group for _, group in groups])
         per_server: dict[str, list[str]] = {}
         for server, group in groups:
             per_server.setdefault(server, []).append(group)

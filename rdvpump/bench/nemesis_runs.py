@@ -283,6 +283,14 @@ async def _exercise(net: Network, drawn: list[Fault], result: RunResult, manager
         await _until(drained, lambda: consumer.changed, DEADLINE)
         await consumer.stop()
         nursery.cancel_scope.cancel()
+    _measure(result, producer, consumer, start, spans)
+
+
+def _measure(result: RunResult, producer: _Client, consumer: _Client, start: float,
+             spans: list[tuple[float, float]]) -> None:
+    """What the clients saw: publishes attempted and acknowledged (in the faults too),
+    availability during the faults by :data:`SLOT`, the longest gap, and the history
+    checked."""
     publishes = [r for r in producer.rows if r["op"] == "publish"]
     result.attempted = len(publishes)
     result.acknowledged = sum(r["status"] == "ok" for r in publishes)
