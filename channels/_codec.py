@@ -401,10 +401,9 @@ class FrameEncoder:
         return self._off >= 0
 
     def write(self, messages: Sequence[bytes | Gather], start: int) -> tuple[int, int, bool]:
-        """Frame ``messages[start:]`` into the ring while it has room: (the next index, the
-        bytes written, whether anything moved).  One function although long: the hot path
-        of every message sent, whose locals (the ring, its room, the batch being joined)
-        stay in registers of the interpreter's frame rather than pass through calls."""
+        """Frame ``messages[start:]`` into the ring while it has room: (next index, bytes
+        written, whether anything moved).  One function although long: the hot path of
+        every message sent, its locals kept in one frame."""
         ring = self.ring
         cap = self._capacity
         i = start

@@ -51,11 +51,12 @@ from pump import ConfigError, Future, Repeating
 from rdv import Identity, Right
 
 from ._changes import Changes
+from ._election import Election
 from ._file import HEARTBEAT, SILENCE, ClusterConfig
 from ._links import Inbound, Peer, PeerLink, Said, change_fields, hello_fields, state_fields
-from ._root import Ballot, ballot, has_majority, may_take_over, senior, unruly, unvoted
+from ._root import Ballot, unruly
 from ._state import ClusterState, StateError
-from ._votes import keep_votes, load_votes
+from ._votes import load_votes
 
 __all__ = ["CLUSTER_PORT", "HEARTBEAT", "NOT_READY_WAIT", "SILENCE", "ClusterNode"]
 
@@ -82,7 +83,7 @@ def _timing(config: ClusterConfig, heartbeat: float | None, silence: float | Non
     return heartbeat, silence
 
 
-class ClusterNode:
+class ClusterNode(Election):
     """One server's side of its cluster: it serves :data:`CLUSTER_PORT` on ``broker``
     (whose id must be one of ``config``'s servers) and dials every other server."""
 
@@ -350,132 +351,9 @@ class ClusterNode:
                 self._say(f"not following {request.root}, named root by {request.id}: "
                           f"{why}", key=request.id)
 
-    def _unvoted(self, claimer: str, epoch: int) -> str | None:
-        """:func:`._root.unvoted` over the ballots this server knows: its own, and what
-        each active peer said last."""
-        active = set(self.active())
-        known = {p: v for p, v in self.votes.items() if p in active}
-        return unvoted(self.config, self.me.id, self.ballot, known, claimer, epoch)
-
-    def _refuse_unruly(self, claimer: str, epoch: int, what: str) -> None:
-        """:func:`._root.unruly`'s refusal (409, logged once); nothing changes.  A claim the
-        claimer makes itself, on its own link to this server, is also refused by a
-        primary more senior than it: the claimer reaches this server, so this server was
-        active to it, and the rule would have made this one its candidate; and a claim
-        the primaries' votes, as this server heard them, cannot carry
-        (:meth:`_unvoted`, the link kept: those votes may be on their way)."""
-        why = unruly(self.config, self.me.id, self.ballot, claimer, epoch)
-        if why is None and self.me.type == "primary" and senior(self.config, self.me.id,
-                                                                 claimer):
-            why = (f"{self.me.id}, a primary more senior than {claimer}, is active: the "
-                   f"rule makes it the candidate, not {claimer}")
-        kind = "rule"
-        if why is None:
-            why, kind = self._unvoted(claimer, epoch), "votes"
-        if why is not None:
-            said = f"{claimer} {what} at epoch {epoch}: refused: {why}"
-            self._say(said, key=claimer, level=logging.INFO if kind == "votes"
-                      else logging.ERROR)
-            raise ServiceError(Status.CONFLICT, said, refused=kind)
-
     def _agreed(self) -> ReplyObject:
         return {"cmd": "welcome", "cluster": self.config.name, "id": self.me.id,
                 "checksum": self.checksum}
-
-    # -- the root ----------------------------------------------------------------------
-
-    def active(self) -> list[str]:
-        """This server and the peers linked to it both ways and heard within the silence
-        timeout."""
-        return [self.me.id, *(p.server.id for p in self.peers.values()
-                              if p.outgoing is not None and p.outgoing.agreed
-                              and p.incoming is not None and p.server.id not in self.silent)]
-
-    def _silences(self) -> None:
-        """Count out the peers whose link in has been silent too long, and in again those
-        heard since; an election when that changes who counts."""
-        now = self.broker.pump.now()
-        silent = {p.server.id for p in self.peers.values()
-                  if p.incoming is not None
-                  and now - max(p.heard_at, p.answered_at) > self._live}
-        if silent == self.silent:
-            return
-        for peer_id in sorted(silent - self.silent):
-            peer = self.peers[peer_id]
-            log.warning("cluster %s: %s: %s silent for %.1f s: counted out until it is "
-                        "heard again", self.config.name, self.me.id, peer_id,
-                        now - max(peer.heard_at, peer.answered_at))
-        for peer_id in sorted(self.silent - silent):
-            log.warning("cluster %s: %s: %s heard again", self.config.name, self.me.id,
-                        peer_id)
-        self.silent = silent
-        self.links_changed()
-
-    def vote(self) -> Ballot:
-        """This server's ballot now (:func:`._root.ballot`); (None, 0) from a backup or
-        fanout server."""
-        if self.me.type != "primary":
-            return None, 0
-        active = self.active()
-        heard = [v for p, v in self.votes.items() if p in active]
-        new = ballot(self.config, active, self.ballot, self.epoch, self.root, heard)
-        if new != self.ballot:
-            self.ballot = new
-            self._keep()  # on disk before any peer hears it
-        return self.ballot
-
-    def _keep(self) -> None:
-        """The epoch, ballot and cluster state to disk (:func:`._votes.keep_votes`)."""
-        if self.store is not None:
-            keep_votes(self.store, self.epoch, self.ballot, self.state)
-
-    def elect(self) -> None:
-        """Take over as root when the rule of :mod:`._root` says so (announced to every
-        peer at its ballot's epoch); step down when it no longer holds (a minority left,
-        or its own ballot is for another)."""
-        if self._closed:
-            return
-        active = self.active()
-        mine = self.vote()
-        if mine[1] > self.epoch and may_take_over(self.config, self.me.id, active,
-                                                  self.votes, mine, self.state.mark,
-                                                  self.versions):
-            self._follow(self.me.id, mine[1])
-            log.warning("cluster %s: %s is root at epoch %d (active: %s)",
-                        self.config.name, self.me.id, self.epoch, ", ".join(active))
-            for peer in self.peers.values():
-                if peer.outgoing is not None and peer.outgoing.agreed:
-                    peer.outgoing.say("root")
-            # the new root's state, marked after any before
-            self.state.version += 1
-            self.state.epoch = self.epoch
-            self._keep()
-            self.send_state()
-        elif self.root == self.me.id and (mine[0] != self.me.id
-                                          or not has_majority(self.config, active)):
-            log.warning("cluster %s: %s steps down as root at epoch %d: it sees %s",
-                        self.config.name, self.me.id, self.epoch, ", ".join(active))
-            self.root = None
-            self.changes.drop("the root stepped down")
-            self.changed()
-        elif self.root is not None and self.root not in active:
-            self.root = None  # its root is out of reach: not ready until one is known
-            self.changed()
-
-    def _follow(self, root: str, epoch: int) -> None:
-        if self.root == self.me.id and root != self.me.id:
-            log.warning("cluster %s: %s steps down: %s is root at epoch %d",
-                        self.config.name, self.me.id, root, epoch)
-        if self.root == self.me.id and (root != self.me.id or epoch != self.epoch):
-            self.changes.drop(f"{root} became root at epoch {epoch}")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._keep()
-        self.root = root
-        self.changed()
-
-    def _held(self) -> tuple[int, str] | None:
-        return None if self.root is None else (self.epoch, self.root)
 
     def _check(self, request: Said, call: Call) -> Peer:
         """The peer a hello or beat comes from; 409 with the reason (logged once per peer
