@@ -401,9 +401,8 @@ class FrameEncoder:
         return self._off >= 0
 
     def write(self, messages: Sequence[bytes | Gather], start: int) -> tuple[int, int, bool]:
-        """Frame ``messages[start:]`` into the ring while it has room: (next index, bytes
-        written, whether anything moved).  One function although long: the hot path of
-        every message sent, its locals kept in one frame."""
+        """Frame ``messages[start:]`` into the ring while it has room (next index, bytes,
+        moved?).  One function although long: every message sent's hot path."""
         ring = self.ring
         cap = self._capacity
         i = start
