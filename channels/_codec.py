@@ -402,7 +402,7 @@ class FrameEncoder:
 
     def write(self, messages: Sequence[bytes | Gather], start: int) -> tuple[int, int, bool]:
         """Frame ``messages[start:]`` into the ring while it has room (next index, bytes,
-        moved?).  One function although long: every message sent's hot path."""
+        moved?).  One function although long: the hot path of every send."""
         ring = self.ring
         cap = self._capacity
         i = start
