@@ -252,7 +252,7 @@ def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
 #: Seconds each benchmark command takes at the smoke size on this machine (others: 1),
 #: to share the block between two tests that xdist runs side by side.
 BENCH_SECONDS = {"partition": 27, "failover": 16, "mq": 13, "replay": 8, "nemesis": 8,
-                 "cluster": 7, "tcp": 4}
+                 "cluster": 7, "scale": 7, "tcp": 4}
 
 
 def bench_halves() -> list[list[str]]:

@@ -202,6 +202,51 @@ def bench_sim(
                      f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x"])
 
 
+@app.command("scale")
+def bench_scale(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    dimension: Annotated[list[str], typer.Option(
+        help="brokers, topics, groups, consumers or servers (repeatable; default: all).")
+    ] = [],  # noqa: B006
+    plot: Annotated[str | None, typer.Option(
+        help="Draw throughput, p99 latency and memory per step to this PNG (needs the "
+             "replay extra: matplotlib).")] = None,
+    deadline: Annotated[float, typer.Option(
+        min=1.0, help="Seconds a step may take before it counts as stopped.")] = 300.0,
+) -> None:
+    """Throughput, p99 latency and memory as brokers, topics, consume groups, consumers
+    and servers per tracker grow, each step against the dimension's smallest."""
+    from ..bench import scale
+
+    unknown = [d for d in dimension if d not in scale.STEPS]
+    if unknown:
+        raise fail(f"--dimension must be one of {', '.join(scale.STEPS)}, got {unknown[0]!r}")
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise fail("--plot needs matplotlib: pip install 'rdvpump[replay]'") from None
+    fraction = _smoke()
+    with err.status("benchmarking how the cost grows ...") as status:
+        results = interruptible(lambda: list(scale.run(
+            dimension or list(scale.STEPS), scale=fraction, deadline=deadline,
+            progress=status.update)))
+    _show(results, json_out, "rdvpump bench scale",
+          ("case", "step", "ops/s", "p99 ms", "KiB/unit", "ratio", "memory ratio"),
+          lambda r: [r.case, f"{r.n:,}", r.error or f"{r.per_s:,.0f}",
+                     "" if r.error else f"{r.quantile(0.99) * 1e3:.2f}",
+                     "" if r.error else f"{r.memory_per_unit / 1024:,.1f}",
+                     "" if r.error or not r.baseline_per_s
+                     else f"{r.per_s / r.baseline_per_s:.2f}x",
+                     "" if r.error or not r.baseline_memory_per_unit
+                     else f"{r.memory_per_unit / r.baseline_memory_per_unit:.2f}x"])
+    if plot is not None:
+        guard(lambda: scale.plot(results, plot), arg="--plot")
+        err.print(f"plot: {plot}", highlight=False)
+    if stopped := [r for r in results if r.error is not None]:
+        raise fail("; ".join(f"{r.dimension} at {r.n:,}: {r.error}" for r in stopped))
+
+
 @app.command("tcp")
 def bench_tcp(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,

@@ -1,0 +1,63 @@
+"""``rdvpump bench scale``: its steps, a stopped step reported with its step, and the
+command's errors in one line.  (Its figures come from full runs: bench/RESULTS.md; the
+benchmark page's block runs it whole at a smoke size.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rdvpump.bench import scale
+
+
+def test_a_smoke_run_shrinks_each_dimension_by_the_square_root_of_its_fraction() -> None:
+    assert scale.steps_at("topics", 1.0) == [1, 100, 1000, 10000]
+    assert scale.steps_at("topics", 0.01) == [1, 10, 100, 1000]
+    assert scale.steps_at("groups", 0.0001) == [1, 10]  # steps that meet are one
+
+
+def test_a_step_is_measured_against_the_smallest_and_a_stopped_one_says_so() -> None:
+    first = scale.ScaleResult("groups", 1, operations=1000, seconds=1.0,
+                              latencies=[0.001] * 99 + [0.05], memory_bytes=100_000)
+    later = scale.ScaleResult("groups", 10, operations=1500, seconds=1.0,
+                              latencies=[0.002] * 100, memory_bytes=500_000,
+                              baseline_per_s=first.per_s,
+                              baseline_memory_per_unit=first.memory_per_unit)
+    row = later.to_dict()
+    assert (row["groups"], row["per_s"], row["ratio"]) == (10, 1500.0, 1.5)
+    assert row["memory_per_unit_ratio"] == 0.5  # 50 KB a group against 100 KB: sublinear
+    assert first.to_dict()["p99_ms"] == 1.0 and first.to_dict()["p50_ms"] == 1.0
+    stopped = scale.ScaleResult("topics", 10000, error="stopped: not done within 300 s")
+    assert stopped.to_dict() == {"case": "scale-topics", "dimension": "topics",
+                                 "topics": 10000, "operations": "publishes",
+                                 "error": "stopped: not done within 300 s"}
+
+
+@pytest.mark.slow  # a process; 1,000 topics declared, each durable, take seconds
+def test_a_step_past_its_deadline_is_reported_with_its_step_and_fails_the_command() -> None:
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale", "--json",
+                           "--dimension", "topics", "--deadline", "1"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RDVPUMP_BENCH_SCALE": "0.01"})
+    assert proc.returncode == 1, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["topics"] for r in rows] == [1, 10, 100, 1000]
+    assert all("per_s" in r for r in rows[:2])  # a topic or ten: measured in time
+    assert rows[-1]["error"] == "stopped: not done within 1 s"  # a thousand: not
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and last.endswith(
+        "topics at 1,000: stopped: not done within 1 s")
+
+
+def test_an_unknown_dimension_is_one_line_and_exit_1() -> None:
+    proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale",
+                           "--dimension", "queues"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --dimension must be one of brokers, topics, groups, consumers, servers, "
+        "got 'queues'"]
