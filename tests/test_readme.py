@@ -249,43 +249,45 @@ def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
     assert len(work) == 1, work
 
 
-#: Seconds each benchmark command takes at the smoke size on this machine (others: 1),
-#: to share the block between two tests that xdist runs side by side.
-BENCH_SECONDS = {"partition": 27, "failover": 16, "mq": 13, "replay": 8, "nemesis": 8,
-                 "cluster": 7, "scale": 7, "tcp": 4}
+#: Seconds each benchmark command takes at the smoke size on this machine, alone (others:
+#: 1), to share the block between tests that xdist runs side by side.
+BENCH_SECONDS = {"mq": 19, "partition": 18, "failover": 16, "cluster": 12, "replay": 11,
+                 "nemesis": 9, "tcp": 6, "routes": 4, "scale": 2}
+#: The benchmark block's parts, each a test of its own.
+BENCH_PARTS = 3
 
 
-def bench_halves() -> list[list[str]]:
-    """The benchmark block's commands in two halves of about equal time."""
+def bench_parts() -> list[list[str]]:
+    """The benchmark block's commands in :data:`BENCH_PARTS` parts of about equal time."""
     _, bench = shell_chains()
     lines = [line for line in bench[0].splitlines() if line.strip()]
-    halves: list[list[str]] = [[], []]
-    cost = [0, 0]
+    parts: list[list[str]] = [[] for _ in range(BENCH_PARTS)]
+    cost = [0] * BENCH_PARTS
 
     def seconds(line: str) -> int:
         return BENCH_SECONDS.get(line.split()[2], 1)
 
     for line in sorted(lines, key=seconds, reverse=True):
         lighter = cost.index(min(cost))
-        halves[lighter].append(line)
+        parts[lighter].append(line)
         cost[lighter] += seconds(line)
-    return [[line for line in lines if line in half] for half in halves]
+    return [[line for line in lines if line in part] for part in parts]
 
 
-def test_the_benchmark_halves_hold_every_command_once() -> None:
+def test_the_benchmark_parts_hold_every_command_once() -> None:
     _, bench = shell_chains()
     lines = [line for line in bench[0].splitlines() if line.strip()]
-    halves = bench_halves()
-    assert sorted(halves[0] + halves[1]) == sorted(lines) and all(halves)
+    parts = bench_parts()
+    assert sorted(line for part in parts for line in part) == sorted(lines) and all(parts)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("half", [0, 1])
+@pytest.mark.parametrize("part", range(BENCH_PARTS))
 def test_the_benchmark_block_runs_as_printed(scratch: pathlib.Path,
-                                             free_ports: dict[int, int], half: int) -> None:
+                                             free_ports: dict[int, int], part: int) -> None:
     """Every benchmark command as printed, at a smoke size (``RDVPUMP_BENCH_SCALE``), in
-    two halves that run side by side: what is tested is that each runs and reports (a
-    JSON object per line), not its figures."""
+    parts that run side by side: what is tested is that each runs and reports (a JSON
+    object per line), not its figures."""
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
         pytest.skip("`bench replay` runs Spark, which needs Java 17 or 21")
@@ -297,7 +299,7 @@ def test_the_benchmark_block_runs_as_printed(scratch: pathlib.Path,
 
     if (why := unavailable()) is not None:
         pytest.skip(f"`bench partition` {why}")
-    commands = bench_halves()[half]
+    commands = bench_parts()[part]
     text = _run_script(scratch, ["\n".join(commands)], free_ports,
                        {"RDVPUMP_BENCH_SCALE": BENCH_SCALE})
     json_commands = [line for line in commands if "--json" in line]

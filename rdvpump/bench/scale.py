@@ -352,21 +352,20 @@ def _step(dimension: str, n: int, operations: int, deadline: float) -> ScaleResu
 
 
 def steps_at(dimension: str, scale: float) -> list[int]:
-    """The dimension's steps, shrunk by the square root of ``scale`` below 1."""
-    factor = min(1.0, math.sqrt(scale))
-    return sorted({max(1, round(n * factor)) for n in STEPS[dimension]})
+    """The dimension's steps, shrunk by ``scale`` below 1."""
+    return sorted({max(1, round(n * min(1.0, scale))) for n in STEPS[dimension]})
 
 
 def run(dimensions: list[str], *, scale: float = 1.0, deadline: float = DEADLINE,
         progress: Callable[[str], None] | None = None) -> Iterator[ScaleResult]:
     """Each dimension's steps in turn, each against the dimension's first step.  A
-    ``scale`` below 1 (a smoke run) also shrinks the steps, by its square root."""
-    operations = max(200, int(OPERATIONS * scale))
+    ``scale`` below 1 (a smoke run) also shrinks the steps."""
+    operations = max(100, int(OPERATIONS * scale))
     for dimension in dimensions:
         steps = steps_at(dimension, scale)
         # a run of the smallest step first, not reported: what a first run imports and
         # caches is not counted as any step's memory or time
-        _step(dimension, steps[0], 200, deadline)
+        _step(dimension, steps[0], 100, deadline)
         first: ScaleResult | None = None
         for n in steps:
             if progress:

@@ -14,10 +14,10 @@ import pytest
 from rdvpump.bench import scale
 
 
-def test_a_smoke_run_shrinks_each_dimension_by_the_square_root_of_its_fraction() -> None:
+def test_a_smoke_run_shrinks_each_dimension_by_its_fraction() -> None:
     assert scale.steps_at("topics", 1.0) == [1, 100, 1000, 10000]
-    assert scale.steps_at("topics", 0.01) == [1, 10, 100, 1000]
-    assert scale.steps_at("groups", 0.0001) == [1, 10]  # steps that meet are one
+    assert scale.steps_at("topics", 0.1) == [1, 10, 100, 1000]
+    assert scale.steps_at("groups", 0.01) == [1, 10]  # steps that meet are one
 
 
 def test_a_step_is_measured_against_the_smallest_and_a_stopped_one_says_so() -> None:
@@ -42,7 +42,7 @@ def test_a_step_past_its_deadline_is_reported_with_its_step_and_fails_the_comman
     proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale", "--json",
                            "--dimension", "topics", "--deadline", "1"],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RDVPUMP_BENCH_SCALE": "0.01"})
+                          env={**os.environ, "RDVPUMP_BENCH_SCALE": "0.1"})
     assert proc.returncode == 1, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["topics"] for r in rows] == [1, 10, 100, 1000]
