@@ -43,6 +43,7 @@ def test_the_failures_page_has_its_blocks() -> None:
     assert sum(name == "failures.md" for name, _, _ in _blocks()) == 2
 
 
+@pytest.mark.slow  # each block in an interpreter of its own; some start processes
 @pytest.mark.parametrize(("page", "index", "code"), _blocks(),
                          ids=[f"{name}-{i}" for name, i, _ in _blocks()])
 def test_a_docs_python_block_runs_as_printed(page: str, index: int, code: str,
@@ -61,6 +62,7 @@ def test_the_changelog_names_the_version_rdvpump_says() -> None:
     assert headings[:1] == ["Unreleased"] and version in headings
 
 
+@pytest.mark.slow  # a process, a few seconds
 def test_the_site_builds_with_no_warning(tmp_path: pathlib.Path) -> None:
     """``mkdocs build --strict`` (warnings are errors: a broken link, a page left out of
     the navigation, a docstring the API reference cannot read): the site of the guides,

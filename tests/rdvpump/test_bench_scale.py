@@ -53,6 +53,7 @@ def test_a_step_past_its_deadline_is_reported_with_its_step_and_fails_the_comman
         "topics at 1,000: stopped: not done within 1 s")
 
 
+@pytest.mark.slow  # a process
 def test_an_unknown_dimension_is_one_line_and_exit_1() -> None:
     proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale",
                            "--dimension", "queues"], capture_output=True, text=True,
