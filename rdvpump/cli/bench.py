@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
-from pump import ConfigError
-
+from ._bench_common import BATCH_MIN, parse_sizes, show, show_times, smoke_fraction
 from ._common import check_format, err, fail, guard, interruptible, out, show_table
 
 app = typer.Typer(rich_markup_mode=None,
@@ -20,27 +16,6 @@ app = typer.Typer(rich_markup_mode=None,
                        "RDVPUMP_BENCH_SCALE=F (0 < F <= 1) runs each at that fraction "
                        "of its work, once: a smoke run, whose figures are not comparable.",
                   no_args_is_help=True)
-#: The environment variable of a smoke run (the README's test runs every bench command as
-#: printed, at a small size, this way).
-SMOKE_ENV = "RDVPUMP_BENCH_SCALE"
-
-
-def _smoke() -> float:
-    """The fraction of a smoke run (1.0: a real run), said on stderr when it is one."""
-    text = os.environ.get(SMOKE_ENV, "").strip()
-    if not text:
-        return 1.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise fail(f"{SMOKE_ENV} must be a number within (0, 1], got {text!r}")
-    err.print(f"{SMOKE_ENV}={value:g}: a smoke run at that fraction of the work, once; its "
-              f"figures are not comparable", highlight=False)
-    return value
-
-
 @app.command("inproc")
 def bench_inproc(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
@@ -54,9 +29,9 @@ def bench_inproc(
     """MessageQueue throughput on one pump beside trio memory channels and pyzmq inproc."""
     from ..bench import inproc
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         scale, repeat = scale * smoke, 1
-    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    size_list = guard(lambda: parse_sizes(sizes, scale, repeat))
     if trace is not None:
         guard(lambda: check_format(trace, "--trace", ("memory",)))
     results = []
@@ -64,7 +39,7 @@ def bench_inproc(
         for r in interruptible(lambda: list(inproc.run(size_list, scale=scale, repeat=repeat,
                                                 trace=trace, progress=status.update))):
             results.append(r)
-    _show(results, json_out, f"rdvpump bench inproc (best of {repeat})",
+    show(results, json_out, f"rdvpump bench inproc (best of {repeat})",
           ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio"),
           lambda r: [r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
                      r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x"])
@@ -95,7 +70,7 @@ def bench_replay(
     from ..bench import replay
 
     masters = tuple(master or ("local[1]", "local[2]"))
-    if (smoke := _smoke()) < 1:  # the first master only, no floor, the quickest JVM
+    if (smoke := smoke_fraction()) < 1:  # the first master only, no floor, the quickest JVM
         events, floor, jvm = max(10_000, int(events * smoke)), False, "quick"
         masters = masters[:1]
     for m in masters:
@@ -106,7 +81,7 @@ def bench_replay(
         results = interruptible(lambda: list(replay.run(events, masters=masters, jvm=jvm,
                                                  floor=floor, warm=warm, pin=pin,
                                                  progress=status.update)))
-    _show(results, json_out, "rdvpump bench replay",
+    show(results, json_out, "rdvpump bench replay",
           ("case", "events", "CPUs", "seconds", "events/s", "baseline", "baseline events/s",
            "ratio"),
           lambda r: [r.case, f"{r.events:,}", str(r.cpus), f"{r.seconds:.1f}",
@@ -125,14 +100,14 @@ def bench_routes(
     from ..bench import routes as bench_routes_mod
 
     churn_seconds = 1000.0
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         servers, ops = max(10, int(servers * smoke)), max(10, int(ops * smoke))
         churn_seconds = max(10.0, churn_seconds * smoke)
 
     with err.status("benchmarking route tables ...") as status:
         results = interruptible(lambda: list(bench_routes_mod.run(
             servers, topics, ops=ops, churn_seconds=churn_seconds, progress=status.update)))
-    _show(results, json_out, "rdvpump bench routes",
+    show(results, json_out, "rdvpump bench routes",
           ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"),
           lambda r: [r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
                      r.baseline, f"{r.baseline_value:.6g} {r.unit}",
@@ -151,7 +126,7 @@ def bench_fanout(
     listener API, beside OpenAMQ's published 25,000 msg/s per broker."""
     from ..bench import fanout
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         messages, repeat = max(100, int(messages * smoke)), 1
 
     try:
@@ -164,7 +139,7 @@ def bench_fanout(
         results = interruptible(lambda: list(fanout.run(
             tuple(counts), messages=messages, size=size, repeat=repeat,
             progress=status.update)))
-    _show(results, json_out, f"rdvpump bench fanout ({messages:,} messages of {size} B, "
+    show(results, json_out, f"rdvpump bench fanout ({messages:,} messages of {size} B, "
           f"best of {repeat})",
           ("case", "Q", "seconds", "deliveries/s", "baseline", "baseline deliveries/s",
            "ratio"),
@@ -186,7 +161,7 @@ def bench_sim(
     beside the same universe served on trio's real clock."""
     from ..bench import sim
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         links, duration = max(10, int(links * smoke)), max(0.01, duration * smoke)
         brokers = min(brokers, max(2, links))
 
@@ -194,7 +169,7 @@ def bench_sim(
         results = interruptible(lambda: list(sim.run(
             brokers=brokers, links=links, interval=interval, duration=duration,
             progress=status.update)))
-    _show(results, json_out, f"rdvpump bench sim ({brokers} brokers, {links} links)",
+    show(results, json_out, f"rdvpump bench sim ({brokers} brokers, {links} links)",
           ("case", "pump seconds", "wall s", "steps/s", "msgs/s", "baseline",
            "baseline msgs/s", "ratio"),
           lambda r: [r.case, f"{r.simulated_seconds:g}", f"{r.wall_seconds:.2f}",
@@ -226,12 +201,12 @@ def bench_scale(
             import matplotlib  # noqa: F401
         except ImportError:
             raise fail("--plot needs matplotlib: pip install 'rdvpump[replay]'") from None
-    fraction = _smoke()
+    fraction = smoke_fraction()
     with err.status("benchmarking how the cost grows ...") as status:
         results = interruptible(lambda: list(scale.run(
             dimension or list(scale.STEPS), scale=fraction, deadline=deadline,
             progress=status.update)))
-    _show(results, json_out, "rdvpump bench scale",
+    show(results, json_out, "rdvpump bench scale",
           ("case", "step", "ops/s", "p99 ms", "KiB/unit", "ratio", "memory ratio"),
           lambda r: [r.case, f"{r.n:,}", r.error or f"{r.per_s:,.0f}",
                      "" if r.error else f"{r.quantile(0.99) * 1e3:.2f}",
@@ -262,9 +237,9 @@ def bench_tcp(
     """Two processes on loopback beside pyzmq PUSH/PULL and a batched trio framing loop."""
     from ..bench import tcp
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         scale, repeat = scale * smoke, 1
-    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    size_list = guard(lambda: parse_sizes(sizes, scale, repeat))
     with err.status("benchmarking ...") as status:
         results = interruptible(lambda: list(tcp.run(size_list, scale=scale, repeat=repeat,
                                               placement=placement,
@@ -276,7 +251,7 @@ def bench_tcp(
         return [r.case, str(r.size), f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}",
                 r.baseline, f"{r.baseline_msgs_per_s:,.0f}", f"{r.ratio:.2f}x", *lat]
 
-    _show(results, json_out, f"rdvpump bench tcp (best of {repeat}, placement {placement})",
+    show(results, json_out, f"rdvpump bench tcp (best of {repeat}, placement {placement})",
           ("case", "size", "msgs/s", "MB/s", "baseline", "baseline msgs/s", "ratio",
            "median us", "p99 us"), row)
 
@@ -298,9 +273,9 @@ def bench_mq(
 
     from ..bench import mq
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         scale, repeat, recovery_gib = scale * smoke, 1, recovery_gib * smoke
-    size_list = guard(lambda: _parse_sizes(sizes, scale, repeat))
+    size_list = guard(lambda: parse_sizes(sizes, scale, repeat))
     policies = [d.strip() for d in durability.split(",") if d.strip()]
     for policy in policies:
         guard(lambda policy=policy: Durability.parse(policy))  # type: ignore[misc]
@@ -316,7 +291,7 @@ def bench_mq(
             out.print(f"recovery of {recovered.gib:g} GiB ({recovered.records:,} records, "
                       f"{recovered.segments} segments): {recovered.seconds:.3f} s; with every "
                       f"index lost {recovered.baseline_seconds:.3f} s")
-    _show(results, json_out, f"rdvpump bench mq (best of {repeat})",
+    show(results, json_out, f"rdvpump bench mq (best of {repeat})",
           ("case", "size", "durability", "msgs/s", "MB/s", "baseline", "baseline msgs/s",
            "ratio"),
           lambda r: [r.case, str(r.size), r.durability, f"{r.msgs_per_s:,.0f}",
@@ -339,7 +314,7 @@ def bench_failover(
     throughput against a single server."""
     from ..bench import failover
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         trials, messages = max(1, round(trials * smoke)), max(8, round(messages * smoke))
     if trials < 1 or messages < 8 or publishers < 1:
         raise fail("--trials and --publishers must be at least 1, --messages at least 8")
@@ -350,7 +325,7 @@ def bench_failover(
         for r in results:
             print(json.dumps(r.to_dict()))
         return
-    _show_times(f"rdvpump bench failover ({trials} trials)",
+    show_times(f"rdvpump bench failover ({trials} trials)",
                 [r for r in results if isinstance(r, failover.FailoverResult)])
     table = Table(title="redelivered to a routed consumer after each SIGKILL")
     for col in ("case", "failovers", "duplicates p50", "p99", "max",
@@ -363,24 +338,12 @@ def bench_failover(
                           str(d["duplicates_p99"]), str(d["duplicates_max"]),
                           str(d["first_delivered_before_kill_max_s"]))
     show_table(table)
-    _show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
+    show([r for r in results if isinstance(r, failover.ThroughputResult)], False,
           "replication, 1 KiB publishes", ("case", "msgs/s", "baseline", "baseline msgs/s",
                                            "ratio"),
           lambda r: [r.case, f"{r.msgs_per_s:,.0f}", r.baseline,
                      f"{r.baseline_msgs_per_s:,.0f}",
                      f"{r.msgs_per_s / r.baseline_msgs_per_s:.2f}x"])
-
-
-def _show_times(title: str, results: list[Any]) -> None:
-    """Failover times (``FailoverResult``s) as a table: p50, p99 and max of each case."""
-    table = Table(title=title)
-    for col in ("case", "trials", "p50 s", "p99 s", "max s"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        d = r.to_dict()
-        table.add_row(r.case, str(d["trials"]), f"{d['p50_s']:.3f}", f"{d['p99_s']:.3f}",
-                      f"{d['max_s']:.3f}")
-    show_table(table)
 
 
 @app.command("partition")
@@ -395,7 +358,7 @@ def bench_partition(
     iproute2)."""
     from ..bench import partition
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         trials = max(1, round(trials * smoke))
     if trials < 1:
         raise fail("--trials must be at least 1")
@@ -406,7 +369,7 @@ def bench_partition(
         for r in results:
             print(json.dumps(r.to_dict()))
         return
-    _show_times(f"rdvpump bench partition ({trials} trials)", results)
+    show_times(f"rdvpump bench partition ({trials} trials)", results)
 
 
 @app.command("nemesis")
@@ -430,7 +393,7 @@ def bench_nemesis(
     ethtool)."""
     from ..bench import nemesis_runs
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         schedules, faults = max(1, round(schedules * smoke)), 1
     if schedules < 1 or faults < 1:
         raise fail("--schedules and --faults must be at least 1")
@@ -487,7 +450,7 @@ def bench_cluster(
     figure for B = Q = 4; and the internal rate's configuration."""
     from ..bench import cluster
 
-    if (smoke := _smoke()) < 1:
+    if (smoke := smoke_fraction()) < 1:
         messages = max(BATCH_MIN, round(messages * smoke))
     if brokers < 1 or queues < 1 or messages < 1 or in_flight < 1:
         raise fail("--brokers, --queues, --messages and --in-flight must be at least 1")
@@ -497,7 +460,7 @@ def bench_cluster(
         results = guard(lambda: interruptible(lambda: cluster.run(
             brokers, queues, messages, isr=isr, in_flight=in_flight, sink=sink,
             progress=status.update)))
-    _show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes, "
+    show(results, json_out, f"rdvpump bench cluster ({messages:,} messages of 1,000 bytes, "
                              f"{sink} sinks)",
           ("case", "B", "Q", "deliveries/s", "baseline", "baseline /s", "ratio",
            "CPU us/delivery"),
@@ -505,38 +468,3 @@ def bench_cluster(
                      r.baseline, f"{r.baseline_per_s:,.0f}",
                      f"{r.deliveries_per_s / r.baseline_per_s:.2f}x",
                      str(r.to_dict()["cpu_us_per_delivery"] or "-")])
-
-
-#: The fewest messages of a smoke run of ``bench cluster``.
-BATCH_MIN = 100
-
-
-def _parse_sizes(sizes: str, scale: float, repeat: int) -> list[int]:
-    try:
-        values = [int(s) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--sizes must be integers separated by commas, got {sizes!r}") from None
-    if not values or min(values) < 0 or scale <= 0 or repeat < 1:
-        raise ConfigError("--sizes must be non-negative, --scale positive, --repeat >= 1")
-    return values
-
-
-def _show(results: list[Any], json_out: bool, title: str, columns: tuple[str, ...],
-          row: Callable[[Any], list[str]], console: Any = None) -> None:
-    """JSON lines on stdout, or one rich table (``case`` and ``baseline`` left-aligned,
-    folded onto more lines where the terminal is narrow; the figures are never cut)."""
-    if json_out:
-        for r in results:
-            print(json.dumps(r.to_dict()))
-        return
-    rows = [row(r) for r in results]
-    table = Table(title=title)
-    for i, col in enumerate(columns):
-        named = col in ("case", "baseline")
-        # a figure's column is never narrower than its widest figure (its title may wrap)
-        widest = max([1, *(Text.from_markup(cells[i]).cell_len for cells in rows)])
-        table.add_column(col, justify="left" if named else "right", overflow="fold",
-                         min_width=8 if named else widest)
-    for cells in rows:
-        table.add_row(*cells)
-    show_table(table, console)

@@ -332,7 +332,7 @@ def test_bench_tables_fold_long_case_names_instead_of_cutting_them() -> None:
 
     from rich.console import Console
 
-    from rdvpump.cli.bench import _show
+    from rdvpump.cli._bench_common import show as _show
 
     @dataclass
     class Row:
@@ -375,7 +375,7 @@ def test_result_tables_keep_every_figure_whole_in_80_columns() -> None:
     # bench tables: the figures whole however long the names beside them
     from dataclasses import dataclass
 
-    from rdvpump.cli.bench import _show
+    from rdvpump.cli._bench_common import show as _show
 
     @dataclass
     class Row:
