@@ -295,8 +295,9 @@ class Shipper:
     def in_sync(self, topic: str) -> list[str]:
         """The replicas of ``topic`` in sync, by their links' ids."""
         state = self.catalogue.topics.get(topic)
-        if state is None:
-            return []
+        if state is None or (isinstance(state.topic.log, TopicLog)
+                             and not state.topic.log.segments):
+            return []  # gone, or its log closed as the process stops (a last beat)
         written, now = state.topic.log.next_offset, self.now()
         return sorted(caller for (caller, t), f in self.followers.items() if t == topic and (
             f.acked >= written or now - f.caught_up <= self.insync_lag))

@@ -416,6 +416,23 @@ async def test_a_replica_the_name_service_holds_in_sync_is_waited_for_until_it_i
             logs[name].close()
 
 
+async def test_a_closed_master_says_no_replica_is_in_sync_instead_of_failing(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """As a process stops, a last registration may ask a master whose logs are closed
+    which replicas are in sync: none (it holds nothing now), not an error that ends the
+    stopping process with exit 1, as a group member stopped by SIGINT once did."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs, followers = await two_replicas(universe, tmp_path)
+        await client.publish("orders", b"both")
+        assert server.shipper.insync_replicas() == ["r1", "r2"]
+        server.close()  # its logs closed, its followers' links not gone yet
+        assert server.shipper.insync_replicas() == []
+        assert server.role.progress().insync == ()
+        for name, follower in followers.items():
+            follower.close()
+            logs[name].close()
+
+
 async def test_consume_groups_reach_the_replica_with_their_positions_and_filters(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """The master's consume groups are sent to its replica every 0.1 s: a group declared
