@@ -251,7 +251,7 @@ def test_shell_blocks_run_as_printed_in_order(scratch: pathlib.Path,
 
 #: Seconds each benchmark command takes at the smoke size on this machine, alone (others:
 #: 1), to share the block between tests that xdist runs side by side.
-BENCH_SECONDS = {"mq": 19, "partition": 18, "failover": 16, "cluster": 12, "replay": 11,
+BENCH_SECONDS = {"mq": 19, "partition": 18, "failover": 24, "cluster": 12, "replay": 11,
                  "nemesis": 9, "tcp": 6, "routes": 4, "scale": 2}
 #: The benchmark block's parts, each a test of its own.
 BENCH_PARTS = 3

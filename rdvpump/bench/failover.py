@@ -97,17 +97,27 @@ class RedeliveryResult:
 
 @dataclass
 class ThroughputResult:
+    """Publishes per second of one system and way of publishing, against a baseline
+    measured in the same run the same way."""
+
     case: str
     size: int
     msgs_per_s: float
     baseline: str
     baseline_msgs_per_s: float
+    publish: str = "awaited"
+    durability: str = "sync"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case": self.case, "size": self.size, "msgs_per_s": round(self.msgs_per_s, 1),
+        return {"case": self.case, "size": self.size, "publish": self.publish,
+                "durability": self.durability, "msgs_per_s": round(self.msgs_per_s, 1),
                 "baseline": self.baseline,
                 "baseline_msgs_per_s": round(self.baseline_msgs_per_s, 1),
                 "ratio": round(self.msgs_per_s / self.baseline_msgs_per_s, 3)}
+
+
+#: The failover trials' figures.
+Tried = list[FailoverResult | RedeliveryResult]
 
 
 def _env() -> dict[str, str]:
@@ -133,18 +143,20 @@ async def _spawn(args: list[str]) -> AsyncIterator[tuple[trio.Process, str]]:
 
 
 class _Group:
-    """A name service and a group of three MQ server processes, and this process's
-    client side of them."""
+    """A name service and a group of three MQ server processes (one without
+    ``replication``), and this process's client side of them."""
 
-    def __init__(self, tmp: Path, replication: str | None) -> None:
+    def __init__(self, tmp: Path, replication: str | None, durability: str) -> None:
         self.tmp = tmp
         self.replication = replication
+        self.durability = durability
         self.procs: dict[str, trio.Process] = {}
         self.manager = ""
 
     def member_args(self, name: str, member_id: int) -> list[str]:
         args = ["broker", "run", "--id", name, "--universe", UNIVERSE, "--manager",
-                self.manager, "--role", "server", "--mq-dir", str(self.tmp / "data")]
+                self.manager, "--role", "server", "--mq-dir", str(self.tmp / "data"),
+                "--durability", self.durability]
         if self.replication is not None:
             args += ["--group", "a", "--group-id", str(member_id), "--replication",
                      self.replication, "--tracker", "t1:15555"]
@@ -176,50 +188,75 @@ async def _publish_until_acked(client: Any, body: bytes, deadline: float) -> Non
             await trio.sleep(0.005)
 
 
+#: The MQ servers' ``--durability`` of the throughput figures: ``interval:1`` beside
+#: JetStream's default (it fsyncs every two minutes), and ``sync``, the default (the
+#: failover trials run at it).
+DURABILITIES = ("interval:1", "sync")
+
+
 async def _ours(trials: int, messages: int, publishers: int, tmp: Path,
                 progress: Callable[[str], None]) -> tuple[list[FailoverResult | RedeliveryResult],
-                                                          dict[str, float]]:
+                                                          dict[tuple[str, str, str], float]]:
+    """The failover trials, and every throughput of ours, by (system, durability,
+    publish)."""
+    rates: dict[tuple[str, str, str], float] = {}
+    results: list[FailoverResult | RedeliveryResult] = []
+    for durability in DURABILITIES:
+        for replication in (None, "async", "sync"):
+            label = replication or "single"
+            progress(f"rdvpump {label}, --durability {durability}: starting")
+            group = _Group(tmp / f"{label}-{durability.replace(':', '')}", replication,
+                           durability)
+            at = trials if (replication, durability) == ("sync", "sync") else 0
+            awaited, batched, tried = await _measure(group, messages, publishers, at,
+                                                     progress)
+            rates[(label, durability, "awaited")] = awaited
+            rates[(label, durability, "batched")] = batched
+            results += tried
+    return results, rates
+
+
+async def _measure(group: _Group, messages: int, publishers: int, trials: int,
+                   progress: Callable[[str], None]) -> tuple[float, float, Tried]:
+    """One group (or single server) started: its awaited and batched throughputs, then
+    ``trials`` failovers (none: no tracker started)."""
     from brokermgr import BrokerManager, NameClient
     from mq import MqClient
     from pump import Pump
     from rdv import Address
 
     body = b"x" * SIZE
-    rates: dict[str, float] = {}
-    results: list[FailoverResult | RedeliveryResult] = []
-    for replication in (None, "async", "sync"):
-        label = replication or "single"
-        progress(f"rdvpump {label}: starting")
-        group = _Group(tmp / label, replication)
-        async with _spawn(["manager", "serve", "--universe", UNIVERSE, "--listen",
-                           "127.0.0.1:0"]) as (_, manager), trio.open_nursery() as nursery:
-            group.manager = manager
-            universe = BrokerManager(UNIVERSE, pump=Pump(name="bench"))
-            await nursery.start(universe.pump.serve)
-            await nursery.start(universe.serve_network, "127.0.0.1", 0)
-            names = NameClient(universe, [Address.parse(manager)])
-            names.start()
-            async with AsyncExitStack() as stack:
-                spawned = {}
-                for i in range(1 if replication is None else 3):
-                    spawned[f"s{i}"], _ = await stack.enter_async_context(
-                        _spawn(group.member_args(f"s{i}", i)))
-                first = "s0" if replication is None else await _master(names, insync=0)
-                client = MqClient(universe.add_broker("c-rate"), f"{first}:15555", timeout=10)
-                await client.declare("bench")
-                # the first publish once the replicas follow the topic (sync: in sync)
-                await _publish_until_acked(client, body, trio.current_time() + DEADLINE)
-                rates[label] = await _rate(client, messages, body, publishers)
-                client.close()
-                if replication == "sync":
-                    await stack.enter_async_context(_spawn([
-                        "broker", "run", "--id", "t1", "--universe", UNIVERSE, "--manager",
-                        manager, "--role", "tracker"]))
-                    results += await _trials(universe, names, group, spawned, stack,
-                                             trials, body, progress)
-            names.close()
-            nursery.cancel_scope.cancel()
-    return results, rates
+    tried: Tried = []
+    async with _spawn(["manager", "serve", "--universe", UNIVERSE, "--listen",
+                       "127.0.0.1:0"]) as (_, manager), trio.open_nursery() as nursery:
+        group.manager = manager
+        universe = BrokerManager(UNIVERSE, pump=Pump(name="bench"))
+        await nursery.start(universe.pump.serve)
+        await nursery.start(universe.serve_network, "127.0.0.1", 0)
+        names = NameClient(universe, [Address.parse(manager)])
+        names.start()
+        async with AsyncExitStack() as stack:
+            spawned = {}
+            for i in range(1 if group.replication is None else 3):
+                spawned[f"s{i}"], _ = await stack.enter_async_context(
+                    _spawn(group.member_args(f"s{i}", i)))
+            first = "s0" if group.replication is None else await _master(names, insync=0)
+            client = MqClient(universe.add_broker("c-rate"), f"{first}:15555", timeout=10)
+            await client.declare("bench")
+            # the first publish once the replicas follow the topic (sync: in sync)
+            await _publish_until_acked(client, body, trio.current_time() + DEADLINE)
+            awaited = await _rate(client, messages, body, publishers)
+            batched = await _batched_rate(client, BATCHED * messages, body)
+            client.close()
+            if trials:
+                await stack.enter_async_context(_spawn([
+                    "broker", "run", "--id", "t1", "--universe", UNIVERSE, "--manager",
+                    manager, "--role", "tracker"]))
+                tried = await _trials(universe, names, group, spawned, stack, trials,
+                                      body, progress)
+        names.close()
+        nursery.cancel_scope.cancel()
+    return awaited, batched, tried
 
 
 #: Concurrent publishers of the throughput figures, by default (``sync`` adds the
@@ -242,6 +279,20 @@ async def _rate(client: Any, messages: int, body: bytes, publishers: int) -> flo
         for _ in range(publishers):
             nursery.start_soon(publisher)
     return publishers * per / (time.perf_counter() - start)
+
+
+#: The batched figures publish this many times the awaited figures' messages.
+BATCHED = 5
+
+
+async def _batched_rate(client: Any, messages: int, body: bytes) -> float:
+    """1 KiB publishes in batches, a few batches in flight, as ``bench mq`` sends them:
+    messages per second."""
+    from .mq import IN_FLIGHT, batch_for, publish_in_flight
+
+    start = time.perf_counter()
+    await publish_in_flight(client, "bench", body, messages, batch_for(SIZE), IN_FLIGHT)
+    return messages / (time.perf_counter() - start)
 
 
 async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, Any],
@@ -355,68 +406,141 @@ class _RoutedClients:
 # -- NATS JetStream -------------------------------------------------------------------------
 
 
-async def _nats(trials: int, tmp: Path, progress: Callable[[str], None]
-                ) -> FailoverResult:
-    import nats
+class _NatsServers:
+    """``count`` ``nats-server -js`` processes on 127.0.0.1, in one cluster when more
+    than one; each started again by :meth:`start`, every one killed and reaped by
+    :meth:`close`."""
 
-    binary = shutil.which("nats-server")
-    if binary is None:
-        raise RunError("nats-server not found: apt-get install nats-server")
-    picked = free_ports(6)
-    ports, routes = picked[:3], picked[3:]
+    def __init__(self, count: int, tmp: Path) -> None:
+        binary = shutil.which("nats-server")
+        if binary is None:
+            raise RunError("nats-server not found: apt-get install nats-server")
+        self.binary, self.count, self.tmp = binary, count, tmp
+        picked = free_ports(2 * count)
+        self.ports, self.routes = picked[:count], picked[count:]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for i in range(count):
+            self.procs.append(self._popen(i))
 
-    def start(i: int) -> subprocess.Popen[bytes]:
-        others = ",".join(f"nats://127.0.0.1:{routes[j]}" for j in range(3) if j != i)
-        return subprocess.Popen(
-            [binary, "-a", "127.0.0.1", "-p", str(ports[i]), "-n", f"n{i}", "-js", "-sd",
-             str(tmp / f"nats{i}"), "--cluster_name", "bench", "--cluster",
-             f"nats://127.0.0.1:{routes[i]}", "--routes", others],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def _popen(self, i: int) -> subprocess.Popen[bytes]:
+        args = [self.binary, "-a", "127.0.0.1", "-p", str(self.ports[i]), "-n", f"n{i}",
+                "-js", "-sd", str(self.tmp / f"nats{i}")]
+        if self.count > 1:
+            others = ",".join(f"nats://127.0.0.1:{self.routes[j]}"
+                              for j in range(self.count) if j != i)
+            args += ["--cluster_name", "bench", "--cluster",
+                     f"nats://127.0.0.1:{self.routes[i]}", "--routes", others]
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    procs = [start(i) for i in range(3)]
-    result = FailoverResult("failover-nats-jetstream-r3-sigkill", trials)
-    nc = None
-    try:
+    def start(self, i: int) -> None:
+        self.procs[i] = self._popen(i)
+
+    async def connect(self) -> Any:
+        import nats
+
         async def quiet(*_: Any) -> None:
-            """The client's reconnects to the killed server are the scenario, not news."""
+            """The client's reconnects to a killed server are the scenario, not news."""
 
-        nc = await nats.connect(servers=[f"nats://127.0.0.1:{p}" for p in ports],
-                                reconnect_time_wait=0.05, max_reconnect_attempts=-1,
-                                connect_timeout=2, allow_reconnect=True, error_cb=quiet,
-                                disconnected_cb=quiet, reconnected_cb=quiet)
-        js = nc.jetstream(timeout=2)
-        loop = asyncio.get_running_loop()
-        await _nats_stream(js, loop.time() + DEADLINE)
-        body = b"x" * SIZE
-        for trial in range(trials):
-            leader = await _nats_current(js, loop.time() + DEADLINE)
-            progress(f"NATS: trial {trial + 1} of {trials}, leader {leader}")
-            await js.publish("bench", body)
-            i = int(leader[1:])
-            begin = time.perf_counter()
-            procs[i].send_signal(signal.SIGKILL)
-            await _nats_acked(js, body, begin)
-            result.seconds.append(time.perf_counter() - begin)
-            procs[i].wait(timeout=10)
-            procs[i] = start(i)
-    finally:
-        if nc is not None:
-            await nc.close()
-        for proc in procs:
+        return await nats.connect(
+            servers=[f"nats://127.0.0.1:{p}" for p in self.ports],
+            reconnect_time_wait=0.05, max_reconnect_attempts=-1, connect_timeout=2,
+            allow_reconnect=True, error_cb=quiet, disconnected_cb=quiet,
+            reconnected_cb=quiet)
+
+    def close(self) -> None:
+        for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+
+
+async def _nats_rates(js: Any, messages: int, publishers: int) -> tuple[float, float]:
+    """JetStream's awaited and batched throughputs, published as ours are: 1 KiB
+    messages from ``publishers`` concurrent publishers each awaiting its
+    acknowledgement; then in batches (``publish_async``, the batch's acknowledgements
+    awaited together), as many in flight as ours."""
+    from .mq import IN_FLIGHT, batch_for
+
+    body = b"x" * SIZE
+    per = max(1, messages // publishers)
+
+    async def publisher() -> None:
+        for _ in range(per):
+            await js.publish("bench", body)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(publisher() for _ in range(publishers)))
+    awaited = publishers * per / (time.perf_counter() - start)
+    left = [BATCHED * messages]
+
+    async def batches() -> None:
+        while left[0] > 0:
+            n = min(batch_for(SIZE), left[0])
+            left[0] -= n
+            await asyncio.gather(*[await js.publish_async("bench", body) for _ in range(n)])
+
+    start = time.perf_counter()
+    await asyncio.gather(*(batches() for _ in range(IN_FLIGHT)))
+    return awaited, BATCHED * messages / (time.perf_counter() - start)
+
+
+async def _nats(trials: int, messages: int, publishers: int, tmp: Path,
+                progress: Callable[[str], None]
+                ) -> tuple[FailoverResult, dict[tuple[str, str], float]]:
+    """JetStream's throughputs on one server and at R = 3, then the R = 3 trials."""
+    rates: dict[tuple[str, str], float] = {}
+    loop = asyncio.get_running_loop()
+    for count in (1, 3):
+        label = "single" if count == 1 else "r3"
+        progress(f"NATS {label}: starting")
+        servers = _NatsServers(count, tmp / f"nats-{label}")
+        nc = None
+        try:
+            nc = await servers.connect()
+            js = nc.jetstream(timeout=10)
+            await _nats_stream(js, loop.time() + DEADLINE, count)
+            rates[(label, "awaited")], rates[(label, "batched")] = await _nats_rates(
+                js, messages, publishers)
+            if count == 3:
+                js = nc.jetstream(timeout=2)
+                result = await _nats_trials(servers, js, trials, progress)
+        finally:
+            if nc is not None:
+                await nc.close()
+            servers.close()
+    return result, rates
+
+
+async def _nats_trials(servers: _NatsServers, js: Any, trials: int,
+                       progress: Callable[[str], None]) -> FailoverResult:
+    """Each trial SIGKILLs the stream's leader once every replica is current, and times
+    the first acknowledged publish after it."""
+    result = FailoverResult("failover-nats-jetstream-r3-sigkill", trials)
+    loop = asyncio.get_running_loop()
+    body = b"x" * SIZE
+    for trial in range(trials):
+        leader = await _nats_current(js, loop.time() + DEADLINE)
+        progress(f"NATS: trial {trial + 1} of {trials}, leader {leader}")
+        await js.publish("bench", body)
+        i = int(leader[1:])
+        begin = time.perf_counter()
+        servers.procs[i].send_signal(signal.SIGKILL)
+        await _nats_acked(js, body, begin)
+        result.seconds.append(time.perf_counter() - begin)
+        servers.procs[i].wait(timeout=10)
+        servers.start(i)
     return result
 
 
-async def _nats_stream(js: Any, deadline: float) -> None:
-    """The bench stream, R = 3, once the cluster has elected its meta leader."""
+async def _nats_stream(js: Any, deadline: float, replicas: int) -> None:
+    """The bench stream (file storage, JetStream's default), once the cluster has elected
+    its meta leader."""
     from nats.js.api import StreamConfig
 
     while True:
         try:
             await js.add_stream(StreamConfig(name="bench", subjects=["bench"],
-                                             num_replicas=3))
+                                             num_replicas=replicas))
             return
         except Exception:  # noqa: BLE001 - not ready yet: tried again, bounded
             if asyncio.get_running_loop().time() > deadline:
@@ -457,11 +581,25 @@ async def _nats_current(js: Any, deadline: float) -> str:
 def run(trials: int = 20, messages: int = 20_000, *, publishers: int = PUBLISHERS,
         progress: Callable[[str], None] = lambda _: None) -> list[Any]:
     """Every figure: the failover times (ours killed and hung, NATS killed), then the
-    throughputs of the async and sync groups against the single server."""
+    throughputs: ours replicated against our single server, and against JetStream R = 3;
+    JetStream R = 3 against its single server."""
     with tempfile.TemporaryDirectory(prefix="rdvpump-failover-") as tmp:
         ours, rates = trio.run(_ours, trials, messages, publishers, Path(tmp), progress)
-        theirs = asyncio.run(_nats(trials, Path(tmp), progress))
-    single = rates["single"]
-    return [*ours, theirs,
-            *(ThroughputResult(f"replication-{mode}", SIZE, rates[mode], "single server",
-                               single) for mode in ("async", "sync"))]
+        theirs, nats_rates = asyncio.run(_nats(trials, messages, publishers, Path(tmp),
+                                               progress))
+    rows: list[Any] = []
+    for publish in ("awaited", "batched"):
+        for durability in DURABILITIES:
+            single = rates[("single", durability, publish)]
+            for mode in ("async", "sync"):
+                rows.append(ThroughputResult(
+                    f"replication-{mode}", SIZE, rates[(mode, durability, publish)],
+                    "single server", single, publish, durability))
+            rows.append(ThroughputResult(
+                "replication-sync", SIZE, rates[("sync", durability, publish)],
+                "nats-jetstream-r3", nats_rates[("r3", publish)], publish, durability))
+        rows.append(ThroughputResult(
+            "nats-jetstream-r3", SIZE, nats_rates[("r3", publish)],
+            "nats-jetstream single server", nats_rates[("single", publish)], publish,
+            "jetstream default"))
+    return [*ours, theirs, *rows]
