@@ -1,26 +1,29 @@
-"""A replica's side of replication: a topic's records copied from its master, as the
-master stored them.
+"""A replica's side of replication: a topic's records copied from its master, as the master
+stored them.
 
-A :class:`Follower` keeps a link to the master's MQ server (reconnecting by itself).  On
+A :class:`Follower` keeps a link to the master's MQ server (reconnecting by itself). On
 every connect, and every ``rescan`` seconds, it asks the master which topics it has
-(``query``); a topic it does not hold yet is added to the replica (a memory topic is
-not replicated), and it asks ``follow`` for each new one from its own log's next offset;
-each ``copies`` frame is checked and stored whole (:meth:`~mq.storage._log.TopicLog.append_copies`:
-every checksum, offsets in line), made durable, and acknowledged with ``copied {topic,
-next}``, which opens the master's window for more.  A frame that is damaged or out of
-line stores nothing and closes the link with the reason (a protocol error); the next
-connect asks again from what is stored.  Each follow names the master epoch of the copy's
-last record; a master whose history parts from the copy answers where, and the copy is
-cut back there (logged, counted in ``counts["cut records"]``) and asked again from there
-(:mod:`mq.storage._epochs`).  A refusal (a replica ahead of its master, a memory topic) is kept per
-topic (:attr:`Follower.refused`) and logged once.
+(``query``); a topic it does not hold yet is added to the replica (a memory topic is not
+replicated), and it asks ``follow`` for each new one from its own log's next offset;
+each ``copies`` frame is checked and stored whole
+(:meth:`~mq.storage._log.TopicLog.append_copies`: every checksum, offsets in line), made
+durable as the replica's own durability says (``sync``: one fsync, in the group commit's
+thread, for every frame that came before it; ``interval:S`` and ``none``: written,
+fsynced later), and then acknowledged with ``copied {topic, next}``, which opens the
+master's window for more. A frame that is damaged or out of line stores nothing and
+closes the link with the reason (a protocol error); the next connect asks again from
+what is stored. Each follow names the master epoch of the copy's last record; a master
+whose history parts from the copy answers where, and the copy is cut back there (logged,
+counted in ``counts["cut records"]``) and asked again from there
+(:mod:`mq.storage._epochs`). A refusal (a replica ahead of its master, a memory topic)
+is kept per topic (:attr:`Follower.refused`) and logged once.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -67,6 +70,11 @@ class Replica(Protocol):
         """A topic the master has and the replica not yet: its new log (None: it is not
         to be replicated)."""
 
+    def replica_durable(self, name: str, then: Callable[[], None]) -> None:
+        """Call ``then`` once the records just written to ``name``'s log are stored as
+        the replica's durability says (``sync``: after an fsync that the copies written
+        meanwhile share; otherwise now); never if that fsync fails."""
+
     def replica_stored(self, name: str) -> None:
         """Records were stored in ``name``'s log (its consumers may have more now)."""
 
@@ -95,6 +103,10 @@ class Logs:
 
     def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
         return None
+
+    def replica_durable(self, name: str, then: Callable[[], None]) -> None:
+        self.logs[name].sync()  # on the spot, each frame
+        then()
 
     def replica_stored(self, name: str) -> None:
         pass
@@ -296,14 +308,22 @@ class Follower:
             log.error("%s: a bad copies frame: %s", link.name, exc)
             link.protocol_error(f"a bad copies frame: {exc}")
             return
-        topic_log.sync()
-        if "committed" in obj:
+        if "committed" in obj:  # delivered only up to what is durable here too
             self.committed(link, topic, obj["committed"])
-        self.replica.replica_stored(str(topic))
-        self.counts["records"] += count
-        self.counts["frames"] += 1
-        link.send({"cmd": "copied", "topic": topic, "next": topic_log.next_offset})
-        self._changed()
+        queue, end = link.queue, first + count
+
+        def durable() -> None:
+            """Acknowledged once durable, unless the link closed or opened again since
+            (the next follow asks from what is stored)."""
+            if link.queue is not queue or queue is None:
+                return
+            self.replica.replica_stored(str(topic))
+            self.counts["records"] += count
+            self.counts["frames"] += 1
+            link.send({"cmd": "copied", "topic": topic, "next": end})
+            self._changed()
+
+        self.replica.replica_durable(str(topic), durable)
 
     def committed(self, link: _MasterLink, topic: Any, offset: Any) -> None:
         """The master's committed offset of a topic (sent with copies, or alone when it

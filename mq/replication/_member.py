@@ -223,6 +223,11 @@ class GroupRole:
             self.catalogue.save_meta(state)
         self.catalogue.save_positions(state)
 
+    def replica_durable(self, name: str, then: Callable[[], None]) -> None:
+        state = self.catalogue.topics.get(name)
+        if state is not None:
+            self.catalogue.commit.after(name, state.topic.log, then)
+
     def replica_stored(self, name: str) -> None:
         state = self.catalogue.topics.get(name)
         if state is not None:

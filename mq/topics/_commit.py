@@ -97,6 +97,8 @@ class GroupCommit:
         #: topics written since their last fsync was started
         self._dirty: set[str] = set()
         self._waiting: list[Waiting] = []
+        #: what runs once a commit made its topic's writes durable (:meth:`after`)
+        self._then: list[tuple[str, Callable[[], None]]] = []
         self._posted = False
         self._running = False
         self._closed = False
@@ -145,6 +147,16 @@ class GroupCommit:
         self._want()
         return True
 
+    def after(self, name: str, log: Log, then: Callable[[], None]) -> None:
+        """Call ``then`` once what was written to topic ``name`` so far is stored as the
+        policy says: after the next group commit if it :meth:`waits` (shared by every
+        write before it), now otherwise; never if that commit fails (the topic is
+        failed) or the server closes first.  A replica acknowledges its copies so."""
+        if self.written(name, log):
+            self._then.append((name, then))
+        else:
+            then()
+
     def forget(self, queue: MessageQueue) -> None:
         """A link closed: the replies waiting for it are dropped."""
         self._waiting = [w for w in self._waiting if w[1].queue is not queue]
@@ -176,7 +188,8 @@ class GroupCommit:
                 continue
             if point is not None:
                 points[name] = point
-        waiting, self._waiting = self._waiting, []
+        waiting = (self._waiting, self._then)
+        self._waiting, self._then = [], []
         started = time.perf_counter()
         if not points or self._token is None:
             self._done(points, _run_syncs(points), failed, waiting, started)
@@ -188,7 +201,9 @@ class GroupCommit:
             "mq committed", self._done, points, errors, failed, waiting, started))
 
     def _done(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
-              failed: dict[str, str], waiting: list[Waiting], started: float) -> None:
+              failed: dict[str, str],
+              waiting: tuple[list[Waiting], list[tuple[str, Callable[[], None]]]],
+              started: float) -> None:
         self._running = False
         if points:
             took = time.perf_counter() - started
@@ -206,13 +221,17 @@ class GroupCommit:
                 failed[name] = str(exc)
         for name, reason in failed.items():
             self._failed(name, reason)
-        for name, reply in waiting:
+        replies, then = waiting
+        for name, reply in replies:
             if name in failed:
                 reply.refuse(ServiceError(Status.INTERNAL, f"not acknowledged, it may or may "
                                                            f"not be stored: {failed[name]}",
                                           topic=name))
             else:
                 self._release(reply)
+        for name, call in then:
+            if name not in failed:
+                call()
         self._committed_hook()
         if self._waiting or self._dirty:
             self._want()

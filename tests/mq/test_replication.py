@@ -313,6 +313,45 @@ async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_
         slave.close()
 
 
+@pytest.mark.parametrize("durability", ["sync", "interval:30"])
+async def test_a_replica_acknowledges_its_copies_as_its_own_durability_says(
+        tmp_path: pathlib.Path, autojump_clock: object, durability: str) -> None:
+    """A replica server under ``--durability sync`` acknowledges a copy only once it is
+    fsynced, one group commit for the copies that came before it; under ``interval:S``
+    once written, before an fsync (as its master acknowledges its own produces)."""
+    from brokermgr import GroupMember
+
+    async with sync_master(tmp_path) as (universe, server, client):
+        slave_node = TrackNode(universe.add_broker("s2"), role="server",
+                               group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+        slave = MqServer(slave_node, tmp_path / "s2", fsync_thread=False,
+                         durability=durability)
+        follower = slave.follow("s1:15555", retry=0.5)
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+        copy = slave.catalogue.topics["orders"].topic.log
+        acked: list[tuple[int, int]] = []  # (copied up to, durable then)
+        send = follower.link.send
+
+        def watched(message: Any, *args: Any, **kwargs: Any) -> None:
+            if message.get("cmd") == "copied":
+                acked.append((message["next"], copy.durable_offset))
+            send(message, *args, **kwargs)
+
+        follower.link.send = watched  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(client.publish_many, "orders", [b"m%d" % i] * 5)
+        assert acked and acked[-1][0] == 40 == copy.next_offset  # every publish came back
+        commits = sum(slave.commit.fsync_buckets)
+        if durability == "sync":
+            assert all(durable >= end for end, durable in acked)
+            assert 1 <= commits <= follower.counts["frames"]
+        else:
+            assert any(durable < end for end, durable in acked) and commits == 0
+        slave.close()
+
+
 async def test_under_sync_only_what_a_replica_stored_is_delivered_on_master_and_replica(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """A message the master stored but no replica has yet is not delivered: a failover

@@ -128,16 +128,20 @@ async def test_producers_and_consumers_move_to_the_member_promoted(
                 groups2 = s2.catalogue.topics["orders"].topic.groups
                 while groups2["orders"].floor < 5:
                     await trio.sleep(0.5)
-                # s2 stores the next one, and its acknowledgement is lost: s1 holds the
-                # publish's answer (sync) until it dies
+                # s2 stores the next one, and its acknowledgement is lost (it is sent once
+                # s2's commit made the copy durable): s1 holds the publish's answer (sync)
+                # until it dies
                 copies = follower.copies
 
                 def store_and_lose_the_ack(link: Any, obj: dict[str, Any]) -> None:
-                    send, link.send = link.send, lambda *args, **kwargs: None
-                    try:
-                        copies(link, obj)
-                    finally:
-                        link.send = send
+                    send = link.send
+
+                    def lost(message: Any, *args: Any, **kwargs: Any) -> None:
+                        if message.get("cmd") != "copied":
+                            send(message, *args, **kwargs)
+
+                    link.send = lost
+                    copies(link, obj)
 
                 follower.copies = store_and_lose_the_ack  # type: ignore[method-assign]
                 stored: list[Any] = []
