@@ -371,10 +371,19 @@ class Shipper:
     def _enough(self, topic: str, end: int) -> bool:
         """Whether the replicas have ``topic`` up to ``end``: every one in sync (here, or
         as the name service holds it), and at least ``min_insync``."""
-        have = sum(1 for (_, t), f in self.followers.items() if t == topic and f.acked >= end)
+        return end <= self._stored_upto(topic)
+
+    def _stored_upto(self, topic: str) -> int:
+        """The offset below which enough replicas have ``topic`` (the rule of
+        :meth:`_enough`); -1 while none counts (too few follow it, or one the name
+        service holds in sync does not)."""
+        acked = sorted((f.acked for (_, t), f in self.followers.items() if t == topic),
+                       reverse=True)
         required = self._stored_by(topic)
-        return have >= self.min_insync and required is not None and all(
-            acked >= end for acked in required)
+        if len(acked) < self.min_insync or required is None:
+            return -1
+        return min(acked[self.min_insync - 1], *required) if required else acked[
+            self.min_insync - 1]
 
     def confirm_insync(self, replicas: frozenset[str]) -> None:
         """The name service holds ``replicas`` in sync with this master (what a failover
@@ -403,30 +412,34 @@ class Shipper:
             return None
         return required
 
-    def _commit(self, topic: str) -> None:
-        """Under ``sync``, move the topic's committed offset up to what enough replicas
-        stored (the rule of :meth:`_enough`), and deliver and tell the replicas what it
+    def _commit(self, topic: str, upto: int) -> None:
+        """Under ``sync``, move the topic's committed offset up to ``upto``, what enough
+        replicas stored (:meth:`_stored_upto`), and deliver and tell the replicas what it
         opens."""
         state = self.catalogue.topics.get(topic)
         if state is None or not self._replicated(topic):
             return
-        acked = sorted((f.acked for (_, t), f in self.followers.items() if t == topic),
-                       reverse=True)
-        required = self._stored_by(topic)
-        if len(acked) < self.min_insync or required is None:
-            return
-        end = min([acked[self.min_insync - 1], state.topic.log.next_offset, *required])
+        end = min(upto, state.topic.log.next_offset)
         if end > state.committed:
             state.committed = end
             self.dispatch(state)
 
     def _release(self, topic: str) -> None:
-        self._commit(topic)
+        """Commit what enough replicas stored, and answer the replies held up to it (in
+        offset order)."""
+        upto = self._stored_upto(topic)
+        self._commit(topic, upto)
         held = self.waiting.get(topic)
-        while held and self._enough(topic, held[0].end):
-            held.pop(0).reply.answer()
-        if held is not None and not held:
+        if not held:
+            return
+        answered = 0
+        while answered < len(held) and held[answered].end <= upto:
+            answered += 1
+        released, held[:answered] = held[:answered], []
+        if not held:
             del self.waiting[topic]
+        for waiting in released:
+            waiting.reply.answer()
 
     def forget_queue(self, queue: MessageQueue) -> None:
         """A client's link closed: its held replies are dropped."""
