@@ -109,6 +109,10 @@ class ProduceCommand:
         if self.commit.waits(state.topic.log):  # replied and delivered after the commit
             self.commit.written(state.topic.name, state.topic.log,
                                 Deferred(call, self.send, reply, topic=state.topic.name))
+            if self.shipper.followers:
+                # shipped now, so that the replicas' fsyncs run beside this one (what is
+                # delivered still waits for it: Catalogue.visible)
+                self.dispatch(state)
             return None
         self.dispatch(state)
         if sync and self.shipper.hold(Deferred(call, self.send, reply,
