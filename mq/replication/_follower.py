@@ -147,6 +147,9 @@ class _MasterLink(BrokerLink):
         self.follower.heard()  # whatever it says: the master is alive
         super().pushed(obj)
 
+    def lost(self, reason: str) -> None:
+        self.follower.lost()
+
 
 class Follower:
     """Copies of the topics of the MQ server at ``master`` (``"broker:port"``), kept in
@@ -175,6 +178,9 @@ class Follower:
                        "positions": 0}
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
+        #: Set (and renewed) when the link to the master closes: the master may be gone,
+        #: and its member asks the name service at once (:func:`~._member.keep_role`).
+        self.master_lost = trio.Event()
         #: When the master last said anything (a frame, an answer): it is asked for its
         #: topics every ``rescan`` seconds, so a live master is heard at least that often.
         self.now = broker.pump.now
@@ -361,6 +367,11 @@ class Follower:
 
     def heard(self) -> None:
         self.last_heard = self.now()
+
+    def lost(self) -> None:
+        """The link to the master closed."""
+        self.master_lost.set()
+        self.master_lost = trio.Event()
 
     @property
     def quiet(self) -> float:

@@ -1,0 +1,72 @@
+"""How soon a replicated group's member promoted takes over when its master crashes:
+its link to the master closes at the moment the name service's does, and it asks the
+name service at once (then every few milliseconds for a while), not at its next
+question of every :data:`mq.replication._member.GROUP_POLL` seconds.  A simulation on
+the virtual clock, the members kept as ``broker run --group`` keeps them
+(:func:`mq.keep_role`)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import trio
+
+from brokermgr import NameService, ServiceError
+from brokermgr.tracking import TrackNode
+from mq.replication._member import GROUP_POLL
+from rdvpump.testing import open_simulation, run_simulation
+
+from .chaos import memory_dir
+from .test_group_simulation import NAMES, SERVERS, TIMING, TRACKER, Member
+
+
+async def one_kill(phase: float, store: pathlib.Path) -> float:
+    """A group of three, s1 its master; s1 crashes ``phase`` seconds after the slaves
+    are in sync: the seconds until another member is master."""
+    async with open_simulation("takeover", seed=0) as faults:
+        universe = faults.universe
+        NameService(universe, expiry=3.0, scan_interval=0.5)
+        TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
+        async with trio.open_nursery() as nursery:
+            members = {name: Member(universe.add_broker(name), i, store, nursery, "sync",
+                                    NAMES[1]) for i, name in enumerate(SERVERS)}
+            master = members["s1"].server
+            with trio.fail_after(10):
+                while True:  # once the name service confirms s1 as the master
+                    try:
+                        master.handle_local({"cmd": "declare", "topic": "orders"})
+                        break
+                    except ServiceError:
+                        await trio.sleep(0.01)
+                while len(master.role.progress().insync) < 2:
+                    await trio.sleep(0.01)  # the slaves follow it: the clock driven
+            await trio.sleep(phase)
+            killed_at = trio.current_time()
+            members["s1"].crash()
+            faults.crash("s1")
+
+            def promoted() -> bool:
+                return any(m.id != "s1" and (group := m.server.group) is not None
+                           and group.role == "master" for m in members.values())
+
+            with trio.fail_after(10):
+                while not promoted():
+                    await trio.sleep(0.001)  # the clock driven by 1 ms steps
+            took = trio.current_time() - killed_at
+            for member in members.values():
+                if member.id != "s1":
+                    member.crash()
+            nursery.cancel_scope.cancel()
+    return took
+
+
+def test_the_member_promoted_takes_over_at_once_whatever_the_phase_of_its_questions(
+        ) -> None:
+    """Ten crashes, each at another phase of the members' questions: each time a slave
+    is master within 20 ms (it would wait up to ``GROUP_POLL`` = 0.1 s for its next
+    question)."""
+    took = []
+    for step in range(10):
+        with memory_dir("rdvpump-takeover-") as store:
+            took.append(run_simulation(one_kill, step * GROUP_POLL / 10, store))
+    assert max(took) < 0.02, took
