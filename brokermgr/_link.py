@@ -85,6 +85,13 @@ class ReconnectingLink(QueueListener):
         if not self._closing:
             self._dial(self)
 
+    def hurry(self) -> None:
+        """Dial now if the link is down and waiting to dial again (its peer is known to
+        be back, say: a route table lists it), instead of when the back-off ends."""
+        if self.queue is None and self._timer is not None and not self._closing:
+            self._timer.cancel()
+            self.connect()
+
     def connected(self, queue: MessageQueue) -> None:
         if self._closing:
             queue.close()

@@ -147,6 +147,7 @@ class Producer:
                 # not waited for (it keeps dialling meanwhile)
                 raise ServiceError(Status.NO_REPLY, f"{address}: not connected")
             return await client.publish_many(self.topic, bodies, tag=tag, sequence=sequence)
+        client.link.hurry()  # a master the table lists, its link waiting to dial again
         outcome: list[Stored] | ServiceError | None = None
         async with trio.open_nursery() as nursery:
             async def request() -> None:

@@ -55,7 +55,7 @@ from ..topics._requests import DEFAULT_FOLLOW_WINDOW
 DEFAULT_RESCAN = 0.1
 #: Seconds before a follow refused as unavailable (a member promoted that has not taken
 #: over yet) is asked again, instead of at the next rescan.
-UNAVAILABLE_RETRY = 0.05
+UNAVAILABLE_RETRY = 0.01
 
 log = logging.getLogger("rdvpump.mq")
 

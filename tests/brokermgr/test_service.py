@@ -177,6 +177,27 @@ async def test_a_link_that_closes_before_the_reply_is_status_0(
         assert error.status == Status.NO_REPLY and "the link closed" in error.reason
 
 
+async def test_a_link_in_its_back_off_dials_at_once_when_hurried(
+        autojump_clock: object) -> None:
+    """A link refused several times waits longer each time to dial again (up to its
+    ``retry``); told its peer is back (a route table lists it), it dials now."""
+    async with open_universe("svc") as universe:
+        link = BrokerLink(universe.add_broker("c"), "late", 1, name="late", retry=10)
+        link.connect()
+        for _ in range(8):  # 0.02 s doubling: the next dial is seconds away
+            await link.attempted()
+        peer = universe.add_broker("late")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.accept_queue, 1)
+            hurried_at = trio.current_time()
+            link.hurry()
+            await link.up.wait()
+        assert trio.current_time() - hurried_at < 0.01  # not the back-off's seconds
+        link.hurry()  # up: nothing to do
+        assert link.connects == 1
+        link.close()
+
+
 async def test_a_handler_that_fails_is_answered_500_and_logged(
         caplog: pytest.LogCaptureFixture, autojump_clock: object) -> None:
     def broken(request: object, call: object) -> dict[str, Any]:
