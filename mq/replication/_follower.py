@@ -179,8 +179,10 @@ class Follower:
         #: Set (and renewed) after each frame stored, and each answer to a follow.
         self.changed = trio.Event()
         #: Set (and renewed) when the link to the master closes: the master may be gone,
-        #: and its member asks the name service at once (:func:`~._member.keep_role`).
+        #: and its member asks the name service at once (:func:`~._member.keep_role`);
+        #: how many times it closed.
         self.master_lost = trio.Event()
+        self.losses = 0
         #: When the master last said anything (a frame, an answer): it is asked for its
         #: topics every ``rescan`` seconds, so a live master is heard at least that often.
         self.now = broker.pump.now
@@ -370,6 +372,7 @@ class Follower:
 
     def lost(self) -> None:
         """The link to the master closed."""
+        self.losses += 1
         self.master_lost.set()
         self.master_lost = trio.Event()
 

@@ -307,18 +307,26 @@ class _RoleKeeper:
         self.witnessed = False  # this slave told the name service its master is quiet
         #: until when it asks every FAST_POLL (its link to its master closed)
         self.fast_until = -float("inf")
+        #: the follower and its count of lost links when last looked at
+        self.losses: tuple[Follower | None, int] = (None, 0)
 
     async def until_next(self) -> None:
         """Until the next question: :data:`GROUP_POLL` seconds, or at once when the link
-        to its master closes, and then every :data:`FAST_POLL` for :data:`FAST_FOR`."""
+        to its master closes (or closed while it asked), and then every
+        :data:`FAST_POLL` for :data:`FAST_FOR`."""
+        follower = self.role.follower
+        now = (follower, 0 if follower is None else follower.losses)
+        if now[0] is self.losses[0] and now[1] != self.losses[1]:
+            self.fast_until = trio.current_time() + FAST_FOR  # lost during the question
+        self.losses = now
         if trio.current_time() < self.fast_until:
             await trio.sleep(FAST_POLL)
             return
-        follower = self.role.follower
         with trio.move_on_after(GROUP_POLL):
             if follower is None:
                 await trio.sleep_forever()
             await follower.master_lost.wait()
+            self.losses = (follower, follower.losses)
             self.fast_until = trio.current_time() + FAST_FOR
 
     async def step(self) -> bool:

@@ -341,7 +341,8 @@ class Shipper:
                 reply["topic"]):
             return False
         topic, end = reply["topic"], reply["offset"] + reply["count"]
-        if self._enough(topic, end):
+        if any(f.acked >= end for (_, t), f in self.followers.items() if t == topic) and (
+                self._enough(topic, end)):  # (a produce just written: no replica has it)
             return False
         self.waiting.setdefault(topic, []).append(_WaitingReply(end, deferred))
         self.counts["held"] += 1
