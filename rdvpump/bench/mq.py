@@ -16,7 +16,10 @@ producer's start to the consumer's last ack.  Baselines in the same run:
   (every two minutes in nats-server 2.9, which has no setting for it): a weaker
   promise than either of ours, so the same baseline stands beside both policies;
 * the physical limit: one process appending the same bytes to a file with
-  the same fsync policy (every batch for ``sync``, every second otherwise).
+  the same fsync policy (every batch for ``sync``, every second otherwise);
+* the relay floor: the same bytes through three processes with nothing but blocking
+  sockets and the file, fsynced as the plain append (:mod:`._relay`): what the
+  processes and the two TCP hops of an MQ between two clients leave of the plain append.
 
 Producers send batches (``publish_many`` / a pipeline) with a few in flight;
 the consumer acknowledges in batches.
@@ -47,6 +50,7 @@ from rdv import Address
 
 from .._errors import RunError
 from ._ports import free_ports
+from ._relay import relay_floor
 
 DEFAULT_COUNTS = {64: 200_000, 1024: 100_000, 65536: 4_000}
 IN_FLIGHT = 16
@@ -455,6 +459,10 @@ def run(sizes: list[int], *, durabilities: list[str], scale: float = 1.0, repeat
                         progress(f"{size} B, {durability}: plain append ...")
                     best["plain-append"] = max(best.get("plain-append", 0),
                                                plain_append(size, count, durability, tmp))
+                    if progress:
+                        progress(f"{size} B, {durability}: relay floor ...")
+                    best["relay-floor"] = max(best.get("relay-floor", 0), relay_floor(
+                        size, count, durability, batch_for(size), tmp))
                 for name, theirs in best.items():
                     if name == "ours":
                         continue

@@ -38,6 +38,31 @@ def test_mq_relay_floor_prints_its_ratio() -> None:
     assert relay > 0 and append > 0 and abs(ratio - relay / append) < 0.01
 
 
+@pytest.mark.parametrize("durability", ["sync", "interval:1"])
+def test_bench_mq_s_relay_floor_moves_every_byte_and_reaps_its_processes(
+        tmp_path: pathlib.Path, durability: str) -> None:
+    """``bench mq``'s ``relay-floor`` row: three processes that move every byte (the
+    consumer counts them), and none is left."""
+    from rdvpump.bench._relay import relay_floor
+
+    before = _children()
+    rate = relay_floor(1024, 3000, durability, 200, tmp_path)
+    assert rate > 0 and _children() == before
+    assert not list(tmp_path.iterdir())  # its file removed
+
+
+def _children() -> set[int]:
+    """This process's live children."""
+    import os
+
+    found = set()
+    for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
+        children = task / "children"
+        if children.exists():
+            found |= {int(pid) for pid in children.read_text().split()}
+    return found
+
+
 def test_floor_await_prints_the_channel_the_floor_and_the_ring() -> None:
     out = _output("floor_await.py", "2000", "1")
     line = re.fullmatch(r"trio memory channel ([\d,]+)/s  floor ([\d,]+)/s \((\d+\.\d\d)x\)  "
