@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-from .._errors import RunError
-
 #: Seconds any side waits for the others.
 TIMEOUT = 60.0
 #: A record header's worth of bytes more per message, as the plain append writes.
@@ -90,6 +88,8 @@ def _server(path: str, durability: str) -> None:
 
 def relay_floor(size: int, count: int, durability: str, batch: int, tmp: Path) -> float:
     """Messages per second through the three processes (the module says how)."""
+    from .._errors import RunError  # here: the children start without trio's import
+
     me = [sys.executable, "-m", "rdvpump.bench._relay"]
     shape = [str(size), str(count)]
     procs: list[tuple[str, subprocess.Popen[str]]] = []

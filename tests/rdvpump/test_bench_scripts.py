@@ -38,15 +38,14 @@ def test_mq_relay_floor_prints_its_ratio() -> None:
     assert relay > 0 and append > 0 and abs(ratio - relay / append) < 0.01
 
 
-@pytest.mark.parametrize("durability", ["sync", "interval:1"])
 def test_bench_mq_s_relay_floor_moves_every_byte_and_reaps_its_processes(
-        tmp_path: pathlib.Path, durability: str) -> None:
+        tmp_path: pathlib.Path) -> None:
     """``bench mq``'s ``relay-floor`` row: three processes that move every byte (the
     consumer counts them), and none is left."""
     from rdvpump.bench._relay import relay_floor
 
     before = _children()
-    rate = relay_floor(1024, 3000, durability, 200, tmp_path)
+    rate = relay_floor(1024, 3000, "sync", 200, tmp_path)  # bench mq's smoke runs the rest
     assert rate > 0 and _children() == before
     assert not list(tmp_path.iterdir())  # its file removed
 
