@@ -147,6 +147,31 @@ async def _spawn(args: list[str]) -> AsyncIterator[tuple[trio.Process, str]]:
                 await proc.wait()
 
 
+async def _spawn_all(stack: AsyncExitStack, arg_lists: list[list[str]]
+                     ) -> list[trio.Process]:
+    """:func:`_spawn` of each ``rdvpump ARGS`` at once (each waits for its ``ready``
+    line beside the others'), killed and reaped when ``stack`` closes."""
+    started: list[trio.Process] = []
+
+    async def reap() -> None:
+        for proc in started:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.move_on_after(10):
+                await proc.wait()
+
+    stack.push_async_callback(reap)
+    children: list[Any] = [None] * len(arg_lists)
+
+    async def one(i: int) -> None:
+        children[i] = await start_child(arg_lists[i], _env(), started, None)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(arg_lists)):
+            nursery.start_soon(one, i)
+    return [child.process for child in children]
+
+
 class _Group:
     """A name service and a group of three MQ server processes (one without
     ``replication``), and this process's client side of them."""
@@ -177,6 +202,21 @@ async def _master(names: Any, *, not_: str | None = None, insync: int = 2) -> st
             master = group.get("master")
             if master not in (None, not_) and len(group.get("insync") or []) >= insync:
                 return str(master)
+            await trio.sleep(0.005)
+
+
+async def _declare_when_taken(client: Any, topic: str, deadline: float) -> None:
+    """Declare ``topic`` once the master takes it (confirmed by the name service: the
+    members start together, and it may be named master before it hears so)."""
+    from brokermgr import ServiceError, Status
+
+    while True:
+        try:
+            await client.declare(topic)
+            return
+        except ServiceError as exc:
+            if exc.status != Status.UNAVAILABLE or trio.current_time() > deadline:
+                raise
             await trio.sleep(0.005)
 
 
@@ -242,14 +282,14 @@ async def _measure(group: _Group, messages: int, publishers: int, trials: int,
         names = NameClient(universe, [Address.parse(manager)])
         names.start()
         async with AsyncExitStack() as stack:
-            spawned = {}
-            for i in range(1 if group.replication is None else 3):
-                spawned[f"s{i}"], _ = await stack.enter_async_context(
-                    _spawn(group.member_args(f"s{i}", i)))
+            members = [f"s{i}" for i in range(1 if group.replication is None else 3)]
+            spawned = dict(zip(members, await _spawn_all(
+                stack, [group.member_args(name, i) for i, name in enumerate(members)]),
+                strict=True))
             first = "s0" if group.replication is None else await _master(names, insync=0)
             client = MqClient(universe.add_broker("c-rate"), f"{first}:15555", timeout=10)
             for topic in (RATE, "bench"):  # the trials' consumer sees only theirs
-                await client.declare(topic)
+                await _declare_when_taken(client, topic, trio.current_time() + DEADLINE)
                 # the first publish once the replicas follow the topic (sync: in sync)
                 await _publish_until_acked(client, body, trio.current_time() + DEADLINE,
                                            topic)
