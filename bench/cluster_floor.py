@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from rdvpump.bench._relay import reap
+
 B, Q = 3, 4
 SIZE, BATCH = 1000, 100
 TIMEOUT = 120.0
@@ -144,12 +146,7 @@ def one_run(directory: str, messages: int) -> float:
             if proc.wait(timeout=TIMEOUT):
                 raise SystemExit(f"the {role} process failed with exit {proc.returncode}")
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=TIMEOUT)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        reap(procs)
     return (messages // BATCH * BATCH) * B * Q / (end - began)
 
 

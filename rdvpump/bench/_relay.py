@@ -115,13 +115,19 @@ def relay_floor(size: int, count: int, durability: str, batch: int, tmp: Path) -
                 raise RunError(f"the relay floor's {role} failed with exit {proc.returncode}")
         return count / (float(end) - float(start))
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=TIMEOUT)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        reap(procs)
         path.unlink(missing_ok=True)
+
+
+def reap(procs: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    """Kill what is still running of a floor's ``(role, process)`` pairs, wait for each,
+    and close its stdout (the floor scripts in ``bench/`` share it)."""
+    for _, proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def main(args: list[str]) -> None:
