@@ -148,6 +148,7 @@ class _MasterLink(BrokerLink):
         super().pushed(obj)
 
     def lost(self, reason: str) -> None:
+        super().lost(reason)
         self.follower.lost()
 
 
