@@ -207,7 +207,8 @@ class _Subscription(_ClientLink):
                 servers = {}
                 for address, value in event.servers.items():
                     where = f"track_delta.servers[{address!r}]"
-                    server = ServerInfo.from_json(value, where)
+                    server = ServerInfo.from_json(value, where, previous=None if held is None
+                                                  else held.servers.get(address))
                     if server.server_address.address != address:
                         raise InfoError(f"{where} holds server "
                                         f"{server.server_address.address!r}")

@@ -218,11 +218,22 @@ class ServerInfo:
         return self.group is not None and self.group.role == "slave"
 
     @classmethod
-    def from_json(cls, value: Any, where: str = "serverInfo") -> ServerInfo:
+    def from_json(cls, value: Any, where: str = "serverInfo", *,
+                  previous: ServerInfo | None = None) -> ServerInfo:
+        """Parse and check a ServerInfo.
+
+        ``previous``, the same server's ServerInfo held from before: a topic whose JSON
+        is what that one's was reuses it instead of being parsed again (a server reports
+        every topic on every change; usually one of them changed)."""
         o = _object(value, where)
         topics = _object(o.get("topicTable", {}), f"{where}.topicTable")
+        known = {} if previous is None else previous.topic_table
         table = {}
         for name, t in topics.items():
+            held = known.get(name)
+            if held is not None and held.to_json() == t:
+                table[name] = held  # as it was: its address included, so its server's
+                continue
             info = TopicInfo.from_json(t, f"{where}.topicTable[{name!r}]")
             if info.topic_name != name:
                 raise InfoError(f"{where}.topicTable[{name!r}] names topic {info.topic_name!r}")

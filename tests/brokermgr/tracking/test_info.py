@@ -126,3 +126,51 @@ def test_parsing_a_snapshot_reuses_server_infos_already_held() -> None:
     wire["serverTable"]["s1:15555"]["infoVersion"] = "7"  # bad shapes are still caught
     with pytest.raises(InfoError, match="must be int"):
         TrackerInfo.from_json(wire, known={"s1:15555": held}.get)
+
+
+def test_a_server_s_report_reuses_the_topics_unchanged_since_its_last() -> None:
+    """A server reports every topic on every change: those whose JSON is what the held
+    report's was are taken from it, the others parsed; the result is what a full parse
+    gives, and a bad shape in a changed topic is still caught."""
+    held = sample().server_table["s1:15555"]
+    wire = held.to_json()
+    wire["infoVersion"] = 8
+    wire["topicTable"]["audit"] = {**wire["topicTable"]["orders"], "topicName": "audit"}
+    again = ServerInfo.from_json(wire, previous=held)
+    assert again == ServerInfo.from_json(wire)
+    assert again.topic_table["orders"] is held.topic_table["orders"]
+    assert again.topic_table["audit"] is not held.topic_table["orders"]
+    wire["topicTable"]["orders"]["mask"] = 5  # the same times, another mask: parsed
+    changed = ServerInfo.from_json(wire, previous=held)
+    assert changed.topic_table["orders"].mask == 5
+    wire["topicTable"]["orders"]["mask"] = "5"
+    with pytest.raises(InfoError, match="must be int"):
+        ServerInfo.from_json(wire, previous=held)
+
+
+async def test_a_tracker_keeps_the_topics_a_new_report_did_not_change(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A tracker parses only what a server's new report changed: its other topics are the
+    objects it held."""
+    import trio
+
+    from brokermgr import open_universe
+    from brokermgr.tracking import TrackNode
+
+    async with open_universe("reuse") as universe:
+        tracker = TrackNode(universe.add_broker("t1"), role="tracker", state_dir=tmp_path)
+        server = TrackNode(universe.add_broker("s1"), role="server", trackers=["t1:15555"],
+                           state_dir=tmp_path)
+        assert tracker.tracker is not None
+
+        def held() -> ServerInfo | None:
+            entry = tracker.tracker.tracked.get("s1:15555")  # type: ignore[union-attr]
+            return None if entry is None else entry.value
+
+        server.declare_topic("orders")
+        while (first := held()) is None or "orders" not in first.topic_table:
+            await trio.sleep(0.01)  # the report's way: the virtual clock driven
+        server.declare_topic("audit")
+        while (second := held()) is None or "audit" not in second.topic_table:
+            await trio.sleep(0.01)
+        assert second.topic_table["orders"] is first.topic_table["orders"]
