@@ -32,7 +32,7 @@ import trio
 
 from .._errors import RunError
 from ..nemesis import Network, unavailable
-from .failover import FailoverResult
+from ._failover_results import FailoverResult
 
 UNIVERSE = "bench-partition"
 RDVPUMP = [sys.executable, "-m", "rdvpump"]
