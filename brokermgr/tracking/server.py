@@ -51,6 +51,7 @@ class ServerRole:
         self._versions = versions
         self._changed_hook = changed
         self.count = count
+        #: by name, in order (kept so as topics come, not sorted again at each change)
         self.topics: dict[str, TopicInfo] = {}
         #: Its place in a replicated group (published in its ServerInfo), or None; the
         #: records it holds, as its MQ server last said (a group's members only).
@@ -86,7 +87,10 @@ class ServerRole:
                               creator, now, now)
         else:
             topic = replace(old, mask=mask, last_updated_time=now)
+        later = old is None and self.topics and name < next(reversed(self.topics))
         self.topics[name] = topic
+        if later:  # a name before the last: the table sorted again, once
+            self.topics = dict(sorted(self.topics.items()))
         self._changed()
         return topic
 
@@ -162,7 +166,7 @@ class ServerRole:
     def _changed(self) -> None:
         """A new ServerInfo version, published to every tracker."""
         self.info = ServerInfo(self.address, self._versions.next(), SERVER_VERSION,
-                               self.info.tracker_list, dict(sorted(self.topics.items())),
+                               self.info.tracker_list, dict(self.topics),
                                group=self.group, held=self.held)
         for publisher in self.publishers:
             publisher.publish()

@@ -174,3 +174,21 @@ async def test_a_tracker_keeps_the_topics_a_new_report_did_not_change(
         while (second := held()) is None or "audit" not in second.topic_table:
             await trio.sleep(0.01)
         assert second.topic_table["orders"] is first.topic_table["orders"]
+
+
+async def test_a_server_s_topics_stay_in_order_as_they_come_in_any_order(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """The ServerInfo lists its topics by name whatever order they were declared in (the
+    table is sorted again only when a name comes before the last)."""
+    from brokermgr import open_universe
+    from brokermgr.tracking import TrackNode
+
+    async with open_universe("order") as universe:
+        server = TrackNode(universe.add_broker("s1"), role="server", state_dir=tmp_path)
+        for name in ("m", "x", "b", "z", "a", "m"):
+            server.declare_topic(name)
+        assert server.server is not None
+        assert list(server.server.info.topic_table) == ["a", "b", "m", "x", "z"]
+        server.remove_topic("b")
+        server.declare_topic("c")
+        assert list(server.server.info.topic_table) == ["a", "c", "m", "x", "z"]
