@@ -383,8 +383,7 @@ class Shipper:
         required = self._stored_by(topic)
         if len(acked) < self.min_insync or required is None:
             return -1
-        return min(acked[self.min_insync - 1], *required) if required else acked[
-            self.min_insync - 1]
+        return min([acked[self.min_insync - 1], *required])
 
     def confirm_insync(self, replicas: frozenset[str]) -> None:
         """The name service holds ``replicas`` in sync with this master (what a failover

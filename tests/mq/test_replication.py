@@ -352,6 +352,42 @@ async def test_a_replica_acknowledges_its_copies_as_its_own_durability_says(
         slave.close()
 
 
+async def test_a_replica_whose_fsync_fails_acknowledges_nothing_and_says_why(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica under ``--durability sync`` whose fsync fails does not acknowledge the
+    copy (its log says why, and refuses writes): the ``sync`` master refuses the publish once that
+    replica is out of sync, instead of acknowledging what no replica made durable."""
+    import errno
+    import os
+
+    from brokermgr import GroupMember
+
+    async with master(tmp_path, replication="sync", min_insync=1, insync_lag=5.0,
+                      durability="interval:600") as (universe, server, client):
+        slave_node = TrackNode(universe.add_broker("s2"), role="server",
+                               group=GroupMember("a", 1, "slave", epoch=1), **TIMING)
+        slave = MqServer(slave_node, tmp_path / "s2", fsync_thread=False,
+                         durability="sync")
+        follower = slave.follow("s1:15555", retry=0.5)
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+
+        def broken(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fsync", broken)
+        with pytest.raises(ServiceError) as caught:
+            await client.publish("orders", b"never durable on the replica")
+        assert caught.value.status == Status.UNAVAILABLE, caught.value
+        assert "not acknowledged" in caught.value.reason
+        copy = slave.catalogue.topics["orders"].topic.log
+        assert copy.failed is not None and "fsync failed" in copy.failed  # it says why
+        assert copy.durable_offset == 0 and follower.counts["frames"] == 0  # none acked
+        monkeypatch.undo()
+        slave.close()
+
+
 async def test_under_sync_only_what_a_replica_stored_is_delivered_on_master_and_replica(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """A message the master stored but no replica has yet is not delivered: a failover
