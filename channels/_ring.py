@@ -336,6 +336,11 @@ class RingBuffer:
         """Put one frame of ``body`` if it fits whole: 1 if it did, else 0 (one C call)."""
         return _rb_put_frame(self._rb, body, len(body))  # type: ignore[no-any-return]
 
+    def frame_putter(self) -> Callable[[bytes, int], int]:
+        """:meth:`put_frame` as the C call itself, bound to this ring: ``put(body,
+        len(body))`` (no Python frame between: the async face's send of one message)."""
+        return partial(_rb_put_frame, self._rb)
+
     def put_each(self, bodies: Sequence[Any], start: int, min_body: int) -> tuple[int, int]:
         """Put ``bodies[start:]`` one frame per C call while each is a ``bytes`` longer
         than ``min_body`` that fits whole: ``(index of the first not put, body bytes
