@@ -183,7 +183,7 @@ class _Subscription(_ClientLink):
         self._subscribe()
 
     def _subscribe(self) -> None:
-        self.send({"cmd": "track_sub", "deltas": True} if self.client.deltas
+        self.send({"cmd": "track_sub", "deltas": True, "split": True} if self.client.deltas
                   else {"cmd": "track_sub"})
 
     def _feed(self, obj: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 One JSON object a message:
 
-* ``{"cmd": "track_sub", "deltas": true}`` -- a client subscribes for deltas.
+* ``{"cmd": "track_sub", "deltas": true, "split": true}`` -- a client subscribes for
+  deltas (and reads a ServerInfo split over pieces, below).
   Without ``deltas`` it gets zbus's feed: the whole TrackerInfo in one
   ``{"cmd": "track_pub", "trackerInfo": ...}`` after every change.
 * ``{"cmd": "track_pub", "seq": S, "piece": I, "pieces": N, "trackerInfo": ...}``
@@ -19,9 +20,12 @@ delta whose ``seq`` is not the one expected (a gap) or a set whose pieces
 come out of order makes the subscriber ask for a full snapshot again
 (``track_sub``) and ignore deltas until it arrives; so does a reconnect.
 
-A piece is at most ``min(piece_bytes, the link's max_message_size)`` long; a
-single ServerInfo larger than that cannot be sent, and the link that cannot
-carry it is closed with that reason.
+A piece is at most ``min(piece_bytes, the link's max_message_size)`` long.  A
+ServerInfo larger than that (a server of thousands of topics) goes to a subscriber that
+said ``split`` as several entries of the same address within one set, each the whole
+ServerInfo but for a share of its ``topicTable``: the reader joins their topics.  To a
+subscriber that did not, it cannot be sent, and its link is closed with that reason; so
+is any link where one topic with the rest of its ServerInfo does not fit in a piece.
 """
 
 from __future__ import annotations
@@ -49,10 +53,56 @@ def _key(address: str) -> bytes:
     return json.dumps(address).encode()
 
 
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def entry_of(address: str, value: Mapping[str, Any]) -> bytes:
+    """``"address": {...}`` of a ServerInfo's JSON ``value``."""
+    return _key(address) + b":" + _dumps(value)
+
+
 def entry(address: str, info: ServerInfo) -> bytes:
     """``"address": {ServerInfo}`` as it stands in a ``serverTable`` or ``servers`` object."""
-    return _key(address) + b":" + json.dumps(info.to_json(), separators=(",", ":"),
-                                              sort_keys=True).encode()
+    return entry_of(address, info.to_json())
+
+
+def entry_parts(address: str, info: ServerInfo, budget: int) -> list[bytes]:
+    """``address``'s entry as it goes to a subscriber that reads split entries: the
+    whole :func:`entry` when it fits in ``budget`` bytes, else entries of the same
+    address, each at most ``budget`` bytes, each the ServerInfo with a share of its
+    ``topicTable`` (in the table's order).  :class:`PieceTooLarge` when one topic with
+    the rest of the ServerInfo does not fit."""
+    whole = entry(address, info)
+    if len(whole) + 1 <= budget:
+        return [whole]
+    value = info.to_json()
+    topics = value.pop("topicTable", {})
+    value["topicTable"] = {}
+    bare = entry_of(address, value)
+    # the table is the only '"topicTable":{}' in it: a JSON string cannot hold that
+    # sequence unescaped
+    head, _, tail = bare.partition(b'"topicTable":{}')
+    head += b'"topicTable":{'
+    tail = b"}" + tail
+    fixed = len(head) + len(tail) + 1
+    parts: list[bytes] = []
+    group: list[bytes] = []
+    used = fixed
+    for name, topic in topics.items():
+        piece = _key(name) + b":" + _dumps(topic)
+        size = len(piece) + 1
+        if fixed + size > budget:
+            raise PieceTooLarge(f"topic {name!r} of {address} with the rest of its "
+                                f"ServerInfo takes {fixed + size} bytes: it does not fit in "
+                                f"a piece of {budget + OVERHEAD} bytes")
+        if used + size > budget and group:
+            parts.append(head + b",".join(group) + tail)
+            group, used = [], fixed
+        group.append(piece)
+        used += size
+    parts.append(head + b",".join(group) + tail)
+    return parts
 
 
 def _pack(items: list[tuple[bool, bytes]], budget: int) -> list[list[tuple[bool, bytes]]]:
@@ -197,12 +247,30 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _add_servers(table: dict[str, Any], servers: dict[str, Any], where: str) -> None:
+    """``servers`` into ``table``; an address already there is a ServerInfo split over
+    pieces (:func:`entry_parts`): its topics join the ones held."""
+    for address, value in servers.items():
+        held = table.get(address)
+        if held is None:
+            table[address] = value
+            continue
+        info = _object(value, f"{where}[{address!r}]")
+        if not isinstance(held, dict) or held.get("infoVersion") != info.get("infoVersion"):
+            raise InfoError(f"{where}: the parts of {address}'s ServerInfo disagree on its "
+                            "infoVersion")
+        topics = _object(held.setdefault("topicTable", {}), f"{where}[{address!r}].topicTable")
+        topics.update(_object(info.get("topicTable", {}), f"{where}[{address!r}].topicTable"))
+
+
 def _merge_snapshot(parts: list[dict[str, Any]]) -> dict[str, Any]:
     info = dict(_object(parts[0].get("trackerInfo"), "track_pub.trackerInfo"))
     table: dict[str, Any] = {}
     for part in parts:
         piece = _object(part.get("trackerInfo"), "track_pub.trackerInfo")
-        table.update(_object(piece.get("serverTable", {}), "track_pub.trackerInfo.serverTable"))
+        _add_servers(table, _object(piece.get("serverTable", {}),
+                                    "track_pub.trackerInfo.serverTable"),
+                     "track_pub.trackerInfo.serverTable")
     info["serverTable"] = table
     return info
 
@@ -212,7 +280,8 @@ def _merge_delta(parts: list[dict[str, Any]]) -> Delta:
     servers: dict[str, Any] = {}
     left: list[str] = []
     for part in parts:
-        servers.update(_object(part.get("servers", {}), "track_delta.servers"))
+        _add_servers(servers, _object(part.get("servers", {}), "track_delta.servers"),
+                     "track_delta.servers")
         gone = part.get("left", [])
         if not isinstance(gone, list) or not all(isinstance(a, str) for a in gone):
             raise InfoError("track_delta.left must be a list of addresses")

@@ -5,10 +5,11 @@ Every message is one JSON object with a ``cmd``:
 * ``{"cmd": "track_pub", "serverInfo": ..., "live": true}`` -- a server
   publishes *its own* ServerInfo to a tracker: when the link opens, on every
   change and every ``report_interval``.  ``"live": false`` on clean shutdown.
-* ``{"cmd": "track_sub", "deltas": true}`` -- a client subscribes; the
+* ``{"cmd": "track_sub", "deltas": true, "split": true}`` -- a client subscribes; the
   tracker answers at once with a full snapshot and then with what changed
-  (:mod:`.feed`).  Without ``deltas``: zbus's full snapshot
-  ``{"cmd": "track_pub", "trackerInfo": ...}`` on each change.
+  (:mod:`.feed`; ``split``: a ServerInfo larger than a piece comes in parts).
+  Without ``deltas``: zbus's full snapshot ``{"cmd": "track_pub", "trackerInfo":
+  ...}`` on each change.
 * ``{"cmd": "server_sub"}`` -- a client watches a server (a static server of
   its route table): ``{"cmd": "server", "serverInfo": ...}`` at once and
   after every change.
@@ -88,6 +89,7 @@ class TrackPub:
 @dataclass(frozen=True, slots=True)
 class TrackSub:
     deltas: bool = False
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,7 @@ def _track_pub(fields: Fields) -> TrackPub:
 
 
 def _track_sub(fields: Fields) -> TrackSub:
-    return TrackSub(fields.boolean("deltas", False))
+    return TrackSub(fields.boolean("deltas", False), fields.boolean("split", False))
 
 
 #: The commands of tracking itself.
@@ -314,7 +316,7 @@ class TrackNode:
 
     def _track_sub(self, request: TrackSub, call: Call) -> ReplyObject | None:
         assert call.queue is not None
-        self._tracker_role().subscribe(call.queue, deltas=request.deltas)
+        self._tracker_role().subscribe(call.queue, deltas=request.deltas, split=request.split)
         return None
 
     def _server_sub(self, request: ServerSub, call: Call) -> ReplyObject | None:

@@ -37,10 +37,12 @@ DEFAULT_SERVER_EXPIRY = 90.0
 class Subscriber:
     """One subscriber's link: the pieces queued for it and the changes it is owed."""
 
-    def __init__(self, queue: MessageQueue, deltas: bool) -> None:
+    def __init__(self, queue: MessageQueue, deltas: bool, split: bool = False) -> None:
         self.queue = queue
         #: It asked for deltas (else: zbus's whole TrackerInfo after every change).
         self.deltas = deltas
+        #: It reads a ServerInfo split over pieces (:func:`.feed.entry_parts`).
+        self.split = split
         #: The seq of the last set queued for it.
         self.seq = 0
         #: Messages (pieces) not yet accepted by its queue.
@@ -80,8 +82,11 @@ class TrackerRole:
         self.tracked: LivenessTable[ServerInfo] = LivenessTable(expiry=expiry)
         self.subscribers: dict[MessageQueue, Subscriber] = {}
         self._snapshot: bytes | None = None
-        self._pieces: dict[int, feed.PieceSet] = {}  # budget -> this version's snapshot
+        # (budget, split) -> this version's snapshot
+        self._pieces: dict[tuple[int, bool], feed.PieceSet] = {}
         self._entries: dict[str, tuple[ServerInfo, bytes]] = {}  # encoded once per ServerInfo
+        # and cut for split subscribers, once per ServerInfo and budget
+        self._parts: dict[str, tuple[ServerInfo, int, list[bytes]]] = {}
         self._scan_timer = pump.call_every(scan_interval, self._scan)
 
     def tracker_info(self) -> TrackerInfo:
@@ -140,7 +145,8 @@ class TrackerRole:
         self.version = self._versions.next()
         self._snapshot = None
         self._pieces.clear()
-        shared: dict[int, feed.PieceSet | None] = {}  # this change as a delta, by budget
+        # this change as a delta, by budget and split
+        shared: dict[tuple[int, bool], feed.PieceSet | None] = {}
         for subscriber in list(self.subscribers.values()):
             if not subscriber.deltas:
                 subscriber.owe_full = True
@@ -148,10 +154,10 @@ class TrackerRole:
                 if subscriber.outbox or subscriber.pending:
                     subscriber.pending.update(changes)
                 else:
-                    budget = self._budget(subscriber)
-                    if budget not in shared:
-                        shared[budget] = self._delta(changes, budget, subscriber)
-                    pieces = shared[budget]
+                    key = (self._budget(subscriber), subscriber.split)
+                    if key not in shared:
+                        shared[key] = self._delta(changes, key[0], subscriber)
+                    pieces = shared[key]
                     if pieces is None:
                         self._too_large(subscriber, "a ServerInfo does not fit in a piece")
                         continue
@@ -166,33 +172,51 @@ class TrackerRole:
             held = self._entries[address] = (info, feed.entry(address, info))
         return held[1]
 
+    def _encoded(self, address: str, info: ServerInfo, budget: int,
+                 subscriber: Subscriber) -> list[bytes]:
+        """``address``'s entry for ``subscriber``: whole, or in parts if it reads them."""
+        if not subscriber.split:
+            return [self._entry(address, info)]
+        whole = self._entry(address, info)
+        if len(whole) + 1 <= budget:
+            return [whole]
+        held = self._parts.get(address)
+        if held is None or held[0] is not info or held[1] != budget:
+            held = self._parts[address] = (info, budget, feed.entry_parts(address, info,
+                                                                           budget))
+        return held[2]
+
     def _budget(self, subscriber: Subscriber) -> int:
         return min(self.piece_bytes, subscriber.queue.max_message_size) - feed.OVERHEAD
 
     def _full(self, subscriber: Subscriber) -> feed.PieceSet | None:
         budget = self._budget(subscriber)
-        pieces = self._pieces.get(budget)
+        key = (budget, subscriber.split)
+        pieces = self._pieces.get(key)
         if pieces is None:
             table = self.tracked.values()
-            for address in [a for a in self._entries if a not in table]:
-                del self._entries[address]
+            for held in (self._entries, self._parts):
+                for address in [a for a in held if a not in table]:
+                    del held[address]
             header = self.tracker_info().to_json()
             del header["serverTable"]
             try:
                 pieces = feed.snapshot_pieces(
-                    header, [self._entry(a, table[a]) for a in sorted(table)], budget)
+                    header, [e for a in sorted(table)
+                             for e in self._encoded(a, table[a], budget, subscriber)], budget)
             except feed.PieceTooLarge as exc:
                 self._too_large(subscriber, exc)
                 return None
-            self._pieces[budget] = pieces
+            self._pieces[key] = pieces
         return pieces
 
     def _delta(self, changes: dict[str, ServerInfo | None], budget: int,
                subscriber: Subscriber) -> feed.PieceSet | None:
-        joined = sorted(a for a, info in changes.items() if info is not None)
+        joined = {a: info for a, info in sorted(changes.items()) if info is not None}
         try:
             return feed.delta_pieces(
-                self.version, [self._entry(a, changes[a]) for a in joined],  # type: ignore[arg-type]
+                self.version, [e for a, info in joined.items()
+                               for e in self._encoded(a, info, budget, subscriber)],
                 sorted(a for a, info in changes.items() if info is None), budget)
         except feed.PieceTooLarge as exc:
             self._too_large(subscriber, exc)
@@ -208,12 +232,15 @@ class TrackerRole:
 
     # -- subscribers -------------------------------------------------------------------
 
-    def subscribe(self, queue: MessageQueue, *, deltas: bool = False) -> None:
-        """A ``track_sub``: a full snapshot now (again, if this is a resync)."""
+    def subscribe(self, queue: MessageQueue, *, deltas: bool = False,
+                  split: bool = False) -> None:
+        """A ``track_sub``: a full snapshot now (again, if this is a resync); ``split``:
+        it reads a ServerInfo larger than a piece in parts."""
         subscriber = self.subscribers.get(queue)
         if subscriber is None:
-            subscriber = self.subscribers[queue] = Subscriber(queue, deltas)
+            subscriber = self.subscribers[queue] = Subscriber(queue, deltas, split)
         subscriber.deltas = deltas
+        subscriber.split = split
         subscriber.owe_full = True
         subscriber.pending.clear()
         self._flush(subscriber)

@@ -15,6 +15,7 @@ from brokermgr.tracking.feed import (
     Snapshot,
     delta_pieces,
     entry,
+    entry_parts,
     snapshot_pieces,
 )
 
@@ -94,6 +95,40 @@ def test_pieces_out_of_order_ask_for_a_snapshot() -> None:
 def test_a_server_info_larger_than_a_piece_is_refused_with_its_size() -> None:
     with pytest.raises(PieceTooLarge, match="does not fit in a piece"):
         snapshot_pieces(HEADER, entries(server("big", 1, topics=50)), budget=1000)
+
+
+def test_a_server_info_larger_than_a_piece_goes_in_parts_that_join_again() -> None:
+    big, small = server("big", 4, topics=50), server("small", 2)
+    parts = entry_parts("big:15555", big, budget=1000)
+    assert len(parts) > 3 and all(len(p) + 1 <= 1000 for p in parts)
+    assert entry_parts("small:15555", small, budget=1000) == entries(small)
+    reader = FeedReader()
+    (snap,) = feed(reader, snapshot_pieces(HEADER, [*parts, *entries(small)],
+                                           budget=1000).numbered(1))
+    assert isinstance(snap, Snapshot)
+    table = snap.tracker_info["serverTable"]
+    assert ServerInfo.from_json(table["big:15555"]) == big
+    assert ServerInfo.from_json(table["small:15555"]) == small
+    bigger = server("big", 5, topics=60)  # a delta of it: parts again, joined again
+    (delta,) = feed(reader, delta_pieces(9, entry_parts("big:15555", bigger, 1000), [],
+                                         budget=1000).numbered(2))
+    assert isinstance(delta, Delta) and ServerInfo.from_json(delta.servers["big:15555"]) == bigger
+
+
+def test_parts_of_one_server_that_disagree_are_a_clear_error() -> None:
+    old = entry_parts("big:15555", server("big", 4, topics=50), budget=1000)[0]
+    new = entry_parts("big:15555", server("big", 5, topics=50), budget=1000)[1]
+    reader = FeedReader()
+    feed(reader, snapshot_pieces(HEADER, [], 4096).numbered(1))
+    with pytest.raises(InfoError, match="disagree on its infoVersion"):
+        feed(reader, delta_pieces(9, [old, new], [], budget=1000).numbered(2))
+
+
+def test_a_topic_that_does_not_fit_a_piece_with_its_server_info_is_refused() -> None:
+    address = ServerAddress("big:15555")
+    info = ServerInfo(address, 1, topic_table={"t" * 900: TopicInfo(address, "t" * 900)})
+    with pytest.raises(PieceTooLarge, match="topic 'tttt.*does not fit in a piece"):
+        entry_parts("big:15555", info, budget=1000)
 
 
 def test_a_zbus_full_snapshot_without_seq_is_a_snapshot() -> None:

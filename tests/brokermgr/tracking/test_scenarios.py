@@ -374,19 +374,36 @@ def test_a_slow_subscriber_gets_the_latest_snapshot_and_memory_stays_bounded() -
     assert len(got) < 200  # coalesced, not one per change
 
 
-def test_a_snapshot_too_big_for_a_link_closes_that_link_only() -> None:
+def test_a_server_info_larger_than_a_link_s_message_reaches_clients_in_parts() -> None:
     world = World()
     world.universe = BrokerManager("tracking", max_message_size=2048, high_water=2048)
     world.pump = world.universe.pump
     t1 = world.node("t1", role="both")  # its own topics enter its table without a link
+    client = world.client("c", "t1")
+    world.run(0.1)
+    names = [f"topic-{i:02d}" for i in range(40)]  # about 6 KB of topics: 2 KB messages
+    for name in names:
+        t1.declare_topic(name)
+    world.run(0.1)
+    assert sorted(client.routes.topic_table) == names
+    assert "t1:15555" in client.trackers and tracker_of(t1).subscribers
+    t1.remove_topic("topic-07")  # a delta of a split ServerInfo: parts again
+    world.run(0.1)
+    assert sorted(client.routes.topic_table) == [n for n in names if n != "topic-07"]
+
+
+def test_a_topic_too_big_for_a_link_closes_that_link_only() -> None:
+    world = World()
+    world.universe = BrokerManager("tracking", max_message_size=2048, high_water=2048)
+    world.pump = world.universe.pump
+    t1 = world.node("t1", role="both")
     client = world.client("c", "t1")
     other = world.client("other", "t1")
     world.run(0.1)
     assert servers(client) == ["t1"]
     closed: list[str] = []
     client.trackers["t1:15555"].lost = closed.append  # type: ignore[method-assign,assignment]
-    for i in range(40):
-        t1.declare_topic(f"t{i}")
+    t1.declare_topic("t" * 1200)  # one topic with its ServerInfo: over a 2 KB message
     world.run(0.1)
     assert closed and "exceeds the maximum message size" in closed[0]
     assert not t1.broker.closed and not tracker_of(t1).subscribers  # the tracker goes on
