@@ -64,7 +64,7 @@ def entry_of(address: str, value: Mapping[str, Any]) -> bytes:
 
 def entry(address: str, info: ServerInfo) -> bytes:
     """``"address": {ServerInfo}`` as it stands in a ``serverTable`` or ``servers`` object."""
-    return entry_of(address, info.to_json())
+    return _key(address) + b":" + info.encoded()
 
 
 def entry_parts(address: str, info: ServerInfo, budget: int) -> list[bytes]:
@@ -76,21 +76,19 @@ def entry_parts(address: str, info: ServerInfo, budget: int) -> list[bytes]:
     whole = entry(address, info)
     if len(whole) + 1 <= budget:
         return [whole]
-    value = info.to_json()
-    topics = value.pop("topicTable", {})
-    value["topicTable"] = {}
-    bare = entry_of(address, value)
     # the table is the only '"topicTable":{}' in it: a JSON string cannot hold that
     # sequence unescaped
-    head, _, tail = bare.partition(b'"topicTable":{}')
+    head, _, tail = entry_of(address, info.to_json_without_topics()).partition(
+        b'"topicTable":{}')
     head += b'"topicTable":{'
     tail = b"}" + tail
     fixed = len(head) + len(tail) + 1
     parts: list[bytes] = []
     group: list[bytes] = []
     used = fixed
-    for name, topic in topics.items():
-        piece = _key(name) + b":" + _dumps(topic)
+    table = info.topic_table
+    for name in sorted(table):
+        piece = table[name].entry(name)
         size = len(piece) + 1
         if fixed + size > budget:
             raise PieceTooLarge(f"topic {name!r} of {address} with the rest of its "

@@ -14,6 +14,7 @@ in the low bits.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -34,6 +35,9 @@ MASK_PROXY = 4
 MASK_PAUSE = 8
 MASK_EXCLUSIVE = 16
 MASK_DELETE_ON_EXIT = 32
+
+#: How a ServerInfo goes on the wire: compact, keys sorted (the same info, the same bytes).
+JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 #: Bits of an InfoVersion given to the counter; the epoch sits above them.
 COUNTER_BITS = 32
@@ -171,6 +175,15 @@ class TopicInfo:
                 "creator": self.creator, "createdTime": self.created_time,
                 "lastUpdatedTime": self.last_updated_time}
 
+    def entry(self, name: str) -> bytes:
+        """``"name":{TopicInfo}`` as it stands in a ``topicTable`` (encoded once: a server
+        reports every topic at every change, and most are as they were)."""
+        held: tuple[str, bytes] | None = self.__dict__.get("_entry")
+        if held is None or held[0] != name:
+            held = (name, JSON_ENCODER.encode({name: self.to_json()})[1:-1].encode())
+            object.__setattr__(self, "_entry", held)
+        return held[1]
+
     @classmethod
     def from_json(cls, value: Any, where: str = "topic") -> TopicInfo:
         o = _object(value, where)
@@ -201,11 +214,27 @@ class ServerInfo:
     held: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        obj = {"serverAddress": self.server_address.to_json(),
-               "serverVersion": self.server_version, "error": self.error,
-               "infoVersion": self.info_version,
-               "trackerList": [t.to_json() for t in self.tracker_list],
-               "topicTable": {name: t.to_json() for name, t in self.topic_table.items()}}
+        obj = self.to_json_without_topics()
+        obj["topicTable"] = {name: t.to_json() for name, t in self.topic_table.items()}
+        return obj
+
+    def encoded(self) -> bytes:
+        """:meth:`to_json` as JSON bytes (compact, keys sorted), joined from each topic's
+        own encoding (:meth:`TopicInfo.entry`, made once per topic)."""
+        value = self.to_json_without_topics()
+        head, _, tail = JSON_ENCODER.encode(value).encode().partition(b'"topicTable":{}')
+        table = self.topic_table
+        topics = b",".join(table[name].entry(name) for name in sorted(table))
+        return head + b'"topicTable":{' + topics + b"}" + tail
+
+    def to_json_without_topics(self) -> dict[str, Any]:
+        """:meth:`to_json` with an empty ``topicTable`` (one a JSON string cannot hold, so
+        the only ``"topicTable":{}`` of its encoding)."""
+        obj: dict[str, Any] = {
+            "serverAddress": self.server_address.to_json(),
+            "serverVersion": self.server_version, "error": self.error,
+            "infoVersion": self.info_version,
+            "trackerList": [t.to_json() for t in self.tracker_list], "topicTable": {}}
         if self.group is not None:
             obj["group"] = self.group.to_json()
         if self.held is not None:

@@ -20,7 +20,7 @@ from pump import ConfigError, Pump, Repeating
 from .._broker import Broker
 from .._groups import GroupMember
 from .._link import BrokerLink
-from .._rpc import Sent, encode, send
+from .._rpc import Sent, send
 from .._service import PushTable
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 
@@ -63,6 +63,14 @@ class ServerRole:
         #: Clients watching this server (``server_sub``): queue -> a ServerInfo is owed.
         self.watchers: dict[MessageQueue, bool] = {}
         self._report_timer: Repeating | None = None
+        self._encoded: bytes | None = None  # self.info's, made when first sent
+
+    def encoded_info(self) -> bytes:
+        """:attr:`info` as JSON bytes, made once per version (every tracker and watcher
+        is sent the same)."""
+        if self._encoded is None:
+            self._encoded = self.info.encoded()
+        return self._encoded
 
     def start(self) -> None:
         for publisher in self.publishers:
@@ -168,6 +176,7 @@ class ServerRole:
         self.info = ServerInfo(self.address, self._versions.next(), SERVER_VERSION,
                                self.info.tracker_list, dict(self.topics),
                                group=self.group, held=self.held)
+        self._encoded = None
         for publisher in self.publishers:
             publisher.publish()
         for queue in list(self.watchers):
@@ -187,7 +196,8 @@ class ServerRole:
     def _tell(self, queue: MessageQueue) -> None:
         if self.watchers.get(queue) is not False:
             return  # gone, or behind: the latest goes when it drains
-        message = encode({"cmd": "server", "serverInfo": self.info.to_json()})
+        # the cached encoding spliced in: a JSON object of the same keys, sorted
+        message = b'{"cmd":"server","serverInfo":' + self.encoded_info() + b"}"
         outcome = send(queue, message, what=f"watcher {queue.remote_id}")
         if outcome is Sent.SENT:
             self.count("server", len(message))
@@ -241,8 +251,8 @@ class _Publisher(BrokerLink):
     def publish(self, live: bool = True) -> None:
         """Our ServerInfo to the tracker; coalesced like snapshots (the latest wins)."""
         if self.queue is not None and not self.behind:
-            message = encode({"cmd": "track_pub", "live": live,
-                              "serverInfo": self.role.info.to_json()})
+            message = b'{"cmd":"track_pub","live":%s,"serverInfo":%s}' % (
+                b"true" if live else b"false", self.role.encoded_info())
             outcome = self.send(message)
             if outcome is Sent.SENT:
                 self.role.count("track_pub", len(message))

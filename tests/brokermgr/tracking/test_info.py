@@ -45,6 +45,24 @@ def test_json_round_trip_uses_zbus_field_names() -> None:
     assert str(info.server_table["s1:15555"].server_address) == "[SSL]s1:15555"
 
 
+def test_a_server_info_s_encoding_is_its_json() -> None:
+    from dataclasses import replace
+
+    from brokermgr import GroupMember
+
+    server = sample().server_table["s1:15555"]
+    for info in (server, replace(server, group=GroupMember("a", 0, "master", 3), held=5,
+                                 error="disk", topic_table={})):
+        encoded = info.encoded()
+        assert encoded == json.dumps(info.to_json(), separators=(",", ":"),
+                                     sort_keys=True).encode()
+        assert ServerInfo.from_json(json.loads(encoded)) == info
+    topic = server.topic_table["orders"]
+    renamed = replace(topic, message_depth=9)  # a new info: encoded anew, not the old one's
+    assert json.loads(b"{%s}" % renamed.entry("orders"))["orders"]["messageDepth"] == 9
+    assert json.loads(b"{%s}" % topic.entry("orders"))["orders"]["messageDepth"] == 3
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda w: w.pop("infoVersion"), "missing field 'infoVersion'"),
     (lambda w: w.update(infoVersion="9"), "'infoVersion' must be int"),
