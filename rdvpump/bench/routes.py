@@ -15,7 +15,7 @@
    messages the trackers send their subscribers with deltas, against zbus's
    full snapshots, the same churn in the same run; the clients' tables must
    end the same.
-4. One change at 1,000 servers x 100 topics: the wall time until all 10
+4. One change at 1,000 servers x 100 topics: the wall time until all 10 (``--subscribers``)
    subscribers' tables show it (the pump on its virtual clock, so only
    computing counts), and the bytes it costs against one full snapshot each.
 """
@@ -338,7 +338,7 @@ def one_change(servers: int = 1000, topics: int = 100, subscribers: int = 10,
 
 
 def run(servers: int = 1000, topics: int = 100, *, ops: int = 2000,
-        churn_seconds: float = 1000.0,
+        churn_seconds: float = 1000.0, subscribers: int = 10,
         progress: Callable[[str], None] | None = None) -> Iterator[RoutesResult]:
     """Every figure of ``bench routes``; ``churn_seconds`` of virtual time for the churn."""
     quiet = logging.getLogger("rdvpump.tracking")
@@ -346,12 +346,12 @@ def run(servers: int = 1000, topics: int = 100, *, ops: int = 2000,
     quiet.setLevel(logging.ERROR)  # the clock warning, drops and expiries: on purpose
     try:
         yield from _run(servers, topics, ops=ops, churn_seconds=churn_seconds,
-                        progress=progress)
+                        subscribers=subscribers, progress=progress)
     finally:
         quiet.setLevel(level)
 
 
-def _run(servers: int, topics: int, *, ops: int, churn_seconds: float,
+def _run(servers: int, topics: int, *, ops: int, churn_seconds: float, subscribers: int,
          progress: Callable[[str], None] | None) -> Iterator[RoutesResult]:
     if progress:
         progress(f"route table: {servers} servers x {topics} topics ...")
@@ -364,4 +364,4 @@ def _run(servers: int, topics: int, *, ops: int, churn_seconds: float,
     yield from churn_traffic(seconds=churn_seconds)
     if progress:
         progress(f"one change at {servers} servers x {topics} topics ...")
-    yield from one_change(servers, topics)
+    yield from one_change(servers, topics, subscribers)

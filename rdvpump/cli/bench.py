@@ -95,6 +95,8 @@ def bench_routes(
     servers: Annotated[int, typer.Option(min=1, help="Servers in the route table.")] = 1000,
     topics: Annotated[int, typer.Option(min=1, help="Topics per server.")] = 100,
     ops: Annotated[int, typer.Option(min=1, help="Incremental updates timed.")] = 2000,
+    subscribers: Annotated[int, typer.Option(
+        min=1, help="Route clients a server's change must reach (the last cases).")] = 10,
 ) -> None:
     """Route-table update cost (incremental vs full rebuild) and crash propagation time."""
     from ..bench import routes as bench_routes_mod
@@ -106,7 +108,8 @@ def bench_routes(
 
     with err.status("benchmarking route tables ...") as status:
         results = interruptible(lambda: list(bench_routes_mod.run(
-            servers, topics, ops=ops, churn_seconds=churn_seconds, progress=status.update)))
+            servers, topics, ops=ops, churn_seconds=churn_seconds, subscribers=subscribers,
+            progress=status.update)))
     show(results, json_out, "rdvpump bench routes",
           ("case", "servers x topics", "value", "baseline", "baseline value", "ratio"),
           lambda r: [r.case, f"{r.servers} x {r.topics}", f"{r.value:.6g} {r.unit}",
