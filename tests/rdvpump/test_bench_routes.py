@@ -30,6 +30,13 @@ def test_one_change_reaches_every_subscriber_and_costs_one_delta() -> None:
     assert traffic.ratio is not None and traffic.ratio > 3  # a full snapshot would be ~1
 
 
+def test_one_change_counts_its_bytes_once_for_all_its_subscribers() -> None:
+    _, one = routes.one_change(servers=4, topics=5, subscribers=1, changes=2)
+    _, three = routes.one_change(servers=4, topics=5, subscribers=3, changes=2)
+    assert three.value == 3 * one.value  # each subscriber is sent the same delta
+    assert three.baseline_value == 3 * one.baseline_value and three.ratio == one.ratio
+
+
 @pytest.mark.slow
 def test_bench_mq_moves_every_message_end_to_end(tmp_path: pathlib.Path) -> None:
     from rdvpump.bench import mq
