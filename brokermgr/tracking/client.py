@@ -14,6 +14,7 @@ import logging
 import os
 import ssl
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -183,7 +184,8 @@ class _Subscription(_ClientLink):
         self._subscribe()
 
     def _subscribe(self) -> None:
-        self.send({"cmd": "track_sub", "deltas": True, "split": True} if self.client.deltas
+        self.send({"cmd": "track_sub", "deltas": True, "split": True, "patches": True}
+                  if self.client.deltas
                   else {"cmd": "track_sub"})
 
     def _feed(self, obj: dict[str, Any]) -> None:
@@ -213,6 +215,9 @@ class _Subscription(_ClientLink):
                         raise InfoError(f"{where} holds server "
                                         f"{server.server_address.address!r}")
                     servers[address] = server
+                for address, value in event.patches.items():
+                    servers[address] = _patched(
+                        address, None if held is None else held.servers.get(address), value)
                 change = routes.apply_delta(tracker, event.version, servers, event.left)
         except DeltaError as exc:
             self._resync(str(exc))
@@ -230,6 +235,24 @@ class _Subscription(_ClientLink):
 
     def lost(self, reason: str) -> None:
         self.client.apply(self.client.routes.remove_tracker(self.address.address))
+
+
+def _patched(address: str, held: ServerInfo | None, patch: dict[str, Any]) -> ServerInfo:
+    """``address``'s ServerInfo from ``held`` and a patch of it (:func:`.feed.patch`);
+    :class:`DeltaError` (ask for a full snapshot) when ``held`` is not its base."""
+    where = f"track_delta.patches[{address!r}]"
+    if held is None or held.info_version != patch["base"]:
+        raise DeltaError(f"{where}: a patch of InfoVersion {patch['base']}, but "
+                         f"{'none' if held is None else held.info_version} is held")
+    changed = ServerInfo.from_json(patch["serverInfo"], f"{where}.serverInfo",
+                                   previous=held)
+    if changed.server_address.address != address:
+        raise InfoError(f"{where} holds server {changed.server_address.address!r}")
+    table = dict(held.topic_table)
+    for name in patch["removed"]:
+        table.pop(name, None)
+    table.update(changed.topic_table)
+    return replace(changed, topic_table=table)
 
 
 class _ServerQuery(_ClientLink):

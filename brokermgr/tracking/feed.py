@@ -2,8 +2,8 @@
 
 One JSON object a message:
 
-* ``{"cmd": "track_sub", "deltas": true, "split": true}`` -- a client subscribes for
-  deltas (and reads a ServerInfo split over pieces, below).
+* ``{"cmd": "track_sub", "deltas": true, "split": true, "patches": true}`` -- a client
+  subscribes for deltas (and reads a ServerInfo split over pieces, and patches, below).
   Without ``deltas`` it gets zbus's feed: the whole TrackerInfo in one
   ``{"cmd": "track_pub", "trackerInfo": ...}`` after every change.
 * ``{"cmd": "track_pub", "seq": S, "piece": I, "pieces": N, "trackerInfo": ...}``
@@ -12,7 +12,12 @@ One JSON object a message:
 * ``{"cmd": "track_delta", "seq": S, "piece": I, "pieces": N, "infoVersion": V,
   "servers": {address: ServerInfo}, "left": [address]}`` -- what changed
   since set S-1: servers that joined or got a new ServerInfo, servers that
-  left; V is the tracker's InfoVersion after the change.
+  left; V is the tracker's InfoVersion after the change.  To a subscriber that said
+  ``patches``, a server it was sent before goes as ``"patches": {address: {"base": B,
+  "serverInfo": ..., "removed": [topic]}}``: the ServerInfo with only the topics that
+  changed since the one of InfoVersion B it holds, and the topics that went; one that
+  does not hold B asks for a full snapshot again.  So a change costs what changed, not
+  every topic of its server.
 
 ``seq`` numbers the sets of one subscription, from 1; every piece of a set
 carries it.  A subscriber applies a set only when all its pieces are in.  A
@@ -31,8 +36,8 @@ is any link where one topic with the rest of its ServerInfo does not fit in a pi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .info import InfoError, ServerInfo
@@ -103,9 +108,9 @@ def entry_parts(address: str, info: ServerInfo, budget: int) -> list[bytes]:
     return parts
 
 
-def _pack(items: list[tuple[bool, bytes]], budget: int) -> list[list[tuple[bool, bytes]]]:
+def _pack(items: Sequence[tuple[Any, bytes]], budget: int) -> list[list[tuple[Any, bytes]]]:
     """Items in order, in as few groups as fit ``budget`` bytes each (at least one group)."""
-    groups: list[list[tuple[bool, bytes]]] = [[]]
+    groups: list[list[tuple[Any, bytes]]] = [[]]
     used = 0
     for item in items:
         size = len(item[1]) + 1
@@ -149,17 +154,32 @@ def snapshot_pieces(header: Mapping[str, Any], entries: Iterable[bytes], budget:
     return PieceSet(b'{"cmd":"track_pub","seq":', tuple(tails))
 
 
+def patch(address: str, held: ServerInfo, info: ServerInfo) -> bytes:
+    """``"address": {"base": ..., "serverInfo": ..., "removed": [...]}``: ``info`` as a
+    patch of ``held`` (the one of that server a subscriber holds)."""
+    old, new = held.topic_table, info.topic_table
+    changed = {name: topic for name, topic in new.items()
+               if (was := old.get(name)) is not topic and was != topic}
+    removed = [name for name in old if name not in new]
+    return b'%s:{"base":%d,"removed":%s,"serverInfo":%s}' % (
+        _key(address), held.info_version, _dumps(removed),
+        replace(info, topic_table=changed).encoded())
+
+
 def delta_pieces(version: int, servers: Iterable[bytes], left: Iterable[str],
-                 budget: int) -> PieceSet:
-    """A delta: ``servers`` entries that joined or changed, addresses that ``left``."""
-    items = [(True, e) for e in servers] + [(False, _key(a)) for a in left]
+                 budget: int, patches: Iterable[bytes] = ()) -> PieceSet:
+    """A delta: ``servers`` entries that joined or changed, addresses that ``left``, and
+    ``patches`` (:func:`patch`) of servers the subscriber holds."""
+    items = ([(0, e) for e in servers] + [(1, _key(a)) for a in left]
+             + [(2, p) for p in patches])
     groups = _pack(items, budget)
     tails = []
     for i, group in enumerate(groups):
-        joined = b",".join(e for is_server, e in group if is_server)
-        gone = b",".join(e for is_server, e in group if not is_server)
-        tails.append(b',"piece":%d,"pieces":%d,"infoVersion":%d,"servers":{%s},"left":[%s]}'
-                     % (i, len(groups), version, joined, gone))
+        joined, gone, patched = (b",".join(e for kind, e in group if kind == k)
+                                 for k in range(3))
+        tails.append(b',"piece":%d,"pieces":%d,"infoVersion":%d,"servers":{%s},"left":[%s]%s}'
+                     % (i, len(groups), version, joined, gone,
+                        b',"patches":{%s}' % patched if patched else b""))
     return PieceSet(b'{"cmd":"track_delta","seq":', tuple(tails))
 
 
@@ -175,11 +195,13 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Delta:
-    """Patch the tracker's view: ``servers`` (JSON ServerInfos by address) and ``left``."""
+    """Patch the tracker's view: ``servers`` (JSON ServerInfos by address), ``left``,
+    and ``patches`` (by address: ``{"base", "serverInfo", "removed"}``, see :func:`patch`)."""
 
     version: int
     servers: dict[str, Any]
     left: list[str]
+    patches: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,6 +299,7 @@ def _merge_delta(parts: list[dict[str, Any]]) -> Delta:
     version = _count(parts[-1], "infoVersion")
     servers: dict[str, Any] = {}
     left: list[str] = []
+    patches: dict[str, Any] = {}
     for part in parts:
         _add_servers(servers, _object(part.get("servers", {}), "track_delta.servers"),
                      "track_delta.servers")
@@ -284,4 +307,13 @@ def _merge_delta(parts: list[dict[str, Any]]) -> Delta:
         if not isinstance(gone, list) or not all(isinstance(a, str) for a in gone):
             raise InfoError("track_delta.left must be a list of addresses")
         left.extend(gone)
-    return Delta(version, servers, left)
+        for address, value in _object(part.get("patches", {}), "track_delta.patches").items():
+            where = f"track_delta.patches[{address!r}]"
+            value = _object(value, where)
+            _count(value, "base")
+            removed = value.get("removed")
+            if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
+                raise InfoError(f"{where}.removed must be a list of topic names")
+            _object(value.get("serverInfo"), f"{where}.serverInfo")
+            patches[address] = value
+    return Delta(version, servers, left, patches)

@@ -5,9 +5,10 @@ Every message is one JSON object with a ``cmd``:
 * ``{"cmd": "track_pub", "serverInfo": ..., "live": true}`` -- a server
   publishes *its own* ServerInfo to a tracker: when the link opens, on every
   change and every ``report_interval``.  ``"live": false`` on clean shutdown.
-* ``{"cmd": "track_sub", "deltas": true, "split": true}`` -- a client subscribes; the
-  tracker answers at once with a full snapshot and then with what changed
-  (:mod:`.feed`; ``split``: a ServerInfo larger than a piece comes in parts).
+* ``{"cmd": "track_sub", "deltas": true, "split": true, "patches": true}`` -- a client
+  subscribes; the tracker answers at once with a full snapshot and then with what
+  changed (:mod:`.feed`; ``split``: a ServerInfo larger than a piece comes in parts;
+  ``patches``: a server it holds comes as the topics that changed).
   Without ``deltas``: zbus's full snapshot ``{"cmd": "track_pub", "trackerInfo":
   ...}`` on each change.
 * ``{"cmd": "server_sub"}`` -- a client watches a server (a static server of
@@ -90,6 +91,7 @@ class TrackPub:
 class TrackSub:
     deltas: bool = False
     split: bool = False
+    patches: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,8 @@ def _track_pub(fields: Fields) -> TrackPub:
 
 
 def _track_sub(fields: Fields) -> TrackSub:
-    return TrackSub(fields.boolean("deltas", False), fields.boolean("split", False))
+    return TrackSub(fields.boolean("deltas", False), fields.boolean("split", False),
+                    fields.boolean("patches", False))
 
 
 #: The commands of tracking itself.
@@ -316,7 +319,8 @@ class TrackNode:
 
     def _track_sub(self, request: TrackSub, call: Call) -> ReplyObject | None:
         assert call.queue is not None
-        self._tracker_role().subscribe(call.queue, deltas=request.deltas, split=request.split)
+        self._tracker_role().subscribe(call.queue, deltas=request.deltas, split=request.split,
+                                       patches=request.patches)
         return None
 
     def _server_sub(self, request: ServerSub, call: Call) -> ReplyObject | None:

@@ -263,7 +263,7 @@ class RouteTable:
             if info is None:
                 if old is not None:
                     del self.server_table[address]
-                    self._unindex(address, old)
+                    self._unindex(address, old.topic_table)
                     change.left.append(address)
                 if address in self.removed and not self._listed(address):
                     self.removed.discard(address)  # nobody lists it: a later listing is new
@@ -273,11 +273,17 @@ class RouteTable:
             self.server_table[address] = info
             if old is None:
                 change.joined.append(address)
+                held: dict[str, TopicInfo] = {}
             else:
-                self._unindex(address, old)
                 change.updated.append(address)
+                held = old.topic_table
+                gone = [name for name in held if name not in info.topic_table]
+                if gone:
+                    self._unindex(address, gone)
+            # only the topics that changed (a server's new info keeps the others' objects)
             for name, topic in info.topic_table.items():
-                self.topic_table.setdefault(name, {})[address] = topic
+                if held.get(name) is not topic:
+                    self.topic_table.setdefault(name, {})[address] = topic
         return self._done(change)
 
     def _listed(self, address: str) -> bool:
@@ -285,8 +291,8 @@ class RouteTable:
             return True
         return any(address in v.servers for v in self.votes.values())
 
-    def _unindex(self, address: str, info: ServerInfo) -> None:
-        for name in info.topic_table:
+    def _unindex(self, address: str, names: Iterable[str]) -> None:
+        for name in names:
             servers = self.topic_table.get(name)
             if servers is not None:
                 servers.pop(address, None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from channels import MessageQueue
 from pump import ConfigError, Pump
@@ -37,12 +37,17 @@ DEFAULT_SERVER_EXPIRY = 90.0
 class Subscriber:
     """One subscriber's link: the pieces queued for it and the changes it is owed."""
 
-    def __init__(self, queue: MessageQueue, deltas: bool, split: bool = False) -> None:
+    def __init__(self, queue: MessageQueue, deltas: bool, split: bool = False,
+                 patches: bool = False) -> None:
         self.queue = queue
         #: It asked for deltas (else: zbus's whole TrackerInfo after every change).
         self.deltas = deltas
         #: It reads a ServerInfo split over pieces (:func:`.feed.entry_parts`).
         self.split = split
+        #: It reads a server it holds as a patch of what it holds (:func:`.feed.patch`).
+        self.patches = patches
+        #: What it was sent of each server (kept for one that reads patches).
+        self.holds: dict[str, ServerInfo] = {}
         #: The seq of the last set queued for it.
         self.seq = 0
         #: Messages (pieces) not yet accepted by its queue.
@@ -87,6 +92,8 @@ class TrackerRole:
         self._entries: dict[str, tuple[ServerInfo, bytes]] = {}  # encoded once per ServerInfo
         # and cut for split subscribers, once per ServerInfo and budget
         self._parts: dict[str, tuple[ServerInfo, int, list[bytes]]] = {}
+        # the last patch made of each server: from, to, and it (subscribers share them)
+        self._patches: dict[str, tuple[ServerInfo, ServerInfo, bytes]] = {}
         self._scan_timer = pump.call_every(scan_interval, self._scan)
 
     def tracker_info(self) -> TrackerInfo:
@@ -154,14 +161,17 @@ class TrackerRole:
                 if subscriber.outbox or subscriber.pending:
                     subscriber.pending.update(changes)
                 else:
-                    key = (self._budget(subscriber), subscriber.split)
-                    if key not in shared:
-                        shared[key] = self._delta(changes, key[0], subscriber)
-                    pieces = shared[key]
+                    if subscriber.patches:  # its own: against what it holds
+                        pieces = self._delta(changes, self._budget(subscriber), subscriber)
+                    else:
+                        key = (self._budget(subscriber), subscriber.split)
+                        if key not in shared:
+                            shared[key] = self._delta(changes, key[0], subscriber)
+                        pieces = shared[key]
                     if pieces is None:
                         self._too_large(subscriber, "a ServerInfo does not fit in a piece")
                         continue
-                    self._queue(subscriber, pieces)
+                    self._queue(subscriber, pieces, changes)
             self._flush(subscriber)
 
     # -- encoding ----------------------------------------------------------------------
@@ -186,6 +196,12 @@ class TrackerRole:
                                                                            budget))
         return held[2]
 
+    def _patch(self, address: str, held: ServerInfo, info: ServerInfo) -> bytes:
+        made = self._patches.get(address)
+        if made is None or made[0] is not held or made[1] is not info:
+            made = self._patches[address] = (held, info, feed.patch(address, held, info))
+        return made[2]
+
     def _budget(self, subscriber: Subscriber) -> int:
         return min(self.piece_bytes, subscriber.queue.max_message_size) - feed.OVERHEAD
 
@@ -195,7 +211,7 @@ class TrackerRole:
         pieces = self._pieces.get(key)
         if pieces is None:
             table = self.tracked.values()
-            for held in (self._entries, self._parts):
+            for held in (self._entries, self._parts, self._patches):
                 for address in [a for a in held if a not in table]:
                     del held[address]
             header = self.tracker_info().to_json()
@@ -212,12 +228,22 @@ class TrackerRole:
 
     def _delta(self, changes: dict[str, ServerInfo | None], budget: int,
                subscriber: Subscriber) -> feed.PieceSet | None:
-        joined = {a: info for a, info in sorted(changes.items()) if info is not None}
+        entries: list[bytes] = []
+        patches: list[bytes] = []
         try:
+            for address, info in sorted(changes.items()):
+                if info is None:
+                    continue
+                held = subscriber.holds.get(address) if subscriber.patches else None
+                if held is not None:
+                    patch = self._patch(address, held, info)
+                    if len(patch) + 1 <= budget:
+                        patches.append(patch)
+                        continue
+                entries.extend(self._encoded(address, info, budget, subscriber))
             return feed.delta_pieces(
-                self.version, [e for a, info in joined.items()
-                               for e in self._encoded(a, info, budget, subscriber)],
-                sorted(a for a, info in changes.items() if info is None), budget)
+                self.version, entries,
+                sorted(a for a, info in changes.items() if info is None), budget, patches)
         except feed.PieceTooLarge as exc:
             self._too_large(subscriber, exc)
             return None
@@ -233,14 +259,16 @@ class TrackerRole:
     # -- subscribers -------------------------------------------------------------------
 
     def subscribe(self, queue: MessageQueue, *, deltas: bool = False,
-                  split: bool = False) -> None:
+                  split: bool = False, patches: bool = False) -> None:
         """A ``track_sub``: a full snapshot now (again, if this is a resync); ``split``:
-        it reads a ServerInfo larger than a piece in parts."""
+        it reads a ServerInfo larger than a piece in parts; ``patches``: a server it holds
+        as a patch."""
         subscriber = self.subscribers.get(queue)
         if subscriber is None:
-            subscriber = self.subscribers[queue] = Subscriber(queue, deltas, split)
+            subscriber = self.subscribers[queue] = Subscriber(queue, deltas, split, patches)
         subscriber.deltas = deltas
         subscriber.split = split
+        subscriber.patches = patches
         subscriber.owe_full = True
         subscriber.pending.clear()
         self._flush(subscriber)
@@ -248,9 +276,23 @@ class TrackerRole:
     def unsubscribe(self, queue: MessageQueue) -> None:
         self.subscribers.pop(queue, None)
 
-    def _queue(self, subscriber: Subscriber, pieces: feed.PieceSet) -> None:
+    def _queue(self, subscriber: Subscriber, pieces: feed.PieceSet,
+               changes: Mapping[str, ServerInfo | None] | None = None) -> None:
+        """Queue a set: a delta of ``changes``, or (None) a full snapshot of the table."""
         subscriber.seq += 1
         subscriber.outbox.extend(pieces.numbered(subscriber.seq))
+        if not subscriber.patches:
+            return
+        holds = subscriber.holds
+        if changes is None:
+            holds.clear()
+            holds.update(self.tracked.values())
+            return
+        for address, info in changes.items():
+            if info is None:
+                holds.pop(address, None)
+            else:
+                holds[address] = info
 
     def _flush(self, subscriber: Subscriber) -> None:
         """Send what the subscriber is owed, as far as its queue takes it; the rest goes
@@ -279,6 +321,10 @@ class TrackerRole:
             elif subscriber.pending:
                 changes, subscriber.pending = subscriber.pending, {}
                 pieces = self._delta(changes, self._budget(subscriber), subscriber)
+                if pieces is None:
+                    return  # too large: that link is closed
+                self._queue(subscriber, pieces, changes)
+                continue
             else:
                 return
             if pieces is None:

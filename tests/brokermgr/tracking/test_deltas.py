@@ -4,6 +4,7 @@ reconnects, lost deltas and slow readers, on the pump's virtual clock."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given
@@ -14,7 +15,7 @@ from brokermgr.tracking import RouteClient, RouteTable, TrackerInfo, TrackNode
 from brokermgr.tracking.feed import Delta, FeedReader, Resync, Snapshot
 from brokermgr.tracking.info import ServerInfo
 
-from .world import World, flood_a_slow_subscriber, tracker_of
+from .world import World, flood_a_slow_subscriber, server_of, tracker_of
 
 SERVERS = 6
 #: Which trackers server i reports to.
@@ -156,6 +157,42 @@ def test_after_the_first_snapshot_only_changes_travel(world: World) -> None:
     assert t1.sent_bytes["track_pub"] == snapshot_bytes  # no second snapshot
     assert t1.sent["track_delta"] == 1
     assert t1.sent_bytes["track_delta"] < snapshot_bytes / 15  # one server of twenty
+
+
+def test_a_change_of_a_server_the_client_holds_costs_the_topics_that_changed(
+        world: World) -> None:
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    for j in range(500):
+        s1.declare_topic(f"topic-{j:03d}")
+    client = world.client("c", "t1")
+    world.run(0.5)
+    snapshot_bytes = t1.sent_bytes["track_pub"]
+    s1.declare_topic("one-more")
+    s1.remove_topic("topic-007")
+    world.run(0.5)
+    assert sorted(client.routes.topic_table) == sorted(
+        [f"topic-{j:03d}" for j in range(500) if j != 7] + ["one-more"])
+    assert client.routes.server_table["s1:15555"] == server_of(s1).info  # all of it
+    # two patches (one per change), each one topic's worth, not the server's 500
+    assert t1.sent["track_delta"] == 2 and t1.sent_bytes["track_delta"] < snapshot_bytes / 50
+    assert client.trackers["t1:15555"].resyncs == 0
+
+
+def test_a_patch_of_a_server_info_the_client_does_not_hold_asks_for_a_snapshot(
+        world: World) -> None:
+    world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    s1.declare_topic("x")
+    client = world.client("c", "t1")
+    world.run(0.5)
+    sub = client.trackers["t1:15555"]
+    view = client.routes.votes["t1:15555"].servers
+    view["s1:15555"] = replace(view["s1:15555"], info_version=1)  # not what it was sent
+    s1.declare_topic("y")
+    world.run(0.5)
+    assert sub.resyncs == 1 and sorted(client.routes.topic_table) == ["x", "y"]
+    assert world.nodes["t1"].received["track_sub"] == 2
 
 
 def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:

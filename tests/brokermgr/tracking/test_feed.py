@@ -16,6 +16,7 @@ from brokermgr.tracking.feed import (
     delta_pieces,
     entry,
     entry_parts,
+    patch,
     snapshot_pieces,
 )
 
@@ -129,6 +130,35 @@ def test_a_topic_that_does_not_fit_a_piece_with_its_server_info_is_refused() -> 
     info = ServerInfo(address, 1, topic_table={"t" * 900: TopicInfo(address, "t" * 900)})
     with pytest.raises(PieceTooLarge, match="topic 'tttt.*does not fit in a piece"):
         entry_parts("big:15555", info, budget=1000)
+
+
+def test_a_patch_carries_the_topics_that_changed_and_those_that_went() -> None:
+    held, info = server("s", 4, topics=50), server("s", 5, topics=49)
+    address = ServerAddress("s:15555")
+    info.topic_table["new"] = TopicInfo(address, "new", mask=2)
+    made = patch("s:15555", held, info)
+    reader = FeedReader()
+    feed(reader, snapshot_pieces(HEADER, [], 4096).numbered(1))
+    (delta,) = feed(reader, delta_pieces(9, [], [], 4096, [made]).numbered(2))
+    assert isinstance(delta, Delta) and delta.servers == {} and delta.left == []
+    value = delta.patches["s:15555"]
+    assert value["base"] == 4 and value["removed"] == ["topic-49"]
+    assert list(value["serverInfo"]["topicTable"]) == ["new"]  # the 49 others as they were
+    assert value["serverInfo"]["infoVersion"] == 5
+
+
+@pytest.mark.parametrize("bad, error", [
+    ({"base": -1, "removed": [], "serverInfo": {}}, "'base' must be a non-negative integer"),
+    ({"base": 1, "removed": [3], "serverInfo": {}}, "removed must be a list of topic names"),
+    ({"base": 1, "removed": []}, "serverInfo: expected a JSON object"),
+])
+def test_a_bad_patch_is_a_clear_error(bad: dict, error: str) -> None:  # type: ignore[type-arg]
+    reader = FeedReader()
+    feed(reader, snapshot_pieces(HEADER, [], 4096).numbered(1))
+    message = {"cmd": "track_delta", "seq": 2, "piece": 0, "pieces": 1, "infoVersion": 3,
+               "servers": {}, "left": [], "patches": {"s:15555": bad}}
+    with pytest.raises(InfoError, match=error):
+        reader.receive(message)
 
 
 def test_a_zbus_full_snapshot_without_seq_is_a_snapshot() -> None:

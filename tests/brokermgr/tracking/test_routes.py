@@ -258,13 +258,20 @@ updates = st.lists(st.tuples(
 def test_incremental_topic_table_equals_a_rebuild_and_votes_hold(
         ops: list[tuple[str, int, list[tuple[str, int, set[str]]], bool]]) -> None:
     routes = RouteTable()
+    made: dict[tuple[str, str, int], TopicInfo] = {}  # a topic's info, shared by versions
     for name, version, servers, remove in ops:
         if remove:
             routes.remove_tracker(name)
         else:
-            infos = {s: server(s, v, *topics) for s, v, topics in servers}
+            infos = {s: ServerInfo(ServerAddress(f"{s}:15555"), v, topic_table={
+                t: made.setdefault((s, t, v % 2), TopicInfo(ServerAddress(f"{s}:15555"), t,
+                                                            message_depth=v % 2))
+                for t in topics}) for s, v, topics in servers}
             routes.update_tracker(name, tracker(name, version, *infos.values()))
         incremental = {t: dict(s) for t, s in routes.topic_table.items()}
+        for topic, held in incremental.items():  # the server table's own objects
+            assert all(routes.server_table[a].topic_table[topic] is info
+                       for a, info in held.items())
         assert incremental == routes.rebuild_topic_table()
         if routes.votes:
             for address in routes.server_table:
