@@ -14,7 +14,6 @@ import logging
 import os
 import ssl
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import trio
@@ -252,7 +251,7 @@ def _patched(address: str, held: ServerInfo | None, patch: dict[str, Any]) -> Se
     for name in patch["removed"]:
         table.pop(name, None)
     table.update(changed.topic_table)
-    return replace(changed, topic_table=table)
+    return changed.with_topics(table)
 
 
 class _ServerQuery(_ClientLink):

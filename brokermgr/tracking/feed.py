@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .info import InfoError, ServerInfo
@@ -160,10 +160,12 @@ def patch(address: str, held: ServerInfo, info: ServerInfo) -> bytes:
     old, new = held.topic_table, info.topic_table
     changed = {name: topic for name, topic in new.items()
                if (was := old.get(name)) is not topic and was != topic}
-    removed = [name for name in old if name not in new]
+    # when as many topics are there unchanged as were held, every held one is there
+    removed = ([] if len(new) - len(changed) >= len(old)
+               else [name for name in old if name not in new])
     return b'%s:{"base":%d,"removed":%s,"serverInfo":%s}' % (
-        _key(address), held.info_version, _dumps(removed),
-        replace(info, topic_table=changed).encoded())
+        _key(address), held.info_version, _dumps(removed) if removed else b"[]",
+        info.with_topics(changed).encoded())
 
 
 def delta_pieces(version: int, servers: Iterable[bytes], left: Iterable[str],
