@@ -23,7 +23,7 @@ from pump import ConfigError
 from .._broker import DEFAULT_CLOSE_TIMEOUT, Broker, wait_all_sent
 from .._link import DEFAULT_RETRY, BrokerLink
 from .._service import Fields, Push, PushTable
-from .feed import FeedReader, Resync, Snapshot
+from .feed import FeedReader, PatchBase, Resync, Snapshot, patched
 from .info import InfoError, ServerAddress, ServerInfo, TrackerInfo
 from .routes import DEFAULT_VOTE_FACTOR, DeltaError, RouteChange, RouteTable
 from .select import RoundRobin, Selector, all_servers
@@ -239,19 +239,10 @@ class _Subscription(_ClientLink):
 def _patched(address: str, held: ServerInfo | None, patch: dict[str, Any]) -> ServerInfo:
     """``address``'s ServerInfo from ``held`` and a patch of it (:func:`.feed.patch`);
     :class:`DeltaError` (ask for a full snapshot) when ``held`` is not its base."""
-    where = f"track_delta.patches[{address!r}]"
-    if held is None or held.info_version != patch["base"]:
-        raise DeltaError(f"{where}: a patch of InfoVersion {patch['base']}, but "
-                         f"{'none' if held is None else held.info_version} is held")
-    changed = ServerInfo.from_json(patch["serverInfo"], f"{where}.serverInfo",
-                                   previous=held)
-    if changed.server_address.address != address:
-        raise InfoError(f"{where} holds server {changed.server_address.address!r}")
-    table = dict(held.topic_table)
-    for name in patch["removed"]:
-        table.pop(name, None)
-    table.update(changed.topic_table)
-    return changed.with_topics(table)
+    try:
+        return patched(held, patch, f"track_delta.patches[{address!r}]")
+    except PatchBase as exc:
+        raise DeltaError(str(exc)) from None
 
 
 class _ServerQuery(_ClientLink):

@@ -54,6 +54,10 @@ class PieceTooLarge(InfoError):
     """One entry does not fit in a piece."""
 
 
+class PatchBase(InfoError):
+    """A patch of a ServerInfo other than the one held: the whole one is needed."""
+
+
 def _key(address: str) -> bytes:
     return json.dumps(address).encode()
 
@@ -157,15 +161,39 @@ def snapshot_pieces(header: Mapping[str, Any], entries: Iterable[bytes], budget:
 def patch(address: str, held: ServerInfo, info: ServerInfo) -> bytes:
     """``"address": {"base": ..., "serverInfo": ..., "removed": [...]}``: ``info`` as a
     patch of ``held`` (the one of that server a subscriber holds)."""
+    return _key(address) + b":" + patch_value(held, info)
+
+
+def patch_value(held: ServerInfo, info: ServerInfo) -> bytes:
+    """``{"base": ..., "serverInfo": ..., "removed": [...]}``: ``info`` as a patch of
+    ``held``: the ServerInfo with only the topics that changed, and those that went."""
     old, new = held.topic_table, info.topic_table
     changed = {name: topic for name, topic in new.items()
                if (was := old.get(name)) is not topic and was != topic}
     # when as many topics are there unchanged as were held, every held one is there
     removed = ([] if len(new) - len(changed) >= len(old)
                else [name for name in old if name not in new])
-    return b'%s:{"base":%d,"removed":%s,"serverInfo":%s}' % (
-        _key(address), held.info_version, _dumps(removed) if removed else b"[]",
+    return b'{"base":%d,"removed":%s,"serverInfo":%s}' % (
+        held.info_version, _dumps(removed) if removed else b"[]",
         info.with_topics(changed).encoded())
+
+
+def patched(held: ServerInfo | None, value: Any, where: str) -> ServerInfo:
+    """The ServerInfo a patch (:func:`patch_value`, parsed) makes of ``held``.
+    :class:`PatchBase` when ``held`` is not the one it patches; InfoError for a patch of
+    the wrong shape."""
+    base, removed, info = _patch_shape(value, where)
+    if held is None or held.info_version != base:
+        raise PatchBase(f"{where}: a patch of InfoVersion {base}, but "
+                        f"{'none' if held is None else held.info_version} is held")
+    changed = ServerInfo.from_json(info, f"{where}.serverInfo", previous=held)
+    if changed.server_address != held.server_address:
+        raise InfoError(f"{where} holds server {changed.server_address.address!r}")
+    table = dict(held.topic_table)
+    for name in removed:
+        table.pop(name, None)
+    table.update(changed.topic_table)
+    return changed.with_topics(table)
 
 
 def delta_pieces(version: int, servers: Iterable[bytes], left: Iterable[str],
@@ -263,6 +291,17 @@ class FeedReader:
         return _merge_delta(parts)
 
 
+def _patch_shape(value: Any, where: str) -> tuple[int, list[str], dict[str, Any]]:
+    """A patch's base, removed topics and ServerInfo object, or InfoError naming what is
+    wrong with it."""
+    value = _object(value, where)
+    base = _count(value, "base")
+    removed = value.get("removed")
+    if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
+        raise InfoError(f"{where}.removed must be a list of topic names")
+    return base, removed, _object(value.get("serverInfo"), f"{where}.serverInfo")
+
+
 def _object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InfoError(f"{where}: expected a JSON object, got {type(value).__name__}")
@@ -310,12 +349,6 @@ def _merge_delta(parts: list[dict[str, Any]]) -> Delta:
             raise InfoError("track_delta.left must be a list of addresses")
         left.extend(gone)
         for address, value in _object(part.get("patches", {}), "track_delta.patches").items():
-            where = f"track_delta.patches[{address!r}]"
-            value = _object(value, where)
-            _count(value, "base")
-            removed = value.get("removed")
-            if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
-                raise InfoError(f"{where}.removed must be a list of topic names")
-            _object(value.get("serverInfo"), f"{where}.serverInfo")
+            _patch_shape(value, f"track_delta.patches[{address!r}]")
             patches[address] = value
     return Delta(version, servers, left, patches)

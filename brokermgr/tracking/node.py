@@ -5,6 +5,10 @@ Every message is one JSON object with a ``cmd``:
 * ``{"cmd": "track_pub", "serverInfo": ..., "live": true}`` -- a server
   publishes *its own* ServerInfo to a tracker: when the link opens, on every
   change and every ``report_interval``.  ``"live": false`` on clean shutdown.
+  After the first on a link, ``{"cmd": "track_pub", "live": true, "patch": {"base":
+  B, "serverInfo": ..., "removed": [topic]}}``: what changed since the one of
+  InfoVersion B it sent (:func:`.feed.patch_value`); a tracker that does not hold B
+  refuses it (409, ``whole``) and the server sends the whole one.
 * ``{"cmd": "track_sub", "deltas": true, "split": true, "patches": true}`` -- a client
   subscribes; the tracker answers at once with a full snapshot and then with what
   changed (:mod:`.feed`; ``split``: a ServerInfo larger than a piece comes in parts;
@@ -58,6 +62,7 @@ from .._service import (
     Status,
     require_member,
 )
+from . import feed
 from .client import DEFAULT_TRACK_PORT
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 from .server import DEFAULT_REPORT_INTERVAL, ServerRole
@@ -286,18 +291,31 @@ class TrackNode:
         if tracker is None:
             return _track_pub(fields)
 
-        def parse(value: Any) -> ServerInfo:
-            held = None
+        def held_of(value: Any) -> ServerInfo | None:
             if isinstance(value, dict):
                 try:
                     address = ServerAddress.from_json(value.get("serverAddress")).address
                 except ValueError:
-                    address = None
-                entry = None if address is None else tracker.tracked.get(address)
-                held = None if entry is None else entry.value
-            return ServerInfo.from_json(value, previous=held)
+                    return None
+                entry = tracker.tracked.get(address)
+                return None if entry is None else entry.value
+            return None
 
-        return TrackPub(fields.parsed("serverInfo", parse), fields.boolean("live", True))
+        def parse(value: Any) -> ServerInfo:
+            return ServerInfo.from_json(value, previous=held_of(value))
+
+        def parse_patch(value: Any) -> ServerInfo:
+            info = value.get("serverInfo") if isinstance(value, dict) else None
+            try:
+                return feed.patched(held_of(info), value, "patch")
+            except feed.PatchBase as exc:
+                raise ServiceError(Status.CONFLICT, f"track_pub: {exc}: send the whole "
+                                   "ServerInfo", whole=True) from None
+
+        live = fields.boolean("live", True)
+        if fields.obj.get("patch") is not None:
+            return TrackPub(fields.parsed("patch", parse_patch), live)
+        return TrackPub(fields.parsed("serverInfo", parse), live)
 
     def _track_pub(self, request: TrackPub, call: Call) -> ReplyObject | None:
         tracker, queue, info = self._tracker_role(), call.queue, request.info

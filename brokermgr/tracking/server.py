@@ -21,7 +21,8 @@ from .._broker import Broker
 from .._groups import GroupMember
 from .._link import BrokerLink
 from .._rpc import Sent, send
-from .._service import PushTable
+from .._service import PushTable, ServiceError
+from .feed import patch_value
 from .info import ConsumeGroupInfo, ServerAddress, ServerInfo, TopicInfo, VersionCounter
 
 log = logging.getLogger("rdvpump.tracking")
@@ -240,23 +241,54 @@ class _Publisher(BrokerLink):
         self.address = tracker
         #: A report is owed: the last one did not fit under the high-water mark.
         self.behind = False
+        #: The ServerInfo last sent on this link: the next report is a patch of it.
+        self.sent: ServerInfo | None = None
+        #: The tracker refused a patch for another reason than its base (a tracker that
+        #: takes none): only whole reports on this link.
+        self.whole_only = False
         #: A tracker sends a publisher nothing but a refusal of its report.
-        self.pushes = PushTable(f"tracker {tracker}", {}, refused=lambda error: log.warning(
-            "tracker %s refused our report: %s", tracker, error))
+        self.pushes = PushTable(f"tracker {tracker}", {}, refused=self._refused)
 
     def opened(self) -> None:
         self.behind = False
+        self.sent = None
+        self.whole_only = False
         self.publish()
 
     def publish(self, live: bool = True) -> None:
-        """Our ServerInfo to the tracker; coalesced like snapshots (the latest wins)."""
+        """Our ServerInfo to the tracker, or a patch of the one last sent on this link
+        (what changed: a report costs the change, not every topic); coalesced like
+        snapshots (the latest wins)."""
         if self.queue is not None and not self.behind:
-            message = b'{"cmd":"track_pub","live":%s,"serverInfo":%s}' % (
-                b"true" if live else b"false", self.role.encoded_info())
+            info, sent = self.role.info, self.sent
+            if live and sent is not None and not self.whole_only:
+                message = b'{"cmd":"track_pub","live":true,"patch":%s}' % patch_value(
+                    sent, info)
+            else:
+                message = b'{"cmd":"track_pub","live":%s,"serverInfo":%s}' % (
+                    b"true" if live else b"false", self.role.encoded_info())
             outcome = self.send(message)
             if outcome is Sent.SENT:
                 self.role.count("track_pub", len(message))
+                self.sent = info
             self.behind = outcome is Sent.FULL
+
+    def _refused(self, error: ServiceError) -> None:
+        """The tracker refused a report.  A patch of what it does not hold (it dropped our
+        entry: an expiry) is answered with the whole ServerInfo; a patch refused for
+        another reason (a tracker that takes none) too, and this link sends only whole
+        ones from then on; a whole one refused is logged."""
+        if self.whole_only:
+            log.warning("tracker %s refused our report: %s", self.address, error)
+            return
+        if error.detail.get("whole") is True:
+            log.info("tracker %s: %s", self.address, error)
+        else:
+            log.warning("tracker %s refused a patch (%s): whole reports from now on",
+                        self.address, error)
+            self.whole_only = True
+        self.sent = None
+        self.publish()
 
     def drained(self) -> None:
         if self.behind:

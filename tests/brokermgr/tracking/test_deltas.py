@@ -195,6 +195,52 @@ def test_a_patch_of_a_server_info_the_client_does_not_hold_asks_for_a_snapshot(
     assert world.nodes["t1"].received["track_sub"] == 2
 
 
+def test_after_its_first_report_a_server_reports_what_changed(world: World) -> None:
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    for j in range(500):
+        s1.declare_topic(f"topic-{j:03d}")
+    world.run(0.5)
+    whole = s1.sent_bytes["track_pub"]
+    s1.declare_topic("one-more")
+    s1.remove_topic("topic-007")
+    world.run(0.5)
+    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info  # all of it
+    assert s1.sent_bytes["track_pub"] - whole < whole / 50  # two changes' worth
+
+
+def test_a_patch_the_tracker_cannot_apply_brings_the_whole_server_info(
+        world: World) -> None:
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    s1.declare_topic("x")
+    world.run(0.5)
+    tracker_of(t1).tracked.remove("s1:15555")  # as if it expired: the base is gone
+    s1.declare_topic("y")  # a patch, refused (409, whole), then the whole ServerInfo
+    world.run(0.5)
+    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info
+    publisher = server_of(s1).publishers[0]
+    assert publisher.sent is server_of(s1).info and not publisher.whole_only
+
+
+def test_a_tracker_that_refuses_patches_gets_whole_reports(world: World) -> None:
+    from brokermgr import ServiceError
+
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    s1.declare_topic("x")
+    world.run(0.5)
+    publisher = server_of(s1).publishers[0]
+    publisher._refused(ServiceError(400, "track_pub: serverInfo is missing"))  # an old one
+    world.run(0.5)
+    assert publisher.whole_only
+    before = s1.sent_bytes["track_pub"]
+    s1.declare_topic("y")
+    world.run(0.5)
+    assert s1.sent_bytes["track_pub"] - before > len(server_of(s1).encoded_info())  # whole
+    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info
+
+
 def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:
     world = World()
     world.universe = BrokerManager("tracking", max_message_size=8192, high_water=8192)
