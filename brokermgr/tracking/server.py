@@ -2,7 +2,8 @@
 
 A server publishes *its own* ServerInfo (``track_pub``) to each of its
 trackers: when the link opens, on every change and every ``report_interval``,
-and ``live: false`` on a clean shutdown.  A new version is taken on every
+and ``live: false`` on a clean shutdown; after the first on a link, as a patch of the
+one it last sent there (what changed).  A new version is taken on every
 change, from a :class:`~.info.VersionCounter`.  Clients that hold the server
 statically watch it (``server_sub``): they get its ServerInfo at once and
 after every change, coalesced behind a slow reader like the reports.
