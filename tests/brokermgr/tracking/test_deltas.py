@@ -205,7 +205,7 @@ def test_after_its_first_report_a_server_reports_what_changed(world: World) -> N
     s1.declare_topic("one-more")
     s1.remove_topic("topic-007")
     world.run(0.5)
-    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info  # all of it
+    assert tracker_of(t1).tracked.values()["s1:15555"] == server_of(s1).info  # all of it
     assert s1.sent_bytes["track_pub"] - whole < whole / 50  # two changes' worth
 
 
@@ -218,7 +218,7 @@ def test_a_patch_the_tracker_cannot_apply_brings_the_whole_server_info(
     tracker_of(t1).tracked.remove("s1:15555")  # as if it expired: the base is gone
     s1.declare_topic("y")  # a patch, refused (409, whole), then the whole ServerInfo
     world.run(0.5)
-    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info
+    assert tracker_of(t1).tracked.values()["s1:15555"] == server_of(s1).info
     publisher = server_of(s1).publishers[0]
     assert publisher.sent is server_of(s1).info and not publisher.whole_only
 
@@ -238,7 +238,7 @@ def test_a_tracker_that_refuses_patches_gets_whole_reports(world: World) -> None
     s1.declare_topic("y")
     world.run(0.5)
     assert s1.sent_bytes["track_pub"] - before > len(server_of(s1).encoded_info())  # whole
-    assert tracker_of(t1).tracked.get("s1:15555").value == server_of(s1).info
+    assert tracker_of(t1).tracked.values()["s1:15555"] == server_of(s1).info
 
 
 def test_a_snapshot_larger_than_one_message_arrives_in_pieces() -> None:

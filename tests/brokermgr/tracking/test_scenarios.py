@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from brokermgr.tracking import (
     TopicInfo,
     TrackNode,
     by_key_hash,
+    feed,
 )
 from pump import ConfigError
 
@@ -246,6 +248,40 @@ def test_a_server_may_publish_only_its_own_server_info(world: World) -> None:
     assert reasons and "published the ServerInfo of 's9:15555'" in reasons[0]
     assert sorted(tracker_of(t1).tracked.values()) == ["s1:15555"]
     assert servers(client) == ["s1"]
+
+
+def test_a_forged_patch_of_another_server_closes_the_liar_s_link_and_changes_nothing(
+        world: World) -> None:
+    t1 = world.node("t1", role="tracker")
+    s1 = world.node("s1", role="server", trackers=("t1",))
+    s1.declare_topic("x")
+    client = world.client("c", "t1")
+    world.run(0.5)
+    held = tracker_of(t1).tracked.values()["s1:15555"]
+    liar = world.universe.add_broker("liar")
+    reasons: list[str] = []
+
+    class Forge:
+        def connected(self, queue: Any) -> None:
+            queue.set_listener(self)
+            forged = replace(held, info_version=held.info_version + 1, topic_table={
+                "stolen": TopicInfo(ServerAddress("s1:15555"), "stolen")})
+            patch = json.loads(feed.patch_value(held, forged))  # a base the tracker holds
+            queue.send(encode({"cmd": "track_pub", "live": True, "patch": patch}))
+
+        def refused(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+        def received(self, message: bytes) -> None: ...
+
+        def closed(self, reason: str) -> None:
+            reasons.append(reason)
+
+    liar.connect("t1", 15555, Forge())
+    world.run(1)
+    assert reasons and "published the ServerInfo of 's1:15555'" in reasons[0]
+    assert tracker_of(t1).tracked.values()["s1:15555"] is held  # as s1 said it
+    assert list(client.routes.topic_table) == ["x"]
 
 
 def test_bad_messages_close_only_their_own_link(world: World) -> None:
