@@ -218,6 +218,9 @@ class Shipper:
         """Send each follower of the topic what was written since, within its window."""
         name = state.topic.name
         log = state.topic.log
+        # followers at one offset (the common case: each keeps up) are sent the same
+        # frame: encoded once for all of them
+        encoded: dict[tuple[int, int], tuple[Any, int]] = {}
         for (_, topic), follower in list(self.followers.items()):
             if topic != name:
                 continue
@@ -236,14 +239,19 @@ class Shipper:
                     self.catalogue.failed(state, "replication",
                                           f"records from {follower.next} cannot be read")
                     break
-                records = [r for i, r in enumerate(records)
-                           if r.offset == follower.next + i]
-                # as stored (the replica checks each body against its own maximum)
-                chunks, lengths = encode_records(records, _ANY_BODY)
-                size = sum(lengths)
-                link.send(encode({"cmd": "copies", "topic": name, "first": follower.next,
-                                  "count": len(records), "committed": state.committed},
-                                 chunks))
+                if records[-1].offset != follower.next + len(records) - 1:
+                    records = [r for i, r in enumerate(records)
+                               if r.offset == follower.next + i]
+                key = (follower.next, len(records))
+                if key not in encoded:
+                    # as stored (the replica checks each body against its own maximum)
+                    chunks, lengths = encode_records(records, _ANY_BODY)
+                    encoded[key] = encode(
+                        {"cmd": "copies", "topic": name, "first": follower.next,
+                         "count": len(records), "committed": state.committed},
+                        chunks), sum(lengths)
+                frame, size = encoded[key]
+                link.send(frame)
                 follower.committed = state.committed
                 follower.next += len(records)
                 follower.in_flight.append((follower.next, size))

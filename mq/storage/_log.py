@@ -59,6 +59,7 @@ from ._record import (
     Record,
     StoreError,
     decode,
+    decode_run,
     encode_batch,
 )
 from ._scan import (
@@ -223,30 +224,24 @@ class TopicLog:
         the write fails."""
         self._check_writable()
         segment = self.segments[-1]
-        records: list[Record] = []
-        ends: list[int] = []
-        pos, expected, latest = 0, segment.next_offset, segment.max_ts
-        while pos < len(data):
-            where = f"{self.directory}: a copied record at byte {pos} of {len(data)}"
-            try:
-                found = decode(data, pos, self.max_record)
-            except BadRecord as exc:
-                raise StoreError(f"{where}: {exc}; nothing stored") from None
-            if found is None:
-                raise StoreError(f"{where}: the bytes end inside it; nothing stored")
-            record, pos = found
-            if record.offset != expected:
-                raise StoreError(f"{where}: offset {record.offset}, {expected} expected; "
-                                 f"nothing stored")
-            if record.timestamp < latest:
-                raise StoreError(f"{where}: timestamp {record.timestamp} before "
-                                 f"{latest}; nothing stored")
-            if len(record.body) > self.max_body:
+        records, ends, damage = decode_run(data, self.max_record)
+        expected, latest, max_body = segment.next_offset, segment.max_ts, self.max_body
+        for i, record in enumerate(records):  # checked in order: the first fault is named
+            if (record.offset != expected or record.timestamp < latest
+                    or len(record.body) > max_body):
+                where = self._copied_at(ends[i - 1] if i else 0, len(data))
+                if record.offset != expected:
+                    raise StoreError(f"{where}: offset {record.offset}, {expected} expected; "
+                                     f"nothing stored")
+                if record.timestamp < latest:
+                    raise StoreError(f"{where}: timestamp {record.timestamp} before "
+                                     f"{latest}; nothing stored")
                 raise StoreError(f"{where}: a body of {len(record.body)} bytes exceeds the "
-                                 f"queue's maximum of {self.max_body}; nothing stored")
-            records.append(record)
-            ends.append(pos)
+                                 f"queue's maximum of {max_body}; nothing stored")
             expected, latest = expected + 1, record.timestamp
+        if damage is not None:
+            where = self._copied_at(ends[-1] if ends else 0, len(data))
+            raise StoreError(f"{where}: {damage}; nothing stored")
         if not records:
             return 0
         try:
@@ -270,6 +265,9 @@ class TopicLog:
         if segment.size >= self.segment_bytes:
             self._roll()
         return len(records)
+
+    def _copied_at(self, pos: int, size: int) -> str:
+        return f"{self.directory}: a copied record at byte {pos} of {size}"
 
     def begin_epoch(self, epoch: int) -> None:
         """This log's records are written under master epoch ``epoch`` from its next

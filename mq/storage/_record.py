@@ -183,3 +183,48 @@ def decode(buf: bytes | memoryview, pos: int, max_record: int) -> tuple[Record, 
     start += producer_len
     return Record(offset, timestamp, sequence, tag, producer,
                   bytes(buf[start:pos + length])), pos + length
+
+
+def decode_run(buf: bytes | memoryview, max_record: int
+               ) -> tuple[list[Record], list[int], str | None]:
+    """:func:`decode` of every record of ``buf``, back to back from its start, in one
+    pass (a replica's frame of copies: about a third of the cost of a call per record):
+    the records, where each ends, and None, or what is wrong with the bytes after the
+    last one (:class:`BadRecord`'s reason, or that the bytes end inside a record)."""
+    if type(buf) is not bytes:
+        buf = bytes(buf)  # one copy: slices of bytes are the bodies, with no copy more
+    view = memoryview(buf)
+    end = len(buf)
+    unpack, overhead = RECORD_HEADER.unpack_from, RECORD_OVERHEAD
+    records: list[Record] = []
+    ends: list[int] = []
+    add_record, add_end = records.append, ends.append
+    names_were: bytes | None = None  # a run of records from one producer: decoded once
+    tag: str | None = None
+    producer = ""
+    pos = 0
+    while pos < end:
+        if end - pos < overhead:
+            return records, ends, "the bytes end inside it"
+        (length, crc, offset, timestamp, sequence, flags, tag_len, producer_len,
+         _) = unpack(buf, pos)
+        if length < overhead + tag_len + producer_len or length > max_record:
+            return records, ends, f"record length {length} out of range"
+        stop = pos + length
+        if stop > end:
+            return records, ends, "the bytes end inside it"
+        if crc32(view[pos + 8:stop]) != crc:
+            return records, ends, "checksum mismatch"
+        if flags != 0:
+            return records, ends, f"unknown flags {flags:#x}"
+        start = pos + overhead
+        body_at = start + tag_len + producer_len
+        names = buf[start:body_at]
+        if names != names_were:
+            names_were = names
+            tag = names[:tag_len].decode(errors="replace") if tag_len else None
+            producer = names[tag_len:].decode(errors="replace")
+        add_record(Record(offset, timestamp, sequence, tag, producer, buf[body_at:stop]))
+        add_end(stop)
+        pos = stop
+    return records, ends, None

@@ -9,6 +9,8 @@ import pathlib
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mq import CursorStore, FormatError, StoreError, TopicLog
 from mq.storage._files import VIEW_BODY
@@ -382,6 +384,47 @@ def _copies(log: TopicLog, offset: int, count: int) -> bytes:
     records = log.read(offset, max_count=count, max_bytes=1 << 30)
     chunks, _ = encode_records(records, log.max_body)
     return b"".join(bytes(c) for c in chunks)
+
+
+@given(st.lists(st.tuples(st.sampled_from([None, "eu", "ü"]), st.sampled_from(["p1", "p2"]),
+                          st.binary(max_size=300)), min_size=1, max_size=12),
+       st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_run_of_copies_decodes_as_record_by_record_decoding_would(
+        entries: list[tuple[str | None, str, bytes]], data: st.DataObject) -> None:
+    """:func:`decode_run` (a replica's whole frame in one pass) gives the records,
+    their ends and the first fault that :func:`decode` called record by record gives,
+    on whole frames, frames cut at any byte and frames with a byte flipped anywhere."""
+    from mq.storage._record import BadRecord, decode, decode_run, encode_batch
+
+    chunks, _ = encode_batch(7, 1000, [(tag, producer, i, body)
+                                       for i, (tag, producer, body) in enumerate(entries)],
+                             1 << 20)
+    frame = bytearray(b"".join(bytes(c) for c in chunks))
+    how = data.draw(st.sampled_from(["whole", "cut", "flip"]))
+    if how == "cut":
+        del frame[data.draw(st.integers(0, len(frame) - 1)):]
+    elif how == "flip":
+        frame[data.draw(st.integers(0, len(frame) - 1))] ^= data.draw(st.integers(1, 255))
+    expected, ends, fault, pos = [], [], None, 0
+    while pos < len(frame):
+        try:
+            found = decode(bytes(frame), pos, 1 << 20)
+        except BadRecord as exc:
+            fault = str(exc)
+            break
+        if found is None:
+            fault = "the bytes end inside it"
+            break
+        record, pos = found
+        expected.append(record)
+        ends.append(pos)
+    for given_as in (bytes(frame), memoryview(bytes(frame))):
+        got, got_ends, got_fault = decode_run(given_as, 1 << 20)
+        assert (got, got_ends, got_fault) == (expected, ends, fault)
+        assert all(type(record.body) is bytes for record in got)
+    if how == "whole":
+        assert [(r.tag, r.producer, r.body) for r in expected] == entries
 
 
 def test_a_replica_stores_the_master_s_records_as_they_are(tmp_path: pathlib.Path) -> None:
