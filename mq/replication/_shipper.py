@@ -136,6 +136,9 @@ class Shipper:
         self.insync_lag = insync_lag
         #: by the link's id and the topic
         self.followers: dict[tuple[str, str], _Follower] = {}
+        #: the same, by topic and the link's id (what a produce looks at, whatever the
+        #: other topics)
+        self._of_topic: dict[str, dict[str, _Follower]] = {}
         #: produce replies waiting for replicas, by topic, in offset order
         self.waiting: dict[str, list[_WaitingReply]] = {}
         #: this master's epoch (each topic's log keeps where each epoch began)
@@ -188,7 +191,8 @@ class Shipper:
             raise ServiceError(Status.CONFLICT,
                                f"{request.topic}: records before {log.start_offset} are gone "
                                f"(retention); the replica asked from {request.start}")
-        self.followers[(link.caller_id, request.topic)] = _Follower(
+        self.followers[(link.caller_id, request.topic)] = self._of_topic.setdefault(
+            request.topic, {})[link.caller_id] = _Follower(
             link, request.topic, request.start, request.start, request.window, [],
             self.now() if request.start == log.next_offset else -float("inf"),
             request.replica)
@@ -221,9 +225,7 @@ class Shipper:
         # followers at one offset (the common case: each keeps up) are sent the same
         # frame: encoded once for all of them
         encoded: dict[tuple[int, int], tuple[Any, int]] = {}
-        for (_, topic), follower in list(self.followers.items()):
-            if topic != name:
-                continue
+        for follower in list(self._of_topic.get(name, {}).values()):
             link = follower.link
             while follower.next < log.next_offset:
                 room = follower.window - sum(n for _, n in follower.in_flight)
@@ -265,9 +267,7 @@ class Shipper:
         frame carried it since (called every 0.1 s)."""
         name = state.topic.name
         groups = state.topic.groups
-        for (_, topic), follower in self.followers.items():
-            if topic != name:
-                continue
+        for follower in self._of_topic.get(name, {}).values():
             changed = {}
             for group_name, group in groups.items():
                 now = (min(group.floor, follower.next), state.filters.get(group_name))
@@ -287,6 +287,10 @@ class Shipper:
         topics = {k[1] for k in self.followers if k[0] == link.caller_id}
         for topic in topics:
             del self.followers[(link.caller_id, topic)]
+            of_topic = self._of_topic[topic]
+            del of_topic[link.caller_id]
+            if not of_topic:
+                del self._of_topic[topic]
         for topic in topics:
             self.check(topic)
 
@@ -294,6 +298,7 @@ class Shipper:
         """No followers any more (this server stepped down): their links, once each."""
         links = {id(f.link): f.link for f in self.followers.values()}
         self.followers.clear()
+        self._of_topic.clear()
         for topic in list(self.waiting):
             self.check(topic)
         return list(links.values())
@@ -307,7 +312,7 @@ class Shipper:
                              and not state.topic.log.segments):
             return []  # gone, or its log closed as the process stops (a last beat)
         written, now = state.topic.log.next_offset, self.now()
-        return sorted(caller for (caller, t), f in self.followers.items() if t == topic and (
+        return sorted(caller for caller, f in self._of_topic.get(topic, {}).items() if (
             f.acked >= written or now - f.caught_up <= self.insync_lag))
 
     def insync_replicas(self) -> list[str]:
@@ -332,14 +337,31 @@ class Shipper:
     def refusal(self, topic: str) -> ServiceError | None:
         """Under ``sync``, why a produce to ``topic`` cannot be acknowledged now (a memory
         topic is not replicated: never)."""
-        if not self._replicated(topic):
+        if not self._replicated(topic) or self._enough_in_sync(topic):
             return None
         count = len(self.in_sync(topic))
-        if count >= self.min_insync:
-            return None
         return ServiceError(Status.UNAVAILABLE,
                             f"{topic}: {count} replicas in sync, {self.min_insync} needed "
                             f"(replication sync)", topic=topic)
+
+    def _enough_in_sync(self, topic: str) -> bool:
+        """Whether at least ``min_insync`` replicas of ``topic`` are in sync: the count of
+        :meth:`in_sync`, stopped once it is enough (the check of every produce)."""
+        state = self.catalogue.topics.get(topic)
+        log = None if state is None else state.topic.log
+        if log is None or (isinstance(log, TopicLog) and not log.segments):
+            return False
+        written, need, now = log.next_offset, self.min_insync, None
+        for f in self._of_topic.get(topic, {}).values():
+            if f.acked < written:
+                if now is None:
+                    now = self.now()
+                if now - f.caught_up > self.insync_lag:
+                    continue
+            need -= 1
+            if need == 0:
+                return True
+        return False
 
     def hold(self, deferred: Deferred) -> bool:
         """Under ``sync``, keep a produce's reply (``stored``) until enough replicas
@@ -349,7 +371,7 @@ class Shipper:
                 reply["topic"]):
             return False
         topic, end = reply["topic"], reply["offset"] + reply["count"]
-        if any(f.acked >= end for (_, t), f in self.followers.items() if t == topic) and (
+        if any(f.acked >= end for f in self._of_topic.get(topic, {}).values()) and (
                 self._enough(topic, end)):  # (a produce just written: no replica has it)
             return False
         self.waiting.setdefault(topic, []).append(_WaitingReply(end, deferred))
@@ -386,7 +408,7 @@ class Shipper:
         """The offset below which enough replicas have ``topic`` (the rule of
         :meth:`_enough`); -1 while none counts (too few follow it, or one the name
         service holds in sync does not)."""
-        acked = sorted((f.acked for (_, t), f in self.followers.items() if t == topic),
+        acked = sorted((f.acked for f in self._of_topic.get(topic, {}).values()),
                        reverse=True)
         required = self._stored_by(topic)
         if len(acked) < self.min_insync or required is None:
@@ -411,8 +433,8 @@ class Shipper:
         insync = set(self.in_sync(topic))
         required = []
         named = set()
-        for (caller, t), f in self.followers.items():
-            if t == topic and (caller in insync or f.replica in self.confirmed):
+        for caller, f in self._of_topic.get(topic, {}).items():
+            if caller in insync or f.replica in self.confirmed:
                 required.append(f.acked)
                 if f.replica is not None:
                     named.add(f.replica)

@@ -633,6 +633,40 @@ async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind
             logs[name].close()
 
 
+async def test_a_replica_whose_link_closed_counts_no_more_at_once(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Under sync, a replica gone with its link is out of the in-sync count at once (a
+    produce is refused then, not held for the in-sync lag), on the topic it followed
+    and not on another; the replica that stays is still waited for."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        await client.declare("audit")
+        logs, followers = await two_replicas(universe, tmp_path)
+        audit = TopicLog(tmp_path / "r3" / "audit")
+        other = Follower(universe.add_broker("r3"), "s1:15555", {"audit": audit},
+                         retry=0.5)
+        while "audit" not in other.followed:
+            await other.changed.wait()
+        await client.publish("orders", b"both")
+        await client.publish("audit", b"one")
+        followers["r1"].close()
+        followers["r2"].close()
+        for _ in range(100):  # until the master has seen both links close
+            if not any(topic == "orders" for _, topic in server.shipper.followers):
+                break
+            await trio.testing.wait_all_tasks_blocked()
+        assert not any(topic == "orders" for _, topic in server.shipper.followers)
+        start = trio.current_time()
+        with pytest.raises(ServiceError) as caught:
+            await client.publish("orders", b"nobody")
+        assert trio.current_time() - start < 1.0  # not the in-sync lag (5 s)
+        assert "orders: 0 replicas in sync, 1 needed" in caught.value.reason
+        stored = await client.publish("audit", b"still copied")
+        assert stored.offset == 1 and audit.next_offset == 2
+        other.close()
+        for log in (*logs.values(), audit):
+            log.close()
+
+
 async def test_a_former_master_s_tail_is_cut_and_it_copies_its_successor(
         tmp_path: pathlib.Path, autojump_clock: object, caplog: pytest.LogCaptureFixture
         ) -> None:
