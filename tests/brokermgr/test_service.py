@@ -177,6 +177,52 @@ async def test_a_link_that_closes_before_the_reply_is_status_0(
         assert error.status == Status.NO_REPLY and "the link closed" in error.reason
 
 
+async def test_calls_on_a_link_end_each_at_its_own_timeout_and_the_others_go_on(
+        autojump_clock: object) -> None:
+    """A peer that never answers: each call of one link ends with status 0 when its own
+    timeout ends (the shorter first, whatever the order they were made in), and a
+    call answered meanwhile returns its reply."""
+    async with open_universe("svc") as universe:
+        hung = universe.add_broker("hung")
+        accepted: Future[AsyncMessageQueue] = Future()
+
+        async def accept() -> None:
+            accepted.set(await hung.accept_queue(1))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            link = BrokerLink(universe.add_broker("c"), "hung", 1, name="hung", retry=10)
+            link.connect()
+            await link.up.wait()
+            start = trio.current_time()
+            ended: dict[str, tuple[float, str]] = {}
+
+            async def call(name: str, timeout: float) -> None:
+                try:
+                    reply = await link.call({"cmd": name}, timeout=timeout)
+                    ended[name] = (trio.current_time() - start, reply["cmd"])
+                except ServiceError as exc:
+                    assert exc.status == Status.NO_REPLY
+                    ended[name] = (trio.current_time() - start, exc.reason)
+            async with trio.open_nursery() as calls:
+                for name, timeout in (("long", 9.0), ("short", 2.0), ("middle", 5.0),
+                                      ("answered", 30.0)):
+                    calls.start_soon(call, name, timeout)
+                    await trio.testing.wait_all_tasks_blocked()
+                peer = await accepted.wait()
+                asked = [decode(await peer.receive()) for _ in range(4)]
+                await trio.sleep(3.0)  # "short" has ended by now
+                answered = next(a for a in asked if a["cmd"] == "answered")
+                await peer.send(encode({"cmd": "done", "seq": answered["seq"]}))
+            link.close()
+            await peer.aclose()
+    assert ended["answered"][1] == "done" and 3.0 <= ended["answered"][0] < 3.1
+    for name, timeout in (("short", 2.0), ("middle", 5.0), ("long", 9.0)):
+        at, reason = ended[name]
+        assert timeout <= at < timeout + 0.1, (name, at)
+        assert reason == (f"hung: no reply to {name} within {timeout} s (no reply); it may "
+                          f"or may not have been carried out")
+
+
 async def test_a_link_in_its_back_off_dials_at_once_when_hurried(
         autojump_clock: object) -> None:
     """A link refused several times waits longer each time to dial again (up to its
