@@ -374,3 +374,34 @@ def test_a_template_encodes_as_encode_does(obj: dict[str, Any], field: str,
         made, whole = template.encode(value, body), encode({**obj, field: value}, body)
         assert bytes(made) == bytes(whole)
         assert decode(bytes(made))[field] == value
+
+
+_NUMBERS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@given(obj=st.dictionaries(_KEYS, _VALUES | _NUMBERS, max_size=6),
+       space=st.sampled_from(["", " ", "\n\t", "\r "]),
+       noise=st.binary(max_size=12).filter(lambda b: b"\x00" not in b))  # (a body's mark)
+def test_messages_encode_and_decode_as_the_json_module_does(
+        obj: dict[str, Any], space: str, noise: bytes) -> None:
+    """The services' encoding is ``json``'s, compact with sorted keys, byte for byte;
+    decoding takes what ``json.loads`` takes of UTF-8 (whitespace around the object
+    too) and refuses what it refuses, and so does a head with anything after it."""
+    import json
+
+    from channels import ProtocolError
+
+    assert encode(obj) == json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    text = f"{space}{json.dumps(obj)}{space}".encode()
+    assert json.dumps(decode(text), sort_keys=True) == json.dumps(obj, sort_keys=True)
+    for message in (text + noise, noise, noise + text):
+        try:
+            expected: Any = json.loads(message.decode("utf-8", "surrogatepass"))
+        except ValueError:
+            expected = None
+        if not isinstance(expected, dict):
+            with pytest.raises(ProtocolError):
+                decode(message)
+        else:
+            assert json.dumps(decode(message), sort_keys=True) == json.dumps(
+                expected, sort_keys=True)
