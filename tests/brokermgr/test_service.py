@@ -376,6 +376,18 @@ def test_a_template_encodes_as_encode_does(obj: dict[str, Any], field: str,
         assert decode(bytes(made))[field] == value
 
 
+
+def test_a_template_of_an_object_that_holds_its_mark_still_encodes_as_encode_does() -> None:
+    """A field's place in a template is marked by a text that a nested object of the
+    same field may hold itself: then another mark is drawn, and the messages are the
+    same."""
+    from brokermgr._rpc import _TOKEN
+
+    for obj in ({"n": {"group": _TOKEN}}, {"a": [{"group": _TOKEN}], "b": _TOKEN}):
+        template = Template(obj, "group")
+        for value in ("g1", _TOKEN, ""):
+            assert bytes(template.encode(value)) == bytes(encode({**obj, "group": value}))
+
 _NUMBERS = st.floats(allow_nan=True, allow_infinity=True)
 
 
