@@ -20,6 +20,8 @@ their producer are checked (every ``MqClient`` does).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from ._topic import Log
 
 #: Publishes remembered per topic.
@@ -34,13 +36,15 @@ class Recent:
 
     def __init__(self, limit: int = WINDOW) -> None:
         self.limit = limit
-        self.publishes: dict[tuple[str, int], tuple[int, int]] = {}
+        #: An OrderedDict: a dict's oldest entry, dropped at every publish, is found by
+        #: a scan over the slots its earlier drops left (a microsecond at 4,096 entries).
+        self.publishes: OrderedDict[tuple[str, int], tuple[int, int]] = OrderedDict()
 
     def add(self, producer: str, sequence: int, offset: int, count: int) -> None:
         publishes = self.publishes
         publishes[(producer, sequence)] = (offset, count)
         if len(publishes) > self.limit:
-            del publishes[next(iter(publishes))]
+            publishes.popitem(last=False)
 
     @classmethod
     def of(cls, log: Log) -> Recent:
