@@ -104,7 +104,7 @@ MODES = ("async", "sync")
 DEFAULT_INSYNC_LAG = 10.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _WaitingReply:
     """A produce's reply waiting for replicas: sent once ``end`` is acknowledged by
     enough of them."""
@@ -371,9 +371,11 @@ class Shipper:
                 reply["topic"]):
             return False
         topic, end = reply["topic"], reply["offset"] + reply["count"]
-        if any(f.acked >= end for f in self._of_topic.get(topic, {}).values()) and (
-                self._enough(topic, end)):  # (a produce just written: no replica has it)
-            return False
+        for f in self._of_topic.get(topic, {}).values():
+            if f.acked >= end:  # (a produce just written: no replica has it)
+                if self._enough(topic, end):
+                    return False
+                break
         self.waiting.setdefault(topic, []).append(_WaitingReply(end, deferred))
         self.counts["held"] += 1
         return True
