@@ -217,6 +217,9 @@ class ReconnectingLink(QueueListener):
 
         The wait for the reply ends with a pump timer, one for every call waiting on
         this link (a trio cancel scope per call cost a fifth of a request's work)."""
+        if not timeout >= 0:
+            raise ConfigError(f"timeout must be a non-negative number of seconds, got "
+                              f"{timeout!r}")
         reply: Future[ReplyOrError] = Future()
         what = obj.get("cmd", "the request")
         ends = self.pump.now() + timeout

@@ -35,7 +35,7 @@ from brokermgr import (
 from brokermgr.tracking import TrackNode
 from channels import AsyncMessageQueue, CloseCause
 from mq import MqServer
-from pump import Future
+from pump import ConfigError, Future
 
 #: Each service, where a client reaches it: (broker id, port).
 SERVICES = {"name-service": ("@manager", 0), "tracking": ("t1", 15555), "mq": ("s1", 15555)}
@@ -146,6 +146,9 @@ async def test_call_returns_the_reply_or_raises_the_servers_error(
             await silent.call({"cmd": "lookup", "id": "x"}, timeout=2)
         assert info.value.status == Status.NO_REPLY
         silent.close()
+        for bad in (-1.0, float("nan")):  # a clear error, not a wait for ever
+            with pytest.raises(ConfigError, match="timeout must be a non-negative"):
+                await link.call({"cmd": "lookup", "id": "x"}, timeout=bad)
         link.close()
 
 
