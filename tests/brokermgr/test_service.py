@@ -152,8 +152,11 @@ async def test_call_returns_the_reply_or_raises_the_servers_error(
         link.close()
 
 
-async def test_a_link_that_closes_before_the_reply_is_status_0(
-        autojump_clock: object) -> None:
+@asynccontextmanager
+async def hung_link() -> AsyncIterator[
+        tuple[trio.Nursery, BrokerLink, Future[AsyncMessageQueue]]]:
+    """A link dialled to broker ``hung``, whose end of it (a future) answers only what a
+    test sends on it; and a nursery for the test's calls."""
     async with open_universe("svc") as universe:
         hung = universe.add_broker("hung")
         accepted: Future[AsyncMessageQueue] = Future()
@@ -164,20 +167,26 @@ async def test_a_link_that_closes_before_the_reply_is_status_0(
             nursery.start_soon(accept)
             link = BrokerLink(universe.add_broker("c"), "hung", 1, name="hung", retry=10)
             link.connect()
-            outcome: Future[ServiceError] = Future()
+            yield nursery, link, accepted
 
-            async def call() -> None:
-                try:
-                    await link.call({"cmd": "anything"}, timeout=30)
-                except ServiceError as exc:
-                    outcome.set(exc)
-            nursery.start_soon(call)
-            peer = await accepted.wait()
-            await peer.receive()  # the request came; no reply will
-            await peer.aclose()
-            error = await outcome.wait()
-            link.close()
-        assert error.status == Status.NO_REPLY and "the link closed" in error.reason
+
+async def test_a_link_that_closes_before_the_reply_is_status_0(
+        autojump_clock: object) -> None:
+    async with hung_link() as (nursery, link, accepted):
+        outcome: Future[ServiceError] = Future()
+
+        async def call() -> None:
+            try:
+                await link.call({"cmd": "anything"}, timeout=30)
+            except ServiceError as exc:
+                outcome.set(exc)
+        nursery.start_soon(call)
+        peer = await accepted.wait()
+        await peer.receive()  # the request came; no reply will
+        await peer.aclose()
+        error = await outcome.wait()
+        link.close()
+    assert error.status == Status.NO_REPLY and "the link closed" in error.reason
 
 
 async def test_calls_on_a_link_end_each_at_its_own_timeout_and_the_others_go_on(
@@ -185,39 +194,30 @@ async def test_calls_on_a_link_end_each_at_its_own_timeout_and_the_others_go_on(
     """A peer that never answers: each call of one link ends with status 0 when its own
     timeout ends (the shorter first, whatever the order they were made in), and a
     call answered meanwhile returns its reply."""
-    async with open_universe("svc") as universe:
-        hung = universe.add_broker("hung")
-        accepted: Future[AsyncMessageQueue] = Future()
+    async with hung_link() as (_, link, accepted):
+        await link.up.wait()
+        start = trio.current_time()
+        ended: dict[str, tuple[float, str]] = {}
 
-        async def accept() -> None:
-            accepted.set(await hung.accept_queue(1))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(accept)
-            link = BrokerLink(universe.add_broker("c"), "hung", 1, name="hung", retry=10)
-            link.connect()
-            await link.up.wait()
-            start = trio.current_time()
-            ended: dict[str, tuple[float, str]] = {}
-
-            async def call(name: str, timeout: float) -> None:
-                try:
-                    reply = await link.call({"cmd": name}, timeout=timeout)
-                    ended[name] = (trio.current_time() - start, reply["cmd"])
-                except ServiceError as exc:
-                    assert exc.status == Status.NO_REPLY
-                    ended[name] = (trio.current_time() - start, exc.reason)
-            async with trio.open_nursery() as calls:
-                for name, timeout in (("long", 9.0), ("short", 2.0), ("middle", 5.0),
-                                      ("answered", 30.0)):
-                    calls.start_soon(call, name, timeout)
-                    await trio.testing.wait_all_tasks_blocked()
-                peer = await accepted.wait()
-                asked = [decode(await peer.receive()) for _ in range(4)]
-                await trio.sleep(3.0)  # "short" has ended by now
-                answered = next(a for a in asked if a["cmd"] == "answered")
-                await peer.send(encode({"cmd": "done", "seq": answered["seq"]}))
-            link.close()
-            await peer.aclose()
+        async def call(name: str, timeout: float) -> None:
+            try:
+                reply = await link.call({"cmd": name}, timeout=timeout)
+                ended[name] = (trio.current_time() - start, reply["cmd"])
+            except ServiceError as exc:
+                assert exc.status == Status.NO_REPLY
+                ended[name] = (trio.current_time() - start, exc.reason)
+        async with trio.open_nursery() as calls:
+            for name, timeout in (("long", 9.0), ("short", 2.0), ("middle", 5.0),
+                                  ("answered", 30.0)):
+                calls.start_soon(call, name, timeout)
+                await trio.testing.wait_all_tasks_blocked()
+            peer = await accepted.wait()
+            asked = [decode(await peer.receive()) for _ in range(4)]
+            await trio.sleep(3.0)  # "short" has ended by now
+            answered = next(a for a in asked if a["cmd"] == "answered")
+            await peer.send(encode({"cmd": "done", "seq": answered["seq"]}))
+        link.close()
+        await peer.aclose()
     assert ended["answered"][1] == "done" and 3.0 <= ended["answered"][0] < 3.1
     for name, timeout in (("short", 2.0), ("middle", 5.0), ("long", 9.0)):
         at, reason = ended[name]
