@@ -216,7 +216,9 @@ class ReconnectingLink(QueueListener):
         raises status :data:`Status.NO_REPLY` at once: nothing was sent.
 
         The wait for the reply ends with a pump timer, one for every call waiting on
-        this link (a trio cancel scope per call cost a fifth of a request's work)."""
+        this link (a trio cancel scope per call cost a fifth of a request's work): like
+        the reply itself, it comes only while the pump is driven (:attr:`Pump.driven
+        <pump.PumpCore.driven>`)."""
         if not timeout >= 0:
             raise ConfigError(f"timeout must be a non-negative number of seconds, got "
                               f"{timeout!r}")
