@@ -47,6 +47,7 @@ _rb_readable_region = lib.rb_readable_region
 _rb_skip = lib.rb_skip
 _rb_recv_fd = lib.rb_recv_fd
 _rb_send_fd = lib.rb_send_fd
+_lens_uniform = lib.rb_lens_uniform
 
 
 #: Bytes, or a cffi buffer (``ffi.buffer``): sliced, either gives bytes.
@@ -65,15 +66,33 @@ def split_bodies(data: Buffer, lens: list[int]) -> Sequence[bytes]:
     whose own slices would be views)."""
     first, count = lens[0], len(lens)
     if lens.count(first) == count:
-        unpack = _SPLITTERS.get((first, count))
-        if unpack is None:
-            if len(_SPLITTERS) >= _MAX_SPLITTERS:
-                _SPLITTERS.clear()
-            unpack = _SPLITTERS[first, count] = struct.Struct(f"{first}s" * count).unpack
-        return unpack(data)
+        return _split_uniform(data, first, count)
     if type(data) is memoryview:
         data = data.tobytes()
     return [data[a:b] for a, b in pairwise(accumulate(lens, initial=0))]
+
+
+def _split_uniform(data: Buffer, size: int, count: int) -> tuple[bytes, ...]:
+    """``data`` cut into ``count`` bytes of ``size`` each, by one ``struct`` unpack."""
+    unpack = _SPLITTERS.get((size, count))
+    if unpack is None:
+        if len(_SPLITTERS) >= _MAX_SPLITTERS:
+            _SPLITTERS.clear()
+        unpack = _SPLITTERS[size, count] = struct.Struct(f"{size}s" * count).unpack
+    return unpack(data)
+
+
+def _taken(count: int) -> tuple[Sequence[bytes], list[int]]:
+    """The bodies and lengths of ``count`` (at least two) frames just taken into the
+    scratch buffer: when they are of one size (found in C), cut with no list of their
+    lengths made from the C array first."""
+    s = _scratch
+    data = _ffi_buffer(s.out, s.used[0])
+    if _lens_uniform(s.lens, count):
+        size = s.lens[0]
+        return _split_uniform(data, size, count), [size] * count
+    lens: list[int] = _unpack(s.lens, count)
+    return split_bodies(data, lens), lens
 
 
 class _Scratch(threading.local):
@@ -287,10 +306,10 @@ class RingBuffer:
         rb = self._rb
         count = _take_frames(rb, s.out, BATCH_BYTES, s.lens, BATCH_FRAMES, batch_body, s.used)
         if count:  # cut straight out of the scratch buffer: one copy per body
-            lens: list[int] = _unpack(s.lens, count)
             if count == 1:
-                return [_ffi_buffer(s.out, lens[0])[:]], lens
-            return split_bodies(_ffi_buffer(s.out, s.used[0]), lens), lens
+                size = s.lens[0]
+                return [_ffi_buffer(s.out, size)[:]], [size]
+            return _taken(count)
         status = _frame_status(rb, s.len32)
         if status == FRAME_NONE:
             return None, status, -1
@@ -325,8 +344,7 @@ class RingBuffer:
             if count == 1:
                 into.append(_unpack(out, s.used[0]))
             elif count:
-                into.extend(split_bodies(_ffi_buffer(out, s.used[0]),
-                                         _unpack(s.lens, count)))
+                into.extend(_taken(count)[0])
             else:
                 break
             taken += count

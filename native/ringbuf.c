@@ -281,3 +281,9 @@ size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, siz
     *out_used = used;
     return i;
 }
+
+int rb_lens_uniform(const uint32_t *lens, size_t n) {
+    for (size_t i = 1; i < n; i++)
+        if (lens[i] != lens[0]) return 0;
+    return 1;
+}

@@ -89,6 +89,9 @@ size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, siz
 /* Take the next frame if it is complete and its body at most maxlen bytes long: the
  * body goes to out (maxlen bytes at least).  Return its length, or -1 (nothing taken). */
 long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen);
+/* Whether the n (at least 1) lengths are all the same: 1 if so, else 0 (frames taken
+ * are then cut by one unpack, with no list of their lengths made first). */
+int rb_lens_uniform(const uint32_t *lens, size_t n);
 /* CDEF-END */
 
 #endif

@@ -168,6 +168,29 @@ def test_frames_round_trip_in_order(bodies: list[bytes], cap: int) -> None:
     assert out == bodies
 
 
+@given(st.integers(0, 300), st.integers(2, 50), st.sampled_from([None, 0, 1, 299]),
+       st.sampled_from([0, 1, 17, 50]))
+def test_a_batch_of_one_size_or_all_but_one_is_cut_as_it_was_put(
+        size: int, count: int, last: int | None, odd_at: int) -> None:
+    """Bodies of one size are cut in one unpack; one body of another size, anywhere in
+    the batch (first, inside, last), sends it the general way: either way each take
+    gives the bodies and their lengths as they were put."""
+    bodies = [bytes([i % 251]) * size for i in range(count)]
+    if last is not None:
+        bodies[min(odd_at, count - 1)] = b"\xff" * last
+    for taker in ("take_next", "take_whole"):
+        ring = RingBuffer(1 << 16)
+        assert ring.put_batch(bodies, 0, 1 << 16, 64)[0] == count
+        if taker == "take_next":
+            got = ring.take_next(1 << 16, 1 << 16)
+            assert list(got[0] or []) == bodies and got[1] == [len(b) for b in bodies]
+        else:
+            into: deque[bytes] = deque()
+            assert ring.take_whole(into, 64, 1 << 16) == count
+            assert list(into) == bodies
+        assert ring.used == 0
+
+
 @pytest.mark.parametrize("cap", [0, 3, 6, 100, MAX_CAPACITY * 2, -4])
 def test_capacity_must_be_a_power_of_two_in_range(cap: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
