@@ -93,3 +93,20 @@ def test_page_touch_prints_each_file_of_both_passes(tmp_path: pathlib.Path) -> N
                              r"(\d+\.\d) us of system CPU per 64 KiB", line)
         assert found is not None, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replication_cpu_prints_each_figure_with_each_process_s_cpu() -> None:
+    """One server's awaited and batched figures, each with the CPU a message of this
+    process (the publishers) and of the server.  Without arguments it says how to call
+    it, in one line."""
+    out = _output("replication_cpu.py", "400", "single")
+    lines = out.splitlines()
+    assert lines[0] == "single", out
+    for line, kind in zip(lines[1:], ("awaited", "batched"), strict=True):
+        assert re.fullmatch(rf"  {kind} +\d+ msg/s; CPU us a message: client=\d+\.\d "
+                            r"s0=\d+\.\d", line), out
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "replication_cpu.py")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("usage: python bench/replication_cpu.py MESSAGES SYSTEMS")
+    assert len(done.stderr.splitlines()) == 1
