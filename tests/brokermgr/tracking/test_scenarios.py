@@ -222,18 +222,15 @@ def test_two_instances_tracking_each_other_do_not_loop(world: World) -> None:
     assert list(client.routes.topic_table) == ["x"]
 
 
-def test_a_server_may_publish_only_its_own_server_info(world: World) -> None:
-    t1 = world.node("t1", role="tracker")
-    world.node("s1", role="server", trackers=("t1",))
-    client = world.client("c", "t1")
-    liar = world.universe.add_broker("liar")
+def _tell_once(world: World, obj: dict[str, Any]) -> list[str]:
+    """A broker "liar" (a token holder, no server) sends ``obj`` to tracker t1 on a link
+    of its own: why that link closed, once the world ran a second."""
     reasons: list[str] = []
 
-    class Forge:
+    class Liar:
         def connected(self, queue: Any) -> None:
             queue.set_listener(self)
-            forged = ServerInfo(ServerAddress("s9:15555"), 99)
-            queue.send(encode({"cmd": "track_pub", "serverInfo": forged.to_json()}))
+            queue.send(encode(obj))
 
         def refused(self, reason: str) -> None:
             raise AssertionError(reason)
@@ -243,8 +240,17 @@ def test_a_server_may_publish_only_its_own_server_info(world: World) -> None:
         def closed(self, reason: str) -> None:
             reasons.append(reason)
 
-    liar.connect("t1", 15555, Forge())
+    world.universe.add_broker("liar").connect("t1", 15555, Liar())
     world.run(1)
+    return reasons
+
+
+def test_a_server_may_publish_only_its_own_server_info(world: World) -> None:
+    t1 = world.node("t1", role="tracker")
+    world.node("s1", role="server", trackers=("t1",))
+    client = world.client("c", "t1")
+    forged = ServerInfo(ServerAddress("s9:15555"), 99)
+    reasons = _tell_once(world, {"cmd": "track_pub", "serverInfo": forged.to_json()})
     assert reasons and "published the ServerInfo of 's9:15555'" in reasons[0]
     assert sorted(tracker_of(t1).tracked.values()) == ["s1:15555"]
     assert servers(client) == ["s1"]
@@ -258,27 +264,10 @@ def test_a_forged_patch_of_another_server_closes_the_liar_s_link_and_changes_not
     client = world.client("c", "t1")
     world.run(0.5)
     held = tracker_of(t1).tracked.values()["s1:15555"]
-    liar = world.universe.add_broker("liar")
-    reasons: list[str] = []
-
-    class Forge:
-        def connected(self, queue: Any) -> None:
-            queue.set_listener(self)
-            forged = replace(held, info_version=held.info_version + 1, topic_table={
-                "stolen": TopicInfo(ServerAddress("s1:15555"), "stolen")})
-            patch = json.loads(feed.patch_value(held, forged))  # a base the tracker holds
-            queue.send(encode({"cmd": "track_pub", "live": True, "patch": patch}))
-
-        def refused(self, reason: str) -> None:
-            raise AssertionError(reason)
-
-        def received(self, message: bytes) -> None: ...
-
-        def closed(self, reason: str) -> None:
-            reasons.append(reason)
-
-    liar.connect("t1", 15555, Forge())
-    world.run(1)
+    forged = replace(held, info_version=held.info_version + 1, topic_table={
+        "stolen": TopicInfo(ServerAddress("s1:15555"), "stolen")})
+    patch = json.loads(feed.patch_value(held, forged))  # a base the tracker holds
+    reasons = _tell_once(world, {"cmd": "track_pub", "live": True, "patch": patch})
     assert reasons and "published the ServerInfo of 's1:15555'" in reasons[0]
     assert tracker_of(t1).tracked.values()["s1:15555"] is held  # as s1 said it
     assert list(client.routes.topic_table) == ["x"]
