@@ -38,17 +38,21 @@ def cpu_s(pid: int) -> float:
 
 
 def processes() -> dict[str, int]:
-    """This process and the MQ servers running now (``broker run --id NAME``), by name."""
-    found = {"client": os.getpid()}
+    """This process and the MQ servers it started (``broker run --id NAME``; not other
+    programs' brokers on the machine), by name."""
+    me = os.getpid()
+    found = {"client": me}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
-        if b"broker" in argv and b"run" in argv and b"--id" in argv:
+        if parent == me and b"broker" in argv and b"run" in argv and b"--id" in argv:
             found[argv[argv.index(b"--id") + 1].decode()] = int(entry)
     return found
 
