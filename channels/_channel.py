@@ -156,6 +156,12 @@ class Channel:
         self._peer = peer
         self._carried = transport
 
+    def rx_growable(self) -> bool:
+        """Whether the incoming ring may grow (:meth:`RingBuffer.grow`): a transport
+        fills it, which holds no view of it between its reads, and no writer in this
+        process keeps its capacity."""
+        return self._carried
+
     def transport_ended(self) -> None:
         """The transport sent every byte it will send for this end (or can send no more)."""
         self._carried_off = True

@@ -13,8 +13,9 @@ wraps around its end) is moved in pieces.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from pump import ConfigError
@@ -164,6 +165,10 @@ def close_frame(reason: str, cause: str) -> bytes:
 
 #: Bytes all the unfinished frames of one process may hold (see :class:`FrameBudget`).
 DEFAULT_FRAME_BUDGET = 256 << 20
+#: Bytes the receive rings of one process may grow by, in all (see :class:`FrameBudget`).
+DEFAULT_RING_GROWTH = 64 << 20
+#: The most a link's receive ring grows to (:attr:`FrameDecoder.grow_limit`).
+RING_GROWTH_CAP = 1 << 20
 
 
 class FrameBudget:
@@ -175,13 +180,24 @@ class FrameBudget:
     ends its link with a protocol error; the others go on.
     """
 
-    __slots__ = ("limit", "held")
+    __slots__ = ("limit", "held", "ring_limit", "grown")
 
-    def __init__(self, limit: int = DEFAULT_FRAME_BUDGET) -> None:
-        if limit < 0:
-            raise ConfigError(f"frame budget must not be negative, got {limit}")
+    def __init__(self, limit: int = DEFAULT_FRAME_BUDGET,
+                 ring_limit: int = DEFAULT_RING_GROWTH) -> None:
+        if limit < 0 or ring_limit < 0:
+            raise ConfigError(f"frame budget must not be negative, got {min(limit, ring_limit)}")
         self.limit = limit
         self.held = 0
+        #: What the rings that grew (:attr:`FrameDecoder.grow_limit`) added, in all, and
+        #: how much they may add: a ring grows only within it, and gives back what it
+        #: added when it is freed.
+        self.ring_limit = ring_limit
+        self.grown = 0
+
+
+def _give_back(budget: FrameBudget, added: int) -> None:
+    """A ring that grew was freed: what it added leaves the budget."""
+    budget.grown -= added
 
 
 #: The budget of this process, shared by every decoder that is not given another.
@@ -198,7 +214,8 @@ class FrameDecoder:
     """
 
     __slots__ = ("ring", "max_message_size", "budget", "peer_close", "_capacity", "_hdr",
-                 "_hdr_got", "_body", "_need", "_got", "_charged", "batch_body", "_close_state")
+                 "_hdr_got", "_body", "_need", "_got", "_charged", "batch_body", "_close_state",
+                 "ring_grows")
 
     def __init__(self, ring: RingBuffer, *, max_message_size: int,
                  budget: FrameBudget | None = None) -> None:
@@ -220,6 +237,13 @@ class FrameDecoder:
         #: ``(cause, reason)`` from the peer's close frame, once it came (nothing may follow).
         self.peer_close: tuple[str, str] | None = None
         self._close_state = 0  # 1: a close frame's body is arriving; 2: it came
+        #: Whether the ring may grow now: true where only this decoder and a socket touch
+        #: it, as over TCP.  Then, once a frame longer than the ring has arrived in
+        #: pieces, the ring grows to hold two such frames whole, up to
+        #: :data:`RING_GROWTH_CAP` bytes, within the budget's
+        #: :attr:`~FrameBudget.ring_limit`; its reads take a frame whole from then on,
+        #: and more of the bytes that wait in the socket.  None: it never grows.
+        self.ring_grows: Callable[[], bool] | None = None
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> int:
         """Feed bytes; return how many the ring took (all, or as many as fit)."""
@@ -337,8 +361,30 @@ class FrameDecoder:
             if got < need:
                 return None
         self.discard()
+        grows = self.ring_grows
+        if grows is not None and self._close_state == 0 and grows():
+            self._grow(need)
         # the pieces are joined once (growing one buffer copied it again and again)
         return body[0] if len(body) == 1 else b"".join(body)
+
+    def _grow(self, length: int) -> None:
+        """A frame of ``length`` bytes arrived in pieces: grow the ring to hold two of
+        them whole, as far as :data:`RING_GROWTH_CAP` and the budget allow, and only if
+        it then holds one whole.  Grown by what arrived, never by what a header declares."""
+        want = 1 << (2 * (length + HEADER_SIZE) - 1).bit_length()
+        capacity = min(want, RING_GROWTH_CAP)
+        added = capacity - self._capacity
+        budget = self.budget
+        if (capacity < length + HEADER_SIZE or added <= 0
+                or budget.grown + added > budget.ring_limit):
+            return
+        try:
+            self.ring.grow(capacity)
+        except MemoryError:
+            return
+        budget.grown += added
+        weakref.finalize(self.ring, _give_back, budget, added)
+        self._capacity = capacity
 
     def _start_body(self, length: int) -> None:
         self._body = []  # the pieces of what arrived

@@ -113,6 +113,9 @@ class QueueStatistics:
     #: message's 4-byte length prefix included
     bytes_sent: int = 0
     bytes_received: int = 0
+    #: bytes the incoming ring holds at most (over a socket it grows once a frame
+    #: longer than it arrives: :attr:`FrameDecoder.ring_grows`)
+    receive_ring: int = 0
 
 
 class MessageQueue:
@@ -165,8 +168,10 @@ class MessageQueue:
         self._put_frame = channel.tx_ring.frame_putter()
         self._spans = self._encoder.spans  # the queued messages that came from a Batch
         self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
+        self._decoder.ring_grows = channel.rx_growable  # over a socket (attached later)
         #: The bytes waiting in the incoming ring (a C call), and half its capacity: a
-        #: reader that pulls reads ahead of a ring that full (:meth:`read_ahead`).
+        #: reader that pulls reads ahead of a ring that full (:meth:`read_ahead`; a ring
+        #: that grows keeps the mark it was made with).
         self.rx_used = channel.rx_ring.used_counter()
         self.rx_half = channel.rx_ring.capacity // 2
         self._listener: Listening | None = None
@@ -769,6 +774,7 @@ class MessageQueue:
             state=self._state.value,
             bytes_sent=self._tx.total_written,
             bytes_received=self._rx.total_read,
+            receive_ring=self._rx.capacity,
         )
 
 

@@ -166,6 +166,21 @@ class RingBuffer:
     def capacity(self) -> int:
         return self._capacity
 
+    def grow(self, capacity: int) -> None:
+        """Hold up to ``capacity`` bytes from now on (a power of two above the current
+        capacity), keeping what the ring holds and its counters.  Only between reads and
+        writes: a view of the ring taken before is not valid after.  ``ConfigError`` for
+        a capacity that is not such a power of two; ``MemoryError`` if none is left
+        (the ring is then as it was)."""
+        if not isinstance(capacity, int) or not (
+                self._capacity < capacity <= MAX_CAPACITY and capacity & (capacity - 1) == 0):
+            raise ConfigError(f"a ring grows to a power of two above {self._capacity} and "
+                              f"at most {MAX_CAPACITY}, not {capacity!r}")
+        if lib.rb_grow(self._rb, capacity) != 0:
+            raise MemoryError(f"no memory for a ring of {capacity} bytes")
+        self._capacity = capacity
+        self._base = lib.rb_base(self._rb)
+
     @property
     def used(self) -> int:
         """Bytes readable now."""

@@ -356,20 +356,15 @@ class StreamLink:
         return n
 
     async def _read_stream(self, rx: RingBuffer) -> int | None:
-        """:meth:`_read_socket` for other streams (TLS, memory): one ``receive_some``."""
-        view = rx.writable_view()
-        room = len(view)
-        try:
-            if room == 0:
-                await self._wait_room()
-                return None
-            data = await self.stream.receive_some(room)
-            n = len(data)
-            view[:n] = data
-        finally:
-            view.release()
-        rx.commit(n)
-        return n
+        """:meth:`_read_socket` for other streams (TLS, memory): one ``receive_some``,
+        copied into the ring after it (no view of the ring is held while it waits: the
+        ring may grow meanwhile)."""
+        room = rx.free
+        if room == 0:
+            await self._wait_room()
+            return None
+        data = await self.stream.receive_some(room)
+        return rx.write(data)
 
     async def _wait_room(self) -> None:
         self._recv_wake = trio.Event()

@@ -48,6 +48,8 @@ void rb_free(rb_ring *rb) {
 
 size_t rb_capacity(const rb_ring *rb) { return rb->capacity; }
 
+char *rb_base(const rb_ring *rb) { return rb->data; }
+
 size_t rb_used(const rb_ring *rb) { return LOAD_ACQ(&rb->head) - LOAD_ACQ(&rb->tail); }
 size_t rb_total_written(const rb_ring *rb) { return LOAD_ACQ(&rb->head); }
 size_t rb_total_read(const rb_ring *rb) { return LOAD_ACQ(&rb->tail); }
@@ -286,4 +288,29 @@ int rb_lens_uniform(const uint32_t *lens, size_t n) {
     for (size_t i = 1; i < n; i++)
         if (lens[i] != lens[0]) return 0;
     return 1;
+}
+
+int rb_grow(rb_ring *rb, size_t capacity) {
+    if (capacity <= rb->capacity || capacity > RB_MAX_CAPACITY) return -1;
+    if ((capacity & (capacity - 1)) != 0) return -1;
+    char *data = malloc(capacity);
+    if (data == NULL) return -1;
+    size_t tail = LOAD_OWN(&rb->tail);
+    size_t used = LOAD_OWN(&rb->head) - tail;
+    rb_ring grown = {capacity, capacity - 1, 0, 0, data};
+    char *old = rb->data;
+    /* the bytes go where the counters point in the larger ring (they may wrap there) */
+    size_t off = tail & rb->mask;
+    size_t first = rb->capacity - off;
+    if (first >= used) {
+        copy_in(&grown, tail, old + off, used);
+    } else {
+        copy_in(&grown, tail, old + off, first);
+        copy_in(&grown, tail + first, old, used - first);
+    }
+    rb->data = data;
+    rb->capacity = capacity;
+    rb->mask = capacity - 1;
+    free(old);
+    return 0;
 }

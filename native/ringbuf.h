@@ -33,6 +33,13 @@ rb_ring *rb_new(size_t capacity);
 void rb_free(rb_ring *rb);
 
 size_t rb_capacity(const rb_ring *rb);
+/* Grow the ring to `capacity` (a power of two above the current one, within the
+ * limits), keeping the bytes it holds and its counters: 0, or -1 (a bad capacity, or
+ * no memory: the ring is as it was).  Only while no region of it is in use (the one
+ * thread that reads it and writes it, between calls). */
+int rb_grow(rb_ring *rb, size_t capacity);
+/* Where the ring's bytes start (a run round the end goes on there). */
+char *rb_base(const rb_ring *rb);
 size_t rb_used(const rb_ring *rb);
 size_t rb_free_space(const rb_ring *rb);
 /* Bytes ever written to / read from the ring (a link's byte counters). */

@@ -51,7 +51,7 @@ static int run(size_t cap, int steps) {
     for (int s = 0; s < steps; s++) {
         size_t n = rnd(300);
         for (size_t i = 0; i < n; i++) buf[i] = (char)rnd(256);
-        switch (rnd(11)) {
+        switch (rnd(12)) {
         case 0: { /* write */
             size_t w = rb_write(rb, buf, n);
             size_t room = cap - model_len;
@@ -186,6 +186,19 @@ static int run(size_t cap, int steps) {
                 CHECK(memcmp(out, model + 4, want) == 0);
                 memmove(model, model + 4 + want, model_len - 4 - want);
                 model_len -= 4 + want;
+            }
+            break;
+        }
+        case 10: { /* grow now and then: the bytes and counters stay, the room grows */
+            CHECK(rb_grow(rb, cap) == -1 && rb_grow(rb, cap * 3) == -1);
+            if (cap < 8192 && rnd(4) == 0) {
+                size_t written = rb_total_written(rb), taken = rb_total_read(rb);
+                CHECK(rb_grow(rb, cap * 2) == 0);
+                cap *= 2;
+                CHECK(rb_capacity(rb) == cap && rb_used(rb) == model_len);
+                CHECK(rb_total_written(rb) == written && rb_total_read(rb) == taken);
+                CHECK(rb_peek(rb, (char *)out_buf, model_len) == model_len);
+                CHECK(memcmp(out_buf, model, model_len) == 0);
             }
             break;
         }

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from channels import HEADER_SIZE, MAX_CAPACITY, MIN_CAPACITY, RingBuffer
 from channels._ring import BATCH_BYTES, BATCH_FRAMES, FRAME_COMPLETE, FRAME_NONE, FRAME_PARTIAL
+from pump import ConfigError
 
 from .refring import RefRing
 
@@ -135,6 +136,16 @@ class RingVsReference(RuleBasedStateMachine):
         if self.ring is not None and self.ref is not None:
             assert bool(self.ring.put_frame(body)) == self.ref.put_frame(body)
 
+    @rule(times=st.integers(1, 3))
+    def grow(self, times: int) -> None:
+        """A receive ring that grows keeps its bytes, in order, and their counters."""
+        if self.ring is not None and self.ref is not None and self.ring.capacity < 1 << 14:
+            written, taken = self.ring.total_written, self.ring.total_read
+            self.ring.grow(self.ring.capacity << times)
+            self.ref.capacity <<= times
+            assert self.ring.capacity == self.ref.capacity
+            assert (self.ring.total_written, self.ring.total_read) == (written, taken)
+
     @invariant()
     def counts_agree(self) -> None:
         if self.ring is not None and self.ref is not None:
@@ -195,6 +206,15 @@ def test_a_batch_of_one_size_or_all_but_one_is_cut_as_it_was_put(
 def test_capacity_must_be_a_power_of_two_in_range(cap: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
         RingBuffer(cap)
+
+
+@pytest.mark.parametrize("bad", [64, 32, 96, MAX_CAPACITY * 2, 128.0, True])
+def test_a_ring_grows_only_to_a_larger_power_of_two_in_range(bad: object) -> None:
+    ring = RingBuffer(64)
+    ring.write(b"abc")
+    with pytest.raises(ConfigError, match="grows to a power of two above 64"):
+        ring.grow(bad)  # type: ignore[arg-type]
+    assert ring.capacity == 64 and ring.read() == b"abc"
 
 
 def test_capacity_limits_come_from_c() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import pathlib
 import socket
@@ -14,7 +15,7 @@ import trio
 import trio.testing
 
 from brokermgr import BrokerManager
-from channels import AsyncMessageQueue, CloseCause, close_frame
+from channels import PROCESS_FRAME_BUDGET, AsyncMessageQueue, CloseCause, close_frame
 from pump import ConfigError, Pump
 from rdv import Address, Hello, RefusedError, tls_contexts
 from tests.ports import free_port
@@ -384,3 +385,51 @@ async def test_a_reset_during_a_plain_handshake_says_nothing_of_tls() -> None:
                 await trio.sleep(0.01)
         assert ub.net.rejected[-1].startswith("connection lost: ")
         assert "tls" not in ub.net.rejected[-1].lower()
+
+
+async def test_a_tcp_links_receive_ring_grows_to_hold_two_long_frames_a_memory_ones_never(
+) -> None:
+    """Frames longer than the ring arrive in pieces at first; then the ring grows to hold
+    two of them whole (by what arrived, within the process's budget, which gets the
+    bytes back once the ring is freed).  A memory link's rings (another writer in the
+    process keeps their size) never grow."""
+    budget = PROCESS_FRAME_BUDGET
+    grown_before = budget.grown
+    async with two_processes_worth(ring=1024) as (ua, ub, nursery):
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        client = ua.add_broker("client")
+        async with await client.connect_queue("server", 80) as q:
+            assert q.statistics().receive_ring == 1024
+            await q.send(b"s" * 1000)  # fits the ring whole: nothing grows
+            assert await q.receive() == b"s" * 1000
+            assert q.statistics().receive_ring == 1024
+            sent = [bytes([i]) * 3000 for i in range(8)]
+            for message in sent:
+                await q.send(message)
+            assert [await q.receive() for _ in sent] == sent
+            assert q.statistics().receive_ring == 8192  # 2 x 3004 bytes, a power of two
+            assert budget.grown - grown_before == 2 * (8192 - 1024)  # both ends grew
+            await nursery.start(ua.add_broker("local").serve_queues, 81, echo)
+            async with await client.connect_queue("local", 81) as local:
+                await local.send(b"m" * 3000)
+                assert await local.receive() == b"m" * 3000
+                assert local.statistics().receive_ring == 1024
+    del ua, ub, client, q, local
+    gc.collect()  # the rings are freed with their links
+    assert budget.grown == grown_before
+
+
+async def test_a_ring_does_not_grow_past_the_process_budget() -> None:
+    budget = PROCESS_FRAME_BUDGET
+    limit = budget.ring_limit
+    budget.ring_limit = budget.grown + 4096  # room for one ring's growth, not two
+    try:
+        async with two_processes_worth(ring=1024) as (ua, ub, nursery):
+            await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+            async with await ua.add_broker("client").connect_queue("server", 80) as q:
+                for _ in range(3):
+                    await q.send(b"x" * 1500)  # 2 x 1504: a ring of 4096 holds two
+                    assert await q.receive() == b"x" * 1500
+                assert q.statistics().receive_ring == 1024  # the server's end took it
+    finally:
+        budget.ring_limit = limit
