@@ -1,4 +1,5 @@
-"""cffi API-mode build of the C ring buffer into ``channels._ringbuf``.
+"""cffi API-mode builds of the C ring buffer into ``channels._ringbuf``, and of the MQ
+log's record checks into ``mq.storage._records``.
 
 The cdef is read from ``native/ringbuf.h`` (between the CDEF markers), so the
 declarations cffi sees are exactly the ones the C code is compiled against.
@@ -14,11 +15,11 @@ from cffi import FFI
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def read_cdef() -> str:
-    header = (HERE / "ringbuf.h").read_text()
+def read_cdef(name: str = "ringbuf.h") -> str:
+    header = (HERE / name).read_text()
     match = re.search(r"/\* CDEF-BEGIN \*/(.*?)/\* CDEF-END \*/", header, re.S)
     if match is None:
-        raise RuntimeError("native/ringbuf.h has no CDEF-BEGIN/CDEF-END block")
+        raise RuntimeError(f"native/{name} has no CDEF-BEGIN/CDEF-END block")
     # cffi's cdef does not accept C comments inside declarations it parses
     # as well as a compiler does; strip them.
     return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
@@ -35,5 +36,17 @@ ffibuilder.set_source(
     extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra"],
 )
 
+#: The MQ log's records checked in C (a replica's copies): ``mq.storage._records``.
+records_builder = FFI()
+records_builder.cdef(read_cdef("records.h"))
+records_builder.set_source(
+    "mq.storage._records",
+    '#include "records.h"',
+    sources=["native/records.c"],
+    include_dirs=["native"],
+    extra_compile_args=["-O2", "-std=gnu99", "-Wall", "-Wextra"],
+)
+
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)
+    records_builder.compile(verbose=True)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from pump import ConfigError
 
+from ._copies import scan_copies
 from ._epochs import EPOCHS, Epochs
 from ._files import Flush, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
 from ._record import (
@@ -59,7 +60,6 @@ from ._record import (
     Record,
     StoreError,
     decode,
-    decode_run,
     encode_batch,
 )
 from ._scan import (
@@ -224,47 +224,52 @@ class TopicLog:
         the write fails."""
         self._check_writable()
         segment = self.segments[-1]
-        records, ends, damage = decode_run(data, self.max_record)
-        expected, latest, max_body = segment.next_offset, segment.max_ts, self.max_body
-        for i, record in enumerate(records):  # checked in order: the first fault is named
-            if (record.offset != expected or record.timestamp < latest
-                    or len(record.body) > max_body):
-                where = self._copied_at(ends[i - 1] if i else 0, len(data))
-                if record.offset != expected:
-                    raise StoreError(f"{where}: offset {record.offset}, {expected} expected; "
-                                     f"nothing stored")
-                if record.timestamp < latest:
-                    raise StoreError(f"{where}: timestamp {record.timestamp} before "
-                                     f"{latest}; nothing stored")
-                raise StoreError(f"{where}: a body of {len(record.body)} bytes exceeds the "
-                                 f"queue's maximum of {max_body}; nothing stored")
-            expected, latest = expected + 1, record.timestamp
-        if damage is not None:
-            where = self._copied_at(ends[-1] if ends else 0, len(data))
-            raise StoreError(f"{where}: {damage}; nothing stored")
-        if not records:
+        keep = self.tail.limit > 0
+        found = scan_copies(data, max_record=self.max_record, max_body=self.max_body,
+                            expected=segment.next_offset, min_ts=segment.max_ts,
+                            records=keep)
+        if found.fault is not None:  # checked in order: the first fault is named
+            raise StoreError(f"{self._copied_at(found.fault_at, len(data))}: {found.fault}; "
+                             f"nothing stored")
+        ends = found.ends
+        if not ends:
             return 0
         try:
             crc = write_chunks(segment.fd, [data], segment.size, segment.crc)
         except OSError as exc:
             self._undo(segment, exc)
-        index, base, start = segment.index, segment.base, segment.size
-        last_indexed, before = segment.last_indexed, 0
-        for record, end in zip(records, ends, strict=True):
-            if start + before - last_indexed >= INDEX_INTERVAL:
-                index.append((record.offset - base, start + before, record.timestamp))
-                last_indexed = start + before
-            before = end
-        segment.last_indexed = last_indexed
+        first, start = segment.next_offset, segment.size
+        self._index_copies(segment, first, start, ends, found.timestamps)
         segment.size = start + len(data)
         segment.crc = crc
-        segment.next_offset = expected
-        segment.max_ts = latest
-        if self.tail.limit > 0:
-            self.tail.keep_records(records)
+        segment.next_offset = first + len(ends)
+        segment.max_ts = found.timestamps[-1]
+        if keep:
+            assert found.records is not None
+            self.tail.keep_records(found.records)
         if segment.size >= self.segment_bytes:
             self._roll()
-        return len(records)
+        return len(ends)
+
+    @staticmethod
+    def _index_copies(segment: Segment, first: int, start: int, ends: list[int],
+                      timestamps: list[int]) -> None:
+        """The sparse index's entries for copies written at ``start``: one at the first
+        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry, as
+        :meth:`append` makes them (found by bisection, not record by record)."""
+        index, base, last = segment.index, segment.base, segment.last_indexed
+        i = 0
+        while i < len(ends):
+            need = last + INDEX_INTERVAL - start  # the first record starting this far in
+            if need > 0:
+                i = max(i, bisect.bisect_left(ends, need) + 1)
+                if i >= len(ends):
+                    break
+            before = ends[i - 1] if i else 0
+            index.append((first + i - base, start + before, timestamps[i]))
+            last = start + before
+            i += 1
+        segment.last_indexed = last
 
     def _copied_at(self, pos: int, size: int) -> str:
         return f"{self.directory}: a copied record at byte {pos} of {size}"

@@ -7,6 +7,7 @@ import logging
 import os
 import pathlib
 import struct
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -390,12 +391,13 @@ def _copies(log: TopicLog, offset: int, count: int) -> bytes:
                           st.binary(max_size=300)), min_size=1, max_size=12),
        st.data())
 @settings(max_examples=200, deadline=None)
-def test_a_run_of_copies_decodes_as_record_by_record_decoding_would(
+def test_a_run_of_copies_scans_as_record_by_record_decoding_would(
         entries: list[tuple[str | None, str, bytes]], data: st.DataObject) -> None:
-    """:func:`decode_run` (a replica's whole frame in one pass) gives the records,
+    """:func:`scan_copies` (a replica's whole frame in one C call) gives the records,
     their ends and the first fault that :func:`decode` called record by record gives,
     on whole frames, frames cut at any byte and frames with a byte flipped anywhere."""
-    from mq.storage._record import BadRecord, decode, decode_run, encode_batch
+    from mq.storage._copies import scan_copies
+    from mq.storage._record import BadRecord, decode, encode_batch
 
     chunks, _ = encode_batch(7, 1000, [(tag, producer, i, body)
                                        for i, (tag, producer, body) in enumerate(entries)],
@@ -420,11 +422,71 @@ def test_a_run_of_copies_decodes_as_record_by_record_decoding_would(
         expected.append(record)
         ends.append(pos)
     for given_as in (bytes(frame), memoryview(bytes(frame))):
-        got, got_ends, got_fault = decode_run(given_as, 1 << 20)
-        assert (got, got_ends, got_fault) == (expected, ends, fault)
-        assert all(type(record.body) is bytes for record in got)
+        got = scan_copies(given_as, max_record=1 << 20, max_body=1 << 20, expected=7,
+                          min_ts=1000, records=True)
+        assert (got.records, got.ends, got.fault) == (expected, ends, fault)
+        assert got.timestamps == [1000] * len(ends)
+        assert got.fault_at == (ends[-1] if ends else 0)
+        assert got.records is not None and all(type(r.body) is bytes for r in got.records)
+        alone = scan_copies(given_as, max_record=1 << 20, max_body=1 << 20, expected=7,
+                            min_ts=1000, records=False)
+        assert (alone.records, alone.ends, alone.fault) == (None, ends, fault)
     if how == "whole":
         assert [(r.tag, r.producer, r.body) for r in expected] == entries
+
+
+@pytest.mark.parametrize(("first", "min_ts", "max_body", "fault"), [
+    (8, 0, 1 << 20, "offset 7, 8 expected"),
+    (7, 2000, 1 << 20, "timestamp 1000 before 2000"),
+    (7, 0, 2, "a body of 3 bytes exceeds the queue's maximum of 2"),
+])
+def test_copies_out_of_line_are_named_at_the_first_record_out_of_line(
+        first: int, min_ts: int, max_body: int, fault: str) -> None:
+    from mq.storage._copies import scan_copies
+    from mq.storage._record import encode_batch
+
+    chunks, lengths = encode_batch(7, 1000, [(None, "p", 0, b"abc")], 1 << 20)
+    got = scan_copies(b"".join(chunks), max_record=1 << 20, max_body=max_body,
+                      expected=first, min_ts=min_ts, records=True)
+    assert (got.ends, got.records, got.fault, got.fault_at) == ([], [], fault, 0)
+
+
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(0, 9000),
+       st.integers(0, 5000))
+def test_the_index_of_copies_has_the_entries_a_record_by_record_append_makes(
+        sizes: list[int], start: int, since: int) -> None:
+    """:meth:`TopicLog._index_copies` finds its entries by bisection: the same as
+    looking at every record, as :meth:`TopicLog.append` does."""
+    from itertools import accumulate
+
+    from mq.storage._scan import INDEX_INTERVAL
+
+    ends = list(accumulate(sizes))
+    last = max(0, start - since)
+    want, before = [], 0
+    for i, end in enumerate(ends):
+        if start + before - last >= INDEX_INTERVAL:
+            want.append((100 + i - 90, start + before, 5000 + i))
+            last = start + before
+        before = end
+
+    segment = SimpleNamespace(index=[], base=90, last_indexed=max(0, start - since))
+    TopicLog._index_copies(segment, 100, start, ends,  # type: ignore[arg-type]
+                           [5000 + i for i in range(len(ends))])
+    assert segment.index == want and segment.last_indexed == last
+
+
+@given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+def test_the_c_crc32_is_zlibs(data: bytes, crc: int) -> None:
+    """Folded with carry-less multiplies (where the CPU has them) or with tables, the
+    CRC-32 of the records' C checks has ``zlib.crc32``'s values."""
+    import zlib
+
+    from mq.storage._records import lib
+
+    want = zlib.crc32(data, crc)
+    assert lib.rs_crc32(crc, data, len(data)) == want
+    assert lib.rs_crc32_tables(crc, data, len(data)) == want
 
 
 def test_a_replica_stores_the_master_s_records_as_they_are(tmp_path: pathlib.Path) -> None:

@@ -1,0 +1,137 @@
+"""A replica's frame of copies checked in one C call (``native/records.c``): every
+record's length, checksum and flags, its offset in line and its timestamp in order, as
+:meth:`TopicLog.append_copies <._log.TopicLog.append_copies>` stores them.
+
+The checks are :func:`~._record.decode`'s and the log's, in the same order, with the same
+words for what is wrong; the C code only takes the Python interpreter's work per record
+out of them (the CRC-32 is folded with carry-less multiplies where the CPU has them,
+the same values as ``zlib.crc32``).  The records themselves (for the log's tail) are
+made from what the scan found, without reading the bytes again.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any
+
+from ._record import RECORD_OVERHEAD, Record
+from ._records import ffi, lib
+
+__all__ = ["Copies", "scan_copies"]
+
+assert lib.RS_OVERHEAD == RECORD_OVERHEAD, "native/records.h and the record format differ"
+
+#: What stopped a scan, in the words :func:`~._record.decode` and the log use.
+_DAMAGE = {lib.RS_TRUNCATED: "the bytes end inside it", lib.RS_CHECKSUM: "checksum mismatch"}
+
+
+class _Scratch:
+    """The arrays a scan writes, kept for the next (a frame of copies is at most a few
+    MiB: one entry per record, grown when a frame holds more)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.stop = ffi.new("rs_stop *")
+        self._grow(1024)
+
+    def _grow(self, size: int) -> None:
+        self.size = size
+        self.ends: Any = ffi.new("uint32_t[]", size)
+        self.bodies: Any = ffi.new("uint32_t[]", size)
+        self.ts: Any = ffi.new("uint64_t[]", size)
+        self.seqs: Any = ffi.new("uint64_t[]", size)
+
+    def fit(self, size: int) -> _Scratch:
+        if size > self.size:
+            self._grow(max(size, 2 * self.size))
+        return self
+
+
+_scratch = _Scratch()
+
+
+class Copies:
+    """What :func:`scan_copies` found: the good records in a row from the start (``ends``:
+    where each ends; ``timestamps``; ``records`` when asked for), and what is wrong with
+    the bytes after them (None: nothing) with where that record starts."""
+
+    __slots__ = ("ends", "timestamps", "records", "fault", "fault_at")
+
+    def __init__(self, ends: list[int], timestamps: list[int], records: list[Record] | None,
+                 fault: str | None, fault_at: int) -> None:
+        self.ends = ends
+        self.timestamps = timestamps
+        self.records = records
+        self.fault = fault
+        self.fault_at = fault_at
+
+
+def scan_copies(data: bytes | memoryview, *, max_record: int, max_body: int,
+                expected: int, min_ts: int, records: bool) -> Copies:
+    """Check the records of ``data`` (back to back from its start), the first at offset
+    ``expected`` and none before ``min_ts``: see :class:`Copies`; with ``records``, the
+    :class:`~._record.Record` of each good one too (their bodies are slices of ``data``,
+    copied once)."""
+    buf = data if type(data) is bytes else bytes(data)
+    s = _scratch.fit(len(buf) // RECORD_OVERHEAD + 1)
+    stop = s.stop
+    count = lib.rs_scan(buf, len(buf), max_record, max_body, expected, min_ts, s.ends,
+                        s.bodies, s.ts, s.seqs, s.size, stop)
+    ends: list[int] = ffi.unpack(s.ends, count)
+    timestamps: list[int] = ffi.unpack(s.ts, count)
+    fault = _fault(stop, max_body, expected + count, timestamps[-1] if count else min_ts)
+    made = None
+    if records:
+        bodies: list[int] = ffi.unpack(s.bodies, count)
+        made = _records(buf, expected, count, ends, bodies, timestamps,
+                        ffi.unpack(s.seqs, count), bool(stop.same_names))
+    return Copies(ends, timestamps, made, fault, ends[-1] if count else 0)
+
+
+def _fault(stop: Any, max_body: int, expected: int, latest: int) -> str | None:
+    kind = stop.fault
+    if kind == lib.RS_OK:
+        return None
+    if kind in _DAMAGE:
+        return _DAMAGE[kind]
+    if kind == lib.RS_LENGTH:
+        return f"record length {stop.length} out of range"
+    if kind == lib.RS_FLAGS:
+        return f"unknown flags {stop.flags:#x}"
+    if kind == lib.RS_OFFSET:
+        return f"offset {stop.offset}, {expected} expected"
+    if kind == lib.RS_TIMESTAMP:
+        return f"timestamp {stop.timestamp} before {latest}"
+    return f"a body of {stop.body} bytes exceeds the queue's maximum of {max_body}"
+
+
+def _records(buf: bytes, first: int, count: int, ends: list[int], bodies: list[int],
+             timestamps: list[int], sequences: list[int], same_names: bool) -> list[Record]:
+    if not count:
+        return []
+    if same_names:  # one producer's run: its names decoded once
+        tag, producer = _names(buf, 0, bodies[0])
+        return list(map(Record, range(first, first + count), timestamps, sequences,
+                        repeat(tag, count), repeat(producer, count),
+                        map(buf.__getitem__, map(slice, bodies, ends))))
+    made = []
+    start, names_were, tag, producer = 0, b"", None, ""
+    for i in range(count):
+        body_at, end = bodies[i], ends[i]
+        names = buf[start + RECORD_OVERHEAD:body_at]
+        if names != names_were or not i:
+            names_were = names
+            tag, producer = _names(buf, start, body_at)
+        made.append(Record(first + i, timestamps[i], sequences[i], tag, producer,
+                           buf[body_at:end]))
+        start = end
+    return made
+
+
+def _names(buf: bytes, start: int, body_at: int) -> tuple[str | None, str]:
+    """The tag and producer id of the record at ``start`` whose body starts at
+    ``body_at``."""
+    tag_len = buf[start + 33]
+    at = start + RECORD_OVERHEAD
+    tag = buf[at:at + tag_len].decode(errors="replace") if tag_len else None
+    return tag, buf[at + tag_len:body_at].decode(errors="replace")
