@@ -43,6 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 from pump import ConfigError
@@ -195,18 +196,12 @@ class TopicLog:
             crc = write_chunks(segment.fd, chunks, segment.size, segment.crc)
         except OSError as exc:
             self._undo(segment, exc)
-        index, base = segment.index, segment.base
-        pos, last_indexed, offset = segment.size, segment.last_indexed, first
-        for length in lengths:
-            if pos - last_indexed >= INDEX_INTERVAL:
-                index.append((offset - base, pos, now))
-                last_indexed = pos
-            pos += length
-            offset += 1
-        segment.last_indexed = last_indexed
-        segment.size = pos
+        ends = list(accumulate(lengths))
+        start = segment.size
+        self._index_run(segment, first, start, ends, [now] * len(ends))
+        segment.size = start + ends[-1]
         segment.crc = crc
-        segment.next_offset = offset
+        segment.next_offset = first + len(ends)
         segment.max_ts = now
         if self.tail.limit > 0:
             self.tail.keep(first, now, messages)
@@ -239,7 +234,7 @@ class TopicLog:
         except OSError as exc:
             self._undo(segment, exc)
         first, start = segment.next_offset, segment.size
-        self._index_copies(segment, first, start, ends, found.timestamps)
+        self._index_run(segment, first, start, ends, found.timestamps)
         segment.size = start + len(data)
         segment.crc = crc
         segment.next_offset = first + len(ends)
@@ -252,11 +247,12 @@ class TopicLog:
         return len(ends)
 
     @staticmethod
-    def _index_copies(segment: Segment, first: int, start: int, ends: list[int],
-                      timestamps: list[int]) -> None:
-        """The sparse index's entries for copies written at ``start``: one at the first
-        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry, as
-        :meth:`append` makes them (found by bisection, not record by record)."""
+    def _index_run(segment: Segment, first: int, start: int, ends: list[int],
+                   timestamps: Sequence[int]) -> None:
+        """The sparse index's entries for records written at ``start`` (the first at
+        offset ``first``, each ending ``ends[i]`` bytes after ``start``): one at the first
+        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry
+        (found by bisection, not record by record)."""
         index, base, last = segment.index, segment.base, segment.last_indexed
         i = 0
         while i < len(ends):

@@ -451,12 +451,40 @@ def test_copies_out_of_line_are_named_at_the_first_record_out_of_line(
     assert (got.ends, got.records, got.fault, got.fault_at) == ([], [], fault, 0)
 
 
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=30),
+       st.lists(st.integers(0, 3000), min_size=1, max_size=8))
+@settings(max_examples=25, deadline=None)
+def test_the_sparse_index_of_appends_and_copies_is_the_one_a_scan_of_the_file_makes(
+        batches: list[int], sizes: list[int]) -> None:
+    """Batches appended (bodies of many sizes, across segments) and copied to a replica
+    leave each segment's index as reading its file back would rebuild it."""
+    import tempfile
+
+    from mq.storage._scan import scan_segment
+
+    with tempfile.TemporaryDirectory() as tmp:
+        master = TopicLog(pathlib.Path(tmp) / "m", segment_bytes=20_000)
+        replica = TopicLog(pathlib.Path(tmp) / "r", segment_bytes=30_000)
+        for i, count in enumerate(batches):
+            first = master.append([(None, "p", j, b"b" * sizes[(i + j) % len(sizes)])
+                                   for j in range(count)])
+            if count:
+                replica.append_copies(_copies(master, first, count))
+        for log in (master, replica):
+            for segment in log.segments:
+                scan = scan_segment(segment.path.read_bytes(), segment.base, log.max_record,
+                                    last=segment is log.segments[-1])
+                assert segment.index == scan.index, segment.path
+        master.close()
+        replica.close()
+
+
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(0, 9000),
        st.integers(0, 5000))
-def test_the_index_of_copies_has_the_entries_a_record_by_record_append_makes(
+def test_the_index_of_a_run_has_the_entries_a_look_at_every_record_makes(
         sizes: list[int], start: int, since: int) -> None:
-    """:meth:`TopicLog._index_copies` finds its entries by bisection: the same as
-    looking at every record, as :meth:`TopicLog.append` does."""
+    """:meth:`TopicLog._index_run` finds its entries by bisection: the same as
+    looking at every record."""
     from itertools import accumulate
 
     from mq.storage._scan import INDEX_INTERVAL
@@ -471,7 +499,7 @@ def test_the_index_of_copies_has_the_entries_a_record_by_record_append_makes(
         before = end
 
     segment = SimpleNamespace(index=[], base=90, last_indexed=max(0, start - since))
-    TopicLog._index_copies(segment, 100, start, ends,  # type: ignore[arg-type]
+    TopicLog._index_run(segment, 100, start, ends,  # type: ignore[arg-type]
                            [5000 + i for i in range(len(ends))])
     assert segment.index == want and segment.last_indexed == last
 
