@@ -231,31 +231,40 @@ class Shipper:
                 room = follower.window - sum(n for _, n in follower.in_flight)
                 if room <= 0:
                     break
-                records = log.read(follower.next, max_count=10_000,
-                                   max_bytes=min(room, FRAME_BYTES))
-                if not records:
-                    break
-                if records[0].offset != follower.next:
-                    # damage in this log hides the records from next on: the replica
-                    # cannot be given them (it keeps its offsets in line)
-                    self.catalogue.failed(state, "replication",
-                                          f"records from {follower.next} cannot be read")
-                    break
-                if records[-1].offset != follower.next + len(records) - 1:
-                    records = [r for i, r in enumerate(records)
-                               if r.offset == follower.next + i]
-                key = (follower.next, len(records))
+                # the pieces the log wrote (a follower that keeps up), or its records
+                # read back and encoded again, as stored (the replica checks each body
+                # against its own maximum)
+                written = log.written_since(follower.next, min(room, FRAME_BYTES), 10_000)
+                if written is not None:
+                    chunks, count, size = written
+                else:
+                    records = log.read(follower.next, max_count=10_000,
+                                       max_bytes=min(room, FRAME_BYTES))
+                    if not records:
+                        break
+                    if records[0].offset != follower.next:
+                        # damage in this log hides the records from next on: the replica
+                        # cannot be given them (it keeps its offsets in line)
+                        self.catalogue.failed(state, "replication",
+                                              f"records from {follower.next} cannot be read")
+                        break
+                    if records[-1].offset != follower.next + len(records) - 1:
+                        records = [r for i, r in enumerate(records)
+                                   if r.offset == follower.next + i]
+                    count = len(records)
+                    chunks, size = None, 0
+                key = (follower.next, count)
                 if key not in encoded:
-                    # as stored (the replica checks each body against its own maximum)
-                    chunks, lengths = encode_records(records, _ANY_BODY)
+                    if chunks is None:
+                        chunks, lengths = encode_records(records, _ANY_BODY)
+                        size = sum(lengths)
                     encoded[key] = encode(
                         {"cmd": "copies", "topic": name, "first": follower.next,
-                         "count": len(records), "committed": state.committed},
-                        chunks), sum(lengths)
+                         "count": count, "committed": state.committed}, chunks), size
                 frame, size = encoded[key]
                 link.send(frame)
                 follower.committed = state.committed
-                follower.next += len(records)
+                follower.next += count
                 follower.in_flight.append((follower.next, size))
                 self.counts["frames"] += 1
                 self.counts["bytes"] += size

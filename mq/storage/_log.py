@@ -72,6 +72,7 @@ from ._scan import (
 )
 from ._segment import Segment, create_segment, open_segments, rescan, seal
 from ._tail import Tail
+from ._written import Written
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -107,6 +108,8 @@ class TopicLog:
         self.segments: list[Segment] = []
         #: The newest records, as appended, for readers that keep up.
         self.tail = Tail(tail_bytes)
+        #: The newest appends as written, for a master's copies frames.
+        self.written = Written()
         #: Corrupt stretches found when opening, in order, then any found when reading.
         self.corruptions: list[Corruption] = []
         #: Bytes cut from the tail when opening (a record torn by a crash).
@@ -199,6 +202,7 @@ class TopicLog:
         ends = list(accumulate(lengths))
         start = segment.size
         self._index_run(segment, first, start, ends, [now] * len(ends))
+        self.written.keep(first, chunks, ends)
         segment.size = start + ends[-1]
         segment.crc = crc
         segment.next_offset = first + len(ends)
@@ -229,6 +233,7 @@ class TopicLog:
         ends = found.ends
         if not ends:
             return 0
+        self.written.clear()  # its records no longer follow the appends it holds
         try:
             crc = write_chunks(segment.fd, [data], segment.size, segment.crc)
         except OSError as exc:
@@ -319,6 +324,7 @@ class TopicLog:
         segment.size, segment.bad = pos + at, []
         rescan(segment, self.max_record)
         self.tail.clear()
+        self.written.clear()
         self._durable = self.next_offset
         self.epochs.cut(offset)
         write_file(self.directory / EPOCHS, self.epochs.encode())
@@ -423,6 +429,11 @@ class TopicLog:
         raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
 
     # -- reading -----------------------------------------------------------------------
+
+    def written_since(self, offset: int, max_bytes: int, max_count: int
+                      ) -> tuple[list[bytes | memoryview], int, int] | None:
+        """:meth:`Written.since <._written.Written.since>` of its newest appends."""
+        return self.written.since(offset, max_bytes, max_count)
 
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
@@ -539,6 +550,7 @@ class TopicLog:
             gone += oldest.next_offset - oldest.base
         if gone:
             fsync_dir(self._segdir)
+            self.written.clear()  # none of it is older than what is held, as read finds
         return gone
 
     def close(self) -> None:

@@ -85,6 +85,10 @@ class MemoryLog:
         """Nothing: a ring keeps its own bounds (``max_count``, ``max_bytes``)."""
         return 0
 
+    def written_since(self, offset: int, max_bytes: int, max_count: int) -> None:
+        """Nothing is written: its records are read."""
+        return None
+
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
         records = self._records

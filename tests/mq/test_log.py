@@ -619,3 +619,60 @@ def test_a_cut_before_the_oldest_record_held_is_refused(tmp_path: pathlib.Path) 
         log.truncate(log.start_offset - 1)
     assert log.next_offset == 12 and log.truncate(12) == 0
     log.close()
+
+
+@given(st.lists(st.lists(st.integers(0, 500), min_size=1, max_size=8), min_size=1,
+                max_size=12),
+       st.integers(0, 200), st.integers(1, 5000), st.integers(1, 30))
+@settings(max_examples=60, deadline=None)
+def test_the_newest_appends_as_written_are_the_records_encoded_again(
+        batches: list[list[int]], at: int, max_bytes: int, max_count: int) -> None:
+    """What a master sends a replica that keeps up, the pieces its appends wrote, is byte
+    for byte its records read back and encoded again: from any offset it holds (a batch's
+    start or inside one, across batches), within the byte budget (at least one record)
+    and the count."""
+    import tempfile
+
+    from mq.storage._record import encode_records
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = TopicLog(pathlib.Path(tmp) / "t", segment_bytes=4000)
+        for i, sizes in enumerate(batches):
+            log.append([("x" if i % 2 else None, f"p{i % 3}", j, bytes([j]) * size)
+                        for j, size in enumerate(sizes)])
+        offset = at % log.next_offset
+        got = log.written_since(offset, max_bytes, max_count)
+        assert got is not None
+        chunks, count, size = got
+        records = log.read(offset, max_count=count, max_bytes=1 << 30)
+        again, lengths = encode_records(records, log.max_body)
+        assert b"".join(bytes(c) for c in chunks) == b"".join(bytes(c) for c in again)
+        assert size == sum(lengths) and 1 <= count <= max_count
+        assert size - lengths[-1] < max_bytes  # each taken while the budget was not spent
+        if log.read(offset + count, max_count=1) and count < max_count:
+            assert size >= max_bytes  # it stopped at the budget, not before
+        assert log.written_since(log.next_offset, max_bytes, max_count) is None
+        log.close()
+
+
+def test_what_is_kept_as_written_is_bounded_and_forgotten_when_records_stop_following(
+        tmp_path: pathlib.Path) -> None:
+    from mq.storage._written import KEPT_BATCHES
+
+    now, clock = clock_at()
+    log = TopicLog(tmp_path / "t", clock=clock)  # type: ignore[arg-type]
+    for i in range(KEPT_BATCHES + 5):
+        log.append([(None, "p", i, b"m")])
+    assert log.written_since(4, 1 << 20, 100) is None  # the oldest batches went
+    assert log.written_since(5, 1 << 20, 100)[1] == KEPT_BATCHES  # type: ignore[index]
+    log.truncate(60)  # records cut: nothing is kept
+    assert log.written_since(59, 1 << 20, 100) is None
+    log.append([(None, "p", 0, b"m")])
+    assert log.written_since(60, 1 << 20, 100)[1] == 1  # type: ignore[index]
+    replica = TopicLog(tmp_path / "r", clock=clock)  # type: ignore[arg-type]
+    replica.append([(None, "p", 0, b"m")])
+    assert replica.written_since(0, 1 << 20, 100) is not None
+    replica.append_copies(_copies(log, 1, 3))  # copies are not appends as written
+    assert replica.written_since(0, 1 << 20, 100) is None
+    log.close()
+    replica.close()
