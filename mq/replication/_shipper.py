@@ -225,7 +225,10 @@ class Shipper:
         # followers at one offset (the common case: each keeps up) are sent the same
         # frame: encoded once for all of them
         encoded: dict[tuple[int, int], tuple[Any, int]] = {}
-        for follower in list(self._of_topic.get(name, {}).values()):
+        followers = list(self._of_topic.get(name, {}).values())
+        if followers:
+            log.want_written()  # what it writes next is sent as written
+        for follower in followers:
             link = follower.link
             while follower.next < log.next_offset:
                 room = follower.window - sum(n for _, n in follower.in_flight)

@@ -199,14 +199,21 @@ class TopicLog:
             crc = write_chunks(segment.fd, chunks, segment.size, segment.crc)
         except OSError as exc:
             self._undo(segment, exc)
-        ends = list(accumulate(lengths))
-        start = segment.size
-        self._index_run(segment, first, start, ends, [now] * len(ends))
-        self.written.keep(first, chunks, ends)
-        segment.size = start + ends[-1]
+        index, base = segment.index, segment.base
+        pos, last_indexed, offset = segment.size, segment.last_indexed, first
+        for length in lengths:
+            if pos - last_indexed >= INDEX_INTERVAL:
+                index.append((offset - base, pos, now))
+                last_indexed = pos
+            pos += length
+            offset += 1
+        segment.last_indexed = last_indexed
+        segment.size = pos
         segment.crc = crc
-        segment.next_offset = first + len(ends)
+        segment.next_offset = offset
         segment.max_ts = now
+        if self.written.wanted:
+            self.written.keep(first, chunks, list(accumulate(lengths)))
         if self.tail.limit > 0:
             self.tail.keep(first, now, messages)
         if segment.size >= self.segment_bytes:
@@ -256,20 +263,19 @@ class TopicLog:
                    timestamps: Sequence[int]) -> None:
         """The sparse index's entries for records written at ``start`` (the first at
         offset ``first``, each ending ``ends[i]`` bytes after ``start``): one at the first
-        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry
-        (found by bisection, not record by record)."""
-        index, base, last = segment.index, segment.base, segment.last_indexed
-        i = 0
-        while i < len(ends):
-            need = last + INDEX_INTERVAL - start  # the first record starting this far in
-            if need > 0:
-                i = max(i, bisect.bisect_left(ends, need) + 1)
-                if i >= len(ends):
-                    break
-            before = ends[i - 1] if i else 0
-            index.append((first + i - base, start + before, timestamps[i]))
-            last = start + before
-            i += 1
+        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry, as
+        :meth:`append` makes them, found by bisection (copies are often many small
+        records to an entry)."""
+        add, base, last = segment.index.append, segment.base, segment.last_indexed
+        need = last + INDEX_INTERVAL - start  # where the next entry's record starts, at least
+        if need <= 0:
+            add((first - base, start, timestamps[0]))
+            last, need = start, INDEX_INTERVAL
+        j, count = 0, len(ends)
+        while (j := bisect.bisect_left(ends, need, j)) + 1 < count:
+            before = ends[j]  # record j + 1 starts there
+            add((first + j + 1 - base, start + before, timestamps[j + 1]))
+            last, need, j = start + before, before + INDEX_INTERVAL, j + 1
         segment.last_indexed = last
 
     def _copied_at(self, pos: int, size: int) -> str:
@@ -429,6 +435,11 @@ class TopicLog:
         raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
 
     # -- reading -----------------------------------------------------------------------
+
+    def want_written(self) -> None:
+        """Keep the next appends as written (:meth:`Written.want
+        <._written.Written.want>`): a replica follows."""
+        self.written.want()
 
     def written_since(self, offset: int, max_bytes: int, max_count: int
                       ) -> tuple[list[bytes | memoryview], int, int] | None:

@@ -85,6 +85,9 @@ class MemoryLog:
         """Nothing: a ring keeps its own bounds (``max_count``, ``max_bytes``)."""
         return 0
 
+    def want_written(self) -> None:
+        """Nothing is kept as written: its records are read."""
+
     def written_since(self, offset: int, max_bytes: int, max_count: int) -> None:
         """Nothing is written: its records are read."""
         return None

@@ -7,7 +7,10 @@ and CRC, header and names, body) with where each of its records ends, so that a 
 can start inside a batch and stop within a byte budget by bisection.  What is kept is
 bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES` bytes, the newest
 batch always), and forgotten whenever the log's records stop following its appends
-(copies stored, records cut).
+(copies stored, records cut).  Batches are kept only while someone wants them (a master
+with replicas says so at each shipment: :meth:`Written.want`), for the next
+:data:`KEPT_BATCHES` appends after that (a log with no replica pays one test an
+append).
 """
 
 from __future__ import annotations
@@ -29,17 +32,24 @@ Chunk = bytes | memoryview
 class Written:
     """The newest batches appended, their offsets consecutive."""
 
-    __slots__ = ("batches", "bytes")
+    __slots__ = ("batches", "bytes", "wanted")
 
     def __init__(self) -> None:
         #: ``(first offset, chunks, ends)``: ``ends[i]`` counts the bytes of the
         #: batch's records up to record ``i`` included.
         self.batches: deque[tuple[int, list[Chunk], list[int]]] = deque()
         self.bytes = 0
+        #: Appends still to keep (0: none is kept; the log calls :meth:`keep` only
+        #: while it is not).
+        self.wanted = 0
 
     def keep(self, first: int, chunks: list[Chunk], ends: list[int]) -> None:
         """A batch just written from offset ``first`` (right after the last one kept, or
         what was kept is forgotten)."""
+        self.wanted -= 1
+        if not self.wanted:  # no one asked for a while: keep nothing more
+            self.clear()
+            return
         batches = self.batches
         if batches:
             last_first, _, last_ends = batches[-1]
@@ -49,6 +59,10 @@ class Written:
         self.bytes += ends[-1]
         while len(batches) > 1 and (len(batches) > KEPT_BATCHES or self.bytes > KEPT_BYTES):
             self.bytes -= batches.popleft()[2][-1]
+
+    def want(self) -> None:
+        """Keep the next :data:`KEPT_BATCHES` appends (and go on keeping those kept)."""
+        self.wanted = KEPT_BATCHES + 1
 
     def clear(self) -> None:
         self.batches.clear()

@@ -479,8 +479,9 @@ def test_the_sparse_index_of_appends_and_copies_is_the_one_a_scan_of_the_file_ma
         replica.close()
 
 
-@given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(0, 9000),
-       st.integers(0, 5000))
+@given(st.lists(st.integers(1, 40), min_size=500, max_size=1500)  # many to an entry
+       | st.lists(st.integers(1, 3000), min_size=1, max_size=60),
+       st.integers(0, 9000), st.integers(0, 5000))
 def test_the_index_of_a_run_has_the_entries_a_look_at_every_record_makes(
         sizes: list[int], start: int, since: int) -> None:
     """:meth:`TopicLog._index_run` finds its entries by bisection: the same as
@@ -637,6 +638,7 @@ def test_the_newest_appends_as_written_are_the_records_encoded_again(
 
     with tempfile.TemporaryDirectory() as tmp:
         log = TopicLog(pathlib.Path(tmp) / "t", segment_bytes=4000)
+        log.want_written()  # a replica follows: kept from now
         for i, sizes in enumerate(batches):
             log.append([("x" if i % 2 else None, f"p{i % 3}", j, bytes([j]) * size)
                         for j, size in enumerate(sizes)])
@@ -661,15 +663,24 @@ def test_what_is_kept_as_written_is_bounded_and_forgotten_when_records_stop_foll
 
     now, clock = clock_at()
     log = TopicLog(tmp_path / "t", clock=clock)  # type: ignore[arg-type]
-    for i in range(KEPT_BATCHES + 5):
+    log.append([(None, "p", 0, b"m")])
+    assert log.written_since(0, 1 << 20, 100) is None  # kept only once wanted
+    for i in range(1, KEPT_BATCHES + 5):
+        log.want_written()  # at each shipment, while a replica follows
         log.append([(None, "p", i, b"m")])
     assert log.written_since(4, 1 << 20, 100) is None  # the oldest batches went
     assert log.written_since(5, 1 << 20, 100)[1] == KEPT_BATCHES  # type: ignore[index]
     log.truncate(60)  # records cut: nothing is kept
     assert log.written_since(59, 1 << 20, 100) is None
+    log.want_written()
     log.append([(None, "p", 0, b"m")])
     assert log.written_since(60, 1 << 20, 100)[1] == 1  # type: ignore[index]
+    for i in range(KEPT_BATCHES + 1):  # no one asks: it stops keeping, and forgets
+        log.append([(None, "p", i, b"m")])
+    assert log.written_since(60, 1 << 20, 100) is None
+    assert not log.written.batches
     replica = TopicLog(tmp_path / "r", clock=clock)  # type: ignore[arg-type]
+    replica.want_written()
     replica.append([(None, "p", 0, b"m")])
     assert replica.written_since(0, 1 << 20, 100) is not None
     replica.append_copies(_copies(log, 1, 3))  # copies are not appends as written
