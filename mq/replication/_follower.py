@@ -66,6 +66,10 @@ class Replica(Protocol):
     def replica_logs(self) -> Mapping[str, TopicLog]:
         """The logs of the topics held, by name."""
 
+    def replica_log(self, name: str) -> tuple[TopicLog, bool] | None:
+        """``name``'s log, and whether a consumer reads the topic here (the copies it
+        stores are then kept in memory for it as well); None if it is not held."""
+
     def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
         """A topic the master has and the replica not yet: its new log (None: it is not
         to be replicated)."""
@@ -100,6 +104,10 @@ class Logs:
 
     def replica_logs(self) -> Mapping[str, TopicLog]:
         return self.logs
+
+    def replica_log(self, name: str) -> tuple[TopicLog, bool] | None:
+        held = self.logs.get(name)
+        return None if held is None else (held, True)
 
     def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
         return None
@@ -300,7 +308,8 @@ class Follower:
 
     def copies(self, link: _MasterLink, obj: dict[str, Any]) -> None:
         topic, first, count = obj.get("topic"), obj.get("first"), obj.get("count")
-        topic_log = self.replica.replica_logs().get(topic) if isinstance(topic, str) else None
+        held = self.replica.replica_log(topic) if isinstance(topic, str) else None
+        topic_log, read_here = held if held is not None else (None, False)
         try:
             if topic_log is None:
                 raise StoreError(f"copies of {topic!r}, which this replica does not follow")
@@ -309,7 +318,7 @@ class Follower:
             if first != topic_log.next_offset:
                 raise StoreError(f"{topic}: copies from {first}, this replica's next offset "
                                  f"is {topic_log.next_offset}")
-            stored = topic_log.append_copies(obj.get("body", b""))
+            stored = topic_log.append_copies(obj.get("body", b""), keep=read_here)
             if stored != count:
                 raise StoreError(f"{topic}: {stored} records in a frame of {count}")
         except StoreError as exc:
@@ -337,7 +346,7 @@ class Follower:
     def committed(self, link: _MasterLink, topic: Any, offset: Any) -> None:
         """The master's committed offset of a topic (sent with copies, or alone when it
         moves without them): kept by the replica."""
-        if not isinstance(topic, str) or topic not in self.replica.replica_logs() or \
+        if not isinstance(topic, str) or self.replica.replica_log(topic) is None or \
                 type(offset) is not int or offset < 0:
             log.error("%s: a bad committed offset %r of %r", link.name, offset, topic)
             link.protocol_error(f"a bad committed offset {offset!r} of {topic!r}")
@@ -348,7 +357,7 @@ class Follower:
         """The master's consume groups of a topic: kept by the replica."""
         topic, groups = obj.get("topic"), obj.get("groups")
         try:
-            if not isinstance(topic, str) or topic not in self.replica.replica_logs():
+            if not isinstance(topic, str) or self.replica.replica_log(topic) is None:
                 raise ValueError(f"positions of {topic!r}, which this replica does not follow")
             if not isinstance(groups, dict):
                 raise ValueError(f"{topic}: positions {groups!r} are not a mapping")

@@ -180,6 +180,12 @@ class GroupRole:
         return {name: state.topic.log for name, state in self.catalogue.topics.items()
                 if isinstance(state.topic.log, TopicLog)}
 
+    def replica_log(self, name: str) -> tuple[TopicLog, bool] | None:
+        state = self.catalogue.topics.get(name)
+        if state is None or not isinstance(state.topic.log, TopicLog):
+            return None
+        return state.topic.log, any(group.consumers for group in state.topic.groups.values())
+
     def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
         if "memory" in flags or self.catalogue.directory is None:
             return None

@@ -220,17 +220,21 @@ class TopicLog:
             self._roll()
         return first
 
-    def append_copies(self, data: bytes | memoryview) -> int:
+    def append_copies(self, data: bytes | memoryview, *, keep: bool = True) -> int:
         """Store records another log wrote, as they are (a replica of its master's):
         ``data`` is whole records back to back in this format (:mod:`._record`), the
         first at :attr:`next_offset`, each offset one more than the one before and no
         timestamp lower than the one before.  Every record's checksum is checked before
         anything is written; the count of records stored.  :class:`StoreError` (nothing
         stored) naming the first record that is damaged, cut short or out of line, or if
-        the write fails."""
+        the write fails.  ``keep``: the records are kept in memory for readers too (the
+        tail); without, what it held goes (reads then take the file), and no record is
+        made of the bytes: a replica no consumer reads."""
         self._check_writable()
         segment = self.segments[-1]
-        keep = self.tail.limit > 0
+        if not keep:
+            self.tail.clear()
+        keep = keep and self.tail.limit > 0
         found = scan_copies(data, max_record=self.max_record, max_body=self.max_body,
                             expected=segment.next_offset, min_ts=segment.max_ts,
                             records=keep)

@@ -687,3 +687,21 @@ def test_what_is_kept_as_written_is_bounded_and_forgotten_when_records_stop_foll
     assert replica.written_since(0, 1 << 20, 100) is None
     log.close()
     replica.close()
+
+
+def test_copies_no_one_reads_here_are_kept_only_on_disk(tmp_path: pathlib.Path) -> None:
+    """A replica no consumer reads makes no record of its copies for memory, and forgets
+    what it held there: reads take the file, and find every record."""
+    now, clock = clock_at()
+    master = TopicLog(tmp_path / "m", clock=clock)  # type: ignore[arg-type]
+    replica = TopicLog(tmp_path / "r", clock=clock)  # type: ignore[arg-type]
+    fill(master, 9)
+    assert replica.append_copies(_copies(master, 0, 3)) == 3  # read here: kept
+    assert [r.offset for r in replica.tail.held()] == [0, 1, 2]
+    assert replica.append_copies(_copies(master, 3, 3), keep=False) == 3
+    assert replica.tail.held() == []
+    assert replica.append_copies(_copies(master, 6, 3)) == 3  # read again: kept anew
+    assert [r.offset for r in replica.tail.held()] == [6, 7, 8]
+    assert replica.read(0, max_count=9) == master.read(0, max_count=9)
+    master.close()
+    replica.close()
