@@ -184,7 +184,7 @@ class GroupRole:
         state = self.catalogue.topics.get(name)
         if state is None or not isinstance(state.topic.log, TopicLog):
             return None
-        return state.topic.log, any(group.consumers for group in state.topic.groups.values())
+        return state.topic.log, state.topic.attached > 0
 
     def add_replica_topic(self, name: str, flags: list[str]) -> TopicLog | None:
         if "memory" in flags or self.catalogue.directory is None:

@@ -183,10 +183,11 @@ class TopicLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Entry]) -> int:
+    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
         """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
         the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
-        disk.
+        disk.  ``keep``: kept in memory for readers too (the tail); without, what it held
+        goes (reads then take the file): a topic no consumer reads now.
         :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
         self._check_writable()
         if not messages:
@@ -214,8 +215,10 @@ class TopicLog:
         segment.max_ts = now
         if self.written.wanted:
             self.written.keep(first, chunks, list(accumulate(lengths)))
-        if self.tail.limit > 0:
+        if keep and self.tail.limit > 0:
             self.tail.keep(first, now, messages)
+        elif self.tail.records:
+            self.tail.clear()
         if segment.size >= self.segment_bytes:
             self._roll()
         return first
@@ -232,7 +235,7 @@ class TopicLog:
         made of the bytes: a replica no consumer reads."""
         self._check_writable()
         segment = self.segments[-1]
-        if not keep:
+        if not keep and self.tail.records:
             self.tail.clear()
         keep = keep and self.tail.limit > 0
         found = scan_copies(data, max_record=self.max_record, max_body=self.max_body,

@@ -57,7 +57,8 @@ class MemoryLog:
     def durable_offset(self) -> int:
         return self._next  # nothing more durable is promised for memory
 
-    def append(self, messages: Sequence[Entry]) -> int:
+    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
+        """Store messages (in memory: ``keep`` changes nothing); the first one's offset."""
         first = self._next
         now = max(int(self.clock() * 1000), self._last_ts)
         self._last_ts = now

@@ -61,7 +61,9 @@ class Log(Protocol):
     def corruptions(self) -> list[Corruption]:
         """Damage found in its files (none in memory)."""
 
-    def append(self, messages: Sequence[Entry]) -> int: ...
+    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
+        """Store messages: the first one's offset; ``keep``: kept in memory for readers
+        too (where its records are not there already)."""
     def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
              ) -> list[Record]: ...
     def want_written(self) -> None:
@@ -102,6 +104,9 @@ class Topic:
         self.max_deliveries = max_deliveries
         self.dead = dead
         self.groups: dict[str, Group] = {}
+        #: Consumers attached to its groups, in all: while there are none, what is
+        #: published is not kept in memory for them (its log's tail).
+        self.attached = 0
         self._saved = dict(saved or {})
 
     # -- groups ------------------------------------------------------------------------
@@ -157,6 +162,7 @@ class Topic:
 
     def attach(self, consumer: Member) -> None:
         self.group(consumer.group).consumers.append(consumer)
+        self.attached += 1
 
     def detach(self, consumer: Member) -> int:
         """A consumer left: what it held goes to the others; how many messages."""
@@ -164,6 +170,7 @@ class Topic:
         if group is None or consumer not in group.consumers:
             return 0
         group.consumers.remove(consumer)
+        self.attached -= 1
         returned = sorted(consumer.in_flight)
         for offset in returned:
             pending = group.in_flight.pop(offset)
@@ -175,8 +182,9 @@ class Topic:
 
     def publish(self, messages: Sequence[Entry]) -> int:
         """Store messages; the first one's offset.  Nothing is delivered until
-        :meth:`dispatch` (the server calls it once they are visible)."""
-        return self.log.append(messages)
+        :meth:`dispatch` (the server calls it once they are visible).  With no consumer
+        attached they are not kept in memory for readers (they read the file)."""
+        return self.log.append(messages, keep=self.attached > 0)
 
     def dispatch(self, visible: int | None = None) -> int:
         """Push messages below ``visible`` (default: all stored) to consumers with

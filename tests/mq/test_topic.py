@@ -342,3 +342,24 @@ def test_acks_take_exactly_what_the_acking_consumer_holds(
         assert w.topic.ack("orders", offsets, acker) == (len(taken), missed)
         assert set(w.topic.group("orders").in_flight) == set(held) - taken
         assert acker.in_flight == {o for o, d in held.items() if d.consumer is acker} - taken
+
+
+def test_what_no_consumer_reads_now_is_not_kept_in_memory_and_is_read_from_the_file(
+        tmp_path: pathlib.Path) -> None:
+    """A topic keeps its newest messages in memory only while a consumer is attached (a
+    group's position alone is not one); the one that comes later reads the file, and
+    gets everything."""
+    log = TopicLog(tmp_path)
+    w = World(log)
+    w.topic.declare_group("orders", start="beginning")
+    w.publish(None, None, None)
+    assert log.tail.held() == []
+    inbox = w.consumer("c")
+    assert inbox.offsets == [0, 1, 2]
+    w.publish(None, None)
+    assert [r.offset for r in log.tail.held()] == [3, 4] and inbox.offsets == [0, 1, 2, 3, 4]
+    w.topic.detach(inbox.consumer)
+    w.publish(None)
+    assert log.tail.held() == [] and w.topic.attached == 0
+    assert w.consumer("d").offsets == [0, 1, 2, 3, 4, 5]  # c's again, and 5 from the file
+    log.close()
