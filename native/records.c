@@ -138,7 +138,7 @@ uint32_t rs_crc32(uint32_t crc, const unsigned char *buf, size_t n) {
 /* -- a run of records ----------------------------------------------------------------- */
 
 size_t rs_scan(const unsigned char *buf, size_t n, uint32_t max_record, uint32_t max_body,
-               uint64_t expected, uint64_t min_ts, uint32_t *ends, uint32_t *bodies,
+               uint64_t expected, uint64_t min_ts, uint64_t *ends, uint64_t *bodies,
                uint64_t *ts, uint64_t *seqs, size_t maxn, rs_stop *stop) {
     size_t pos = 0, count = 0;
     int same_names = 1;
@@ -189,9 +189,9 @@ size_t rs_scan(const unsigned char *buf, size_t n, uint32_t max_record, uint32_t
              memcmp(r + RS_OVERHEAD, buf + RS_OVERHEAD, names) != 0)) {
             same_names = 0;
         }
-        bodies[count] = (uint32_t)(pos + RS_OVERHEAD + names);
+        bodies[count] = pos + RS_OVERHEAD + names;
         pos += length;
-        ends[count] = (uint32_t)pos;
+        ends[count] = pos;
         ts[count] = stop->timestamp;
         seqs[count] = load64(r + 24);
         count++;

@@ -59,7 +59,7 @@ int rs_crc32_folds(void);
  * from the start; *stop says what stopped it (RS_OK at the end of buf or after maxn
  * records) and, for a fault, the fields read of the record there. */
 size_t rs_scan(const unsigned char *buf, size_t n, uint32_t max_record, uint32_t max_body,
-               uint64_t expected, uint64_t min_ts, uint32_t *ends, uint32_t *bodies,
+               uint64_t expected, uint64_t min_ts, uint64_t *ends, uint64_t *bodies,
                uint64_t *ts, uint64_t *seqs, size_t maxn, rs_stop *stop);
 /* CDEF-END */
 

@@ -27,7 +27,8 @@ _DAMAGE = {lib.RS_TRUNCATED: "the bytes end inside it", lib.RS_CHECKSUM: "checks
 
 class _Scratch:
     """The arrays a scan writes, kept for the next (a frame of copies is at most a few
-    MiB: one entry per record, grown when a frame holds more)."""
+    MiB: one entry per record, grown when a frame holds more).  One for the process: the
+    logs of a process are written from its pump's one thread."""
 
     def __init__(self) -> None:
         self.size = 0
@@ -36,8 +37,8 @@ class _Scratch:
 
     def _grow(self, size: int) -> None:
         self.size = size
-        self.ends: Any = ffi.new("uint32_t[]", size)
-        self.bodies: Any = ffi.new("uint32_t[]", size)
+        self.ends: Any = ffi.new("uint64_t[]", size)
+        self.bodies: Any = ffi.new("uint64_t[]", size)
         self.ts: Any = ffi.new("uint64_t[]", size)
         self.seqs: Any = ffi.new("uint64_t[]", size)
 

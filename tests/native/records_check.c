@@ -55,7 +55,7 @@ static size_t record(unsigned char *p, uint64_t offset, uint64_t ts, unsigned ta
 #define MAXN 64
 
 static int scan(const unsigned char *buf, size_t n, size_t *count, rs_stop *stop) {
-    uint32_t ends[MAXN], bodies[MAXN];
+    uint64_t ends[MAXN], bodies[MAXN];
     uint64_t ts[MAXN], seqs[MAXN];
     unsigned char *copy = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
     CHECK(copy != NULL);
