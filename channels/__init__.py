@@ -15,21 +15,21 @@ from ._codec import CLOSE_MARK as CLOSE_MARK
 from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
 from ._codec import MAX_MESSAGE_BODY as MAX_MESSAGE_BODY
 from ._codec import PROCESS_FRAME_BUDGET as PROCESS_FRAME_BUDGET
-from ._codec import SMALL_PIECE as SMALL_PIECE
-from ._codec import Batch as Batch
 from ._codec import FrameBudget as FrameBudget
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameEncoder as FrameEncoder
-from ._codec import Gather as Gather
 from ._codec import close_frame as close_frame
-from ._codec import coalesce as coalesce
-from ._codec import gather as gather
 from ._errors import MessageTooLargeError as MessageTooLargeError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import QueueFullError as QueueFullError
 from ._faults import Direction as Direction
 from ._faults import FaultLink as FaultLink
 from ._faults import FaultLink as RelayedLink  # its name before 0.2, kept for a release
+from ._messages import SMALL_PIECE as SMALL_PIECE
+from ._messages import Batch as Batch
+from ._messages import Gather as Gather
+from ._messages import coalesce as coalesce
+from ._messages import gather as gather
 from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
 from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from ._queue import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT

@@ -21,8 +21,8 @@ import trio
 from pump import ConfigError
 
 from ._cause import CloseCause
-from ._codec import Batch, Gather
 from ._errors import QueueFullError
+from ._messages import Batch, Gather
 from ._queue import MessageQueue, QueueStatistics
 
 #: Messages held for ``receive`` before the queue stops reading (the sender then waits).

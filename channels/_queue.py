@@ -27,8 +27,9 @@ from pump import ConfigError, Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, Batch, FrameDecoder, FrameEncoder, Gather
+from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
+from ._messages import Batch, Gather
 
 log = logging.getLogger("rdvpump.link")
 

@@ -25,27 +25,25 @@ def read_cdef(name: str = "ringbuf.h") -> str:
     return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(read_cdef())
-ffibuilder.set_source(
-    "channels._ringbuf",
-    '#include "ringbuf.h"',
-    # Relative paths: setuptools runs the build from the project root.
-    sources=["native/ringbuf.c"],
-    include_dirs=["native"],
-    extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra"],
-)
+def builder(module: str, name: str, std: str) -> FFI:
+    """The cffi build of ``native/{name}.c`` into ``module``, declared by its header."""
+    ffi = FFI()
+    ffi.cdef(read_cdef(f"{name}.h"))
+    ffi.set_source(
+        module,
+        f'#include "{name}.h"',
+        # Relative paths: setuptools runs the build from the project root.
+        sources=[f"native/{name}.c"],
+        include_dirs=["native"],
+        extra_compile_args=["-O2", f"-std={std}", "-Wall", "-Wextra"],
+    )
+    return ffi
 
-#: The MQ log's records checked in C (a replica's copies): ``mq.storage._records``.
-records_builder = FFI()
-records_builder.cdef(read_cdef("records.h"))
-records_builder.set_source(
-    "mq.storage._records",
-    '#include "records.h"',
-    sources=["native/records.c"],
-    include_dirs=["native"],
-    extra_compile_args=["-O2", "-std=gnu99", "-Wall", "-Wextra"],
-)
+
+ffibuilder = builder("channels._ringbuf", "ringbuf", "c99")
+#: The MQ log's records checked in C (a replica's copies); gnu99 for the CPU's
+#: carry-less multiplies, used where it has them.
+records_builder = builder("mq.storage._records", "records", "gnu99")
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)

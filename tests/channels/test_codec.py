@@ -18,7 +18,7 @@ from channels import (
     close_frame,
     gather,
 )
-from channels._codec import GATHER_MIN
+from channels._messages import GATHER_MIN
 from pump import RdvpumpError
 
 

@@ -8,29 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "ringbuf.h"
 
 #define MODEL_MAX (1 << 16)
 static unsigned char model[MODEL_MAX];
 static unsigned char out_buf[MODEL_MAX];
 static size_t model_len;
-static unsigned long long rng_state = 88172645463325252ULL;
-
-static unsigned rnd(unsigned n) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (unsigned)(rng_state % n);
-}
-
-#define CHECK(cond)                                                   \
-    do {                                                              \
-        if (!(cond)) {                                                \
-            fprintf(stderr, "check failed line %d: %s\n", __LINE__, #cond); \
-            return 1;                                                 \
-        }                                                             \
-    } while (0)
-
 /* A pipe whose ends do not block. */
 static int nonblocking_pipe(int fds[2]) {
     if (pipe(fds) != 0) return -1;
