@@ -108,8 +108,9 @@ class TopicLog:
         self.segments: list[Segment] = []
         #: The newest records, as appended, for readers that keep up.
         self.tail = Tail(tail_bytes)
-        #: The newest appends as written, for a master's copies frames.
-        self.written = Written()
+        #: The newest appends as written, for a master's copies frames (made once a
+        #: replica follows: a topic costs nothing more until then).
+        self.written: Written | None = None
         #: Corrupt stretches found when opening, in order, then any found when reading.
         self.corruptions: list[Corruption] = []
         #: Bytes cut from the tail when opening (a record torn by a crash).
@@ -213,8 +214,9 @@ class TopicLog:
         segment.crc = crc
         segment.next_offset = offset
         segment.max_ts = now
-        if self.written.wanted:
-            self.written.keep(first, chunks, list(accumulate(lengths)))
+        written = self.written
+        if written is not None and written.wanted:
+            written.keep(first, chunks, list(accumulate(lengths)))
         if keep and self.tail.limit > 0:
             self.tail.keep(first, now, messages)
         elif self.tail.records:
@@ -247,7 +249,7 @@ class TopicLog:
         ends = found.ends
         if not ends:
             return 0
-        self.written.clear()  # its records no longer follow the appends it holds
+        self._forget_written()  # its records no longer follow the appends it holds
         try:
             crc = write_chunks(segment.fd, [data], segment.size, segment.crc)
         except OSError as exc:
@@ -337,7 +339,7 @@ class TopicLog:
         segment.size, segment.bad = pos + at, []
         rescan(segment, self.max_record)
         self.tail.clear()
-        self.written.clear()
+        self._forget_written()
         self._durable = self.next_offset
         self.epochs.cut(offset)
         write_file(self.directory / EPOCHS, self.epochs.encode())
@@ -446,12 +448,19 @@ class TopicLog:
     def want_written(self) -> None:
         """Keep the next appends as written (:meth:`Written.want
         <._written.Written.want>`): a replica follows."""
+        if self.written is None:
+            self.written = Written()
         self.written.want()
 
     def written_since(self, offset: int, max_bytes: int, max_count: int
                       ) -> tuple[list[bytes | memoryview], int, int] | None:
         """:meth:`Written.since <._written.Written.since>` of its newest appends."""
-        return self.written.since(offset, max_bytes, max_count)
+        written = self.written
+        return None if written is None else written.since(offset, max_bytes, max_count)
+
+    def _forget_written(self) -> None:
+        if self.written is not None:
+            self.written.clear()
 
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
@@ -568,7 +577,7 @@ class TopicLog:
             gone += oldest.next_offset - oldest.base
         if gone:
             fsync_dir(self._segdir)
-            self.written.clear()  # none of it is older than what is held, as read finds
+            self._forget_written()  # none of it is older than what is held, as read finds
         return gone
 
     def close(self) -> None:

@@ -678,7 +678,7 @@ def test_what_is_kept_as_written_is_bounded_and_forgotten_when_records_stop_foll
     for i in range(KEPT_BATCHES + 1):  # no one asks: it stops keeping, and forgets
         log.append([(None, "p", i, b"m")])
     assert log.written_since(60, 1 << 20, 100) is None
-    assert not log.written.batches
+    assert log.written is not None and not log.written.batches
     replica = TopicLog(tmp_path / "r", clock=clock)  # type: ignore[arg-type]
     replica.want_written()
     replica.append([(None, "p", 0, b"m")])
