@@ -313,10 +313,23 @@ class AsyncMessageQueue:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
-            return await self.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
+        # receive()'s body, not a call of it: ``async for`` then runs one coroutine a
+        # message, not two (each of the message's two yields passes through one frame)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        inbox = self._inbox
+        if not inbox:
+            if self._pulls:
+                self._queue.pull(inbox, self._limit)
+            if not inbox:
+                try:
+                    await self._wait_arrived()
+                except trio.EndOfChannel:
+                    raise StopAsyncIteration from None
+        message = inbox.popleft()
+        if self._paused:
+            self._taken()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
 
     # -- closing -----------------------------------------------------------------------
 

@@ -93,7 +93,8 @@ class Channel:
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
-        "_carried", "_carried_off", "_sent_event", "on_arrival", "identity", "peer_address",
+        "_carried", "_carried_off", "_sent_event", "_on_arrival", "_tell_peer", "identity",
+        "peer_address",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -115,6 +116,10 @@ class Channel:
         self.observer: LinkObserver | None = pump.link_trace(
             local, remote, port, self.trace_link, self.tx_dir, self.rx_dir)
         self._peer: LinkPeer | None = None
+        #: What :meth:`notify_written` calls: the peer's ``data_arrived``, or, when the
+        #: peer is a channel in this process whose reader pulls, that reader's
+        #: :attr:`on_arrival` itself (one call less for every write).
+        self._tell_peer: Callable[[], None] | None = None
         self._listener: ChannelListener | None = None
         self._owner: object = None  # None: the channel itself (no cycle through it)
         #: Set by :meth:`disconnect`: this side's bytes end on a frame boundary.
@@ -133,10 +138,7 @@ class Channel:
         self._carried = False  # a transport (a socket) takes the bytes away from the ring
         self._carried_off = False  # and it has sent the last it will
         self._sent_event: trio.Event | None = None
-        #: Set by a reader that takes bytes out of :attr:`rx_ring` itself when it wants
-        #: them (:meth:`MessageQueue.set_pull`): called when bytes arrive, in place of
-        #: the ``readable()`` task.  The peer's disconnect still posts ``readable()``.
-        self.on_arrival: Callable[[], None] | None = None
+        self._on_arrival: Callable[[], None] | None = None
         #: Who the peer proved to be at the handshake (the rendezvous layer's identity,
         #: whose rights the services check); None: a link within this process.
         self.identity: Any = None
@@ -155,6 +157,28 @@ class Channel:
         """
         self._peer = peer
         self._carried = transport
+        self.peer_pulls(peer.on_arrival if type(peer) is Channel else None)
+
+    @property
+    def on_arrival(self) -> Callable[[], None] | None:
+        """Set by a reader that takes bytes out of :attr:`rx_ring` itself when it wants
+        them (:meth:`MessageQueue.set_pull`): called when bytes arrive, in place of the
+        ``readable()`` task.  The peer's disconnect still posts ``readable()``."""
+        return self._on_arrival
+
+    @on_arrival.setter
+    def on_arrival(self, arrival: Callable[[], None] | None) -> None:
+        self._on_arrival = arrival
+        peer = self._peer
+        if type(peer) is Channel:  # the peer's writes call the reader directly
+            peer.peer_pulls(arrival)
+
+    def peer_pulls(self, arrival: Callable[[], None] | None) -> None:
+        """The peer's reader pulls, told of bytes by ``arrival`` (None: it does not):
+        what :meth:`notify_written` calls from now on."""
+        peer = self._peer
+        if peer is not None:
+            self._tell_peer = arrival if arrival is not None else peer.data_arrived
 
     def rx_growable(self) -> bool:
         """Whether the incoming ring may grow (:meth:`RingBuffer.grow`): a transport
@@ -279,9 +303,9 @@ class Channel:
 
     def notify_written(self) -> None:
         """Bytes went into :attr:`tx_ring`: tell the peer."""
-        peer = self._peer
-        if peer is not None:
-            peer.data_arrived()
+        tell = self._tell_peer
+        if tell is not None:
+            tell()
 
     def notify_consumed(self, n: int | bool) -> None:
         """``n`` bytes (or, as a bool, some bytes) left :attr:`rx_ring`: tell the peer,
@@ -311,7 +335,7 @@ class Channel:
     def data_arrived(self) -> None:
         """The peer put bytes into our rx ring: announce them once (or tell the reader
         that pulls them, :attr:`on_arrival`)."""
-        arrival = self.on_arrival
+        arrival = self._on_arrival
         if arrival is not None:
             arrival()
         elif not self._read_posted and self._listener is not None:
@@ -403,6 +427,7 @@ class Channel:
         if peer is not None:
             peer.peer_ended(reason, cause)
             self._peer = None
+            self._tell_peer = None
         self._wake_sent()
         self._post_closed(reason)
 

@@ -26,6 +26,9 @@ HEADER_SIZE: int = lib.RB_HEADER_SIZE
 FRAME_NONE: int = lib.RB_FRAME_NONE
 FRAME_PARTIAL: int = lib.RB_FRAME_PARTIAL
 FRAME_COMPLETE: int = lib.RB_FRAME_COMPLETE
+_TAKE_MORE: int = lib.RB_TAKE_MORE  # added to a lone take's length when bytes follow it
+#: Frames :meth:`RingBuffer.take_whole` takes one C call each before it batches the rest.
+_LONE_TAKES = 4
 
 #: Most frames moved by one batched C call.
 BATCH_FRAMES = 1024
@@ -339,8 +342,9 @@ class RingBuffer:
     def take_whole(self, into: deque[bytes], max_frames: int, max_body: int) -> int:
         """Append to ``into`` the bodies of the complete frames at the head, in order, while
         each is at most ``max_body`` long (at most ``max_frames`` of them): how many, 0
-        when the head is not such a frame.  One copy per body; a lone frame costs one C
-        call and the cut, more go :data:`BATCH_FRAMES` (or :data:`BATCH_BYTES`) a call."""
+        when the head is not such a frame.  One copy per body; the first few frames cost
+        one C call and the cut each (a lone frame: the call says nothing follows it), the
+        rest go :data:`BATCH_FRAMES` (or :data:`BATCH_BYTES`) a call."""
         rb = self._rb
         out = _scratch.out
         if max_body > BATCH_BYTES:
@@ -348,16 +352,29 @@ class RingBuffer:
         n = _take_frame(rb, out, max_body)
         if n < 0:
             return 0
-        into.append(_unpack(out, n))
         taken = 1
+        while n >= _TAKE_MORE and taken < max_frames:  # bytes follow this one
+            into.append(_unpack(out, n - _TAKE_MORE))
+            if taken == _LONE_TAKES:
+                return taken + self._take_batched(into, max_frames - taken, max_body)
+            n = _take_frame(rb, out, max_body)
+            if n < 0:
+                return taken
+            taken += 1
+        into.append(_unpack(out, n - _TAKE_MORE if n >= _TAKE_MORE else n))
+        return taken
+
+    def _take_batched(self, into: deque[bytes], max_frames: int, max_body: int) -> int:
+        rb = self._rb
+        s = _scratch
+        taken = 0
         while taken < max_frames and _rb_used(rb):
-            s = _scratch
             want = max_frames - taken
-            count: int = _take_frames(rb, out, BATCH_BYTES, s.lens,
+            count: int = _take_frames(rb, s.out, BATCH_BYTES, s.lens,
                                       want if want < BATCH_FRAMES else BATCH_FRAMES,
                                       max_body, s.used)
             if count == 1:
-                into.append(_unpack(out, s.used[0]))
+                into.append(_unpack(s.out, s.used[0]))
             elif count:
                 into.extend(_taken(count)[0])
             else:

@@ -252,7 +252,7 @@ int rb_frame_status(const rb_ring *rb, uint32_t *len) {
     return avail - RB_HEADER_SIZE >= (size_t)n ? RB_FRAME_COMPLETE : RB_FRAME_PARTIAL;
 }
 
-long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen) {
+int64_t rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen) {
     size_t tail = LOAD_OWN(&rb->tail);
     size_t avail = LOAD_ACQ(&rb->head) - tail;
     if (avail < RB_HEADER_SIZE) return -1;
@@ -260,7 +260,8 @@ long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen) {
     if (n > maxlen || avail - RB_HEADER_SIZE < (size_t)n) return -1;
     if (n) copy_out(rb, tail + RB_HEADER_SIZE, out, n);
     STORE_REL(&rb->tail, tail + RB_HEADER_SIZE + n);
-    return (long)n;
+    /* what was readable when the call began: a writer's later bytes wait for the next */
+    return avail > RB_HEADER_SIZE + (size_t)n ? (int64_t)n + RB_TAKE_MORE : (int64_t)n;
 }
 
 size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,

@@ -25,6 +25,7 @@
 #define RB_FRAME_NONE 0
 #define RB_FRAME_PARTIAL 1
 #define RB_FRAME_COMPLETE 2
+#define RB_TAKE_MORE 4294967296
 
 typedef struct rb_ring rb_ring;
 
@@ -94,8 +95,10 @@ int rb_frame_status(const rb_ring *rb, uint32_t *len);
 size_t rb_take_frames(rb_ring *rb, char *out, size_t outcap, uint32_t *lens, size_t maxn,
                       uint32_t maxlen, size_t *out_used);
 /* Take the next frame if it is complete and its body at most maxlen bytes long: the
- * body goes to out (maxlen bytes at least).  Return its length, or -1 (nothing taken). */
-long rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen);
+ * body goes to out (maxlen bytes at least).  Return its length, plus RB_TAKE_MORE
+ * when bytes are left in the ring after it (one call tells a lone frame from
+ * the first of several); -1 when nothing was taken. */
+int64_t rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen);
 /* Whether the n (at least 1) lengths are all the same: 1 if so, else 0 (frames taken
  * are then cut by one unpack, with no list of their lengths made first). */
 int rb_lens_uniform(const uint32_t *lens, size_t n);
