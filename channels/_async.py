@@ -28,6 +28,10 @@ from ._queue import MessageQueue, QueueStatistics
 #: Messages held for ``receive`` before the queue stops reading (the sender then waits).
 DEFAULT_RECEIVE_BUFFER = 1024
 
+# trio's checkpoints, looked up once: each message's send and receive make two
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
+
 
 class AsyncMessageQueue:
     """Await-able twin of :class:`MessageQueue`, named like trio's memory channels.
@@ -147,10 +151,10 @@ class AsyncMessageQueue:
 
     async def send(self, message: bytes | Gather) -> None:
         """Queue one message, waiting while the send backlog is past the high-water mark."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         queue = self._queue
         if queue.put_now(message):  # nothing queued before it: straight into the link
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await _cancel_shielded_checkpoint()
             return
         pump = queue.pump
         while True:
@@ -167,7 +171,7 @@ class AsyncMessageQueue:
                 break
             if self._send_wakes == wakes:
                 await self._send_lot.park()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await _cancel_shielded_checkpoint()
 
     def send_nowait(self, message: bytes | Gather) -> None:
         """Queue one message or raise :class:`QueueFullError` (a ``trio.WouldBlock``)."""
@@ -183,7 +187,7 @@ class AsyncMessageQueue:
         (set on ``trio.Cancelled`` too) says how many.  A :class:`~channels.Batch` (the
         same messages for several queues) goes into the link from its joined bodies.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         queue = self._queue
         if isinstance(messages, Batch):
             batch: Batch | None = messages
@@ -212,7 +216,7 @@ class AsyncMessageQueue:
         except BaseException as exc:
             exc.sent = done  # type: ignore[attr-defined]
             raise
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await _cancel_shielded_checkpoint()
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -287,16 +291,16 @@ class AsyncMessageQueue:
         :meth:`receive`.  Cancelled, it has taken nothing."""
         if max_messages < 1:
             raise ConfigError("max_messages must be at least 1")
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         if not self._inbox:
             await self._wait_arrived()  # takes what has arrived first, parks if nothing has
         messages = self.receive_many_nowait(max_messages)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await _cancel_shielded_checkpoint()
         return messages
 
     async def receive(self) -> bytes:
         """Wait for the next message."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         inbox = self._inbox
         if not inbox:
             if self._pulls:
@@ -306,7 +310,7 @@ class AsyncMessageQueue:
         message = inbox.popleft()
         if self._paused:
             self._taken()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await _cancel_shielded_checkpoint()
         return message
 
     def __aiter__(self) -> AsyncMessageQueue:
@@ -315,7 +319,7 @@ class AsyncMessageQueue:
     async def __anext__(self) -> bytes:
         # receive()'s body, not a call of it: ``async for`` then runs one coroutine a
         # message, not two (each of the message's two yields passes through one frame)
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         inbox = self._inbox
         if not inbox:
             if self._pulls:
@@ -328,7 +332,7 @@ class AsyncMessageQueue:
         message = inbox.popleft()
         if self._paused:
             self._taken()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await _cancel_shielded_checkpoint()
         return message
 
     # -- closing -----------------------------------------------------------------------
