@@ -74,6 +74,8 @@ class AsyncMessageQueue:
         self._rx_used = queue.rx_used
         self._rx_half = queue.rx_half
         self._pulls = queue.set_pull(self._arrived)
+        self._put_now = queue.put_now  # bound once: each message's send and take call them
+        self._pull = queue.pull
 
     # -- listener side: runs as pump tasks ------------------------------------------
 
@@ -152,10 +154,10 @@ class AsyncMessageQueue:
     async def send(self, message: bytes | Gather) -> None:
         """Queue one message, waiting while the send backlog is past the high-water mark."""
         await _checkpoint_if_cancelled()
-        queue = self._queue
-        if queue.put_now(message):  # nothing queued before it: straight into the link
+        if self._put_now(message):  # nothing queued before it: straight into the link
             await _cancel_shielded_checkpoint()
             return
+        queue = self._queue
         pump = queue.pump
         while True:
             wakes = self._send_wakes
@@ -240,7 +242,7 @@ class AsyncMessageQueue:
         inbox = self._inbox
         if not inbox:
             if self._pulls:
-                self._queue.pull(inbox, self._limit)
+                self._pull(inbox, self._limit)
             if not inbox:
                 if self._reason is not None:
                     raise self._end()
@@ -304,7 +306,7 @@ class AsyncMessageQueue:
         inbox = self._inbox
         if not inbox:
             if self._pulls:
-                self._queue.pull(inbox, self._limit)
+                self._pull(inbox, self._limit)
             if not inbox:
                 await self._wait_arrived()  # looks again, then parks if nothing came
         message = inbox.popleft()
@@ -323,7 +325,7 @@ class AsyncMessageQueue:
         inbox = self._inbox
         if not inbox:
             if self._pulls:
-                self._queue.pull(inbox, self._limit)
+                self._pull(inbox, self._limit)
             if not inbox:
                 try:
                     await self._wait_arrived()
