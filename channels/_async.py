@@ -71,9 +71,7 @@ class AsyncMessageQueue:
         self._aclosed = False
         queue.set_listener(self)
         # messages are taken from the link as receive() asks for them (untraced pumps)
-        self._rx_used = queue.rx_used
-        self._rx_half = queue.rx_half
-        self._pulls = queue.set_pull(self._arrived)
+        self._pulls = queue.set_pull(self._arrived, self._behind)
         self._put_now = queue.put_now  # bound once: each message's send and take call them
         self._pull = queue.pull
 
@@ -92,12 +90,16 @@ class AsyncMessageQueue:
             self._recv_lot.unpark()
 
     def _arrived(self) -> None:
-        """Bytes came into the link (pulling): wake a receiver, which takes them; when
-        none waits, a ring half full or more is read into the inbox now."""
+        """Bytes came into the link (pulling): wake a receiver, which takes them."""
         self._arrivals += 1
         if self._waiting:
             self._recv_lot.unpark()
-        elif self._rx_used() >= self._rx_half and len(self._inbox) < self._limit:
+
+    def _behind(self) -> None:
+        """Bytes wait faster than receivers take them (a writer waits for room, or a
+        socket's bytes filled the ring half): when none waits, read them into the inbox
+        now, so that the writer goes on."""
+        if not self._waiting and len(self._inbox) < self._limit:
             self._queue.read_ahead(self._inbox, self._limit - len(self._inbox))
 
     def drained(self) -> None:

@@ -94,7 +94,7 @@ class Channel:
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
         "_carried", "_carried_off", "_sent_event", "_on_arrival", "_tell_peer", "identity",
-        "peer_address",
+        "peer_address", "on_behind", "_rx_used", "_rx_half",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -139,6 +139,12 @@ class Channel:
         self._carried_off = False  # and it has sent the last it will
         self._sent_event: trio.Event | None = None
         self._on_arrival: Callable[[], None] | None = None
+        #: Set with :attr:`on_arrival`: called when bytes wait faster than the reader
+        #: takes them (the peer in this process could not write everything, or bytes
+        #: that arrived left the ring half full or more); it may read them ahead.
+        self.on_behind: Callable[[], None] | None = None
+        self._rx_used = rx.used_counter()
+        self._rx_half = rx.capacity // 2  # a ring that grows keeps the mark it was made with
         #: Who the peer proved to be at the handshake (the rendezvous layer's identity,
         #: whose rights the services check); None: a link within this process.
         self.identity: Any = None
@@ -270,6 +276,7 @@ class Channel:
             self.observer.moved("write", n, n < len(data))
         if n < len(data):
             self._blocked = True  # before notify_written(): a peer may drain at once
+            self._tell_blocked()
         if n:
             self.notify_written()
         return n
@@ -324,6 +331,12 @@ class Channel:
         find us waiting, or its notice is lost.
         """
         self._blocked = True
+        self._tell_blocked()
+
+    def _tell_blocked(self) -> None:
+        peer = self._peer
+        if type(peer) is Channel:
+            peer.writer_blocked()
 
     def request_read(self) -> None:
         """Post ``readable()`` unless one is pending (a reader that paused resumes)."""
@@ -338,8 +351,18 @@ class Channel:
         arrival = self._on_arrival
         if arrival is not None:
             arrival()
+            behind = self.on_behind
+            if behind is not None and self._rx_used() >= self._rx_half:
+                behind()
         elif not self._read_posted and self._listener is not None:
             self._post_readable()
+
+    def writer_blocked(self) -> None:
+        """The peer in this process could not write everything into our rx ring (it
+        waits for room): a reader that pulls is told (:attr:`on_behind`)."""
+        behind = self.on_behind
+        if behind is not None and self._on_arrival is not None:
+            behind()
 
     def room_freed(self) -> None:
         """The peer took bytes from our tx ring: wake our writer if it waits for room."""

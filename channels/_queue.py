@@ -170,11 +170,6 @@ class MessageQueue:
         self._spans = self._encoder.spans  # the queued messages that came from a Batch
         self._decoder = FrameDecoder(channel.rx_ring, max_message_size=max_message_size)
         self._decoder.ring_grows = channel.rx_growable  # over a socket (attached later)
-        #: The bytes waiting in the incoming ring (a C call), and half its capacity: a
-        #: reader that pulls reads ahead of a ring that full (:meth:`read_ahead`; a ring
-        #: that grows keeps the mark it was made with).
-        self.rx_used = channel.rx_ring.used_counter()
-        self.rx_half = channel.rx_ring.capacity // 2
         self._listener: Listening | None = None
         self._received_many: Callable[[list[bytes]], object] | None = None
         self._state = _OPEN
@@ -500,17 +495,20 @@ class MessageQueue:
 
     # -- receiving ---------------------------------------------------------------------
 
-    def set_pull(self, arrived: Callable[[], None]) -> bool:
+    def set_pull(self, arrived: Callable[[], None], behind: Callable[[], None]) -> bool:
         """Let the reader take messages when it wants them (:meth:`pull`), instead of a
         read task delivering each arrival to the listener: bytes that arrive call
-        ``arrived()`` (it may wake the reader, or take messages with :meth:`read_ahead`,
-        but not :meth:`pull`) and wait in the ring, whose room is then the
-        backpressure.  Whether pulling is on: not on a traced pump, whose reads are
-        recorded as the read task's.  The peer's end, and this side's
-        ``close``, still deliver through the listener (what is left is read and the
-        close follows), as does anything :meth:`pull` does not take itself."""
+        ``arrived()`` (it may wake the reader) and wait in the ring, whose room is then
+        the backpressure; ``behind()`` follows when they wait faster than the reader
+        takes them (a writer in this process found the ring full, or a socket's bytes
+        left it half full or more): it may take messages with :meth:`read_ahead` (as
+        ``arrived()`` may too, but neither :meth:`pull`).  Whether pulling is on: not on
+        a traced pump, whose reads are recorded as the read task's.  The peer's end, and
+        this side's ``close``, still deliver through the listener (what is left is read
+        and the close follows), as does anything :meth:`pull` does not take itself."""
         if self._observer is not None or self._state is not _OPEN:
             return False
+        self._channel.on_behind = behind
         self._channel.on_arrival = arrived
         return True
 
@@ -535,8 +533,8 @@ class MessageQueue:
         return 0
 
     def read_ahead(self, into: deque[bytes], max_count: int) -> int:
-        """Pulling, when bytes arrive and the reader is busy with a ring half full or more
-        (:attr:`rx_half`): take up to ``max_count`` whole messages into ``into`` now, so
+        """Pulling, when bytes wait faster than the reader takes them (``behind()``, see
+        :meth:`set_pull`): take up to ``max_count`` whole messages into ``into`` now, so
         that a writer with more to send goes on meanwhile (as far as the reader's buffer
         allows, as the read task would); how many.  Takes only what :meth:`pull` takes
         itself."""
