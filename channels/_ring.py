@@ -28,7 +28,7 @@ FRAME_PARTIAL: int = lib.RB_FRAME_PARTIAL
 FRAME_COMPLETE: int = lib.RB_FRAME_COMPLETE
 _TAKE_MORE: int = lib.RB_TAKE_MORE  # added to a lone take's length when bytes follow it
 #: Frames :meth:`RingBuffer.take_whole` takes one C call each before it batches the rest.
-_LONE_TAKES = 4
+_LONE_TAKES = 2
 
 #: Most frames moved by one batched C call.
 BATCH_FRAMES = 1024
