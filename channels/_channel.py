@@ -93,7 +93,7 @@ class Channel:
         "_listener", "_read_posted", "_write_posted", "_blocked", "_disconnected",
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
-        "_carried", "_carried_off", "_sent_event", "_on_arrival", "_tell_peer", "identity",
+        "_carried", "_carried_off", "_sent_event", "_on_arrival", "tell_peer", "identity",
         "peer_address", "on_behind", "_rx_used", "_rx_half",
     )
 
@@ -116,10 +116,11 @@ class Channel:
         self.observer: LinkObserver | None = pump.link_trace(
             local, remote, port, self.trace_link, self.tx_dir, self.rx_dir)
         self._peer: LinkPeer | None = None
-        #: What :meth:`notify_written` calls: the peer's ``data_arrived``, or, when the
-        #: peer is a channel in this process whose reader pulls, that reader's
-        #: :attr:`on_arrival` itself (one call less for every write).
-        self._tell_peer: Callable[[], None] | None = None
+        #: What :meth:`notify_written` calls (read it, the channel sets it): the peer's
+        #: ``data_arrived``, or, when the peer is a channel in this process whose reader
+        #: pulls, that reader's :attr:`on_arrival` itself (one call less for every
+        #: write); None once the peer is gone.
+        self.tell_peer: Callable[[], None] | None = None
         self._listener: ChannelListener | None = None
         self._owner: object = None  # None: the channel itself (no cycle through it)
         #: Set by :meth:`disconnect`: this side's bytes end on a frame boundary.
@@ -184,7 +185,7 @@ class Channel:
         what :meth:`notify_written` calls from now on."""
         peer = self._peer
         if peer is not None:
-            self._tell_peer = arrival if arrival is not None else peer.data_arrived
+            self.tell_peer = arrival if arrival is not None else peer.data_arrived
 
     def rx_growable(self) -> bool:
         """Whether the incoming ring may grow (:meth:`RingBuffer.grow`): a transport
@@ -310,7 +311,7 @@ class Channel:
 
     def notify_written(self) -> None:
         """Bytes went into :attr:`tx_ring`: tell the peer."""
-        tell = self._tell_peer
+        tell = self.tell_peer
         if tell is not None:
             tell()
 
@@ -450,7 +451,7 @@ class Channel:
         if peer is not None:
             peer.peer_ended(reason, cause)
             self._peer = None
-            self._tell_peer = None
+            self.tell_peer = None
         self._wake_sent()
         self._post_closed(reason)
 

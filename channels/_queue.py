@@ -402,7 +402,9 @@ class MessageQueue:
             if (n <= self.max_message_size and chan.peer_reason is None
                     and self._observer is None and self._put_frame(message, n)):
                 self._sent += 1
-                chan.notify_written()
+                tell = chan.tell_peer  # notify_written(), one call less
+                if tell is not None:
+                    tell()
                 return True
         return False
 
