@@ -6,11 +6,8 @@ from ._async import AsyncMessageQueue as AsyncMessageQueue
 from ._cause import CloseCause as CloseCause
 from ._channel import DEFAULT_RING_CAPACITY as DEFAULT_RING_CAPACITY
 from ._channel import Channel as Channel
-from ._channel import ChannelListener as ChannelListener
 from ._channel import ChannelManager as ChannelManager
 from ._channel import LinkGate as LinkGate
-from ._channel import LinkObserver as LinkObserver
-from ._channel import LinkPeer as LinkPeer
 from ._codec import CLOSE_MARK as CLOSE_MARK
 from ._codec import DEFAULT_FRAME_BUDGET as DEFAULT_FRAME_BUDGET
 from ._codec import MAX_MESSAGE_BODY as MAX_MESSAGE_BODY
@@ -30,6 +27,9 @@ from ._messages import Batch as Batch
 from ._messages import Gather as Gather
 from ._messages import coalesce as coalesce
 from ._messages import gather as gather
+from ._protocols import ChannelListener as ChannelListener
+from ._protocols import LinkObserver as LinkObserver
+from ._protocols import LinkPeer as LinkPeer
 from ._queue import DEFAULT_HIGH_WATER as DEFAULT_HIGH_WATER
 from ._queue import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from ._queue import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT

@@ -9,7 +9,7 @@ or a StreamLink across a socket; both speak :class:`LinkPeer`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -17,60 +17,11 @@ import trio
 from pump import Pump
 
 from ._cause import CloseCause
+from ._protocols import ChannelListener, LinkObserver, LinkPeer
 from ._ring import RingBuffer
 
 #: Ring capacity per direction when none is given (a power of two).
 DEFAULT_RING_CAPACITY = 1 << 18
-
-
-class ChannelListener(Protocol):
-    """Notifications of a channel.  Grammar: ``(readable | writable)* closed``.
-
-    ``readable()``: bytes arrived.  Edge-triggered: read until ``read()`` returns
-    ``b""``, or you are not told again until more bytes arrive.
-    ``writable()``: room freed after a write that could not take everything.
-    ``closed(reason)``: the channel is done; on the peer of a disconnect this
-    comes only after every byte written before the disconnect was read.
-    """
-
-    def readable(self) -> None: ...
-
-    def writable(self) -> None: ...
-
-    def closed(self, reason: str) -> None: ...
-
-
-class LinkPeer(Protocol):
-    """The other end of a channel's link, as the channel sees it."""
-
-    def data_arrived(self) -> None:
-        """Bytes went into the ring this peer reads."""
-
-    def room_freed(self) -> None:
-        """Bytes left the ring this peer writes."""
-
-    def peer_ended(self, reason: str, cause: CloseCause) -> None:
-        """The other side disconnected."""
-
-
-class LinkObserver(Protocol):
-    """What happens on one end of a link, told to whoever records it (the pump's trace).
-
-    ``moved`` is bytes through a ring (``"write"`` on this end's way out,
-    ``"read"`` on its way in); ``sent`` and ``delivered`` are whole messages.
-    """
-
-    def moved(self, kind: str, size: int, partial: bool) -> None: ...
-
-    def sent(self, size: int) -> None: ...
-
-    def delivered(self, sizes: Sequence[int]) -> None: ...
-
-    def protocol_error(self, reason: str) -> None: ...
-
-    def disconnected(self, reason: str, cause: str) -> None: ...
-
-    def closed(self, reason: str) -> None: ...
 
 
 class Channel:
