@@ -163,6 +163,31 @@ async def test_send_waits_behind_a_slow_receiver_with_bounded_memory(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_busy_receiver_takes_ahead_what_its_writer_cannot_fit_up_to_its_buffer(
+        autojump_clock: object) -> None:
+    # the ring holds three of these frames; the receiver's buffer four messages
+    async with slow_receiver() as (q, server_side, nursery):
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for i in range(1000):
+                await q.send(b"%04d" % i + b"." * 60)
+                sent += 1
+
+        nursery.start_soon(flood)
+        await trio.sleep(1)
+        receiver = server_side[0]
+        # taken out of the ring into the receiver's buffer while it did not ask, so that
+        # the writer went on; never more than the buffer holds
+        assert receiver.statistics().messages_received == 4
+        backlog = q.statistics().bytes_queued
+        assert sent == 4 + 3 + backlog // 64
+        for i in range(1000):
+            assert (await receiver.receive())[:4] == b"%04d" % i
+        nursery.cancel_scope.cancel()
+
+
 async def test_receive_after_abort_or_own_close(autojump_clock: object) -> None:
     async with open_universe("u") as u, trio.open_nursery() as nursery:
         server, client = u.add_broker("server"), u.add_broker("client")
