@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 
 import pytest
 import trio
@@ -164,6 +165,48 @@ def test_memory_stays_bounded_behind_a_slow_reader() -> None:
     assert sent < 100  # bounded by the mark, not by the number of attempts
     stats = qa.statistics()
     assert stats.bytes_queued <= 4096
+
+
+def test_a_queue_kept_topped_up_lets_go_of_what_it_wrote() -> None:
+    # The receiver's side sends the next message as each one arrives, so the sender's
+    # queue never empties; every message written into the ring must still be let go,
+    # or the process holds all it ever sent (measured: 800 MiB in an MQ producer).
+    pump = Pump()
+    size, total = 64 << 10, 400
+    qa, qb = queue_pair(pump, 256 << 10, high_water=1 << 20)
+    sent = [0]
+
+    def send_one() -> None:
+        qa.send(bytes(size))  # a fresh 64 KiB each time
+        sent[0] += 1
+
+    class Feeder(QueueListener):
+        def __init__(self) -> None:
+            self.got = 0
+
+        def received(self, message: bytes) -> None:
+            self.got += 1
+            if sent[0] < total:
+                send_one()
+
+        def closed(self, reason: str) -> None:
+            pass
+
+    feeder = Feeder()
+    qb.set_listener(feeder)
+    qa.set_listener(Recorder())
+    tracemalloc.start()
+    try:
+        for _ in range(16):  # the high-water mark's worth
+            send_one()
+        pump.run_until_idle()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert feeder.got == total
+    # the mark (1 MiB) queued, as much written and held at most, a message being read:
+    # a few MiB, where holding every message written would be 25 MiB
+    assert peak < 6 << 20, f"peak {peak >> 20} MiB"
 
 
 def test_oversized_and_non_bytes_messages_are_refused_before_queueing() -> None:
