@@ -41,6 +41,7 @@ from ._ring import HEADER_SIZE as HEADER_SIZE
 from ._ring import MAX_CAPACITY as MAX_CAPACITY
 from ._ring import MIN_CAPACITY as MIN_CAPACITY
 from ._ring import RingBuffer as RingBuffer
+from ._ring import keep_freed_memory as keep_freed_memory
 from ._ring import split_bodies as split_bodies
 from ._stream import DEFAULT_ADAPTIVE_POLL as DEFAULT_ADAPTIVE_POLL
 from ._stream import StreamLink as StreamLink
@@ -88,5 +89,6 @@ __all__ = [
     "close_frame",
     "coalesce",
     "gather",
+    "keep_freed_memory",
     "split_bodies",
 ]

@@ -8,6 +8,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 struct rb_ring {
     size_t capacity;
@@ -314,4 +317,15 @@ int rb_grow(rb_ring *rb, size_t capacity) {
     rb->mask = capacity - 1;
     free(old);
     return 0;
+}
+
+int rb_keep_freed(size_t keep, size_t map_above) {
+#ifdef __GLIBC__
+    if (keep > INT32_MAX || map_above > INT32_MAX) return 0;
+    return mallopt(M_TRIM_THRESHOLD, (int)keep) == 1 && mallopt(M_MMAP_THRESHOLD, (int)map_above) == 1;
+#else
+    (void)keep;
+    (void)map_above;
+    return 0;
+#endif
 }

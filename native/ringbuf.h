@@ -102,6 +102,13 @@ int64_t rb_take_frame(rb_ring *rb, char *out, uint32_t maxlen);
 /* Whether the n (at least 1) lengths are all the same: 1 if so, else 0 (frames taken
  * are then cut by one unpack, with no list of their lengths made first). */
 int rb_lens_uniform(const uint32_t *lens, size_t n);
+/* Have the C library keep up to `keep` bytes that free() returns at the top of its heap,
+ * and serve every block below `map_above` bytes from that heap: a frame of some hundred
+ * KiB copied out of a ring then reuses pages already mapped, where glibc's defaults
+ * hand them back to the kernel and take them again, a page fault every 4 KiB (glibc's
+ * M_TRIM_THRESHOLD and M_MMAP_THRESHOLD).  1 when set; 0 where the C library has no
+ * such setting or refused the values. */
+int rb_keep_freed(size_t keep, size_t map_above);
 /* CDEF-END */
 
 #endif

@@ -44,6 +44,7 @@ from typing import Any
 import trio
 
 from brokermgr import BrokerManager
+from channels import keep_freed_memory
 from mq import MqClient
 from pump import Pump
 from rdv import Address
@@ -87,6 +88,7 @@ def child_main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     kind = args[0]
     if kind in ("producer", "consumer"):
+        keep_freed_memory()  # as an embedding client moving large messages would
         host, port, size, count = args[1], int(args[2]), int(args[3]), int(args[4])
         print(json.dumps(trio.run(_ours, kind, host, port, size, count)), flush=True)
     elif kind in ("redis-producer", "redis-consumer"):
