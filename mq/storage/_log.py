@@ -533,16 +533,16 @@ class TopicLog:
         segment.bad.sort()
 
     def _position(self, segment: Segment, offset: int) -> int:
-        i = bisect.bisect_right(segment.index, (offset - segment.base, 1 << 64, 0)) - 1
-        return segment.index[i][1] if i >= 0 else SEGMENT_HEADER.size
+        pos = segment.index.position_of(offset - segment.base)
+        return SEGMENT_HEADER.size if pos is None else pos
 
     def offset_for_time(self, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms`` (the next offset if none)."""
         for segment in self.segments:
             if segment.max_ts < timestamp_ms or segment.next_offset == segment.base:
                 continue
-            i = bisect.bisect_left([e[2] for e in segment.index], timestamp_ms) - 1
-            offset = segment.base + segment.index[i][0] if i >= 0 else segment.base
+            before = segment.index.offset_before(timestamp_ms)
+            offset = segment.base + (0 if before is None else before)
             while True:
                 records = self.read(offset, max_count=256)
                 if not records:

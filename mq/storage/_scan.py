@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._index import INDEX_ENTRY, SparseIndex
 from ._record import (
     FORMAT_VERSION,
     MAGIC,
@@ -34,7 +35,6 @@ __all__ = ["INDEX_ENTRY", "INDEX_FOOTER", "INDEX_INTERVAL", "INDEX_MAGIC", "INDE
 
 #: Bytes of log between two entries of a sparse index (Kafka's index.interval.bytes).
 INDEX_INTERVAL = 4096
-INDEX_ENTRY = struct.Struct("<IIQ")  # offset - base, position, timestamp
 #: magic, version, base, next offset, size, max ts, CRC-32 of the whole segment, crc
 INDEX_FOOTER = struct.Struct("<8sIQQQQII")
 INDEX_MAGIC = b"RDVPQIDX"
@@ -81,7 +81,7 @@ class Scan:
     valid record in them ``(position, end, reason, first offset hidden, next valid
     offset or None)``, and where a torn tail starts (the last segment only)."""
 
-    index: list[tuple[int, int, int]]
+    index: SparseIndex
     max_ts: int
     next_offset: int
     bad: list[tuple[int, int, str, int, int | None]]
@@ -93,7 +93,7 @@ def scan_segment(buf: bytes, base: int, max_record: int, *, last: bool) -> Scan:
     """Read the records of a segment's bytes ``buf`` (its header included) one by one,
     checking each, sans-I/O.  In the last segment a record that no valid one follows
     is a torn tail (a crash cut it short); anywhere else it is damage."""
-    scan = Scan([], 0, base, [])
+    scan = Scan(SparseIndex(), 0, base, [])
     pos = SEGMENT_HEADER.size
     expected = base
     last_indexed = -INDEX_INTERVAL

@@ -16,10 +16,10 @@ import logging
 import os
 import struct
 from dataclasses import dataclass, field
-from itertools import starmap
 from pathlib import Path
 
 from ._files import write_file
+from ._index import SparseIndex
 from ._record import SEGMENT_HEADER, FormatError, crc32, segment_header
 from ._scan import (
     INDEX_ENTRY,
@@ -50,7 +50,7 @@ class Segment:
     size: int
     next_offset: int
     #: (offset - base, position, timestamp), every INDEX_INTERVAL bytes
-    index: list[tuple[int, int, int]] = field(default_factory=list)
+    index: SparseIndex = field(default_factory=SparseIndex)
     max_ts: int = 0
     #: (position, end) stretches to skip
     bad: list[tuple[int, int]] = field(default_factory=list)
@@ -96,7 +96,7 @@ def create_segment(directory: Path, base: int, now_ms: int, max_ts: int, *,
 def seal(segment: Segment) -> None:
     """Write a sealed segment's index file: its entries, then a footer with the segment's
     size, next offset, newest timestamp and checksum, and the index's own CRC."""
-    entries = b"".join(starmap(INDEX_ENTRY.pack, segment.index))  # (a genexpr: twice as long)
+    entries = segment.index.to_bytes()
     footer = INDEX_FOOTER.pack(INDEX_MAGIC, INDEX_VERSION, segment.base,
                                segment.next_offset, segment.size, segment.max_ts,
                                segment.crc, 0)
@@ -210,8 +210,7 @@ def _load_index(segment: Segment) -> bool:
         return False
     if segment_crc(segment.fd, segment.size) != seg_crc:
         return False  # damaged since it was sealed: reading it whole says where
-    segment.index = [INDEX_ENTRY.unpack_from(data, i)
-                     for i in range(0, len(data) - INDEX_FOOTER.size, INDEX_ENTRY.size)]
+    segment.index = SparseIndex.from_bytes(memoryview(data)[:len(data) - INDEX_FOOTER.size])
     segment.next_offset, segment.max_ts = next_offset, max_ts
     segment.crc = seg_crc
     return True
@@ -224,7 +223,8 @@ def _scan(segment: Segment, *, last: bool, max_record: int,
     buf = os.pread(segment.fd, segment.size, 0)
     scan = scan_segment(buf, segment.base, max_record, last=last)
     segment.index = scan.index
-    segment.last_indexed = scan.index[-1][1] if scan.index else -INDEX_INTERVAL
+    indexed = scan.index.last_position
+    segment.last_indexed = -INDEX_INTERVAL if indexed is None else indexed
     segment.max_ts = scan.max_ts
     segment.next_offset = scan.next_offset
     for pos, end, reason, first, following in scan.bad:
