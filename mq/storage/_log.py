@@ -128,16 +128,16 @@ class TopicLog:
         try:
             self._segdir.mkdir(parents=True, exist_ok=True)
             self._open()
+            #: The master epochs its records were written under (:mod:`._epochs`).
+            self.epochs = Epochs.read(self.directory)
         except FormatError:
             self.close()
             raise
-        except OSError as exc:
+        except OSError as exc:  # the segments opened are closed: a refusal leaks nothing
             self.close()
             raise StoreError(f"{self.directory}: cannot open the queue: "
                              f"{exc.strerror or exc}") from exc
         self._durable = self.next_offset
-        #: The master epochs its records were written under (:mod:`._epochs`).
-        self.epochs = Epochs.read(self.directory)
 
     # -- state -------------------------------------------------------------------------
 

@@ -332,6 +332,19 @@ def test_an_unwritable_directory_is_a_clear_error(tmp_path: pathlib.Path) -> Non
         TopicLog(tmp_path / "file" / "topic")
 
 
+def test_a_queue_that_cannot_be_opened_is_refused_and_leaks_no_file(
+        tmp_path: pathlib.Path) -> None:
+    """Out of files (a server of many topics), or an epochs file that cannot be read:
+    the same clear error, and the segments it had opened are closed again."""
+    TopicLog(tmp_path / "t").close()
+    (tmp_path / "t" / "epochs.json").mkdir()  # read, it fails as no JSON would
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(StoreError, match="cannot open the queue: Is a directory"):
+            TopicLog(tmp_path / "t")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_sync_is_one_fsync_for_many_appends(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = TopicLog(tmp_path)
