@@ -152,6 +152,28 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
         raise fail(str(exc)) from None
 
 
+#: The most open files a serving process asks for (when its hard limit has none).
+OPEN_FILES_WANTED = 1 << 20
+
+
+def as_a_server() -> None:
+    """What a process that serves (``broker run``, ``manager serve``) sets for itself: its
+    soft limit on open files raised to its hard limit (a server keeps a file open for each
+    segment of each topic and a socket for each link: Linux's usual soft limit, 1,024,
+    is some thousand topics), and the C library's allocator keeping what large frames
+    free (:func:`channels.keep_freed_memory`)."""
+    import resource
+
+    from channels import keep_freed_memory
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # as it was, where it may not
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    keep_freed_memory()
+
+
 def check_trace_dir(trace: pathlib.Path | None) -> None:
     """``--trace`` names a directory, made here if missing: a file there, or a directory
     that cannot be made, is one clear error before anything starts (before the processes

@@ -24,7 +24,6 @@ from brokermgr.tracking import (
     DEFAULT_SERVER_EXPIRY,
     DEFAULT_TRACK_PORT,
 )
-from channels import keep_freed_memory
 from pump import ConfigError
 from rdv import Address
 
@@ -42,6 +41,7 @@ from ._common import (
     TraceFormatOption,
     TraceOption,
     UniverseOption,
+    as_a_server,
     err,
     fail,
     guard,
@@ -185,7 +185,7 @@ def broker_run(
     if clustered is not None and listen is None and len(broker_id) == 1:
         address = _listed_address(clustered, broker_id[0])  # where the file says
     trace_recorder = recorder(trace, trace_format, pump="+".join(broker_id), run=run or universe)
-    keep_freed_memory()  # large frames reuse freed pages (the process is the broker's)
+    as_a_server()
     guard(lambda: trio.run(lambda: run_brokers(
         universe, broker_id, managers, listen=address, token=token,
         identity=identity or None, identities=None if identities is None else str(identities),

@@ -23,6 +23,7 @@ from ._common import (
     TraceFormatOption,
     TraceOption,
     UniverseOption,
+    as_a_server,
     guard,
     recorder,
     tls_files,
@@ -53,6 +54,7 @@ def manager_serve(
     metrics_at = None if metrics is None else guard(lambda: Address.parse(metrics))
     tls = guard(lambda: tls_files(tls_cert, tls_key, tls_ca))
     trace_recorder = recorder(trace, trace_format, pump="manager", run=run or universe)
+    as_a_server()
     guard(lambda: trio.run(lambda: run_manager(universe, address, token=token, expiry=expiry,
                                                 identities=None if identities is None
                                                 else str(identities),

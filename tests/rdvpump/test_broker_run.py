@@ -312,3 +312,49 @@ def wait_shown(port: int, text: str) -> None:
     while text not in status(port):
         assert time.monotonic() < deadline, status(port)
         time.sleep(0.1)  # registration is asynchronous: polled through the CLI, bounded
+
+
+async def test_a_server_raises_its_open_files_limit_for_its_topics(
+        tmp_path: pathlib.Path) -> None:
+    """A server keeps a file open for each segment of each topic: started with a soft
+    limit of 64 open files (Linux's usual 1,024 would be some thousand topics), it raises
+    it to its hard limit and opens 100 topics."""
+    import resource
+
+    import trio
+
+    from brokermgr import BrokerManager
+    from mq import MqClient
+    from rdv import Address
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip(f"a hard limit of {hard} open files: no room to raise it")
+    port = free_port()  # no manager: the client is told where the server listens
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "shop", "--id",
+         "s1", "--manager", f"127.0.0.1:{port}", "--listen", "127.0.0.1:0", "--role",
+         "server", "--mq-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "RDVPUMP_TOKEN": "secret"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
+    try:
+        where = read_until(server, server.stdout, b"\n").decode().split()[-1]
+        client_side = BrokerManager("shop", token="secret")
+        client_side.directory["s1"] = Address.parse(where)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client_side.pump.serve)
+            await nursery.start(client_side.serve_network, "127.0.0.1", 0)
+            client = MqClient(client_side.add_broker("c"), "s1:15555", timeout=10)
+            with trio.fail_after(60):
+                await client.connected()
+                for i in range(100):
+                    await client.declare(f"t{i}")
+                    await client.publish(f"t{i}", b"stored")
+            client.close()
+            nursery.cancel_scope.cancel()
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, errs = finish(server, timeout=30)
+    assert server.returncode == 0, errs.decode()[-2000:]
+    assert len(list(tmp_path.glob("s1/t*/segments/*.seg"))) == 100
