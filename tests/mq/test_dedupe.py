@@ -5,8 +5,14 @@ master died, which had copied it; one that member holds only part of is stored w
 
 from __future__ import annotations
 
+import json
 import pathlib
+import tracemalloc
+from collections import OrderedDict
 from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from brokermgr import open_universe
 from brokermgr.tracking import TrackNode
@@ -35,6 +41,69 @@ def test_a_retry_is_found_whole_or_not_at_all() -> None:
     recent.add("p", 10, 30, 1)  # a gap in the offsets: not one publish
     assert recent.original("p", 8, 3) is None
     assert unique_producer("app") != unique_producer("app")
+
+
+class _Model:
+    """The list as a dict of ``(producer, sequence)`` to ``(offset, count)``, oldest
+    first (what :class:`Recent` was, and must still answer as)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.publishes: OrderedDict[tuple[str, int], tuple[int, int]] = OrderedDict()
+
+    def add(self, producer: str, sequence: int, offset: int, count: int) -> None:
+        self.publishes[(producer, sequence)] = (offset, count)
+        if len(self.publishes) > self.limit:
+            self.publishes.popitem(last=False)
+
+    def original(self, producer: str, sequence: int, count: int) -> int | None:
+        found = self.publishes.get((producer, sequence))
+        if found is None:
+            return None
+        offset, stored = found
+        if stored == count:
+            return offset
+        for i in range(1, count):
+            if self.publishes.get((producer, sequence + i)) != (offset + i, 1):
+                return None
+        return offset
+
+
+@given(st.integers(1, 6), st.lists(st.tuples(
+    st.sampled_from(["p", "q", "r"]), st.integers(-3, 12), st.integers(0, 40),
+    st.integers(1, 4), st.booleans()), max_size=60))
+def test_the_list_answers_as_a_dict_of_the_newest_publishes(
+        limit: int, steps: list[tuple[str, int, int, int, bool]]) -> None:
+    recent, model = Recent(limit), _Model(limit)
+    for producer, sequence, offset, count, ask in steps:
+        if ask:
+            assert recent.original(producer, sequence, count) == model.original(
+                producer, sequence, count)
+        else:
+            recent.add(producer, sequence, offset, count)
+            model.add(producer, sequence, offset, count)
+        assert len(recent) == len(model.publishes)
+    for (producer, sequence), (_, count) in model.publishes.items():
+        assert recent.original(producer, sequence, count) == model.original(
+            producer, sequence, count)
+
+
+def test_a_full_list_holds_well_under_the_tuples_it_replaced() -> None:
+    """Every topic published to keeps one, full after 4,096 publishes: about 380 bytes a
+    publish with an (offset, count) tuple and a producer string each (1.5 MB a topic),
+    under 260 now."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        recent = Recent()
+        for i in range(2 * recent.limit):
+            producer = json.loads('{"producer": "app~7a387b42"}')["producer"]  # as parsed
+            recent.add(producer, 10**9 + 200 * i, 10**9 + 200 * i, 200)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(recent) == recent.limit
+    assert held < 260 * recent.limit, f"{held / recent.limit:.0f} bytes a publish"
 
 
 async def test_a_retried_publish_is_answered_with_where_it_went_and_not_stored_again(
