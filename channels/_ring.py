@@ -444,8 +444,6 @@ class RingBuffer:
         return k, len(data)
 
 
-
-
 #: Free memory the C library keeps at the top of its heap for the next large frame.
 KEEP_FREED = 32 << 20
 #: Blocks at least this long still get pages of their own, handed back when freed.
