@@ -119,7 +119,8 @@ class ClusterNode(Election):
         #: The state version each peer said last: a primary behind one of them fetches
         #: that peer's state before it may take over.
         self.versions: dict[str, tuple[int, int]] = {}
-        self._fetching = False
+        #: The fetches under way: when each peer was asked.
+        self._fetching: dict[str, float] = {}
         #: The root this server follows (None: none yet, the cluster is not ready) and its
         #: epoch; each peer's vote as it last said it (:mod:`._root`).
         self.root: str | None = None
@@ -307,14 +308,20 @@ class ClusterNode(Election):
         return {"cmd": "state", **self.state.snapshot()}
 
     def _behind(self, peer: str) -> None:
-        """A peer has a newer state than this server: fetch it (at most one at a time)."""
+        """A peer has a newer state than this server: fetch it.  One fetch at a time,
+        while the peer asked may still answer; one that has not answered within the
+        silence timeout (or fell silent), its link open, is not waited for: another
+        peer is asked, and it is not asked again until it answers."""
         link = self.peers[peer].outgoing
-        if link is None or not link.agreed or self._fetching:
+        now = self.broker.pump.now()
+        if link is None or not link.agreed or peer in self._fetching or any(
+                asked not in self.silent and now - at <= self._live
+                for asked, at in self._fetching.items()):
             return
-        self._fetching = True
+        self._fetching[peer] = now
 
         def fetched(outcome: ReplyOrError) -> None:
-            self._fetching = False
+            self._fetching.pop(peer, None)
             if isinstance(outcome, ServiceError):
                 return
             try:
@@ -329,7 +336,7 @@ class ClusterNode(Election):
                 self.elect()
 
         if not link.request({"cmd": "fetch", **link.said()}, fetched):
-            self._fetching = False  # not sent (past the high-water mark): asked again later
+            del self._fetching[peer]  # not sent (past the high-water mark): asked again later
 
     def _heard(self, request: Said) -> None:
         """What a peer's hello or beat says: its vote, its state's version (this server

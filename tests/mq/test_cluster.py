@@ -641,6 +641,37 @@ async def test_a_fetch_that_could_not_be_sent_does_not_stop_the_next(
             node.close()
 
 
+async def test_a_fetch_its_peer_never_answers_does_not_stop_the_next(
+        autojump_clock: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b hears from the root a's beats that a has a newer state, but its push of that
+    state never reaches b, and a never answers b's fetch: its links stay up and its beats
+    go on, as a process stopped while the fetch was on its way looks until its silence
+    counts.  c has that state too.  b asks c once the silence timeout has passed.  (A
+    fetch waited for its answer as long as the link stayed open: b never caught up, and
+    with c's state newer than its own, b could not take over when a was counted out.)"""
+    answer, take = ClusterNode._fetch, ClusterNode._state
+
+    def fetch(node: ClusterNode, request: Any, call: Any) -> Any:
+        return None if node.me.id == "a" else answer(node, request, call)  # None: later
+
+    def state(node: ClusterNode, request: Any, call: Any) -> Any:
+        return None if node.me.id == "b" else take(node, request, call)
+
+    monkeypatch.setattr(ClusterNode, "_fetch", fetch)
+    monkeypatch.setattr(ClusterNode, "_state", state)
+    async with open_universe("u") as universe:
+        nodes = {s: ClusterNode(universe.add_broker(s), FOUR) for s in ("a", "b", "c")}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        a, b, c = nodes["a"], nodes["b"], nodes["c"]
+        await a.change("declare", "orders")  # c's confirmation is the majority's
+        asked = trio.current_time()
+        await until(lambda: "orders" in b.state.topics, within=10)  # fetched from c
+        assert b.state == c.state
+        assert trio.current_time() - asked > FOUR.silence  # a was asked first, and waited for
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_change_with_no_root_waits_then_says_the_cluster_is_not_ready(
         autojump_clock: object) -> None:
     async with open_universe("u") as universe:
