@@ -79,12 +79,7 @@ class SparseIndex:
     @classmethod
     def from_bytes(cls, data: bytes | memoryview) -> SparseIndex:
         """Entries packed as :meth:`to_bytes` packs them (a whole number of them)."""
-        index = cls()
-        for offset, position, timestamp in INDEX_ENTRY.iter_unpack(data):
-            index.offsets.append(offset)
-            index.positions.append(position)
-            index.times.append(timestamp)
-        return index
+        return cls(INDEX_ENTRY.iter_unpack(data))
 
     def __len__(self) -> int:
         return len(self.offsets)
