@@ -70,7 +70,7 @@ from ._scan import (
     resync,
     scan_segment,
 )
-from ._segment import Segment, create_segment, open_segments, rescan, seal
+from ._segment import SealedFiles, Segment, create_segment, open_segments, rescan, seal
 from ._tail import Tail
 from ._written import Written
 
@@ -122,6 +122,10 @@ class TopicLog:
         #: offset below which it makes every record durable.
         self._flush: Flush | None = None
         self._flush_upto = 0
+        #: The segment that flush seals (its file open until the flush is done), and
+        #: the sealed segment open to be read.
+        self._sealing: Segment | None = None
+        self._sealed = SealedFiles()
         self._durable = 0
         self._dir_dirty = False
         self._segdir = self.directory / "segments"
@@ -318,7 +322,7 @@ class TopicLog:
                     if i == 0 or self.segments[i].base < offset)
         segment = self.segments[keep]
         pos = self._position(segment, offset)
-        buf = os.pread(segment.fd, segment.size - pos, pos)
+        buf = os.pread(self._sealed.fd(segment), segment.size - pos, pos)
         at = 0
         try:
             while (found := decode(buf, at, self.max_record)) is not None \
@@ -327,8 +331,10 @@ class TopicLog:
         except BadRecord as exc:
             raise StoreError(f"{segment.path}: cannot cut from offset {offset}: a damaged "
                              f"record before it ({exc})") from None
+        if segment is not self.segments[-1]:
+            self._sealed.writable(segment)  # the last again
         for gone in self.segments[keep + 1:]:
-            os.close(gone.fd)
+            self._sealed.close(gone)
             gone.path.unlink()
             gone.index_path.unlink(missing_ok=True)
         del self.segments[keep + 1:]
@@ -379,6 +385,7 @@ class TopicLog:
             raise self._fsync_failed(error) from error
         if point.flush is not None and point.flush is self._flush:
             self._flush = None  # done, and covered by the target
+            self._sealed_now()
         self._durable = max(self._durable, point.target)
         return self._durable
 
@@ -405,10 +412,12 @@ class TopicLog:
 
             self._flush = Flush(flush, f"mq seal {segment.path.name}")
             self._flush_upto = segment.next_offset
+            self._sealing = segment
             self.segments.append(new)
             return
         os.fsync(segment.fd)
         seal(segment)
+        self._sealed.close(segment)
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
         fsync_dir(self._segdir)
@@ -424,7 +433,16 @@ class TopicLog:
             flush.wait()
         except OSError as exc:
             raise self._fsync_failed(exc, " (sealing a segment)") from exc
+        finally:
+            self._sealed_now()
         self._durable = max(self._durable, self._flush_upto)
+
+    def _sealed_now(self) -> None:
+        """The flush of the segment sealed last is over: its file is closed (opened
+        again when it is read)."""
+        segment, self._sealing = self._sealing, None
+        if segment is not None and not (self.segments and segment is self.segments[-1]):
+            self._sealed.close(segment)
 
     def _fsync_failed(self, error: OSError, where: str = "") -> StoreError:
         """The log refuses writes from now on (never retried: see the module); logged,
@@ -490,7 +508,8 @@ class TopicLog:
             if skip is not None:
                 pos = skip
                 continue
-            buf = os.pread(segment.fd, min(segment.size - pos, max(want, budget[1])), pos)
+            buf = os.pread(self._sealed.fd(segment), min(segment.size - pos, max(want, budget[1])),
+                           pos)
             at = 0
             while at < len(buf) and budget[0] > 0 and budget[1] > 0:
                 try:
@@ -517,7 +536,7 @@ class TopicLog:
     def _damaged(self, segment: Segment, pos: int, reason: str) -> None:
         """Damage found while reading (it came after the log was opened): reported like
         damage found at open, and skipped from now on."""
-        buf = os.pread(segment.fd, segment.size, 0)
+        buf = os.pread(self._sealed.fd(segment), segment.size, 0)
         expected = segment.base
         if pos > SEGMENT_HEADER.size:  # the offset the bad record should have had
             before = scan_segment(buf[:pos], segment.base, self.max_record, last=True)
@@ -571,7 +590,7 @@ class TopicLog:
             if not (too_big or too_old):
                 break
             self.segments.pop(0)
-            os.close(oldest.fd)
+            self._sealed.close(oldest)
             oldest.path.unlink()
             oldest.index_path.unlink(missing_ok=True)
             gone += oldest.next_offset - oldest.base
@@ -585,5 +604,5 @@ class TopicLog:
             self._take_flush()
         for segment in self.segments:
             with contextlib.suppress(OSError):
-                os.close(segment.fd)
+                self._sealed.close(segment)
         self.segments = []

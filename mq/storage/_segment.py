@@ -8,6 +8,10 @@ logged).  Damage anywhere is reported as a :class:`Corruption` naming the file, 
 byte position and the offsets it hides, and the records after it are read all the same.
 The formats are in :mod:`._record` (records, segment header) and :mod:`._scan` (the
 index, the reading of a segment's bytes).
+
+A log keeps its last segment's file open; a sealed one is closed once it is sealed and
+opened again to be read (:class:`SealedFiles`: one at a time), so the file descriptors a
+log holds do not grow with what it stores.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from ._scan import (
     segment_crc,
 )
 
-__all__ = ["Opened", "Segment", "create_segment", "open_segments", "rescan", "seal"]
+__all__ = ["Opened", "SealedFiles", "Segment", "close_file", "create_segment", "open_segments",
+           "rescan", "seal"]
 
 log = logging.getLogger("rdvpump.mq")
 
@@ -46,6 +51,8 @@ _Hidden = tuple[int, int, str, int, int | None]
 class Segment:
     path: Path
     base: int
+    #: The open file (read and write); -1 for a sealed segment closed until it is read
+    #: (:class:`SealedFiles`).
     fd: int
     size: int
     next_offset: int
@@ -62,6 +69,45 @@ class Segment:
     @property
     def index_path(self) -> Path:
         return self.path.with_suffix(".idx")
+
+
+def close_file(segment: Segment) -> None:
+    """Close the segment's file if it is open."""
+    fd, segment.fd = segment.fd, -1
+    if fd >= 0:
+        os.close(fd)
+
+
+class SealedFiles:
+    """The sealed segment of a log whose file is open to be read: one at a time, the one
+    read last (a reader behind goes through the segments in order).  A sealed segment's
+    file is opened again when it is read, the one open before closed."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open: Segment | None = None
+
+    def fd(self, segment: Segment) -> int:
+        """The segment's file, opened to be read if it is closed."""
+        if segment.fd < 0:
+            if self.open is not None:
+                close_file(self.open)
+            segment.fd = os.open(segment.path, os.O_RDONLY)
+            self.open = segment
+        return segment.fd
+
+    def writable(self, segment: Segment) -> int:
+        """The sealed segment's file opened to be written (it is to be the last again)."""
+        self.close(segment)
+        segment.fd = os.open(segment.path, os.O_RDWR)
+        return segment.fd
+
+    def close(self, segment: Segment) -> None:
+        """Close the segment's file (it is sealed, or gone)."""
+        if self.open is segment:
+            self.open = None
+        close_file(segment)
 
 
 @dataclass
@@ -121,6 +167,8 @@ def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:
                                       max_record=max_record, found=found)
             segments.append(segment)
             cut += cut_here
+            if i < len(paths) - 1:  # sealed: opened again when it is read
+                close_file(segment)
         os.fsync(segments[-1].fd)
         for earlier, later in zip(segments, segments[1:], strict=False):
             if later.base < earlier.next_offset:
@@ -128,7 +176,7 @@ def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:
                                   f"{earlier.path} (which ends at {earlier.next_offset})")
     except BaseException:
         for segment in segments:
-            os.close(segment.fd)
+            close_file(segment)
         raise
     corruptions = []
     for segment, hidden in found:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -718,3 +719,42 @@ def test_copies_no_one_reads_here_are_kept_only_on_disk(tmp_path: pathlib.Path) 
     assert replica.read(0, max_count=9) == master.read(0, max_count=9)
     master.close()
     replica.close()
+
+
+def open_segment_files(directory: pathlib.Path) -> int:
+    """How many file descriptors of this process are open on ``directory``'s segments."""
+    where = str(directory / "segments")
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(where)
+    return count
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["inline", "flush-thread"])
+def test_a_log_keeps_two_files_open_however_many_segments_it_holds(
+        tmp_path: pathlib.Path, in_thread: bool) -> None:
+    log = TopicLog(tmp_path, segment_bytes=2_000, flush_in_thread=in_thread, tail_bytes=0)
+    fill(log, 400)
+    log.sync()
+    assert len(log.segments) > 20
+    # the last segment, and the one sealed last while its flush may still run
+    assert open_segment_files(tmp_path) <= 2
+    expected = [bytes([i % 256]) * 100 for i in range(400)]
+    assert bodies(log) == expected  # every sealed segment read again from its file
+    assert bodies(log, 150) == expected[150:]
+    assert open_segment_files(tmp_path) <= 2  # the last, and the one read last
+    log.retain(max_bytes=20_000)
+    start = log.start_offset
+    assert start > 0 and bodies(log, start) == expected[start:]
+    log.truncate(start + 30)  # into a sealed segment: it is the last again
+    log.append([("t", "p1", 999, b"after")])
+    log.sync()
+    assert bodies(log, start) == [*expected[start:start + 30], b"after"]
+    assert open_segment_files(tmp_path) <= 2
+    log.close()
+    assert open_segment_files(tmp_path) == 0
+    again = TopicLog(tmp_path, segment_bytes=2_000)
+    assert open_segment_files(tmp_path) == 1  # only the last: the sealed ones on demand
+    assert bodies(again, start) == [*expected[start:start + 30], b"after"]
+    again.close()

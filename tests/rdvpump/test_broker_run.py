@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -316,9 +317,9 @@ def wait_shown(port: int, text: str) -> None:
 
 async def test_a_server_raises_its_open_files_limit_for_its_topics(
         tmp_path: pathlib.Path) -> None:
-    """A server keeps a file open for each segment of each topic: started with a soft
-    limit of 64 open files (Linux's usual 1,024 would be some thousand topics), it raises
-    it to its hard limit and opens 100 topics."""
+    """A server keeps a file open for the last segment of each topic: started with a
+    soft limit of 64 open files (Linux's usual 1,024 would be some thousand topics), it
+    raises it to its hard limit and opens 100 topics."""
     import resource
 
     import trio
@@ -358,3 +359,66 @@ async def test_a_server_raises_its_open_files_limit_for_its_topics(
         _, errs = finish(server, timeout=30)
     assert server.returncode == 0, errs.decode()[-2000:]
     assert len(list(tmp_path.glob("s1/t*/segments/*.seg"))) == 100
+
+
+async def test_a_topic_of_many_segments_needs_no_more_open_files(
+        tmp_path: pathlib.Path) -> None:
+    """A sealed segment's file is closed, and opened again when it is read: a server held
+    to 64 open files stores a topic in some 200 segments, starts again on them, and a
+    consumer reads every message from the first segment on."""
+    import resource
+
+    import trio
+
+    from brokermgr import BrokerManager
+    from mq import MqClient
+    from rdv import Address
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rdvpump", "broker", "run", "--universe", "shop", "--id",
+             "s1", "--manager", f"127.0.0.1:{free_port()}", "--listen", "127.0.0.1:0",
+             "--role", "server", "--mq-dir", str(tmp_path), "--segment-mb", "0.01"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "RDVPUMP_TOKEN": "secret"},
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+        return proc, read_until(proc, proc.stdout, b"\n").decode().split()[-1]
+
+    async def as_client(where: str, work: Callable[[MqClient], Awaitable[None]]) -> None:
+        client_side = BrokerManager("shop", token="secret")
+        client_side.directory["s1"] = Address.parse(where)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client_side.pump.serve)
+            await nursery.start(client_side.serve_network, "127.0.0.1", 0)
+            client = MqClient(client_side.add_broker("c"), "s1:15555", timeout=10)
+            with trio.fail_after(60):
+                await client.connected()
+                await work(client)
+            client.close()
+            nursery.cancel_scope.cancel()
+
+    async def produce(client: MqClient) -> None:
+        await client.declare("t")
+        for i in range(200):  # a segment of 10 messages each
+            await client.publish_many("t", [b"%04d" % (i * 10 + j) + b"x" * 996
+                                            for j in range(10)])
+
+    got: list[bytes] = []
+
+    async def consume(client: MqClient) -> None:
+        subscription = await client.subscribe("t")
+        while len(got) < 2_000:
+            batch = await subscription.receive_batch()
+            got.extend(bytes(body[:4]) for body in batch.bodies)
+            await batch.ack()
+
+    for work in (produce, consume):
+        server, where = start()
+        try:
+            await as_client(where, work)
+        finally:
+            server.send_signal(signal.SIGINT)
+            _, errs = finish(server, timeout=30)
+        assert server.returncode == 0, errs.decode()[-2000:]
+    assert len(list(tmp_path.glob("s1/t/segments/*.seg"))) > 150
+    assert got == [b"%04d" % i for i in range(2_000)]
