@@ -159,8 +159,8 @@ OPEN_FILES_WANTED = 1 << 20
 def as_a_server() -> None:
     """What a process that serves (``broker run``, ``manager serve``) sets for itself: its
     soft limit on open files raised to its hard limit (a server keeps a file open for each
-    segment of each topic and a socket for each link: Linux's usual soft limit, 1,024,
-    is some thousand topics), and the C library's allocator keeping what large frames
+    topic and a socket for each link: Linux's usual soft limit, 1,024, is some thousand
+    topics), and the C library's allocator keeping what large frames
     free (:func:`channels.keep_freed_memory`)."""
     import resource
 
