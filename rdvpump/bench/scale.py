@@ -17,7 +17,9 @@ Per step: the throughput (operations a second of wall time), the p50 and p99 lat
 one operation (a lookup, a publish's reply, a message from its publish to its delivery, a
 declare to the route table), and the memory the step's objects hold once built (Python's
 allocations, by :mod:`tracemalloc`, measured while the universe is built and its
-registrations and subscriptions settle, not while it is measured).  The baseline of a
+registrations and subscriptions settle, not while it is measured), and the files it holds
+open once measured (``open_files``: sockets and pipes too; None where ``/proc/self/fd``
+is not).  The baseline of a
 step is the dimension's smallest step.  A step that does not finish within its deadline
 is a failure, reported with its step (``error``).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import struct
 import tempfile
@@ -67,6 +70,7 @@ class ScaleResult:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list, repr=False)
     memory_bytes: int = 0
+    open_files: int | None = None
     build_seconds: float = 0.0
     baseline_per_s: float = 0.0
     baseline_memory_per_unit: float = 0.0
@@ -101,6 +105,7 @@ class ScaleResult:
                 "p99_ms": round(self.quantile(0.99) * 1e3, 3),
                 "memory_bytes": self.memory_bytes,
                 "memory_per_unit_bytes": round(self.memory_per_unit),
+                "open_files": self.open_files,
                 "build_s": round(self.build_seconds, 3),
                 "baseline": "the smallest step", "baseline_per_s": round(self.baseline_per_s, 1),
                 "ratio": round(self.per_s / self.baseline_per_s, 3)
@@ -111,11 +116,13 @@ class ScaleResult:
 
 
 class _Measure:
-    """A step's clock and memory: ``built()`` once the universe stands (the memory its
-    objects hold, then no more tracing), ``op(seconds)`` per operation measured."""
+    """A step's clock, memory and files: ``built()`` once the universe stands (the memory
+    its objects hold, then no more tracing), ``op(seconds)`` per operation measured,
+    ``done()`` at the end (the files open then, beyond those open before)."""
 
     def __init__(self, result: ScaleResult) -> None:
         self.result = result
+        self._files = _open_files()
         gc.collect()
         tracemalloc.start()
         self._began = time.perf_counter()
@@ -136,6 +143,17 @@ class _Measure:
         self.result.seconds = time.perf_counter() - self._start
         if operations is not None:
             self.result.operations = operations
+        files = _open_files()
+        if files is not None and self._files is not None:
+            self.result.open_files = files - self._files
+
+
+def _open_files() -> int | None:
+    """The file descriptors this process has open (None where /proc does not say)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+    except OSError:
+        return None
 
 
 async def _concurrently(n: int, work: Callable[[int], Awaitable[None]]) -> None:

@@ -37,6 +37,14 @@ def test_a_step_is_measured_against_the_smallest_and_a_stopped_one_says_so() -> 
                                  "error": "stopped: not done within 300 s"}
 
 
+def test_a_topics_step_counts_the_files_it_holds_open_one_a_topic() -> None:
+    one, twenty = (scale._step("topics", n, 200, 60.0) for n in (1, 20))
+    assert one.error is None and twenty.error is None
+    assert one.open_files is not None and twenty.open_files is not None
+    assert twenty.open_files - one.open_files == 19  # each topic's last segment
+    assert twenty.to_dict()["open_files"] == twenty.open_files
+
+
 @pytest.mark.slow  # a process; 1,000 topics declared, each durable, take seconds
 def test_a_step_past_its_deadline_is_reported_with_its_step_and_fails_the_command() -> None:
     proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale", "--json",
