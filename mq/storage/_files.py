@@ -8,6 +8,7 @@ and run anywhere (:mod:`mq.topics._commit` runs it in its fsync thread).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -19,11 +20,22 @@ from channels import SMALL_PIECE, coalesce
 
 from ._record import StoreError, crc32
 
-__all__ = ["IOV_MAX", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir", "lock_directory",
-           "lock_holder", "run_sync", "write_all", "write_chunks", "write_file"]
+__all__ = ["IOV_MAX", "OUT_OF_FILES", "VIEW_BODY", "Flush", "SyncPoint", "fsync_dir",
+           "lock_directory", "lock_holder", "out_of_files", "run_sync", "write_all",
+           "write_chunks", "write_file"]
 
 #: Bodies this large are written and kept as views of their produce request, not copied.
 VIEW_BODY = SMALL_PIECE
+
+
+#: What opening a file fails with when the process or the system is out of files.
+OUT_OF_FILES = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def out_of_files(error: OSError) -> bool:
+    """A file could not be opened for want of descriptors (an fsync never fails so): what
+    was to be done with it was not done, and nothing was lost; it may work later."""
+    return error.errno in OUT_OF_FILES
 
 
 def fsync_dir(path: Path) -> None:

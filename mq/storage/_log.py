@@ -15,7 +15,9 @@ the next append, or in a thread while appends go on to the next segment
 nothing half-written stays, and raises :class:`StoreError`; a failed ``fsync`` is not retried
 ("fsyncgate": the kernel may have dropped the pages) -- the log refuses every
 later write until it is opened again, and recovery reads what really is on
-disk.
+disk.  A file that cannot be opened for want of descriptors is no failed fsync (nothing
+was done, nothing lost): the next segment is tried again at the next write, the last one
+growing meanwhile, and the directory's fsync at the next sync (whose replies wait).
 
 Opening recovers and verifies: a record torn by a crash at the tail of the
 last segment is cut (the bytes cut are logged); a sealed segment is taken on
@@ -50,7 +52,15 @@ from pump import ConfigError
 
 from ._copies import scan_copies
 from ._epochs import EPOCHS, Epochs
-from ._files import Flush, SyncPoint, fsync_dir, run_sync, write_chunks, write_file
+from ._files import (
+    Flush,
+    SyncPoint,
+    fsync_dir,
+    out_of_files,
+    run_sync,
+    write_chunks,
+    write_file,
+)
 from ._record import (
     DEFAULT_MAX_BODY,
     RECORD_OVERHEAD,
@@ -126,6 +136,8 @@ class TopicLog:
         #: the sealed segment open to be read.
         self._sealing: Segment | None = None
         self._sealed = SealedFiles()
+        #: A roll failed (out of files, say) and has not worked since.
+        self._roll_refused = False
         self._durable = 0
         self._dir_dirty = False
         self._segdir = self.directory / "segments"
@@ -226,7 +238,7 @@ class TopicLog:
         elif self.tail.records:
             self.tail.clear()
         if segment.size >= self.segment_bytes:
-            self._roll()
+            self._roll_written()
         return first
 
     def append_copies(self, data: bytes | memoryview, *, keep: bool = True) -> int:
@@ -268,7 +280,7 @@ class TopicLog:
             assert found.records is not None
             self.tail.keep_records(found.records)
         if segment.size >= self.segment_bytes:
-            self._roll()
+            self._roll_written()
         return len(ends)
 
     @staticmethod
@@ -382,6 +394,10 @@ class TopicLog:
 
     def finish_sync(self, point: SyncPoint, error: OSError | None) -> int:
         if error is not None:
+            if out_of_files(error):  # the directory not opened: not fsynced, nothing lost
+                self._dir_dirty = True
+                raise StoreError(f"{self.directory}: not made durable now ("
+                                 f"{error.strerror or error}): tried again at the next sync")
             raise self._fsync_failed(error) from error
         if point.flush is not None and point.flush is self._flush:
             self._flush = None  # done, and covered by the target
@@ -407,20 +423,53 @@ class TopicLog:
 
             def flush() -> None:
                 os.fsync(segment.fd)
-                os.fsync(new.fd)  # its header, before the directory names it
-                seal(segment)  # the index, fsynced with the directory
+                os.fsync(new.fd)  # its header, before the directory names it (the next
+                seal(segment)  # sync's fsync of the directory does, this one's may too)
 
             self._flush = Flush(flush, f"mq seal {segment.path.name}")
             self._flush_upto = segment.next_offset
             self._sealing = segment
             self.segments.append(new)
             return
-        os.fsync(segment.fd)
-        seal(segment)
-        self._sealed.close(segment)
+        try:
+            os.fsync(segment.fd)
+        except OSError as exc:
+            raise self._fsync_failed(exc, " (sealing a segment)") from exc
         self._durable = max(self._durable, segment.next_offset)
         self.segments.append(self._create(segment.next_offset))
-        fsync_dir(self._segdir)
+        seal(segment)
+        self._sealed.close(segment)
+        self._sync_dir()
+
+    def _roll_written(self) -> None:
+        """Roll once a write has stored its records (they are stored whatever happens
+        here): a next segment that cannot be made (out of files, say; nothing changed) is
+        tried again at the next write, the last segment growing past its size
+        meanwhile.  :class:`StoreError` if an fsync failed (the log refuses writes)."""
+        try:
+            self._roll()
+        except StoreError:
+            raise
+        except OSError as exc:
+            if not self._roll_refused:  # once, not at every write until it works
+                log.warning("%s: cannot start the next segment (%s): the last one grows "
+                            "until it can", self.directory, exc.strerror or exc)
+            self._roll_refused = True
+            return
+        if self._roll_refused:
+            self._roll_refused = False
+            log.warning("%s: the next segment started", self.directory)
+
+    def _sync_dir(self) -> None:
+        """fsync the segments' directory on the pump (a roll's, with no flush thread);
+        the directory stays to fsync if it cannot be opened (out of files: nothing was
+        fsynced, nothing lost); :class:`StoreError` if its fsync failed."""
+        try:
+            fsync_dir(self._segdir)
+        except OSError as exc:
+            if out_of_files(exc):
+                return
+            raise self._fsync_failed(exc, " (the segments' directory)") from exc
         self._dir_dirty = False
 
     def _take_flush(self) -> None:

@@ -141,13 +141,19 @@ def create_segment(directory: Path, base: int, now_ms: int, max_ts: int, *,
 
 def seal(segment: Segment) -> None:
     """Write a sealed segment's index file: its entries, then a footer with the segment's
-    size, next offset, newest timestamp and checksum, and the index's own CRC."""
+    size, next offset, newest timestamp and checksum, and the index's own CRC.  An index
+    that cannot be written (out of files, say) is logged, not raised: it only saves
+    reading the segment whole when the queue opens, which is then what happens."""
     entries = segment.index.to_bytes()
     footer = INDEX_FOOTER.pack(INDEX_MAGIC, INDEX_VERSION, segment.base,
                                segment.next_offset, segment.size, segment.max_ts,
                                segment.crc, 0)
     body = entries + footer[:-4]
-    write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
+    try:
+        write_file(segment.index_path, body + struct.pack("<I", crc32(body)))
+    except OSError as exc:
+        log.warning("%s: its index not written (%s): the segment is read whole when the "
+                    "queue opens", segment.path, exc.strerror or exc)
 
 
 def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:

@@ -8,6 +8,8 @@ import logging
 import os
 import pathlib
 import struct
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -757,4 +759,94 @@ def test_a_log_keeps_two_files_open_however_many_segments_it_holds(
     again = TopicLog(tmp_path, segment_bytes=2_000)
     assert open_segment_files(tmp_path) == 1  # only the last: the sealed ones on demand
     assert bodies(again, start) == [*expected[start:start + 30], b"after"]
+    again.close()
+
+
+def out_of_files_while(monkeypatch: pytest.MonkeyPatch, where: pathlib.Path) -> list[bool]:
+    """``os.open`` of anything under ``where`` fails as a process out of descriptors
+    does, while the flag returned is set."""
+    real, short = os.open, [True]
+
+    def refused(path: str | os.PathLike[str], *args: object, **kwargs: object) -> int:
+        if short[0] and str(path).startswith(str(where)):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refused)
+    return short
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["inline", "flush-thread"])
+def test_a_roll_out_of_files_stores_every_write_and_rolls_once_it_can(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, in_thread: bool) -> None:
+    log = TopicLog(tmp_path, segment_bytes=2_000, flush_in_thread=in_thread)
+    fill(log, 10)
+    log.sync()
+    short = out_of_files_while(monkeypatch, tmp_path)
+    for i in range(10, 60):  # some rolls' worth, each refused: the last segment grows
+        assert log.append([("t", "p1", i, bytes([i]) * 100)]) == i
+    assert len(log.segments) == 1 and log.segments[0].size > 3 * 2_000
+    assert log.sync() == 60  # nothing new to name in the directory: durable as ever
+    assert log.failed is None
+    assert caplog.text.count("cannot start the next segment (Too many open files)") == 1
+    short[0] = False
+    log.append([("t", "p1", 60, b"after")])  # rolls now
+    assert len(log.segments) == 2 and "the next segment started" in caplog.text
+    log.sync()
+    log.close()
+    again = TopicLog(tmp_path, segment_bytes=2_000)
+    assert bodies(again) == [bytes([i % 256]) * 100 for i in range(60)] + [b"after"]
+    again.close()
+
+
+def test_a_sync_that_cannot_open_the_directory_is_refused_and_tried_again(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = TopicLog(tmp_path)  # new: its first sync fsyncs the segments' directory too
+    fill(log, 5)
+    short = out_of_files_while(monkeypatch, tmp_path / "segments")
+    with pytest.raises(StoreError, match=r"not made durable now \(Too many open files\): "
+                                         r"tried again at the next sync"):
+        log.sync()
+    assert log.failed is None and log.durable_offset == 0  # not refusing writes
+    fill(log, 1)
+    short[0] = False
+    assert log.sync() == 6
+    log.close()
+
+
+def test_a_process_out_of_files_goes_on_storing_in_its_last_segment(
+        tmp_path: pathlib.Path) -> None:
+    """The same with the kernel's own refusal: a process that has used up its open-files
+    limit appends past a roll, syncs, and rolls once a file is free again."""
+    script = f"""
+import os, resource
+from mq import TopicLog
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+log = TopicLog({str(tmp_path)!r}, segment_bytes=2_000, flush_in_thread=True)
+for i in range(10):
+    log.append([("t", "p1", i, b"x" * 100)])
+log.sync()
+spare = []
+try:
+    while True:
+        spare.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as exc:
+    assert exc.errno == 24
+for i in range(10, 60):
+    log.append([("t", "p1", i, b"x" * 100)])
+assert len(log.segments) == 1 and log.sync() == 60
+for fd in spare:
+    os.close(fd)
+log.append([("t", "p1", 60, b"after")])
+assert len(log.segments) == 2 and log.sync() == 61
+log.close()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+    assert "cannot start the next segment (Too many open files)" in done.stderr
+    again = TopicLog(tmp_path, segment_bytes=2_000)
+    assert bodies(again) == [b"x" * 100] * 60 + [b"after"]
     again.close()
