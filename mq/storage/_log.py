@@ -396,6 +396,9 @@ class TopicLog:
         if error is not None:
             if out_of_files(error):  # the directory not opened: not fsynced, nothing lost
                 self._dir_dirty = True
+                flush = point.flush
+                if flush is not None and flush is self._flush and flush.error is not None:
+                    self._take_flush()  # it failed so too: nothing more to wait for
                 raise StoreError(f"{self.directory}: not made durable now ("
                                  f"{error.strerror or error}): tried again at the next sync")
             raise self._fsync_failed(error) from error
@@ -420,11 +423,13 @@ class TopicLog:
             # the new segment's header is fsynced there too: an fsync here would wait on
             # the disk behind the sealed segment's
             new = self._create(segment.next_offset, sync=False)
+            segdir = self._segdir
 
             def flush() -> None:
                 os.fsync(segment.fd)
-                os.fsync(new.fd)  # its header, before the directory names it (the next
-                seal(segment)  # sync's fsync of the directory does, this one's may too)
+                os.fsync(new.fd)  # its header, before the directory names it
+                if not seal(segment):  # the index, fsynced with the directory
+                    fsync_dir(segdir)  # the directory all the same
 
             self._flush = Flush(flush, f"mq seal {segment.path.name}")
             self._flush_upto = segment.next_offset
@@ -481,6 +486,9 @@ class TopicLog:
         try:
             flush.wait()
         except OSError as exc:
+            if out_of_files(exc):  # the directory not fsynced: the next sync does it
+                self._dir_dirty = True
+                return
             raise self._fsync_failed(exc, " (sealing a segment)") from exc
         finally:
             self._sealed_now()
@@ -507,7 +515,9 @@ class TopicLog:
         if self.failed is None and (flush is None or flush.error is None):
             return
         if self.failed is None:
-            self._take_flush()  # raises: the flush failed
+            self._take_flush()  # raises if the flush failed, but for want of files
+            if self.failed is None:
+                return
         raise StoreError(f"{self.directory}: refusing writes: {self.failed}")
 
     # -- reading -----------------------------------------------------------------------

@@ -139,11 +139,12 @@ def create_segment(directory: Path, base: int, now_ms: int, max_ts: int, *,
     return Segment(path, base, fd, len(header), base, max_ts=max_ts, crc=crc32(header))
 
 
-def seal(segment: Segment) -> None:
+def seal(segment: Segment) -> bool:
     """Write a sealed segment's index file: its entries, then a footer with the segment's
     size, next offset, newest timestamp and checksum, and the index's own CRC.  An index
     that cannot be written (out of files, say) is logged, not raised: it only saves
-    reading the segment whole when the queue opens, which is then what happens."""
+    reading the segment whole when the queue opens, which is then what happens.  True if
+    it was written (and the directory fsynced with it)."""
     entries = segment.index.to_bytes()
     footer = INDEX_FOOTER.pack(INDEX_MAGIC, INDEX_VERSION, segment.base,
                                segment.next_offset, segment.size, segment.max_ts,
@@ -154,6 +155,8 @@ def seal(segment: Segment) -> None:
     except OSError as exc:
         log.warning("%s: its index not written (%s): the segment is read whole when the "
                     "queue opens", segment.path, exc.strerror or exc)
+        return False
+    return True
 
 
 def open_segments(directory: Path, max_record: int, now_ms: int) -> Opened:

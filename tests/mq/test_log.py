@@ -850,3 +850,36 @@ print("ok")
     again = TopicLog(tmp_path, segment_bytes=2_000)
     assert bodies(again) == [b"x" * 100] * 60 + [b"after"]
     again.close()
+
+
+def test_a_seal_out_of_files_makes_nothing_durable_and_the_next_sync_does(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The flush thread seals a segment while the index and the directory cannot be
+    opened: no record is said durable for it, and the log does not refuse writes."""
+    log = TopicLog(tmp_path, segment_bytes=2_000, flush_in_thread=True)
+    fill(log, 1)
+    log.sync()
+    real, short = os.open, [True]
+    segments = str(tmp_path / "segments")
+
+    def refused(path: str | os.PathLike[str], *args: object, **kwargs: object) -> int:
+        name = str(path)
+        if short[0] and (name == segments or name.endswith(".tmp")):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refused)
+    while len(log.segments) == 1:  # until a segment is sealed, its flush out of files
+        fill(log, 1)
+    with pytest.raises(StoreError, match="not made durable now"):
+        log.sync()
+    assert log.failed is None and log.durable_offset == 1
+    assert "its index not written (Too many open files)" in caplog.text
+    fill(log, 1)  # writes go on
+    short[0] = False
+    assert log.sync() == log.next_offset  # the directory fsynced now
+    log.close()
+    again = TopicLog(tmp_path, segment_bytes=2_000)  # the sealed one read whole
+    assert len(bodies(again)) == again.next_offset and again.corruptions == []
+    again.close()
