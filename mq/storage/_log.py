@@ -539,6 +539,11 @@ class TopicLog:
         if self.written is not None:
             self.written.clear()
 
+    def release(self, offset: int) -> None:
+        """Every reader served from memory has read the records below ``offset``: they
+        are no longer kept there (:meth:`Tail.release <._tail.Tail.release>`)."""
+        self.tail.release(offset)
+
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
         """Records from ``offset`` on (from the oldest held if it is older), at most

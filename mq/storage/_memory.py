@@ -93,6 +93,9 @@ class MemoryLog:
         """Nothing is written: its records are read."""
         return None
 
+    def release(self, offset: int) -> None:
+        """Nothing to let go: its records are all in memory, as many as its ring holds."""
+
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
         records = self._records

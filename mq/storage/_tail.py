@@ -1,8 +1,10 @@
 """The newest records of a log, kept in memory for readers that keep up.
 
 A consumer that is not behind is served from here, without reading the segment back
-and checking each record's checksum again.  The budget counts body bytes; the newest
-record is always kept, whatever its size.
+and checking each record's checksum again.  What every reader has read goes
+(:meth:`Tail.release`), so a topic whose consumers keep up holds little; the budget,
+in body bytes, bounds what readers behind keep (the newest record is kept whatever its
+size).
 
 On the produce path (one :meth:`Tail.keep` per batch, one :meth:`Tail.read` per
 delivery): a list read from ``start`` on, with the running total of body bytes after
@@ -105,7 +107,27 @@ class Tail:
             if cut > self.start:
                 self.start = cut
                 self.floor = ends[cut - 1]
-        if self.start > 1024 and self.start * 2 > len(tail):
+        self._compact()
+
+    def release(self, offset: int) -> None:
+        """Let go of the records below ``offset``: every reader is past them (one that
+        wants them again reads the file)."""
+        tail, start = self.records, self.start
+        if len(tail) <= start:
+            return
+        first = tail[start].offset
+        if offset <= first:
+            return
+        cut = min(start + offset - first, len(tail))
+        self.start = cut
+        self.floor = self.ends[cut - 1]
+        self._compact()
+
+    def _compact(self) -> None:
+        """The list without the records let go, once they are most of it (each record
+        is moved once for each record let go before it, at most: amortized, one)."""
+        tail, ends = self.records, self.ends
+        if self.start * 2 > len(tail):
             del tail[:self.start]
             del ends[:self.start]
             self.start = 0

@@ -66,6 +66,8 @@ class Log(Protocol):
         too (where its records are not there already)."""
     def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
              ) -> list[Record]: ...
+    def release(self, offset: int) -> None:
+        """The groups read from memory have read below ``offset``: not kept for them."""
     def want_written(self) -> None:
         """Keep the next appends as written (a replica follows)."""
     def written_since(self, offset: int, max_bytes: int, max_count: int
@@ -191,8 +193,15 @@ class Topic:
         credits; how many went."""
         limit = self.log.next_offset if visible is None else visible
         sent = 0
+        needed = limit
         for group in self.groups.values():
             sent += self._dispatch(group, limit)
+            if group.consumers and group.next_read < needed:
+                needed = group.next_read
+        # what every group with consumers has read is not kept in memory for them (a
+        # group that comes later reads the file; a redelivery is of the record its
+        # delivery holds): a topic whose consumers keep up holds little
+        self.log.release(needed)
         return sent
 
     def _dispatch(self, group: Group, limit: int) -> int:

@@ -344,6 +344,36 @@ def test_acks_take_exactly_what_the_acking_consumer_holds(
         assert acker.in_flight == {o for o, d in held.items() if d.consumer is acker} - taken
 
 
+def test_memory_keeps_what_a_group_with_consumers_has_not_read_yet(
+        tmp_path: pathlib.Path) -> None:
+    """A topic's newest messages stay in memory only until every group with consumers
+    has read them: a topic whose consumers keep up holds none (many such topics held
+    their whole budget each), one whose consumer is behind holds what it has not read;
+    a redelivery is of the records its delivery holds."""
+    log = TopicLog(tmp_path)
+    w = World(log, ack_timeout=5.0)
+    w.topic.declare_group("orders", start="beginning")
+    w.topic.declare_group("audit", start="beginning")
+    fast = w.consumer("fast", window=100)
+    slow = w.consumer("slow", group="audit", window=2)
+    w.publish(*[None] * 6)
+    assert fast.offsets == [0, 1, 2, 3, 4, 5] and slow.offsets == [0, 1]
+    assert [r.offset for r in log.tail.held()] == [2, 3, 4, 5]  # what audit has not read
+    w.topic.ack("audit", [0, 1])
+    w.topic.dispatch()
+    assert slow.offsets == [0, 1, 2, 3]
+    assert [r.offset for r in log.tail.held()] == [4, 5]
+    w.topic.ack("audit", [2, 3])
+    w.topic.dispatch()
+    assert slow.offsets == [0, 1, 2, 3, 4, 5] and log.tail.held() == []
+    w.now = 10.0  # fast's six expire: delivered again
+    w.topic.expire()
+    w.topic.dispatch()
+    assert fast.offsets == [0, 1, 2, 3, 4, 5] * 2
+    assert [d.record.body for d in fast.got[6:]] == [f"m{i}".encode() for i in range(6)]
+    log.close()
+
+
 def test_what_no_consumer_reads_now_is_not_kept_in_memory_and_is_read_from_the_file(
         tmp_path: pathlib.Path) -> None:
     """A topic keeps its newest messages in memory only while a consumer is attached (a
@@ -357,7 +387,8 @@ def test_what_no_consumer_reads_now_is_not_kept_in_memory_and_is_read_from_the_f
     inbox = w.consumer("c")
     assert inbox.offsets == [0, 1, 2]
     w.publish(None, None)
-    assert [r.offset for r in log.tail.held()] == [3, 4] and inbox.offsets == [0, 1, 2, 3, 4]
+    assert inbox.offsets == [0, 1, 2, 3, 4]
+    assert log.tail.held() == []  # kept for the consumer until it read them: see below
     w.topic.detach(inbox.consumer)
     w.publish(None)
     assert log.tail.held() == [] and w.topic.attached == 0
