@@ -271,6 +271,8 @@ class Shipper:
                 follower.in_flight.append((follower.next, size))
                 self.counts["frames"] += 1
                 self.counts["bytes"] += size
+        if followers:  # what every follower was sent is not kept as written for them
+            log.release_written(min(follower.next for follower in followers))
 
     def ship_positions(self, state: TopicState) -> None:
         """Send each follower of the topic its consume groups' positions that changed

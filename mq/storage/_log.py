@@ -535,6 +535,12 @@ class TopicLog:
         written = self.written
         return None if written is None else written.since(offset, max_bytes, max_count)
 
+    def release_written(self, offset: int) -> None:
+        """Every replica was sent the records below ``offset``: their appends as written
+        are not kept for them (:meth:`Written.release <._written.Written.release>`)."""
+        if self.written is not None:
+            self.written.release(offset)
+
     def _forget_written(self) -> None:
         if self.written is not None:
             self.written.clear()

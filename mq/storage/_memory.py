@@ -93,6 +93,9 @@ class MemoryLog:
         """Nothing is written: its records are read."""
         return None
 
+    def release_written(self, offset: int) -> None:
+        """Nothing is kept as written: its records are read."""
+
     def release(self, offset: int) -> None:
         """Nothing to let go: its records are all in memory, as many as its ring holds."""
 

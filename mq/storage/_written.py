@@ -6,11 +6,11 @@ A batch is kept as :func:`~._record.encode_batch` made it (three chunks a record
 and CRC, header and names, body) with where each of its records ends, so that a frame
 can start inside a batch and stop within a byte budget by bisection.  What is kept is
 bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES` bytes, the newest
-batch always), and forgotten whenever the log's records stop following its appends
-(copies stored, records cut).  Batches are kept only while someone wants them (a master
-with replicas says so at each shipment: :meth:`Written.want`), for the next
-:data:`KEPT_BATCHES` appends after that (a log with no replica pays one test an
-append).
+batch always), let go of once every replica was sent it, and forgotten whenever the
+log's records stop following its appends (copies stored, records cut).  Batches are
+kept only while someone wants them (a master with replicas says so at each shipment:
+:meth:`Written.want`), for the next :data:`KEPT_BATCHES` appends after that (a log with
+no replica pays one test an append).
 """
 
 from __future__ import annotations
@@ -67,6 +67,13 @@ class Written:
     def clear(self) -> None:
         self.batches.clear()
         self.bytes = 0
+
+    def release(self, offset: int) -> None:
+        """Let go of the batches whose records are all below ``offset``: every replica
+        was sent them (one that asks again reads the log)."""
+        batches = self.batches
+        while batches and batches[0][0] + len(batches[0][2]) <= offset:
+            self.bytes -= batches.popleft()[2][-1]
 
     def since(self, offset: int, max_bytes: int, max_count: int
               ) -> tuple[list[Chunk], int, int] | None:

@@ -74,6 +74,8 @@ class Log(Protocol):
                       ) -> tuple[list[bytes | memoryview], int, int] | None:
         """The records from ``offset`` on as its appends wrote them, if it holds them:
         ``(chunks, count, bytes)`` (see :class:`~mq.storage._written.Written`)."""
+    def release_written(self, offset: int) -> None:
+        """Every replica was sent the records below ``offset``."""
     def offset_for_time(self, timestamp_ms: int) -> int: ...
     def sync(self) -> int: ...
     def prepare_sync(self) -> SyncPoint | None:

@@ -114,6 +114,32 @@ async def test_a_replica_stores_what_its_master_stored_and_resumes_after_a_lost_
         replica.close()
 
 
+async def test_a_master_keeps_no_appends_as_written_once_its_replicas_were_sent_them(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A replica that keeps up is sent each append as the log wrote it; once every
+    replica was sent it, the master lets go of it (it kept its newest 64 appends, up to
+    8 MiB a topic, whatever was sent)."""
+    async with master(tmp_path) as (universe, server, client):
+        master_log = server.catalogue.topics["orders"].topic.log
+        replica = TopicLog(tmp_path / "r1" / "orders")
+        follower = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replica},
+                            window=64 << 10, retry=0.5)
+        while "orders" not in follower.followed:
+            await follower.changed.wait()
+        for i in range(40):
+            await client.publish_many("orders", [b"%05d" % (i * 10 + j) * 200
+                                                 for j in range(10)])
+            await until(follower, replica, (i + 1) * 10)
+        assert master_log.written is not None and master_log.written.bytes == 0
+        assert follower.counts["records"] == 400
+        # what comes next is sent as written all the same
+        await client.publish_many("orders", [b"late%04d" % j * 100 for j in range(60)])
+        await until(follower, replica, 460)
+        assert records(replica) == records(master_log)
+        follower.close()
+        replica.close()
+
+
 async def test_a_damaged_frame_stores_nothing_and_closes_only_its_link(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     async with master(tmp_path) as (universe, server, client):
