@@ -442,7 +442,9 @@ class MqServer:
             self.node.server.set_held(self.role.held())  # routes show how far a slave is
         if self.retain_bytes is not None or self.retain_age is not None:
             self.catalogue.retain(self.retain_bytes, self.retain_age)
+        now = self.pump.now()
         for state in list(self.catalogue.topics.values()):
+            self.catalogue.forget_quiet(state, now)
             try:
                 expired = state.topic.expire()
             except Exception as exc:  # noqa: BLE001 - one topic's failure is that topic's

@@ -39,7 +39,7 @@ from ..storage._memory import MemoryLog
 from ..storage._names import disk_name
 from ..storage._record import Record, StoreError
 from ._commit import GroupCommit
-from ._dedupe import Recent
+from ._dedupe import QUIET, Recent
 from ._filter import FilterError
 from ._meta import META, encode_meta, read_meta
 from ._requests import FLAG_NAMES
@@ -70,6 +70,9 @@ class TopicState:
     group_errors: dict[str, str] = field(default_factory=dict)
     #: its recent publishes by producer and sequence (None: to be built from the log)
     recent: Recent | None = None
+    #: the log's next offset at a tick, and since when it has been that (a quiet topic
+    #: lets go of ``recent``: :meth:`Catalogue.forget_quiet`)
+    quiet: tuple[int, float] = (-1, 0.0)
     #: on a member of a group replicated ``sync``: the offsets below this are stored by
     #: enough replicas (acknowledged, never cut by a failover), and only those are
     #: delivered; a master moves it as its replicas acknowledge, a replica as its master
@@ -223,6 +226,18 @@ class Catalogue:
             log.error("%s: topic %s: %s; the topic shows this error, the other topics go "
                       "on", self.address, state.topic.name, error, exc_info=exc)
         state.error = error
+
+    def forget_quiet(self, state: TopicState, now: float) -> None:
+        """A topic that has stored nothing for :data:`~._dedupe.QUIET` seconds lets go of
+        its recent publishes (about 1 MB once it has seen 4,096): its next publish builds
+        them again from its log's newest records, as after a restart."""
+        if state.recent is None:
+            return
+        stored = state.topic.log.next_offset
+        if stored != state.quiet[0]:
+            state.quiet = (stored, now)
+        elif now - state.quiet[1] >= QUIET:
+            state.recent = None
 
     def works_again(self, state: TopicState) -> None:
         if state.error is not None:

@@ -14,7 +14,10 @@ lost.
 After a restart, a promotion or a cut the list is built again from the
 :data:`REBUILT` newest records of the log (each record carries its producer and
 sequence): a member promoted drops the
-retries of publishes it copied from the master it succeeds.  Only publishes that name
+retries of publishes it copied from the master it succeeds.  So is the list of a topic
+that stored nothing for :data:`QUIET` seconds, which its server let go of: a topic's
+list is about 1 MB once full, and a server of many topics published to once keeps only
+the lists of those published to now.  Only publishes that name
 their producer are checked (every ``MqClient`` does).
 """
 
@@ -29,6 +32,9 @@ from ._topic import Log
 WINDOW = 4096
 #: Records read back from the log's end when the list is built from it.
 REBUILT = 1024
+#: Seconds a topic stores nothing before its server lets go of its list (built again
+#: at its next publish).
+QUIET = 60.0
 
 
 class Recent:

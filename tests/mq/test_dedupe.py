@@ -179,3 +179,31 @@ async def test_the_member_promoted_drops_retries_of_what_it_copied_and_keeps_the
         assert s2.counts["duplicates"] == 3
         retry.close()
         s2.close()
+
+
+async def test_a_quiet_topic_lets_go_of_its_list_and_still_answers_a_retry(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A topic that stored nothing for a minute keeps no list (about 1 MB once full, for
+    every topic ever published to); a retry then is answered from the log's newest
+    records, as after a restart."""
+    import trio
+
+    from mq.topics._dedupe import QUIET
+
+    async with master(tmp_path) as (universe, server, client):
+        first = MqClient(universe.add_broker("p1"), "s1:15555", producer="p", retry=0.5)
+        stored = await first.publish_many("orders", [b"m1", b"m2", b"m3"])
+        state = server.catalogue.topics["orders"]
+        assert state.recent is not None and len(state.recent) == 1
+        await trio.sleep(QUIET / 2)
+        await client.publish("orders", b"other")  # not quiet yet: kept
+        await trio.sleep(QUIET / 2 + 2)
+        assert state.recent is not None
+        await trio.sleep(QUIET / 2 + 2)
+        assert state.recent is None  # a minute with nothing stored
+        again = MqClient(universe.add_broker("p2"), "s1:15555", producer="p", retry=0.5)
+        assert await again.publish_many("orders", [b"m1", b"m2", b"m3"]) == stored
+        assert server.counts["duplicates"] == 3 and len(bodies(server)) == 4
+        assert state.recent is not None  # built again
+        first.close()
+        again.close()
