@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -315,6 +316,28 @@ def wait_shown(port: int, text: str) -> None:
         time.sleep(0.1)  # registration is asynchronous: polled through the CLI, bounded
 
 
+async def as_client(where: str, work: Callable[[Any], Awaitable[None]]) -> None:
+    """``work`` done by a client of server ``s1`` of universe ``shop`` (token ``secret``),
+    which listens at ``where``: a universe of the client's own in this process."""
+    import trio
+
+    from brokermgr import BrokerManager
+    from mq import MqClient
+    from rdv import Address
+
+    client_side = BrokerManager("shop", token="secret")
+    client_side.directory["s1"] = Address.parse(where)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client_side.pump.serve)
+        await nursery.start(client_side.serve_network, "127.0.0.1", 0)
+        client = MqClient(client_side.add_broker("c"), "s1:15555", timeout=10)
+        with trio.fail_after(60):
+            await client.connected()
+            await work(client)
+        client.close()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_server_raises_its_open_files_limit_for_its_topics(
         tmp_path: pathlib.Path) -> None:
     """A server keeps a file open for the last segment of each topic: started with a
@@ -322,11 +345,7 @@ async def test_a_server_raises_its_open_files_limit_for_its_topics(
     raises it to its hard limit and opens 100 topics."""
     import resource
 
-    import trio
-
-    from brokermgr import BrokerManager
     from mq import MqClient
-    from rdv import Address
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 256:
@@ -339,21 +358,15 @@ async def test_a_server_raises_its_open_files_limit_for_its_topics(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "RDVPUMP_TOKEN": "secret"},
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
+
+    async def hundred_topics(client: MqClient) -> None:
+        for i in range(100):
+            await client.declare(f"t{i}")
+            await client.publish(f"t{i}", b"stored")
+
     try:
-        where = read_until(server, server.stdout, b"\n").decode().split()[-1]
-        client_side = BrokerManager("shop", token="secret")
-        client_side.directory["s1"] = Address.parse(where)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client_side.pump.serve)
-            await nursery.start(client_side.serve_network, "127.0.0.1", 0)
-            client = MqClient(client_side.add_broker("c"), "s1:15555", timeout=10)
-            with trio.fail_after(60):
-                await client.connected()
-                for i in range(100):
-                    await client.declare(f"t{i}")
-                    await client.publish(f"t{i}", b"stored")
-            client.close()
-            nursery.cancel_scope.cancel()
+        await as_client(read_until(server, server.stdout, b"\n").decode().split()[-1],
+                        hundred_topics)
     finally:
         server.send_signal(signal.SIGINT)
         _, errs = finish(server, timeout=30)
@@ -368,11 +381,7 @@ async def test_a_topic_of_many_segments_needs_no_more_open_files(
     consumer reads every message from the first segment on."""
     import resource
 
-    import trio
-
-    from brokermgr import BrokerManager
     from mq import MqClient
-    from rdv import Address
 
     def start() -> tuple[subprocess.Popen[bytes], str]:
         proc = subprocess.Popen(
@@ -383,19 +392,6 @@ async def test_a_topic_of_many_segments_needs_no_more_open_files(
             env={**os.environ, "RDVPUMP_TOKEN": "secret"},
             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
         return proc, read_until(proc, proc.stdout, b"\n").decode().split()[-1]
-
-    async def as_client(where: str, work: Callable[[MqClient], Awaitable[None]]) -> None:
-        client_side = BrokerManager("shop", token="secret")
-        client_side.directory["s1"] = Address.parse(where)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client_side.pump.serve)
-            await nursery.start(client_side.serve_network, "127.0.0.1", 0)
-            client = MqClient(client_side.add_broker("c"), "s1:15555", timeout=10)
-            with trio.fail_after(60):
-                await client.connected()
-                await work(client)
-            client.close()
-            nursery.cancel_scope.cancel()
 
     async def produce(client: MqClient) -> None:
         await client.declare("t")
