@@ -369,12 +369,16 @@ class Topic:
         return bool(group.consumers) and (bool(group.redeliver)
                                           or group.next_read < self.log.next_offset)
 
-    def expire(self) -> int:
-        """Messages past their ack timeout go back to their group; how many."""
-        now = self.clock()
+    def expire(self, now: float | None = None) -> int:
+        """Messages past their ack timeout (at ``now``, the clock's time if not given) go
+        back to their group; how many."""
+        if now is None:
+            now = self.clock()
         late = 0
         for group in self.groups.values():
             in_flight = group.in_flight
+            if not in_flight:
+                continue
             # in offset order, only the late ones sorted (a wide window holds thousands)
             for offset in sorted([o for o, p in in_flight.items() if p.deadline <= now]):
                 pending = in_flight.pop(offset)

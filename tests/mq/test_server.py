@@ -565,3 +565,39 @@ async def test_topics_whose_consumers_keep_up_hold_little_memory(
         finally:
             tracemalloc.stop()
     assert held < 4_000_000, f"{held / 1e6:.1f} MB held after 20 MB went through"
+
+
+async def test_a_server_of_many_topics_visits_them_a_slice_at_a_time(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``TICK_TOPICS`` topics, each tick's work (ack timeouts, positions) is spread
+    over ten calls a tenth of a second apart instead of stopping the pump for all at
+    once; every topic's message past its ack timeout still comes again."""
+    from mq.server import _server
+
+    monkeypatch.setattr(_server, "TICK_TOPICS", 5)  # 20 topics count as many here
+    async with site(tmp_path, ack_timeout=5.0) as s:
+        visits: list[tuple[float, str]] = []  # the tick's visits, topic by topic
+        quiet = s.server.catalogue.forget_quiet
+
+        def visited(state: Any, now: float) -> None:
+            visits.append((now, state.topic.name))
+            quiet(state, now)
+
+        s.server.catalogue.forget_quiet = visited  # type: ignore[method-assign]
+        client = s.client("c")
+        subscriptions = []
+        for i in range(20):
+            await client.declare(f"t{i}")
+            subscriptions.append(await client.subscribe(f"t{i}"))
+            await client.publish(f"t{i}", b"never acknowledged")
+        first = [await sub.receive() for sub in subscriptions]
+        again = [await sub.receive() for sub in subscriptions]  # each past its timeout
+        assert {m.deliveries for m in first} == {1} and {m.deliveries for m in again} == {2}
+        by_call: dict[float, int] = {}
+        for at, _ in visits:
+            by_call[at] = by_call.get(at, 0) + 1
+        assert max(by_call.values()) == 2  # 20 topics over ten calls
+        last_ten = sorted(by_call)[-10:]  # a second's calls
+        seen = [name for at, name in visits if at in last_ten]
+        assert sorted(seen) == sorted(f"t{i}" for i in range(20))  # each once
