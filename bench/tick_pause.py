@@ -18,8 +18,8 @@ from pathlib import Path
 import trio
 
 from brokermgr import BrokerManager
-from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer
+from mq import MqClient
+from rdvpump.bench.scale import mq_server
 
 
 async def measure(topics: int, directory: Path) -> tuple[float, float]:
@@ -28,8 +28,7 @@ async def measure(topics: int, directory: Path) -> tuple[float, float]:
     universe = BrokerManager("tick-pause")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        server = MqServer(TrackNode(universe.add_broker("s1"), role="server",
-                                    state_dir=directory), directory, durability="interval:1")
+        server = mq_server(universe, directory)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         for i in range(topics):
             await admin.declare(f"t{i}")

@@ -22,8 +22,8 @@ from typing import Any
 import trio
 
 from brokermgr import BrokerManager
-from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer
+from mq import MqClient
+from rdvpump.bench.scale import mq_server
 
 
 async def measure(topics: int, messages: int, directory: Path) -> tuple[int, int]:
@@ -31,8 +31,7 @@ async def measure(topics: int, messages: int, directory: Path) -> tuple[int, int
     universe = BrokerManager("topic-memory")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        server = MqServer(TrackNode(universe.add_broker("s1"), role="server",
-                                    state_dir=directory), directory, durability="interval:1")
+        server = mq_server(universe, directory)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         subscriptions = []
         for i in range(topics):

@@ -124,8 +124,8 @@ class Tail:
         self._compact()
 
     def _compact(self) -> None:
-        """The list without the records let go, once they are most of it (each record
-        is moved once for each record let go before it, at most: amortized, one)."""
+        """The list without the records let go, once they are more than half of it
+        (amortized, each record kept is moved a bounded number of times)."""
         tail, ends = self.records, self.ends
         if self.start * 2 > len(tail):
             del tail[:self.start]

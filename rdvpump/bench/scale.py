@@ -207,7 +207,9 @@ async def _brokers(n: int, operations: int, m: _Measure, tmp: Path) -> None:
 # -- an MQ server and its clients ---------------------------------------------------------
 
 
-async def _mq(universe: Any, nursery: trio.Nursery, tmp: Path) -> Any:
+def mq_server(universe: Any, tmp: Path) -> Any:
+    """Broker ``s1`` of ``universe`` an MQ server on disk in ``tmp`` (``interval:1``), as
+    every step of MQ topics and the scripts in ``bench/`` that measure one use it."""
     from brokermgr.tracking import TrackNode
     from mq import MqServer
 
@@ -222,7 +224,7 @@ async def _topics(n: int, operations: int, m: _Measure, tmp: Path) -> None:
     universe = BrokerManager("scale")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        server = await _mq(universe, nursery, tmp)
+        server = mq_server(universe, tmp)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         names = [f"t{i:05d}" for i in range(n)]
         for name in names:
@@ -259,7 +261,7 @@ async def _deliveries(groups: int, consumers: int, operations: int, m: _Measure,
     universe = BrokerManager("scale")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        server = await _mq(universe, nursery, tmp)
+        server = mq_server(universe, tmp)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         await admin.declare("t")
         subscriptions = []
