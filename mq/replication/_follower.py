@@ -3,8 +3,10 @@ stored them.
 
 A :class:`Follower` keeps a link to the master's MQ server (reconnecting by itself). On
 every connect, and every ``rescan`` seconds, it asks the master which topics it has
-(``query``); a topic it does not hold yet is added to the replica (a memory topic is not
-replicated), and it asks ``follow`` for each new one from its own log's next offset;
+(``query``; after the first answer, with ``since``: the master answers in a few bytes
+while no topic was added or dropped); a topic it does not hold yet is added to the
+replica (a memory topic is not replicated), and it asks ``follow`` for each new one from
+its own log's next offset;
 each ``copies`` frame is checked and stored whole
 (:meth:`~mq.storage._log.TopicLog.append_copies`: every checksum, offsets in line), made
 durable as the replica's own durability says (``sync``: one fsync, in the group commit's
@@ -149,6 +151,7 @@ class _MasterLink(BrokerLink):
         self.follower.heard()
         self.follower.following.clear()
         self.follower.followed.clear()
+        self.follower.generation = None
         self.follower.scan()
 
     def pushed(self, obj: dict[str, Any]) -> None:
@@ -181,6 +184,11 @@ class Follower:
         self.refused: dict[str, str] = {}
         self.following: set[str] = set()
         self.followed: set[str] = set()
+        #: The master's topic set's generation as of its last full answer, while every
+        #: topic of it is asked for (or not to be followed): each beat asks what changed
+        #: since, and a master with no new topic answers in a few bytes.  None: the next
+        #: question asks for every topic.
+        self.generation: int | None = None
         #: Records stored, frames refused (damaged or out of line), records cut (a
         #: former master's tail), consume-group positions taken.
         self.counts = {"records": 0, "frames": 0, "refused frames": 0, "cut records": 0,
@@ -209,7 +217,10 @@ class Follower:
     def scan(self) -> None:
         """Ask the master for its topics; follow those not followed yet."""
         if self.link.queue is not None:
-            self.link.request({"cmd": "query"}, self._topics)
+            ask: dict[str, Any] = {"cmd": "query"}
+            if self.generation is not None:
+                ask["since"] = self.generation
+            self.link.request(ask, self._topics)
 
     def _topics(self, outcome: ReplyOrError) -> None:
         if not isinstance(outcome, ServiceError) or outcome.status:
@@ -218,10 +229,15 @@ class Follower:
             if outcome.status:
                 log.warning("%s: query: %s", self.link.name, outcome.reason)
             return
+        if outcome.get("unchanged") is True and self.generation is not None:
+            return  # no topic added or dropped since the last answer
         topics = outcome.get("topics")
         if not isinstance(topics, dict):
             self.link.protocol_error("a query reply without its topics")
             return
+        generation = outcome.get("generation")
+        # (set before the topics are asked for: one whose asking fails unsets it)
+        self.generation = generation if type(generation) is int else None
         held = self.replica.replica_logs()
         for name, described in sorted(topics.items()):
             if name in self.following:
@@ -245,11 +261,16 @@ class Follower:
         if self.config is not None:
             ask["config"] = self.config
         if not self.link.request(ask, functools.partial(self.answered, name)):
-            self.following.discard(name)  # not sent (past the high-water mark): next scan
+            self._ask_again(name)  # not sent (past the high-water mark)
+
+    def _ask_again(self, topic: str) -> None:
+        """``topic`` is asked for again at the next scan (which asks for every topic)."""
+        self.following.discard(topic)
+        self.generation = None
 
     def answered(self, topic: str, outcome: ReplyOrError) -> None:
         if isinstance(outcome, ServiceError):
-            self.following.discard(topic)  # asked again at the next scan
+            self._ask_again(topic)
             if outcome.status:
                 self._refuse(topic, outcome.reason)
             if outcome.status == Status.UNAVAILABLE and self._soon is None:
@@ -258,7 +279,7 @@ class Follower:
             return
         topic_log = self.replica.replica_logs().get(topic)
         if topic_log is None:
-            self.following.discard(topic)
+            self._ask_again(topic)
             return
         try:
             if outcome.get("cmd") == "diverged":
@@ -270,7 +291,7 @@ class Follower:
             self.link.protocol_error(f"{topic}: {exc}")
             return
         except StoreError as exc:
-            self.following.discard(topic)
+            self._ask_again(topic)
             self._refuse(topic, str(exc))
             return
         self.refused.pop(topic, None)

@@ -273,12 +273,16 @@ class Shipper:
                 self.counts["bytes"] += size
         if followers:  # what every follower was sent is not kept as written for them
             log.release_written(min(follower.next for follower in followers))
+            # a new follower's positions, those held back by what a follower had (see
+            # ship_positions), and the committed offset it may be owed: at the next shipment
+            self.catalogue.moved[name] = None
 
     def ship_positions(self, state: TopicState) -> None:
         """Send each follower of the topic its consume groups' positions that changed
         (each at most what was shipped to it), and their filters: a ``positions {topic,
         groups: {name: [floor, filter]}}`` frame; and the committed offset if no copies
-        frame carried it since (called every 0.1 s)."""
+        frame carried it since (called every 0.1 s for the topics that moved, and every
+        second for every topic)."""
         name = state.topic.name
         groups = state.topic.groups
         for follower in self._of_topic.get(name, {}).values():
@@ -344,9 +348,12 @@ class Shipper:
 
     def describe(self, topic: str) -> dict[str, Any]:
         """Each replica's acknowledged next offset and whether it is in sync."""
+        followers = self._of_topic.get(topic)
+        if not followers:
+            return {}
         sync = set(self.in_sync(topic))
         return {caller: {"next": f.acked, "inSync": caller in sync}
-                for (caller, t), f in sorted(self.followers.items()) if t == topic}
+                for caller, f in sorted(followers.items())}
 
     def refusal(self, topic: str) -> ServiceError | None:
         """Under ``sync``, why a produce to ``topic`` cannot be acknowledged now (a memory
@@ -468,6 +475,7 @@ class Shipper:
         end = min(upto, state.topic.log.next_offset)
         if end > state.committed:
             state.committed = end
+            self.catalogue.moved[topic] = None  # (if no copies frame carries it)
             self.dispatch(state)
 
     def _release(self, topic: str) -> None:

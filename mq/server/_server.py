@@ -121,8 +121,9 @@ TICK = 1.0
 #: by a tenth (about 1.6 us a topic: 10,000 stopped the pump for 16 ms each second).
 TICK_TOPICS, SLICES = 1000, 10
 #: Seconds between a master's shipments of its consume groups' positions to its replicas
-#: (what changed, if anything): after a failover, what a group acknowledged on the old
-#: master within about this long before it died may be delivered again.
+#: (those of the topics whose positions moved; every topic's once a second besides):
+#: after a failover, what a group acknowledged on the old master within about this long
+#: before it died may be delivered again.
 POSITIONS_EVERY = 0.1
 __all__ = ["FLAGS", "MAX_ACK_RANGE", "MAX_WINDOW", "MqServer"]
 
@@ -173,7 +174,7 @@ class MqServer:
         self._lock = self._take_directory()
         self.commit = GroupCommit(self.pump, self.durability, owner=node.broker,
                                   release=self._committed, failed=self._commit_failed,
-                                  committed=self._dispatch_all, fsync_thread=fsync_thread)
+                                  committed=self._dispatch_durable, fsync_thread=fsync_thread)
         self.catalogue = Catalogue(node, self.directory, self.commit,
                                    segment_bytes=segment_bytes, ack_timeout=ack_timeout,
                                    max_deliveries=max_deliveries, dead=self._dead, tick=TICK)
@@ -311,9 +312,13 @@ class MqServer:
         if state is not None:
             self.catalogue.failed(state, "commit", reason)
 
-    def _dispatch_all(self) -> None:
-        for state in list(self.catalogue.topics.values()):
-            self._dispatch(state)
+    def _dispatch_durable(self, names: list[str]) -> None:
+        """A group commit made these topics' writes durable: what it opens goes out."""
+        topics = self.catalogue.topics
+        for name in names:
+            state = topics.get(name)
+            if state is not None:
+                self._dispatch(state)
 
     def _dispatch_soon(self, state: TopicState) -> None:
         """:meth:`_dispatch` once the produces being read now are answered: a producer
@@ -471,13 +476,25 @@ class MqServer:
                 self._dispatch(state)
             if self.shipper.waiting or self.shipper.followers:
                 self.shipper.check(state.topic.name)  # the in-sync set moves with time
+            if self.shipper.followers:
+                self.shipper.ship_positions(state)  # whatever moved unmarked, a second late
             self.catalogue.save_positions(state)
         if at == 0 and self.relay is not None:
             self.relay.tick()
 
     def _ship_positions(self) -> None:
-        if self.shipper.followers:
-            for state in list(self.catalogue.topics.values()):
+        """Every :data:`POSITIONS_EVERY` s, the positions of the topics that moved since
+        (:attr:`Catalogue.moved`) to their followers; :meth:`_tick` goes over every topic
+        once a second besides."""
+        moved = self.catalogue.moved
+        if not moved:
+            return
+        names = list(moved) if self.shipper.followers else []
+        moved.clear()
+        topics = self.catalogue.topics
+        for name in names:
+            state = topics.get(name)
+            if state is not None:
                 self.shipper.ship_positions(state)
 
     def sync_all(self) -> None:

@@ -87,20 +87,32 @@ class TopicCommands:
                 "group_created": new_group}
 
     def query(self, request: Query, call: Call) -> dict[str, Any]:
+        generation = self.catalogue.generation
+        if request.since == generation and not request.topic:
+            # a replica's beat, and it has seen every topic: an answer of a few bytes, not
+            # every topic described again (ten times a second)
+            return self._group({"cmd": "topics", "server": self.address,
+                                "generation": generation, "unchanged": True})
         names = [self.catalogue.get(request.topic).topic.name] if request.topic else sorted(
             self.catalogue.topics)
         reply: dict[str, Any] = {"cmd": "topics", "server": self.address,
                                  "topics": {n: self.catalogue.describe(n) for n in names}}
+        if not request.topic:
+            reply["generation"] = generation
         for name in names:
             if replicas := self.shipper.describe(name):
                 reply["topics"][name]["replicas"] = replicas
         if self.catalogue.unavailable and not request.topic:
             reply["unavailable"] = dict(self.catalogue.unavailable)
-        if (group := self.role.group) is not None:  # its place in a replicated group
-            reply["group"] = {"name": group.group, "role": group.role, "epoch": group.epoch,
-                              "confirmed": group.role == "master" and self.role.confirmed}
         if self.relay is not None:
             self.relay.describe(reply["topics"])  # a cluster's shared topics
+        return self._group(reply)
+
+    def _group(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` with this server's place in a replicated group, if it has one."""
+        if (group := self.role.group) is not None:
+            reply["group"] = {"name": group.group, "role": group.role, "epoch": group.epoch,
+                              "confirmed": group.role == "master" and self.role.confirmed}
         return reply
 
     def remove(self, request: Remove, call: Call) -> dict[str, Any]:

@@ -104,6 +104,14 @@ class Catalogue:
         self.deliver_committed = False
         #: topics found on disk that cannot be opened, by directory name: why
         self.unavailable: dict[str, str] = {}
+        #: the topics whose groups' floors or filters changed (each topic adds itself),
+        #: and those whose replicas must hear of something else (the shipper adds them):
+        #: what a master's next shipment of positions looks at, in order
+        self.moved: dict[str, None] = {}
+        #: Counts every topic added or dropped: a replica that saw this generation's
+        #: topics is answered, as long as it stays, that nothing changed (``query``'s
+        #: ``since``), instead of every topic described again at each beat.
+        self.generation = 0
 
     def load(self) -> None:
         """Open every topic found under the directory; one that cannot be opened is
@@ -150,8 +158,9 @@ class Catalogue:
             saved = cursors.load(groups)
         topic = Topic(name, log_, clock=self.node.pump.now, saved=saved,
                       ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
-                      dead=self.dead)
+                      dead=self.dead, moved=self.moved)
         state = self.topics[name] = TopicState(topic, flags, topic_dir, cursors)
+        self.generation += 1
         self.commit.add(name, log_)
         self.node.declare_topic(name, mask=sum(FLAGS[f] for f in flags))
         return state
@@ -210,6 +219,7 @@ class Catalogue:
             state.topic.remove_group(group)
         state.topic.log.close()
         del self.topics[state.topic.name]
+        self.generation += 1
         self.commit.remove(state.topic.name)
         if state.directory is not None:
             # a topic's own directory, one level below the server's (mq.storage._names)

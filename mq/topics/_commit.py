@@ -77,12 +77,14 @@ class GroupCommit:
     The server tells it of each topic's log (:meth:`add`, :meth:`remove`).  When a commit
     is done (or failed), each waiting reply goes to ``release`` (or is refused, for a topic
     whose commit failed), ``failed`` is told of each topic whose fsync failed (with why), and
-    ``committed`` runs, to deliver what became durable.
+    ``committed`` is given the topics whose writes became durable, to deliver what that
+    opens (the others' deliveries are as they were).
     """
 
     def __init__(self, pump: Pump, durability: Durability, *, owner: Any,
                  release: Callable[[Deferred], None],
-                 failed: Callable[[str, str], None], committed: Callable[[], None],
+                 failed: Callable[[str, str], None],
+                 committed: Callable[[list[str]], None],
                  fsync_thread: bool = True) -> None:
         self.pump = pump
         self.durability = durability
@@ -232,7 +234,9 @@ class GroupCommit:
         for name, call in then:
             if name not in failed:
                 call()
-        self._committed_hook()
+        durable = [name for name in points if name not in failed]
+        if durable:
+            self._committed_hook(durable)
         if self._waiting or self._dirty:
             self._want()
 

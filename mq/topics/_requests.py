@@ -93,6 +93,9 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class Query:
     topic: str | None = None
+    #: the topic set's generation the asker holds (a replica's beat): when it is still
+    #: the server's, the answer lists no topics (``unchanged``)
+    since: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,8 @@ def _ack(f: Fields) -> Ack:
 
 
 def _query(f: Fields) -> Query:
-    return Query(f.optional_string("topic", check=check_name))
+    since = None if f.obj.get("since") is None else f.integer("since", None, 0, 2**63 - 1)
+    return Query(f.optional_string("topic", check=check_name), since)
 
 
 def _remove(f: Fields) -> Remove:

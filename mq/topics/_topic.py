@@ -98,7 +98,8 @@ class Topic:
                  saved: dict[str, int] | None = None,
                  ack_timeout: float = DEFAULT_ACK_TIMEOUT,
                  max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-                 dead: Callable[[str, str, Record, int], object] | None = None) -> None:
+                 dead: Callable[[str, str, Record, int], object] | None = None,
+                 moved: dict[str, None] | None = None) -> None:
         if not ack_timeout > 0 or max_deliveries < 1:
             raise ConfigError("ack_timeout must be positive and max_deliveries at least 1")
         self.name = name
@@ -112,6 +113,10 @@ class Topic:
         #: published is not kept in memory for them (its log's tail).
         self.attached = 0
         self._saved = dict(saved or {})
+        #: The topics (by name, in the order they moved) whose groups' floors or filters
+        #: changed since their holder last looked: this one is added as its own change.
+        #: A server shares one among its topics, and ships to its replicas only those.
+        self.moved: dict[str, None] = {} if moved is None else moved
 
     # -- groups ------------------------------------------------------------------------
 
@@ -123,6 +128,7 @@ class Topic:
         group = self.groups.get(name)
         if group is not None:
             group.filter = parsed
+            self._moved(group)
             return group
         if name in self._saved:
             position = self._saved.pop(name)
@@ -130,7 +136,14 @@ class Topic:
             position = self._start(start if isinstance(start, Start) else Start.parse(start))
         position = min(max(position, self.log.start_offset), self.log.next_offset)
         group = self.groups[name] = Group(name, parsed, position)
+        self.moved[self.name] = None
         return group
+
+    def _moved(self, group: Group) -> None:
+        """The group's floor (or filter) changed: saved at the next tick, and shipped to
+        replicas at the next shipment."""
+        group.dirty = True
+        self.moved[self.name] = None
 
     def _start(self, start: Start) -> int:
         log = self.log
@@ -217,7 +230,7 @@ class Topic:
                 record, deliveries = group.redeliver.popleft()
                 if deliveries >= self.max_deliveries:
                     group.dead_letters += 1
-                    group.dirty = True
+                    self._moved(group)
                     if self.dead is not None:
                         self.dead(self.name, group.name, record, deliveries)
                     continue
@@ -226,6 +239,7 @@ class Topic:
                 continue
             if group.next_read < self.log.start_offset:
                 group.next_read = self.log.start_offset  # retention took them
+                self._moved(group)
             if group.next_read >= limit:
                 return sent
             credits = sum(max(c.credits, 0) for c in group.consumers)
@@ -266,7 +280,7 @@ class Topic:
                 break
             if filter_ is not None and not filter_.matches(record.tag):
                 group.next_read = offset + 1
-                group.dirty = True
+                self._moved(group)
                 continue
             if not ready:
                 done = False
@@ -346,7 +360,7 @@ class Topic:
                 consumer.in_flight -= named
                 deque(map(in_flight.__delitem__, offsets), 0)
                 if named:
-                    group.dirty = True
+                    self._moved(group)
                 return len(named), []
         done = 0
         missed: list[int] = []
@@ -359,7 +373,7 @@ class Topic:
             pending.consumer.in_flight.discard(offset)
             done += 1
         if done:
-            group.dirty = True
+            self._moved(group)
         return done, missed
 
     def waiting(self, group_name: str) -> bool:
@@ -395,7 +409,7 @@ class Topic:
             group.in_flight.clear()
             group.redeliver.clear()
             group.next_read = self.log.next_offset
-            group.dirty = True
+            self._moved(group)
 
     def advance(self, name: str, floor: int) -> None:
         """Another copy of this topic (its master) handled the group's messages below
@@ -407,7 +421,7 @@ class Topic:
             return
         group.next_read = floor
         group.redeliver = deque(r for r in group.redeliver if r[0].offset >= floor)
-        group.dirty = True
+        self._moved(group)
 
     def cut(self, offset: int) -> None:
         """The log lost its records from ``offset`` on (a replica cut a tail its master
@@ -418,7 +432,7 @@ class Topic:
             group.redeliver = deque(r for r in group.redeliver if r[0].offset < offset)
             if group.next_read > offset:
                 group.next_read = offset
-                group.dirty = True
+                self._moved(group)
 
     # -- figures -----------------------------------------------------------------------
 

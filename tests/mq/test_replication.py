@@ -457,7 +457,7 @@ async def test_under_sync_only_what_a_replica_stored_is_delivered_on_master_and_
             with trio.fail_after(5):
                 message = await on_master.receive()
         assert message.body == b"one" and answered[0].offset == 0
-        with trio.fail_after(5):
+        with trio.fail_after(0.11):  # the master's word that it is committed: within 0.1 s
             assert (await on_replica.receive()).body == b"one"
 
         # the replica holds a second message, but the master's word that it is committed
@@ -634,6 +634,104 @@ async def test_a_replica_that_comes_back_takes_the_master_s_positions_as_it_catc
         assert trio.current_time() - caught_up <= 0.11
         client.close()
         slave.close()
+
+
+async def test_a_master_looks_only_at_the_topics_that_moved_and_at_every_topic_each_second(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A master of many topics, with a replica following each: every 0.1 s it looks at
+    the positions of the topics that moved only (a new follower's, an ack: each reaches
+    the replica within 0.1 s as before), and once a second at every topic's, so a
+    position moved unannounced (here, by hand) still reaches the replica within about a
+    second."""
+    from brokermgr import GroupMember
+
+    async with master(tmp_path) as (universe, server, client):
+        names = [f"t{i}" for i in range(40)]
+        for name in names:
+            await client.declare(name)
+            await client.publish(name, b"m")
+            await client.empty(name)  # the group's floor: 1
+        await trio.sleep(0.2)  # (shipped to no one: what moved was looked at)
+        slave = MqServer(TrackNode(universe.add_broker("s2"), role="server",
+                                   group=GroupMember("a", 1, "slave", epoch=1), **TIMING),
+                         tmp_path / "s2", fsync_thread=False)
+        follower = slave.follow("s1:15555", retry=0.5)
+        on_slave = slave.catalogue.topics
+
+        def floor(name: str) -> int:
+            state = on_slave.get(name)
+            group = None if state is None else state.topic.groups.get(name)
+            return -1 if group is None else group.floor
+
+        while len(follower.followed) < 41:
+            await follower.changed.wait()
+        followed = trio.current_time()
+        while any(floor(name) != 1 for name in names):
+            await follower.changed.wait()
+        assert trio.current_time() - followed <= 0.101  # a new follower's, within 0.1 s
+        looked: list[str] = []
+        ship = server.shipper.ship_positions
+
+        def counted(state: Any) -> None:
+            looked.append(state.topic.name)
+            ship(state)
+
+        server.shipper.ship_positions = counted  # type: ignore[method-assign]
+        await trio.sleep(1.95)  # nothing moves: at most two of the seconds' rounds
+        assert len(looked) <= 2 * 41, len(looked)  # (every 0.1 s: 19 rounds of 41)
+        await client.publish("t7", b"m")
+        await client.publish("t9", b"m")
+        reader = await client.subscribe("t7")
+        message = await reader.receive()
+        await reader.ack([message.offset])
+        master_group = server.catalogue.topics["t7"].topic.groups["t7"]
+        while master_group.floor < 2:
+            await trio.sleep(0.001)
+        acked = trio.current_time()
+        while floor("t7") < 2:
+            await trio.sleep(0.001)
+        assert trio.current_time() - acked <= 0.101
+        server.catalogue.topics["t9"].topic.groups["t9"].next_read = 2  # unannounced
+        moved = trio.current_time()
+        while floor("t9") < 2:
+            await trio.sleep(0.01)
+        assert trio.current_time() - moved <= 1.01
+        slave.close()
+
+
+async def test_a_replica_s_beat_has_its_master_describe_its_topics_only_when_one_is_new(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A replica asks its master for its topics every 0.1 s (its beat: a silent master is
+    how a failover starts).  Once it has them all, the master answers that nothing
+    changed instead of describing every topic again; a topic declared later is followed
+    within a beat."""
+    async with master(tmp_path) as (universe, server, client):
+        for i in range(30):
+            await client.declare(f"t{i}")
+        logs = {f"t{i}": TopicLog(tmp_path / "r1" / f"t{i}") for i in range(31)}
+        follower = Follower(universe.add_broker("r1"), "s1:15555", logs, retry=0.5)
+        while len(follower.followed) < 30:
+            await follower.changed.wait()
+        described: list[str] = []
+        describe = server.catalogue.describe
+
+        def counted(name: str) -> dict[str, Any]:
+            described.append(name)
+            return describe(name)
+
+        server.catalogue.describe = counted  # type: ignore[method-assign]
+        start = trio.current_time()
+        await trio.sleep(1)
+        assert follower.last_heard >= start + 0.9  # the beat goes on
+        assert described == []  # (300 topics described before, in ten answers)
+        await client.declare("t30")
+        declared = trio.current_time()
+        while "t30" not in follower.followed:
+            await follower.changed.wait()
+        assert trio.current_time() - declared <= 0.101
+        follower.close()
+        for log in logs.values():
+            log.close()
 
 
 async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind(

@@ -601,3 +601,57 @@ async def test_a_server_of_many_topics_visits_them_a_slice_at_a_time(
         last_ten = sorted(by_call)[-10:]  # a second's calls
         seen = [name for at, name in visits if at in last_ten]
         assert sorted(seen) == sorted(f"t{i}" for i in range(20))  # each once
+
+
+async def test_a_query_since_a_generation_lists_topics_only_when_one_came_or_went(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """``query`` names the topic set's generation; asked ``since`` it, the answer lists no
+    topic (``unchanged``) until a topic is declared or removed.  A ``since`` that is not
+    a generation is refused with the reason."""
+    async with site(tmp_path) as s:
+        client = s.client("c")
+        await client.declare("orders")
+        first = await client.query_all()
+        assert sorted(first["topics"]) == ["orders"]
+        since = first["generation"]
+        again = await client.request({"cmd": "query", "since": since})
+        assert again["unchanged"] is True and "topics" not in again
+        await client.declare("orders", group="eu")  # a group: the topic set is the same
+        assert (await client.request({"cmd": "query", "since": since}))["unchanged"]
+        await client.declare("audit")
+        grown = await client.request({"cmd": "query", "since": since})
+        assert sorted(grown["topics"]) == ["audit", "orders"] and "unchanged" not in grown
+        await client.remove("audit")
+        shrunk = await client.request({"cmd": "query", "since": grown["generation"]})
+        assert sorted(shrunk["topics"]) == ["orders"]
+        for bad in (-1, "3", True, 2**63):
+            with pytest.raises(ServiceError, match="since must be an integer") as info:
+                await client.request({"cmd": "query", "since": bad})
+            assert info.value.status == 400
+
+
+@pytest.mark.parametrize("durability", ["sync", "interval:1"])
+async def test_a_group_commit_dispatches_only_the_topics_it_made_durable(
+        tmp_path: pathlib.Path, autojump_clock: object, durability: str) -> None:
+    """After a group commit, the topics it made durable are dispatched (under ``sync``
+    that is what delivers their messages), not every topic of the server: a server of
+    many idle topics does no work for them at each commit or each second."""
+    async with site(tmp_path, durability=durability) as s:
+        client = s.client("c")
+        for i in range(30):
+            await client.declare(f"t{i}")
+        sub = await client.subscribe("t3")
+        dispatched: list[str] = []
+        dispatch = s.server._dispatch
+
+        def counted(state: Any) -> None:
+            dispatched.append(state.topic.name)
+            dispatch(state)
+
+        s.server._dispatch = counted  # type: ignore[method-assign]
+        await trio.sleep(2.5)  # idle: a commit a second under interval:1
+        assert dispatched == []
+        await client.publish("t3", b"x")
+        assert (await sub.receive()).body == b"x"
+        await trio.sleep(1.5)
+        assert set(dispatched) == {"t3"}, dispatched

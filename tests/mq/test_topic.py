@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mq import CursorStore, TopicLog
@@ -394,3 +394,77 @@ def test_what_no_consumer_reads_now_is_not_kept_in_memory_and_is_read_from_the_f
     assert log.tail.held() == [] and w.topic.attached == 0
     assert w.consumer("d").offsets == [0, 1, 2, 3, 4, 5]  # c's again, and 5 from the file
     log.close()
+
+
+_MOVES = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(1, 6)),
+    st.tuples(st.just("ack"), st.integers(0, 2**8)),  # a bit mask over what is out
+    st.tuples(st.just("expire"), st.just(0)),  # redelivered, or dead letters at 2
+    st.tuples(st.just("detach"), st.integers(0, 2)),
+    st.tuples(st.just("filter"), st.sampled_from(["eu.*", "us.*", "#"])),
+    st.tuples(st.just("advance"), st.integers(0, 40)),
+    st.tuples(st.just("group"), st.just(0)),
+    st.tuples(st.just("empty"), st.just(0))), max_size=30)
+
+
+@given(moves=_MOVES, ring=st.sampled_from([None, 8]))
+# a group away while the ring drops what it had not read: back, it skips them
+@example(moves=[("detach", 0), ("detach", 1), ("publish", 6), ("publish", 6),
+                ("detach", 0)], ring=8)
+def test_every_change_of_a_group_s_floor_or_filter_names_its_topic_as_moved(
+        moves: list[tuple[str, int | str]], ring: int | None) -> None:
+    """What a master ships to its replicas every 0.1 s is the positions of the topics
+    named in ``moved``: whatever changes a group's floor or filter (acks, dead letters,
+    messages a filter skips, a new filter or group, empty, advance, a bounded ring that
+    drops what a group had not read) names the topic there, step by step."""
+    w = World(MemoryLog(max_count=ring, clock=lambda: 1.0) if ring else None,
+              ack_timeout=5.0, max_deliveries=2)
+    w.topic.declare_group("orders")
+    w.topic.declare_group("eu", filter="eu.*")
+    inboxes = [w.consumer("a", window=3), w.consumer("b", window=2),
+               w.consumer("e", group="eu", window=2)]
+    away: list[Inbox] = []
+
+    def positions() -> dict[str, tuple[int, object]]:
+        return {g.name: (g.floor, g.filter) for g in w.topic.groups.values()}
+
+    seen = positions()
+    w.topic.moved.clear()
+    for op, arg in moves:
+        topic = w.topic
+        if op == "publish":
+            assert isinstance(arg, int)
+            w.publish(*[("eu.x", "us.x", None)[i % 3] for i in range(arg)])
+        elif op == "ack":  # by each consumer (its own), or unnamed (the group's)
+            assert isinstance(arg, int)
+            for inbox in inboxes:
+                out = sorted(inbox.consumer.in_flight)
+                topic.ack(inbox.consumer.group, [o for i, o in enumerate(out) if arg >> i & 1],
+                          inbox.consumer if arg & 1 else None)
+        elif op == "expire":
+            w.now += 6.0
+            topic.expire()
+        elif op == "detach":  # or attach again, if it is away
+            assert isinstance(arg, int)
+            inbox = inboxes[arg]
+            if inbox in away:
+                away.remove(inbox)
+                topic.attach(inbox.consumer)
+            else:
+                away.append(inbox)
+                topic.detach(inbox.consumer)
+        elif op == "filter":
+            topic.declare_group("eu", filter=str(arg))
+        elif op == "advance":
+            assert isinstance(arg, int)
+            topic.advance(list(topic.groups)[arg % len(topic.groups)], arg)
+        elif op == "group":
+            topic.declare_group(f"g{len(topic.groups)}", start="beginning")
+        else:
+            topic.empty()
+        topic.dispatch()
+        now = positions()
+        if now != seen:
+            assert topic.moved == {"orders": None}, (op, seen, now)
+        seen = now
+        topic.moved.clear()
