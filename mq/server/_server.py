@@ -478,7 +478,7 @@ class MqServer:
                 self.shipper.check(state.topic.name)  # the in-sync set moves with time
             if self.shipper.followers:
                 self.shipper.ship_positions(state)  # whatever moved unmarked, a second late
-            self.catalogue.save_positions(state)
+            self.catalogue.save_positions(state, later=True)
         if at == 0 and self.relay is not None:
             self.relay.tick()
 

@@ -32,7 +32,7 @@ from brokermgr.tracking.info import (
 )
 from channels import MessageQueue
 
-from ..storage._cursor import CursorStore
+from ..storage._cursor import CursorSaver, CursorStore, encode_cursor
 from ..storage._files import write_file
 from ..storage._log import TopicLog
 from ..storage._memory import MemoryLog
@@ -112,6 +112,10 @@ class Catalogue:
         #: topics is answered, as long as it stays, that nothing changed (``query``'s
         #: ``since``), instead of every topic described again at each beat.
         self.generation = 0
+        #: Writes the positions a tick saves, off the pump (None: on it, as every save
+        #: made at once is, e.g. a new group's start; see mq.storage._cursor).
+        self.saver = (CursorSaver(lambda call: commit.from_thread("mq positions saved", call))
+                      if commit.threaded and directory is not None else None)
 
     def load(self) -> None:
         """Open every topic found under the directory; one that cannot be opened is
@@ -154,7 +158,7 @@ class Catalogue:
             topic_dir = self.directory / disk_name(name)
             log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes,
                             flush_in_thread=self.commit.fsync_thread)
-            cursors = CursorStore(topic_dir)
+            cursors = CursorStore(topic_dir, self.saver)
             saved = cursors.load(groups)
         topic = Topic(name, log_, clock=self.node.pump.now, saved=saved,
                       ack_timeout=self.ack_timeout, max_deliveries=self.max_deliveries,
@@ -181,17 +185,38 @@ class Catalogue:
             write_file(state.directory / META, encode_meta(state.topic.name, state.flags,
                                                           state.filters))
 
-    def save_positions(self, state: TopicState) -> None:
-        """Save the positions that changed.  One that cannot be saved is kept in memory
-        and tried again every tick; its group shows why (``query``), and the failure is
-        logged once when it starts, not at every try."""
+    def save_positions(self, state: TopicState, *, later: bool = False) -> None:
+        """Save the positions that changed, now (``later``: in the saver's thread, if
+        the catalogue has one; the tick's saves).  One that cannot be saved is kept in
+        memory and tried again every tick; its group shows why (``query``), and the
+        failure is logged once when it starts, not at every try."""
         floors = state.topic.floors_to_save()
-        if state.cursors is None:
+        cursors = state.cursors
+        if cursors is None or not floors:
             return
+        if later and self.saver is not None:
+            self.saver.submit([(group, cursors.path(group), encode_cursor(floor))
+                               for group, floor in floors.items()],
+                              lambda errors: self._saved(state, list(floors), errors))
+            return
+        errors: dict[Any, OSError] = {}
         for group, floor in floors.items():
             try:
-                state.cursors.save(group, floor)
+                cursors.save(group, floor)
             except OSError as exc:
+                errors[group] = exc
+        self._saved(state, list(floors), errors)
+
+    def _saved(self, state: TopicState, groups: list[str], errors: dict[Any, OSError]
+               ) -> None:
+        """The positions of ``groups`` were saved, but for ``errors``'."""
+        if self.topics.get(state.topic.name) is not state:
+            return  # dropped since
+        for group in groups:
+            if group not in state.topic.groups:
+                continue  # removed since
+            exc = errors.get(group)
+            if exc is not None:
                 error = f"cannot save the group's position: {exc.strerror or exc}"
                 if state.group_errors.get(group) != error:
                     log.error("%s: %s/%s: %s; it is kept in memory and tried again every "
@@ -199,10 +224,9 @@ class Catalogue:
                               self.tick)
                 state.group_errors[group] = error
                 state.topic.groups[group].dirty = True
-            else:
-                if state.group_errors.pop(group, None) is not None:
-                    log.warning("%s: %s/%s: the group's position is saved again",
-                                self.address, state.topic.name, group)
+            elif state.group_errors.pop(group, None) is not None:
+                log.warning("%s: %s/%s: the group's position is saved again",
+                            self.address, state.topic.name, group)
 
     def remove_group(self, state: TopicState, group: str) -> None:
         state.topic.remove_group(group)
@@ -326,7 +350,10 @@ class Catalogue:
         return end
 
     def close(self) -> None:
-        """Save every position and close the files (the group commit has synced them)."""
+        """Save every position and close the files (the group commit has synced them);
+        the saves under way in the saver's thread are waited for."""
+        if self.saver is not None:
+            self.saver.close()
         for state in self.topics.values():
             self.save_positions(state)
             state.topic.log.close()

@@ -16,6 +16,7 @@ nothing to fsync), ``finish_sync`` back on the pump, and its ``durable_offset``.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -119,6 +120,19 @@ class GroupCommit:
         self._timer: Repeating | None = None
         if durability.kind == "interval":
             self._timer = pump.call_every(durability.interval, self._interval)
+
+    @property
+    def threaded(self) -> bool:
+        """Whether work may run in threads that report back (:meth:`from_thread`)."""
+        return self._token is not None
+
+    def from_thread(self, name: str, call: Callable[[], None]) -> None:
+        """Run ``call`` on the pump, as task ``name``; from any thread (while
+        :attr:`threaded`).  Dropped once trio's run is over."""
+        assert self._token is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(
+                lambda: self.pump.post(name, call, owner=self._owner))
 
     def add(self, name: str, log: Log) -> None:
         self.logs[name] = log

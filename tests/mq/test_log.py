@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -382,6 +383,44 @@ def test_cursors_are_replaced_atomically_and_damage_is_reported(
     assert "cursor checksum mismatch" in caplog.text
     store.remove("eu/ops group")
     assert store.load(["billing", "eu/ops group"]) == {}
+
+
+def test_a_queued_save_never_replaces_a_newer_one_nor_brings_back_a_removed_cursor(
+        tmp_path: pathlib.Path) -> None:
+    """Positions saved in the saver's thread (queued, written later) and saves or
+    removals made at once: whatever the order they run in, each file ends as the newest
+    asked for it, and each queued job reports its failed writes."""
+    from mq.storage._cursor import CursorSaver, encode_cursor
+
+    posted: list[Any] = []
+    saver = CursorSaver(posted.append, start=False)  # its jobs run here, one by one
+    store = CursorStore(tmp_path, saver)
+    reports: list[dict[Any, OSError]] = []
+
+    def queue(group: str, floor: int) -> None:
+        saver.submit([(group, store.path(group), encode_cursor(floor))], reports.append)
+
+    queue("billing", 5)
+    store.save("billing", 7)  # newer, at once: the queued 5 is not written
+    queue("audit", 3)
+    store.remove("audit")  # the queued 3 does not bring it back
+    queue("eu", 1)
+    queue("eu", 2)  # two queued: the newer is written
+    store.save("late", 9)
+    queue("late", 10)  # queued after: written
+    (tmp_path / "groups" / "lost").mkdir()
+    saver.submit([("x", tmp_path / "groups" / "lost" / "nowhere" / "x.cursor", b"x")],
+                 reports.append)
+    while saver._jobs.qsize():
+        assert saver.run_one()
+    for call in posted:
+        call()
+    assert store.load(["billing", "audit", "eu", "late"]) == {"billing": 7, "eu": 2,
+                                                              "late": 10}
+    assert [list(r) for r in reports] == [[], [], [], [], [], ["x"]]
+    assert isinstance(reports[-1]["x"], FileNotFoundError)
+    saver.close()
+    assert saver._newest == {}  # nothing kept once written
 
 
 def records(log: Log) -> list[tuple[object, ...]]:

@@ -655,3 +655,49 @@ async def test_a_group_commit_dispatches_only_the_topics_it_made_durable(
         assert (await sub.receive()).body == b"x"
         await trio.sleep(1.5)
         assert set(dispatched) == {"t3"}, dispatched
+
+
+async def test_a_tick_saves_positions_in_a_thread_and_a_restart_starts_there(
+        tmp_path: pathlib.Path) -> None:
+    """On the real clock, the positions a tick saves are written (and fsynced) by the
+    saver's thread, not on the pump (which goes on meanwhile); after a restart each
+    group starts at what it acknowledged."""
+    import threading
+
+    from mq.storage import _cursor
+
+    writers: list[str] = []
+    write = _cursor.write_file
+
+    def recorded(path: pathlib.Path, data: bytes) -> None:
+        writers.append(threading.current_thread().name)
+        write(path, data)
+
+    _cursor.write_file = recorded  # type: ignore[assignment]
+    try:
+        async with site(tmp_path, fsync_thread=True) as s:
+            client = s.client("c")
+            subs = []
+            for i in range(5):
+                await client.declare(f"t{i}")
+                await client.publish_many(f"t{i}", [b"m"] * 10)
+                subs.append(await client.subscribe(f"t{i}", window=10))
+            writers.clear()  # (a declare saves its group's start at once, on the pump)
+            for sub in subs:
+                got = await sub.receive_many()
+                await sub.ack([m.offset for m in got[:4]])
+            saved = s.server.catalogue.topics["t4"].cursors
+            assert saved is not None
+            with trio.fail_after(5):  # the next tick's saves
+                while saved.load(["t4"]) != {"t4": 4}:
+                    await trio.sleep(0.05)
+            assert writers and set(writers) == {"mq cursors"}
+            client.close()
+            s.crash()
+            s.start()
+            again = s.client("again")
+            sub = await again.subscribe("t2", window=10)
+            assert [m.offset for m in await sub.receive_many()] == list(range(4, 10))
+            again.close()
+    finally:
+        _cursor.write_file = write  # type: ignore[assignment]
