@@ -1,0 +1,68 @@
+"""What a replicated group costs while nothing happens, as its topics grow: TOPICS topics
+declared on the master of a group of two (on disk, ``interval:1``), its slave following
+every one (both servers in this process, in-memory links); then the process's CPU over
+3 s of idle, as a share of one core.  The slave asks its master for its topics ten times
+a second (its beat), the master ships positions ten times a second and ticks once a
+second.  Also printed: how long declaring the topics and following them took.
+
+``python bench/replica_idle.py [TOPICS]`` (default 2,000).  Figures in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from brokermgr import BrokerManager, GroupMember
+from brokermgr.tracking import TrackNode
+from mq import MqClient, MqServer
+
+IDLE = 3.0
+
+
+async def measure(topics: int, directory: Path) -> tuple[float, float, float]:
+    """Seconds to declare and to follow the topics, and the idle CPU share."""
+    universe = BrokerManager("replica-idle")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        servers = []
+        for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
+            node = TrackNode(universe.add_broker(name), role="server",
+                             group=GroupMember("a", i, role, epoch=1),
+                             state_dir=directory / f"{name}-state")
+            servers.append(MqServer(node, directory / name, durability="interval:1"))
+        master, slave = servers
+        master.confirm()
+        admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
+        start = time.perf_counter()
+        for i in range(topics):
+            await admin.declare(f"t{i}")
+        declared = time.perf_counter()
+        follower = slave.follow("s1:15555")
+        while len(follower.followed) < topics:
+            await follower.changed.wait()
+        followed = time.perf_counter()
+        cpu, wall = time.process_time(), time.perf_counter()
+        await trio.sleep(IDLE)
+        share = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        admin.close()
+        slave.close()
+        master.close()
+        nursery.cancel_scope.cancel()
+    return declared - start, followed - declared, share
+
+
+def main() -> None:
+    topics = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000
+    with tempfile.TemporaryDirectory(prefix="rdvpump-replica-idle-") as directory:
+        declare, follow, share = trio.run(measure, topics, Path(directory))
+    print(f"{topics:,} topics: declared in {declare:.1f} s, followed in {follow:.1f} s; "
+          f"idle, {share:.3f} of a core")
+
+
+if __name__ == "__main__":
+    main()
