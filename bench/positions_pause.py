@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import trio
+from replica_idle import replicated_pair  # (this folder's)
 
-from brokermgr import BrokerManager, GroupMember
-from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer
+from brokermgr import BrokerManager
+from mq import MqClient
 
 BUSY_EVERY = 100
 
@@ -34,14 +34,7 @@ async def measure(topics: int, directory: Path) -> dict[str, tuple[float, float]
     universe = BrokerManager("positions-pause")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        servers = []
-        for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
-            node = TrackNode(universe.add_broker(name), role="server",
-                             group=GroupMember("a", i, role, epoch=1),
-                             state_dir=directory / f"{name}-state")
-            servers.append(MqServer(node, directory / name, durability="interval:1"))
-        master, slave = servers
-        master.confirm()
+        master, slave = replicated_pair(universe, directory)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         names = [f"t{i}" for i in range(topics)]
         for name in names:

@@ -24,19 +24,26 @@ from mq import MqClient, MqServer
 IDLE = 3.0
 
 
+def replicated_pair(universe: BrokerManager, directory: Path) -> tuple[MqServer, MqServer]:
+    """Brokers s1 and s2 of ``universe``: the master (confirmed) and the slave of
+    replicated group ``a``, on disk in ``directory`` at ``interval:1`` (the slave not
+    following yet)."""
+    servers = []
+    for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
+        node = TrackNode(universe.add_broker(name), role="server",
+                         group=GroupMember("a", i, role, epoch=1),
+                         state_dir=directory / f"{name}-state")
+        servers.append(MqServer(node, directory / name, durability="interval:1"))
+    servers[0].confirm()
+    return servers[0], servers[1]
+
+
 async def measure(topics: int, directory: Path) -> tuple[float, float, float]:
     """Seconds to declare and to follow the topics, and the idle CPU share."""
     universe = BrokerManager("replica-idle")
     async with trio.open_nursery() as nursery:
         await nursery.start(universe.pump.serve)
-        servers = []
-        for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
-            node = TrackNode(universe.add_broker(name), role="server",
-                             group=GroupMember("a", i, role, epoch=1),
-                             state_dir=directory / f"{name}-state")
-            servers.append(MqServer(node, directory / name, durability="interval:1"))
-        master, slave = servers
-        master.confirm()
+        master, slave = replicated_pair(universe, directory)
         admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
         start = time.perf_counter()
         for i in range(topics):
