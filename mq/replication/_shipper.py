@@ -405,6 +405,11 @@ class Shipper:
         """Release the replies held for ``topic`` that the replicas still in sync have
         all acknowledged, and answer the others with the refusal when too few replicas
         are in sync (called when a replica leaves, and every tick)."""
+        if not self.waiting.get(topic):
+            state = self.catalogue.topics.get(topic)
+            if state is None or not self._replicated(topic) or (
+                    state.committed >= state.topic.log.next_offset):
+                return  # nothing held, nothing left to commit
         self._release(topic)
         held = self.waiting.get(topic)
         refused = self.refusal(topic) if held else None

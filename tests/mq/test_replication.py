@@ -757,6 +757,32 @@ async def test_sync_waits_for_every_replica_in_sync_and_no_longer_for_one_behind
             logs[name].close()
 
 
+async def test_a_tick_leaves_alone_a_topic_with_nothing_held_and_all_committed(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Under sync, each tick looks again at what the replicas in sync stored, for the
+    topics with replies held or offsets not committed yet; a topic with neither costs
+    it nothing (the in-sync set cannot move what is already committed)."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs, followers = await two_replicas(universe, tmp_path)
+        await client.publish_many("orders", [b"m"] * 5)
+        assert server.catalogue.topics["orders"].committed == 5
+        asked: list[str] = []
+        stored_upto = server.shipper._stored_upto
+
+        def counted(topic: str) -> int:
+            asked.append(topic)
+            return stored_upto(topic)
+
+        server.shipper._stored_upto = counted  # type: ignore[method-assign]
+        await trio.sleep(3)  # three ticks
+        assert asked == []
+        stored = await client.publish("orders", b"again")  # still waited for, and acked
+        assert stored.offset == 5 and asked
+        for name, follower in followers.items():
+            follower.close()
+            logs[name].close()
+
+
 async def test_a_replica_whose_link_closed_counts_no_more_at_once(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """Under sync, a replica gone with its link is out of the in-sync count at once (a
