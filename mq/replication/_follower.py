@@ -277,10 +277,11 @@ class Follower:
                 # a member promoted that has not taken over yet: asked again shortly
                 self._soon = self.pump.call_later(UNAVAILABLE_RETRY, self._scan_soon)
             return
-        topic_log = self.replica.replica_logs().get(topic)
-        if topic_log is None:
+        held = self.replica.replica_log(topic)  # (one topic's: not every topic's)
+        if held is None:
             self._ask_again(topic)
             return
+        topic_log = held[0]
         try:
             if outcome.get("cmd") == "diverged":
                 self._cut(topic, topic_log, outcome)

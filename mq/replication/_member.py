@@ -120,11 +120,17 @@ class GroupRole:
         self.confirmed = True
         self.begin_epoch()
 
-    def begin_epoch(self) -> None:
-        """As its group's master: its epoch writes every topic from its next offset on."""
+    def begin_epoch(self, topic: str | None = None) -> None:
+        """As its group's master: its epoch writes every topic (or ``topic``, one just
+        created) from its next offset on."""
         group = self.group
         if group is not None and group.role == "master":
-            for topic_log in self.replica_logs().values():
+            if topic is None:
+                logs = list(self.replica_logs().values())
+            else:
+                held = self.replica_log(topic)
+                logs = [] if held is None else [held[0]]
+            for topic_log in logs:
                 topic_log.begin_epoch(group.epoch)
 
     def promote(self, epoch: int) -> None:

@@ -60,7 +60,7 @@ class TopicCommands:
             state.creator = call.queue
             state.topic.declare_group(name, start="beginning")
             state.filters[name] = None
-            self.role.begin_epoch()
+            self.role.begin_epoch(name)
         new_group = group not in state.topic.groups
         old_filter = state.filters.get(group)
         if new_group or request.filter is not None:

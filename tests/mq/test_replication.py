@@ -783,6 +783,30 @@ async def test_a_tick_leaves_alone_a_topic_with_nothing_held_and_all_committed(
             logs[name].close()
 
 
+async def test_a_topic_declared_on_a_group_s_master_begins_its_epoch_alone(
+        tmp_path: pathlib.Path, autojump_clock: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new topic on a group's master is written under the master's epoch from its
+    first record (a successor compares histories by it); declaring it writes that
+    topic's epochs, not every topic's again (which made declaring N topics cost N²)."""
+    async with group_of_two(tmp_path) as (universe, s1, s2):
+        client = MqClient(universe.add_broker("app"), "s1:15555", retry=0.5, timeout=60)
+        for i in range(20):
+            await client.declare(f"t{i}")
+        begun: list[str] = []
+        begin = TopicLog.begin_epoch
+
+        def counted(log: TopicLog, epoch: int) -> None:
+            begun.append(log.directory.name)
+            begin(log, epoch)
+
+        monkeypatch.setattr(TopicLog, "begin_epoch", counted)
+        await client.declare("last")
+        assert begun == ["last"]
+        assert s1.catalogue.topics["last"].topic.log.epochs.entries == [(1, 0)]
+        client.close()
+
+
 async def test_a_replica_whose_link_closed_counts_no_more_at_once(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """Under sync, a replica gone with its link is out of the in-sync count at once (a
