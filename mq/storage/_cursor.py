@@ -120,11 +120,9 @@ class CursorSaver:
         self._jobs: SimpleQueue[tuple[list[tuple[Hashable, Path, bytes, int]],
                                       Callable[[dict[Hashable, OSError]], None]] | None
                                 ] = SimpleQueue()
+        #: the thread, started at the first job (a server that saves nothing has none)
         self._thread: threading.Thread | None = None
-        if start:
-            self._thread = threading.Thread(target=self._run, name="mq cursors",
-                                            daemon=True)
-            self._thread.start()
+        self._start = start
 
     def _number(self, path: Path) -> int:
         self._count += 1
@@ -137,6 +135,10 @@ class CursorSaver:
         with self._lock:
             job = [(key, path, data, self._number(path)) for key, path, data in writes]
         self._jobs.put((job, done))
+        if self._thread is None and self._start:
+            self._thread = threading.Thread(target=self._run, name="mq cursors",
+                                            daemon=True)
+            self._thread.start()
 
     def write_now(self, path: Path, data: bytes) -> None:
         """Write ``path`` on the caller's thread (a write queued before it is dropped)."""

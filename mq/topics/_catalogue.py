@@ -15,6 +15,7 @@ request or touches a link.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Iterable
@@ -241,6 +242,9 @@ class Catalogue:
         """The topic goes, its files with it (its consumers are the server's to end)."""
         for group in list(state.topic.groups):
             state.topic.remove_group(group)
+            if state.cursors is not None:  # (and no save queued writes it back)
+                with contextlib.suppress(OSError):  # the folder goes anyway
+                    state.cursors.remove(group)
         state.topic.log.close()
         del self.topics[state.topic.name]
         self.generation += 1
