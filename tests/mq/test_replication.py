@@ -517,6 +517,24 @@ async def test_a_replica_the_name_service_holds_in_sync_is_waited_for_until_it_i
             logs[name].close()
 
 
+async def test_a_replica_is_in_sync_only_on_every_replicated_topic(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """What a master tells the name service (the set a failover promotes from): the
+    replicas in sync on every topic it replicates; a memory topic is not replicated, and
+    a topic no replica follows leaves none in sync."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        logs, followers = await two_replicas(universe, tmp_path)
+        await client.publish("orders", b"both")
+        assert server.shipper.insync_replicas() == ["r1", "r2"]
+        await client.declare("cache", flags=["memory"])
+        assert server.shipper.insync_replicas() == ["r1", "r2"]
+        await client.declare("audit")  # (these replicas follow "orders" only)
+        assert server.shipper.insync_replicas() == []
+        for name, follower in followers.items():
+            follower.close()
+            logs[name].close()
+
+
 async def test_a_closed_master_says_no_replica_is_in_sync_instead_of_failing(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """As a process stops, a last registration may ask a master whose logs are closed
