@@ -272,7 +272,7 @@ class Topic:
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
         j = sent = 0
         last: Member | None = None
-        done = True
+        done, skipped = True, False
         for record in records:
             offset = record.offset
             if offset >= limit:
@@ -280,7 +280,7 @@ class Topic:
                 break
             if filter_ is not None and not filter_.matches(record.tag):
                 group.next_read = offset + 1
-                self._moved(group)
+                skipped = True  # the floor may move: said once, below
                 continue
             if not ready:
                 done = False
@@ -300,6 +300,8 @@ class Topic:
                 j = 0
         if last is not None:
             group.served(last)
+        if skipped:
+            self._moved(group)
         return sent, done
 
     def _hand_to_one(self, group: Group, consumer: Member, records: list[Record], limit: int,
