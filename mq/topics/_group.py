@@ -135,6 +135,11 @@ class Member:
         #: A lone consumer behind is handed messages only once this many credits (or
         #: all there is for it) are free: runs of that many, not one per ack.
         self.min_room = 1
+        #: In a group of several, the run it is handed before the next consumer's turn
+        #: (more when a batch is larger than the consumers' even shares, fewer when its
+        #: credits end first): an eighth of its window, so that frames stay full when
+        #: consumers outnumber a batch's messages, and one at a time below a window of 16.
+        self.run = max(1, window // 8)
         #: offsets delivered and not acknowledged
         self.in_flight: set[int] = set()
 

@@ -260,17 +260,21 @@ class Topic:
     def _hand_out(self, group: Group, records: list[Record], limit: int, deadline: float
                   ) -> tuple[int, bool]:
         """First deliveries of ``records`` (in offset order, from ``group.next_read``) to the
-        group's consumers with credits, round robin from the group's turn, as
-        :meth:`Group.pick` would choose them one by one; how many went, and whether every
-        record was handled (False: a record at ``limit``, or no credits left)."""
+        group's consumers with credits, in turn from the group's turn: each a run of its
+        even share of the records or its :attr:`Member.run`, whichever is larger (less if
+        its credits end first), then the next; how many went, and whether every record
+        was handled (False: a record at ``limit``, or no credits left)."""
         consumers = group.consumers
         n = len(consumers)
         if n == 1 and group.filter is None:
             return self._hand_to_one(group, consumers[0], records, limit, deadline)
         ready = group.ready()
         left = [c.window - len(c.in_flight) for c in ready]
+        share = -(-len(records) // max(1, len(ready)))
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
         j = sent = 0
+        consumer = ready[0] if ready else None
+        run = min(left[0], max(share, consumer.run)) if consumer is not None else 0
         last: Member | None = None
         done, skipped = True, False
         for record in records:
@@ -282,22 +286,28 @@ class Topic:
                 group.next_read = offset + 1
                 skipped = True  # the floor may move: said once, below
                 continue
-            if not ready:
+            if consumer is None:
                 done = False
                 break
-            last = consumer = ready[j]
+            last = consumer
             group.next_read = offset + 1
             in_flight[offset] = delivery = Delivery(topic, name, record, 1, consumer, deadline)
             consumer.in_flight.add(offset)
             consumer.deliver(delivery)
             sent += 1
             left[j] -= 1
+            run -= 1
+            if run:
+                continue
             if left[j]:
                 j += 1
             else:
                 del ready[j], left[j]
             if j >= len(ready):
                 j = 0
+            consumer = ready[j] if ready else None
+            if consumer is not None:
+                run = min(left[j], max(share, consumer.run))
         if last is not None:
             group.served(last)
         if skipped:

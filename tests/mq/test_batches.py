@@ -213,3 +213,24 @@ def test_an_ack_of_a_range_is_first_and_count_only_when_it_counts_by_one() -> No
     assert ack_request(owner, range(5, 9)) == {"cmd": "ack", "topic": "t", "group": "g",
                                                "offsets": 5, "count": 4}
     assert list(owner.held) == [1]
+
+
+async def test_consumers_that_outnumber_a_batch_get_it_whole_in_turn(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Twenty consumers of one group on links of their own, batches of ten: each batch
+    reaches one consumer as one frame (one ``receive_batch``), the next batch the next
+    consumer, and every message goes once."""
+    async with site(tmp_path) as s:
+        producer = s.client("p")
+        await producer.declare("orders")
+        subs = [await s.client(f"c{i}").subscribe("orders", window=100) for i in range(20)]
+        for _ in range(5):
+            await producer.publish_many("orders", [b"m"] * 10)
+        frames: list[list[int]] = []
+        for sub in subs:
+            with trio.move_on_after(1):
+                while True:
+                    frames.append(list((await sub.receive_batch()).offsets))
+            frames.append([])  # where one consumer's frames end
+        whole = [[list(range(10 * i, 10 * i + 10)), []] for i in range(5)]
+        assert frames == [part for parts in whole for part in parts] + [[]] * 15

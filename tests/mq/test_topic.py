@@ -117,6 +117,46 @@ def test_a_lone_consumer_behind_is_handed_runs_of_its_min_room() -> None:
     assert c.offsets == list(range(22))  # 2 waiting, 7 free: both, less than min_room
 
 
+def test_consumers_of_a_group_are_handed_runs_in_turn() -> None:
+    """Consumers that outnumber a batch's messages: one is handed the batch whole (a run
+    up to an eighth of its window), the next batch goes to the next in turn; a batch
+    larger than the even shares is split into them; below a window of 16 the runs are
+    of one message, as even as before."""
+    w = World()
+    w.topic.declare_group("orders")
+    a, b, c = (w.consumer(name, window=100) for name in "abc")  # runs of 12
+    for _ in range(4):
+        w.publish(*[None] * 10)
+    assert (a.offsets, b.offsets, c.offsets) == (
+        [*range(0, 10), *range(30, 40)], list(range(10, 20)), list(range(20, 30)))
+    w.publish(*[None] * 90)  # 30 each (more than a run), from b: a had the last
+    assert (b.offsets[10:], c.offsets[10:], a.offsets[20:]) == (
+        list(range(40, 70)), list(range(70, 100)), list(range(100, 130)))
+
+    w = World()
+    w.topic.declare_group("orders")
+    small = [w.consumer(name, window=8) for name in "xyz"]  # runs of one
+    w.publish(*[None] * 6)
+    assert [x.offsets for x in small] == [[0, 1], [2, 3], [4, 5]]  # even shares
+
+
+def test_a_run_ends_where_a_consumer_s_credits_do_and_counts_what_its_filter_passes(
+        ) -> None:
+    w = World()
+    w.topic.declare_group("orders")
+    a, b = w.consumer("a", window=3), w.consumer("b", window=100)
+    w.publish(*[None] * 20)  # shares of 10: a takes 3, b 10, then b the rest
+    assert (a.offsets, b.offsets) == ([0, 1, 2], list(range(3, 20)))
+
+    w = World()
+    w.topic.declare_group("orders", filter="eu.*")
+    x, y = w.consumer("x", window=100), w.consumer("y", window=100)
+    w.publish(*["eu.fr", "us", "eu.de", None, "eu.it"] * 2)
+    assert (x.offsets, y.offsets) == ([0, 2, 4, 5, 7, 9], [])  # one run of 12
+    w.publish(*["eu.fr"] * 3)
+    assert (x.offsets[6:], y.offsets) == ([], [10, 11, 12])  # the next in turn
+
+
 def test_filters_select_and_untagged_messages_go_only_to_groups_without_one() -> None:
     w = World()
     w.topic.declare_group("orders")
