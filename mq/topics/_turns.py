@@ -46,7 +46,7 @@ class InTurn(Generic[C]):
         return None
 
     def ready(self) -> list[C]:
-        """Every consumer with credits, in turn (a batch spread over them in one pass)."""
+        """Every consumer with credits, in turn (a batch handed to them in runs, in one pass)."""
         consumers = self.consumers
         turn = self.turn if self.turn < len(consumers) else 0
         return [c for c in (*consumers[turn:], *consumers[:turn]) if c.credits > 0]
