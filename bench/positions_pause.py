@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import trio
-from replica_idle import replicated_pair  # (this folder's)
 
 from brokermgr import BrokerManager
 from mq import MqClient
+from rdvpump.bench.scale import replicated_pair
 
 BUSY_EVERY = 100
 

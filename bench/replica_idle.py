@@ -19,25 +19,11 @@ from pathlib import Path
 
 import trio
 
-from brokermgr import BrokerManager, GroupMember
-from brokermgr.tracking import TrackNode
-from mq import MqClient, MqServer
+from brokermgr import BrokerManager
+from mq import MqClient
+from rdvpump.bench.scale import replicated_pair
 
 IDLE = 3.0
-
-
-def replicated_pair(universe: BrokerManager, directory: Path) -> tuple[MqServer, MqServer]:
-    """Brokers s1 and s2 of ``universe``: the master (confirmed) and the slave of
-    replicated group ``a``, on disk in ``directory`` at ``interval:1`` (the slave not
-    following yet)."""
-    servers = []
-    for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
-        node = TrackNode(universe.add_broker(name), role="server",
-                         group=GroupMember("a", i, role, epoch=1),
-                         state_dir=directory / f"{name}-state")
-        servers.append(MqServer(node, directory / name, durability="interval:1"))
-    servers[0].confirm()
-    return servers[0], servers[1]
 
 
 async def measure(topics: int, directory: Path) -> tuple[float, float, float, float]:

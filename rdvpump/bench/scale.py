@@ -10,6 +10,9 @@ process (one pump, in-memory links, trio's real clock), built, measured, torn do
 - ``groups``: consume groups of one topic, a consumer each; measured: every message
   delivered to every group;
 - ``consumers``: consumers of one consume group; measured: every message delivered once;
+- ``replicated``: topics of a replicated group of two (a master and its slave following
+  every topic, ``sync``: a publish's reply waits for the slave); measured: publishes
+  spread over every topic, from concurrent publishers;
 - ``servers``: servers reporting to one tracker, followed by a route client; measured: a
   topic declared on a server, until the client's route table holds it.
 
@@ -47,12 +50,13 @@ STEPS: dict[str, tuple[int, ...]] = {
     "topics": (1, 100, 1000, 10000),
     "groups": (1, 10, 100, 1000),
     "consumers": (1, 10, 100, 1000),
+    "replicated": (1, 10, 100, 1000),
     "servers": (10, 100, 1000),
 }
 #: What each dimension's steps count, and what its operations are.
 UNITS = {"brokers": ("brokers", "lookups"), "topics": ("topics", "publishes"),
          "groups": ("groups", "deliveries"), "consumers": ("consumers", "deliveries"),
-         "servers": ("servers", "route updates")}
+         "replicated": ("topics", "publishes"), "servers": ("servers", "route updates")}
 #: Operations measured per step at full scale (deliveries: at least this many).
 OPERATIONS = 20_000
 #: Seconds a step may take, built and measured, before it counts as stopped.
@@ -217,6 +221,51 @@ def mq_server(universe: Any, tmp: Path) -> Any:
     return MqServer(node, tmp, durability="interval:1")
 
 
+def replicated_pair(universe: Any, directory: Path, *, replication: str = "async"
+                    ) -> tuple[Any, Any]:
+    """Brokers s1 and s2 of ``universe``: the master (confirmed) and the slave of
+    replicated group ``a``, on disk in ``directory`` at ``interval:1`` (the slave not
+    following yet), as the replicated steps and the scripts in ``bench/`` use them."""
+    from brokermgr import GroupMember
+    from brokermgr.tracking import TrackNode
+    from mq import MqServer
+
+    servers = []
+    for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave"))):
+        node = TrackNode(universe.add_broker(name), role="server",
+                         group=GroupMember("a", i, role, epoch=1),
+                         state_dir=directory / f"{name}-state")
+        servers.append(MqServer(node, directory / name, durability="interval:1",
+                                replication=replication))
+    servers[0].confirm()
+    return servers[0], servers[1]
+
+
+async def _publishes(universe: Any, names: list[str], operations: int, m: _Measure
+                     ) -> None:
+    """64 B publishes spread over ``names`` from :data:`CONCURRENCY` publishers of server
+    s1, each awaiting its reply (one operation)."""
+    from mq import MqClient
+
+    publishers = [MqClient(universe.add_broker(f"p{i}"), "s1:15555", timeout=60)
+                  for i in range(CONCURRENCY)]
+    per = max(1, operations // CONCURRENCY)
+    body = b"x" * 64
+    n = len(names)
+
+    async def publish(i: int) -> None:
+        client = publishers[i]
+        for k in range(per):
+            began = time.perf_counter()
+            await client.publish(names[(i * per + k) % n], body)
+            m.op(time.perf_counter() - began)
+
+    await _concurrently(CONCURRENCY, publish)
+    m.done()
+    for client in publishers:
+        await client.aclose()
+
+
 async def _topics(n: int, operations: int, m: _Measure, tmp: Path) -> None:
     from brokermgr import BrokerManager
     from mq import MqClient
@@ -230,23 +279,35 @@ async def _topics(n: int, operations: int, m: _Measure, tmp: Path) -> None:
         for name in names:
             await admin.declare(name)
         m.built()
-        publishers = [MqClient(universe.add_broker(f"p{i}"), "s1:15555", timeout=60)
-                      for i in range(CONCURRENCY)]
-        per = max(1, operations // CONCURRENCY)
-        body = b"x" * 64
-
-        async def publish(i: int) -> None:
-            client = publishers[i]
-            for k in range(per):
-                began = time.perf_counter()
-                await client.publish(names[(i * per + k) % n], body)
-                m.op(time.perf_counter() - began)
-
-        await _concurrently(CONCURRENCY, publish)
-        m.done()
-        for client in [admin, *publishers]:
-            await client.aclose()
+        await _publishes(universe, names, operations, m)
+        await admin.aclose()
         server.close()
+        nursery.cancel_scope.cancel()
+
+
+async def _replicated(n: int, operations: int, m: _Measure, tmp: Path) -> None:
+    """``n`` topics declared on the master of a group of two, the slave following every
+    one (built once it does), then publishes as in ``topics``: each reply waits for the
+    slave to have the message (``sync``)."""
+    from brokermgr import BrokerManager
+    from mq import MqClient
+
+    universe = BrokerManager("scale")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(universe.pump.serve)
+        master, slave = replicated_pair(universe, tmp, replication="sync")
+        admin = MqClient(universe.add_broker("admin"), "s1:15555", timeout=60)
+        names = [f"t{i:05d}" for i in range(n)]
+        for name in names:
+            await admin.declare(name)
+        follower = slave.follow("s1:15555")
+        while len(follower.followed) < n:
+            await follower.changed.wait()
+        m.built()
+        await _publishes(universe, names, operations, m)
+        await admin.aclose()
+        slave.close()
+        master.close()
         nursery.cancel_scope.cancel()
 
 
@@ -349,7 +410,7 @@ async def _servers(n: int, operations: int, m: _Measure, tmp: Path) -> None:
 
 _RUNS: dict[str, Callable[[int, int, _Measure, Path], Awaitable[None]]] = {
     "brokers": _brokers, "topics": _topics, "groups": _groups, "consumers": _consumers,
-    "servers": _servers}
+    "replicated": _replicated, "servers": _servers}
 
 
 def _step(dimension: str, n: int, operations: int, deadline: float) -> ScaleResult:

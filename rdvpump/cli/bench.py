@@ -184,7 +184,8 @@ def bench_sim(
 def bench_scale(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
     dimension: Annotated[list[str], typer.Option(
-        help="brokers, topics, groups, consumers or servers (repeatable; default: all).")
+        help="brokers, topics, groups, consumers, replicated or servers (repeatable; "
+             "default: all).")
     ] = [],  # noqa: B006
     plot: Annotated[str | None, typer.Option(
         help="Draw throughput, p99 latency and memory per step to this PNG (needs the "
@@ -192,8 +193,9 @@ def bench_scale(
     deadline: Annotated[float, typer.Option(
         min=1.0, help="Seconds a step may take before it counts as stopped.")] = 300.0,
 ) -> None:
-    """Throughput, p99 latency and memory as brokers, topics, consume groups, consumers
-    and servers per tracker grow, each step against the dimension's smallest."""
+    """Throughput, p99 latency and memory as brokers, topics, consume groups, consumers,
+    replicated topics and servers per tracker grow, each step against the dimension's
+    smallest."""
     from ..bench import scale
 
     unknown = [d for d in dimension if d not in scale.STEPS]

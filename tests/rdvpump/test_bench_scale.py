@@ -45,6 +45,17 @@ def test_a_topics_step_counts_the_files_it_holds_open_one_a_topic() -> None:
     assert twenty.to_dict()["open_files"] == twenty.open_files
 
 
+def test_a_replicated_step_publishes_to_a_master_whose_slave_holds_every_topic() -> None:
+    """Every publish of the step answered (each waits for the slave under ``sync``), and
+    each topic holds a file on the master and one on its slave."""
+    one, three = (scale._step("replicated", n, 200, 60.0) for n in (1, 3))
+    assert one.error is None and three.error is None
+    assert one.operations == three.operations == 200
+    assert one.open_files is not None and three.open_files is not None
+    assert three.open_files - one.open_files == 4
+    assert three.to_dict()["topics"] == 3
+
+
 @pytest.mark.slow  # a process; 1,000 topics declared, each durable, take seconds
 def test_a_step_past_its_deadline_is_reported_with_its_step_and_fails_the_command() -> None:
     proc = subprocess.run([sys.executable, "-m", "rdvpump", "bench", "scale", "--json",
@@ -68,5 +79,5 @@ def test_an_unknown_dimension_is_one_line_and_exit_1() -> None:
                           timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "error: --dimension must be one of brokers, topics, groups, consumers, servers, "
-        "got 'queues'"]
+        "error: --dimension must be one of brokers, topics, groups, consumers, replicated, "
+        "servers, got 'queues'"]
