@@ -25,13 +25,27 @@ def read_cdef(name: str = "ringbuf.h") -> str:
     return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
 
 
+#: Put after the header in each module's source: cffi's wrappers release the GIL around
+#: every call, and every function here is short and never waits (sockets are
+#: non-blocking, copies and checksums are bounded by their arguments).  In a process
+#: with other threads (an MQ server's fsync and cursor threads), each release could hand
+#: the GIL to one of them, and the pump's thread then waited to take it back: so the
+#: calls keep it.
+KEEP_GIL = """
+#undef Py_BEGIN_ALLOW_THREADS
+#undef Py_END_ALLOW_THREADS
+#define Py_BEGIN_ALLOW_THREADS {
+#define Py_END_ALLOW_THREADS }
+"""
+
+
 def builder(module: str, name: str, std: str) -> FFI:
     """The cffi build of ``native/{name}.c`` into ``module``, declared by its header."""
     ffi = FFI()
     ffi.cdef(read_cdef(f"{name}.h"))
     ffi.set_source(
         module,
-        f'#include "{name}.h"',
+        f'#include "{name}.h"\n{KEEP_GIL}',
         # Relative paths: setuptools runs the build from the project root.
         sources=[f"native/{name}.c"],
         include_dirs=["native"],
