@@ -242,7 +242,13 @@ class Topic:
                 self._moved(group)
             if group.next_read >= limit:
                 return sent
-            credits = sum(max(c.credits, 0) for c in group.consumers)
+            credits = 0  # (counted up to what one read takes: a group may have thousands)
+            for member in group.consumers:
+                room = member.credits
+                if room > 0:
+                    credits += room
+                    if credits >= 1024:
+                        break
             if credits == 0:
                 return sent
             if len(group.consumers) == 1 and credits < min(group.consumers[0].min_room,
@@ -268,14 +274,12 @@ class Topic:
         n = len(consumers)
         if n == 1 and group.filter is None:
             return self._hand_to_one(group, consumers[0], records, limit, deadline)
-        ready = group.ready()
-        left = [c.window - len(c.in_flight) for c in ready]
-        share = -(-len(records) // max(1, len(ready)))
+        share = -(-len(records) // n)
         filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
-        j = sent = 0
-        consumer = ready[0] if ready else None
-        run = min(left[0], max(share, consumer.run)) if consumer is not None else 0
-        last: Member | None = None
+        i = group.next_ready(group.turn if group.turn < n else 0)
+        consumer = consumers[i] if i >= 0 else None
+        run = min(consumer.credits, max(share, consumer.run)) if consumer is not None else 0
+        sent, served = 0, -1
         done, skipped = True, False
         for record in records:
             offset = record.offset
@@ -289,27 +293,21 @@ class Topic:
             if consumer is None:
                 done = False
                 break
-            last = consumer
             group.next_read = offset + 1
             in_flight[offset] = delivery = Delivery(topic, name, record, 1, consumer, deadline)
             consumer.in_flight.add(offset)
             consumer.deliver(delivery)
             sent += 1
-            left[j] -= 1
+            served = i
             run -= 1
             if run:
                 continue
-            if left[j]:
-                j += 1
-            else:
-                del ready[j], left[j]
-            if j >= len(ready):
-                j = 0
-            consumer = ready[j] if ready else None
+            i = group.next_ready(i + 1 if i + 1 < n else 0)
+            consumer = consumers[i] if i >= 0 else None
             if consumer is not None:
-                run = min(left[j], max(share, consumer.run))
-        if last is not None:
-            group.served(last)
+                run = min(consumer.credits, max(share, consumer.run))
+        if served >= 0:  # the turn goes to the one after the last consumer served
+            group.turn = served + 1 if served + 1 < n else 0
         if skipped:
             self._moved(group)
         return sent, done

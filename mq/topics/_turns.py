@@ -45,12 +45,15 @@ class InTurn(Generic[C]):
                 return consumer
         return None
 
-    def ready(self) -> list[C]:
-        """Every consumer with credits, in turn (a batch handed to them in runs, in one pass)."""
+    def next_ready(self, start: int) -> int:
+        """The index of the first consumer in turn from ``start`` on (round to the start)
+        with credits, or -1 when none has: a group's batch is handed out in runs, one
+        consumer after another, without a list of every consumer made per batch."""
         consumers = self.consumers
-        turn = self.turn if self.turn < len(consumers) else 0
-        return [c for c in (*consumers[turn:], *consumers[:turn]) if c.credits > 0]
-
-    def served(self, consumer: C) -> None:
-        """``consumer`` was served last: the turn goes to the one after it."""
-        self.turn = (self.consumers.index(consumer) + 1) % len(self.consumers)
+        for i in range(start, len(consumers)):
+            if consumers[i].credits > 0:
+                return i
+        for i in range(min(start, len(consumers))):
+            if consumers[i].credits > 0:
+                return i
+        return -1
