@@ -1,6 +1,6 @@
 """rdvpump bench scale: how the cost grows with the things a deployment has many of.
 
-Five dimensions, each a series of steps, each step a universe of its own in this
+Six dimensions, each a series of steps, each step a universe of its own in this
 process (one pump, in-memory links, trio's real clock), built, measured, torn down:
 
 - ``brokers``: brokers of one universe, each registered with the name service by a name
