@@ -364,10 +364,13 @@ class MqClient:
     async def subscribe(self, topic: str, *, group: str | None = None,
                         window: int = DEFAULT_WINDOW, no_local: bool = False
                         ) -> Subscription:
-        """Consume ``topic`` in ``group`` (default: the topic's own group).  With
-        ``no_local`` the messages this client published (its :attr:`producer`'s, through
-        whichever server of a cluster) are acknowledged as they come and not handed
-        out."""
+        """Consume ``topic`` in ``group`` (default: the topic's own group).  ``window``:
+        the messages this subscription may hold unacknowledged; the server pushes while
+        it has room.  The consumers of one group take turns in runs: each is handed its
+        share of what there is to deliver, or an eighth of its window when that is more
+        (a window below 16: one message at a time).  With ``no_local`` the messages this
+        client published (its :attr:`producer`'s, through whichever server of a cluster)
+        are acknowledged as they come and not handed out."""
         key = (topic, topic if group is None else group)
         if key in self.subscriptions:
             raise ConfigError(f"already subscribed to {key[0]}/{key[1]}")

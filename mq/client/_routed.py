@@ -188,6 +188,7 @@ SLAVES_AFTER = 2.0
 
 class Consumer:
     """Consumes ``topic`` (in ``group``) on every server that holds it; ``async for``.
+    ``window`` is each server's subscription's (:meth:`MqClient.subscribe`).
 
     Run :meth:`run` in a nursery (``await nursery.start(consumer.run)``): it attaches
     to the servers the route table lists and follows its changes.
