@@ -97,6 +97,7 @@ class _ServerLink(BrokerLink):
             "pushed": Push(_parse_pushed, self._pushed_to),
             "reply": Push.raw(self._rpc_reply),
             "messages": Push.raw(self._messages),
+            "writable": Push(lambda f: f.string("topic"), self._writable),
         }, refused=client.failed, unknown="ignore")
 
     @property
@@ -153,6 +154,10 @@ class _ServerLink(BrokerLink):
     def send_with_body(self, obj: dict[str, Any], body: bytes) -> Sent:
         """One message with a binary body, fire and forget."""
         return self.send(encode(obj, body))
+
+    def _writable(self, topic: str) -> None:
+        if self.client.on_writable is not None:
+            self.client.on_writable(topic)
 
     def _pushed_to(self, pushed: Pushed) -> None:
         receiver = self.client.receivers.get(pushed.to)
@@ -268,6 +273,10 @@ class MqClient:
         #: Called with the error of a fire-and-forget request that no subscription owns
         #: (a route or push sent without waiting); without it such errors are logged.
         self.on_error: Callable[[ServiceError], object] | None = None
+        #: Called with a topic whose publish the server refused for too few replicas in
+        #: sync (503), once it has enough again (a replicated group's master tells the
+        #: links it refused so): :class:`~mq.Producer` tries again then.
+        self.on_writable: Callable[[str], object] | None = None
         self.link = _ServerLink(self, broker, servers, retry)
         self.link.connect()
 

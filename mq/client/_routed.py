@@ -15,7 +15,11 @@ given up at once and tried again elsewhere with its numbers, without waiting for
 timeout.  While every server of the topic refuses (503: a replicated group's slave, a
 master not confirmed yet) or does not answer, a publish waits for the route table to
 change and tries again, for up to ``failover`` seconds: a publish in flight when a
-master dies goes to the member promoted, with its numbers.
+master dies goes to the member promoted, with its numbers.  The member promoted refuses
+(503) until another member copies it, which changes no route: it tells the producers it
+refused once it takes writes again (a ``writable`` push), and they try again then; a
+pause that doubles from :data:`FIRST_RECHECK` to :data:`RECHECK` covers a server that
+says nothing.
 
 :class:`Consumer` consumes the topic on every server that holds it (of a replicated
 group: its master, or its slaves once it has had none for :data:`SLAVES_AFTER` seconds),
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import trio
 
@@ -68,6 +73,10 @@ class Producer:
         self.clients: dict[str, MqClient] = {}
         #: Publishes tried again on another server (each may have duplicated a message).
         self.retried = 0
+        #: ``writable`` pushes of the topic so far (a server that refused a publish for
+        #: too few replicas in sync takes it now), and what waits for the next
+        self.writable = 0
+        self._writable = trio.Event()
 
     def _client(self, address: str) -> MqClient:
         client = self.clients.get(address)
@@ -75,7 +84,26 @@ class Producer:
             client = self.clients[address] = MqClient(self.routes.broker, address,
                                                       producer=self.producer,
                                                       timeout=self.timeout)
+            client.on_writable = self._pushed_writable
         return client
+
+    def _pushed_writable(self, topic: str) -> None:
+        if topic == self.topic:
+            self.writable += 1
+            self._writable.set()
+            self._writable = trio.Event()
+
+    async def _next_change(self, deadline: float) -> None:
+        """Until the route table changes, a server says the topic is writable again, or
+        ``deadline``."""
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                async def until(event: Any) -> None:
+                    await event()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until, self.routes.changed)
+                nursery.start_soon(until, self._writable.wait)
 
     def _candidates(self, key: bytes | str | None, tried: set[str]) -> list[str]:
         """The servers to try, in order: those the selector chooses, then the topic's
@@ -102,23 +130,22 @@ class Producer:
         tried: set[str] = set()
         last: ServiceError | None = None
         deadline = trio.current_time() + self.failover
-        seen, rounds = self.routes.changes, 0
+        seen, rounds = (self.routes.changes, self.writable), 0
         while True:
             candidates = self._candidates(key, tried)
             if not candidates and last is not None and trio.current_time() < deadline:
                 # every server of the topic refused (503) or did not answer: a master may
-                # be failing over; try them all again at the route table's next change
-                # (at once if it changed while they were tried), or after a pause that
-                # doubles from FIRST_RECHECK: a master promoted refuses until a member is
-                # in sync with it again, which changes no route
-                if self.routes.changes == seen:
+                # be failing over; try them all again at the route table's next change,
+                # or when a master that refused it for too few replicas in sync says it
+                # has them (at once if either came while they were tried), or after a
+                # pause that doubles from FIRST_RECHECK
+                if (self.routes.changes, self.writable) == seen:
                     pause = min(RECHECK, FIRST_RECHECK * 2 ** rounds)
-                    with trio.move_on_at(min(deadline, trio.current_time() + pause)):
-                        await self.routes.changed()
+                    await self._next_change(min(deadline, trio.current_time() + pause))
                     rounds += 1
                 else:
                     rounds = 0
-                seen = self.routes.changes
+                seen = (self.routes.changes, self.writable)
                 tried.clear()
                 continue
             if not candidates:

@@ -34,6 +34,9 @@ longer, and is no longer one the failover may choose.  Under
 ``sync`` with fewer replicas in sync than that, a produce is refused (503, the reason
 says how many are in sync; nothing stored), and the produces waiting for replicas are
 answered with that refusal (stored here, not acknowledged: they may or may not stay).
+A link refused so is told once the topic has enough replicas in sync again (a
+``writable {topic}`` push, no ``seq``): a producer tries again then, not at its next
+pause (the member just promoted refuses until one of the others copies it).
 
 Under ``sync`` the replicas waited for are also those the name service holds in sync
 (:meth:`Shipper.confirm_insync`, from the group's answer): those are the ones a failover
@@ -149,6 +152,9 @@ class Shipper:
         self.confirmed: frozenset[str] = frozenset()
         #: the replicas refused for a configuration that differs (logged once each)
         self._config_refused: set[tuple[str | None, str]] = set()
+        #: the links refused a produce for too few replicas in sync, by topic and queue:
+        #: told (``writable``) once the topic has enough
+        self._refused: dict[str, dict[MessageQueue, ClientLink]] = {}
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
         self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
 
@@ -197,6 +203,7 @@ class Shipper:
             self.now() if request.start == log.next_offset else -float("inf"),
             request.replica)
         self.ship(state)
+        self._tell_writable(request.topic)  # a replica that starts at the end is in sync
         return {"cmd": "following", "topic": request.topic, "next": log.next_offset,
                 "epoch": self.epoch, "epochs": log.epochs.to_json()}
 
@@ -215,6 +222,7 @@ class Shipper:
         if state is not None:
             if request.next >= state.topic.log.next_offset:
                 follower.caught_up = self.now()
+                self._tell_writable(request.topic)
             self._release(request.topic)
             self.ship(state)
 
@@ -317,6 +325,7 @@ class Shipper:
         links = {id(f.link): f.link for f in self.followers.values()}
         self.followers.clear()
         self._of_topic.clear()
+        self._refused.clear()  # no longer this server's writes: the route table says so
         for topic in list(self.waiting):
             self.check(topic)
         return list(links.values())
@@ -403,6 +412,20 @@ class Shipper:
             if need == 0:
                 return True
         return False
+
+    def refused(self, topic: str, link: ClientLink) -> None:
+        """``link`` was refused a produce to ``topic`` (:meth:`refusal`): it is told once
+        the topic has enough replicas in sync."""
+        self._refused.setdefault(topic, {})[link.queue] = link
+
+    def _tell_writable(self, topic: str) -> None:
+        """The links refused a produce to ``topic`` for too few replicas in sync are told
+        (``writable {topic}``) if it has enough now."""
+        if topic not in self._refused or not self._enough_in_sync(topic):
+            return
+        message = encode({"cmd": "writable", "topic": topic})
+        for link in self._refused.pop(topic).values():
+            link.send(message)
 
     def hold(self, deferred: Deferred) -> bool:
         """Under ``sync``, keep a produce's reply (``stored``) until enough replicas
@@ -521,8 +544,12 @@ class Shipper:
             waiting.reply.answer()
 
     def forget_queue(self, queue: MessageQueue) -> None:
-        """A client's link closed: its held replies are dropped."""
+        """A client's link closed: its held replies are dropped, and it is told
+        nothing."""
         for topic, held in list(self.waiting.items()):
             held[:] = [w for w in held if w.reply.queue is not queue]
             if not held:
                 del self.waiting[topic]
+        for topic, links in list(self._refused.items()):
+            if links.pop(queue, None) is not None and not links:
+                del self._refused[topic]

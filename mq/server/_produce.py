@@ -84,6 +84,8 @@ class ProduceCommand:
                                f"a delivery's header included")
         sync = self.shipper.mode == "sync"
         if sync and (refused := self.shipper.refusal(state.topic.name)) is not None:
+            if queue is not None:  # told when there are enough
+                self.shipper.refused(state.topic.name, self.links.of(queue))
             raise refused  # too few replicas in sync to acknowledge it: nothing stored
         recent = self._recent(state) if request.producer is not None else None
         first = None if recent is None else recent.original(producer, sequence, len(messages))

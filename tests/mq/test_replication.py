@@ -294,6 +294,54 @@ async def test_sync_replication_acknowledges_only_what_a_replica_stored(
         replica.close()
 
 
+async def test_a_link_refused_for_too_few_replicas_in_sync_is_told_when_there_are_enough(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Under sync, a producer refused (503) for too few replicas in sync is told once the
+    topic has enough (a ``writable`` push): when a replica follows it at its end, and
+    when one catches up with it.  A link that was not refused is told nothing."""
+    async with sync_master(tmp_path) as (universe, server, client):
+        told: list[str] = []
+        changed = trio.Event()
+
+        def writable(topic: str) -> None:
+            nonlocal changed
+            told.append(topic)
+            changed.set()
+            changed = trio.Event()
+
+        client.on_writable = writable
+        bystander = MqClient(universe.add_broker("other"), "s1:15555", timeout=60)
+        wrongly: list[str] = []
+        bystander.on_writable = wrongly.append
+        await bystander.declare("audit")  # connected, and never refused
+        for _ in range(2):  # told once, however often it was refused
+            with pytest.raises(ServiceError, match="orders: 0 replicas in sync"):
+                await client.publish("orders", b"too soon")
+        replicas = {name: TopicLog(tmp_path / name / "orders") for name in ("r1", "r2")}
+        # a replica that follows from the topic's end is in sync at once
+        first = Follower(universe.add_broker("r1"), "s1:15555", {"orders": replicas["r1"]},
+                         retry=0.5)
+        with trio.fail_after(5):
+            await changed.wait()
+        assert told == ["orders"]
+        await client.publish_many("orders", [b"kept"] * 20)
+        # that replica leaves: refused again; a new one is in sync once it caught up
+        first.close()
+        with pytest.raises(ServiceError, match="orders: 0 replicas in sync"):
+            await client.publish("orders", b"alone again")
+        second = Follower(universe.add_broker("r2"), "s1:15555", {"orders": replicas["r2"]},
+                          retry=0.5)
+        with trio.fail_after(5):
+            await changed.wait()
+        assert told == ["orders", "orders"] and replicas["r2"].next_offset == 20
+        assert (await client.publish("orders", b"now")).offset == 20
+        assert wrongly == []
+        second.close()
+        bystander.close()
+        for replica in replicas.values():
+            replica.close()
+
+
 async def test_a_replica_server_copies_every_topic_serves_consumers_and_refuses_writes(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     from brokermgr import GroupMember

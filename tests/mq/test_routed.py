@@ -179,6 +179,56 @@ async def test_producers_and_consumers_move_to_the_member_promoted(
             s3.close()
 
 
+async def test_a_publish_refused_for_too_few_replicas_in_sync_goes_as_soon_as_one_is(
+        tmp_path: pathlib.Path, autojump_clock: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server under ``sync`` that no replica copies yet refuses a publish (503), and a
+    replica that starts copying it changes no route: the producer tries again once the
+    server says it has a replica in sync (its ``writable`` push), not at its next pause
+    (made 30 s here)."""
+    from mq import TopicLog
+    from mq.client import _routed
+    from mq.replication._follower import Follower
+
+    monkeypatch.setattr(_routed, "FIRST_RECHECK", 30.0)
+    monkeypatch.setattr(_routed, "RECHECK", 30.0)
+    with trio.fail_after(600):
+        async with open_universe("mq") as universe:
+            TrackNode(universe.add_broker("t1"), role="tracker", **TIMING)
+            node = TrackNode(universe.add_broker("s1"), role="server",
+                             trackers=["t1:15555"], **TIMING)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False, replication="sync")
+            server.handle_local({"cmd": "declare", "topic": "orders"})
+            routes = RouteClient(universe.add_broker("app"), retry=0.5)
+            routes.add_tracker("t1:15555")
+            while "s1:15555" not in routes.routes.servers_of("orders"):
+                await routes.changed()
+            producer = Producer(routes, "orders", failover=60.0)
+            stored: list[Any] = []
+            done = trio.Event()
+
+            async def publish() -> None:
+                stored.append(await producer.publish(b"m"))
+                done.set()
+
+            replica = TopicLog(tmp_path / "r1" / "orders")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish)
+                while producer.retried < 1:  # refused: no replica in sync
+                    await trio.sleep(0.01)
+                follower = Follower(universe.add_broker("r1"), "s1:15555",
+                                    {"orders": replica}, retry=0.5)
+                with trio.move_on_after(1.0):
+                    await done.wait()
+                assert [s.server for s in stored] == ["s1:15555"]
+                assert replica.next_offset == 1
+            follower.close()
+            replica.close()
+            producer.close()
+            routes.close()
+            server.close()
+
+
 async def test_a_consumer_waits_for_the_member_promoted_and_reads_slaves_only_later(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """s1 master, s2 and s3 slaves.  s1 dies: for ``slaves_after`` (2 s) the consumer
