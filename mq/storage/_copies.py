@@ -68,25 +68,34 @@ class Copies:
 
 
 def scan_copies(data: bytes | memoryview, *, max_record: int, max_body: int,
-                expected: int, min_ts: int, records: bool) -> Copies:
-    """Check the records of ``data`` (back to back from its start), the first at offset
-    ``expected`` and none before ``min_ts``: see :class:`Copies`; with ``records``, the
-    :class:`~._record.Record` of each good one too (their bodies are slices of ``data``,
-    copied once)."""
+                expected: int, min_ts: int, records: bool, start: int = 0,
+                limit: int | None = None) -> Copies:
+    """Check the records of ``data`` (back to back from ``start``), the first at offset
+    ``expected`` and none before ``min_ts``, at most ``limit`` of them: see
+    :class:`Copies` (where each ends, and where the bad one starts, counted from
+    ``data``'s start); with ``records``, the :class:`~._record.Record` of each good one
+    too (their bodies are slices of ``data``, copied once)."""
     buf = data if type(data) is bytes else bytes(data)
-    s = _scratch.fit(len(buf) // RECORD_OVERHEAD + 1)
+    size = len(buf) - start
+    s = _scratch.fit(size // RECORD_OVERHEAD + 1)
     stop = s.stop
-    count = lib.rs_scan(buf, len(buf), max_record, max_body, expected, min_ts, s.ends,
-                        s.bodies, s.ts, s.seqs, s.size, stop)
+    at = buf if not start else ffi.cast("const unsigned char *", ffi.from_buffer(buf)) + start
+    count = lib.rs_scan(at, size, max_record, max_body, expected, min_ts, s.ends,
+                        s.bodies, s.ts, s.seqs, s.size if limit is None else min(limit, s.size),
+                        stop)
     ends: list[int] = ffi.unpack(s.ends, count)
+    if start:
+        ends = [end + start for end in ends]
     timestamps: list[int] = ffi.unpack(s.ts, count)
     fault = _fault(stop, max_body, expected + count, timestamps[-1] if count else min_ts)
     made = None
     if records:
         bodies: list[int] = ffi.unpack(s.bodies, count)
-        made = _records(buf, expected, count, ends, bodies, timestamps,
+        if start:
+            bodies = [body + start for body in bodies]
+        made = _records(buf, start, expected, count, ends, bodies, timestamps,
                         ffi.unpack(s.seqs, count), bool(stop.same_names))
-    return Copies(ends, timestamps, made, fault, ends[-1] if count else 0)
+    return Copies(ends, timestamps, made, fault, ends[-1] if count else start)
 
 
 def _fault(stop: Any, max_body: int, expected: int, latest: int) -> str | None:
@@ -106,17 +115,18 @@ def _fault(stop: Any, max_body: int, expected: int, latest: int) -> str | None:
     return f"a body of {stop.body} bytes exceeds the queue's maximum of {max_body}"
 
 
-def _records(buf: bytes, first: int, count: int, ends: list[int], bodies: list[int],
-             timestamps: list[int], sequences: list[int], same_names: bool) -> list[Record]:
+def _records(buf: bytes, start: int, first: int, count: int, ends: list[int],
+             bodies: list[int], timestamps: list[int], sequences: list[int],
+             same_names: bool) -> list[Record]:
     if not count:
         return []
     if same_names:  # one producer's run: its names decoded once
-        tag, producer = _names(buf, 0, bodies[0])
+        tag, producer = _names(buf, start, bodies[0])
         return list(map(Record, range(first, first + count), timestamps, sequences,
                         repeat(tag, count), repeat(producer, count),
                         map(buf.__getitem__, map(slice, bodies, ends))))
     made = []
-    start, names_were, tag, producer = 0, b"", None, ""
+    names_were, tag, producer = b"", None, ""
     for i in range(count):
         body_at, end = bodies[i], ends[i]
         names = buf[start + RECORD_OVERHEAD:body_at]

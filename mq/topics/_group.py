@@ -86,10 +86,11 @@ class Run:
     one piece) to one consumer at once: what a group of one consumer and no filter is
     handed (a cluster's relaying server, a lone consumer).  One object stands for the
     run's every delivery, and the consumer's link frames it whole.  In flight it is kept
-    whole (:attr:`Group.runs`, by its first offset: one entry, however long) until
-    something takes one of its offsets alone (an ack of part of it, its ack timeout, a
-    cut, its consumer leaving): then each of its offsets left maps to it
-    (:attr:`Group.pending`)."""
+    whole (:attr:`Group.runs`, by its first offset: one entry, however long); an ack of a
+    range of it leaves its part before and its part after whole too (each a run of the
+    same records: ``offsets`` says which are its own).  Once something takes one of its
+    offsets alone (an ack that lists offsets, its ack timeout, a cut, its consumer
+    leaving), each of its offsets left maps to it (:attr:`Group.pending`)."""
 
     __slots__ = ("topic", "group", "records", "consumer", "deadline", "offsets")
 
@@ -107,11 +108,12 @@ class Run:
             first, last = records[0].offset, records[-1].offset
             offsets = (range(first, last + 1) if last - first + 1 == len(records)
                        else [record.offset for record in records])
-        #: its records' offsets, ascending (a range when they follow each other)
+        #: its offsets, ascending (a range when they follow each other): its records',
+        #: or some of them (a part of a run, its other offsets acknowledged)
         self.offsets = offsets
 
     def record_at(self, offset: int) -> Record:
-        """The run's record at ``offset`` (one of its offsets)."""
+        """The record at ``offset`` (one of its offsets)."""
         records = self.records
         i = offset - records[0].offset
         if 0 <= i < len(records) and records[i].offset == offset:
@@ -119,8 +121,8 @@ class Run:
         return records[bisect_left(records, offset, key=_offset)]
 
     def __repr__(self) -> str:
-        return (f"<Run {self.topic}/{self.group} offsets {self.records[0].offset}-"
-                f"{self.records[-1].offset} to {self.consumer.name}>")
+        return (f"<Run {self.topic}/{self.group} offsets {self.offsets[0]}-"
+                f"{self.offsets[-1]} to {self.consumer.name}>")
 
 
 class Member:
@@ -309,11 +311,12 @@ class Group(InTurn["Member"]):
             return False
         for run, held in taken:
             self.drop_run(run)
-            records = run.records
-            if held.start < start:  # its head stays in flight, whole
-                self.add_run(Run(run.topic, run.group, records[:start - held.start],
-                                 run.consumer, run.deadline, range(held.start, start)))
-            if held.stop > stop:  # its tail
-                self.add_run(Run(run.topic, run.group, records[stop - held.start:],
-                                 run.consumer, run.deadline, range(stop, held.stop)))
+            # its head and its tail stay in flight whole, each with the run's records
+            # (shared, not copied: a part knows its offsets, and finds a record by its)
+            if held.start < start:
+                self.add_run(Run(run.topic, run.group, run.records, run.consumer,
+                                 run.deadline, range(held.start, start)))
+            if held.stop > stop:
+                self.add_run(Run(run.topic, run.group, run.records, run.consumer,
+                                 run.deadline, range(stop, held.stop)))
         return True

@@ -448,9 +448,10 @@ def _copies(log: TopicLog, offset: int, count: int) -> bytes:
 @settings(max_examples=200, deadline=None)
 def test_a_run_of_copies_scans_as_record_by_record_decoding_would(
         entries: list[tuple[str | None, str, bytes]], data: st.DataObject) -> None:
-    """:func:`scan_copies` (a replica's whole frame in one C call) gives the records,
-    their ends and the first fault that :func:`decode` called record by record gives,
-    on whole frames, frames cut at any byte and frames with a byte flipped anywhere."""
+    """:func:`scan_copies` (a replica's whole frame, or a file read back, in one C call)
+    gives the records, their ends and the first fault that :func:`decode` called record by
+    record gives, on whole frames, frames cut at any byte and frames with a byte flipped
+    anywhere, from the start of a buffer or from a place in it, all or at most so many."""
     from mq.storage._copies import scan_copies
     from mq.storage._record import BadRecord, decode, encode_batch
 
@@ -486,6 +487,18 @@ def test_a_run_of_copies_scans_as_record_by_record_decoding_would(
         alone = scan_copies(given_as, max_record=1 << 20, max_body=1 << 20, expected=7,
                             min_ts=1000, records=False)
         assert (alone.records, alone.ends, alone.fault) == (None, ends, fault)
+    # from a place in a buffer (a file read back): the same, counted from the buffer's
+    # start; and at most so many
+    before = data.draw(st.binary(max_size=50))
+    later = scan_copies(before + bytes(frame), max_record=1 << 20, max_body=1 << 20,
+                        expected=7, min_ts=1000, records=True, start=len(before))
+    assert (later.records, later.fault) == (expected, fault)
+    assert later.ends == [len(before) + end for end in ends]
+    assert later.fault_at == len(before) + (ends[-1] if ends else 0)
+    limit = data.draw(st.integers(0, len(expected)))
+    some = scan_copies(before + bytes(frame), max_record=1 << 20, max_body=1 << 20,
+                       expected=7, min_ts=1000, records=True, start=len(before), limit=limit)
+    assert some.records == expected[:limit] and (some.fault is None or limit == len(expected))
     if how == "whole":
         assert [(r.tag, r.producer, r.body) for r in expected] == entries
 
