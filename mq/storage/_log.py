@@ -81,7 +81,7 @@ from ._scan import (
     scan_segment,
 )
 from ._segment import SealedFiles, Segment, create_segment, open_segments, rescan, seal
-from ._tail import Tail
+from ._tail import ReadBack, Tail
 from ._written import Written
 
 log = logging.getLogger("rdvpump.mq")
@@ -91,6 +91,9 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Bytes of bodies of the newest records kept in memory, so consumers that keep up are
 #: served without reading the file back (and checking each record again).
 DEFAULT_TAIL_BYTES = 8 << 20
+#: Bytes of bodies of the records read back from the files last, kept for the readers
+#: behind that read the same stretch next (:class:`~._tail.ReadBack`).
+READ_BACK_BYTES = 4 << 20
 
 
 class TopicLog:
@@ -118,6 +121,8 @@ class TopicLog:
         self.segments: list[Segment] = []
         #: The newest records, as appended, for readers that keep up.
         self.tail = Tail(tail_bytes)
+        #: What the last reads of the files gave, for the next readers of that stretch.
+        self.read_back = ReadBack(READ_BACK_BYTES if tail_bytes > 0 else 0)
         #: The newest appends as written, for a master's copies frames (made once a
         #: replica follows: a topic costs nothing more until then).
         self.written: Written | None = None
@@ -357,6 +362,7 @@ class TopicLog:
         segment.size, segment.bad = pos + at, []
         rescan(segment, self.max_record)
         self.tail.clear()
+        self.read_back.clear()  # (the records cut may be among what was read)
         self._forget_written()
         self._durable = self.next_offset
         self.epochs.cut(offset)
@@ -549,6 +555,7 @@ class TopicLog:
         """Every reader served from memory has read the records below ``offset``: they
         are no longer kept there (:meth:`Tail.release <._tail.Tail.release>`)."""
         self.tail.release(offset)
+        self.read_back.release(offset)
 
     def read(self, offset: int, *, max_count: int = 256, max_bytes: int = 1 << 20
              ) -> list[Record]:
@@ -559,6 +566,16 @@ class TopicLog:
         kept = self.tail.read(offset, max_count, max_bytes)
         if kept is not None:
             return kept
+        again = self.read_back.read(offset, max_count, max_bytes)
+        if again is not None:  # read from the files a moment ago: the rest from there
+            kept, size = again
+            if len(kept) >= max_count or size >= max_bytes:
+                return kept
+            return kept + self._read_files(kept[-1].offset + 1, max_count - len(kept),
+                                           max_bytes - size)
+        return self._read_files(offset, max_count, max_bytes)
+
+    def _read_files(self, offset: int, max_count: int, max_bytes: int) -> list[Record]:
         out: list[Record] = []
         budget = [max_count, max_bytes]
         i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
@@ -567,6 +584,7 @@ class TopicLog:
                 self._read_segment(segment, offset, out, budget)
             if budget[0] <= 0 or budget[1] <= 0:
                 break
+        self.read_back.keep(out)
         return out
 
     def _read_segment(self, segment: Segment, offset: int, out: list[Record],
@@ -683,6 +701,7 @@ class TopicLog:
             oldest.index_path.unlink(missing_ok=True)
             gone += oldest.next_offset - oldest.base
         if gone:
+            self.read_back.release(self.start_offset)
             fsync_dir(self._segdir)
             self._forget_written()  # none of it is older than what is held, as read finds
         return gone
@@ -694,3 +713,4 @@ class TopicLog:
             with contextlib.suppress(OSError):
                 self._sealed.close(segment)
         self.segments = []
+        self.read_back.clear()

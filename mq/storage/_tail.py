@@ -10,17 +10,25 @@ On the produce path (one :meth:`Tail.keep` per batch, one :meth:`Tail.read` per
 delivery): a list read from ``start`` on, with the running total of body bytes after
 each record, so that trimming and reading by bytes are bisections, and the list is
 compacted only once more than half of it is dropped.
+
+Readers behind the tail read the files, and several of them (the groups of a topic,
+their consumers slower than its producers) read the same stretch one after the other:
+:class:`ReadBack` keeps what the last reads from the files gave, so that the stretch is
+read and checked once for them all.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import attrgetter
 
 from ._files import VIEW_BODY
 from ._record import Entry, Record
 
-__all__ = ["Tail"]
+__all__ = ["ReadBack", "Tail"]
 
 
 class Tail:
@@ -131,3 +139,57 @@ class Tail:
             del tail[:self.start]
             del ends[:self.start]
             self.start = 0
+
+
+_offset = attrgetter("offset")
+
+
+class ReadBack:
+    """What the latest reads from a log's files gave (runs of records, ascending, with
+    the offsets that damage lost left out), about ``limit`` bytes of bodies, the oldest
+    run dropped first; a run once every reader is past it."""
+
+    __slots__ = ("limit", "runs", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: (records, running total of their body bytes), oldest first
+        self.runs: deque[tuple[list[Record], list[int]]] = deque()
+        self.size = 0
+
+    def keep(self, records: list[Record]) -> None:
+        """``records``, just read from the files (offsets ascending)."""
+        if not records or self.limit <= 0:
+            return
+        ends = list(accumulate(len(r.body) for r in records))
+        self.runs.append((records, ends))
+        self.size += ends[-1]
+        while self.size > self.limit and len(self.runs) > 1:
+            self.size -= self.runs.popleft()[1][-1]
+
+    def read(self, offset: int, max_count: int, max_bytes: int
+             ) -> tuple[list[Record], int] | None:
+        """:meth:`Tail.read`'s, from a run that holds ``offset`` (or the first record
+        after it, where damage lost it), up to that run's end, with the bytes of their
+        bodies; None if none holds it."""
+        for records, ends in reversed(self.runs):
+            if not records[0].offset <= offset <= records[-1].offset:
+                continue
+            first = offset - records[0].offset
+            if first >= len(records) or records[first].offset != offset:
+                first = bisect.bisect_left(records, offset, key=_offset)
+            before = ends[first - 1] if first > 0 else 0
+            last = min(first + max_count, len(records))
+            last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
+            return records[first:last], ends[last - 1] - before
+        return None
+
+    def release(self, offset: int) -> None:
+        """Let go of the runs wholly below ``offset``."""
+        runs = self.runs
+        while runs and runs[0][0][-1].offset < offset:
+            self.size -= runs.popleft()[1][-1]
+
+    def clear(self) -> None:
+        self.runs.clear()
+        self.size = 0

@@ -185,6 +185,59 @@ def test_the_tail_in_memory_reads_what_the_files_hold(tmp_path: pathlib.Path) ->
     cold.close()
 
 
+@given(reads=st.lists(st.tuples(st.integers(0, 260), st.integers(1, 40),
+                                st.sampled_from([1, 700, 5_000, 1 << 20])),
+                      min_size=1, max_size=40))
+@settings(max_examples=60, deadline=None)
+def test_reads_behind_the_tail_are_served_again_as_the_files_give_them(
+        tmp_path_factory: pytest.TempPathFactory, reads: list[tuple[int, int, int]]) -> None:
+    """Readers behind the tail read the files, and the next reader of that stretch is
+    served what the last read gave (a topic's groups behind its producers): whatever the
+    reads, each gives what a cold read of the files gives, with the same budgets, around
+    a record that damage lost too."""
+    path = tmp_path_factory.mktemp("log")
+    log = TopicLog(path, tail_bytes=2_000, segment_bytes=20_000)
+    for n in range(60):  # batches of 1..7 records of 10..400 bytes, mixed tags
+        log.append([("t" if i % 3 else None, f"p{n % 2}", n * 10 + i,
+                     bytes([n % 256]) * (10 + (n * 37 + i * 11) % 390))
+                    for i in range(1 + n % 7)])
+    log.close()
+    segment = sorted((path / "segments").glob("*.seg"))[1]
+    data = bytearray(segment.read_bytes())
+    data[SEGMENT_HEADER.size + 50] ^= 0xFF  # the second segment's first record is lost
+    segment.write_bytes(bytes(data))
+    log, cold = (TopicLog(path, tail_bytes=tail, segment_bytes=20_000)
+                 for tail in (2_000, 0))
+    for offset, max_count, max_bytes in reads:
+        got = log.read(offset, max_count=max_count, max_bytes=max_bytes)
+        assert got == cold.read(offset, max_count=max_count, max_bytes=max_bytes)
+    assert log.read_back.size <= 4 << 20 and cold.read_back.size == 0
+    log.close()
+    cold.close()
+
+
+def test_readers_behind_one_after_the_other_read_the_files_once(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten groups behind the tail read the same stretch one after the other, a batch
+    each in turn: the files are read (and each record checked) for the first only."""
+    log = TopicLog(tmp_path, tail_bytes=10_000)
+    fill(log, 2_000)
+    preads = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda *a: preads.append(a) or real(*a))
+    positions = [0] * 10
+    while positions[-1] < 1_800:
+        for group, at in enumerate(positions):
+            got = log.read(at, max_count=100)
+            assert [r.offset for r in got] == list(range(at, at + 100))
+            positions[group] = at + 100
+        log.release(min(positions))  # as a topic does once its groups read on
+    reads = len(preads)
+    assert 0 < reads <= 18 * 2  # the first group's reads; the nine others', none
+    assert log.read_back.size < 100 * 200  # what every group read is let go
+    log.close()
+
+
 def test_seek_by_time(tmp_path: pathlib.Path) -> None:
     now, clock = clock_at()
     log = TopicLog(tmp_path, segment_bytes=20_000, clock=clock)  # type: ignore[arg-type]
