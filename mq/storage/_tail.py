@@ -142,6 +142,7 @@ class Tail:
 
 
 _offset = attrgetter("offset")
+_body = attrgetter("body")
 
 
 class ReadBack:
@@ -161,7 +162,7 @@ class ReadBack:
         """``records``, just read from the files (offsets ascending)."""
         if not records or self.limit <= 0:
             return
-        ends = list(accumulate(len(r.body) for r in records))
+        ends = list(accumulate(map(len, map(_body, records))))
         self.runs.append((records, ends))
         self.size += ends[-1]
         while self.size > self.limit and len(self.runs) > 1:
