@@ -1,6 +1,9 @@
 """A replica's frame of copies checked in one C call (``native/records.c``): every
 record's length, checksum and flags, its offset in line and its timestamp in order, as
-:meth:`TopicLog.append_copies <._log.TopicLog.append_copies>` stores them.
+:meth:`TopicLog.append_copies <._log.TopicLog.append_copies>` stores them.  A log's
+files read back are checked the same way (:meth:`TopicLog.read <._log.TopicLog.read>`:
+what stops the scan, a record the read cut or damage, is then :func:`~._record.decode`'s
+to tell).
 
 The checks are :func:`~._record.decode`'s and the log's, in the same order, with the same
 words for what is wrong; the C code only takes the Python interpreter's work per record
