@@ -240,8 +240,11 @@ class TopicLog:
             written.keep(first, chunks, list(accumulate(lengths)))
         if keep and self.tail.limit > 0:
             self.tail.keep(first, now, messages)
-        elif self.tail.records:
-            self.tail.clear()
+        else:  # no reader here: nothing is kept for one
+            if self.tail.records:
+                self.tail.clear()
+            if self.read_back.runs:
+                self.read_back.clear()
         if segment.size >= self.segment_bytes:
             self._roll_written()
         return first
@@ -258,8 +261,11 @@ class TopicLog:
         made of the bytes: a replica no consumer reads."""
         self._check_writable()
         segment = self.segments[-1]
-        if not keep and self.tail.records:
-            self.tail.clear()
+        if not keep:  # no reader here: nothing is kept for one
+            if self.tail.records:
+                self.tail.clear()
+            if self.read_back.runs:
+                self.read_back.clear()
         keep = keep and self.tail.limit > 0
         found = scan_copies(data, max_record=self.max_record, max_body=self.max_body,
                             expected=segment.next_offset, min_ts=segment.max_ts,

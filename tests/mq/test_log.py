@@ -219,7 +219,8 @@ def test_reads_behind_the_tail_are_served_again_as_the_files_give_them(
 def test_readers_behind_one_after_the_other_read_the_files_once(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ten groups behind the tail read the same stretch one after the other, a batch
-    each in turn: the files are read (and each record checked) for the first only."""
+    each in turn: the files are read (and each record checked) for the first only.  What
+    was read back goes once every group is past it, or once the topic has no reader."""
     log = TopicLog(tmp_path, tail_bytes=10_000)
     fill(log, 2_000)
     preads = []
@@ -235,6 +236,11 @@ def test_readers_behind_one_after_the_other_read_the_files_once(
     reads = len(preads)
     assert 0 < reads <= 18 * 2  # the first group's reads; the nine others', none
     assert log.read_back.size < 100 * 200  # what every group read is let go
+    log.read(0, max_count=100)
+    assert log.read_back.size == 100 * 100
+    # the topic's readers gone (its next appends are not kept for one): let go too
+    log.append([(None, "p", 0, b"later")], keep=False)
+    assert log.read_back.size == 0 and log.read(0, max_count=1)[0].offset == 0
     log.close()
 
 
