@@ -336,6 +336,12 @@ async def test_a_link_refused_for_too_few_replicas_in_sync_is_told_when_there_ar
         assert told == ["orders", "orders"] and replicas["r2"].next_offset == 20
         assert (await client.publish("orders", b"now")).offset == 20
         assert wrongly == []
+        # a malformed one is the server's protocol error, told to no one
+        closed: list[str] = []
+        client.link.pushes.take({"cmd": "writable", "topic": 7}, closed.append)
+        assert closed == [f"a bad writable from {client.link.pushes.what}: writable: "
+                          f"topic must be a string, got int"]
+        assert told == ["orders", "orders"]
         second.close()
         bystander.close()
         for replica in replicas.values():
