@@ -90,11 +90,10 @@ class Tail:
         first = start + offset - tail[start].offset
         if first >= len(tail):
             return []
-        last = min(first + max_count, len(tail))
         ends = self.ends
         before = ends[first - 1] if first > 0 else self.floor
-        last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
-        return tail[first:last]
+        return tail[first:_end(ends, before, first, min(first + max_count, len(tail)),
+                               max_bytes)]
 
     def _total(self, first: int) -> int:
         """The running total before a record at ``first``; a record that does not follow
@@ -145,6 +144,13 @@ _offset = attrgetter("offset")
 _body = attrgetter("body")
 
 
+def _end(ends: list[int], before: int, first: int, last: int, max_bytes: int) -> int:
+    """Where a read from ``first`` stops, before ``last``: past the record whose body
+    brings it to ``max_bytes`` (``ends``: running totals of body bytes, ``before`` the
+    one before ``first``), and past one record at least."""
+    return max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
+
+
 class ReadBack:
     """What the latest reads from a log's files gave (runs of records, ascending, with
     the offsets that damage lost left out), about ``limit`` bytes of bodies, the oldest
@@ -180,8 +186,7 @@ class ReadBack:
             if first >= len(records) or records[first].offset != offset:
                 first = bisect.bisect_left(records, offset, key=_offset)
             before = ends[first - 1] if first > 0 else 0
-            last = min(first + max_count, len(records))
-            last = max(first + 1, min(last, bisect.bisect_left(ends, before + max_bytes) + 1))
+            last = _end(ends, before, first, min(first + max_count, len(records)), max_bytes)
             return records[first:last], ends[last - 1] - before
         return None
 
