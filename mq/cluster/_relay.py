@@ -86,7 +86,7 @@ class Relay:
         self.waiting: list[Waiting] = []
         #: The root this server last acted on (its clients' consumes were made for it).
         self._root = cluster.root
-        self.counts = {"forwarded": 0, "relayed": 0, "drained": 0}
+        self.counts = {"forwarded": 0, "relayed": 0, "named": 0, "drained": 0}
         #: What this server stored while it was root, sent to the root (:mod:`._drain`).
         self.drain = Drain(server.catalogue, server.address, self.counts)
         cluster.watchers.append(self.root_changed)
@@ -314,38 +314,50 @@ class Relay:
         if upstream is not self.upstream:
             return
         try:
-            self._take(obj)
+            self._take(upstream, obj)
         except (KeyError, TypeError, ValueError) as exc:
             upstream.protocol_error(f"a bad messages frame from the root: {exc}")
 
-    def _take(self, obj: dict[str, Any]) -> None:
+    def _take(self, upstream: Upstream, obj: dict[str, Any]) -> None:
         """A ``messages`` frame from the root, for one group or (``groups``) for several
-        groups of its topic at once."""
+        groups of its topic at once; with its messages, or naming them (``cached``: a
+        stretch the root sent on this link before, :mod:`mq.topics._stretch`)."""
         topic = obj["topic"]
         groups = obj.get("groups", [obj["group"]])
         if type(groups) is not list or not all(type(g) is str for g in groups):
             raise ValueError(f"groups {groups!r}")
-        frame = RelayedFrame.check(obj)
-        messages: list[Relayed] | None = None
+        stretch = upstream.stretch(topic)
+        if obj.get("cached") is True:
+            first, count = obj["offsets"], obj["count"]
+            if type(first) is not int or type(count) is not int:
+                raise ValueError(f"a cached run at {first!r} of {count!r}")
+            frames = [frame.part(start, n) for frame, start, n in stretch.pieces(first, count)]
+            self.counts["named"] += count
+        else:
+            frame = RelayedFrame.check(obj)
+            if frame.extends():
+                stretch.add(frame.offsets[0], frame.count, frame.size, frame)
+            frames = [frame]
+        taken_apart: dict[int, list[Relayed]] = {}  # once for the frame's groups
         for group in groups:
             relay_group = self.groups.get((topic, group))
             if relay_group is None:
                 # no consumer here any more: the root takes them back for the group's others
-                upstream = self.upstream
-                if upstream is not None:
-                    upstream.send({"cmd": "unconsume", "topic": topic, "group": group})
+                upstream.send({"cmd": "unconsume", "topic": topic, "group": group})
                 continue
-            self.counts["relayed"] += frame.count
-            if not relay_group.pending and (
-                    consumer := relay_group.pick(frame.count)) is not None:
-                # taken whole: passed on as it came (see :mod:`._relay_groups`)
-                consumer.held.add(frame.offsets, frame)
-                consumer.link.send(frame.forward(group))
-                continue
-            if messages is None:
-                messages = frame.messages()
-            relay_group.pending.extend(messages)
-            self._dispatch(relay_group)
+            for i, frame in enumerate(frames):
+                self.counts["relayed"] += frame.count
+                if not relay_group.pending and (
+                        consumer := relay_group.pick(frame.count)) is not None:
+                    # taken whole: passed on as it came (see :mod:`._relay_groups`)
+                    consumer.held.add(frame.offsets, frame)
+                    consumer.link.send(frame.forward(group))
+                    continue
+                messages = taken_apart.get(i)
+                if messages is None:
+                    messages = taken_apart[i] = frame.messages()
+                relay_group.pending.extend(messages)
+                self._dispatch(relay_group)
 
     def _dispatch(self, relay_group: RelayGroup) -> None:
         """Hand out what waits, a frame per consumer turn, while consumers have credits."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from brokermgr import Template
@@ -19,8 +20,9 @@ from channels import Gather
 
 from ..topics._delivery import ClientLink, messages_frame
 from ..topics._held import Held
+from ..topics._stretch import extends
 from ..topics._turns import InTurn
-from ..topics._wire import unpack_column, unpack_offsets
+from ..topics._wire import pack_column, unpack_column, unpack_offsets
 
 __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
 
@@ -48,7 +50,7 @@ class RelayedFrame:
     goes elsewhere (:meth:`message_at`).  Never changed once made: the groups of the
     frame share it."""
 
-    __slots__ = ("obj", "topic", "count", "offsets", "_messages", "_head")
+    __slots__ = ("obj", "topic", "count", "offsets", "_messages", "_head", "_columns")
 
     def __init__(self, obj: dict[str, Any], topic: str, count: int,
                  offsets: range | list[int]) -> None:
@@ -58,6 +60,7 @@ class RelayedFrame:
         self.offsets = offsets
         self._messages: dict[int, Relayed] | None = None
         self._head: Template | None = None  # the header but its group, encoded once
+        self._columns: dict[str, list[Any]] | None = None  # unpacked, for its parts
 
     @classmethod
     def check(cls, obj: dict[str, Any]) -> RelayedFrame:
@@ -85,6 +88,38 @@ class RelayedFrame:
             header.update(cmd="messages", topic=self.topic, count=self.count)
             head = self._head = Template(header, "group")
         return head.encode(group, obj.get("body", b""))
+
+    @property
+    def size(self) -> int:
+        """Bytes of the frame's bodies."""
+        return len(self.obj.get("body", b""))
+
+    def extends(self) -> bool:
+        """Whether the frame may extend a stretch of what the root sent (see
+        :mod:`mq.topics._stretch`)."""
+        return extends(self.obj)
+
+    def part(self, start: int, count: int) -> RelayedFrame:
+        """The frame's ``count`` messages from its ``start``-th, as a frame of their own
+        (the frame itself when that is all of it)."""
+        if start == 0 and count == self.count:
+            return self
+        columns = self._columns
+        if columns is None:
+            obj, n = self.obj, self.count
+            columns = self._columns = {name: unpack_column(
+                obj[name], n, counting=name in ("offsets", "sequences")) for name in _COLUMNS}
+            columns["ends"] = list(accumulate(columns["sizes"]))
+        ends = columns["ends"]
+        stop = start + count
+        low = ends[start - 1] if start else 0
+        obj = {name: pack_column(columns[name][start:stop],
+                                 counting=name in ("offsets", "sequences"))
+               for name in _COLUMNS}
+        obj.update(topic=self.topic, count=count,
+                   body=memoryview(self.obj.get("body", b""))[low:ends[stop - 1]])
+        return RelayedFrame(obj, self.topic, count,
+                            self.offsets[start:stop])
 
     def messages(self) -> list[Relayed]:
         """The frame's messages, taken apart."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokermgr import BrokerLink, Call, Deferred, Push, PushTable
 from brokermgr.tracking import TrackNode
@@ -15,6 +15,10 @@ from pump import Pump
 from ..topics._catalogue import Catalogue
 from ..topics._delivery import Links
 from ..topics._requests import Consume
+from ..topics._stretch import Stretch
+
+if TYPE_CHECKING:
+    from ._relay_groups import RelayedFrame
 
 __all__ = ["RelayedServer", "Upstream", "UpstreamOwner", "Waiting"]
 
@@ -82,6 +86,10 @@ class Upstream(BrokerLink):
                          name=f"cluster root {root}", retry=0.5)
         self.relay = relay
         self.root = root
+        #: Each shared topic's last stretch of messages the root sent on this link with
+        #: their bodies, by frame: what it then names without them (``cached``; see
+        #: :mod:`mq.topics._stretch`).  The link's, gone when it closes.
+        self.stretches: dict[str, Stretch[RelayedFrame]] = {}
         #: What the root sends: its groups' messages; an error is an ack it no longer
         #: held (redelivered after its ack timeout): that message comes again.
         self.pushes = PushTable(f"root {root}", {
@@ -90,10 +98,19 @@ class Upstream(BrokerLink):
                                           error), unknown="ignore")
 
     def opened(self) -> None:
+        self.stretches.clear()
         self.relay.upstream_up(self)
 
     def lost(self, reason: str) -> None:
+        self.stretches.clear()
         self.relay.upstream_lost(self, reason)
+
+    def stretch(self, topic: str) -> Stretch[RelayedFrame]:
+        """The stretch of ``topic`` on this link (made empty the first time)."""
+        stretch = self.stretches.get(topic)
+        if stretch is None:
+            stretch = self.stretches[topic] = Stretch()
+        return stretch
 
     def room_again(self) -> None:
         self.relay.run_waiting()

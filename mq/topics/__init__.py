@@ -7,7 +7,8 @@ a duplicate (``_dedupe``), the server's requests parsed and checked (``_requests
 topic's ``meta.json`` (``_meta``), a server's topics on disk and their error states
 (``_catalogue``), durability and the group commit (``_commit``), the links and the
 frames delivered on them (``_delivery``, ``_wire``), offsets held for a consumer
-(``_held``) and the offline check of queue directories (``_verify``).  It imports
+(``_held``), the bodies a root sent a relaying server and names again (``_stretch``)
+and the offline check of queue directories (``_verify``).  It imports
 :mod:`mq.storage`, nothing above it.
 """
 

@@ -26,6 +26,7 @@ from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue, coalesce
 
 from ..storage._record import Record
 from ._group import Delivery, Member, Run
+from ._stretch import Stretch, extends
 from ._wire import pack_column
 
 __all__ = ["FRAME_BYTES", "FRAME_ROOM", "FRAME_TAIL", "ClientLink", "Links", "messages_frame"]
@@ -61,8 +62,11 @@ class ClientLink:
     #: ``messages`` frame per topic and group
     batch: list[Delivery | Run] = field(default_factory=list)
     #: the link takes one frame for several groups of a topic (a cluster's server that
-    #: relays them): groups handed the same messages in one dispatch share a frame
+    #: relays them): groups handed the same messages in one dispatch share a frame, and
+    #: a run the link was sent before goes by name (``cached``, :mod:`._stretch`)
     shared_frames: bool = False
+    #: a shared-frames link's last stretch of each topic's bodies sent (offsets only)
+    sent: dict[str, Stretch[None]] = field(default_factory=dict)
 
     def send(self, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries,
@@ -97,9 +101,13 @@ class ClientLink:
                 pieces.append(piece)
         if frames is None:
             frames = {}
-        if not self.shared_frames or len(by_group) == 1:
+        if not self.shared_frames:
             for (topic, group), pieces in by_group.items():
                 self._send_parts(topic, [group], _parts(topic, pieces, frames))
+            return
+        if len(by_group) == 1:
+            ((topic, group), pieces), = by_group.items()
+            self._send_shared(topic, [group], pieces, frames)
             return
         # the groups of a topic handed the same messages (the same offsets, each
         # delivered as many times) share a frame: a cluster's root sends a message once
@@ -108,10 +116,41 @@ class ClientLink:
         for (topic, group), pieces in by_group.items():
             alike.setdefault(_content_key(topic, pieces), (topic, [], pieces))[1].append(group)
         for topic, groups, pieces in alike.values():
-            self._send_parts(topic, groups, _parts(topic, pieces, frames))
+            self._send_shared(topic, groups, pieces, frames)
 
     def _send_parts(self, topic: str, groups: list[str], parts: list[_Part]) -> None:
         for columns, bodies in parts:
+            header = {"cmd": "messages", "topic": topic, "group": groups[0], **columns}
+            if len(groups) > 1:
+                header["groups"] = groups
+            self.send(encode(header, bodies))
+
+    def _send_shared(self, topic: str, groups: list[str], pieces: list[Delivery | Run],
+                     frames: dict[Any, list[_Part]]) -> None:
+        """``pieces`` for ``groups`` on a shared-frames link: what of a lone run the link
+        was sent before by name (``cached``), the rest with its bodies, each frame that
+        :func:`~._stretch.extends` the topic's stretch noted in it."""
+        stretch = self.sent.get(topic)
+        if stretch is None:
+            stretch = self.sent[topic] = Stretch()
+        if len(pieces) == 1 and type(run := pieces[0]) is Run:
+            records = run.records
+            first = records[0].offset
+            held = stretch.held(first, len(records))
+            if held and records[held - 1].offset == first + held - 1:
+                header: dict[str, Any] = {"cmd": "messages", "topic": topic,
+                                          "group": groups[0], "count": held,
+                                          "offsets": first, "cached": True}
+                if len(groups) > 1:
+                    header["groups"] = groups
+                self.send(encode(header))
+                if held == len(records):
+                    return
+                pieces = [Run(topic, run.group, records[held:], run.consumer, run.deadline)]
+        for columns, bodies in _parts(topic, pieces, frames):
+            if extends(columns):
+                stretch.add(columns["offsets"], columns["count"], sum(map(len, bodies)),
+                            None)
             header = {"cmd": "messages", "topic": topic, "group": groups[0], **columns}
             if len(groups) > 1:
                 header["groups"] = groups

@@ -378,3 +378,83 @@ async def test_a_root_s_error_to_a_relaying_server_is_logged_with_its_text(
         client.close()
         producer.close()
         cluster.close()
+
+
+async def _behind(universe: BrokerManager, tmp_path: pathlib.Path, nursery: trio.Nursery
+                  ) -> tuple[Cluster, MqClient, Relay, Subscription, list[bytes], list[bytes]]:
+    """Groups ``fast`` and ``slow`` consumed on e, each holding at most 40 there: 200
+    messages published, every one taken by ``fast``'s consumer, the first 40 held by
+    ``slow``'s, not acknowledged.  The cluster, the producer, e's relay, ``slow``'s
+    subscription, what was sent and what ``fast`` got."""
+    cluster, producer = await with_orders(universe, tmp_path, "p")
+    for group in ("fast", "slow"):
+        await producer.declare("orders", group=group, shared=True)
+    relay = cluster.servers["e"].relay
+    assert relay is not None
+    relay.window = 40  # what each group may hold at e, not acknowledged by its consumer
+    got_fast: list[bytes] = []
+    fast = MqClient(universe.add_broker("c-fast"), "e:15555", timeout=30)
+    nursery.start_soon(take, await fast.subscribe("orders", group="fast"), got_fast)
+    slow = MqClient(universe.add_broker("c-slow"), "e:15555", timeout=30)
+    holding = await slow.subscribe("orders", group="slow", window=1000)
+    await relay_on_e(cluster, 2)
+    sent = [b"%04d" % i + b"x" * 996 for i in range(200)]
+    await producer.publish_many("orders", sent)
+    await until(lambda: len(got_fast) == 200)
+    return cluster, producer, relay, holding, sent, got_fast
+
+
+async def _all_of(holding: Subscription, count: int) -> list[Message]:
+    """``count`` messages of ``holding``, each batch acknowledged as it comes."""
+    got: list[Message] = []
+    while len(got) < count:
+        batch = await holding.receive_many()
+        got += batch
+        await holding.ack([m.offset for m in batch])
+    return got
+
+
+async def test_a_group_behind_is_sent_by_name_what_the_root_sent_its_server_before(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """Of two groups on e, one waits for its consumer while the other is handed every
+    message: when it goes on, the root names the messages it sent e before (``cached``)
+    instead of sending their bodies again, and e takes them from what it kept.  Each
+    group gets every message once, in order, as a first delivery; the root's link to e
+    carried each body about once, not once for each group."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer, relay, holding, sent, got_fast = await _behind(
+            universe, tmp_path, nursery)
+        upstream = relay.upstream
+        assert upstream is not None and upstream.queue is not None
+        before = upstream.queue.statistics().bytes_received
+        got_slow = await _all_of(holding, 200)
+        assert got_fast == sent
+        assert [m.body for m in got_slow] == sent
+        assert {m.deliveries for m in got_slow} == {1}
+        assert relay.counts["named"] == 160  # all but the 40 the two groups shared
+        # the 160 came as a few frames of a header each
+        assert upstream.queue.statistics().bytes_received - before < 2_000
+        nursery.cancel_scope.cancel()
+        producer.close()
+        cluster.close()
+
+
+async def test_a_run_named_that_the_server_does_not_hold_closes_only_the_root_s_link(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A ``cached`` frame naming messages e does not hold (here: e lost what it kept) is
+    the root's protocol error: e closes that link with the reason, links again, and the
+    root delivers the group's messages again, bodies and all; none is lost."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer, relay, holding, sent, _ = await _behind(universe, tmp_path,
+                                                                   nursery)
+        upstream = relay.upstream
+        assert upstream is not None and upstream.queue is not None
+        broken = upstream.queue
+        upstream.stretches.clear()  # what the root believes e holds, e no longer does
+        got_slow = await _all_of(holding, 200)
+        assert "not held" in (broken.close_reason or ""), broken.close_reason
+        assert upstream.queue is not broken
+        assert sorted({m.body for m in got_slow}) == sent
+        nursery.cancel_scope.cancel()
+        producer.close()
+        cluster.close()
