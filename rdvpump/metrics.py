@@ -270,7 +270,7 @@ def _mq_topics(server: Any) -> Iterator[Metric]:
         for group in topic.groups.values():
             g = [address, name, group.name]
             lag.add_metric(g, topic.lag(group.name))
-            in_flight.add_metric(g, len(group.in_flight))
+            in_flight.add_metric(g, group.in_flight_count)
             redeliver.add_metric(g, len(group.redeliver))
             consumers.add_metric(g, len(group.consumers))
             dead.add_metric(g, group.dead_letters)

@@ -310,7 +310,7 @@ class Catalogue:
         groups = {}
         for g in topic.groups.values():
             groups[g.name] = {"filter": state.filters.get(g.name), "lag": topic.lag(g.name),
-                              "consumers": len(g.consumers), "inFlight": len(g.in_flight),
+                              "consumers": len(g.consumers), "inFlight": g.in_flight_count,
                               "deadLetters": g.dead_letters,
                               "status": self._group_status(state, g.name)}
         described: dict[str, Any] = {
@@ -330,12 +330,12 @@ class Catalogue:
         if state.error is not None:
             return f"error: {state.error}"
         g = state.topic.groups[group]
-        if state.topic.lag(group) == len(g.in_flight) + len(g.redeliver) == 0:
+        if state.topic.lag(group) == g.in_flight_count + len(g.redeliver) == 0:
             return "ok"
         if not g.consumers:
             return "waiting for a consumer"
         if all(c.credits <= 0 for c in g.consumers):
-            return f"every consumer's window is full ({len(g.in_flight)} unacknowledged)"
+            return f"every consumer's window is full ({g.in_flight_count} unacknowledged)"
         if g.next_read >= self.visible(state) and not g.redeliver:
             if g.next_read >= state.topic.log.next_offset:
                 return "ok"

@@ -3,9 +3,9 @@ messages in flight to them (:mod:`._topic` is the topic that moves them)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -85,24 +85,35 @@ class Run:
     """The first deliveries of a run of records (ascending offsets, read from the log in
     one piece) to one consumer at once: what a group of one consumer and no filter is
     handed (a cluster's relaying server, a lone consumer).  One object stands for the
-    run's every delivery: in flight, each of its offsets maps to it, and the consumer's
-    link frames it whole."""
+    run's every delivery, and the consumer's link frames it whole.  In flight it is kept
+    whole (:attr:`Group.runs`, by its first offset: one entry, however long); an ack of a
+    range of it leaves its part before and its part after whole too (each a run of the
+    same records: ``offsets`` says which are its own).  Once something takes one of its
+    offsets alone (an ack that lists offsets, its ack timeout, a cut, its consumer
+    leaving), each of its offsets left maps to it (:attr:`Group.pending`)."""
 
-    __slots__ = ("topic", "group", "records", "consumer", "deadline")
+    __slots__ = ("topic", "group", "records", "consumer", "deadline", "offsets")
 
     #: every delivery of a run is a first one
     deliveries = 1
 
     def __init__(self, topic: str, group: str, records: list[Record], consumer: Member,
-                 deadline: float) -> None:
+                 deadline: float, offsets: range | list[int] | None = None) -> None:
         self.topic = topic
         self.group = group
         self.records = records
         self.consumer = consumer
         self.deadline = deadline
+        if offsets is None:
+            first, last = records[0].offset, records[-1].offset
+            offsets = (range(first, last + 1) if last - first + 1 == len(records)
+                       else [record.offset for record in records])
+        #: its offsets, ascending (a range when they follow each other): its records',
+        #: or some of them (a part of a run, its other offsets acknowledged)
+        self.offsets = offsets
 
     def record_at(self, offset: int) -> Record:
-        """The run's record at ``offset`` (one of its offsets)."""
+        """The record at ``offset`` (one of its offsets)."""
         records = self.records
         i = offset - records[0].offset
         if 0 <= i < len(records) and records[i].offset == offset:
@@ -110,8 +121,8 @@ class Run:
         return records[bisect_left(records, offset, key=_offset)]
 
     def __repr__(self) -> str:
-        return (f"<Run {self.topic}/{self.group} offsets {self.records[0].offset}-"
-                f"{self.records[-1].offset} to {self.consumer.name}>")
+        return (f"<Run {self.topic}/{self.group} offsets {self.offsets[0]}-"
+                f"{self.offsets[-1]} to {self.consumer.name}>")
 
 
 class Member:
@@ -140,15 +151,29 @@ class Member:
         #: credits end first): an eighth of its window, so that frames stay full when
         #: consumers outnumber a batch's messages, and one at a time below a window of 16.
         self.run = max(1, window // 8)
-        #: offsets delivered and not acknowledged
-        self.in_flight: set[int] = set()
+        #: offsets delivered and not acknowledged, held one by one
+        self.pending: set[int] = set()
+        #: the same, held in whole runs (:class:`Run`), by their first offsets, and how
+        #: many offsets those are
+        self.runs: dict[int, Run] = {}
+        self.in_runs = 0
 
     @property
     def credits(self) -> int:
-        return self.window - len(self.in_flight)
+        return self.window - len(self.pending) - self.in_runs
+
+    @property
+    def in_flight(self) -> set[int]:
+        """Every offset delivered and not acknowledged (made for the asking: to inspect,
+        not on a hot path)."""
+        held = set(self.pending)
+        for run in self.runs.values():
+            held.update(run.offsets)
+        return held
 
     def __repr__(self) -> str:
-        return f"<Member {self.name} of {self.group} {len(self.in_flight)}/{self.window}>"
+        return (f"<Member {self.name} of {self.group} "
+                f"{len(self.pending) + self.in_runs}/{self.window}>")
 
 
 @dataclass
@@ -158,8 +183,15 @@ class Group(InTurn["Member"]):
     name: str
     filter: TagFilter | None
     next_read: int
-    #: offset -> its delivery (a :class:`Run` for each offset of one)
-    in_flight: dict[int, Delivery | Run] = field(default_factory=dict)
+    #: offsets in flight held one by one -> their delivery (a :class:`Run` for each offset
+    #: left of one taken apart)
+    pending: dict[int, Delivery | Run] = field(default_factory=dict)
+    #: runs in flight whole, by their first offsets, none of whose offsets is in
+    #: :attr:`pending`; and how many offsets those are
+    runs: dict[int, Run] = field(default_factory=dict)
+    #: the runs' first offsets, ascending
+    starts: list[int] = field(default_factory=list)
+    in_runs: int = 0
     #: (record, deliveries so far) waiting for a consumer with credits
     redeliver: deque[tuple[Record, int]] = field(default_factory=deque)
     consumers: list[Member] = field(default_factory=list)
@@ -173,8 +205,118 @@ class Group(InTurn["Member"]):
     def floor(self) -> int:
         """Every offset below it is handled (acknowledged, dead-lettered or filtered out)."""
         low = self.next_read
-        if self.in_flight:
-            low = min(low, min(self.in_flight))
+        if self.pending:
+            low = min(low, min(self.pending))
+        if self.starts:
+            low = min(low, self.starts[0])
         if self.redeliver:
             low = min(low, min(r.offset for r, _ in self.redeliver))
         return low
+
+    @property
+    def in_flight(self) -> dict[int, Delivery | Run]:
+        """Every offset in flight -> its delivery (made for the asking: to inspect, not
+        on a hot path; :attr:`in_flight_count` counts them)."""
+        held: dict[int, Delivery | Run] = {}
+        for run in self.runs.values():
+            held.update(dict.fromkeys(run.offsets, run))
+        held.update(self.pending)
+        return held
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self.pending) + self.in_runs
+
+    def add_run(self, run: Run) -> None:
+        """``run`` goes out whole to its consumer."""
+        first, count = run.offsets[0], len(run.offsets)
+        self.runs[first] = run
+        starts = self.starts
+        if not starts or first > starts[-1]:
+            starts.append(first)  # (runs go out in offset order)
+        else:
+            insort(starts, first)
+        self.in_runs += count
+        consumer = run.consumer
+        consumer.runs[first] = run
+        consumer.in_runs += count
+
+    def drop_run(self, run: Run) -> None:
+        """``run``, whole, is no longer in flight (acknowledged, or taken apart)."""
+        first, count = run.offsets[0], len(run.offsets)
+        del self.runs[first]
+        starts = self.starts
+        del starts[bisect_left(starts, first)]
+        self.in_runs -= count
+        consumer = run.consumer
+        del consumer.runs[first]
+        consumer.in_runs -= count
+
+    def spread(self, run: Run) -> None:
+        """Take ``run`` apart: each of its offsets held one by one (still mapped to it)."""
+        self.drop_run(run)
+        self.pending.update(dict.fromkeys(run.offsets, run))
+        run.consumer.pending.update(run.offsets)
+
+    def spread_all(self, runs: Iterable[Run] | None = None) -> None:
+        """Take ``runs`` apart (default: every one)."""
+        for run in list(self.runs.values() if runs is None else runs):
+            self.spread(run)
+
+    def overlapping(self, start: int, stop: int) -> list[Run]:
+        """The runs that hold offsets from ``start`` to before ``stop``, in offset order."""
+        starts, runs = self.starts, self.runs
+        i = bisect_right(starts, start) - 1
+        if i < 0 or runs[starts[i]].offsets[-1] < start:
+            i += 1
+        out = []
+        while i < len(starts) and starts[i] < stop:
+            out.append(runs[starts[i]])
+            i += 1
+        return out
+
+    def spread_touched(self, offsets: Sequence[int]) -> None:
+        """Take apart the runs that hold any of ``offsets`` (ascending or not): an ack of
+        part of a run, say."""
+        if not self.runs or not offsets:
+            return
+        if type(offsets) is range and offsets.step == 1:
+            self.spread_all(self.overlapping(offsets.start, offsets.stop))
+            return
+        starts, runs = self.starts, self.runs
+        touched: dict[int, Run] = {}
+        for offset in offsets:
+            i = bisect_right(starts, offset) - 1
+            if i >= 0:
+                run = runs[starts[i]]
+                if offset <= run.offsets[-1]:
+                    touched[starts[i]] = run
+        self.spread_all(touched.values())
+
+    def take_range(self, start: int, stop: int, consumer: Member | None) -> bool:
+        """Acknowledge the offsets from ``start`` to before ``stop`` if runs in flight hold
+        every one of them, runs of consecutive offsets of ``consumer`` (if given): the
+        runs' parts acknowledged go, the parts before and after stay whole.  False (and
+        nothing taken) otherwise."""
+        taken: list[tuple[Run, range]] = []
+        at = start
+        for run in self.overlapping(start, stop):
+            held = run.offsets
+            if (type(held) is not range or held.start > at
+                    or (consumer is not None and run.consumer is not consumer)):
+                return False
+            taken.append((run, held))
+            at = held.stop
+        if at < stop:
+            return False
+        for run, held in taken:
+            self.drop_run(run)
+            # its head and its tail stay in flight whole, each with the run's records
+            # (shared, not copied: a part knows its offsets, and finds a record by its)
+            if held.start < start:
+                self.add_run(Run(run.topic, run.group, run.records, run.consumer,
+                                 run.deadline, range(held.start, start)))
+            if held.stop > stop:
+                self.add_run(Run(run.topic, run.group, run.records, run.consumer,
+                                 run.deadline, range(stop, held.stop)))
+        return True

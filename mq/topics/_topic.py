@@ -188,11 +188,12 @@ class Topic:
             return 0
         group.consumers.remove(consumer)
         self.attached -= 1
-        returned = sorted(consumer.in_flight)
+        group.spread_all(list(consumer.runs.values()))
+        returned = sorted(consumer.pending)
         for offset in returned:
-            pending = group.in_flight.pop(offset)
+            pending = group.pending.pop(offset)
             group.redeliver.append((pending.record_at(offset), pending.deliveries))
-        consumer.in_flight.clear()
+        consumer.pending.clear()
         return len(returned)
 
     # -- messages ----------------------------------------------------------------------
@@ -275,7 +276,7 @@ class Topic:
         if n == 1 and group.filter is None:
             return self._hand_to_one(group, consumers[0], records, limit, deadline)
         share = -(-len(records) // n)
-        filter_, in_flight, topic, name = group.filter, group.in_flight, self.name, group.name
+        filter_, in_flight, topic, name = group.filter, group.pending, self.name, group.name
         i = group.next_ready(group.turn if group.turn < n else 0)
         consumer = consumers[i] if i >= 0 else None
         run = min(consumer.credits, max(share, consumer.run)) if consumer is not None else 0
@@ -295,7 +296,7 @@ class Topic:
                 break
             group.next_read = offset + 1
             in_flight[offset] = delivery = Delivery(topic, name, record, 1, consumer, deadline)
-            consumer.in_flight.add(offset)
+            consumer.pending.add(offset)
             consumer.deliver(delivery)
             sent += 1
             served = i
@@ -317,7 +318,7 @@ class Topic:
         """:meth:`_hand_out` for a group of one consumer and no filter (a relaying
         server's group, a lone consumer): the records below ``limit``, as many as its
         credits allow, in one run."""
-        room = consumer.window - len(consumer.in_flight)
+        room = consumer.credits
         if room <= 0:
             return 0, False
         take = records[:room]
@@ -325,13 +326,10 @@ class Topic:
             take = take[:bisect_left(take, limit, key=_offset)]
             if not take:
                 return 0, False
-        first, last = take[0].offset, take[-1].offset
-        offsets: Sequence[int] = (range(first, last + 1) if last - first + 1 == len(take)
-                                  else [record.offset for record in take])
-        group.in_flight.update(dict.fromkeys(offsets, run := Run(
-            self.name, group.name, take, consumer, deadline)))
-        consumer.in_flight.update(offsets)
-        group.next_read = last + 1
+        # in flight whole: one entry, whatever its length (taken apart only if one of its
+        # offsets is taken alone)
+        group.add_run(run := Run(self.name, group.name, take, consumer, deadline))
+        group.next_read = take[-1].offset + 1
         group.turn = 0
         if consumer.deliver_run is not None:
             consumer.deliver_run(run)
@@ -349,8 +347,8 @@ class Topic:
     def _send(self, group: Group, consumer: Member, record: Record, deliveries: int,
               deadline: float) -> None:
         delivery = Delivery(self.name, group.name, record, deliveries, consumer, deadline)
-        group.in_flight[record.offset] = delivery
-        consumer.in_flight.add(record.offset)
+        group.pending[record.offset] = delivery
+        consumer.pending.add(record.offset)
         consumer.deliver(delivery)
 
     def ack(self, group_name: str, offsets: Iterable[int], consumer: Member | None = None
@@ -359,15 +357,21 @@ class Topic:
         how many were acknowledged, and the offsets that were not pending (for that
         consumer): never delivered, acknowledged already, or gone to another consumer."""
         group = self.group(group_name)
-        in_flight = group.in_flight
+        if not isinstance(offsets, (list, range)):
+            offsets = list(offsets)
+        if group.runs:
+            if type(offsets) is range and offsets.step == 1 and offsets and group.take_range(
+                    offsets.start, offsets.stop, consumer):
+                self._moved(group)  # runs' parts, in a few steps however many offsets
+                return len(offsets), []
+            group.spread_touched(offsets)  # the runs it names offsets of, one by one
+        in_flight = group.pending
         if consumer is not None:
-            if not isinstance(offsets, (list, range)):
-                offsets = list(offsets)
             named = set(offsets)
-            if len(named) == len(offsets) and named <= consumer.in_flight:
+            if len(named) == len(offsets) and named <= consumer.pending:
                 # each once, every one this consumer's: taken in C (what holds an offset
                 # in flight is always that offset's consumer's own)
-                consumer.in_flight -= named
+                consumer.pending -= named
                 deque(map(in_flight.__delitem__, offsets), 0)
                 if named:
                     self._moved(group)
@@ -380,7 +384,7 @@ class Topic:
                 missed.append(offset)
                 continue
             del in_flight[offset]
-            pending.consumer.in_flight.discard(offset)
+            pending.consumer.pending.discard(offset)
             done += 1
         if done:
             self._moved(group)
@@ -400,13 +404,15 @@ class Topic:
             now = self.clock()
         late = 0
         for group in self.groups.values():
-            in_flight = group.in_flight
+            if group.runs:  # late runs taken apart: each offset goes back on its own
+                group.spread_all([r for r in group.runs.values() if r.deadline <= now])
+            in_flight = group.pending
             if not in_flight:
                 continue
             # in offset order, only the late ones sorted (a wide window holds thousands)
             for offset in sorted([o for o, p in in_flight.items() if p.deadline <= now]):
                 pending = in_flight.pop(offset)
-                pending.consumer.in_flight.discard(offset)
+                pending.consumer.pending.discard(offset)
                 group.redeliver.append((pending.record_at(offset), pending.deliveries))
                 late += 1
         return late
@@ -414,9 +420,11 @@ class Topic:
     def empty(self) -> None:
         """Every group skips to the end: what was stored is handled."""
         for group in self.groups.values():
-            for offset, pending in group.in_flight.items():
-                pending.consumer.in_flight.discard(offset)
-            group.in_flight.clear()
+            for run in list(group.runs.values()):
+                group.drop_run(run)
+            for offset, pending in group.pending.items():
+                pending.consumer.pending.discard(offset)
+            group.pending.clear()
             group.redeliver.clear()
             group.next_read = self.log.next_offset
             self._moved(group)
@@ -437,8 +445,9 @@ class Topic:
         """The log lost its records from ``offset`` on (a replica cut a tail its master
         never had): no group reads or waits for them any more."""
         for group in self.groups.values():
-            for late in [o for o in group.in_flight if o >= offset]:
-                group.in_flight.pop(late).consumer.in_flight.discard(late)
+            group.spread_all([r for r in group.runs.values() if r.offsets[-1] >= offset])
+            for late in [o for o in group.pending if o >= offset]:
+                group.pending.pop(late).consumer.pending.discard(late)
             group.redeliver = deque(r for r in group.redeliver if r[0].offset < offset)
             if group.next_read > offset:
                 group.next_read = offset
