@@ -292,7 +292,7 @@ class Relay:
 
         upstream.request({"cmd": "consume", "topic": relay_group.topic,
                           "group": relay_group.group, "window": self.window,
-                          "shared_frames": True}, answered)
+                          "shared_frames": True, "cached": True}, answered)
 
     def _ack_upstream(self, relay_group: RelayGroup, offsets: Sequence[int]) -> None:
         upstream = self.upstream

@@ -57,6 +57,7 @@ class ConsumerCommands:
         topic_group = state.topic.group(group)
         link = self.links.of(queue)
         link.shared_frames |= request.shared_frames
+        link.named_runs |= request.cached
         if (state.topic.name, group) in link.consumers:
             raise ServiceError(Status.CONFLICT,
                                f"this link already consumes {state.topic.name}/{group}")

@@ -62,10 +62,12 @@ class ClientLink:
     #: ``messages`` frame per topic and group
     batch: list[Delivery | Run] = field(default_factory=list)
     #: the link takes one frame for several groups of a topic (a cluster's server that
-    #: relays them): groups handed the same messages in one dispatch share a frame, and
-    #: a run the link was sent before goes by name (``cached``, :mod:`._stretch`)
+    #: relays them): groups handed the same messages in one dispatch share a frame
     shared_frames: bool = False
-    #: a shared-frames link's last stretch of each topic's bodies sent (offsets only)
+    #: a shared-frames link that takes a run it was sent before by name (``cached``,
+    #: :mod:`._stretch`; a relaying server asks so, one of an older release does not)
+    named_runs: bool = False
+    #: such a link's last stretch of each topic's bodies sent (offsets only)
     sent: dict[str, Stretch[None]] = field(default_factory=dict)
 
     def send(self, message: bytes | Gather) -> None:
@@ -130,6 +132,9 @@ class ClientLink:
         """``pieces`` for ``groups`` on a shared-frames link: what of a lone run the link
         was sent before by name (``cached``), the rest with its bodies, each frame that
         :func:`~._stretch.extends` the topic's stretch noted in it."""
+        if not self.named_runs:
+            self._send_parts(topic, groups, _parts(topic, pieces, frames))
+            return
         stretch = self.sent.get(topic)
         if stretch is None:
             stretch = self.sent[topic] = Stretch()

@@ -75,6 +75,9 @@ class Consume:
     #: The link takes a ``messages`` frame that serves several groups of one topic at
     #: once (its ``groups``): a cluster's server relaying the topic's groups asks so.
     shared_frames: bool = False
+    #: The link also takes a run it was sent before by name (a ``messages`` frame with
+    #: ``cached``, :mod:`._stretch`): a cluster's relaying server asks so.
+    cached: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,7 @@ def _consume(f: Fields) -> Consume:
     return Consume(f.string("topic", check=check_name),
                    f.optional_string("group", check=check_name),
                    f.integer("window", DEFAULT_WINDOW, 1, MAX_WINDOW),
-                   f.boolean("shared_frames", False))
+                   f.boolean("shared_frames", False), f.boolean("cached", False))
 
 
 def _unconsume(f: Fields) -> Unconsume:
