@@ -2,11 +2,12 @@
 
 It owns the records and their checksums (``_record``), a segment's file and its sparse
 index (``_segment``, ``_scan``: each record checked as it is read, damage skipped), the
-newest records kept in memory (``_tail``), durable writes and fsyncs (``_files``), the
-epochs at which a copy parts from its master (``_epochs``), the log itself
-(``_log``: :class:`TopicLog`), a memory topic's bounded ring (``_memory``), consume
-groups' cursors on disk (``_cursor``) and names made file names (``_names``).  It
-imports nothing else of mq; the format is ``docs/mq-format.md``.
+newest records kept in memory and a server's budget for them (``_tail``), durable
+writes and fsyncs (``_files``), the epochs at which a copy parts from its master
+(``_epochs``), the log itself (``_log``: :class:`TopicLog`), a memory topic's bounded
+ring (``_memory``), consume groups' cursors on disk (``_cursor``) and names made file
+names (``_names``).  It imports nothing else of mq; the format is
+``docs/mq-format.md``.
 """
 
 

@@ -81,7 +81,7 @@ from ._scan import (
     scan_segment,
 )
 from ._segment import SealedFiles, Segment, create_segment, open_segments, rescan, seal
-from ._tail import ReadBack, Tail
+from ._tail import Kept, ReadBack, Tail
 from ._written import Written
 
 log = logging.getLogger("rdvpump.mq")
@@ -104,12 +104,15 @@ class TopicLog:
     backwards within a log).  ``flush_in_thread``: a sealed segment is fsynced and
     indexed in a thread while appends go on to the next one (else on the caller's
     thread, before the next append: deterministic, but the caller waits for the disk).
+    ``kept``: the budget its tail and read-back share with other logs (a server's; one
+    of its own unless given, :data:`~._tail.KEPT_BYTES`).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, max_body: int = DEFAULT_MAX_BODY,
                  clock: Callable[[], float] = time.time,
-                 tail_bytes: int = DEFAULT_TAIL_BYTES, flush_in_thread: bool = False) -> None:
+                 tail_bytes: int = DEFAULT_TAIL_BYTES, flush_in_thread: bool = False,
+                 kept: Kept | None = None) -> None:
         if segment_bytes < SEGMENT_HEADER.size + RECORD_OVERHEAD:
             raise ConfigError(f"segment_bytes must be at least "
                              f"{SEGMENT_HEADER.size + RECORD_OVERHEAD}, got {segment_bytes}")
@@ -120,9 +123,11 @@ class TopicLog:
         self.clock = clock
         self.segments: list[Segment] = []
         #: The newest records, as appended, for readers that keep up.
-        self.tail = Tail(tail_bytes)
+        if kept is None:
+            kept = Kept()
+        self.tail = Tail(tail_bytes, kept)
         #: What the last reads of the files gave, for the next readers of that stretch.
-        self.read_back = ReadBack(READ_BACK_BYTES if tail_bytes > 0 else 0)
+        self.read_back = ReadBack(READ_BACK_BYTES if tail_bytes > 0 else 0, kept)
         #: The newest appends as written, for a master's copies frames (made once a
         #: replica follows: a topic costs nothing more until then).
         self.written: Written | None = None
@@ -719,4 +724,5 @@ class TopicLog:
             with contextlib.suppress(OSError):
                 self._sealed.close(segment)
         self.segments = []
+        self.tail.clear()
         self.read_back.clear()

@@ -15,6 +15,12 @@ Readers behind the tail read the files, and several of them (the groups of a top
 their consumers slower than its producers) read the same stretch one after the other:
 :class:`ReadBack` keeps what the last reads from the files gave, so that the stretch is
 read and checked once for them all.
+
+Each tail and read-back has a budget of its own; together, the logs of one MQ server
+keep at most :data:`KEPT_BYTES` of bodies in them (:class:`Kept`): past that, those that
+grew least recently let go of what they keep (a tail its newest record aside), and their
+readers read the files.  A server of many topics whose consumers are behind holds a
+bounded amount, not the sum of every topic's budget.
 """
 
 from __future__ import annotations
@@ -28,16 +34,63 @@ from operator import attrgetter
 from ._files import VIEW_BODY
 from ._record import Entry, Record
 
-__all__ = ["ReadBack", "Tail"]
+__all__ = ["KEPT_BYTES", "Kept", "ReadBack", "Tail"]
+
+#: Bytes of bodies the tails and read-backs of an MQ server's logs keep at most, together.
+KEPT_BYTES = 256 << 20
+
+
+class Kept:
+    """What the tails and read-backs of some logs keep, against one budget (``limit``
+    bytes of bodies): a holder that grows goes last in line; past the budget, the first
+    in line let go of theirs (:meth:`Tail.shed`, :meth:`ReadBack.clear`)."""
+
+    __slots__ = ("limit", "total", "line", "shed")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = KEPT_BYTES if limit is None else limit
+        self.total = 0
+        #: the holders keeping anything, the one that grew least recently first
+        self.line: dict[Tail | ReadBack, None] = {}
+        #: how many times a holder let go of what it kept for the budget
+        self.shed = 0
+
+    def grew(self, holder: Tail | ReadBack, size: int) -> None:
+        """``holder`` keeps ``size`` bytes now, having grown: last in line, and the first
+        in line let go of theirs while the budget is passed."""
+        self.total += size - holder.charged
+        holder.charged = size
+        line = self.line
+        line.pop(holder, None)
+        line[holder] = None
+        while self.total > self.limit:
+            first = next(iter(line))
+            if first is holder:
+                break  # the one that grew is all there is: its own budget bounds it
+            del line[first]
+            self.shed += 1
+            first.shed()
+
+    def shrank(self, holder: Tail | ReadBack, size: int) -> None:
+        """``holder`` keeps ``size`` bytes now, fewer than before (its place in line
+        stays; it leaves the line when it keeps nothing)."""
+        self.total += size - holder.charged
+        holder.charged = size
+        if not size:
+            self.line.pop(holder, None)
+
 
 
 class Tail:
     """The newest records, offsets consecutive, about ``limit`` bytes of bodies."""
 
-    __slots__ = ("ends", "floor", "limit", "records", "start")
+    __slots__ = ("charged", "ends", "floor", "kept", "limit", "records", "start")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, kept: Kept | None = None) -> None:
         self.limit = limit
+        self.kept = Kept() if kept is None else kept
+        #: the bytes counted in :attr:`kept` for this tail
+        self.charged = 0
         #: The records kept are ``records[start:]``; ``ends[i]`` counts body bytes up to
         #: record i, and ``floor`` those before the first one kept.
         self.records: list[Record] = []
@@ -51,6 +104,22 @@ class Tail:
 
     def clear(self) -> None:
         self.records, self.ends, self.start, self.floor = [], [], 0, 0
+        if self.charged:
+            self.kept.shrank(self, 0)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the bodies kept."""
+        return self.ends[-1] - self.floor if len(self.records) > self.start else 0
+
+    def shed(self) -> None:
+        """Let go of every record but the newest (the budget of every log, :class:`Kept`):
+        readers behind read the files."""
+        if len(self.records) - self.start > 1:
+            self.start = len(self.records) - 1
+            self.floor = self.ends[-2]
+            self._compact()
+        self.kept.shrank(self, self.size)
 
     def keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
         """The records just appended from ``messages``, ``first`` the offset of the
@@ -69,6 +138,7 @@ class Tail:
             ends.append(total)
             offset += 1
         self._trim(total)
+        self.kept.grew(self, total - self.floor)
 
     def keep_records(self, records: Sequence[Record]) -> None:
         """:meth:`keep` for records made already (copied from another log)."""
@@ -79,6 +149,7 @@ class Tail:
             total += len(record.body)
             ends.append(total)
         self._trim(total)
+        self.kept.grew(self, total - self.floor)
 
     def read(self, offset: int, max_count: int, max_bytes: int) -> list[Record] | None:
         """Records from ``offset`` on, at most ``max_count`` and about ``max_bytes`` of
@@ -129,6 +200,7 @@ class Tail:
         self.start = cut
         self.floor = self.ends[cut - 1]
         self._compact()
+        self.kept.shrank(self, self.size)
 
     def _compact(self) -> None:
         """The list without the records let go, once they are more than half of it
@@ -156,10 +228,13 @@ class ReadBack:
     the offsets that damage lost left out), about ``limit`` bytes of bodies, the oldest
     run dropped first; a run once every reader is past it."""
 
-    __slots__ = ("limit", "runs", "size")
+    __slots__ = ("charged", "kept", "limit", "runs", "size")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, kept: Kept | None = None) -> None:
         self.limit = limit
+        self.kept = Kept() if kept is None else kept
+        #: the bytes counted in :attr:`kept` for this read-back
+        self.charged = 0
         #: (records, running total of their body bytes), oldest first
         self.runs: deque[tuple[list[Record], list[int]]] = deque()
         self.size = 0
@@ -173,6 +248,7 @@ class ReadBack:
         self.size += ends[-1]
         while self.size > self.limit and len(self.runs) > 1:
             self.size -= self.runs.popleft()[1][-1]
+        self.kept.grew(self, self.size)
 
     def read(self, offset: int, max_count: int, max_bytes: int
              ) -> tuple[list[Record], int] | None:
@@ -193,9 +269,17 @@ class ReadBack:
     def release(self, offset: int) -> None:
         """Let go of the runs wholly below ``offset``."""
         runs = self.runs
-        while runs and runs[0][0][-1].offset < offset:
-            self.size -= runs.popleft()[1][-1]
+        if runs and runs[0][0][-1].offset < offset:
+            while runs and runs[0][0][-1].offset < offset:
+                self.size -= runs.popleft()[1][-1]
+            self.kept.shrank(self, self.size)
 
     def clear(self) -> None:
         self.runs.clear()
         self.size = 0
+        if self.charged:
+            self.kept.shrank(self, 0)
+
+    def shed(self) -> None:
+        """Let go of everything (the budget of every log, :class:`Kept`)."""
+        self.clear()

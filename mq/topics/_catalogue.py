@@ -39,6 +39,7 @@ from ..storage._log import TopicLog
 from ..storage._memory import MemoryLog
 from ..storage._names import disk_name
 from ..storage._record import Record, StoreError
+from ..storage._tail import Kept
 from ._commit import GroupCommit
 from ._dedupe import QUIET, Recent
 from ._filter import FilterError
@@ -100,6 +101,8 @@ class Catalogue:
         self.dead = dead
         self.tick = tick
         self.topics: dict[str, TopicState] = {}
+        #: What its topics' logs keep in memory for readers, against one budget.
+        self.kept = Kept()
         #: Set on a server whose group replicates ``sync``: a topic on disk delivers only
         #: what is committed (:attr:`TopicState.committed`).
         self.deliver_committed = False
@@ -158,7 +161,7 @@ class Catalogue:
             # the only place a topic's name reaches the file system: see mq.storage._names
             topic_dir = self.directory / disk_name(name)
             log_ = TopicLog(topic_dir, segment_bytes=self.segment_bytes,
-                            flush_in_thread=self.commit.fsync_thread)
+                            flush_in_thread=self.commit.fsync_thread, kept=self.kept)
             cursors = CursorStore(topic_dir, self.saver)
             saved = cursors.load(groups)
         topic = Topic(name, log_, clock=self.node.pump.now, saved=saved,

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from mq import CursorStore, FormatError, StoreError, TopicLog
 from mq.storage._files import VIEW_BODY
 from mq.storage._record import SEGMENT_HEADER
+from mq.storage._tail import Kept
 from mq.topics._topic import Log
 
 Clock = list[float]
@@ -242,6 +243,31 @@ def test_readers_behind_one_after_the_other_read_the_files_once(
     log.append([(None, "p", 0, b"later")], keep=False)
     assert log.read_back.size == 0 and log.read(0, max_count=1)[0].offset == 0
     log.close()
+
+
+def test_the_logs_of_a_process_keep_at_most_their_shared_budget_in_memory(
+        tmp_path: pathlib.Path) -> None:
+    """Twenty topics whose readers are behind, each keeping up to 50,000 bytes in its
+    tail and 4 MiB read back: together they keep at most the 125,000 bytes they share,
+    the topics written least recently letting go of theirs first (each its newest record
+    aside); every read still gives what a cold read of the files gives."""
+    kept = Kept(125_000)
+    logs = [TopicLog(tmp_path / f"t{i}", tail_bytes=50_000, kept=kept) for i in range(20)]
+    for log in logs:
+        fill(log, 400)  # 40,000 bytes of bodies, none read
+        assert kept.total <= 125_000
+    assert sum(log.tail.size + log.read_back.size for log in logs) == kept.total
+    assert [log.tail.size > 100 for log in logs] == [False] * 17 + [True] * 3
+    assert kept.shed == 17
+    for log in logs:  # readers behind: from the files, kept as read back, within budget
+        cold = TopicLog(log.directory, tail_bytes=0, kept=Kept(0))
+        for at in range(0, 400, 50):
+            assert log.read(at, max_count=50) == cold.read(at, max_count=50)
+            assert kept.total <= 125_000
+        cold.close()
+    for log in logs:
+        log.close()
+    assert kept.total == 0 and not kept.line
 
 
 def test_seek_by_time(tmp_path: pathlib.Path) -> None:

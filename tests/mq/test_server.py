@@ -567,6 +567,40 @@ async def test_topics_whose_consumers_keep_up_hold_little_memory(
     assert held < 4_000_000, f"{held / 1e6:.1f} MB held after 20 MB went through"
 
 
+async def test_topics_whose_consumers_are_behind_hold_the_server_s_budget_together(
+        tmp_path: pathlib.Path, autojump_clock: object, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Ten topics, each with a consumer that has not read 90 of its 100 messages: the
+    server keeps at most its budget of their bodies in memory together (here 300,000
+    bytes, each topic's newest message aside), not 90,000 bytes a topic; the topics it
+    let go of are read from their files, and every consumer gets every message."""
+    from mq.storage import _tail
+
+    monkeypatch.setattr(_tail, "KEPT_BYTES", 300_000)
+    async with site(tmp_path) as s:
+        admin = s.client("admin")
+        subscriptions = []
+        for i in range(10):
+            await admin.declare(f"t{i}")
+            subscriptions.append(await s.client(f"c{i}").subscribe(f"t{i}", window=10))
+        sent = [[b"%d.%03d" % (i, n) + b"x" * 994 for n in range(100)] for i in range(10)]
+        for i in range(10):
+            await admin.publish_many(f"t{i}", sent[i])
+        await trio.sleep(1)  # the hand-outs (10 a topic, the consumers' windows)
+        topics = s.server.catalogue.topics
+        held = sum(sum(len(r.body) for r in topics[f"t{i}"].topic.log.tail.held())
+                   for i in range(10))
+        assert held <= 300_000 + 10 * 1_000, held
+        assert s.server.catalogue.kept.total <= 300_000
+        for i, subscription in enumerate(subscriptions):
+            got: list[bytes] = []
+            while len(got) < 100:
+                batch = await subscription.receive_batch()
+                got += batch.bodies
+                await batch.ack()
+            assert got == sent[i]
+
+
 async def test_a_server_of_many_topics_visits_them_a_slice_at_a_time(
         tmp_path: pathlib.Path, autojump_clock: object,
         monkeypatch: pytest.MonkeyPatch) -> None:
