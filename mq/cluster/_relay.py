@@ -338,14 +338,13 @@ class Relay:
             if frame.extends():
                 stretch.add(frame.offsets[0], frame.count, frame.size, frame)
             frames = [frame]
-        taken_apart: dict[int, list[Relayed]] = {}  # once for the frame's groups
         for group in groups:
             relay_group = self.groups.get((topic, group))
             if relay_group is None:
                 # no consumer here any more: the root takes them back for the group's others
                 upstream.send({"cmd": "unconsume", "topic": topic, "group": group})
                 continue
-            for i, frame in enumerate(frames):
+            for frame in frames:
                 self.counts["relayed"] += frame.count
                 if not relay_group.pending and (
                         consumer := relay_group.pick(frame.count)) is not None:
@@ -353,19 +352,30 @@ class Relay:
                     consumer.held.add(frame.offsets, frame)
                     consumer.link.send(frame.forward(group))
                     continue
-                messages = taken_apart.get(i)
-                if messages is None:
-                    messages = taken_apart[i] = frame.messages()
-                relay_group.pending.extend(messages)
+                relay_group.pending.append(frame)  # whole, until a consumer has room
                 self._dispatch(relay_group)
 
     def _dispatch(self, relay_group: RelayGroup) -> None:
-        """Hand out what waits, a frame per consumer turn, while consumers have credits."""
+        """Hand out what waits, a frame per consumer turn, while consumers have credits: a
+        frame from the root as it came, or as much of it as the consumer has room for
+        (the rest waits), and messages taken apart in frames made here."""
         pending = relay_group.pending
         while pending:
             consumer = relay_group.pick()
             if consumer is None:
                 return
+            head = pending[0]
+            if type(head) is RelayedFrame:
+                room = consumer.credits
+                if room >= head.count:
+                    part = pending.popleft()
+                else:
+                    part = head.part(0, room)
+                    pending[0] = head.part(room, head.count - room)
+                assert type(part) is RelayedFrame
+                consumer.held.add(part.offsets, part)
+                consumer.link.send(part.forward(relay_group.group))
+                continue
             frame = take_frame(pending, consumer.credits, FRAME_BYTES, FRAME_TAIL)
             for message in frame:
                 consumer.held.put(message.offset, message)

@@ -157,8 +157,10 @@ class RelayGroup(InTurn[LocalConsumer]):
     topic: str
     group: str
     consumers: list[LocalConsumer] = field(default_factory=list)
-    #: Messages from the root waiting for a consumer with credits.
-    pending: deque[Relayed] = field(default_factory=deque)
+    #: What the root sent waiting for a consumer with credits: its frames kept whole (a
+    #: consumer is passed one, or a part of one, as it came), and messages taken apart
+    #: (a leaving consumer's, to deliver again).
+    pending: deque[Relayed | RelayedFrame] = field(default_factory=deque)
     #: The root answered this server's consume on the current link.
     subscribed: bool = False
     turn: int = 0
@@ -196,26 +198,32 @@ def relayed_messages(obj: dict[str, Any]) -> list[Relayed]:
     return messages
 
 
-def take_frame(pending: deque[Relayed], credits: int, frame_bytes: int, tail: int = 0
-               ) -> list[Relayed]:
-    """The next frame for a consumer with ``credits`` (at least 1) out of ``pending``
-    (not empty), taken from it: as many messages as the credits allow, ending with the
-    one whose body brings the frame's bodies to ``frame_bytes`` or past; and then what
-    is left too, if the credits take it all and its bodies are under ``tail`` bytes (no
-    frame of a few messages behind a full one)."""
+def take_frame(pending: deque[Relayed | RelayedFrame], credits: int, frame_bytes: int,
+               tail: int = 0) -> list[Relayed]:
+    """The next frame for a consumer with ``credits`` (at least 1) out of the messages at
+    the head of ``pending`` (one at least; up to a frame kept whole), taken from it: as
+    many messages as the credits allow, ending with the one whose body brings the
+    frame's bodies to ``frame_bytes`` or past; and then what is left too, if the credits
+    take it all, it is messages only and its bodies are under ``tail`` bytes (no frame
+    of a few messages behind a full one)."""
     frame: list[Relayed] = []
     size = 0
     while pending and len(frame) < credits and size < frame_bytes:
-        message = pending.popleft()
+        message = pending[0]
+        if type(message) is not Relayed:
+            break
+        pending.popleft()
         frame.append(message)
         size += len(message.body)
     if tail > 0 and pending and size >= frame_bytes and len(pending) <= credits - len(frame):
         rest = 0
         for message in pending:  # at most the credits left of them
+            if type(message) is not Relayed:
+                break
             rest += len(message.body)
             if rest >= tail:
                 break
         else:
-            frame += pending
+            frame += pending  # type: ignore[arg-type]  # (Relayed, each: checked above)
             pending.clear()
     return frame

@@ -458,3 +458,30 @@ async def test_a_run_named_that_the_server_does_not_hold_closes_only_the_root_s_
         nursery.cancel_scope.cancel()
         producer.close()
         cluster.close()
+
+
+async def test_a_frame_a_consumer_has_too_little_room_for_goes_on_in_parts(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A frame of 100 messages from the root for a consumer on e with room for 30: the
+    consumer is passed it in parts as its acks make room, as the root framed it (e holds
+    each part whole, no message taken apart), every message once, in order."""
+    from mq.cluster._relay_groups import RelayedFrame
+
+    async with open_universe("u") as universe:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        client = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
+        subscription = await client.subscribe("orders", window=30)
+        relay = await relay_on_e(cluster, 1)
+        sent = [b"m%03d" % i for i in range(100)]
+        await producer.publish_many("orders", sent)
+        got: list[Message] = []
+        while len(got) < 100:
+            batch = await subscription.receive_many()
+            (local,) = relay.groups[("orders", "orders")].consumers
+            assert local.held and all(type(v) is RelayedFrame for v in local.held.values())
+            got += batch
+            await subscription.ack([m.offset for m in batch])
+        assert [m.body for m in got] == sent and {m.deliveries for m in got} == {1}
+        for c in (producer, client):
+            c.close()
+        cluster.close()
