@@ -4,8 +4,11 @@ messages the root delivered, the consumers here, and the frames between them.
 A frame from the root that a group here takes whole (nothing of the group waiting, and
 a consumer with credits for all of it) goes on to that consumer as it came, renamed for
 the group (:class:`RelayedFrame`): its columns and bodies are not taken apart, and
-the consumer holds each of its offsets through the one frame.  Otherwise its messages
-are taken apart (:class:`Relayed`) and wait for credits.
+the consumer holds each of its offsets through the one frame.  Otherwise it waits
+whole, and a consumer with room for less of it is passed a part of it
+(:meth:`RelayedFrame.part`, its columns and bodies cut where the part ends).  Only what
+a consumer that left held is taken apart into messages (:class:`Relayed`), delivered
+again in frames made here.
 """
 
 from __future__ import annotations
@@ -120,10 +123,6 @@ class RelayedFrame:
                    body=memoryview(self.obj.get("body", b""))[low:ends[stop - 1]])
         return RelayedFrame(obj, self.topic, count,
                             self.offsets[start:stop])
-
-    def messages(self) -> list[Relayed]:
-        """The frame's messages, taken apart."""
-        return relayed_messages(self.obj)
 
     def message_at(self, offset: int) -> Relayed:
         """The frame's message at ``offset`` (one of its offsets)."""

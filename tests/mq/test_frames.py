@@ -386,7 +386,7 @@ def _named_runs_agree(runs: list[tuple[tuple[str, ...], int, int, bool]], budget
                     kept.add(frame.offsets[0], frame.count, frame.size, frame)
                 frames = [frame]
             for group in obj.get("groups", [obj["group"]]):
-                got[group] += [m for frame in frames for m in frame.messages()]
+                got[group] += [m for frame in frames for m in relayed_messages(frame.obj)]
         wire.clear()
         for group in groups:
             assert [(m.offset, m.body, m.deliveries, m.sequence, m.timestamp)
