@@ -83,6 +83,22 @@ async def relay_on_e(cluster: Cluster, groups: int) -> Relay:
     return relay
 
 
+async def _published_to_one_on_e(universe: BrokerManager, tmp_path: pathlib.Path, *,
+                                  window: int, count: int
+                                  ) -> tuple[Cluster, MqClient, MqClient, Subscription, Relay,
+                                             list[bytes]]:
+    """A consumer on e of ``orders`` with ``window``, and ``count`` messages published
+    to it in one batch: the cluster, the producer, the consumer's client and
+    subscription, e's relay and what was sent."""
+    cluster, producer = await with_orders(universe, tmp_path, "p")
+    client = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
+    subscription = await client.subscribe("orders", window=window)
+    relay = await relay_on_e(cluster, 1)
+    sent = [b"m%03d" % i for i in range(count)]
+    await producer.publish_many("orders", sent)
+    return cluster, producer, client, subscription, relay, sent
+
+
 async def take(subscription: Subscription, into: list[bytes]) -> None:
     """Consume and acknowledge every message, keeping its body (until cancelled)."""
     async for message in subscription:
@@ -293,12 +309,8 @@ async def test_what_a_leaving_consumer_held_of_a_whole_frame_goes_to_the_group_s
     when that consumer leaves without acknowledging, each message it held goes to the
     group's other consumer on e, once, counted as a second delivery."""
     async with open_universe("u") as universe, trio.open_nursery() as nursery:
-        cluster, producer = await with_orders(universe, tmp_path, "p")
-        first = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
-        holding = await first.subscribe("orders", window=100)
-        relay = await relay_on_e(cluster, 1)
-        sent = [b"m%03d" % i for i in range(20)]
-        await producer.publish_many("orders", sent)
+        cluster, producer, first, holding, relay, sent = await _published_to_one_on_e(
+            universe, tmp_path, window=100, count=20)
         held: list[Message] = []
         while len(held) < 20:  # the whole batch, none acknowledged
             held += await holding.receive_many()
@@ -468,12 +480,8 @@ async def test_a_frame_a_consumer_has_too_little_room_for_goes_on_in_parts(
     from mq.cluster._relay_groups import RelayedFrame
 
     async with open_universe("u") as universe:
-        cluster, producer = await with_orders(universe, tmp_path, "p")
-        client = MqClient(universe.add_broker("c1"), "e:15555", timeout=30)
-        subscription = await client.subscribe("orders", window=30)
-        relay = await relay_on_e(cluster, 1)
-        sent = [b"m%03d" % i for i in range(100)]
-        await producer.publish_many("orders", sent)
+        cluster, producer, client, subscription, relay, sent = await _published_to_one_on_e(
+            universe, tmp_path, window=30, count=100)
         got: list[Message] = []
         while len(got) < 100:
             batch = await subscription.receive_many()

@@ -16,7 +16,7 @@ import trio
 from brokermgr import BrokerManager, open_universe
 from brokermgr.tracking import TrackNode
 from channels import MessageTooLargeError
-from mq import MqClient, MqServer, ServiceError
+from mq import MqClient, MqServer, ServiceError, Subscription
 
 TIMING: dict[str, Any] = {"report_interval": 5.0, "expiry": 12.0, "scan_interval": 2.0,
                           "retry": 0.5}
@@ -525,6 +525,18 @@ async def test_closing_a_client_ends_requests_waiting_for_its_link(
             await other.connected()
 
 
+async def _topics_consumed(s: Site, count: int, *, window: int
+                           ) -> tuple[MqClient, list[Subscription]]:
+    """Topics ``t0``, ``t1``, ... declared by a client ``admin`` (returned), each consumed
+    by a client of its own with ``window``: their subscriptions."""
+    admin = s.client("admin")
+    subscriptions = []
+    for i in range(count):
+        await admin.declare(f"t{i}")
+        subscriptions.append(await s.client(f"c{i}").subscribe(f"t{i}", window=window))
+    return admin, subscriptions
+
+
 async def test_topics_whose_consumers_keep_up_hold_little_memory(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """Twenty topics, a consumer each reading as it comes: the server's memory once all
@@ -534,11 +546,7 @@ async def test_topics_whose_consumers_keep_up_hold_little_memory(
     import tracemalloc
 
     async with site(tmp_path) as s:
-        admin = s.client("admin")
-        subscriptions = []
-        for i in range(20):
-            await admin.declare(f"t{i}")
-            subscriptions.append(await s.client(f"c{i}").subscribe(f"t{i}", window=1000))
+        admin, subscriptions = await _topics_consumed(s, 20, window=1000)
         got = [0]
 
         async def read(subscription: Any) -> None:
@@ -578,11 +586,7 @@ async def test_topics_whose_consumers_are_behind_hold_the_server_s_budget_togeth
 
     monkeypatch.setattr(_tail, "KEPT_BYTES", 300_000)
     async with site(tmp_path) as s:
-        admin = s.client("admin")
-        subscriptions = []
-        for i in range(10):
-            await admin.declare(f"t{i}")
-            subscriptions.append(await s.client(f"c{i}").subscribe(f"t{i}", window=10))
+        admin, subscriptions = await _topics_consumed(s, 10, window=10)
         sent = [[b"%d.%03d" % (i, n) + b"x" * 994 for n in range(100)] for i in range(10)]
         for i in range(10):
             await admin.publish_many(f"t{i}", sent[i])
