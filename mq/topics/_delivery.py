@@ -152,14 +152,12 @@ class ClientLink:
                 if held == len(records):
                     return
                 pieces = [Run(topic, run.group, records[held:], run.consumer, run.deadline)]
-        for columns, bodies in _parts(topic, pieces, frames):
+        parts = _parts(topic, pieces, frames)
+        for columns, bodies in parts:
             if extends(columns):
                 stretch.add(columns["offsets"], columns["count"], sum(map(len, bodies)),
                             None)
-            header = {"cmd": "messages", "topic": topic, "group": groups[0], **columns}
-            if len(groups) > 1:
-                header["groups"] = groups
-            self.send(encode(header, bodies))
+        self._send_parts(topic, groups, parts)
 
     def _what(self) -> str:
         return f"mq client {self.queue.remote_id}"
