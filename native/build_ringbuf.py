@@ -1,5 +1,6 @@
-"""cffi API-mode builds of the C ring buffer into ``channels._ringbuf``, and of the MQ
-log's record checks into ``mq.storage._records``.
+"""cffi API-mode builds of the C ring buffer into ``channels._ringbuf``, of the MQ
+log's record checks into ``mq.storage._records``, and of the group commit's fsync thread
+into ``mq.storage._syncer``.
 
 The cdef is read from ``native/ringbuf.h`` (between the CDEF markers), so the
 declarations cffi sees are exactly the ones the C code is compiled against.
@@ -58,7 +59,10 @@ ffibuilder = builder("channels._ringbuf", "ringbuf", "c99")
 #: The MQ log's records checked in C (a replica's copies); gnu99 for the CPU's
 #: carry-less multiplies, used where it has them.
 records_builder = builder("mq.storage._records", "records", "gnu99")
+#: The group commit's fsyncs in a C thread of their own (it never takes the GIL).
+syncer_builder = builder("mq.storage._syncer", "syncer", "gnu99")
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)
     records_builder.compile(verbose=True)
+    syncer_builder.compile(verbose=True)

@@ -18,11 +18,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from queue import SimpleQueue
 from typing import Any
 
 import trio
@@ -31,8 +29,9 @@ from brokermgr import Deferred, ServiceError, Status
 from channels import MessageQueue
 from pump import ConfigError, Pump, Repeating
 
-from ..storage._files import SyncPoint, run_sync
+from ..storage._files import SyncPoint
 from ..storage._record import StoreError
+from ._syncers import NativeSyncer, ThreadSyncer, run_syncs
 from ._topic import Log
 
 __all__ = ["Durability", "GroupCommit", "Waiting"]
@@ -107,7 +106,10 @@ class GroupCommit:
         self._closed = False
         #: fsyncs run in a thread and report back through trio (when trio runs this pump)
         self._token: trio.lowlevel.TrioToken | None = None
-        self._syncer: _Syncer | None = None
+        #: the fsyncs' threads, made at the first commit: the C one, and the Python one
+        #: for a commit that waits for a flush (or for all, if the C one cannot start)
+        self._native: NativeSyncer | None = None
+        self._thread: ThreadSyncer | None = None
         if fsync_thread:
             try:
                 self._token = trio.lowlevel.current_trio_token()
@@ -160,6 +162,8 @@ class GroupCommit:
         self._dirty.add(name)
         if reply is not None:
             self._waiting.append((name, reply))
+        if self._running and self._native is not None:
+            self._native.poll()  # (a commit it finished is reported, on the pump)
         self._want()
         return True
 
@@ -208,13 +212,24 @@ class GroupCommit:
         self._waiting, self._then = [], []
         started = time.perf_counter()
         if not points or self._token is None:
-            self._done(points, _run_syncs(points), failed, waiting, started)
+            self._done(points, run_syncs(points), failed, waiting, started)
             return
         self._running = True
-        if self._syncer is None:
-            self._syncer = _Syncer(self._token)
-        self._syncer.submit(points, lambda errors: self.pump.post(
+        self._syncer_for(points, self._token).submit(points, lambda errors: self.pump.post(
             "mq committed", self._done, points, errors, failed, waiting, started))
+
+    def _syncer_for(self, points: dict[str, SyncPoint], token: trio.lowlevel.TrioToken
+                    ) -> NativeSyncer | ThreadSyncer:
+        if self._native is None and self._thread is None:
+            try:
+                self._native = NativeSyncer()
+            except OSError as exc:
+                logger.warning("fsyncs in a Python thread: %s", exc)
+        if self._native is not None and self._native.takes(points):
+            return self._native
+        if self._thread is None:
+            self._thread = ThreadSyncer(token)
+        return self._thread
 
     def _done(self, points: dict[str, SyncPoint], errors: dict[str, OSError],
               failed: dict[str, str],
@@ -275,47 +290,6 @@ class GroupCommit:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        if self._syncer is not None:
-            self._syncer.stop()
-
-
-class _Syncer:
-    """One thread that runs the commits' fsyncs, one commit at a time, and reports each
-    back on the pump's trio loop (a thread started per commit cost more than many
-    fsyncs of a small commit)."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self._token = token
-        self._jobs: SimpleQueue[
-            tuple[dict[str, SyncPoint], Callable[[dict[str, OSError]], object]] | None
-        ] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="mq fsync", daemon=True)
-        self._thread.start()
-
-    def submit(self, points: dict[str, SyncPoint],
-               done: Callable[[dict[str, OSError]], object]) -> None:
-        self._jobs.put((points, done))
-
-    def stop(self) -> None:
-        """No more commits: the thread ends after the one under way (not waited for)."""
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            points, done = job
-            errors = _run_syncs(points)
-            try:
-                self._token.run_sync_soon(done, errors)
-            except trio.RunFinishedError:  # ending: nothing is acknowledged
-                return
-
-
-def _run_syncs(points: dict[str, SyncPoint]) -> dict[str, OSError]:
-    """fsync each point (any thread); the errors by topic."""
-    errors = {}
-    for name, point in points.items():
-        try:
-            run_sync(point)
-        except OSError as exc:
-            errors[name] = exc
-    return errors
+        for syncer in (self._native, self._thread):
+            if syncer is not None:
+                syncer.stop()

@@ -312,10 +312,14 @@ async def test_a_memory_topic_works_without_a_directory(autojump_clock: object) 
         assert [(await sub.receive()).body for _ in range(2)] == [b"1", b"2"]
 
 
-@pytest.mark.parametrize("durability", ["sync", "interval:0.05"])
-async def test_fsyncs_in_a_thread_on_the_real_clock(tmp_path: pathlib.Path,
-                                                    durability: str) -> None:
-    async with site(tmp_path, fsync_thread=True, durability=durability) as s:
+@pytest.mark.parametrize(("durability", "segment_bytes"),
+                         [("sync", None), ("interval:0.05", None), ("sync", 2048)])
+async def test_fsyncs_in_a_thread_on_the_real_clock(tmp_path: pathlib.Path, durability: str,
+                                                    segment_bytes: int | None) -> None:
+    # (segments of 2 KiB: commits that wait for a sealed segment's flush, and new files'
+    # directory fsyncs, beside the others)
+    sizes = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
+    async with site(tmp_path, fsync_thread=True, durability=durability, **sizes) as s:
         client = s.client("c")
         await client.declare("orders")
         async with trio.open_nursery() as nursery:  # concurrent produces share fsyncs
