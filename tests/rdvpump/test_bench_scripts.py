@@ -38,6 +38,15 @@ def test_mq_relay_floor_prints_its_ratio() -> None:
     assert relay > 0 and append > 0 and abs(ratio - relay / append) < 0.01
 
 
+def test_sync_latency_prints_its_percentiles() -> None:
+    out = _output("sync_latency.py", "1024", "20000", "0.3", timeout=300)
+    line = re.fullmatch(r"(\d+) probes: p50 (\d+\.\d\d) ms, p90 (\d+\.\d\d) ms, "
+                        r"p99 (\d+\.\d\d) ms\n", out)
+    assert line is not None, out
+    probes, p50, p90, p99 = map(float, line.groups())
+    assert probes > 0 and 0 < p50 <= p90 <= p99
+
+
 def test_bench_mq_s_relay_floor_moves_every_byte_and_reaps_its_processes(
         tmp_path: pathlib.Path) -> None:
     """``bench mq``'s ``relay-floor`` row: three processes that move every byte (the
