@@ -313,4 +313,7 @@ def run(brokers: int = 3, queues: int = 4, messages: int = 20_000, *, isr: bool 
 
 
 if __name__ == "__main__":  # a process of external clients (see _clients_process)
+    from channels import keep_freed_memory
+
+    keep_freed_memory()  # as an embedding client moving large frames would (bench mq's too)
     trio.run(_clients, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:])
