@@ -51,7 +51,7 @@ from channels import QueueFullError
 from pump import ConfigError
 
 from ..topics._group import DEFAULT_WINDOW
-from ..topics._wire import unpack_column, unpack_offsets
+from ..topics._wire import lazy_column, unpack_column, unpack_offsets
 from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
 
 #: Seconds a request waits for its reply by default.
@@ -180,19 +180,19 @@ class _ServerLink(BrokerLink):
             if type(count) is not int or count < 1:
                 raise ValueError(f"count {count!r}")
             offsets = unpack_offsets(obj["offsets"], count)
-            sizes, tags, producers, sequences, deliveries, timestamps = [
-                unpack_column(obj[name], count, counting=counting)
-                for name, counting in _COLUMNS[1:]]
+            sizes = unpack_column(obj["sizes"], count)
+            columns = [lazy_column(obj[name], count, counting=counting)
+                       for name, counting in _COLUMNS[2:]]
             check_sizes(body, sizes)
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")
             return
-        batch = MessageBatch(subscription, offsets, tags, producers, sequences, deliveries,
-                             timestamps, parts=[(body, sizes)])
+        batch = MessageBatch(subscription, offsets, *columns, parts=[(body, sizes)])
         held = subscription.held
         held.add(offsets, None)
         if subscription.no_local:
             me = self.client.producer
+            producers = batch.producers
             if me in producers:  # this client's own messages: acknowledged, not handed out
                 ack = subscription.ack_request(
                     [o for o, p in zip(offsets, producers, strict=True) if p == me])

@@ -19,6 +19,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Protocol, overload
@@ -85,10 +86,14 @@ def cut(body: bytes | memoryview, sizes: list[int]) -> Sequence[bytes]:
                                                                                    initial=0))]
 
 
-#: A batch's columns but its bodies, in :class:`Message`'s order.
-_COLUMNS = tuple(map(attrgetter, ("offsets", "tags", "producers", "sequences", "deliveries",
-                                  "timestamps")))
-_OFFSETS = _COLUMNS[0]
+_OFFSETS = attrgetter("offsets")
+#: A batch's columns but its offsets and bodies, in :class:`Message`'s order.
+_COLUMNS = ("tags", "producers", "sequences", "deliveries", "timestamps")
+
+
+def _joined_column(batches: Sequence[MessageBatch], i: int) -> list[Any]:
+    """Column ``i`` (of :data:`_COLUMNS`) of ``batches`` one after the other."""
+    return list(itertools.chain.from_iterable(map(attrgetter(_COLUMNS[i]), batches)))
 
 
 def _joined(offsets: list[Sequence[int]]) -> Sequence[int]:
@@ -101,35 +106,64 @@ def _joined(offsets: list[Sequence[int]]) -> Sequence[int]:
     return list(itertools.chain.from_iterable(offsets))
 
 
+#: A column of a batch: its list, or a call that makes it (made when first read).
+Column = list[Any] | Callable[[], list[Any]]
+
+
 class MessageBatch:
     """Messages of one subscription as columns, in the order they came: what
     :meth:`Subscription.receive_batch` returns (one or more frames' worth).
 
     ``offsets`` (a ``range`` when they are consecutive, a list otherwise), ``tags``,
     ``producers``, ``sequences``, ``deliveries`` and ``timestamps`` (lists) hold one
-    value per message; ``bodies`` are cut out of their frames the first time they are
-    asked for.  A consumer that works on whole columns makes no object per message;
-    ``batch[i]``, iterating and :meth:`messages` make :class:`Message` objects as they
-    are asked for.  Read-only by convention."""
+    value per message, each made the first time it is read (a frame sends a column of
+    equal values as one value); ``bodies`` are cut out of their frames the first time
+    they are asked for.  A consumer that works on whole columns makes no object per
+    message, and none for the columns it does not read; ``batch[i]``, iterating and
+    :meth:`messages` make :class:`Message` objects as they are asked for.  Read-only by
+    convention."""
 
-    __slots__ = ("subscription", "offsets", "tags", "producers", "sequences", "deliveries",
-                 "timestamps", "_parts", "_bodies")
+    __slots__ = ("subscription", "offsets", "_columns", "_parts", "_bodies")
 
     def __init__(self, subscription: Subscription, offsets: Sequence[int],
-                 tags: list[str | None], producers: list[str], sequences: list[int],
-                 deliveries: list[int], timestamps: list[int], *,
-                 bodies: Sequence[bytes] | None = None,
+                 tags: Column, producers: Column, sequences: Column, deliveries: Column,
+                 timestamps: Column, *, bodies: Sequence[bytes] | None = None,
                  parts: Sequence[tuple[bytes | memoryview, list[int]]] = ()) -> None:
         self.subscription = subscription
         self.offsets = offsets
-        self.tags = tags
-        self.producers = producers
-        self.sequences = sequences
-        self.deliveries = deliveries
-        self.timestamps = timestamps
+        #: tags, producers, sequences, deliveries, timestamps: each a list, or the call
+        #: that makes it
+        self._columns: list[Column] = [tags, producers, sequences, deliveries, timestamps]
         #: bodies not cut yet: (frame's bodies back to back, their sizes) in order
         self._parts = parts
         self._bodies = bodies
+
+    def _column(self, i: int) -> list[Any]:
+        column = self._columns[i]
+        if isinstance(column, list):
+            return column
+        made = self._columns[i] = column()
+        return made
+
+    @property
+    def tags(self) -> list[str | None]:
+        return self._column(0)
+
+    @property
+    def producers(self) -> list[str]:
+        return self._column(1)
+
+    @property
+    def sequences(self) -> list[int]:
+        return self._column(2)
+
+    @property
+    def deliveries(self) -> list[int]:
+        return self._column(3)
+
+    @property
+    def timestamps(self) -> list[int]:
+        return self._column(4)
 
     @classmethod
     def of(cls, subscription: Subscription, messages: Sequence[Message]) -> MessageBatch:
@@ -145,8 +179,7 @@ class MessageBatch:
         their frames stay there."""
         first = batches[0]
         offsets = _joined(list(map(_OFFSETS, batches)))
-        columns = [list(itertools.chain.from_iterable(map(column, batches)))
-                   for column in _COLUMNS[1:]]
+        columns = [partial(_joined_column, batches, i) for i in range(len(_COLUMNS))]
         uncut = [b.uncut for b in batches]
         if all(parts is not None for parts in uncut):
             return cls(first.subscription, offsets, *columns,

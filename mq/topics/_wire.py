@@ -10,6 +10,8 @@ few dozen bytes of JSON instead of tens of kilobytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 
@@ -36,6 +38,16 @@ def unpack_column(column: Any, count: int, *, counting: bool = False) -> list[An
             raise ValueError(f"a counting column starts at an integer, not {column!r}")
         return list(range(column, column + count))
     return [column] * count
+
+
+def lazy_column(column: Any, count: int, *, counting: bool = False
+                ) -> list[Any] | Callable[[], list[Any]]:
+    """:func:`unpack_column`'s checks now (ValueError), and its list: the list sent, or,
+    for one value, a call that makes the list when it is first asked for (a consumer
+    that reads only some columns makes no list of the others)."""
+    if isinstance(column, list) or (counting and type(column) is not int):
+        return unpack_column(column, count, counting=counting)
+    return partial(unpack_column, column, count, counting=counting)
 
 
 def unpack_offsets(column: Any, count: int) -> range | list[int]:

@@ -197,6 +197,23 @@ def test_batches_join_and_cut_with_bodies_in_their_frames_or_cut() -> None:
     assert repr(mixed) == "<MessageBatch of 3 messages of 't' in group 'g'>"
 
 
+def test_columns_sent_as_one_value_are_made_when_read_and_join_so() -> None:
+    from mq.topics._wire import lazy_column
+
+    owner: Any = SimpleNamespace(topic="t", group="g")
+    sent = [lazy_column(v, 3, counting=c) for v, c in
+            ((None, False), ("p", False), (7, True), (1, False), (9, False))]
+    one = MessageBatch(owner, range(0, 3), *sent, parts=[(b"abc", [1, 1, 1])])
+    other = MessageBatch(owner, [3], ["x"], ["q"], [1], [2], [10], parts=[(b"d", [1])])
+    joined = MessageBatch.join([one, other])
+    assert (joined.tags, joined.producers, joined.sequences, joined.deliveries,
+            joined.timestamps) == ([None, None, None, "x"], ["p", "p", "p", "q"],
+                                   [7, 8, 9, 1], [1, 1, 1, 2], [9, 9, 9, 10])
+    assert one.sequences is one.sequences  # made once
+    assert [(m.offset, m.producer, m.sequence) for m in one] == [
+        (0, "p", 7), (1, "p", 8), (2, "p", 9)]
+
+
 def test_an_ack_of_a_range_is_first_and_count_only_when_it_counts_by_one() -> None:
     """A batch's consecutive offsets go as the first and the count; a range with a step
     is acked as the offsets it names, and what is not held stays in for the server."""
