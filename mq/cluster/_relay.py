@@ -326,17 +326,18 @@ class Relay:
         groups = obj.get("groups", [obj["group"]])
         if type(groups) is not list or not all(type(g) is str for g in groups):
             raise ValueError(f"groups {groups!r}")
-        stretch = upstream.stretch(topic)
+        stretches = upstream.stretches
         if obj.get("cached") is True:
             first, count = obj["offsets"], obj["count"]
             if type(first) is not int or type(count) is not int:
                 raise ValueError(f"a cached run at {first!r} of {count!r}")
-            frames = [frame.part(start, n) for frame, start, n in stretch.pieces(first, count)]
+            frames = [frame.part(start, n)
+                      for frame, start, n in stretches.pieces(topic, first, count)]
             self.counts["named"] += count
         else:
             frame = RelayedFrame.check(obj)
             if frame.extends():
-                stretch.add(frame.offsets[0], frame.count, frame.size, frame)
+                stretches.add(topic, frame.offsets[0], frame.count, frame.size, frame)
             frames = [frame]
         for group in groups:
             relay_group = self.groups.get((topic, group))

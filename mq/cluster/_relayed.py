@@ -15,7 +15,7 @@ from pump import Pump
 from ..topics._catalogue import Catalogue
 from ..topics._delivery import Links
 from ..topics._requests import Consume
-from ..topics._stretch import Stretch
+from ..topics._stretch import Stretches
 
 if TYPE_CHECKING:
     from ._relay_groups import RelayedFrame
@@ -89,7 +89,7 @@ class Upstream(BrokerLink):
         #: Each shared topic's last stretch of messages the root sent on this link with
         #: their bodies, by frame: what it then names without them (``cached``; see
         #: :mod:`mq.topics._stretch`).  The link's, gone when it closes.
-        self.stretches: dict[str, Stretch[RelayedFrame]] = {}
+        self.stretches: Stretches[RelayedFrame] = Stretches()
         #: What the root sends: its groups' messages; an error is an ack it no longer
         #: held (redelivered after its ack timeout): that message comes again.
         self.pushes = PushTable(f"root {root}", {
@@ -104,13 +104,6 @@ class Upstream(BrokerLink):
     def lost(self, reason: str) -> None:
         self.stretches.clear()
         self.relay.upstream_lost(self, reason)
-
-    def stretch(self, topic: str) -> Stretch[RelayedFrame]:
-        """The stretch of ``topic`` on this link (made empty the first time)."""
-        stretch = self.stretches.get(topic)
-        if stretch is None:
-            stretch = self.stretches[topic] = Stretch()
-        return stretch
 
     def room_again(self) -> None:
         self.relay.run_waiting()

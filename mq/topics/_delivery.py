@@ -26,7 +26,7 @@ from channels import DEFAULT_RING_CAPACITY, Gather, MessageQueue, coalesce
 
 from ..storage._record import Record
 from ._group import Delivery, Member, Run
-from ._stretch import Stretch, extends
+from ._stretch import Stretches, extends
 from ._wire import pack_column
 
 __all__ = ["FRAME_BYTES", "FRAME_ROOM", "FRAME_TAIL", "ClientLink", "Links", "messages_frame"]
@@ -68,7 +68,7 @@ class ClientLink:
     #: :mod:`._stretch`; a relaying server asks so, one of an older release does not)
     named_runs: bool = False
     #: such a link's last stretch of each topic's bodies sent (offsets only)
-    sent: dict[str, Stretch[None]] = field(default_factory=dict)
+    sent: Stretches[None] = field(default_factory=Stretches)
 
     def send(self, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries,
@@ -135,13 +135,11 @@ class ClientLink:
         if not self.named_runs:
             self._send_parts(topic, groups, _parts(topic, pieces, frames))
             return
-        stretch = self.sent.get(topic)
-        if stretch is None:
-            stretch = self.sent[topic] = Stretch()
+        sent = self.sent
         if len(pieces) == 1 and type(run := pieces[0]) is Run:
             records = run.records
             first = records[0].offset
-            held = stretch.held(first, len(records))
+            held = sent.held(topic, first, len(records))
             if held and records[held - 1].offset == first + held - 1:
                 header: dict[str, Any] = {"cmd": "messages", "topic": topic,
                                           "group": groups[0], "count": held,
@@ -155,8 +153,8 @@ class ClientLink:
         parts = _parts(topic, pieces, frames)
         for columns, bodies in parts:
             if extends(columns):
-                stretch.add(columns["offsets"], columns["count"], sum(map(len, bodies)),
-                            None)
+                sent.add(topic, columns["offsets"], columns["count"], sum(map(len, bodies)),
+                         None)
         self._send_parts(topic, groups, parts)
 
     def _what(self) -> str:

@@ -20,6 +20,12 @@ the end, and leaves it as it is when it starts inside (a message sent again).  W
 frames leave from the front once the stretch holds more than its budget.  The link's
 frames keep their order, so what the root knows it sent is what the server has; a link
 that closes takes its stretches with it, at both ends.
+
+A link's stretches also share one budget, :data:`LINK_STRETCH_BYTES` (:class:`Stretches`):
+past it, the stretches of the topics whose frames came least recently are let go,
+whole.  Both ends see the link's frames in one order, so they let go of the same ones
+at the same frame, again without a word: a relaying server's memory for stretches is
+bounded however many shared topics it serves.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Generic, TypeVar
 
-__all__ = ["STRETCH_BYTES", "Stretch", "extends"]
+__all__ = ["LINK_STRETCH_BYTES", "STRETCH_BYTES", "Stretch", "Stretches", "extends"]
 
 #: Bytes of bodies a stretch holds at most (its last frame may take it past this): a
 #: relaying server keeps this much of each shared topic for the groups behind.
 STRETCH_BYTES = 8 << 20
+#: Bytes of bodies the stretches of one link hold together at most (each one's last
+#: frame may take them past this): a relaying server's memory for them.
+LINK_STRETCH_BYTES = 64 << 20
 
 T = TypeVar("T")
 
@@ -114,4 +123,60 @@ class Stretch(Generic[T]):
 
     def clear(self) -> None:
         self.frames.clear()
+        self.size = 0
+
+
+class Stretches(Generic[T]):
+    """The stretches of one link, by topic, within the link's budget (see the module):
+    each end of the link keeps one, and calls :meth:`add` for the same frames in the
+    same order."""
+
+    __slots__ = ("_by_topic", "budget", "size")
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = LINK_STRETCH_BYTES if budget is None else budget
+        #: by topic, the one a frame extended least recently first
+        self._by_topic: dict[str, Stretch[T]] = {}
+        #: bytes of bodies of them all
+        self.size = 0
+
+    def add(self, topic: str, first: int, count: int, size: int, item: T) -> None:
+        """:meth:`Stretch.add` to ``topic``'s stretch (made the first time), which is
+        then the one added to last; then, past the budget, the others let go, those
+        added to least recently first."""
+        by_topic = self._by_topic
+        stretch = by_topic.pop(topic, None)
+        if stretch is None:
+            stretch = Stretch(min(STRETCH_BYTES, self.budget))
+        by_topic[topic] = stretch
+        before = stretch.size
+        stretch.add(first, count, size, item)
+        self.size += stretch.size - before
+        while self.size > self.budget and len(by_topic) > 1:
+            oldest = next(iter(by_topic))
+            self.size -= by_topic.pop(oldest).size
+
+    def held(self, topic: str, first: int, count: int) -> int:
+        """:meth:`Stretch.held` of ``topic``'s stretch (0 when it has none)."""
+        stretch = self._by_topic.get(topic)
+        return 0 if stretch is None else stretch.held(first, count)
+
+    def pieces(self, topic: str, first: int, count: int) -> list[tuple[T, int, int]]:
+        """:meth:`Stretch.pieces` of ``topic``'s stretch; ValueError if it does not hold
+        them all (or there is none)."""
+        stretch = self._by_topic.get(topic)
+        if stretch is None:
+            raise ValueError(f"offsets {first}..{first + count - 1} are not held "
+                             f"(held: none)")
+        return stretch.pieces(first, count)
+
+    def get(self, topic: str) -> Stretch[T] | None:
+        return self._by_topic.get(topic)
+
+    def describe(self) -> dict[str, str]:
+        """Each topic's stretch described, the one added to least recently first."""
+        return {topic: stretch.describe() for topic, stretch in self._by_topic.items()}
+
+    def clear(self) -> None:
+        self._by_topic.clear()
         self.size = 0

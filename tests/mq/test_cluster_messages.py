@@ -451,6 +451,50 @@ async def test_a_group_behind_is_sent_by_name_what_the_root_sent_its_server_befo
         cluster.close()
 
 
+async def test_a_relaying_server_keeps_what_its_root_may_name_within_one_budget(
+        tmp_path: pathlib.Path, autojump_clock: object, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Four shared topics consumed on e, each sent 60 messages of 1,000 bytes: e keeps
+    what the root may name of them within the link's budget (50,000 bytes here), letting
+    go of the topics sent to least recently, as the root does: each topic's consumer
+    gets every message, and both ends name the same stretches."""
+    from mq.topics import _stretch
+
+    monkeypatch.setattr(_stretch, "LINK_STRETCH_BYTES", 50_000)
+    topics = ["orders", "t1", "t2", "t3"]
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        for topic in topics[1:]:
+            await producer.declare(topic, shared=True)
+        await until(lambda: all(t in s.catalogue.topics for t in topics
+                                for s in cluster.servers.values()))
+        got: dict[str, list[bytes]] = {topic: [] for topic in topics}
+        client = MqClient(universe.add_broker("c-e"), "e:15555", timeout=30)
+        for topic in topics:
+            nursery.start_soon(take, await client.subscribe(topic), got[topic])
+        relay = await relay_on_e(cluster, len(topics))
+        upstream = relay.upstream
+        assert upstream is not None
+        sizes = []
+        for i in range(0, 60, 10):
+            for topic in topics:
+                await producer.publish_many(topic, [b"%s %03d " % (topic.encode(), i + k)
+                                                    + b"x" * 990 for k in range(10)])
+                await until(lambda topic=topic, n=i + 10: len(got[topic]) == n)
+                sizes.append(upstream.stretches.size)
+        for topic in topics:
+            assert got[topic] == [b"%s %03d " % (topic.encode(), n) + b"x" * 990
+                                  for n in range(60)]
+        # four topics of 60,000 bytes each: at most the budget, and some of each sent
+        assert max(sizes) <= 50_000 and max(sizes) >= 40_000
+        links = [link for link in cluster.servers["a"].links if link.named_runs]
+        assert [link.sent.describe() for link in links] == [upstream.stretches.describe()]
+        nursery.cancel_scope.cancel()
+        client.close()
+        producer.close()
+        cluster.close()
+
+
 async def test_a_run_named_that_the_server_does_not_hold_closes_only_the_root_s_link(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     """A ``cached`` frame naming messages e does not hold (here: e lost what it kept) is

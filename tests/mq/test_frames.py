@@ -331,46 +331,50 @@ def test_held_offsets_keep_what_was_delivered_under_each(
 
 
 #: Runs handed to the groups of one relaying server, as a root hands them: each
-#: ``(groups, first, count, gap)``, of the first of three groups or several at once,
-#: from any offset (a group behind, ahead, again), with or without a hole (a filter's).
-_RUNS = st.lists(st.tuples(st.sampled_from([("a",), ("b",), ("c",), ("a", "b"),
+#: ``(topic, groups, first, count, gap)``, of one of three topics, to the first of three
+#: groups or several at once, from any offset (a group behind, ahead, again), with or
+#: without a hole (a filter's).
+_RUNS = st.lists(st.tuples(st.sampled_from(["t", "u", "v"]),
+                           st.sampled_from([("a",), ("b",), ("c",), ("a", "b"),
                                             ("a", "b", "c")]),
                            st.integers(0, 60), st.integers(1, 25), st.booleans()),
                  min_size=1, max_size=30)
 
 
-@given(runs=_RUNS, budget=st.integers(0, 3_000), sizes=st.integers(0, 3),
-       named=st.booleans())
+@given(runs=_RUNS, budget=st.integers(0, 3_000), link_budget=st.integers(0, 6_000),
+       sizes=st.integers(0, 3), named=st.booleans())
 def test_a_server_takes_each_run_the_root_names_as_the_root_sent_it(
-        runs: list[tuple[tuple[str, ...], int, int, bool]], budget: int, sizes: int,
-        named: bool) -> None:
-    """Whatever runs a root hands a relaying server's groups, in frames with their bodies
-    or naming what the server kept (``cached``), the server makes of each frame the
-    messages the root handed, bodies and all, as first deliveries; with any budget of
-    bytes kept, at least one whole frame.  A link that did not ask for names (a server
-    of an older release) is never sent one."""
+        runs: list[tuple[str, tuple[str, ...], int, int, bool]], budget: int,
+        link_budget: int, sizes: int, named: bool) -> None:
+    """Whatever runs a root hands a relaying server's groups, of several topics, in
+    frames with their bodies or naming what the server kept (``cached``), the server
+    makes of each frame the messages the root handed, bodies and all, as first
+    deliveries; with any budget of bytes kept a topic, at least one whole frame, and
+    with any budget for them all, past it only the topic of the last frame.  A link
+    that did not ask for names (a server of an older release) is never sent one."""
     with pytest.MonkeyPatch.context() as patch:
         from mq.topics import _stretch
 
         patch.setattr(_stretch, "STRETCH_BYTES", budget)
-        _named_runs_agree(runs, budget, sizes, named)
+        patch.setattr(_stretch, "LINK_STRETCH_BYTES", link_budget)
+        _named_runs_agree(runs, min(budget, link_budget), link_budget, sizes, named)
 
 
-def _named_runs_agree(runs: list[tuple[tuple[str, ...], int, int, bool]], budget: int,
-                      sizes: int, named: bool) -> None:
+def _named_runs_agree(runs: list[tuple[str, tuple[str, ...], int, int, bool]], budget: int,
+                      link_budget: int, sizes: int, named: bool) -> None:
     from mq.topics._delivery import ClientLink
-    from mq.topics._stretch import Stretch
+    from mq.topics._stretch import Stretches
 
     body = {0: lambda o: b"", 1: lambda o: b"%d" % o, 2: lambda o: bytes([o % 251]) * 97,
             3: lambda o: bytes([o % 251]) * (o % 300)}[sizes]
     root = ClientLink(None, shared_frames=True, named_runs=named)  # type: ignore[arg-type]
     wire: list[Any] = []
     root.send = wire.append  # type: ignore[method-assign]
-    kept: Stretch[RelayedFrame] = Stretch()
-    for groups, first, count, gap in runs:
+    kept: Stretches[RelayedFrame] = Stretches()
+    for topic, groups, first, count, gap in runs:
         offsets = [first + i + (5 if gap and i >= count // 2 else 0) for i in range(count)]
         records = [Record(o, 1_000 + o, o, None, "p", body(o)) for o in offsets]
-        root.batch += [Run("t", group, records, None, 0.0)  # type: ignore[arg-type]
+        root.batch += [Run(topic, group, records, None, 0.0)  # type: ignore[arg-type]
                        for group in groups]
         root.flush()
         got: dict[str, list[Relayed]] = {group: [] for group in groups}
@@ -378,12 +382,12 @@ def _named_runs_agree(runs: list[tuple[tuple[str, ...], int, int, bool]], budget
             obj = decode(bytes(message))
             if obj.get("cached") is True:
                 assert named, obj
-                frames = [frame.part(start, n)
-                          for frame, start, n in kept.pieces(obj["offsets"], obj["count"])]
+                frames = [frame.part(start, n) for frame, start, n in
+                          kept.pieces(obj["topic"], obj["offsets"], obj["count"])]
             else:
                 frame = RelayedFrame.check(obj)
                 if frame.extends():
-                    kept.add(frame.offsets[0], frame.count, frame.size, frame)
+                    kept.add(obj["topic"], frame.offsets[0], frame.count, frame.size, frame)
                 frames = [frame]
             for group in obj.get("groups", [obj["group"]]):
                 got[group] += [m for frame in frames for m in relayed_messages(frame.obj)]
@@ -393,6 +397,11 @@ def _named_runs_agree(runs: list[tuple[tuple[str, ...], int, int, bool]], budget
                     for m in got[group]] == [(r.offset, r.body, 1, r.sequence, r.timestamp)
                                              for r in records]
         if named:
-            assert kept.describe() == root.sent["t"].describe()
-        # nothing kept past the budget but the last frame
-        assert not kept.frames or kept.size - kept.frames[-1][2] <= budget
+            assert kept.describe() == root.sent.describe()
+        # nothing kept past a topic's budget but its last frame, and past the link's
+        # budget nothing but the stretch the last frame went to
+        stretches = [s for t in kept.describe() if (s := kept.get(t)) is not None]
+        for stretch in stretches:
+            assert not stretch.frames or stretch.size - stretch.frames[-1][2] <= budget
+        assert len(stretches) <= 1 or kept.size <= link_budget
+        assert kept.size == sum(stretch.size for stretch in stretches)
