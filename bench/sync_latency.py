@@ -11,7 +11,6 @@ probes' count and their p50, p90 and p99 in milliseconds.  Figures in bench/RESU
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 import time
@@ -24,7 +23,6 @@ from mq import MqClient
 from pump import Pump
 from rdv import Address
 from rdvpump.bench import mq
-from rdvpump.bench._ports import free_ports
 
 PROBE = b"p" * 1024
 
@@ -61,34 +59,19 @@ async def _probe(port: int, count: int, seconds: float) -> list[float]:
 def main() -> None:
     size, count, seconds = (int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])) \
         if len(sys.argv) > 3 else (65536, 30000, 1.5)
-    data = Path(tempfile.mkdtemp(prefix="rdvpump-sync-latency-"))
-    manager_port, port = free_ports(2)
-    manager = mq._Proc([*mq.RDVPUMP, "manager", "serve", "--universe", mq.UNIVERSE,
-                        "--listen", f"127.0.0.1:{manager_port}"], ready="ready")
-    try:
-        server = mq._Proc([*mq.RDVPUMP, "broker", "run", "--universe", mq.UNIVERSE, "--id",
-                           "s1", "--manager", f"127.0.0.1:{manager_port}", "--listen",
-                           f"127.0.0.1:{port}", "--role", "server", "--mq-dir", str(data),
-                           "--topic", "bench", "--durability", "sync"], ready="ready")
+    with mq.served("sync", Path(tempfile.mkdtemp(prefix="rdvpump-sync-latency-"))) as port:
+        shape = ["127.0.0.1", str(port), str(size), str(count)]
+        consumer = mq._Proc([*mq.CHILD, "consumer", *shape], ready="subscribed")
         try:
-            shape = ["127.0.0.1", str(port), str(size), str(count)]
-            consumer = mq._Proc([*mq.CHILD, "consumer", *shape], ready="subscribed")
+            producer = mq._Proc([*mq.CHILD, "producer", *shape])
             try:
-                producer = mq._Proc([*mq.CHILD, "producer", *shape])
-                try:
-                    took = sorted(trio.run(_probe, port, count, seconds))
-                    producer.result()
-                    consumer.result()
-                finally:
-                    producer.close()
+                took = sorted(trio.run(_probe, port, count, seconds))
+                producer.result()
+                consumer.result()
             finally:
-                consumer.close()
+                producer.close()
         finally:
-            server.proc.send_signal(2)
-            server.close()
-    finally:
-        manager.close()
-        shutil.rmtree(data, ignore_errors=True)
+            consumer.close()
 
     def ms(q: float) -> float:
         return took[min(len(took) - 1, int(q * len(took)))] * 1e3

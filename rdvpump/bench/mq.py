@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -287,10 +288,12 @@ def _pair(prefix: str, args: list[str]) -> tuple[dict[str, float], dict[str, flo
         consumer.close()
 
 
-def ours(size: int, count: int, durability: str, tmp: Path) -> float:
-    """Messages per second end to end through an rdvpump MQ server process."""
+@contextmanager
+def served(durability: str, data: Path) -> Iterator[int]:
+    """A manager and an MQ server process (``s1``, topic ``bench``, ``durability``,
+    stored in ``data``) on 127.0.0.1: the server's port; both stopped and ``data``
+    removed on the way out."""
     manager_port, server_port = free_ports(2)
-    data = tmp / f"mq-{size}-{durability.replace(':', '')}"
     manager = _Proc([*RDVPUMP, "manager", "serve", "--universe", UNIVERSE, "--listen",
                      f"127.0.0.1:{manager_port}"], ready="ready")
     try:
@@ -300,13 +303,19 @@ def ours(size: int, count: int, durability: str, tmp: Path) -> float:
                         "--topic", "bench", "--durability", durability],
                        ready="ready")
         try:
-            sent, got = _pair("", ["127.0.0.1", str(server_port), str(size), str(count)])
+            yield server_port
         finally:
             server.proc.send_signal(2)
             server.close()
     finally:
         manager.close()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def ours(size: int, count: int, durability: str, tmp: Path) -> float:
+    """Messages per second end to end through an rdvpump MQ server process."""
+    with served(durability, tmp / f"mq-{size}-{durability.replace(':', '')}") as port:
+        sent, got = _pair("", ["127.0.0.1", str(port), str(size), str(count)])
     if os.environ.get("RDVPUMP_BENCH_DEBUG"):
         print(f"ours {size} {durability}: produced in {sent['end'] - sent['start']:.3f} s, "
               f"first delivery after {got['first'] - sent['start']:.3f} s, all acked after "
