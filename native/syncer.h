@@ -2,9 +2,10 @@
  *
  * An MQ server's group commit runs its fsyncs beside the pump.  A Python thread doing
  * them first waits for the GIL to wake up, and the pump holds it while it works: under
- * load the fsync started a millisecond late, longer than the fsync took.  This thread
- * is C's own: the pump hands it descriptors, it fsyncs them in order and says it is
- * done by writing 1 to an eventfd the pump waits on (mq/topics/_commit.py).
+ * load the fsync started up to a millisecond late, often longer than the fsync took.
+ * This thread is C's own: the pump hands it descriptors, it fsyncs them in order and
+ * says it is done by writing 1 to an eventfd the pump waits on (and by the state
+ * sy_take reads, which the pump also asks at each write: mq/topics/_syncers.py).
  *
  * One job at a time.  As with native/ringbuf.h, native/build_ringbuf.py hands the
  * declarations between the CDEF markers to cffi.

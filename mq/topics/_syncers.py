@@ -3,9 +3,11 @@ each reported back on the pump's trio loop.
 
 :class:`NativeSyncer` is the one a server uses: a C thread (``native/syncer.c``) that
 never takes the GIL.  It is handed the commit's descriptors, fsyncs them, and writes an
-eventfd that a trio task of this process waits on.  A Python thread must first take the
-GIL to wake up, and the pump holds it while it works: under a 64 KiB ``sync`` load that
-thread started its fsync a millisecond after it was asked, more than the fsync took.
+eventfd that a trio task of this process waits on; the group commit also asks it at
+each write (:meth:`NativeSyncer.poll`).  A Python thread must first take the GIL to
+wake up, and the pump holds it while it works: under a 64 KiB ``sync`` load that thread
+started its fsync up to a millisecond after it was asked, often more than the fsync
+took.
 
 :class:`ThreadSyncer` is a Python thread: for a commit that must wait for a sealed
 segment's flush (a Python thread of its own) before its fsync, and where the C thread
