@@ -16,7 +16,8 @@ timeout.  While every server of the topic refuses (503: a replicated group's sla
 master not confirmed yet) or does not answer, a publish waits for the route table to
 change and tries again, for up to ``failover`` seconds: a publish in flight when a
 master dies goes to the member promoted, with its numbers.  The member promoted refuses
-(503) until another member copies it, which changes no route: it tells the producers it
+(503) until another member copies it, and a former master restarting until the name
+service confirms it, neither of which changes a route: each tells the producers it
 refused once it takes writes again (a ``writable`` push), and they try again then; a
 pause that doubles from :data:`FIRST_RECHECK` to :data:`RECHECK` covers a server that
 says nothing.

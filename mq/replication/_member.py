@@ -67,6 +67,7 @@ class GroupRole:
         #: A group's master takes writes only once the name service confirmed it at its
         #: epoch (a former master restarting must not take any: :meth:`confirm`).
         self.confirmed = False
+        shipper.takes_writes = self.takes_writes
         group = self.group
         if group is not None and group.role == "master":
             self.shipper.epoch = group.epoch
@@ -114,11 +115,24 @@ class GroupRole:
                                f"{group.group} at epoch {group.epoch} by the name service "
                                f"(yet)")
 
+    def takes_writes(self) -> bool:
+        """Whether this server takes writes now: in no group, or its master confirmed."""
+        group = self.group
+        return group is None or (group.role == "master" and self.confirmed)
+
+    @property
+    def unconfirmed_master(self) -> bool:
+        """Its group's master, not confirmed by the name service yet (a former master
+        restarting, until the name service answers)."""
+        group = self.group
+        return group is not None and group.role == "master" and not self.confirmed
+
     def confirm(self) -> None:
         """The name service holds this server as its group's master at its epoch: it
-        takes writes."""
+        takes writes (and tells the links it refused)."""
         self.confirmed = True
         self.begin_epoch()
+        self.shipper.writable_again()
 
     def begin_epoch(self, topic: str | None = None) -> None:
         """As its group's master: its epoch writes every topic (or ``topic``, one just
@@ -147,6 +161,7 @@ class GroupRole:
         self.begin_epoch()
         for state in self.catalogue.topics.values():
             state.recent = None  # built again from the records copied
+        self.shipper.writable_again()
         log.warning("%s: master of group %s at epoch %d", self.address, group.group, epoch)
 
     def demote(self, epoch: int) -> None:

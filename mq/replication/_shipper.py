@@ -152,9 +152,12 @@ class Shipper:
         self.confirmed: frozenset[str] = frozenset()
         #: the replicas refused for a configuration that differs (logged once each)
         self._config_refused: set[tuple[str | None, str]] = set()
-        #: the links refused a produce for too few replicas in sync, by topic and queue:
-        #: told (``writable``) once the topic has enough
+        #: the links refused a produce for too few replicas in sync, or by a master not
+        #: confirmed yet, by topic and queue: told (``writable``) once it takes them
         self._refused: dict[str, dict[MessageQueue, ClientLink]] = {}
+        #: whether this server takes writes now (a replicated group's master, once the
+        #: name service confirmed it): its :class:`~._member.GroupRole` says
+        self.takes_writes: Callable[[], bool] = lambda: True
         #: Counters: frames and bytes shipped, replies held, refusals for too few in sync.
         self.counts = {"frames": 0, "bytes": 0, "held": 0, "refused": 0}
 
@@ -414,14 +417,22 @@ class Shipper:
         return False
 
     def refused(self, topic: str, link: ClientLink) -> None:
-        """``link`` was refused a produce to ``topic`` (:meth:`refusal`): it is told once
-        the topic has enough replicas in sync."""
+        """``link`` was refused a produce to ``topic`` (:meth:`refusal`, or this server is
+        a master not confirmed yet): it is told once this server takes them, and under
+        ``sync`` the topic has enough replicas in sync."""
         self._refused.setdefault(topic, {})[link.queue] = link
 
+    def writable_again(self) -> None:
+        """This server takes writes again (confirmed as its group's master): the links
+        refused a produce are told, of each topic that takes them now."""
+        for topic in list(self._refused):
+            self._tell_writable(topic)
+
     def _tell_writable(self, topic: str) -> None:
-        """The links refused a produce to ``topic`` for too few replicas in sync are told
-        (``writable {topic}``) if it has enough now."""
-        if topic not in self._refused or not self._enough_in_sync(topic):
+        """The links refused a produce to ``topic`` are told (``writable {topic}``) if it
+        takes them now."""
+        if topic not in self._refused or not self.takes_writes() or (
+                self.mode == "sync" and self.refusal(topic) is not None):
             return
         message = encode({"cmd": "writable", "topic": topic})
         for link in self._refused.pop(topic).values():

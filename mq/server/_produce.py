@@ -59,7 +59,12 @@ class ProduceCommand:
         if self.relay is not None and self.relay.takes(request.topic):
             self.relay.produce(request, call)
             return None  # answered with the root's reply
-        self.role.not_a_slave("publish")
+        try:
+            self.role.not_a_slave("publish")
+        except ServiceError:
+            if queue is not None and self.role.unconfirmed_master:  # told once confirmed
+                self.shipper.refused(request.topic, self.links.of(queue))
+            raise
         state = self.catalogue.get(request.topic)
         body, sequence, tag = request.body, request.sequence, request.tag
         producer = request.producer

@@ -46,10 +46,10 @@ async def master(tmp_path: pathlib.Path, **options: Any
 
 
 @asynccontextmanager
-async def group_of_two(tmp_path: pathlib.Path
+async def group_of_two(tmp_path: pathlib.Path, *, confirmed: bool = True
                        ) -> AsyncIterator[tuple[BrokerManager, MqServer, MqServer]]:
-    """A universe with replicated group ``a``: s1 its master at epoch 1 (confirmed), s2
-    its slave (not copying yet)."""
+    """A universe with replicated group ``a``: s1 its master at epoch 1 (confirmed, as
+    the name service would, unless not ``confirmed``), s2 its slave (not copying yet)."""
     from brokermgr import GroupMember
 
     with trio.fail_after(600):  # virtual seconds
@@ -58,7 +58,8 @@ async def group_of_two(tmp_path: pathlib.Path
                                      group=GroupMember("a", i, role, epoch=1), **TIMING)
                      for i, (name, role) in enumerate((("s1", "master"), ("s2", "slave")))}
             s1, s2 = (MqServer(nodes[n], tmp_path / n, fsync_thread=False) for n in nodes)
-            s1.confirm()
+            if confirmed:
+                s1.confirm()
             try:
                 yield universe, s1, s2
             finally:
@@ -292,6 +293,41 @@ async def test_sync_replication_acknowledges_only_what_a_replica_stored(
         assert server.shipper.counts["refused"] == 1
         follower.close()
         replica.close()
+
+
+async def test_a_link_refused_by_a_master_not_confirmed_yet_is_told_once_it_is(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A group's master the name service has not confirmed yet (a former master that
+    restarted, until the name service answers) refuses a publish (503); the link is
+    told once it is confirmed (a ``writable`` push), not when a slave would be asked,
+    and the publish then goes through."""
+    async with group_of_two(tmp_path, confirmed=False) as (universe, s1, s2):
+        client = MqClient(universe.add_broker("c"), "s1:15555", timeout=60)
+        told: list[str] = []
+        pushed = trio.Event()
+
+        def writable(topic: str) -> None:
+            told.append(topic)
+            pushed.set()
+
+        client.on_writable = writable
+        at_slave = MqClient(universe.add_broker("c2"), "s2:15555", timeout=60)
+        wrongly: list[str] = []
+        at_slave.on_writable = wrongly.append
+        with pytest.raises(ServiceError, match="is not confirmed as the master of group a"):
+            await client.publish("orders", b"too soon")
+        with pytest.raises(ServiceError, match="is a slave of group a"):
+            await at_slave.publish("orders", b"to a slave")
+        assert told == []
+        s1.confirm()  # as the name service's answer does
+        with trio.fail_after(5):
+            await pushed.wait()
+        assert told == ["orders"]
+        await client.declare("orders")
+        assert (await client.publish("orders", b"now")).offset == 0
+        assert wrongly == []
+        client.close()
+        at_slave.close()
 
 
 async def test_a_link_refused_for_too_few_replicas_in_sync_is_told_when_there_are_enough(
