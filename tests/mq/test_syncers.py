@@ -76,3 +76,67 @@ async def test_stopped_with_a_job_under_way_reports_nothing(tmp_path: pathlib.Pa
         assert done == []
     finally:
         os.close(fd)
+
+
+class _Log:
+    """A topic's log as the group commit sees it (:class:`~mq.topics._topic.Log`), whose
+    fsync point is ``fd``; what ``finish_sync`` was told is kept."""
+
+    persistent = True
+    durable_offset = 0
+    next_offset = 1
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.told: list[OSError | None] = []
+
+    def prepare_sync(self) -> SyncPoint:
+        return SyncPoint(fd=self.fd, directory=None, target=self.next_offset)
+
+    def finish_sync(self, at: SyncPoint, error: OSError | None) -> int:
+        from mq.storage._record import StoreError
+
+        self.told.append(error)
+        if error is not None:
+            raise StoreError(f"fsync failed: {error.strerror}")
+        self.durable_offset = at.target
+        return at.target
+
+
+async def test_a_group_commit_through_the_c_thread_fails_only_the_topic_whose_fsync_failed(
+        tmp_path: pathlib.Path) -> None:
+    """Two topics share a commit under ``sync``: the one whose fsync fails is failed with
+    the reason and what waited for it is dropped; the other is durable and what waited
+    for it runs."""
+    from mq.topics._commit import Durability, GroupCommit
+    from pump import Pump
+
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT)
+    read_end, write_end = os.pipe()
+    good, bad = _Log(fd), _Log(write_end)
+    failed: list[tuple[str, str]] = []
+    committed: list[str] = []
+    ran: list[str] = []
+    settled = trio.Event()
+    pump = Pump(name="commit")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        commit = GroupCommit(pump, Durability.parse("sync"), owner=None,
+                             release=lambda reply: None,
+                             failed=lambda name, why: failed.append((name, why)),
+                             committed=lambda names: (committed.extend(names),
+                                                      settled.set()))
+        commit.add("good", good)  # type: ignore[arg-type]
+        commit.add("bad", bad)  # type: ignore[arg-type]
+        commit.after("good", good, lambda: ran.append("good"))  # type: ignore[arg-type]
+        commit.after("bad", bad, lambda: ran.append("bad"))  # type: ignore[arg-type]
+        with trio.fail_after(10):
+            await settled.wait()
+        commit.close()
+        nursery.cancel_scope.cancel()
+    for f in (fd, read_end, write_end):
+        os.close(f)
+    assert good.told == [None] and good.durable_offset == 1
+    assert [e.errno for e in bad.told if e is not None] == [errno.EINVAL]
+    assert failed == [("bad", "fsync failed: Invalid argument")]
+    assert committed == ["good"] and ran == ["good"]
