@@ -121,7 +121,10 @@ class Metrics(Collector):
                 stats = queue.statistics()
                 if stats.state == "closed":
                     continue
-                values = [broker_id, queue.remote_id, str(queue.port), str(queue.link_id)]
+                # the link as traces name it, the accepting broker and its number: a
+                # process numbers what it accepts, so a link it dialled may share one
+                values = [broker_id, queue.remote_id, str(queue.port),
+                          str(queue.trace_ids()[3])]
                 families["sent"].add_metric(values, stats.messages_sent)
                 families["received"].add_metric(values, stats.messages_received)
                 families["bytes_sent"].add_metric(values, stats.bytes_sent)

@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from .procs import finish, read_until
@@ -156,3 +157,35 @@ def test_a_bad_metrics_address_is_one_line() -> None:
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: ") and "nowhere" in line
+
+
+async def test_each_link_end_is_one_series_even_where_two_links_share_a_number() -> None:
+    """Each process numbers the links it accepts from 1, so a process that accepts one
+    link and dials another to the same peer and port may hold two ends of link 1: their
+    series differ, as the traces name each link, by the broker that accepted it."""
+    from prometheus_client.core import Metric
+
+    from brokermgr import BrokerManager
+    from pump import Pump
+    from rdvpump.metrics import Metrics
+
+    left = BrokerManager("u", pump=Pump(name="left"))
+    right = BrokerManager("u", pump=Pump(name="right"))
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for manager in (left, right):
+                await nursery.start(manager.pump.serve)
+            left.directory["b"] = await nursery.start(right.serve_network, "127.0.0.1", 0)
+            right.directory["a"] = await nursery.start(left.serve_network, "127.0.0.1", 0)
+            a, b = left.add_broker("a"), right.add_broker("b")
+            for broker in (a, b):  # each dials the other's port 80: link 1 of each process
+                nursery.start_soon(broker.accept_queue, 80)
+            queues = [await a.connect_queue("b", 80), await b.connect_queue("a", 80)]
+            links: list[Metric] = [family for family in Metrics(left).collect()
+                                   if family.name == "rdvpump_link_messages_sent"]
+            labels = [tuple(sorted(s.labels.items())) for s in links[0].samples]
+            assert len(labels) == 2 and len(set(labels)) == 2, labels
+            assert {dict(label)["link"] for label in labels} == {"a/1", "b/1"}
+            for queue in queues:
+                await queue.aclose()
+            nursery.cancel_scope.cancel()
