@@ -228,8 +228,11 @@ class _Lines:
 
 
 async def _expect(proc: _Lines, word: str) -> None:
-    with trio.fail_after(DEADLINE):
+    with trio.move_on_after(DEADLINE) as waited:
         line = await proc.line()
+    if waited.cancelled_caught:
+        raise RunError(f"a clients process said nothing for {DEADLINE:.0f} s (waiting for "
+                       f"{word!r}): the cluster stopped delivering to it")
     if line != word:
         raise RunError(f"a clients process said {line!r}, not {word!r}")
 

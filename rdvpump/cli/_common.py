@@ -106,7 +106,20 @@ def _expected() -> tuple[type[BaseException], ...]:
 
     from pump import RdvpumpError
 
-    return (RdvpumpError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+    return (RdvpumpError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+            trio.TooSlowError)
+
+
+#: What a deadline that passed says (trio's ``TooSlowError`` says nothing itself).
+TOO_SLOW = "gave up: a step did not finish within its deadline (nothing answered)"
+
+
+def _said(exc: BaseException, arg: str | None) -> str:
+    """The one line an expected error prints."""
+    if isinstance(exc, OSError):
+        return os_message(exc, arg)
+    return str(exc) or (TOO_SLOW if type(exc).__name__ == "TooSlowError"
+                        else type(exc).__name__)
 
 
 #: How an OS error on a path reads, by errno, after the path (and the option naming it).
@@ -144,12 +157,11 @@ def guard(fn: Callable[[], T], arg: str | None = None) -> T:
         leaf = first_leaf(group)
         if not isinstance(leaf, _expected()):
             raise
-        raise fail(os_message(leaf, arg) if isinstance(leaf, OSError) else str(leaf)) \
-            from None
+        raise fail(_said(leaf, arg)) from None
     except Exception as exc:
         if not isinstance(exc, _expected()):
             raise
-        raise fail(str(exc)) from None
+        raise fail(_said(exc, arg)) from None
 
 
 #: The most open files a serving process asks for (when its hard limit has none).

@@ -70,6 +70,32 @@ def test_bench_cluster_gives_every_client_every_message(sink: str) -> None:
         result["deliveries_per_s"] / 480_000, 3)
 
 
+def test_a_clients_process_that_says_nothing_is_named_not_a_timeout() -> None:
+    """``bench cluster`` waits for each clients process's ``done`` within its deadline: a
+    process silent past it is an error saying so (not trio's bare TooSlowError), and it
+    is reaped."""
+    import trio
+    import trio.testing
+
+    from rdvpump._errors import RunError
+    from rdvpump.bench.cluster import DEADLINE, _expect, _Lines
+
+    async def main() -> None:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.PIPE)
+        try:
+            with pytest.raises(RunError) as info:
+                await _expect(_Lines(proc), "done")
+        finally:
+            proc.kill()
+            await proc.wait()
+        assert str(info.value) == (f"a clients process said nothing for {DEADLINE:.0f} s "
+                                   "(waiting for 'done'): the cluster stopped delivering "
+                                   "to it")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_cpu_seconds_counts_what_a_process_used_until_it_is_reaped() -> None:
     from rdvpump.bench.cluster import cpu_seconds
 

@@ -418,6 +418,30 @@ def test_os_errors_read_as_words() -> None:
     assert os_message(OSError(errno.EIO, "I/O error")) == "[Errno 5] I/O error"
 
 
+def test_a_deadline_that_passes_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A benchmark or command that gives up waiting (trio's ``TooSlowError``, which says
+    nothing itself), bare or out of a nursery, ends in one line, not a traceback."""
+    import trio
+    import trio.testing
+
+    from rdvpump.cli._common import TOO_SLOW, guard
+
+    async def stalls() -> None:
+        with trio.fail_after(120):
+            await trio.sleep_forever()
+
+    async def stalls_in_a_nursery() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stalls)
+
+    for fn in (stalls, stalls_in_a_nursery):
+        with pytest.raises(typer.Exit) as info:
+            guard(lambda fn=fn: trio.run(  # type: ignore[misc]
+                fn, clock=trio.testing.MockClock(autojump_threshold=0)))
+        assert info.value.exit_code == 1
+        assert capsys.readouterr().err == f"error: {TOO_SLOW}\n"
+
+
 def test_run_and_up_refuse_an_unrunnable_file_alike_before_starting(
         tmp_path: pathlib.Path) -> None:
     base = (ROOT / "examples/echo.toml").read_text()
