@@ -89,6 +89,8 @@ def test_a_clients_process_that_says_nothing_is_named_not_a_timeout() -> None:
         finally:
             proc.kill()
             await proc.wait()
+            assert proc.stdout is not None
+            await proc.stdout.aclose()  # its pipe too: this process's descriptors are counted
         assert str(info.value) == (f"a clients process said nothing for {DEADLINE:.0f} s "
                                    "(waiting for 'done'): the cluster stopped delivering "
                                    "to it")
