@@ -45,9 +45,10 @@ from brokermgr import (
     encode,
 )
 from channels import MessageQueue
+from pump import ConfigError
 
 from ..topics._delivery import FRAME_BYTES, FRAME_TAIL
-from ..topics._requests import Ack, Consume, Produce, Unconsume, request_object
+from ..topics._requests import MAX_WINDOW, Ack, Consume, Produce, Unconsume, request_object
 from ..topics._wire import pack_column
 from ._drain import Drain
 from ._node import ClusterNode
@@ -74,6 +75,10 @@ class Relay:
 
     def __init__(self, server: RelayedServer, cluster: ClusterNode, *,
                  window: int = RELAY_WINDOW) -> None:
+        if not 1 <= window <= MAX_WINDOW:
+            # the root would refuse each consume, and the relay ask again each second
+            raise ConfigError(f"a relay's window is 1 to {MAX_WINDOW} messages (what a root "
+                              f"takes), not {window!r}")
         self.server = server
         self.cluster = cluster
         self.me = cluster.me.id

@@ -794,3 +794,17 @@ async def test_each_server_declares_the_shared_topics_in_its_mq_server(
             node.close()
         for server in servers.values():
             server.close()
+
+
+def test_a_relay_asks_its_root_for_no_window_the_root_refuses() -> None:
+    """A root takes consumes of at most MAX_WINDOW messages: a relay made to ask for more
+    is refused when it is made (it would be refused by its root each second, its
+    clients waiting for ever), and the default asks for what a root takes."""
+    from mq.cluster._relay import RELAY_WINDOW, Relay
+    from mq.topics._requests import MAX_WINDOW
+    from pump import ConfigError
+
+    assert 1 <= RELAY_WINDOW <= MAX_WINDOW
+    for window in (0, MAX_WINDOW + 1):
+        with pytest.raises(ConfigError, match=f"a relay's window is 1 to {MAX_WINDOW} "):
+            Relay(None, None, window=window)  # type: ignore[arg-type]
