@@ -67,6 +67,8 @@ class GroupRole:
         #: A group's master takes writes only once the name service confirmed it at its
         #: epoch (a former master restarting must not take any: :meth:`confirm`).
         self.confirmed = False
+        #: The server closed its topics (its process stops): it takes no role from now on.
+        self.closed = False
         shipper.takes_writes = self.takes_writes
         group = self.group
         if group is not None and group.role == "master":
@@ -192,8 +194,10 @@ class GroupRole:
         return self.follower
 
     def close(self) -> None:
+        self.closed = True
         if self.follower is not None:
             self.follower.close()
+            self.follower = None
 
     # -- the Replica a follower stores into ------------------------------------------------
 
@@ -312,9 +316,12 @@ async def keep_role(server: HasRole, names: NameClient) -> None:
     no majority names one for :data:`CLAIM_AFTER` seconds (jittered), a member claims
     the next epoch at each (:meth:`~brokermgr.NameClient.claim`): a name service grants
     one member per epoch, and only one that holds every acknowledged message as far as
-    it knows, so the members granted by a majority are one, and it is safe."""
+    it knows, so the members granted by a majority are one, and it is safe.
+
+    A server that closed (its process stopping: its topics closed while it unregisters)
+    ends this loop, even with an answer under way that would change its role."""
     keeper = _RoleKeeper(server.role, names)
-    while True:
+    while not keeper.role.closed:
         if not await keeper.step():
             await keeper.until_next()
 
@@ -364,6 +371,8 @@ class _RoleKeeper:
         assert mine is not None
         self._say_changes(mine)
         views = await names.group_views(mine.group)
+        if role.closed:
+            return False  # closed while it asked: it takes no role now (its logs are shut)
         if not views:
             log.info("group %s: no answer from the name service", mine.group)
         master, epoch, decided, newest, others, named_insync = _decide(
@@ -373,6 +382,8 @@ class _RoleKeeper:
         stuck = not decided or (master == me and epoch < mine.epoch)
         if await self._claim(mine, stuck and len(names.links) > 1 and bool(views), newest):
             return True  # asked again at once: now a majority names it
+        if role.closed:
+            return False
         if decided and master == me and not stuck:
             # the members a failover would choose from: this master waits for each
             role.shipper.confirm_insync(named_insync)

@@ -71,11 +71,16 @@ class Member:
                                 progress=lambda b: self.server.progress())
         self.names.start()
         self.scope = trio.CancelScope()
+        #: Set once its :func:`keep_role` returned or was cancelled.
+        self.kept = trio.Event()
         nursery.start_soon(self._keep)
 
     async def _keep(self) -> None:
-        with self.scope:
-            await keep_role(self.server, self.names)
+        try:
+            with self.scope:
+                await keep_role(self.server, self.names)
+        finally:
+            self.kept.set()
 
     def crash(self) -> None:
         self.scope.cancel()

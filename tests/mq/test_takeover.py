@@ -99,3 +99,67 @@ def test_a_master_lost_while_its_slaves_ask_is_not_missed() -> None:
     with memory_dir("rdvpump-takeover-") as store:
         took = run_simulation(one_kill, 0.0, store, True)
     assert took < 0.02, took
+
+
+async def closed_while_asking(store: pathlib.Path) -> tuple[str, str]:
+    """A group of three, s1 its master; s1 crashes, and the member the name service then
+    names master has its server closed while that answer is on its way to it (as ``broker
+    run`` closes its topics on SIGTERM, then unregisters while its role is still kept):
+    that member's name and its role once its role keeper ended."""
+    async with open_simulation("takeover", seed=0) as faults:
+        universe = faults.universe
+        NameService(universe, expiry=3.0, scan_interval=0.5)
+        TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
+        async with trio.open_nursery() as nursery:
+            members = {name: Member(universe.add_broker(name), i, store, nursery, "sync",
+                                    NAMES[1]) for i, name in enumerate(SERVERS)}
+            master = members["s1"].server
+            with trio.fail_after(10):
+                while True:
+                    try:
+                        master.handle_local({"cmd": "declare", "topic": "orders"})
+                        break
+                    except ServiceError:
+                        await trio.sleep(0.01)
+                while len(master.role.progress().insync) < 2:
+                    await trio.sleep(0.01)
+            closed: list[str] = []
+            for name in ("s2", "s3"):
+                members[name].names.group_views = _closing(  # type: ignore[method-assign]
+                    members[name], closed)
+            members["s1"].crash()
+            faults.crash("s1")
+            with trio.fail_after(10):
+                while not closed:
+                    await trio.sleep(0.001)
+                await members[closed[0]].kept.wait()
+            group = members[closed[0]].server.group
+            assert group is not None
+            for member in members.values():
+                member.crash()
+            nursery.cancel_scope.cancel()
+    return closed[0], group.role
+
+
+def _closing(member: Member, closed: list[str]) -> Any:
+    """``member``'s ``group_views``, closing its server while an answer that names it
+    master is on its way (once)."""
+    ask = member.names.group_views
+
+    async def answer(group: str) -> Any:
+        views = await ask(group)
+        if not closed and any(v.get("master") == member.id for v in views):
+            closed.append(member.id)
+            member.server.close()
+        return views
+    return answer
+
+
+def test_a_member_closed_while_named_master_ends_its_role_without_an_error() -> None:
+    """The member named master after a crash is stopping: its topics are closed when the
+    answer comes.  It takes no role (it stays a slave, its logs shut) and its role keeper
+    ends quietly: a promotion on closed logs fails (an IndexError), and ``broker run``
+    would stop with a traceback and exit status 1."""
+    with memory_dir("rdvpump-takeover-") as store:
+        name, role = run_simulation(closed_while_asking, store)
+    assert name in ("s2", "s3") and role == "slave", (name, role)
