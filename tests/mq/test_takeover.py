@@ -21,52 +21,59 @@ from .chaos import memory_dir
 from .test_group_simulation import NAMES, SERVERS, TIMING, TRACKER, Member
 
 
+async def in_sync(faults: Any, store: pathlib.Path, nursery: trio.Nursery
+                  ) -> dict[str, Member]:
+    """A group of three under a name service (and a tracker) in the simulation
+    ``faults``, s1 its master with a topic, once both slaves are in sync: its members."""
+    universe = faults.universe
+    NameService(universe, expiry=3.0, scan_interval=0.5)
+    TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
+    members = {name: Member(universe.add_broker(name), i, store, nursery, "sync", NAMES[1])
+               for i, name in enumerate(SERVERS)}
+    master = members["s1"].server
+    with trio.fail_after(10):
+        while True:  # once the name service confirms s1 as the master
+            try:
+                master.handle_local({"cmd": "declare", "topic": "orders"})
+                break
+            except ServiceError:
+                await trio.sleep(0.01)
+        while len(master.role.progress().insync) < 2:
+            await trio.sleep(0.01)  # the slaves follow it: the clock driven
+    return members
+
+
 async def one_kill(phase: float, store: pathlib.Path, during_question: bool = False
                    ) -> float:
     """A group of three, s1 its master; s1 crashes ``phase`` seconds after the slaves
     are in sync (or, ``during_question``, while both slaves wait for the name service's
     answer to a question, which still names s1): the seconds until another member is
     master."""
-    async with open_simulation("takeover", seed=0) as faults:
-        universe = faults.universe
-        NameService(universe, expiry=3.0, scan_interval=0.5)
-        TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
-        async with trio.open_nursery() as nursery:
-            members = {name: Member(universe.add_broker(name), i, store, nursery, "sync",
-                                    NAMES[1]) for i, name in enumerate(SERVERS)}
-            master = members["s1"].server
-            with trio.fail_after(10):
-                while True:  # once the name service confirms s1 as the master
-                    try:
-                        master.handle_local({"cmd": "declare", "topic": "orders"})
-                        break
-                    except ServiceError:
-                        await trio.sleep(0.01)
-                while len(master.role.progress().insync) < 2:
-                    await trio.sleep(0.01)  # the slaves follow it: the clock driven
-            await trio.sleep(phase)
-            if during_question:
-                asked = trio.Event()
-                for name in ("s2", "s3"):
-                    members[name].names.group_views = _told(  # type: ignore[method-assign]
-                        members[name].names.group_views, asked)
-                await asked.wait()
-            killed_at = trio.current_time()
-            members["s1"].crash()
-            faults.crash("s1")
+    async with open_simulation("takeover", seed=0) as faults, trio.open_nursery() as nursery:
+        members = await in_sync(faults, store, nursery)
+        await trio.sleep(phase)
+        if during_question:
+            asked = trio.Event()
+            for name in ("s2", "s3"):
+                members[name].names.group_views = _told(  # type: ignore[method-assign]
+                    members[name].names.group_views, asked)
+            await asked.wait()
+        killed_at = trio.current_time()
+        members["s1"].crash()
+        faults.crash("s1")
 
-            def promoted() -> bool:
-                return any(m.id != "s1" and (group := m.server.group) is not None
-                           and group.role == "master" for m in members.values())
+        def promoted() -> bool:
+            return any(m.id != "s1" and (group := m.server.group) is not None
+                       and group.role == "master" for m in members.values())
 
-            with trio.fail_after(10):
-                while not promoted():
-                    await trio.sleep(0.001)  # the clock driven by 1 ms steps
-            took = trio.current_time() - killed_at
-            for member in members.values():
-                if member.id != "s1":
-                    member.crash()
-            nursery.cancel_scope.cancel()
+        with trio.fail_after(10):
+            while not promoted():
+                await trio.sleep(0.001)  # the clock driven by 1 ms steps
+        took = trio.current_time() - killed_at
+        for member in members.values():
+            if member.id != "s1":
+                member.crash()
+        nursery.cancel_scope.cancel()
     return took
 
 
@@ -106,38 +113,23 @@ async def closed_while_asking(store: pathlib.Path) -> tuple[str, str]:
     names master has its server closed while that answer is on its way to it (as ``broker
     run`` closes its topics on SIGTERM, then unregisters while its role is still kept):
     that member's name and its role once its role keeper ended."""
-    async with open_simulation("takeover", seed=0) as faults:
-        universe = faults.universe
-        NameService(universe, expiry=3.0, scan_interval=0.5)
-        TrackNode(universe.add_broker(TRACKER), role="tracker", **TIMING)
-        async with trio.open_nursery() as nursery:
-            members = {name: Member(universe.add_broker(name), i, store, nursery, "sync",
-                                    NAMES[1]) for i, name in enumerate(SERVERS)}
-            master = members["s1"].server
-            with trio.fail_after(10):
-                while True:
-                    try:
-                        master.handle_local({"cmd": "declare", "topic": "orders"})
-                        break
-                    except ServiceError:
-                        await trio.sleep(0.01)
-                while len(master.role.progress().insync) < 2:
-                    await trio.sleep(0.01)
-            closed: list[str] = []
-            for name in ("s2", "s3"):
-                members[name].names.group_views = _closing(  # type: ignore[method-assign]
-                    members[name], closed)
-            members["s1"].crash()
-            faults.crash("s1")
-            with trio.fail_after(10):
-                while not closed:
-                    await trio.sleep(0.001)
-                await members[closed[0]].kept.wait()
-            group = members[closed[0]].server.group
-            assert group is not None
-            for member in members.values():
-                member.crash()
-            nursery.cancel_scope.cancel()
+    async with open_simulation("takeover", seed=0) as faults, trio.open_nursery() as nursery:
+        members = await in_sync(faults, store, nursery)
+        closed: list[str] = []
+        for name in ("s2", "s3"):
+            members[name].names.group_views = _closing(  # type: ignore[method-assign]
+                members[name], closed)
+        members["s1"].crash()
+        faults.crash("s1")
+        with trio.fail_after(10):
+            while not closed:
+                await trio.sleep(0.001)
+            await members[closed[0]].kept.wait()
+        group = members[closed[0]].server.group
+        assert group is not None
+        for member in members.values():
+            member.crash()
+        nursery.cancel_scope.cancel()
     return closed[0], group.role
 
 
