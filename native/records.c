@@ -135,7 +135,93 @@ uint32_t rs_crc32(uint32_t crc, const unsigned char *buf, size_t n) {
 }
 #endif
 
+/* Combining two CRCs (zlib 1.2.12's crc32_combine): multiplications modulo the
+ * polynomial, in the reflected form, by x to the power of eight times the length. */
+static uint32_t x2n[32];
+
+static uint32_t multmodp(uint32_t a, uint32_t b) {  /* a is never 0 here */
+    uint32_t m = (uint32_t)1 << 31, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = b & 1 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return p;
+}
+
+/* x^(n * 2^k) modulo the polynomial. */
+static uint32_t x2nmodp(uint64_t n, unsigned k) {
+    if (!x2n[0]) {
+        uint32_t p = (uint32_t)1 << 30;  /* x^1 */
+        x2n[0] = p;
+        for (int i = 1; i < 32; i++) x2n[i] = p = multmodp(p, p);
+    }
+    uint32_t p = (uint32_t)1 << 31;  /* x^0 */
+    while (n) {
+        if (n & 1) p = multmodp(x2n[k & 31], p);
+        n >>= 1;
+        k++;
+    }
+    return p;
+}
+
+uint32_t rs_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+    return multmodp(x2nmodp(len2, 3), crc1) ^ crc2;
+}
+
+static void store32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static void store64(unsigned char *p, uint64_t v) {
+    store32(p, (uint32_t)v);
+    store32(p + 4, (uint32_t)(v >> 32));
+}
+
 /* -- a run of records ----------------------------------------------------------------- */
+
+size_t rs_encode(unsigned char *out, const unsigned char *bodies, const uint32_t *sizes,
+                 size_t count, const unsigned char *names, uint32_t tag_len,
+                 uint32_t producer_len, uint64_t first, uint64_t ts, uint64_t sequence,
+                 uint32_t *crc, uint64_t *ends) {
+    size_t pos = 0, head = RS_OVERHEAD + tag_len + producer_len;
+    uint32_t running = *crc, op = 0;
+    uint64_t op_len = 0;
+    for (size_t i = 0; i < count; i++) {
+        unsigned char *r = out + pos;
+        uint32_t length = (uint32_t)(head + sizes[i]);
+        store32(r, length);
+        store64(r + 8, first + i);
+        store64(r + 16, ts);
+        store64(r + 24, sequence + i);
+        r[32] = 0;
+        r[33] = (unsigned char)tag_len;
+        r[34] = (unsigned char)producer_len;
+        r[35] = 0;
+        memcpy(r + RS_OVERHEAD, names, tag_len + producer_len);
+        memcpy(r + head, bodies, sizes[i]);
+        bodies += sizes[i];
+        uint32_t own = rs_crc32(0, r + 8, length - 8);
+        store32(r + 4, own);
+        /* the segment's CRC: on over the length and CRC, then combined with the rest's */
+        if (op_len != length - 8u) {  /* one operator for a run of equal lengths */
+            op_len = length - 8u;
+            op = x2nmodp(op_len, 3);
+        }
+        running = multmodp(op, rs_crc32(running, r, 8)) ^ own;
+        pos += length;
+        ends[i] = pos;
+    }
+    *crc = running;
+    return pos;
+}
+
 
 size_t rs_scan(const unsigned char *buf, size_t n, uint32_t max_record, uint32_t max_body,
                uint64_t expected, uint64_t min_ts, uint64_t *ends, uint64_t *bodies,

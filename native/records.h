@@ -1,5 +1,5 @@
 /* rdvpump records: a run of an MQ log's records checked in one call (a replica's frame
- * of copies), and the CRC-32 they carry.
+ * of copies) or encoded in one call (a producer's batch), and the CRC-32 they carry.
  *
  * The record format is mq/storage/_record.py's (docs/mq-format.md): little-endian
  *     length u32 | crc u32 | offset u64 | timestamp ms u64 | sequence u64
@@ -49,6 +49,22 @@ uint32_t rs_crc32(uint32_t crc, const unsigned char *buf, size_t n);
 uint32_t rs_crc32_tables(uint32_t crc, const unsigned char *buf, size_t n);
 /* 1 when rs_crc32 folds with carry-less multiplies on this CPU, else 0. */
 int rs_crc32_folds(void);
+
+/* zlib's crc32_combine(crc1, crc2, len2): the CRC-32 of A then B from A's (crc1), B's
+ * (crc2) and B's length, without reading either again. */
+uint32_t rs_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
+/* Encode `count` records back to back into `out`, which holds them all (the sum of
+ * `sizes` and `count` times RS_OVERHEAD + tag_len + producer_len bytes): record i at
+ * offset first + i, with timestamp `ts`, sequence `sequence` + i, no flags, the names
+ * `names` (tag_len bytes of tag, then producer_len of producer id) and for body the
+ * next sizes[i] bytes of `bodies` (the bodies back to back).  ends[i] gets where
+ * record i ends in `out`; *crc (the running CRC-32 of what the segment holds before
+ * them) is carried on over every byte written.  Returns the bytes written. */
+size_t rs_encode(unsigned char *out, const unsigned char *bodies, const uint32_t *sizes,
+                 size_t count, const unsigned char *names, uint32_t tag_len,
+                 uint32_t producer_len, uint64_t first, uint64_t ts, uint64_t sequence,
+                 uint32_t *crc, uint64_t *ends);
 
 /* Check the records back to back in buf[0..n) in order, as a replica stores copies:
  * each whole, of a length within [overhead + its names, max_record], its checksum

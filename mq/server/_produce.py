@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from brokermgr import Call, Deferred, SendReply, ServiceError, Status
-from channels import split_bodies
 
 from ..cluster._relay import Relay
 from ..replication._member import GroupRole
 from ..replication._shipper import Shipper
 from ..storage._files import VIEW_BODY
+from ..storage._record import Entry, Produced
 from ..topics._catalogue import Catalogue, TopicState
 from ..topics._commit import GroupCommit
 from ..topics._dedupe import Recent
@@ -76,8 +76,11 @@ class ProduceCommand:
                 raise ServiceError(Status.BAD_REQUEST, "an RPC request needs a link to answer")
             producer = self.links.of(queue).caller_id
         sizes = request.sizes
+        messages: Sequence[Entry] | Produced
         if sizes is None:
             messages = [(tag, producer, sequence, body)]
+        elif max(sizes) < VIEW_BODY:  # small ones: stored by one C call, cut if kept
+            messages = Produced(tag, producer, sequence, body, sizes)
         else:
             messages = [(tag, producer, sequence + i, one)
                         for i, one in enumerate(cut_bodies(body, sizes))]
@@ -145,14 +148,10 @@ class ProduceCommand:
         return state.recent
 
 
-def cut_bodies(body: bytes | memoryview, sizes: Sequence[int]) -> Sequence[bytes | memoryview]:
-    """The messages of a produce request's body, whose sizes are ``sizes``.  Small ones
-    (every one under :data:`~mq.storage._files.VIEW_BODY`) come out as bytes: the log's tail keeps
-    them as they are, where views of the request
-    would each be copied there.  Larger ones are views of the request: they are written
-    and kept without a copy."""
-    if max(sizes) >= VIEW_BODY:
-        view = memoryview(body)
-        ends = itertools.accumulate(sizes)
-        return [view[end - size:end] for size, end in zip(sizes, ends, strict=True)]
-    return split_bodies(body, list(sizes))
+def cut_bodies(body: bytes | memoryview, sizes: Sequence[int]) -> Sequence[memoryview]:
+    """The messages of a produce request's body, whose sizes are ``sizes`` (one at least
+    :data:`~mq.storage._files.VIEW_BODY` bytes): views of the request, written and kept
+    without a copy.  (Smaller ones go as a :class:`~mq.storage._record.Produced`.)"""
+    view = memoryview(body)
+    ends = itertools.accumulate(sizes)
+    return [view[end - size:end] for size, end in zip(sizes, ends, strict=True)]

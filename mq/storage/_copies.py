@@ -1,4 +1,5 @@
-"""A replica's frame of copies checked in one C call (``native/records.c``): every
+"""Records in C (``native/records.c``): a producer's run encoded in one call
+(:func:`encode_produced`), and a replica's frame of copies checked in one call: every
 record's length, checksum and flags, its offset in line and its timestamp in order, as
 :meth:`TopicLog.append_copies <._log.TopicLog.append_copies>` stores them.  A log's
 files read back are checked the same way (:meth:`TopicLog.read <._log.TopicLog.read>`:
@@ -14,13 +15,16 @@ made from what the scan found, without reading the bytes again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
 
-from ._record import RECORD_OVERHEAD, Record
+from pump import ConfigError
+
+from ._record import RECORD_OVERHEAD, Produced, Record, names
 from ._records import ffi, lib
 
-__all__ = ["Copies", "scan_copies"]
+__all__ = ["Copies", "encode_produced", "scan_copies"]
 
 assert lib.RS_OVERHEAD == RECORD_OVERHEAD, "native/records.h and the record format differ"
 
@@ -36,6 +40,7 @@ class _Scratch:
     def __init__(self) -> None:
         self.size = 0
         self.stop = ffi.new("rs_stop *")
+        self.crc = ffi.new("uint32_t *")
         self._grow(1024)
 
     def _grow(self, size: int) -> None:
@@ -52,6 +57,39 @@ class _Scratch:
 
 
 _scratch = _Scratch()
+
+
+#: Memory for encoded runs, not cleared first (every byte is written).
+_uncleared = ffi.new_allocator(should_clear_after_alloc=False)
+
+
+def encode_produced(run: Produced, first: int, timestamp: int, crc: int, max_body: int
+               ) -> tuple[Any, Sequence[int], int]:
+    """The records of ``run`` from offset ``first``, all at ``timestamp``, as
+    :func:`~._record.encode_batch` makes them, back to back in one buffer: ``(buffer,
+    where each record ends in it, the CRC-32 ``crc`` carried on over it)``.
+    :class:`~pump.ConfigError` for a body over ``max_body`` or a tag or producer id over
+    255 bytes."""
+    packed, tag_len, producer_len = names(run.tag, run.producer)
+    sizes = run.sizes
+    count, longest = len(sizes), max(sizes)
+    if longest > max_body:
+        raise ConfigError(f"a body of {longest} bytes exceeds the queue's maximum of "
+                          f"{max_body}")
+    head = RECORD_OVERHEAD + len(packed)
+    total = head * count + len(run.body)
+    out = _uncleared("unsigned char[]", total)
+    ends = _scratch.fit(count).ends
+    crc_io = _scratch.crc
+    crc_io[0] = crc
+    body = run.body
+    lib.rs_encode(out, body if type(body) is bytes else ffi.from_buffer(body),
+                  ffi.new("uint32_t[]", sizes), count, packed, tag_len, producer_len, first,
+                  timestamp, run.sequence, crc_io, ends)
+    if sizes.count(longest) == count:  # one length: where each ends, with no list
+        length = head + longest
+        return ffi.buffer(out), range(length, total + 1, length), crc_io[0]
+    return ffi.buffer(out), ffi.unpack(ends, count), crc_io[0]
 
 
 class Copies:

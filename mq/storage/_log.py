@@ -47,10 +47,11 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from pump import ConfigError
 
-from ._copies import scan_copies
+from ._copies import encode_produced, scan_copies
 from ._epochs import EPOCHS, Epochs
 from ._files import (
     Flush,
@@ -58,6 +59,7 @@ from ._files import (
     fsync_dir,
     out_of_files,
     run_sync,
+    write_all,
     write_chunks,
     write_file,
 )
@@ -68,6 +70,7 @@ from ._record import (
     BadRecord,
     Entry,
     FormatError,
+    Produced,
     Record,
     StoreError,
     decode,
@@ -210,39 +213,42 @@ class TopicLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
-        """Store ``(tag, producer id, sequence, body)`` messages in order; the offset of
-        the first.  The bytes reach the OS in one gathered write; call :meth:`sync` for
-        disk.  ``keep``: kept in memory for readers too (the tail); without, what it held
-        goes (reads then take the file): a topic no consumer reads now.
-        :class:`StoreError` (nothing stored) if the write fails or the log has failed."""
+    def append(self, messages: Sequence[Entry] | Produced, *, keep: bool = True) -> int:
+        """Store ``(tag, producer id, sequence, body)`` messages in order, or a
+        :class:`~._record.Produced` of them; the offset of the first.  The bytes reach the OS
+        in one write (gathered, or a run's encoded in C); call :meth:`sync` for disk.
+        ``keep``: kept in memory for readers too (the tail); without, what it held goes
+        (reads then take the file): a topic no consumer reads now.  :class:`StoreError`
+        (nothing stored) if the write fails or the log has failed."""
         self._check_writable()
         if not messages:
             return self.next_offset
         segment = self.segments[-1]
         now = max(int(self.clock() * 1000), segment.max_ts)
-        first = segment.next_offset
-        chunks, lengths = encode_batch(first, now, messages, self.max_body)
-        try:
-            crc = write_chunks(segment.fd, chunks, segment.size, segment.crc)
-        except OSError as exc:
-            self._undo(segment, exc)
-        index, base = segment.index, segment.base
-        pos, last_indexed, offset = segment.size, segment.last_indexed, first
-        for length in lengths:
-            if pos - last_indexed >= INDEX_INTERVAL:
-                index.append((offset - base, pos, now))
-                last_indexed = pos
-            pos += length
-            offset += 1
-        segment.last_indexed = last_indexed
-        segment.size = pos
+        first, start = segment.next_offset, segment.size
+        chunks: list[bytes | memoryview] | Any
+        if isinstance(messages, Produced):
+            chunks, ends, crc = encode_produced(messages, first, now, segment.crc, self.max_body)
+            try:
+                write_all(segment.fd, chunks, start)
+            except OSError as exc:
+                self._undo(segment, exc)
+            self._index_run(segment, first, start, ends, [now] * len(ends))
+        else:
+            chunks, lengths = encode_batch(first, now, messages, self.max_body)
+            try:
+                crc = write_chunks(segment.fd, chunks, start, segment.crc)
+            except OSError as exc:
+                self._undo(segment, exc)
+            ends = list(accumulate(lengths))
+            self._index_run(segment, first, start, ends, [now] * len(ends))
+        segment.size = start + ends[-1]
         segment.crc = crc
-        segment.next_offset = offset
+        segment.next_offset = first + len(ends)
         segment.max_ts = now
         written = self.written
         if written is not None and written.wanted:
-            written.keep(first, chunks, list(accumulate(lengths)))
+            written.keep(first, chunks, ends)
         if keep and self.tail.limit > 0:
             self.tail.keep(first, now, messages)
         else:  # no reader here: nothing is kept for one
@@ -300,13 +306,12 @@ class TopicLog:
         return len(ends)
 
     @staticmethod
-    def _index_run(segment: Segment, first: int, start: int, ends: list[int],
+    def _index_run(segment: Segment, first: int, start: int, ends: Sequence[int],
                    timestamps: Sequence[int]) -> None:
         """The sparse index's entries for records written at ``start`` (the first at
         offset ``first``, each ending ``ends[i]`` bytes after ``start``): one at the first
-        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry, as
-        :meth:`append` makes them, found by bisection (copies are often many small
-        records to an entry)."""
+        record that starts :data:`INDEX_INTERVAL` bytes or more after the last entry,
+        found by bisection (small records are many to an entry)."""
         add, base, last = segment.index.append, segment.base, segment.last_indexed
         need = last + INDEX_INTERVAL - start  # where the next entry's record starts, at least
         if need <= 0:

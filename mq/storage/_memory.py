@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pump import ConfigError
 
 from ._files import SyncPoint
-from ._record import Entry, Record
+from ._record import Entry, Produced, Record
 from ._scan import Corruption
 
 #: Messages a memory-only topic keeps by default (the oldest go first).
@@ -57,8 +57,10 @@ class MemoryLog:
     def durable_offset(self) -> int:
         return self._next  # nothing more durable is promised for memory
 
-    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
+    def append(self, messages: Sequence[Entry] | Produced, *, keep: bool = True) -> int:
         """Store messages (in memory: ``keep`` changes nothing); the first one's offset."""
+        if isinstance(messages, Produced):
+            messages = messages.entries()
         first = self._next
         now = max(int(self.clock() * 1000), self._last_ts)
         self._last_ts = now

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from zlib_ng.zlib_ng import crc32 as crc32  # re-exported: one CRC for every mq file
 
+from channels import split_bodies
 from pump import ConfigError, RdvpumpError
 
 FORMAT_VERSION = 1
@@ -38,6 +39,30 @@ DEFAULT_MAX_BODY = 16 << 20
 
 #: A message to store: ``(tag, producer id, sequence, body)``.
 Entry = tuple[str | None, str, int, bytes | memoryview]
+
+
+@dataclass(slots=True)
+class Produced:
+    """Messages of one producer with one tag and consecutive sequences, their bodies back
+    to back (as a produce request brings them, each under
+    :data:`~._files.VIEW_BODY` bytes): a log stores them in one C call
+    (:func:`~._copies.encode_produced`) where a list of :data:`Entry` takes a Python loop a
+    message, and its tail cuts the bodies only when it keeps them."""
+
+    tag: str | None
+    producer: str
+    sequence: int  # the first message's; one more each
+    body: bytes | memoryview  # the bodies back to back
+    sizes: Sequence[int]  # each body's length
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def entries(self) -> list[Entry]:
+        """The messages as :data:`Entry` tuples."""
+        bodies = split_bodies(self.body, list(self.sizes))
+        return [(self.tag, self.producer, self.sequence + i, body)
+                for i, body in enumerate(bodies)]
 
 
 class StoreError(RdvpumpError, OSError):

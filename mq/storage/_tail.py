@@ -28,11 +28,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import attrgetter
 
+from channels import split_bodies
+
 from ._files import VIEW_BODY
-from ._record import Entry, Record
+from ._record import Entry, Produced, Record
 
 __all__ = ["KEPT_BYTES", "Kept", "ReadBack", "Tail"]
 
@@ -121,9 +123,17 @@ class Tail:
             self._compact()
         self.kept.shrank(self, self.size)
 
-    def keep(self, first: int, now: int, messages: Sequence[Entry]) -> None:
+    def keep(self, first: int, now: int, messages: Sequence[Entry] | Produced) -> None:
         """The records just appended from ``messages``, ``first`` the offset of the
         first, all with timestamp ``now``."""
+        if isinstance(messages, Produced):  # one producer's: each record made in C's loops
+            count = len(messages)
+            self.keep_records(list(map(
+                Record, range(first, first + count), repeat(now, count),
+                range(messages.sequence, messages.sequence + count),
+                repeat(messages.tag or None, count), repeat(messages.producer, count),
+                split_bodies(messages.body, list(messages.sizes)))))
+            return
         total = self._total(first)
         tail, ends = self.records, self.ends
         offset = first
@@ -143,11 +153,11 @@ class Tail:
     def keep_records(self, records: Sequence[Record]) -> None:
         """:meth:`keep` for records made already (copied from another log)."""
         total = self._total(records[0].offset)
-        tail, ends = self.records, self.ends
-        for record in records:
-            tail.append(record)
-            total += len(record.body)
-            ends.append(total)
+        self.records += records
+        ends = self.ends
+        ends += accumulate(map(len, map(_body, records)), initial=total)
+        del ends[-len(records) - 1]  # the running total before them, which it started from
+        total = ends[-1]
         self._trim(total)
         self.kept.grew(self, total - self.floor)
 

@@ -2,10 +2,11 @@
 master's copies frames: a replica that keeps up is sent the very pieces the log wrote,
 with no read and no encoding again.
 
-A batch is kept as :func:`~._record.encode_batch` made it (three chunks a record: length
-and CRC, header and names, body) with where each of its records ends, so that a frame
-can start inside a batch and stop within a byte budget by bisection.  What is kept is
-bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES` bytes, the newest
+A batch is kept as it was written, with where each of its records ends, so that a frame
+can start inside a batch and stop within a byte budget by bisection: as
+:func:`~._record.encode_batch` made it (a list of three chunks a record: length and CRC,
+header and names, body), or as :func:`~._copies.encode_produced` made it (one buffer).
+What is kept is bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES` bytes, the newest
 batch always), let go of once every replica was sent it, and forgotten whenever the
 log's records stop following its appends (copies stored, records cut).  Batches are
 kept only while someone wants them (a master with replicas says so at each shipment:
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["KEPT_BATCHES", "KEPT_BYTES", "Written"]
 
@@ -27,6 +30,8 @@ KEPT_BYTES = 8 << 20
 
 #: Pieces of a record as written: bytes, or a view of the request that brought its body.
 Chunk = bytes | memoryview
+#: A batch as written: its records' chunks, three a record, or one buffer of them all.
+Chunks = list[Chunk] | Any
 
 
 class Written:
@@ -37,13 +42,13 @@ class Written:
     def __init__(self) -> None:
         #: ``(first offset, chunks, ends)``: ``ends[i]`` counts the bytes of the
         #: batch's records up to record ``i`` included.
-        self.batches: deque[tuple[int, list[Chunk], list[int]]] = deque()
+        self.batches: deque[tuple[int, Chunks, Sequence[int]]] = deque()
         self.bytes = 0
         #: Appends still to keep (0: none is kept; the log calls :meth:`keep` only
         #: while it is not).
         self.wanted = 0
 
-    def keep(self, first: int, chunks: list[Chunk], ends: list[int]) -> None:
+    def keep(self, first: int, chunks: Chunks, ends: Sequence[int]) -> None:
         """A batch just written from offset ``first`` (right after the last one kept, or
         what was kept is forgotten)."""
         self.wanted -= 1
@@ -98,7 +103,10 @@ class Written:
             # up to the first record with the budget's bytes before it
             stop = min(bisect_left(ends, before + max_bytes - size, k) + 1, len(ends),
                        k + max_count - count)
-            chunks += pieces[3 * k:3 * stop] if k or stop < len(ends) else pieces
+            if not isinstance(pieces, list):  # one buffer: the records' bytes sliced
+                chunks.append(memoryview(pieces)[before:ends[stop - 1]])
+            else:
+                chunks += pieces[3 * k:3 * stop] if k or stop < len(ends) else pieces
             count += stop - k
             size += ends[stop - 1] - before
             if stop < len(ends):

@@ -29,7 +29,7 @@ from typing import Protocol
 from pump import ConfigError
 
 from ..storage._files import SyncPoint
-from ..storage._record import Entry, Record
+from ..storage._record import Entry, Produced, Record
 from ..storage._scan import Corruption
 from ._filter import TagFilter
 from ._group import Delivery, Group, Member, Run, Start, UnknownGroupError
@@ -61,7 +61,7 @@ class Log(Protocol):
     def corruptions(self) -> list[Corruption]:
         """Damage found in its files (none in memory)."""
 
-    def append(self, messages: Sequence[Entry], *, keep: bool = True) -> int:
+    def append(self, messages: Sequence[Entry] | Produced, *, keep: bool = True) -> int:
         """Store messages: the first one's offset; ``keep``: kept in memory for readers
         too (where its records are not there already)."""
     def read(self, offset: int, *, max_count: int = ..., max_bytes: int = ...
@@ -198,7 +198,7 @@ class Topic:
 
     # -- messages ----------------------------------------------------------------------
 
-    def publish(self, messages: Sequence[Entry]) -> int:
+    def publish(self, messages: Sequence[Entry] | Produced) -> int:
         """Store messages; the first one's offset.  Nothing is delivered until
         :meth:`dispatch` (the server calls it once they are visible).  With no consumer
         attached they are not kept in memory for readers (they read the file)."""

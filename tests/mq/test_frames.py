@@ -19,7 +19,7 @@ from mq.client._client import cut_bodies as client_cut_bodies
 from mq.cluster._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
 from mq.server._produce import cut_bodies
 from mq.storage._files import VIEW_BODY
-from mq.storage._record import Record
+from mq.storage._record import Produced, Record
 from mq.topics._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
 from mq.topics._group import Run
 from mq.topics._wire import unpack_column
@@ -41,14 +41,16 @@ def _relayed(rows: list[tuple[str | None, str, int, int, bytes]]) -> list[Relaye
              max_size=6)),
        as_view=st.booleans())
 def test_a_produce_body_is_cut_as_its_sizes_say(sizes: list[int], as_view: bool) -> None:
-    """Every message as sent, in order; bytes (the log's tail keeps them without a copy)
-    unless one is large, when all are views of the request (written and kept uncopied)."""
+    """Every message as sent, in order: views of the request when one is large (written
+    and kept uncopied), else bytes (the log's tail keeps them without a copy), cut when
+    the tail keeps a producer's run of them."""
     data = bytes(i % 251 for i in range(sum(sizes)))
     body = memoryview(data) if as_view else data
-    cut = cut_bodies(body, tuple(sizes))
+    large = max(sizes) >= VIEW_BODY
+    cut = cut_bodies(body, tuple(sizes)) if large else [
+        entry[3] for entry in Produced("t", "p", 7, body, tuple(sizes)).entries()]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     assert [bytes(m) for m in cut] == [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
-    large = max(sizes) >= VIEW_BODY
     assert {type(m) for m in cut} == {memoryview if large else bytes}
 
 

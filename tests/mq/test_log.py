@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mq import CursorStore, FormatError, StoreError, TopicLog
 from mq.storage._files import VIEW_BODY
-from mq.storage._record import SEGMENT_HEADER
+from mq.storage._record import SEGMENT_HEADER, Produced
 from mq.storage._tail import Kept
 from mq.topics._topic import Log
 
@@ -370,6 +370,40 @@ def test_a_failed_write_stores_nothing_and_the_log_goes_on(
     again.close()
 
 
+def test_a_producers_run_whose_write_fails_stores_nothing_and_one_cut_short_is_finished(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A produce request's small messages go in one write of the records encoded in C: a
+    failed one (a full disk, half of it in the file) stores nothing and the log goes on;
+    a short one (a nearly full disk) is finished by the rest."""
+    log = TopicLog(tmp_path)
+    fill(log, 5)
+    real = os.pwrite
+
+    def full_after_some(fd: int, data: Any, at: int) -> int:
+        real(fd, bytes(data)[:len(data) // 2], at)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_after_some)
+    with pytest.raises(StoreError, match="write failed, nothing stored: No space left"):
+        log.append(Produced(None, "p", 9, b"y" * 1000, (400, 600)))
+    calls: list[int] = []
+
+    def short(fd: int, data: Any, at: int) -> int:
+        calls.append(len(data))
+        return real(fd, bytes(data)[:max(1, len(data) // 3)], at)
+
+    monkeypatch.setattr(os, "pwrite", short)
+    assert log.append(Produced("t", "p", 9, b"ab" * 600, (100, 1100))) == 5
+    monkeypatch.setattr(os, "pwrite", real)
+    assert len(calls) > 1 and log.next_offset == 7
+    log.close()
+    again = TopicLog(tmp_path)
+    assert again.cut_bytes == 0 and again.corruptions == []
+    assert [(r.offset, r.tag, r.sequence, r.body) for r in again.read(5)] == [
+        (5, "t", 9, b"ab" * 50), (6, "t", 10, b"ab" * 550)]
+    again.close()
+
+
 def test_a_batch_of_more_pieces_than_one_gathered_write_takes_and_short_writes(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch is written as its pieces (large bodies as they are, runs of small pieces
@@ -609,8 +643,9 @@ def test_copies_out_of_line_are_named_at_the_first_record_out_of_line(
 @settings(max_examples=25, deadline=None)
 def test_the_sparse_index_of_appends_and_copies_is_the_one_a_scan_of_the_file_makes(
         batches: list[int], sizes: list[int]) -> None:
-    """Batches appended (bodies of many sizes, across segments) and copied to a replica
-    leave each segment's index as reading its file back would rebuild it."""
+    """Batches appended (bodies of many sizes, across segments; as entries or as a
+    producer's run) and copied to a replica leave each segment's index as reading its
+    file back would rebuild it."""
     import tempfile
 
     from mq.storage._scan import scan_segment
@@ -619,8 +654,11 @@ def test_the_sparse_index_of_appends_and_copies_is_the_one_a_scan_of_the_file_ma
         master = TopicLog(pathlib.Path(tmp) / "m", segment_bytes=20_000)
         replica = TopicLog(pathlib.Path(tmp) / "r", segment_bytes=30_000)
         for i, count in enumerate(batches):
-            first = master.append([(None, "p", j, b"b" * sizes[(i + j) % len(sizes)])
-                                   for j in range(count)])
+            lengths = [sizes[(i + j) % len(sizes)] for j in range(count)]
+            first = master.append(
+                Produced(None, "p", 0, b"b" * sum(lengths), tuple(lengths))
+                if i % 2 and count and max(lengths) < VIEW_BODY else  # as produces come
+                [(None, "p", j, b"b" * size) for j, size in enumerate(lengths)])
             if count:
                 replica.append_copies(_copies(master, first, count))
         for log in (master, replica):
@@ -658,6 +696,46 @@ def test_the_index_of_a_run_has_the_entries_a_look_at_every_record_makes(
     assert segment.index == want and segment.last_indexed == last
 
 
+@given(st.one_of(st.lists(st.integers(0, 300), min_size=1, max_size=40),  # many lengths
+                 st.tuples(st.integers(0, VIEW_BODY - 1), st.integers(1, 40))  # one length
+                 .map(lambda p: [p[0]] * p[1])),
+       st.sampled_from([None, "", "eu", "ü" * 127]), st.sampled_from(["", "p1", "x" * 255]),
+       st.integers(0, 2**40), st.integers(0, 2**62), st.integers(0, 2**41),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_a_producers_messages_encoded_in_c_are_the_records_encode_batch_makes(
+        sizes: list[int], tag: str | None, producer: str, first: int, sequence: int,
+        timestamp: int, crc: int, as_view: bool) -> None:
+    """:func:`encode_produced` (a produce request's small messages, one C call) writes
+    the bytes :func:`encode_batch` writes, says where each record ends, and carries the
+    segment's CRC-32 on over them as ``zlib.crc32`` would."""
+    import zlib
+    from itertools import accumulate
+
+    from mq.storage._copies import encode_produced
+    from mq.storage._record import Produced, encode_batch
+
+    data = bytes(i % 251 for i in range(sum(sizes)))
+    produced = Produced(tag, producer, sequence, memoryview(data) if as_view else data,
+                        tuple(sizes))
+    chunks, lengths = encode_batch(first, timestamp, produced.entries(), 1 << 20)
+    want = b"".join(bytes(c) for c in chunks)
+    out, ends, after = encode_produced(produced, first, timestamp, crc, 1 << 20)
+    assert bytes(out) == want
+    assert list(ends) == list(accumulate(lengths))
+    assert after == zlib.crc32(want, crc)
+
+
+def test_a_producers_messages_too_long_or_badly_named_are_refused() -> None:
+    from mq.storage._copies import encode_produced
+    from mq.storage._record import Produced
+    from pump import ConfigError
+
+    with pytest.raises(ConfigError, match="a body of 3 bytes exceeds the queue's maximum of 2"):
+        encode_produced(Produced(None, "p", 0, b"abcd", (1, 3)), 0, 0, 0, 2)
+    with pytest.raises(ConfigError, match="at most 255 bytes"):
+        encode_produced(Produced("t" * 256, "p", 0, b"a", (1,)), 0, 0, 0, 10)
+
+
 @given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
 def test_the_c_crc32_is_zlibs(data: bytes, crc: int) -> None:
     """Folded with carry-less multiplies (where the CPU has them) or with tables, the
@@ -669,6 +747,9 @@ def test_the_c_crc32_is_zlibs(data: bytes, crc: int) -> None:
     want = zlib.crc32(data, crc)
     assert lib.rs_crc32(crc, data, len(data)) == want
     assert lib.rs_crc32_tables(crc, data, len(data)) == want
+    cut = len(data) // 3  # and combined from the CRCs of two parts
+    assert lib.rs_crc32_combine(zlib.crc32(data[:cut], crc), zlib.crc32(data[cut:]),
+                                len(data) - cut) == want
 
 
 def test_a_replica_stores_the_master_s_records_as_they_are(tmp_path: pathlib.Path) -> None:
@@ -781,10 +862,11 @@ def test_a_cut_before_the_oldest_record_held_is_refused(tmp_path: pathlib.Path) 
 @settings(max_examples=60, deadline=None)
 def test_the_newest_appends_as_written_are_the_records_encoded_again(
         batches: list[list[int]], at: int, max_bytes: int, max_count: int) -> None:
-    """What a master sends a replica that keeps up, the pieces its appends wrote, is byte
-    for byte its records read back and encoded again: from any offset it holds (a batch's
-    start or inside one, across batches), within the byte budget (at least one record)
-    and the count."""
+    """What a master sends a replica that keeps up, the pieces its appends wrote (a
+    batch's chunks, or a producer's run encoded as one buffer), is byte for byte its
+    records read back and encoded again: from any offset it holds (a batch's start or
+    inside one, across batches), within the byte budget (at least one record) and the
+    count."""
     import tempfile
 
     from mq.storage._record import encode_records
@@ -793,8 +875,11 @@ def test_the_newest_appends_as_written_are_the_records_encoded_again(
         log = TopicLog(pathlib.Path(tmp) / "t", segment_bytes=4000)
         log.want_written()  # a replica follows: kept from now
         for i, sizes in enumerate(batches):
-            log.append([("x" if i % 2 else None, f"p{i % 3}", j, bytes([j]) * size)
-                        for j, size in enumerate(sizes)])
+            entries = [("x" if i % 2 else None, f"p{i % 3}", j, bytes([j]) * size)
+                       for j, size in enumerate(sizes)]
+            log.append(entries if i % 3 else  # or as a produce request's run
+                       Produced(entries[0][0], entries[0][1], 0,
+                                b"".join(e[3] for e in entries), tuple(sizes)))
         offset = at % log.next_offset
         got = log.written_since(offset, max_bytes, max_count)
         assert got is not None
