@@ -430,16 +430,21 @@ class Topic:
             self._moved(group)
 
     def advance(self, name: str, floor: int) -> None:
-        """Another copy of this topic (its master) handled the group's messages below
-        ``floor``: they are not delivered here (those given out here already stay
-        theirs)."""
+        """Another copy of this topic (its master, or the cluster's root a former root
+        sent them to) handled the group's messages below ``floor``: they are not
+        delivered here, neither for the first time nor again (those given out here and
+        not given back stay theirs)."""
         group = self.groups[name]
         floor = min(floor, self.log.next_offset)
-        if floor <= group.next_read:
-            return
-        group.next_read = floor
-        group.redeliver = deque(r for r in group.redeliver if r[0].offset >= floor)
-        self._moved(group)
+        redeliver = group.redeliver
+        moved = bool(redeliver) and min(r.offset for r, _ in redeliver) < floor
+        if moved:  # given back here, handled there: even below what this copy read
+            group.redeliver = deque(r for r in redeliver if r[0].offset >= floor)
+        if floor > group.next_read:
+            group.next_read = floor
+            moved = True
+        if moved:
+            self._moved(group)
 
     def cut(self, offset: int) -> None:
         """The log lost its records from ``offset`` on (a replica cut a tail its master

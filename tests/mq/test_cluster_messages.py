@@ -537,3 +537,38 @@ async def test_a_frame_a_consumer_has_too_little_room_for_goes_on_in_parts(
         for c in (producer, client):
             c.close()
         cluster.close()
+
+
+async def test_what_a_former_root_gave_out_and_got_back_is_drained_once_and_not_again(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A root's consumer takes messages and leaves without acknowledging them: they wait
+    in the root's copy to be delivered again.  Once another server is root, the former
+    one sends them there, and its group moves past them: each reaches the cluster's
+    consumers, and they are not sent again every second."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        cluster.crash("a")
+        await until(lambda: cluster.roots() == {"b"})
+        on_b = MqClient(universe.add_broker("c1"), "b:15555", timeout=30)
+        subscription = await on_b.subscribe("orders", window=500)
+        sent = [b"m%03d" % i for i in range(100)]
+        await producer.publish_many("orders", sent)
+        assert len(await subscription.receive_many(200)) == 100  # given out, not acked
+        on_b.close()  # they wait at b to be delivered again
+        copy = cluster.servers["b"].catalogue.topics["orders"].topic
+        await until(lambda: copy.lag("orders") == 100 and not copy.groups["orders"].pending)
+
+        cluster.start("a")  # the most senior primary: root again; b drains to it
+        await until(lambda: cluster.roots() == {"a"})
+        got: list[bytes] = []
+        consumer = MqClient(universe.add_broker("c2"), "e:15555", timeout=30)
+        nursery.start_soon(take, await consumer.subscribe("orders"), got)
+        await until(lambda: copy.lag("orders") == 0 and sorted(got) == sent)
+        drained = cluster.servers["b"].relay
+        assert drained is not None and drained.counts["drained"] == 100
+        await trio.sleep(5)  # five drains later: nothing more went, nothing came again
+        assert drained.counts["drained"] == 100 and sorted(got) == sent
+        nursery.cancel_scope.cancel()
+        for client in (producer, consumer):
+            client.close()
+        cluster.close()
