@@ -6,9 +6,10 @@ the shared state asked of any server meanwhile.  Checked each run: no epoch ever
 two roots; every change a root acknowledged is kept; once the faults stop, every server
 is linked both ways to every other, follows one root at one epoch and holds the same
 state, and the server with the other configuration is refused by every one of them and
-never gets their state.  Each server keeps its epoch
-and ballot in a directory of its own (in memory: what is checked is the protocol, not
-the disk) across its restarts."""
+never gets their state.  With a shared topic's messages too: every acknowledged
+message reaches each group, and every former root sends the root what it held for them
+and stops.  Each server keeps its epoch and ballot in a directory of its own (in
+memory: what is checked is the protocol, not the disk) across its restarts."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ async def one_run_with_messages(seed: int, store: pathlib.Path) -> dict[str, Any
     groups, a producer publishing throughout and a consumer of each group, each client
     given every server's address (the producer in one order, each consumer in another);
     once the faults stop, the run waits until every group had every acknowledged
-    message."""
+    message and every server but the root had sent it what it held for the groups."""
     from brokermgr.tracking import TrackNode
     from mq import MqClient, MqServer, declare_on
 
@@ -249,8 +250,13 @@ async def one_run_with_messages(seed: int, store: pathlib.Path) -> dict[str, Any
                 stop.set()
             with trio.move_on_after(120):  # virtual seconds: it settles or fails
                 while not all(set(acked) <= seen for seen in got.values()) or len(
-                        {(n.root, n.epoch) for n in nodes.values()}) != 1:
+                        {(n.root, n.epoch) for n in nodes.values()}) != 1 or undrained(
+                        servers, nodes):
                     await trio.sleep(0.5)
+            # what a former root held for the groups reached the root, and it stopped
+            # sending it there
+            assert not undrained(servers, nodes), (seed, "not drained", undrained(
+                servers, nodes), {k: _diagnosis(srv) for k, srv in servers.items()})
             missing = {g: sorted(set(acked) - seen)[:5] for g, seen in got.items()}
             assert not any(missing.values()), (
                 seed, "not delivered", missing, {k: (n.root, n.epoch, dict(n.state.topics))
@@ -268,13 +274,34 @@ async def one_run_with_messages(seed: int, store: pathlib.Path) -> dict[str, Any
             "relayed": sum(s.relay.counts["relayed"] for s in servers.values() if s.relay)}
 
 
-@pytest.mark.parametrize("seed", range(MESSAGE_SEEDS))
+#: Seeds past :data:`MESSAGE_SEEDS` the suite runs too: each once found a former root
+#: that never finished sending the next what it held (its group's floor held back).
+FOUND_SEEDS = (14, 22)
+
+
+@pytest.mark.parametrize("seed", sorted({*range(MESSAGE_SEEDS), *FOUND_SEEDS}))
 def test_every_acknowledged_message_reaches_each_group_through_faults(seed: int) -> None:
     with memory_dir("rdvpump-cluster-") as store:
         run = run_simulation(one_run_with_messages, seed, store, seed=seed)
     twice = {epoch: roots for epoch, roots in run["claims"].items() if len(roots) > 1}
     assert not twice, (seed, twice)
     assert run["acked"] > 0, run
+
+
+def undrained(servers: dict[str, Any], nodes: dict[str, ClusterNode]) -> dict[str, int]:
+    """The messages of the shared topic each server but the root holds that its groups
+    have not handled (what it stored as root and has not sent the root yet)."""
+    out = {}
+    for server_id, server in servers.items():
+        if nodes[server_id].root == server_id:
+            continue
+        state = server.catalogue.topics.get("orders")
+        if state is not None and state.topic.groups:
+            topic = state.topic
+            left = topic.log.next_offset - min(g.floor for g in topic.groups.values())
+            if left:
+                out[server_id] = left
+    return out
 
 
 def _diagnosis(server: Any) -> dict[str, Any]:
