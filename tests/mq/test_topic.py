@@ -227,6 +227,27 @@ def test_a_consumer_lost_gives_its_messages_to_another_with_their_count() -> Non
     assert [(d.record.offset, d.deliveries) for d in b.got] == [(2, 1), (0, 2), (1, 2)]
 
 
+def test_messages_given_back_here_and_handled_by_another_copy_are_not_delivered_again(
+) -> None:
+    """A copy's consumer leaves with messages it took (they wait to be delivered again
+    here); another copy (a master, or the root a former root sent them to) handled them:
+    told so, this copy's floor moves past them, though it read further already, and a
+    consumer that comes here later gets only what is left."""
+    w = World()
+    w.topic.declare_group("orders")
+    a = w.consumer("a", window=10)
+    w.publish(*[None] * 6)
+    assert a.offsets == list(range(6))
+    assert w.topic.detach(a.consumer) == 6  # given back: their floor is 0
+    assert w.topic.group("orders").floor == 0
+    w.topic.moved.clear()
+    w.topic.advance("orders", 4)  # handled elsewhere up to 4
+    assert w.topic.group("orders").floor == 4 and w.topic.lag("orders") == 2
+    assert w.topic.moved == {"orders": None}  # saved and shipped at the next tick
+    b = w.consumer("b", window=10)
+    assert b.offsets == [4, 5]
+
+
 def test_an_ack_timeout_redelivers_and_dead_letters_after_max_deliveries() -> None:
     w = World(ack_timeout=10.0, max_deliveries=3)
     w.topic.declare_group("orders")
