@@ -177,5 +177,24 @@ class Election:
         self.root = root
         self.changed()
 
+    def _fenced_by(self, epoch: int) -> None:
+        """A root at ``epoch`` that this server does not reach (named by another): what
+        following it would leave once :meth:`elect` dropped it as out of reach, without
+        following it first.  Its epoch is taken (kept on disk: it fences every root
+        before it) and this server has no root until it reaches one; each peer's beat
+        naming it changes nothing more (followed and dropped each time, a server cut off
+        from the root only switched between it and none at every beat it heard)."""
+        if self.root is None and epoch == self.epoch:
+            return
+        if self.root == self.me.id:
+            log.warning("cluster %s: %s steps down: a root it does not reach took over at "
+                        "epoch %d", self.config.name, self.me.id, epoch)
+            self.changes.drop(f"a root out of reach took over at epoch {epoch}")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._keep()
+        self.root = None
+        self.changed()
+
     def _held(self) -> tuple[int, str] | None:
         return None if self.root is None else (self.epoch, self.root)

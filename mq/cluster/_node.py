@@ -352,8 +352,10 @@ class ClusterNode(Election):
                                                and request.epoch == self.epoch)):
             why = unruly(self.config, self.me.id, self.ballot, request.root,
                          request.epoch) or self._unvoted(request.root, request.epoch)
-            if why is None:
+            if why is None and request.root in self.active():
                 self._follow(request.root, request.epoch)
+            elif why is None:  # a root out of reach: its epoch fences the roots before it
+                self._fenced_by(request.epoch)
             else:  # hearsay that breaks the rule: not followed
                 self._say(f"not following {request.root}, named root by {request.id}: "
                           f"{why}", key=request.id)

@@ -404,6 +404,36 @@ async def test_a_primary_cut_off_with_a_minority_has_no_root(autojump_clock: obj
             node.close()
 
 
+async def test_a_server_cut_off_from_the_root_alone_waits_for_it_without_switching(
+        autojump_clock: object) -> None:
+    """c cut off from the root a, but linked to b and d, which follow a and say so at
+    every beat: c has no root while it cannot reach a (and neither takes a's place nor
+    follows it), without following a on each beat and dropping it at once (each switch
+    tells its watchers: the MQ server's relay, its registration); it follows a again
+    once the cut heals."""
+    from rdvpump.testing import Faults
+
+    async with open_universe("u") as universe:
+        faults = Faults(universe, partition_timeout=1.0)
+        nodes = {s.id: ClusterNode(universe.add_broker(s.id), FOUR) for s in FOUR.servers}
+        await until(lambda: all(n.root == "a" for n in nodes.values()))
+        epoch = nodes["a"].epoch
+        told: list[str | None] = []
+        nodes["c"].watchers.append(lambda: told.append(nodes["c"].root))
+        faults.partition("c", ["a"])
+        await until(lambda: nodes["c"].root is None)
+        await trio.sleep(10)  # b's and d's beats naming a, ten a second each
+        assert nodes["c"].root is None and nodes["c"].epoch == epoch
+        assert (nodes["a"].root, nodes["b"].root, nodes["d"].root) == ("a", "a", "a")
+        switches = sum(x != y for x, y in zip(["a", *told], told, strict=False))
+        assert switches == 1, told[:10]  # a to none, once (it was some 400 times)
+        faults.heal("c", ["a"])
+        await until(lambda: len({(n.root, n.epoch) for n in nodes.values()}) == 1
+                    and nodes["c"].root == "a")
+        for node in nodes.values():
+            node.close()
+
+
 async def test_a_root_claim_the_rule_forbids_is_refused_and_changes_nothing(
         autojump_clock: object) -> None:
     """Claims checked against the rule, not only the epoch: a fanout server announcing
