@@ -63,29 +63,29 @@ _scratch = _Scratch()
 _uncleared = ffi.new_allocator(should_clear_after_alloc=False)
 
 
-def encode_produced(run: Produced, first: int, timestamp: int, crc: int, max_body: int
-               ) -> tuple[Any, Sequence[int], int]:
-    """The records of ``run`` from offset ``first``, all at ``timestamp``, as
+def encode_produced(produced: Produced, first: int, timestamp: int, crc: int,
+                    max_body: int) -> tuple[Any, Sequence[int], int]:
+    """The records of ``produced`` from offset ``first``, all at ``timestamp``, as
     :func:`~._record.encode_batch` makes them, back to back in one buffer: ``(buffer,
     where each record ends in it, the CRC-32 ``crc`` carried on over it)``.
     :class:`~pump.ConfigError` for a body over ``max_body`` or a tag or producer id over
     255 bytes."""
-    packed, tag_len, producer_len = names(run.tag, run.producer)
-    sizes = run.sizes
+    packed, tag_len, producer_len = names(produced.tag, produced.producer)
+    sizes = produced.sizes
     count, longest = len(sizes), max(sizes)
     if longest > max_body:
         raise ConfigError(f"a body of {longest} bytes exceeds the queue's maximum of "
                           f"{max_body}")
     head = RECORD_OVERHEAD + len(packed)
-    total = head * count + len(run.body)
+    total = head * count + len(produced.body)
     out = _uncleared("unsigned char[]", total)
     ends = _scratch.fit(count).ends
     crc_io = _scratch.crc
     crc_io[0] = crc
-    body = run.body
+    body = produced.body
     lib.rs_encode(out, body if type(body) is bytes else ffi.from_buffer(body),
                   ffi.new("uint32_t[]", sizes), count, packed, tag_len, producer_len, first,
-                  timestamp, run.sequence, crc_io, ends)
+                  timestamp, produced.sequence, crc_io, ends)
     if sizes.count(longest) == count:  # one length: where each ends, with no list
         length = head + longest
         return ffi.buffer(out), range(length, total + 1, length), crc_io[0]
