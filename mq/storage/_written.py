@@ -6,9 +6,10 @@ A batch is kept as it was written, with where each of its records ends, so that 
 can start inside a batch and stop within a byte budget by bisection: as
 :func:`~._record.encode_batch` made it (a list of three chunks a record: length and CRC,
 header and names, body), or as :func:`~._copies.encode_produced` made it (one buffer).
-What is kept is bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES` bytes, the newest
-batch always), let go of once every replica was sent it, and forgotten whenever the
-log's records stop following its appends (copies stored, records cut).  Batches are
+What is kept is bounded (:data:`KEPT_BATCHES` batches and about :data:`KEPT_BYTES`
+bytes, the newest batch always), let go of once every replica was sent it, and
+forgotten whenever the log's records stop following its appends (copies stored,
+records cut).  Batches are
 kept only while someone wants them (a master with replicas says so at each shipment:
 :meth:`Written.want`), for the next :data:`KEPT_BATCHES` appends after that (a log with
 no replica pays one test an append).
