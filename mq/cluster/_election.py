@@ -165,35 +165,22 @@ class Election:
             self.root = None  # its root is out of reach: not ready until one is known
             self.changed()
 
-    def _follow(self, root: str, epoch: int) -> None:
+    def _follow(self, root: str | None, epoch: int) -> None:
+        """Follow ``root`` at ``epoch``; None: a root this server does not reach (named by
+        another), whose epoch is taken (kept on disk: it fences every root before it)
+        while this server has no root until it reaches one.  Following such a root would
+        have had :meth:`elect` drop it at once as out of reach: a server cut off from the
+        root switched between it and none at every beat it heard naming it."""
         if self.root == self.me.id and root != self.me.id:
             log.warning("cluster %s: %s steps down: %s is root at epoch %d",
-                        self.config.name, self.me.id, root, epoch)
+                        self.config.name, self.me.id, root or "a root it does not reach",
+                        epoch)
         if self.root == self.me.id and (root != self.me.id or epoch != self.epoch):
-            self.changes.drop(f"{root} became root at epoch {epoch}")
+            self.changes.drop(f"{root or 'a root out of reach'} became root at epoch {epoch}")
         if epoch != self.epoch:
             self.epoch = epoch
             self._keep()
         self.root = root
-        self.changed()
-
-    def _fenced_by(self, epoch: int) -> None:
-        """A root at ``epoch`` that this server does not reach (named by another): what
-        following it would leave once :meth:`elect` dropped it as out of reach, without
-        following it first.  Its epoch is taken (kept on disk: it fences every root
-        before it) and this server has no root until it reaches one; each peer's beat
-        naming it changes nothing more (followed and dropped each time, a server cut off
-        from the root only switched between it and none at every beat it heard)."""
-        if self.root is None and epoch == self.epoch:
-            return
-        if self.root == self.me.id:
-            log.warning("cluster %s: %s steps down: a root it does not reach took over at "
-                        "epoch %d", self.config.name, self.me.id, epoch)
-            self.changes.drop(f"a root out of reach took over at epoch {epoch}")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._keep()
-        self.root = None
         self.changed()
 
     def _held(self) -> tuple[int, str] | None:

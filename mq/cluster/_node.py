@@ -354,8 +354,9 @@ class ClusterNode(Election):
                          request.epoch) or self._unvoted(request.root, request.epoch)
             if why is None and request.root in self.active():
                 self._follow(request.root, request.epoch)
-            elif why is None:  # a root out of reach: its epoch fences the roots before it
-                self._fenced_by(request.epoch)
+            elif why is None:  # a root out of reach: its epoch only, when newer
+                if request.epoch > self.epoch:
+                    self._follow(None, request.epoch)
             else:  # hearsay that breaks the rule: not followed
                 self._say(f"not following {request.root}, named root by {request.id}: "
                           f"{why}", key=request.id)
