@@ -27,7 +27,7 @@ from pump import ConfigError, Timer
 
 from ._cause import CloseCause
 from ._channel import Channel
-from ._codec import MAX_MESSAGE_BODY, FrameDecoder, FrameEncoder
+from ._codec import MAX_MESSAGE_BODY, RING_GROWTH_CAP, FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 from ._messages import Batch, Gather
 
@@ -253,6 +253,15 @@ class MessageQueue:
     @property
     def reading_paused(self) -> bool:
         return self._paused
+
+    @property
+    def whole_frame_bytes(self) -> int:
+        """Bytes of the longest message the other end takes out of its ring whole (a longer
+        one is put together piece by piece, which costs more): over a socket its ring grows
+        to :data:`RING_GROWTH_CAP` once such messages come; a link within this process
+        shares one ring, of fixed capacity."""
+        channel = self._channel  # a link over a socket: the rings at both ends may grow
+        return RING_GROWTH_CAP if channel.rx_growable() else channel.capacity
 
     def __repr__(self) -> str:
         c = self._channel

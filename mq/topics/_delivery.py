@@ -8,13 +8,15 @@ the records' fields as columns (:mod:`._wire`), their bodies back to back.  A li
 asked for shared frames (a cluster's server relaying several groups of a topic) gets one
 frame for the groups handed the same messages, naming them all.  A frame
 ends once it holds :data:`FRAME_BYTES` of bodies (with a run's small rest, under
-:data:`FRAME_TAIL`, taken along), so that a wide window behind a deep backlog never
-makes a frame larger than a link carries.
+:data:`FRAME_TAIL`, taken along), or, of large messages, once it holds
+:data:`FRAME_MESSAGES` of them or as many as the link's other end takes whole, so that a
+wide window behind a deep backlog never makes a frame larger than a link carries, and a
+frame's own cost (its header, its acknowledgement) is not paid for every few messages.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,12 @@ FRAME_BYTES = DEFAULT_RING_CAPACITY * 3 // 4
 #: full one (two batches of 100 messages of 1,000 bytes dispatched together go as one
 #: frame of 200, not 196 and 4).
 FRAME_TAIL = FRAME_BYTES // 8
+#: Messages a frame of large ones holds, past FRAME_BYTES, as far as the link's other end
+#: takes a frame whole (3/4 of :attr:`~channels.MessageQueue.whole_frame_bytes`: a
+#: frame of 64 KiB messages over a socket holds 12 of them, not 3).  Each frame costs its
+#: header, a consumer's acknowledgement and the work at every hop whatever it holds:
+#: ``bench mq`` at 64 KiB stores and delivers about a seventh more with 12 a frame.
+FRAME_MESSAGES = 16
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
 #: most the link's maximum message size less this.
 FRAME_ROOM = 64 << 10
@@ -69,6 +77,9 @@ class ClientLink:
     named_runs: bool = False
     #: such a link's last stretch of each topic's bodies sent (offsets only)
     sent: Stretches[None] = field(default_factory=Stretches)
+    #: bytes of bodies a frame of large messages may reach (see :data:`FRAME_MESSAGES`):
+    #: 3/4 of the longest frame the link's other end takes whole
+    frame_reach: int = FRAME_BYTES
 
     def send(self, message: bytes | Gather) -> None:
         """Send, or keep for when the queue drains (bounded: credits bound deliveries,
@@ -105,7 +116,7 @@ class ClientLink:
             frames = {}
         if not self.shared_frames:
             for (topic, group), pieces in by_group.items():
-                self._send_parts(topic, [group], _parts(topic, pieces, frames))
+                self._send_parts(topic, [group], _parts(topic, pieces, frames, self.frame_reach))
             return
         if len(by_group) == 1:
             ((topic, group), pieces), = by_group.items()
@@ -133,7 +144,7 @@ class ClientLink:
         was sent before by name (``cached``), the rest with its bodies, each frame that
         :func:`~._stretch.extends` the topic's stretch noted in it."""
         if not self.named_runs:
-            self._send_parts(topic, groups, _parts(topic, pieces, frames))
+            self._send_parts(topic, groups, _parts(topic, pieces, frames, self.frame_reach))
             return
         sent = self.sent
         if len(pieces) == 1 and type(run := pieces[0]) is Run:
@@ -150,7 +161,7 @@ class ClientLink:
                 if held == len(records):
                     return
                 pieces = [Run(topic, run.group, records[held:], run.consumer, run.deadline)]
-        parts = _parts(topic, pieces, frames)
+        parts = _parts(topic, pieces, frames, self.frame_reach)
         for columns, bodies in parts:
             if extends(columns):
                 sent.add(topic, columns["offsets"], columns["count"], sum(map(len, bodies)),
@@ -228,17 +239,18 @@ def _counts(piece: Delivery | Run) -> list[int]:
     return [1] * len(piece.records) if type(piece) is Run else [piece.deliveries]
 
 
-def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Part]]
-           ) -> list[_Part]:
+def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Part]],
+           most: int) -> list[_Part]:
     """The frames of a group's ``pieces``: one per :data:`FRAME_BYTES` of bodies (the
     message that passes it is the last of its frame, or the last of all when what
-    follows is under :data:`FRAME_TAIL`); those of a lone run made once
+    follows is under :data:`FRAME_TAIL`), or of large messages up to
+    :data:`FRAME_MESSAGES` of them within ``most`` bytes; those of a lone run made once
     (kept in ``frames``) for every link of a dispatch it goes to."""
     deliveries: list[int] | None
     if len(pieces) == 1 and type(run := pieces[0]) is Run:
         records: list[Record] = run.records
         deliveries = None
-        key = _content_key(topic, pieces)
+        key = _content_key(topic, pieces), most
         made = frames.get(key)
         if made is not None:
             return made
@@ -262,6 +274,9 @@ def _parts(topic: str, pieces: list[Delivery | Run], frames: dict[Any, list[_Par
         # the frame ends with the message whose body brings it to FRAME_BYTES or past
         base = ends[start - 1] if start else 0
         end = min(bisect_left(ends, base + FRAME_BYTES, lo=start) + 1, len(records))
+        if end - start < FRAME_MESSAGES:  # large messages: more of them, within ``most``
+            end = max(end, min(start + FRAME_MESSAGES,
+                               bisect_right(ends, base + most, lo=start)))
         if ends[-1] - ends[end - 1] < FRAME_TAIL:
             end = len(records)  # a small rest: in this frame (see FRAME_TAIL)
         # small bodies joined here, once for every link the frame goes to
@@ -293,7 +308,9 @@ class Links:
         link = self.by_queue.get(queue)
         if link is None:
             self._count += 1
-            link = self.by_queue[queue] = ClientLink(queue, f"{queue.remote_id}#{self._count}")
+            link = self.by_queue[queue] = ClientLink(
+                queue, f"{queue.remote_id}#{self._count}",
+                frame_reach=queue.whole_frame_bytes * 3 // 4)
             self.by_caller[link.caller_id] = link
         return link
 

@@ -20,7 +20,13 @@ from mq.cluster._relay_groups import Relayed, RelayedFrame, relayed_messages, ta
 from mq.server._produce import cut_bodies
 from mq.storage._files import VIEW_BODY
 from mq.storage._record import Produced, Record
-from mq.topics._delivery import FRAME_BYTES, FRAME_TAIL, _parts, messages_frame
+from mq.topics._delivery import (
+    FRAME_BYTES,
+    FRAME_MESSAGES,
+    FRAME_TAIL,
+    _parts,
+    messages_frame,
+)
 from mq.topics._group import Run
 from mq.topics._wire import unpack_column
 
@@ -203,7 +209,8 @@ def test_a_run_s_small_rest_goes_in_the_frame_before_it(rest: int, frames: int) 
     sizes += [1000] * (rest // 1000) + ([rest % 1000] if rest % 1000 else [])
     records = [Record(10 + i, 5, i + 1, None, "p", bytes([i % 251]) * size)
                for i, size in enumerate(sizes)]
-    made = _parts("t", [Run("t", "g", records, None, 0.0)], {})  # type: ignore[arg-type]
+    made = _parts("t", [Run("t", "g", records, None, 0.0)], {},  # type: ignore[arg-type]
+                  FRAME_BYTES)
     assert len(made) == frames
     offsets = [o for columns, _ in made
                for o in unpack_column(columns["offsets"], columns["count"], counting=True)]
@@ -213,6 +220,34 @@ def test_a_run_s_small_rest_goes_in_the_frame_before_it(rest: int, frames: int) 
     assert sum(got_sizes, []) == sizes
     assert [sum(len(piece) for piece in body) for _, body in made] == list(map(sum, got_sizes))
     assert sum(got_sizes[0]) >= FRAME_BYTES
+
+
+@pytest.mark.parametrize(("size", "most", "per_frame"), [
+    (64 << 10, 768 << 10, 12),  # over a socket: as many as the far ring takes whole
+    (64 << 10, FRAME_BYTES, 3),  # within a process: the shared ring's worth
+    (20 << 10, 768 << 10, FRAME_MESSAGES),  # FRAME_BYTES passed, FRAME_MESSAGES reached
+    (1000, 768 << 10, 197),  # small messages: FRAME_BYTES ends the frame as before
+    (1 << 20, 768 << 10, 1),  # longer than ``most``: a frame of its own
+])
+def test_a_frame_of_large_messages_holds_more_of_them_as_far_as_the_link_takes_it(
+        size: int, most: int, per_frame: int) -> None:
+    """Past FRAME_BYTES, a frame of large messages goes on to FRAME_MESSAGES of them
+    within ``most`` bytes of bodies (what the link's other end takes out of its ring
+    whole), so that a frame's own cost is not paid for every three 64 KiB messages."""
+    count = 4 * per_frame
+    records = [Record(i, 5, i + 1, None, "p", bytes([i % 251]) * size)
+               for i in range(count)]
+    made = _parts("t", [Run("t", "g", records, None, 0.0)], {},  # type: ignore[arg-type]
+                  most)
+    counts = [columns["count"] for columns, _ in made]
+    assert counts == [per_frame] * 4
+    for columns, bodies in made:
+        held = sum(len(piece) for piece in bodies)
+        assert held >= FRAME_BYTES or columns["count"] == 1
+        assert held <= max(most, size)
+    offsets = [o for columns, _ in made
+               for o in unpack_column(columns["offsets"], columns["count"], counting=True)]
+    assert offsets == list(range(count))
 
 
 _HELD_OPS = st.lists(st.one_of(

@@ -16,6 +16,7 @@ import trio.testing
 
 from brokermgr import BrokerManager
 from channels import PROCESS_FRAME_BUDGET, AsyncMessageQueue, CloseCause, close_frame
+from channels._codec import RING_GROWTH_CAP
 from pump import ConfigError, Pump
 from rdv import Address, Hello, RefusedError, tls_contexts
 from tests.ports import free_port
@@ -401,6 +402,7 @@ async def test_a_tcp_links_receive_ring_grows_to_hold_two_long_frames_a_memory_o
         client = ua.add_broker("client")
         async with await client.connect_queue("server", 80) as q:
             assert q.statistics().receive_ring == 1024
+            assert q.queue.whole_frame_bytes == RING_GROWTH_CAP  # what the far end's ring grows to
             await q.send(b"s" * 1000)  # fits the ring whole: nothing grows
             assert await q.receive() == b"s" * 1000
             assert q.statistics().receive_ring == 1024
@@ -415,6 +417,7 @@ async def test_a_tcp_links_receive_ring_grows_to_hold_two_long_frames_a_memory_o
                 await local.send(b"m" * 3000)
                 assert await local.receive() == b"m" * 3000
                 assert local.statistics().receive_ring == 1024
+                assert local.queue.whole_frame_bytes == 1024
     del ua, ub, client, q, local
     gc.collect()  # the rings are freed with their links
     assert budget.grown == grown_before
