@@ -4,10 +4,12 @@ A server that is not the root serves no group of a shared topic from its own cop
 clients consume through the root: :mod:`._relay`), so what that copy holds beyond the
 lowest position of its groups was stored while this server was root and may have reached
 no group of the cluster yet.  Each second, while the server is linked to the root, it
-sends the root the next :data:`DRAIN_BATCH` of those messages, each stored there under
-its producer as the origin (never checked for duplicates), and once the root stored all
-of them, every group here moves past them.  A message may then reach a group twice (it
-had reached it here before): at least once.
+takes the next :data:`DRAIN_BATCH` of those messages and sends the root the ones a group
+here has not handled (not read yet, in flight, or given back to be delivered again;
+those every group acknowledged here stay here), each stored there under its producer as
+the origin (never checked for duplicates), and once the root stored all of them, every
+group here moves past the batch.  A message may then reach a group twice (another group
+here had not handled it, or it had reached this group here before): at least once.
 """
 
 from __future__ import annotations
@@ -66,15 +68,29 @@ class Drain:
             if floor >= topic.log.next_offset:
                 continue
             records = topic.log.read(floor, max_count=DRAIN_BATCH)
-            if records:
-                self._send(upstream, state, records)
+            if not records:
+                continue
+            groups = [(group.next_read, group.unhandled()) for group in topic.groups.values()]
+            wanted = [r for r in records
+                      if any(r.offset >= read or r.offset in held for read, held in groups)]
+            if wanted:
+                self._send(upstream, state, wanted, records[-1].offset + 1)
+            else:  # every group here acknowledged them: nothing to send
+                self._past(state, records[-1].offset + 1)
 
-    def _send(self, upstream: RootLink, state: TopicState, records: list[Record]) -> None:
+    def _past(self, state: TopicState, end: int) -> None:
+        """Every group of the topic here moves past ``end`` (the root stored what of the
+        messages below it a group had not handled)."""
+        for group in list(state.topic.groups):
+            state.topic.advance(group, end)
+        self.catalogue.save_positions(state)
+
+    def _send(self, upstream: RootLink, state: TopicState, records: list[Record],
+              end: int) -> None:
         name = state.topic.name
         self.busy.add(name)
         left = [len(records)]
         failed: list[str] = []
-        end = records[-1].offset + 1
 
         def stored(outcome: ReplyOrError) -> None:
             if isinstance(outcome, ServiceError):
@@ -89,9 +105,7 @@ class Drain:
                 return
             if self.catalogue.topics.get(name) is not state:
                 return
-            for group in list(state.topic.groups):
-                state.topic.advance(group, end)
-            self.catalogue.save_positions(state)
+            self._past(state, end)
             self.counts["drained"] += len(records)
             log.info("%s: %d messages of %s stored under an earlier root sent to root %s",
                      self.address, len(records), name, upstream.root)

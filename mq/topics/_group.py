@@ -227,6 +227,13 @@ class Group(InTurn["Member"]):
     def in_flight_count(self) -> int:
         return len(self.pending) + self.in_runs
 
+    def unhandled(self) -> set[int]:
+        """The offsets below :attr:`next_read` not handled yet: in flight, or waiting to
+        be delivered again (made for the asking, not on a hot path)."""
+        held = set(self.in_flight)
+        held.update(r.offset for r, _ in self.redeliver)
+        return held
+
     def add_run(self, run: Run) -> None:
         """``run`` goes out whole to its consumer."""
         first, count = run.offsets[0], len(run.offsets)

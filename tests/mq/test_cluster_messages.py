@@ -572,3 +572,40 @@ async def test_what_a_former_root_gave_out_and_got_back_is_drained_once_and_not_
         for client in (producer, consumer):
             client.close()
         cluster.close()
+
+
+async def test_what_a_former_root_s_consumers_acknowledged_is_not_drained_again(
+        tmp_path: pathlib.Path, autojump_clock: object) -> None:
+    """A root's consumer acknowledges every message but the first and leaves: the group's
+    position stays at the first, the rest handled above it.  Once another server is
+    root, the former one sends it the one message not handled, not the 99 handled: the
+    cluster's consumers get it, and none of the others again."""
+    async with open_universe("u") as universe, trio.open_nursery() as nursery:
+        cluster, producer = await with_orders(universe, tmp_path, "p")
+        cluster.crash("a")
+        await until(lambda: cluster.roots() == {"b"})
+        on_b = MqClient(universe.add_broker("c1"), "b:15555", timeout=30)
+        subscription = await on_b.subscribe("orders", window=500)
+        sent = [b"m%03d" % i for i in range(100)]
+        await producer.publish_many("orders", sent)
+        messages = await subscription.receive_many(200)
+        assert len(messages) == 100
+        await subscription.ack([m.offset for m in messages[1:]])  # all but the first
+        copy = cluster.servers["b"].catalogue.topics["orders"].topic
+        await until(lambda: copy.lag("orders") == 100 and copy.group("orders").in_flight_count == 1)
+        on_b.close()  # the first waits at b to be delivered again
+
+        cluster.start("a")  # the most senior primary: root again; b drains to it
+        await until(lambda: cluster.roots() == {"a"})
+        got: list[bytes] = []
+        consumer = MqClient(universe.add_broker("c2"), "e:15555", timeout=30)
+        nursery.start_soon(take, await consumer.subscribe("orders"), got)
+        await until(lambda: copy.lag("orders") == 0 and got == sent[:1])
+        drained = cluster.servers["b"].relay
+        assert drained is not None and drained.counts["drained"] == 1
+        await trio.sleep(5)  # five drains later: nothing more went, nothing came again
+        assert drained.counts["drained"] == 1 and got == sent[:1]
+        nursery.cancel_scope.cancel()
+        for client in (producer, consumer, on_b):
+            client.close()
+        cluster.close()
