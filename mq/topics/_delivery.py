@@ -48,7 +48,7 @@ FRAME_TAIL = FRAME_BYTES // 8
 #: takes a frame whole (3/4 of :attr:`~channels.MessageQueue.whole_frame_bytes`: a
 #: frame of 64 KiB messages over a socket holds 12 of them, not 3).  Each frame costs its
 #: header, a consumer's acknowledgement and the work at every hop whatever it holds:
-#: ``bench mq`` at 64 KiB `sync` stores and delivers 6-9 % more with 12 a frame, at about
+#: ``bench mq`` at 64 KiB `sync` stores and delivers 6-15 % more with 12 a frame, at about
 #: 6 % less CPU a message.
 FRAME_MESSAGES = 16
 #: Bytes of a link's largest frame kept for a delivery's header: a message's body is at
