@@ -74,7 +74,7 @@ from ..storage._epochs import diverged
 from ..storage._log import TopicLog
 from ..storage._record import encode_records
 from ..topics._catalogue import Catalogue, TopicState
-from ..topics._delivery import FRAME_BYTES, ClientLink
+from ..topics._delivery import FRAME_BYTES, FRAME_MESSAGES, ClientLink
 from ..topics._requests import Copied, Follow
 
 _ANY_BODY = 1 << 62
@@ -248,12 +248,28 @@ class Shipper:
                 # the pieces the log wrote (a follower that keeps up), or its records
                 # read back and encoded again, as stored (the replica checks each body
                 # against its own maximum)
-                written = log.written_since(follower.next, min(room, FRAME_BYTES), 10_000)
+                budget = min(room, FRAME_BYTES)
+                # of large records, more than FRAME_BYTES holds: up to FRAME_MESSAGES of
+                # them, as far as the replica's end takes a frame whole (as deliveries)
+                wide = min(room, link.frame_reach)
+                written = log.written_since(follower.next, budget, 10_000)
+                if written is not None and written[1] < FRAME_MESSAGES and wide > budget:
+                    # a record is taken while fewer bytes came before it: a record's
+                    # worth less, so that the last one ends within ``wide``
+                    more = log.written_since(follower.next, wide - written[2] // written[1],
+                                             FRAME_MESSAGES)
+                    if more is not None and more[1] > written[1]:
+                        written = more
                 if written is not None:
                     chunks, count, size = written
                 else:
-                    records = log.read(follower.next, max_count=10_000,
-                                       max_bytes=min(room, FRAME_BYTES))
+                    records = log.read(follower.next, max_count=10_000, max_bytes=budget)
+                    if records and len(records) < FRAME_MESSAGES and wide > budget:
+                        each = sum(len(r.body) for r in records) // len(records)
+                        more_records = log.read(follower.next, max_count=FRAME_MESSAGES,
+                                                max_bytes=wide - each)
+                        if len(more_records) > len(records):
+                            records = more_records
                     if not records:
                         break
                     if records[0].offset != follower.next:

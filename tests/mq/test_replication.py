@@ -88,6 +88,42 @@ async def until(follower: Follower, replica: TopicLog, offset: int) -> None:
         await follower.changed.wait()
 
 
+async def test_a_replica_over_tcp_is_sent_large_records_a_dozen_to_a_frame(
+        tmp_path: pathlib.Path) -> None:
+    """Over TCP (real sockets on 127.0.0.1, each side a pump of its own) a replica's ring
+    grows to 1 MiB for long frames, and its master sends it 64 KiB records up to twelve to
+    a frame, not the three that 192 KiB holds: each frame costs both ends whatever it
+    carries.  The replica stores every record as the master did."""
+    from pump import Pump
+
+    ua = BrokerManager("u", pump=Pump(name="replica"))
+    ub = BrokerManager("u", pump=Pump(name="master"))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ua.pump.serve)
+            await nursery.start(ub.pump.serve)
+            ua.directory["s1"] = await nursery.start(ub.serve_network, "127.0.0.1", 0)
+            await nursery.start(ua.serve_network, "127.0.0.1", 0)
+            node = TrackNode(ub.add_broker("s1"), role="server", **TIMING)
+            server = MqServer(node, tmp_path / "s1", fsync_thread=False)
+            client = MqClient(ub.add_broker("app"), "s1:15555", retry=0.5, timeout=30)
+            await client.declare("orders")
+            for i in range(12):  # 48 records of 64 KiB, four a request
+                await client.publish_many("orders", [bytes([4 * i + j]) * (64 << 10)
+                                                     for j in range(4)])
+            replica = TopicLog(tmp_path / "r1" / "orders")
+            follower = Follower(ua.add_broker("r1"), "s1:15555", {"orders": replica},
+                                retry=0.5)
+            await until(follower, replica, 48)  # caught up from the master's log
+            assert records(replica) == records(server.catalogue.topics["orders"].topic.log)
+            assert follower.counts["frames"] <= 6  # 16 or more at three a frame
+            follower.close()
+            client.close()
+            server.close()
+            replica.close()
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_replica_stores_what_its_master_stored_and_resumes_after_a_lost_link(
         tmp_path: pathlib.Path, autojump_clock: object) -> None:
     async with master(tmp_path) as (universe, server, client):
