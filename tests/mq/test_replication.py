@@ -94,25 +94,20 @@ async def test_a_replica_over_tcp_is_sent_large_records_a_dozen_to_a_frame(
     grows to 1 MiB for long frames, and its master sends it 64 KiB records up to twelve to
     a frame, not the three that 192 KiB holds: each frame costs both ends whatever it
     carries.  The replica stores every record as the master did."""
-    from pump import Pump
+    from channels import DEFAULT_RING_CAPACITY
+    from tests.rdv.test_net import two_processes_worth
 
-    ua = BrokerManager("u", pump=Pump(name="replica"))
-    ub = BrokerManager("u", pump=Pump(name="master"))
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(ua.pump.serve)
-            await nursery.start(ub.pump.serve)
-            ua.directory["s1"] = await nursery.start(ub.serve_network, "127.0.0.1", 0)
-            await nursery.start(ua.serve_network, "127.0.0.1", 0)
-            node = TrackNode(ub.add_broker("s1"), role="server", **TIMING)
+        async with two_processes_worth(ring=DEFAULT_RING_CAPACITY) as (ua, ub, _):
+            node = TrackNode(ub.add_broker("server"), role="server", **TIMING)
             server = MqServer(node, tmp_path / "s1", fsync_thread=False)
-            client = MqClient(ub.add_broker("app"), "s1:15555", retry=0.5, timeout=30)
+            client = MqClient(ub.add_broker("app"), "server:15555", retry=0.5, timeout=30)
             await client.declare("orders")
             for i in range(12):  # 48 records of 64 KiB, four a request
                 await client.publish_many("orders", [bytes([4 * i + j]) * (64 << 10)
                                                      for j in range(4)])
             replica = TopicLog(tmp_path / "r1" / "orders")
-            follower = Follower(ua.add_broker("r1"), "s1:15555", {"orders": replica},
+            follower = Follower(ua.add_broker("r1"), "server:15555", {"orders": replica},
                                 retry=0.5)
             await until(follower, replica, 48)  # caught up from the master's log
             assert records(replica) == records(server.catalogue.topics["orders"].topic.log)
@@ -121,7 +116,6 @@ async def test_a_replica_over_tcp_is_sent_large_records_a_dozen_to_a_frame(
             client.close()
             server.close()
             replica.close()
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_replica_stores_what_its_master_stored_and_resumes_after_a_lost_link(
