@@ -72,10 +72,11 @@ from pump import ConfigError
 
 from ..storage._epochs import diverged
 from ..storage._log import TopicLog
-from ..storage._record import encode_records
+from ..storage._record import Record, encode_records
 from ..topics._catalogue import Catalogue, TopicState
 from ..topics._delivery import FRAME_BYTES, FRAME_MESSAGES, ClientLink
 from ..topics._requests import Copied, Follow
+from ..topics._topic import Log
 
 _ANY_BODY = 1 << 62
 
@@ -99,6 +100,32 @@ class _Follower:
     positions: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     #: the committed offset it was last sent
     committed: int = 0
+
+
+def _take(log: Log, offset: int, room: int, reach: int
+          ) -> tuple[list[Any], int, int] | list[Record]:
+    """What the next copies frame from ``offset`` holds: the pieces the log wrote,
+    ``(chunks, count, bytes)`` (a follower that keeps up), or its records read back, to be
+    encoded again as stored (the replica checks each body against its own maximum).
+    About :data:`FRAME_BYTES` of records within ``room``; of large records, up to
+    :data:`FRAME_MESSAGES` of them as far as ``reach`` (what the replica's end takes
+    whole, as for deliveries) a record's worth short of it: a record is taken while fewer
+    bytes came before it, so the last one ends within."""
+    budget, wide = min(room, FRAME_BYTES), min(room, reach)
+    written = log.written_since(offset, budget, 10_000)
+    if written is not None:
+        if written[1] < FRAME_MESSAGES and wide > budget:
+            more = log.written_since(offset, wide - written[2] // written[1], FRAME_MESSAGES)
+            if more is not None and more[1] > written[1]:
+                return more
+        return written
+    records = log.read(offset, max_count=10_000, max_bytes=budget)
+    if records and len(records) < FRAME_MESSAGES and wide > budget:
+        each = sum(len(r.body) for r in records) // len(records)
+        more_records = log.read(offset, max_count=FRAME_MESSAGES, max_bytes=wide - each)
+        if len(more_records) > len(records):
+            return more_records
+    return records
 
 
 #: The replication modes.
@@ -245,31 +272,11 @@ class Shipper:
                 room = follower.window - sum(n for _, n in follower.in_flight)
                 if room <= 0:
                     break
-                # the pieces the log wrote (a follower that keeps up), or its records
-                # read back and encoded again, as stored (the replica checks each body
-                # against its own maximum)
-                budget = min(room, FRAME_BYTES)
-                # of large records, more than FRAME_BYTES holds: up to FRAME_MESSAGES of
-                # them, as far as the replica's end takes a frame whole (as deliveries)
-                wide = min(room, link.frame_reach)
-                written = log.written_since(follower.next, budget, 10_000)
-                if written is not None and written[1] < FRAME_MESSAGES and wide > budget:
-                    # a record is taken while fewer bytes came before it: a record's
-                    # worth less, so that the last one ends within ``wide``
-                    more = log.written_since(follower.next, wide - written[2] // written[1],
-                                             FRAME_MESSAGES)
-                    if more is not None and more[1] > written[1]:
-                        written = more
-                if written is not None:
-                    chunks, count, size = written
+                taken = _take(log, follower.next, room, link.frame_reach)
+                if isinstance(taken, tuple):
+                    chunks, count, size = taken
                 else:
-                    records = log.read(follower.next, max_count=10_000, max_bytes=budget)
-                    if records and len(records) < FRAME_MESSAGES and wide > budget:
-                        each = sum(len(r.body) for r in records) // len(records)
-                        more_records = log.read(follower.next, max_count=FRAME_MESSAGES,
-                                                max_bytes=wide - each)
-                        if len(more_records) > len(records):
-                            records = more_records
+                    records = taken
                     if not records:
                         break
                     if records[0].offset != follower.next:

@@ -233,7 +233,6 @@ class TopicLog:
                 write_all(segment.fd, chunks, start)
             except OSError as exc:
                 self._undo(segment, exc)
-            self._index_run(segment, first, start, ends, [now] * len(ends))
         else:
             chunks, lengths = encode_batch(first, now, messages, self.max_body)
             try:
@@ -241,7 +240,7 @@ class TopicLog:
             except OSError as exc:
                 self._undo(segment, exc)
             ends = list(accumulate(lengths))
-            self._index_run(segment, first, start, ends, [now] * len(ends))
+        self._index_run(segment, first, start, ends, [now] * len(ends))
         segment.size = start + ends[-1]
         segment.crc = crc
         segment.next_offset = first + len(ends)
