@@ -41,8 +41,12 @@ from ._listeners import RefusedError as RefusedError
 from ._net import DEFAULT_HANDSHAKE_TIMEOUT as DEFAULT_HANDSHAKE_TIMEOUT
 from ._net import DEFAULT_MAX_PENDING as DEFAULT_MAX_PENDING
 from ._net import DEFAULT_TCP_USER_TIMEOUT as DEFAULT_TCP_USER_TIMEOUT
+from ._net import LOCAL_CONGESTION as LOCAL_CONGESTION
 from ._net import UNREACHABLE as UNREACHABLE
 from ._net import NetNode as NetNode
+from ._net import is_loopback as is_loopback
+from ._net import local_congestion as local_congestion
+from ._net import open_tcp_stream as open_tcp_stream
 from ._net import tls_contexts as tls_contexts
 from ._node import RdvNode as RdvNode
 from ._resolve import NameSource as NameSource
@@ -68,6 +72,7 @@ __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_TCP_USER_TIMEOUT",
+    "LOCAL_CONGESTION",
     "MAX_HANDSHAKE_SIZE",
     "PROTOCOL_VERSION",
     "UNREACHABLE",
@@ -77,6 +82,9 @@ __all__ = [
     "HandshakeState",
     "Hello",
     "NetNode",
+    "is_loopback",
+    "local_congestion",
+    "open_tcp_stream",
     "Reply",
     "MAX_PORT",
     "NOT_BOUND",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ipaddress
 import logging
 import socket
 import ssl
@@ -117,6 +118,56 @@ def watch_silence(stream: trio.abc.Stream, user_timeout: float) -> None:
             stream.setsockopt(level, option, value)
 
 
+#: Congestion control for a link whose two ends are on one host (``TCP_CONGESTION``):
+#: Reno, which every Linux kernel has built in and lets any process choose.  Such a link
+#: crosses no bottleneck and loses nothing, so every algorithm sends alike on it; but a
+#: pacing one (BBR, where it is the system's default) arms a timer and updates its model
+#: as it sends, work the link pays for nothing (a sixth of the CPU a delivery took in
+#: ``bench cluster``).  It is set before the connection exists: on a socket before it
+#: dials a loopback address (:func:`open_tcp_stream`), on a listener bound to one (its
+#: connections inherit it).  Set on a connection already made, it leaves the pacing of
+#: the algorithm before it on, and costs more than it saves.  Links to and from other
+#: hosts, and those a wildcard listener takes, keep the system's choice.
+LOCAL_CONGESTION = "reno"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a literal loopback address (``::ffff:127.0.0.1`` too)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def local_congestion(sock: socket.socket | trio.socket.SocketType) -> None:
+    """:data:`LOCAL_CONGESTION` on a socket not connected yet (nothing where the platform
+    has no such option or refuses it)."""
+    option = getattr(socket, "TCP_CONGESTION", None)
+    if option is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, LOCAL_CONGESTION.encode())
+
+
+async def open_tcp_stream(address: Address | tuple[str, int]) -> trio.SocketStream:
+    """A TCP connection to ``(host, port)``: to a literal loopback address from a socket
+    made with :data:`LOCAL_CONGESTION`; to any other, by ``trio.open_tcp_stream``."""
+    host, port = address
+    if not is_loopback(host):
+        return await trio.open_tcp_stream(host, port)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        local_congestion(sock)
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
 #: What goes wrong while connecting: the peer, the network, or the clock.
 _CONNECT_ERRORS = (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError)
 
@@ -170,8 +221,7 @@ class NetNode:
         #: The links' adaptive polling (see :class:`channels.StreamLink`); 0: off.
         self.adaptive_poll = adaptive_poll
         #: How outbound connections are opened (tests swap in memory streams).
-        self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = (
-            lambda address: trio.open_tcp_stream(*address))
+        self.open_stream: Callable[[Address], Awaitable[trio.abc.Stream]] = open_tcp_stream
         self.rejected: list[str] = []  # reasons bad connections were closed, newest last
         #: the cause of each of them (what a flood of them is collapsed by in the log)
         self.rejected_causes: list[str] = []
@@ -192,6 +242,9 @@ class NetNode:
         except OSError as exc:
             raise OSError(f"cannot listen on {host}:{port}: "
                           f"{(exc.strerror or str(exc)).lower()}") from exc
+        for listener in listeners:
+            if is_loopback(listener.socket.getsockname()[0]):
+                local_congestion(listener.socket)  # before it takes a connection
         self.address = Address(*listeners[0].socket.getsockname()[:2])
         async with trio.open_nursery() as nursery:
             self._nursery = nursery

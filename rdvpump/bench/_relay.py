@@ -7,7 +7,9 @@ framing and no replies; a server appends what each ``recv_into`` brings to a fil
 (fsynced after each under ``sync``, every second otherwise, as the plain append) and
 forwards it to a consumer, which reads until it has every byte.  No parsing, no
 checksums, no acknowledgements: what three processes and two TCP hops leave of the
-plain append, the least an MQ server between two clients can cost here.
+plain append, the least an MQ server between two clients can cost here.  Its sockets
+have the congestion control an MQ's links on one host have (:data:`rdv.LOCAL_CONGESTION`,
+set before they connect), so that the floor and the MQ pay the same kernel.
 
 ``python -m rdvpump.bench._relay ROLE ...``: one side (the parent is :func:`relay_floor`).
 """
@@ -21,15 +23,25 @@ import sys
 import time
 from pathlib import Path
 
+from rdv import local_congestion
+
 #: Seconds any side waits for the others.
 TIMEOUT = 60.0
 #: A record header's worth of bytes more per message, as the plain append writes.
 HEADER = 36
 
 
+def _dial(port: int) -> socket.socket:
+    sock = socket.socket()
+    local_congestion(sock)
+    sock.settimeout(TIMEOUT)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
 def _producer(port: int, size: int, count: int, batch: int) -> None:
     record = size + HEADER
-    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+    with _dial(port) as sock:
         chunk = b"x" * (record * batch)
         print(time.time(), flush=True)
         sent = 0
@@ -42,7 +54,7 @@ def _producer(port: int, size: int, count: int, batch: int) -> None:
 
 
 def _consumer(port: int, size: int, count: int) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+    with _dial(port) as sock:
         buf = bytearray(1 << 20)
         got, total = 0, (size + HEADER) * count
         while got < total:
@@ -57,6 +69,7 @@ def _server(path: str, durability: str) -> None:
     listeners = []
     for _ in range(2):
         listener = socket.socket()
+        local_congestion(listener)
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         listener.settimeout(TIMEOUT)

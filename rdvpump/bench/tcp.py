@@ -4,7 +4,10 @@ The receiving side runs in a child process (``peer_main``); this process
 sends.  Throughput cases time ``count`` messages until the receiver, having
 delivered every one to its listener, answers "done".  Round trips time a 64 B
 ping-pong one message at a time.  CPU placement: ``split`` pins the two
-processes to different cores, ``same`` pins both to core 0.
+processes to different cores, ``same`` pins both to core 0.  The hand-written trio
+baseline's sockets have the congestion control rdvpump's links on one host have
+(:data:`rdv.LOCAL_CONGESTION`); pyzmq's keep the system's, which it has no option to
+change.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import trio
 from brokermgr import BrokerManager
 from channels import DEFAULT_ADAPTIVE_POLL, MessageQueue, QueueFullError
 from pump import ConfigError
+from rdv import local_congestion, open_tcp_stream
 
 from .._errors import RunError
 from ._result import Result, messages_for
@@ -137,6 +141,7 @@ def _trio_sink(kind: str, count: int) -> None:
 
     async def main() -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        local_congestion(listeners[0].socket)  # as rdvpump's links on one host
         _ready(listeners[0].socket.getsockname()[1])
         stream = await listeners[0].accept()
         buf = bytearray()
@@ -363,7 +368,7 @@ def trio_stream(port: int, size: int, count: int) -> float:
     per_batch = max(1, (1 << 16) // len(frame))
 
     async def main() -> float:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        stream = await open_tcp_stream(("127.0.0.1", port))
         start = time.perf_counter()
         left = count
         while left:

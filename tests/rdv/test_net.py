@@ -18,7 +18,7 @@ from brokermgr import BrokerManager
 from channels import PROCESS_FRAME_BUDGET, AsyncMessageQueue, CloseCause, close_frame
 from channels._codec import RING_GROWTH_CAP
 from pump import ConfigError, Pump
-from rdv import Address, Hello, RefusedError, tls_contexts
+from rdv import LOCAL_CONGESTION, Address, Hello, RefusedError, is_loopback, tls_contexts
 from tests.ports import free_port
 
 
@@ -438,3 +438,38 @@ async def test_a_ring_does_not_grow_past_the_process_budget() -> None:
                 assert q.statistics().receive_ring == 1024  # the server's end took it
     finally:
         budget.ring_limit = limit
+
+
+def _congestion(queue: AsyncMessageQueue) -> str:
+    """The congestion control of the socket under a TCP link's queue."""
+    link = queue.queue._channel._peer  # the StreamLink that carries the link's bytes
+    sock = link.stream.socket  # type: ignore[union-attr]
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no TCP_CONGESTION here")
+async def test_a_link_within_one_host_paces_nothing_from_its_first_byte() -> None:
+    """Both ends of a link over 127.0.0.1 run LOCAL_CONGESTION (Reno) whatever the
+    system's default (BBR on some hosts, whose pacing costs a local link CPU for
+    nothing), set before the connection was made: the dialler's socket before it
+    connected, the listener before it accepted."""
+    async with two_processes_worth() as (ua, ub, nursery):
+        served: list[AsyncMessageQueue] = []
+
+        async def keep(queue: AsyncMessageQueue) -> None:
+            served.append(queue)
+            await echo(queue)
+
+        await nursery.start(ub.add_broker("server").serve_queues, 80, keep)
+        async with await ua.add_broker("client").connect_queue("server", 80) as q:
+            await q.send(b"ping")
+            assert await q.receive() == b"ping"
+            assert (_congestion(q), _congestion(served[0])) == (LOCAL_CONGESTION, LOCAL_CONGESTION)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("10.0.0.1", False), ("::ffff:10.0.0.1", False), ("0.0.0.0", False), ("localhost", False),
+])
+def test_only_a_literal_loopback_address_counts_as_one_host(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
