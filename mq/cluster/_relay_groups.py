@@ -25,7 +25,7 @@ from ..topics._delivery import ClientLink, messages_frame
 from ..topics._held import Held
 from ..topics._stretch import extends
 from ..topics._turns import InTurn
-from ..topics._wire import pack_column, unpack_column, unpack_offsets
+from ..topics._wire import check_column, pack_column, unpack_column, unpack_offsets
 
 __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
 
@@ -76,7 +76,7 @@ class RelayedFrame:
         offsets = unpack_offsets(obj["offsets"], count)
         sizes = unpack_column(obj["sizes"], count)
         for name in _COLUMNS[2:]:
-            unpack_column(obj[name], count, counting=name == "sequences")
+            check_column(obj[name], count, counting=name == "sequences")
         if sum(sizes) != len(obj.get("body", b"")):
             raise ValueError(f"sizes add up to {sum(sizes)}, the body has "
                              f"{len(obj.get('body', b''))} bytes")

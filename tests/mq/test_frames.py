@@ -107,9 +107,28 @@ def test_a_frame_passed_on_whole_reads_as_the_root_s_for_its_group(
     assert [frame.message_at(m.offset) for m in reversed(messages)] == messages[::-1]
 
 
+def test_a_frame_of_two_batches_sends_their_columns_as_runs_and_reads_back_whole() -> None:
+    """Two producers' batches of 100, each stamped once: the frame's header names two
+    runs of each column that changes between them (not 200 values), a relaying server
+    passes it on as it came, and it reads back as the same messages."""
+    messages = [Relayed(500 + i, None, "p" if i < 100 else "q", 1 + i % 100, 1,
+                        7_000 if i < 100 else 7_003, b"%03d" % i) for i in range(200)]
+    frame = bytes(messages_frame("t", "g0", messages, [1] * 200, ["g0", "g1"]))
+    obj = decode(frame)
+    assert (obj["offsets"], obj["producers"], obj["sequences"], obj["timestamps"]) == (
+        500, {"runs": ["p", 100, "q", 100]}, {"runs": [1, 100, 1, 100]},
+        {"runs": [7_000, 100, 7_003, 100]})
+    assert len(frame) - 600 < 300  # the header: a few hundred bytes, not thousands
+    assert relayed_messages(obj) == messages
+    passed = decode(bytes(RelayedFrame.check(obj).forward("g1")))
+    assert relayed_messages(passed) == messages
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"count": 0}, "count"), ({"count": "2"}, "count"), ({"sizes": [1]}, "column of 1"),
     ({"offsets": "7"}, "counting column"), ({"tags": [None]}, "column of 1"),
+    ({"timestamps": {"runs": [5, 1]}}, "column of 1"),
+    ({"sequences": {"runs": ["1", 2]}}, "starts at an integer"),
     ({"sizes": [1, 1]}, "add up")])
 def test_a_relaying_server_refuses_a_frame_that_is_not_one(change: dict[str, object],
                                                            why: str) -> None:
