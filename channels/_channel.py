@@ -17,6 +17,7 @@ import trio
 from pump import Pump
 
 from ._cause import CloseCause
+from ._messages import Gather
 from ._protocols import ChannelListener, LinkObserver, LinkPeer
 from ._ring import RingBuffer
 
@@ -45,7 +46,7 @@ class Channel:
         "peer_reason", "peer_cause", "_closed_posted", "_closed_delivered", "_close_reason",
         "_owner", "ends_whole", "accepting", "trace_link", "tx_dir", "rx_dir", "observer",
         "_carried", "_carried_off", "_sent_event", "_on_arrival", "tell_peer", "identity",
-        "peer_address", "on_behind", "_rx_used", "_rx_half",
+        "peer_address", "on_behind", "_rx_used", "_rx_half", "direct",
     )
 
     def __init__(self, pump: Pump, tx: RingBuffer, rx: RingBuffer, *, link_id: int,
@@ -102,6 +103,11 @@ class Channel:
         self.identity: Any = None
         #: The peer's network address (``host:port``) on a link from another process.
         self.peer_address: str | None = None
+        #: Set by a transport that can take a large frame straight from its pieces while
+        #: :attr:`tx_ring` is empty (a plain TCP socket's :class:`StreamLink`): ``direct
+        #: (message)`` sends what the socket takes now, as :func:`send_frame` counts it
+        #: (0 when nothing left); the queue puts the rest into the ring.  None: the ring.
+        self.direct: Callable[[bytes | Gather], int] | None = None
 
     def __repr__(self) -> str:
         return f"<Channel link={self.link_id} {self.local}->{self.remote}:{self.port}>"

@@ -403,6 +403,20 @@ class FrameEncoder:
         else:
             self._body = memoryview(msg)  # type: ignore[arg-type]
 
+    def resume(self, msg: bytes | Gather, sent: int) -> None:
+        """Go on with ``msg`` in pieces, its first ``sent`` bytes (header and body, fewer
+        than all) having left another way (:attr:`Channel.direct`)."""
+        self._start_piecewise(msg)
+        self._off = sent
+        skip = sent - HEADER_SIZE
+        while skip > 0:
+            body = self._body
+            if skip < len(body):
+                self._body = body[skip:]
+                return
+            skip -= len(body)
+            self._body = memoryview(self._rest.pop() if self._rest else b"")
+
     def _write_piece(self) -> tuple[bool, bool]:
         """Stream the current message; return (wrote anything, finished)."""
         ring = self.ring

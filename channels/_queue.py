@@ -30,6 +30,7 @@ from ._channel import Channel
 from ._codec import MAX_MESSAGE_BODY, RING_GROWTH_CAP, FrameDecoder, FrameEncoder
 from ._errors import MessageTooLargeError, ProtocolError, QueueFullError
 from ._messages import Batch, Gather
+from ._ring import HEADER_SIZE
 
 log = logging.getLogger("rdvpump.link")
 
@@ -39,6 +40,12 @@ DEFAULT_HIGH_WATER = 1 << 20
 #: is closed (``stalled mid-frame``).
 DEFAULT_STALL_TIMEOUT = 30.0
 
+#: A message this long or longer goes straight from its pieces to a plain TCP link's
+#: socket while the link's ring is empty (:attr:`Channel.direct`), not copied into the
+#: ring first: a relaying server's frame passed on to a dozen consumers was a dozen
+#: copies of 200 KiB through the rings, each then read by the kernel cache-cold.
+#: Shorter ones gather in the ring, a flush's worth to a ``sendmsg``.
+DIRECT_MIN = 64 * 1024
 _CLOSED_ROOM = -(1 << 62)
 _IDLE_ROOM = -1
 _ONLY_BYTES = {bytes}
@@ -110,8 +117,8 @@ class QueueStatistics:
     max_message_size: int
     reading_paused: bool
     state: str
-    #: bytes this end wrote to its outgoing ring and read from its incoming one, each
-    #: message's 4-byte length prefix included
+    #: bytes this end sent (through its outgoing ring, or straight to its socket) and
+    #: read from its incoming ring, each message's 4-byte length prefix included
     bytes_sent: int = 0
     bytes_received: int = 0
     #: bytes the incoming ring holds at most (over a socket it grows once a frame
@@ -186,6 +193,7 @@ class MessageQueue:
         self._room = _IDLE_ROOM
         self._want_drained = False
         self._sent = 0
+        self._direct_sent = 0  # bytes sent past the ring (Channel.direct), prefixes too
         # Receiving.
         self._paused = False
         self._received = 0
@@ -460,7 +468,15 @@ class MessageQueue:
         start = self._qhead
         observer = self._observer
         used_before = self._tx.used if observer is not None else 0
-        i, done_bytes, moved = self._encoder.write(q, start)
+        encoder = self._encoder
+        direct = chan.direct
+        first, direct_bytes = start, 0
+        if (direct is not None and observer is None and not self._tx.used
+                and not encoder.streaming and not encoder.spans):
+            start, direct_bytes = self._send_direct(q, start, direct)
+        i, done_bytes, moved = encoder.write(q, start)
+        done_bytes += direct_bytes
+        start = first
         n = len(q)
         self._sent += i - start
         if observer is not None and moved:
@@ -502,6 +518,29 @@ class MessageQueue:
                 self.pump.post("drained", self._run_drained, owner=self)
         elif self._state is _CLOSING:
             self._finish_close(CloseCause.CLEAN)
+
+    def _send_direct(self, q: list[Any], start: int,
+                     direct: Callable[[bytes | Gather], int]) -> tuple[int, int]:
+        """Large messages at the head of the queue straight to the link's socket while
+        its ring is empty, never copied into the ring (:data:`DIRECT_MIN`): the index of
+        the first not wholly sent and the bytes of those that were.  One sent in part
+        goes on into the ring from where the socket stopped."""
+        done = 0
+        n = len(q)
+        while start < n:
+            message = q[start]
+            size = len(message)
+            if size < DIRECT_MIN:
+                break
+            sent = direct(message)
+            self._direct_sent += sent
+            if sent < size + HEADER_SIZE:
+                if sent:
+                    self._encoder.resume(message, sent)
+                break
+            done += size
+            start += 1
+        return start, done
 
     def _run_drained(self) -> None:
         listener = self._listener
@@ -789,7 +828,7 @@ class MessageQueue:
             max_message_size=self.max_message_size,
             reading_paused=self._paused,
             state=self._state.value,
-            bytes_sent=self._tx.total_written,
+            bytes_sent=self._tx.total_written + self._direct_sent,
             bytes_received=self._rx.total_read,
             receive_ring=self._rx.capacity,
         )

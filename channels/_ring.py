@@ -51,6 +51,9 @@ _rb_readable_region = lib.rb_readable_region
 _rb_skip = lib.rb_skip
 _rb_recv_fd = lib.rb_recv_fd
 _rb_send_fd = lib.rb_send_fd
+_rb_send_frame = lib.rb_send_frame
+#: Pieces of a body :func:`send_frame` sends in one call, at most.
+SEND_PIECES = int(lib.RB_SEND_PIECES)
 _lens_uniform = lib.rb_lens_uniform
 
 
@@ -442,6 +445,15 @@ class RingBuffer:
         data = b"".join(bodies if k == len(bodies) else bodies[:k])
         _put_frames(self._rb, data, lens, k)
         return k, len(data)
+
+
+def send_frame(fd: int, size: int, pieces: Sequence[Any]) -> int:
+    """Send one frame straight to ``fd`` (a non-blocking socket), past any ring: its
+    header (``size``) and its body's ``pieces`` (at most :data:`SEND_PIECES`), in one
+    ``sendmsg`` (``MSG_NOSIGNAL``).  The bytes that left, the header's included (the rest
+    is the caller's to send), or a negative errno (``-EAGAIN``: it takes nothing now)."""
+    return int(_rb_send_frame(fd, size, [_ffi_from_buffer(p) for p in pieces],
+                              [len(p) for p in pieces], len(pieces)))
 
 
 #: Free memory the C library keeps at the top of its heap for the next large frame.

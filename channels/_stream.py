@@ -20,7 +20,8 @@ import trio
 from ._cause import CloseCause
 from ._channel import Channel
 from ._codec import close_frame
-from ._ring import RingBuffer
+from ._messages import Gather
+from ._ring import SEND_PIECES, RingBuffer, send_frame
 
 log = logging.getLogger("rdvpump.link")
 
@@ -168,6 +169,8 @@ class StreamLink:
         self.polls = 0
         self.poll_hits = 0
         channel.attach_peer(self, transport=True)
+        if self._fd >= 0:
+            channel.direct = self._send_now
 
     # -- the peer interface the channel calls (from pump tasks) -------------------------
 
@@ -184,6 +187,22 @@ class StreamLink:
                 if not tx.used:
                     return
         self._send_wake.set()
+
+    def _send_now(self, message: bytes | Gather) -> int:
+        """A large frame straight from its pieces to the socket, while the send loop is
+        parked (the ring is empty): what left (see :func:`send_frame`), 0 if nothing did
+        (the socket is full, or failed: the send loop meets that once the frame is in
+        the ring)."""
+        if not self._send_idle:
+            return 0
+        pieces = message.pieces if type(message) is Gather else (message,)
+        if len(pieces) > SEND_PIECES:
+            return 0
+        n = send_frame(self._fd, len(message), pieces)
+        if n <= 0:
+            return 0
+        self.bytes_sent += n
+        return n
 
     def room_freed(self) -> None:
         self._recv_wake.set()
@@ -431,6 +450,7 @@ class StreamLink:
 
     def _forget(self) -> None:
         _recent.pop(self, None)
+        self.channel.direct = None  # the socket closes: its descriptor may be reused
 
     def _lost(self, reason: str) -> None:
         self._remote_gone = True

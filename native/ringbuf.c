@@ -190,6 +190,29 @@ ssize_t rb_send_fd(rb_ring *rb, int fd) {
     return n;
 }
 
+ssize_t rb_send_frame(int fd, uint32_t n, char *pieces[], size_t lens[], size_t count) {
+    if (count > RB_SEND_PIECES) return -E2BIG;
+    unsigned char hdr[RB_HEADER_SIZE] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16),
+                                         (unsigned char)(n >> 8), (unsigned char)n};
+    struct iovec iov[RB_SEND_PIECES + 1];
+    iov[0].iov_base = hdr;
+    iov[0].iov_len = RB_HEADER_SIZE;
+    for (size_t i = 0; i < count; i++) {
+        iov[i + 1].iov_base = pieces[i];
+        iov[i + 1].iov_len = lens[i];
+    }
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count + 1;
+    ssize_t sent;
+    do { /* as rb_send_fd: no SIGPIPE when a socket's peer is gone */
+        sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0 && errno == ENOTSOCK) sent = writev(fd, iov, (int)msg.msg_iovlen);
+    } while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -errno : sent;
+}
+
 static void put_header(rb_ring *rb, size_t pos, uint32_t n) {
     char hdr[RB_HEADER_SIZE];
     hdr[0] = (char)(n >> 24);

@@ -73,6 +73,15 @@ size_t rb_commit(rb_ring *rb, size_t n);
 ssize_t rb_recv_fd(rb_ring *rb, int fd);
 ssize_t rb_send_fd(rb_ring *rb, int fd);
 
+/* One frame straight to a descriptor, past any ring: its 4-byte header (the length n)
+ * and its body given as `count` pieces (at most RB_SEND_PIECES, lengths adding up to
+ * n), in one sendmsg (MSG_NOSIGNAL; writev when fd is not a socket).  Returns the bytes
+ * that left (the header's included; the rest of the frame is the caller's to send),
+ * -EAGAIN when the descriptor takes nothing now, -E2BIG past RB_SEND_PIECES pieces, else
+ * -errno.  Retries on EINTR. */
+#define RB_SEND_PIECES 16
+ssize_t rb_send_frame(int fd, uint32_t n, char *pieces[], size_t lens[], size_t count);
+
 /* Frames.  Put one frame whole or not at all: 1 if put, 0 if it does not fit. */
 int rb_put_frame(rb_ring *rb, const char *body, uint32_t n);
 /* Put frames whose bodies lie back to back in `bodies` with lengths `lens`,

@@ -15,8 +15,16 @@ import trio
 import trio.testing
 
 from brokermgr import BrokerManager
-from channels import PROCESS_FRAME_BUDGET, AsyncMessageQueue, CloseCause, close_frame
+from channels import (
+    PROCESS_FRAME_BUDGET,
+    AsyncMessageQueue,
+    CloseCause,
+    Gather,
+    close_frame,
+    gather,
+)
 from channels._codec import RING_GROWTH_CAP
+from channels._queue import DIRECT_MIN
 from pump import ConfigError, Pump
 from rdv import LOCAL_CONGESTION, Address, Hello, RefusedError, is_loopback, tls_contexts
 from tests.ports import free_port
@@ -473,3 +481,33 @@ async def test_a_link_within_one_host_paces_nothing_from_its_first_byte() -> Non
 ])
 def test_only_a_literal_loopback_address_counts_as_one_host(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+async def test_a_large_message_leaves_from_its_own_pieces_and_arrives_whole_in_order() -> None:
+    """A message of DIRECT_MIN bytes or more, sent while the link's ring is empty, goes
+    straight from its pieces to the socket, never copied into the ring; one the socket
+    takes only in part goes on through the ring from where it stopped; the small ones
+    around them keep their places.  The queue's byte count says all that was sent."""
+    async with two_processes_worth(ring=1024) as (ua, ub, nursery):
+        await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
+        async with await ua.add_broker("client").connect_queue("server", 80) as q:
+            ring = q.queue._tx
+            big = bytes(range(256)) * (DIRECT_MIN // 256)
+            first: list[bytes | Gather] = [gather([b"head", big, b"tail" * 100]), b"small"]
+            for message in first:
+                await q.send(message)
+            assert [await q.receive() for _ in first] == [bytes(m) for m in first]
+            assert ring.total_written == 4 + len(b"small")  # the large one never went in
+            # a socket that takes little at a time: the rest of 4 MiB goes on in the ring
+            sock = q.queue._channel._peer.stream.socket  # type: ignore[union-attr]
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            then: list[bytes | Gather] = [gather([big * 4] * 16), b"after"]
+            for message in then:
+                await q.send(message)
+            assert [await q.receive() for _ in then] == [bytes(m) for m in then]
+            through_ring = ring.total_written - 9
+            assert 9 < through_ring < len(then[0])
+            assert q.statistics().bytes_sent == sum(len(m) + 4 for m in first + then)
+        # closed: nothing goes past the ring any more (its descriptor may be reused)
+        direct = q.queue._channel.direct
+        assert direct is None or direct(then[0]) == 0
