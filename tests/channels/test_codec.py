@@ -223,3 +223,25 @@ def test_a_whole_frame_round_the_rings_end_comes_out_as_sent() -> None:
     assert decoder.next_frames() == ([body], [30])
     assert not decoder.in_frame and decoder.progress == 0 and ring.used == 0
     assert decoder.next_frames() is None
+
+
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5), data=st.data(),
+       capacity=st.sampled_from([16, 4096]), as_bytes=st.booleans())
+def test_a_frame_resumed_where_another_sender_stopped_reads_back_whole(
+        sizes: list[int], data: st.DataObject, capacity: int, as_bytes: bool) -> None:
+    """A frame whose first ``sent`` bytes left another way (straight to a socket) goes on
+    in the ring from the next byte, at any cut: within the header, within a piece, or
+    at a piece's edge."""
+    pieces = [bytes([65 + i]) * n for i, n in enumerate(sizes)]
+    pieces.append(b"z" * max(0, GATHER_MIN - sum(sizes)))
+    message: bytes | Gather = b"".join(pieces) if as_bytes else Gather(pieces)
+    whole = frame(bytes(message))
+    sent = data.draw(st.integers(0, len(whole) - 1))
+    ring = RingBuffer(capacity)
+    encoder = FrameEncoder(ring)
+    encoder.resume(message, sent)
+    out = bytearray(whole[:sent])
+    while encoder.streaming:
+        encoder.write([message], 0)
+        out += ring.take_exact(ring.used)
+    assert bytes(out) == whole

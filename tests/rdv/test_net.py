@@ -484,30 +484,36 @@ def test_only_a_literal_loopback_address_counts_as_one_host(host: str, loopback:
 
 
 async def test_a_large_message_leaves_from_its_own_pieces_and_arrives_whole_in_order() -> None:
-    """A message of DIRECT_MIN bytes or more, sent while the link's ring is empty, goes
-    straight from its pieces to the socket, never copied into the ring; one the socket
-    takes only in part goes on through the ring from where it stopped; the small ones
-    around them keep their places.  The queue's byte count says all that was sent."""
+    """A large message, sent while the link's ring is empty, goes straight from its
+    pieces to the socket, never copied into the ring: from DIRECT_MIN bytes when it is
+    the last one queued, from DIRECT_ANY when others follow (below that the ring
+    gathers them); one the socket takes only in part goes on through the ring from
+    where it stopped; the small ones after them keep their places.  The queue's byte
+    count says all that was sent."""
     async with two_processes_worth(ring=1024) as (ua, ub, nursery):
         await nursery.start(ub.add_broker("server").serve_queues, 80, echo)
         async with await ua.add_broker("client").connect_queue("server", 80) as q:
-            ring = q.queue._tx
+            ring, queue = q.queue._tx, q.queue
             big = bytes(range(256)) * (DIRECT_MIN // 256)
-            first: list[bytes | Gather] = [gather([b"head", big, b"tail" * 100]), b"small"]
-            for message in first:
-                await q.send(message)
-            assert [await q.receive() for _ in first] == [bytes(m) for m in first]
-            assert ring.total_written == 4 + len(b"small")  # the large one never went in
-            # a socket that takes little at a time: the rest of 4 MiB goes on in the ring
-            sock = q.queue._channel._peer.stream.socket  # type: ignore[union-attr]
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-            then: list[bytes | Gather] = [gather([big * 4] * 16), b"after"]
-            for message in then:
-                await q.send(message)
-            assert [await q.receive() for _ in then] == [bytes(m) for m in then]
-            through_ring = ring.total_written - 9
-            assert 9 < through_ring < len(then[0])
-            assert q.statistics().bytes_sent == sum(len(m) + 4 for m in first + then)
+            rounds: list[list[bytes | Gather]] = [
+                [gather([b"head", big, b"tail" * 100])],  # alone: straight out
+                [big, big + b"!"],  # two of DIRECT_MIN queued at once: through the ring
+                [gather([big * 4] * 3), b"after"],  # 768 KiB, then a small one
+            ]
+            in_ring = [0, 2 * (DIRECT_MIN + 4) + 1, 0]
+            sock = queue._channel._peer.stream.socket  # type: ignore[union-attr]
+            for i, sent in enumerate(rounds):
+                if i == 2:  # a socket that takes little at a time: the rest of 768 KiB
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                before = ring.total_written
+                for message in sent:
+                    queue.send(message)  # queued together, before the link's flush
+                assert [await q.receive() for _ in sent] == [bytes(m) for m in sent]
+                if i < 2:
+                    assert ring.total_written - before == in_ring[i]
+                else:
+                    assert 4 + 5 < ring.total_written - before < len(sent[0])
+            assert q.statistics().bytes_sent == sum(len(m) + 4 for r in rounds for m in r)
         # closed: nothing goes past the ring any more (its descriptor may be reused)
-        direct = q.queue._channel.direct
-        assert direct is None or direct(then[0]) == 0
+        direct = queue._channel.direct
+        assert direct is None or direct(rounds[2][0]) == 0
