@@ -140,3 +140,44 @@ async def test_a_group_commit_through_the_c_thread_fails_only_the_topic_whose_fs
     assert [e.errno for e in bad.told if e is not None] == [errno.EINVAL]
     assert failed == [("bad", "fsync failed: Invalid argument")]
     assert committed == ["good"] and ran == ["good"]
+
+
+async def test_what_was_written_during_a_commit_starts_its_fsync_before_that_commit_answers(
+        tmp_path: pathlib.Path) -> None:
+    """A write made while a commit's fsync runs is fsynced by the next commit, whose fsync
+    is handed to the thread as soon as the first is done, before the first one's replies
+    and deliveries go out: the thread is never left idle while they are made."""
+    from mq.topics._commit import Durability, GroupCommit
+    from pump import Pump
+
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT)
+    events: list[str] = []
+
+    class Log(_Log):
+        def prepare_sync(self) -> SyncPoint:
+            events.append(f"fsync up to {self.next_offset}")
+            return super().prepare_sync()
+
+    log = Log(fd)
+    both = trio.Event()
+    pump = Pump(name="commit")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pump.serve)
+        commit = GroupCommit(pump, Durability.parse("sync"), owner=None,
+                             release=lambda reply: None, failed=lambda name, why: None,
+                             committed=lambda names: None)
+        commit.add("t", log)  # type: ignore[arg-type]
+
+        def second() -> None:  # runs right after the first commit was handed its fsync
+            log.next_offset = 2
+            commit.after("t", log, lambda: (events.append("answered 2"),  # type: ignore[arg-type]
+                                            both.set()))
+
+        commit.after("t", log, lambda: events.append("answered 1"))  # type: ignore[arg-type]
+        pump.post("a write during the fsync", second)
+        with trio.fail_after(10):
+            await both.wait()
+        commit.close()
+        nursery.cancel_scope.cancel()
+    os.close(fd)
+    assert events == ["fsync up to 1", "fsync up to 2", "answered 1", "answered 2"]
