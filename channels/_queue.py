@@ -474,13 +474,12 @@ class MessageQueue:
         used_before = self._tx.used if observer is not None else 0
         encoder = self._encoder
         direct = chan.direct
-        first, direct_bytes = start, 0
+        into_ring, direct_bytes = start, 0  # where the ring's share of the queue begins
         if (direct is not None and observer is None and not self._tx.used
                 and not encoder.streaming and not encoder.spans):
-            start, direct_bytes = self._send_direct(q, start, direct)
-        i, done_bytes, moved = encoder.write(q, start)
+            into_ring, direct_bytes = self._send_direct(q, start, direct)
+        i, done_bytes, moved = encoder.write(q, into_ring)
         done_bytes += direct_bytes
-        start = first
         n = len(q)
         self._sent += i - start
         if observer is not None and moved:

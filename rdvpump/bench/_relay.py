@@ -33,9 +33,13 @@ HEADER = 36
 
 def _dial(port: int) -> socket.socket:
     sock = socket.socket()
-    local_congestion(sock)
-    sock.settimeout(TIMEOUT)
-    sock.connect(("127.0.0.1", port))
+    try:
+        local_congestion(sock)
+        sock.settimeout(TIMEOUT)
+        sock.connect(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
