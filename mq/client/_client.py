@@ -51,7 +51,7 @@ from channels import QueueFullError
 from pump import ConfigError
 
 from ..topics._group import DEFAULT_WINDOW
-from ..topics._wire import lazy_column, unpack_column, unpack_offsets
+from ..topics._wire import check_sizes, lazy_column, unpack_offsets, unpack_sizes
 from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
 
 #: Seconds a request waits for its reply by default.
@@ -180,10 +180,9 @@ class _ServerLink(BrokerLink):
             if type(count) is not int or count < 1:
                 raise ValueError(f"count {count!r}")
             offsets = unpack_offsets(obj["offsets"], count)
-            sizes = unpack_column(obj["sizes"], count)
+            sizes = unpack_sizes(obj["sizes"], count, body)
             columns = [lazy_column(obj[name], count, counting=counting)
                        for name, counting in _COLUMNS[2:]]
-            check_sizes(body, sizes)
         except (KeyError, ValueError, TypeError) as exc:
             self.protocol_error(f"a bad messages frame: {exc}")
             return
@@ -213,16 +212,6 @@ class _ServerLink(BrokerLink):
 def _parse_pushed(fields: Fields) -> Pushed:
     """A ``pushed`` message: for a receiver name of this client, from a link's id."""
     return Pushed(fields.string("to"), str(fields.raw("from")), bytes(fields.body()))
-
-
-def check_sizes(body: bytes | memoryview, sizes: list[Any]) -> None:
-    """ValueError unless ``sizes`` are non-negative integers adding up to the length of
-    ``body`` (a ``messages`` frame's bodies, back to back)."""
-    uniform = sizes.count(sizes[0]) == len(sizes)
-    if ({type(sizes[0])} if uniform else set(map(type, sizes))) != {int} or min(sizes) < 0:
-        raise ValueError(f"sizes must be non-negative integers, not {sizes[:8]!r}")
-    if sum(sizes) != len(body):
-        raise ValueError("sizes that do not add up to the body")
 
 
 def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:

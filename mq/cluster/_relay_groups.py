@@ -25,7 +25,7 @@ from ..topics._delivery import ClientLink, messages_frame
 from ..topics._held import Held
 from ..topics._stretch import extends
 from ..topics._turns import InTurn
-from ..topics._wire import check_column, pack_column, unpack_column, unpack_offsets
+from ..topics._wire import check_column, pack_column, unpack_column, unpack_offsets, unpack_sizes
 
 __all__ = ["LocalConsumer", "RelayGroup", "Relayed", "RelayedFrame", "relayed_messages"]
 
@@ -74,12 +74,9 @@ class RelayedFrame:
         if type(count) is not int or count < 1:
             raise ValueError(f"count {count!r}")
         offsets = unpack_offsets(obj["offsets"], count)
-        sizes = unpack_column(obj["sizes"], count)
+        unpack_sizes(obj["sizes"], count, obj.get("body", b""))
         for name in _COLUMNS[2:]:
             check_column(obj[name], count, counting=name == "sequences")
-        if sum(sizes) != len(obj.get("body", b"")):
-            raise ValueError(f"sizes add up to {sum(sizes)}, the body has "
-                             f"{len(obj.get('body', b''))} bytes")
         return cls(obj, obj["topic"], count, offsets)
 
     def forward(self, group: str) -> bytes | Gather:

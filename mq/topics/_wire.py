@@ -112,6 +112,32 @@ def lazy_column(column: Any, count: int, *, counting: bool = False
     return partial(unpack_column, column, count, counting=counting)
 
 
+def check_sizes(body: bytes | memoryview, sizes: list[Any]) -> None:
+    """ValueError unless ``sizes`` are non-negative integers adding up to the length of
+    ``body`` (a ``messages`` frame's bodies, back to back)."""
+    uniform = sizes.count(sizes[0]) == len(sizes)
+    if ({type(sizes[0])} if uniform else set(map(type, sizes))) != {int} or min(sizes) < 0:
+        raise ValueError(f"sizes must be non-negative integers, not {sizes[:8]!r}")
+    if sum(sizes) != len(body):
+        raise ValueError("sizes that do not add up to the body")
+
+
+def unpack_sizes(column: Any, count: int, body: bytes | memoryview) -> list[int]:
+    """The ``count`` sizes of a ``messages`` frame's bodies (its ``sizes`` column),
+    checked against ``body`` (:func:`check_sizes`): ValueError if they do not fit it.
+    One size for all (bodies of one length, what most frames carry) is checked as one
+    value, not value by value: a frame of a thousand messages costs no more than one."""
+    if type(column) is int:
+        if column < 0:
+            raise ValueError(f"sizes must be non-negative integers, not {column!r}")
+        if column * count != len(body):
+            raise ValueError("sizes that do not add up to the body")
+        return [column] * count
+    sizes = unpack_column(column, count)
+    check_sizes(body, sizes)
+    return sizes
+
+
 def unpack_offsets(column: Any, count: int) -> range | list[int]:
     """:func:`unpack_column` of a counting column, a ``range`` when it is one value (the
     first of ``count`` consecutive ones): no list made of them."""

@@ -28,7 +28,7 @@ from mq.topics._delivery import (
     messages_frame,
 )
 from mq.topics._group import Run
-from mq.topics._wire import unpack_column
+from mq.topics._wire import pack_column, unpack_column, unpack_sizes
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
                                st.integers(0, 3), st.integers(1, 3), st.binary(max_size=40)),
@@ -83,6 +83,26 @@ def test_a_client_refuses_sizes_that_are_not_its_body_s(sizes: list[object], why
         client_cut_bodies(b"hello", sizes)
 
 
+@given(sizes=st.one_of(
+    st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    st.tuples(st.integers(0, 300), st.integers(1, 40)).map(lambda p: [p[0]] * p[1])))
+def test_a_frame_s_sizes_read_back_as_they_were_packed(sizes: list[int]) -> None:
+    """A ``messages`` frame's sizes column, one size for all or a list or runs, reads
+    back as the sizes it was made of, checked against the bodies."""
+    assert unpack_sizes(pack_column(sizes), len(sizes), bytes(sum(sizes))) == sizes
+
+
+@pytest.mark.parametrize(("column", "count", "why"), [
+    (2, 2, "add up"), (-1, 1, "non-negative"), (True, 5, "integers"), (2.5, 2, "integers"),
+    ("5", 1, "integers"), ({"runs": [2, 1, 4, 1]}, 2, "add up"), ([3, -1], 2, "non-negative"),
+    ([5], 2, "column of 1")])
+def test_a_frame_s_sizes_that_are_not_its_body_s_are_refused(column: object, count: int,
+                                                              why: str) -> None:
+    """One size for all is held to the body as the list of them would be."""
+    with pytest.raises(ValueError, match=why):
+        unpack_sizes(column, count, b"hello")
+
+
 @given(rows=_MESSAGES)
 def test_a_relayed_frame_reads_back_as_it_was_framed(
         rows: list[tuple[str | None, str, int, int, bytes]]) -> None:
@@ -129,7 +149,8 @@ def test_a_frame_of_two_batches_sends_their_columns_as_runs_and_reads_back_whole
     ({"offsets": "7"}, "counting column"), ({"tags": [None]}, "column of 1"),
     ({"timestamps": {"runs": [5, 1]}}, "column of 1"),
     ({"sequences": {"runs": ["1", 2]}}, "starts at an integer"),
-    ({"sizes": [1, 1]}, "add up")])
+    ({"sizes": [1, 1]}, "add up"), ({"sizes": 2}, "add up"),
+    ({"sizes": [-1, 4]}, "non-negative"), ({"sizes": "x"}, "integers")])
 def test_a_relaying_server_refuses_a_frame_that_is_not_one(change: dict[str, object],
                                                            why: str) -> None:
     messages = _relayed([(None, "p", 0, 1, b"ab"), ("a", "q", 1, 1, b"c")])
