@@ -119,13 +119,28 @@ async def test_a_cluster_root_cut_off_hung_or_split_away_is_replaced(
     {"cut": lambda: net.cut("a"), "pause": lambda: net.pause("a"),
      "split": lambda: net.split(["a"])}[fault]()
     for name in "bc":
-        await lines[name].until("a silent)", "root b", after=seen[name])
+        await _until_or_all(lines, name, "a silent)", "root b", after=seen[name])
     took = trio.current_time() - began
     assert took < 5, took
     net.heal()
     net.resume("a")
     for name in "abc":
         await lines[name].until("(2 of 2 peers); root a", after=seen[name])
+
+
+async def _until_or_all(lines: dict[str, Lines], name: str, *needles: str, after: int
+                        ) -> str:
+    """:meth:`Lines.until` on ``name``'s lines; if none comes, the error holds every
+    server's lines (what one server saw rarely says why the others did what they did)."""
+    try:
+        return await lines[name].until(*needles, after=after)
+    except AssertionError as exc:
+        for other in lines.values():
+            if other.proc.returncode is None:
+                await other.drain()
+        said = {n: other.seen for n, other in lines.items()}
+        raise AssertionError(f"{name}: no line with {needles} after line {after}; the "
+                             f"servers' stderr: {said}") from exc
 
 
 def test_a_fault_says_what_it_does() -> None:
