@@ -125,8 +125,8 @@ def check_sizes(body: bytes | memoryview, sizes: list[Any]) -> None:
 def unpack_sizes(column: Any, count: int, body: bytes | memoryview) -> list[int]:
     """The ``count`` sizes of a ``messages`` frame's bodies (its ``sizes`` column),
     checked against ``body`` (:func:`check_sizes`): ValueError if they do not fit it.
-    One size for all (bodies of one length, what most frames carry) is checked as one
-    value, not value by value: a frame of a thousand messages costs no more than one."""
+    One size for all (bodies of one length, what most frames carry) is checked once,
+    not value by value."""
     if type(column) is int:
         if column < 0:
             raise ValueError(f"sizes must be non-negative integers, not {column!r}")
