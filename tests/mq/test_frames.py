@@ -77,7 +77,7 @@ def test_a_client_cuts_a_frame_s_bodies_into_bytes_as_its_sizes_say(sizes: list[
 @pytest.mark.parametrize(("sizes", "why"), [
     ([3, 3], "do not add up"), ([2, 5], "do not add up"), ([-1, 6], "non-negative"),
     ([2.5, 2.5], "integers"), ([True] * 5, "integers"), (["5"], "integers"),
-    ([5, None], "integers")])
+    ([5, None], "integers"), ([1, 1.0, True, 1, 1], "integers")])
 def test_a_client_refuses_sizes_that_are_not_its_body_s(sizes: list[object], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         client_cut_bodies(b"hello", sizes)
@@ -95,7 +95,7 @@ def test_a_frame_s_sizes_read_back_as_they_were_packed(sizes: list[int]) -> None
 @pytest.mark.parametrize(("column", "count", "why"), [
     (2, 2, "add up"), (-1, 1, "non-negative"), (True, 5, "integers"), (2.5, 2, "integers"),
     ("5", 1, "integers"), ({"runs": [2, 1, 4, 1]}, 2, "add up"), ([3, -1], 2, "non-negative"),
-    ([5], 2, "column of 1")])
+    ([5], 2, "column of 1"), ([1, 1.0, True, 1, 1], 5, "integers")])
 def test_a_frame_s_sizes_that_are_not_its_body_s_are_refused(column: object, count: int,
                                                               why: str) -> None:
     """One size for all is held to the body as the list of them would be."""
@@ -150,7 +150,8 @@ def test_a_frame_of_two_batches_sends_their_columns_as_runs_and_reads_back_whole
     ({"timestamps": {"runs": [5, 1]}}, "column of 1"),
     ({"sequences": {"runs": ["1", 2]}}, "starts at an integer"),
     ({"sizes": [1, 1]}, "add up"), ({"sizes": 2}, "add up"),
-    ({"sizes": [-1, 4]}, "non-negative"), ({"sizes": "x"}, "integers")])
+    ({"sizes": [-1, 4]}, "non-negative"), ({"sizes": "x"}, "integers"),
+    ({"sizes": [1.5, 1.5]}, "integers")])
 def test_a_relaying_server_refuses_a_frame_that_is_not_one(change: dict[str, object],
                                                            why: str) -> None:
     messages = _relayed([(None, "p", 0, 1, b"ab"), ("a", "q", 1, 1, b"c")])
