@@ -5,8 +5,8 @@ The storage and the semantics, sans-network:
 * :class:`TopicLog` -- a topic's durable log: append-only segments with
   checksummed records, sparse indexes, group commit (:meth:`TopicLog.sync`),
   recovery after a crash, retention by size and age (format: docs/mq-format.md);
-* :class:`CursorStore` -- consume groups' positions, one file each, replaced
-  atomically;
+* :class:`CursorStore` -- consume groups' positions, one file each, saved in place
+  into the slot that does not hold the newest;
 * :class:`TagFilter` -- zbus's tag-filter grammar;
 * :class:`Topic` -- consume groups over a log: start positions, filters,
   credits, acks, redelivery on consumer loss and ack timeout, dead letters

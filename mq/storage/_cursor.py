@@ -1,15 +1,22 @@
-"""Consume groups' positions on disk: one small file per group, replaced atomically.
+"""Consume groups' positions on disk: one small file per group, overwritten in place.
 
-``<dir>/groups/<the group's file-name form, mq.storage._names.disk_name>.cursor``:
-magic b"RDVPQCUR" (8) | version u32 | offset u64 | crc u32 (CRC-32 of what
-precedes it).  A cursor is the group's *ack floor*: every offset below it is
-acknowledged.  It is written to a temporary file, fsynced, renamed over the
-old one, and the directory is fsynced, so a crash leaves the old cursor or the
-new one, never a mix.
+``<dir>/groups/<the group's file-name form, mq.storage._names.disk_name>.cursor``: two
+slots, the second 512 bytes after the first (544 bytes in all, each slot in a disk
+sector of its own).  A slot: magic b"RDVPQCUR" (8) | version u32 (2) | offset u64 |
+serial u64 | crc u32 (CRC-32 of what precedes it in the slot).  A cursor is the group's
+*ack floor*: every offset below it is acknowledged; the slot that checks out with the
+higher serial holds it.
+
+A save writes the next serial into the slot that does not hold the newest, then
+fdatasyncs: the other slot is not touched, so a crash leaves the old cursor or the new
+one, never a mix, and no file is created, renamed or unlinked.  A file that is missing,
+damaged in both slots or of version 1 (24 bytes: magic | version 1 | offset | crc) is
+replaced whole, as a new one is made: written to a temporary file, fsynced, renamed over
+the old one, and the directory fsynced.  Version 1 files are read as they are.
 
 A server's tick saves the positions that moved through a :class:`CursorSaver`, in a
-thread of its own: each save costs a millisecond or so of fsyncs, and a server whose
-thousand groups all moved in a second stopped its pump that long each second.
+thread of its own: each save costs an fsync, and a server whose thousand groups all
+moved in a second stopped its pump that long each second.
 """
 
 from __future__ import annotations
@@ -22,14 +29,18 @@ from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from queue import SimpleQueue
 
-from ._files import write_file
+from ._files import write_all, write_file
 from ._names import disk_name
 from ._record import FormatError, crc32
 
 log = logging.getLogger("rdvpump.mq")
 
-CURSOR = struct.Struct("<8sIQI")
+CURSOR = struct.Struct("<8sIQI")  # version 1, read only
 CURSOR_MAGIC = b"RDVPQCUR"
+SLOT = struct.Struct("<8sIQQI")
+#: where the second slot starts: each slot in a 512-byte sector of its own
+SLOT_GAP = 512
+CURSOR_BYTES = SLOT_GAP + SLOT.size
 
 
 class CursorStore:
@@ -76,11 +87,11 @@ class CursorStore:
         return cursors
 
     def save(self, group: str, offset: int) -> None:
-        """Save the group's floor now (the caller waits for the fsyncs)."""
+        """Save the group's floor now (the caller waits for the fsync)."""
         if self.saver is not None:
-            self.saver.write_now(self._path(group), encode_cursor(offset))
+            self.saver.write_now(self._path(group), offset)
         else:
-            write_file(self._path(group), encode_cursor(offset))
+            save_cursor(self._path(group), offset)
 
     def remove(self, group: str) -> None:
         path = self._path(group)
@@ -91,7 +102,7 @@ class CursorStore:
             path.unlink(missing_ok=True)
 
 
-Writes = list[tuple[Hashable, Path, bytes]]
+Writes = list[tuple[Hashable, Path, int]]
 
 
 class CursorSaver:
@@ -117,7 +128,7 @@ class CursorSaver:
         #: the file the thread writes now (without the lock)
         self._writing: Path | None = None
         self._count = 0
-        self._jobs: SimpleQueue[tuple[list[tuple[Hashable, Path, bytes, int]],
+        self._jobs: SimpleQueue[tuple[list[tuple[Hashable, Path, int, int]],
                                       Callable[[dict[Hashable, OSError]], None]] | None
                                 ] = SimpleQueue()
         #: the thread, started at the first job (a server that saves nothing has none)
@@ -131,21 +142,22 @@ class CursorSaver:
 
     def submit(self, writes: Writes,
                done: Callable[[dict[Hashable, OSError]], None]) -> None:
-        """Write each ``(key, path, data)`` in the thread, then ``done(errors)``."""
+        """Save each ``(key, path, offset)`` in the thread, then ``done(errors)``."""
         with self._lock:
-            job = [(key, path, data, self._number(path)) for key, path, data in writes]
+            job = [(key, path, offset, self._number(path)) for key, path, offset in writes]
         self._jobs.put((job, done))
         if self._thread is None and self._start:
             self._thread = threading.Thread(target=self._run, name="mq cursors",
                                             daemon=True)
             self._thread.start()
 
-    def write_now(self, path: Path, data: bytes) -> None:
-        """Write ``path`` on the caller's thread (a write queued before it is dropped)."""
+    def write_now(self, path: Path, offset: int) -> None:
+        """Save ``offset`` to ``path`` on the caller's thread (a write queued before it is
+        dropped)."""
         with self._lock:
             self._newest.pop(path, None)
             self._written.wait_for(lambda: self._writing != path)
-            write_file(path, data)
+            save_cursor(path, offset)
 
     def remove_now(self, path: Path) -> None:
         with self._lock:
@@ -160,14 +172,14 @@ class CursorSaver:
             return False
         writes, done = job
         errors: dict[Hashable, OSError] = {}
-        for key, path, data, number in writes:
+        for key, path, offset, number in writes:
             with self._lock:
                 if self._newest.get(path) != number:
                     continue  # a newer write came: this one is not made
                 del self._newest[path]
                 self._writing = path
             try:
-                write_file(path, data)
+                save_cursor(path, offset)
             except OSError as exc:
                 errors[key] = exc
             finally:
@@ -191,19 +203,89 @@ class CursorSaver:
                 pass
 
 
-def encode_cursor(offset: int) -> bytes:
-    head = struct.pack("<8sIQ", CURSOR_MAGIC, 1, offset)
+def _slot(offset: int, serial: int) -> bytes:
+    head = struct.pack("<8sIQQ", CURSOR_MAGIC, 2, offset, serial)
     return head + struct.pack("<I", crc32(head))
 
 
+def encode_cursor(offset: int) -> bytes:
+    """A new cursor file of ``offset``: both slots hold it (serials 0 and 1)."""
+    return _slot(offset, 0).ljust(SLOT_GAP, b"\0") + _slot(offset, 1)
+
+
+def save_cursor(path: Path, offset: int) -> None:
+    """Save ``offset`` to the cursor file ``path``: in place, into the slot that does not
+    hold the newest, then fdatasync; a file that is missing, of version 1 or damaged in
+    both slots is replaced whole (:func:`~._files.write_file`)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        write_file(path, encode_cursor(offset))
+        return
+    try:
+        data = os.pread(fd, CURSOR_BYTES + 1, 0)
+        _, serial, at = _newest(data) if len(data) == CURSOR_BYTES else (None, None, 0)
+        if serial is not None:
+            write_all(fd, _slot(offset, serial + 1), SLOT_GAP - at)  # the other slot
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if serial is None:
+        write_file(path, encode_cursor(offset))
+
+
+def _read_slot(data: bytes, at: int) -> tuple[int, int] | None:
+    """The offset and serial of the slot at ``at`` of ``data``, if it checks out."""
+    slot = data[at:at + SLOT.size]
+    magic, version, offset, serial, crc = SLOT.unpack(slot)
+    if magic == CURSOR_MAGIC and version == 2 and crc32(slot[:-4]) == crc:
+        return offset, serial
+    return None
+
+
+def _newest(data: bytes) -> tuple[int, int, int] | tuple[None, None, int]:
+    """The offset, serial and place of the slot of ``data`` (a version 2 file) that
+    checks out with the higher serial; ``(None, None, 0)`` if neither does."""
+    newest: tuple[int, int, int] | tuple[None, None, int] = (None, None, 0)
+    for at in (0, SLOT_GAP):
+        slot = _read_slot(data, at)
+        if slot is not None and (newest[1] is None or slot[1] > newest[1]):
+            newest = (slot[0], slot[1], at)
+    return newest
+
+
+def bad_slots(data: bytes) -> list[int]:
+    """Where the slots of a version 2 cursor file's ``data`` that do not check out begin
+    (a save that a crash cut short leaves one; the other holds the cursor)."""
+    if len(data) != CURSOR_BYTES:
+        return []
+    return [at for at in (0, SLOT_GAP) if _read_slot(data, at) is None]
+
+
 def decode_cursor(data: bytes, where: str) -> int:
+    """The offset a cursor file's ``data`` holds; FormatError if it holds none."""
+    if len(data) == CURSOR_BYTES:
+        offset = _newest(data)[0]
+        if offset is not None:
+            return int(offset)
+        slots = [data[at:at + SLOT.size] for at in (0, SLOT_GAP)]
+        if all(slot[:8] != CURSOR_MAGIC for slot in slots):
+            raise FormatError(f"{where}: not an rdvpump cursor")
+        for slot in slots:  # whole, of a version this code does not know
+            magic, version, _, _, crc = SLOT.unpack(slot)
+            if magic == CURSOR_MAGIC and crc32(slot[:-4]) == crc:
+                raise FormatError(f"{where}: cursor format version {version}; this "
+                                  f"rdvpump reads 1 and 2")
+        raise FormatError(f"{where}: cursor checksum mismatch in both slots")
     if len(data) != CURSOR.size:
-        raise FormatError(f"{where}: {len(data)} bytes, not a cursor of {CURSOR.size}")
+        raise FormatError(f"{where}: {len(data)} bytes, not a cursor of {CURSOR_BYTES} "
+                          f"(or {CURSOR.size}, version 1)")
     magic, version, offset, crc = CURSOR.unpack(data)
     if magic != CURSOR_MAGIC:
         raise FormatError(f"{where}: not an rdvpump cursor")
     if version != 1:
-        raise FormatError(f"{where}: cursor format version {version}; this rdvpump reads 1")
+        raise FormatError(f"{where}: cursor format version {version}; this rdvpump reads "
+                          f"1 and 2")
     if crc32(data[:-4]) != crc:
         raise FormatError(f"{where}: cursor checksum mismatch")
     return int(offset)

@@ -33,7 +33,7 @@ from brokermgr.tracking.info import (
 )
 from channels import MessageQueue
 
-from ..storage._cursor import CursorSaver, CursorStore, encode_cursor
+from ..storage._cursor import CursorSaver, CursorStore
 from ..storage._files import write_file
 from ..storage._log import TopicLog
 from ..storage._memory import MemoryLog
@@ -199,7 +199,7 @@ class Catalogue:
         if cursors is None or not floors:
             return
         if later and self.saver is not None:
-            self.saver.submit([(group, cursors.path(group), encode_cursor(floor))
+            self.saver.submit([(group, cursors.path(group), floor)
                                for group, floor in floors.items()],
                               lambda errors: self._saved(state, list(floors), errors))
             return

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..storage._cursor import CursorStore, decode_cursor
+from ..storage._cursor import CursorStore, bad_slots, decode_cursor
 from ..storage._files import lock_holder
 from ..storage._record import DEFAULT_MAX_BODY, RECORD_OVERHEAD, SEGMENT_HEADER, FormatError, crc32
 from ..storage._scan import (
@@ -124,12 +124,18 @@ def _verify_topic(topic_dir: Path, report: Report) -> None:
     for group in groups:
         cursor = CursorStore.path_in(topic_dir, group)
         try:
-            decode_cursor(cursor.read_bytes(), str(cursor))
+            data = cursor.read_bytes()
+            offset = decode_cursor(data, str(cursor))
         except FileNotFoundError:
             continue
         except FormatError as exc:
             add(Finding(str(cursor), None, f"{exc}: group {group!r} starts again by its "
                                            f"start rule"))
+            continue
+        for at in bad_slots(data):
+            add(Finding(str(cursor), at, f"a slot that does not check out (a save a crash "
+                                         f"cut short): the other holds the cursor, offset "
+                                         f"{offset}", damage=False))
 
 
 def _base_after(paths: list[Path], i: int) -> int | None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from brokermgr.tracking import TrackNode
 from mq import (
     MAX_NAME_BYTES,
+    CursorStore,
     MqServer,
     ServiceError,
     StoreError,
@@ -27,6 +28,7 @@ from mq import (
     disk_name,
     verify,
 )
+from mq.storage._cursor import SLOT, SLOT_GAP
 from mq.storage._record import SEGMENT_HEADER
 from mq.topics._meta import encode_meta
 from mq.topics._verify import Finding
@@ -327,6 +329,29 @@ def test_verify_is_clean_on_a_clean_directory_and_changes_nothing(
     report = verify(tmp_path)
     assert report.damaged == [] and len(report.findings) == 1
     assert _snapshot(tmp_path, None) == before
+
+
+def test_verify_notes_a_cursor_save_cut_short_and_reports_a_cursor_damaged_in_both_slots(
+        tmp_path: pathlib.Path) -> None:
+    topic = tmp_path / "b" / "t"
+    log = TopicLog(topic, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
+    _fill(log, 5)
+    log.close()
+    (topic / "meta.json").write_bytes(encode_meta("t", [], {"g": None}))
+    cursors = CursorStore(topic)
+    cursors.save("g", 3)
+    cursors.save("g", 4)
+    assert verify(tmp_path).findings == []
+    path = cursors.path("g")
+    older, = (at for at in (0, SLOT_GAP) if SLOT.unpack_from(path.read_bytes(), at)[2] == 3)
+    _flip(path, older + 13)  # a save cut short: a note, the cursor is whole
+    assert verify(tmp_path).findings == [Finding(
+        str(path), older, "a slot that does not check out (a save a crash cut short): the "
+        "other holds the cursor, offset 4", damage=False)]
+    _flip(path, SLOT_GAP - older + 13)
+    assert verify(tmp_path).damaged == [Finding(
+        str(path), None, f"{path}: cursor checksum mismatch in both slots: group 'g' starts "
+        f"again by its start rule")]
 
 
 # -- one directory, one server -------------------------------------------------------------

@@ -10,6 +10,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mq import CursorStore, FormatError, StoreError, TopicLog
+from mq.storage._cursor import SLOT, SLOT_GAP
 from mq.storage._files import VIEW_BODY
 from mq.storage._record import SEGMENT_HEADER, Produced
 from mq.storage._tail import Kept
@@ -486,22 +488,79 @@ def test_sync_is_one_fsync_for_many_appends(
     log.close()
 
 
-def test_cursors_are_replaced_atomically_and_damage_is_reported(
+def test_cursors_are_saved_in_place_and_damage_is_reported(
         tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     store = CursorStore(tmp_path)
     store.save("billing", 41)
+    path = tmp_path / "groups" / "billing.cursor"
+    inode = path.stat().st_ino
     store.save("eu/ops group", 7)
     store.save("billing", 42)
-    assert store.load(["billing", "eu/ops group", "never saved"]) == {"billing": 42,
+    store.save("billing", 43)
+    assert store.load(["billing", "eu/ops group", "never saved"]) == {"billing": 43,
                                                                       "eu/ops group": 7}
-    assert not list((tmp_path / "groups").glob(".*"))  # no temporary file left
-    path = tmp_path / "groups" / "billing.cursor"
-    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    # saved again in place: no file made, renamed or left behind
+    assert path.stat().st_ino == inode
+    assert not list((tmp_path / "groups").glob(".*"))
+    data = path.read_bytes()
+    # the slot holding the newest damaged: the other, the save before it, is read
+    newest, = (at for at in (0, SLOT_GAP) if SLOT.unpack_from(data, at)[2] == 43)
+    hurt = bytearray(data)
+    hurt[newest + 13] ^= 1
+    path.write_bytes(bytes(hurt))
+    assert store.load(["billing"]) == {"billing": 42}
+    store.save("billing", 44)  # written over the damaged slot
+    assert store.load(["billing"]) == {"billing": 44}
+    hurt = bytearray(path.read_bytes())
+    hurt[13] ^= 1
+    hurt[SLOT_GAP + 13] ^= 1
+    path.write_bytes(bytes(hurt))
     with caplog.at_level(logging.ERROR, logger="rdvpump.mq"):
         assert store.load(["billing", "eu/ops group"]) == {"eu/ops group": 7}
-    assert "cursor checksum mismatch" in caplog.text
+    assert "cursor checksum mismatch in both slots" in caplog.text
+    store.save("billing", 45)  # a file damaged in both slots is replaced whole
+    assert store.load(["billing"]) == {"billing": 45}
     store.remove("eu/ops group")
-    assert store.load(["billing", "eu/ops group"]) == {}
+    assert store.load(["billing", "eu/ops group"]) == {"billing": 45}
+
+
+def test_a_cursor_save_a_crash_cuts_short_leaves_the_old_cursor_or_the_new(
+        tmp_path: pathlib.Path) -> None:
+    """A save writes one slot; a crash may leave any prefix of it on the disk, over the
+    old bytes or over zeros.  Cut at every byte, the file reads as the cursor before the
+    save or the one after, and the next saves go on from there."""
+    store = CursorStore(tmp_path)
+    path = store.path("billing")
+    store.save("billing", 41)
+    store.save("billing", 42)
+    before = path.read_bytes()
+    store.save("billing", 43)
+    after = path.read_bytes()
+    changed = [i for i in range(len(after)) if after[i] != before[i]]
+    start, end = changed[0], changed[-1] + 1
+    assert end - start <= SLOT.size and end <= len(after)  # one slot written
+    for cut in range(start, end + 1):
+        for rest in (before[cut:end], bytes(end - cut)):
+            path.write_bytes(after[:cut] + rest + after[end:])
+            got = store.load(["billing"])
+            assert got == {"billing": 43 if cut == end else 42}, (cut, rest)
+            store.save("billing", 50)
+            store.save("billing", 51)
+            assert store.load(["billing"]) == {"billing": 51}, cut
+            path.write_bytes(before)
+
+
+def test_a_version_1_cursor_is_read_and_replaced_by_the_next_save(
+        tmp_path: pathlib.Path) -> None:
+    store = CursorStore(tmp_path)
+    path = store.path("billing")
+    head = struct.pack("<8sIQ", b"RDVPQCUR", 1, 17)
+    path.write_bytes(head + struct.pack("<I", zlib.crc32(head)))
+    assert store.load(["billing"]) == {"billing": 17}
+    store.save("billing", 18)
+    assert len(path.read_bytes()) == SLOT_GAP + SLOT.size
+    store.save("billing", 19)
+    assert store.load(["billing"]) == {"billing": 19}
 
 
 def test_a_queued_save_never_replaces_a_newer_one_nor_brings_back_a_removed_cursor(
@@ -509,7 +568,7 @@ def test_a_queued_save_never_replaces_a_newer_one_nor_brings_back_a_removed_curs
     """Positions saved in the saver's thread (queued, written later) and saves or
     removals made at once: whatever the order they run in, each file ends as the newest
     asked for it, and each queued job reports its failed writes."""
-    from mq.storage._cursor import CursorSaver, encode_cursor
+    from mq.storage._cursor import CursorSaver
 
     posted: list[Any] = []
     saver = CursorSaver(posted.append, start=False)  # its jobs run here, one by one
@@ -517,7 +576,7 @@ def test_a_queued_save_never_replaces_a_newer_one_nor_brings_back_a_removed_curs
     reports: list[dict[Any, OSError]] = []
 
     def queue(group: str, floor: int) -> None:
-        saver.submit([(group, store.path(group), encode_cursor(floor))], reports.append)
+        saver.submit([(group, store.path(group), floor)], reports.append)
 
     queue("billing", 5)
     store.save("billing", 7)  # newer, at once: the queued 5 is not written
@@ -528,7 +587,7 @@ def test_a_queued_save_never_replaces_a_newer_one_nor_brings_back_a_removed_curs
     store.save("late", 9)
     queue("late", 10)  # queued after: written
     (tmp_path / "groups" / "lost").mkdir()
-    saver.submit([("x", tmp_path / "groups" / "lost" / "nowhere" / "x.cursor", b"x")],
+    saver.submit([("x", tmp_path / "groups" / "lost" / "nowhere" / "x.cursor", 1)],
                  reports.append)
     while saver._jobs.qsize():
         assert saver.run_one()

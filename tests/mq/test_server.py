@@ -709,13 +709,13 @@ async def test_a_tick_saves_positions_in_a_thread_and_a_restart_starts_there(
     from mq.storage import _cursor
 
     writers: list[str] = []
-    write = _cursor.write_file
+    save = _cursor.save_cursor
 
-    def recorded(path: pathlib.Path, data: bytes) -> None:
+    def recorded(path: pathlib.Path, offset: int) -> None:
         writers.append(threading.current_thread().name)
-        write(path, data)
+        save(path, offset)
 
-    _cursor.write_file = recorded  # type: ignore[assignment]
+    _cursor.save_cursor = recorded  # type: ignore[assignment]
     try:
         async with site(tmp_path, fsync_thread=True) as s:
             client = s.client("c")
@@ -742,4 +742,4 @@ async def test_a_tick_saves_positions_in_a_thread_and_a_restart_starts_there(
             assert [m.offset for m in await sub.receive_many()] == list(range(4, 10))
             again.close()
     finally:
-        _cursor.write_file = write  # type: ignore[assignment]
+        _cursor.save_cursor = save  # type: ignore[assignment]
