@@ -299,6 +299,7 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
             await routes.changed()
     clients = _RoutedClients(routes, body)
     kills: list[float] = []
+    hung_at = float("inf")
     async with trio.open_nursery() as nursery:
         await nursery.start(clients.consumer.run)
         nursery.start_soon(clients.consume)
@@ -315,6 +316,8 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
             proc.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
             if not stop:
                 kills.append(start)
+            else:
+                hung_at = start  # its redeliveries are not the last kill's
             successor = await _master(names, not_=master, insync=0)
             after = MqClient(universe.add_broker(f"d{trial}"), f"{successor}:15555",
                              timeout=1)
@@ -332,7 +335,7 @@ async def _trials(universe: Any, names: Any, group: _Group, spawned: dict[str, A
         nursery.cancel_scope.cancel()
     clients.close()
     routes.close()
-    return [killed, routed, hung, clients.redeliveries(kills)]
+    return [killed, routed, hung, clients.redeliveries(kills, hung_at)]
 
 
 class _RoutedClients:
@@ -381,13 +384,11 @@ class _RoutedClients:
                     return after[0]
                 await self.changed.wait()
 
-    def redeliveries(self, kills: list[float]) -> RedeliveryResult:
-        """What came again between each kill and the next."""
+    def redeliveries(self, kills: list[float], end: float) -> RedeliveryResult:
+        """What came again between each kill and the next (the last: and ``end``)."""
         redelivered = RedeliveryResult("failover-rdvpump-sync-sigkill-routed-consumer")
         redelivered.deliveries = self.deliveries
-        for i, kill in enumerate(kills):
-            until = kills[i + 1] if i + 1 < len(kills) else float("inf")
-            these = [(at, was) for at, was in self.again if kill < at <= until]
+        for these, kill in zip(per_kill(self.again, kills, end), kills, strict=True):
             redelivered.duplicates.append(len(these))
             redelivered.span.append(max((kill - was for _, was in these), default=0.0))
         return redelivered
@@ -395,6 +396,16 @@ class _RoutedClients:
     def close(self) -> None:
         self.producer.close()
         self.consumer.close()
+
+
+def per_kill(again: list[tuple[float, float]], kills: list[float], end: float
+             ) -> list[list[tuple[float, float]]]:
+    """The redeliveries ``(at, first delivered)`` of ``again`` that came after each kill
+    and by the next one (the last kill's: by ``end``, where the trials that are not
+    kills begin)."""
+    bounds = [*kills[1:], end] if kills else []
+    return [[(at, was) for at, was in again if kill < at <= until]
+            for kill, until in zip(kills, bounds, strict=True)]
 
 
 def run(trials: int = 20, messages: int = 20_000, *, publishers: int = PUBLISHERS,
