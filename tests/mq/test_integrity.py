@@ -263,6 +263,15 @@ def _flip(path: pathlib.Path, at: int) -> None:
 RECORD = 36 + 1 + 100  # a record of _fill: header, producer "p", body
 
 
+def _stored_topic(topic: pathlib.Path, count: int, group: str) -> None:
+    """A topic named as its directory, ``count`` records of :func:`_fill` in segments of
+    ten, and its ``meta.json`` naming ``group``."""
+    log = TopicLog(topic, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
+    _fill(log, count)
+    log.close()
+    (topic / "meta.json").write_bytes(encode_meta(topic.name, [], {group: None}))
+
+
 def test_a_flipped_byte_in_a_sealed_segment_is_found_at_open_and_skipped(
         tmp_path: pathlib.Path) -> None:
     log = TopicLog(tmp_path, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
@@ -314,10 +323,7 @@ def test_damage_after_the_log_opened_is_found_when_read_and_skipped(
 
 def test_verify_is_clean_on_a_clean_directory_and_changes_nothing(
         tmp_path: pathlib.Path) -> None:
-    log = TopicLog(tmp_path / "b" / "t", segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
-    _fill(log, 25)
-    log.close()
-    (tmp_path / "b" / "t" / "meta.json").write_bytes(encode_meta("t", [], {"t": None}))
+    _stored_topic(tmp_path / "b" / "t", 25, "t")
     report = verify(tmp_path)
     # nothing at all: each sealed segment's index holds the checksum of its bytes
     assert report.findings == [] and report.topics == 1 and report.segments == 3
@@ -334,10 +340,7 @@ def test_verify_is_clean_on_a_clean_directory_and_changes_nothing(
 def test_verify_notes_a_cursor_save_cut_short_and_reports_a_cursor_damaged_in_both_slots(
         tmp_path: pathlib.Path) -> None:
     topic = tmp_path / "b" / "t"
-    log = TopicLog(topic, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
-    _fill(log, 5)
-    log.close()
-    (topic / "meta.json").write_bytes(encode_meta("t", [], {"g": None}))
+    _stored_topic(topic, 5, "g")
     cursors = CursorStore(topic)
     cursors.save("g", 3)
     cursors.save("g", 4)
@@ -467,10 +470,7 @@ def test_mq_verify_exits_0_clean_1_damaged_and_one_line_for_a_missing_directory(
     from rdvpump.cli import app
 
     topic = tmp_path / "s1" / "orders"
-    log = TopicLog(topic, segment_bytes=SEGMENT_HEADER.size + 10 * RECORD)
-    _fill(log, 25)
-    log.close()
-    (topic / "meta.json").write_bytes(encode_meta("orders", [], {"orders": None}))
+    _stored_topic(topic, 25, "orders")
     runner = CliRunner()
     clean = runner.invoke(app, ["mq", "verify", str(tmp_path)])
     assert clean.exit_code == 0 and "25 records checked: clean" in clean.output
