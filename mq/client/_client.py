@@ -51,8 +51,8 @@ from channels import QueueFullError
 from pump import ConfigError
 
 from ..topics._group import DEFAULT_WINDOW
-from ..topics._wire import check_sizes, lazy_column, unpack_offsets, unpack_sizes
-from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription, cut
+from ..topics._wire import lazy_column, unpack_offsets, unpack_sizes
+from ._subscription import Message, MessageBatch, Pushed, Receiver, Subscription
 
 #: Seconds a request waits for its reply by default.
 DEFAULT_TIMEOUT = 10.0
@@ -212,13 +212,6 @@ class _ServerLink(BrokerLink):
 def _parse_pushed(fields: Fields) -> Pushed:
     """A ``pushed`` message: for a receiver name of this client, from a link's id."""
     return Pushed(fields.string("to"), str(fields.raw("from")), bytes(fields.body()))
-
-
-def cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
-    """A ``messages`` frame's bodies, back to back in ``body``, as bytes each
-    (:func:`._subscription.cut`), once :func:`check_sizes` passed."""
-    check_sizes(body, sizes)
-    return cut(body, sizes)
 
 
 #: The columns of a ``messages`` frame, in Message's order, and which of them count.

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brokermgr import decode
-from mq.client._client import cut_bodies as client_cut_bodies
+from mq.client._subscription import cut as cut_runs
 from mq.cluster._relay_groups import Relayed, RelayedFrame, relayed_messages, take_frame
 from mq.server._produce import cut_bodies
 from mq.storage._files import VIEW_BODY
@@ -28,7 +28,7 @@ from mq.topics._delivery import (
     messages_frame,
 )
 from mq.topics._group import Run
-from mq.topics._wire import pack_column, unpack_column, unpack_sizes
+from mq.topics._wire import check_sizes, pack_column, unpack_column, unpack_sizes
 
 _MESSAGES = st.lists(st.tuples(st.sampled_from([None, "a", "b.c"]), st.sampled_from(["p", "q"]),
                                st.integers(0, 3), st.integers(1, 3), st.binary(max_size=40)),
@@ -58,6 +58,12 @@ def test_a_produce_body_is_cut_as_its_sizes_say(sizes: list[int], as_view: bool)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     assert [bytes(m) for m in cut] == [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
     assert {type(m) for m in cut} == {memoryview if large else bytes}
+
+
+def client_cut_bodies(body: bytes | memoryview, sizes: list[Any]) -> Sequence[bytes]:
+    """A ``messages`` frame's bodies as a client takes them: its sizes checked, then cut."""
+    check_sizes(body, sizes)
+    return cut_runs(body, sizes)
 
 
 @given(sizes=st.one_of(
